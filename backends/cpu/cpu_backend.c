@@ -1,0 +1,309 @@
+/* The CPU backend: host buffers, the kernel table, and a plan runner that
+ * resolves run-time sizes and calls one kernel per launch. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cblas.h>
+
+#include "cpu_internal.h"
+
+typedef struct cpu_buffer {
+    struct twk_buffer base; /* first: the HAL reads the size */
+    unsigned char *data;
+} cpu_buffer;
+
+static cpu_kernel kernel_for(twk_op op) {
+    switch (op) {
+    case TWK_OP_FILL: return cpu_fill;
+    case TWK_OP_PERMUTE: return cpu_permute;
+    case TWK_OP_SLICE: return cpu_slice;
+    case TWK_OP_SLICE_BACK: return cpu_slice_back;
+    case TWK_OP_CONCAT: return cpu_concat;
+    case TWK_OP_BROADCAST: return cpu_broadcast;
+    case TWK_OP_SUM_TO: return cpu_sum_to;
+    case TWK_OP_ADD: return cpu_add;
+    case TWK_OP_MUL: return cpu_mul;
+    case TWK_OP_SCALE: return cpu_scale;
+    case TWK_OP_SILU: return cpu_silu;
+    case TWK_OP_SILU_BACK: return cpu_silu_back;
+    case TWK_OP_SWIGLU: return cpu_swiglu;
+    case TWK_OP_SWIGLU_BACK: return cpu_swiglu_back;
+    case TWK_OP_SUM: return cpu_sum;
+    case TWK_OP_MEAN: return cpu_mean;
+    case TWK_OP_WEIGHTED_SUM: return cpu_weighted_sum;
+    case TWK_OP_MATMUL: return cpu_matmul;
+    case TWK_OP_GET_ROWS: return cpu_get_rows;
+    case TWK_OP_GET_ROWS_BACK: return cpu_get_rows_back;
+    case TWK_OP_RMSNORM: return cpu_rmsnorm;
+    case TWK_OP_RMSNORM_BACK_X: return cpu_rmsnorm_back_x;
+    case TWK_OP_RMSNORM_BACK_W: return cpu_rmsnorm_back_w;
+    case TWK_OP_ROPE: return cpu_rope;
+    case TWK_OP_ATTN: return cpu_attn;
+    case TWK_OP_ATTN_LSE: return cpu_attn_lse;
+    case TWK_OP_ATTN_BACK: return cpu_attn_back;
+    case TWK_OP_LOGPROBS: return cpu_logprobs;
+    case TWK_OP_LOGPROBS_BACK: return cpu_logprobs_back;
+    default: return NULL;
+    }
+}
+
+/* Which source positions hold ids/positions/offsets (i32 or i64). */
+static int is_id_src(twk_op op, int i) {
+    switch (op) {
+    case TWK_OP_GET_ROWS:
+    case TWK_OP_GET_ROWS_BACK:
+    case TWK_OP_ROPE:
+    case TWK_OP_LOGPROBS:
+    case TWK_OP_LOGPROBS_BACK: return i == 1;
+    case TWK_OP_ATTN:
+    case TWK_OP_ATTN_BACK: return i == 3;
+    case TWK_OP_ATTN_LSE: return i == 2;
+    default: return 0;
+    }
+}
+
+static int is_copy_op(twk_op op) {
+    return op == TWK_OP_PERMUTE || op == TWK_OP_SLICE || op == TWK_OP_SLICE_BACK || op == TWK_OP_CONCAT;
+}
+
+static int cpu_device_count(void) { return 1; }
+
+static int n_threads_wanted(void) {
+    const char *env = getenv("TWK_THREADS");
+    long n = env ? strtol(env, NULL, 10) : 0;
+    if (n < 1) n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1) n = 1;
+    if (n > 256) n = 256;
+    return (int)n;
+}
+
+static twk_status cpu_device_props(int index, twk_device_props *out) {
+    if (index != 0) return twk_error(TWK_ERR_NOT_FOUND, "cpu: no device %d", index);
+    memset(out, 0, sizeof *out);
+    char model[96] = "CPU";
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f) {
+        char line[256];
+        while (fgets(line, sizeof line, f)) {
+            if (strncmp(line, "model name", 10) == 0) {
+                char *c = strchr(line, ':');
+                if (c) {
+                    c += 1 + (c[1] == ' ');
+                    c[strcspn(c, "\n")] = 0;
+                    snprintf(model, sizeof model, "%s", c);
+                }
+                break;
+            }
+        }
+        fclose(f);
+    }
+    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    snprintf(out->name, sizeof out->name, "%s", model);
+    snprintf(out->kind, sizeof out->kind, "cpu");
+    long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+    out->memory_bytes = pages > 0 && psize > 0 ? (uint64_t)pages * (uint64_t)psize : 0;
+    out->compute_units = cores > 0 ? cores : 1;
+    out->max_threads = n_threads_wanted();
+    return TWK_OK;
+}
+
+static twk_status cpu_open(int index, void **out) {
+    if (index != 0) return twk_error(TWK_ERR_NOT_FOUND, "cpu: no device %d", index);
+    cpu_ctx *ctx = twk_host_calloc(sizeof *ctx, "cpu context");
+    if (!ctx) return TWK_ERR_OOM;
+    ctx->n_threads = n_threads_wanted();
+    ctx->pool = cpu_pool_new(ctx->n_threads);
+    if (!ctx->pool) {
+        twk_host_free(ctx);
+        return TWK_ERR_OOM;
+    }
+    ctx->n_threads = cpu_pool_threads(ctx->pool);
+    openblas_set_num_threads(ctx->n_threads);
+    *out = ctx;
+    return TWK_OK;
+}
+
+static void cpu_close(void *vctx) {
+    cpu_ctx *ctx = vctx;
+    if (!ctx) return;
+    cpu_pool_free(ctx->pool);
+    twk_host_free(ctx->scratch);
+    twk_host_free(ctx);
+}
+
+void *cpu_scratch(cpu_ctx *ctx, size_t bytes) {
+    if (bytes <= ctx->scratch_bytes) return ctx->scratch;
+    void *p = twk_host_alloc(bytes, "cpu kernel scratch");
+    if (!p) return NULL;
+    twk_host_free(ctx->scratch);
+    ctx->scratch = p;
+    ctx->scratch_bytes = bytes;
+    return p;
+}
+
+static twk_status cpu_buffer_alloc(void *ctx, size_t bytes, twk_buffer **out) {
+    (void)ctx;
+    cpu_buffer *b = twk_host_calloc(sizeof *b, "cpu buffer");
+    if (!b) return TWK_ERR_OOM;
+    b->data = twk_host_alloc(bytes ? bytes : 1, "cpu buffer data");
+    if (!b->data) {
+        twk_host_free(b);
+        return TWK_ERR_OOM;
+    }
+    b->base.size = bytes;
+    *out = &b->base;
+    return TWK_OK;
+}
+
+static void cpu_buffer_free(void *ctx, twk_buffer *buf) {
+    (void)ctx;
+    cpu_buffer *b = (cpu_buffer *)buf;
+    twk_host_free(b->data);
+    twk_host_free(b);
+}
+
+static twk_status cpu_upload(void *ctx, twk_buffer *dst, size_t off, const void *src, size_t n) {
+    (void)ctx;
+    memcpy(((cpu_buffer *)dst)->data + off, src, n);
+    return TWK_OK;
+}
+
+static twk_status cpu_download(void *ctx, const twk_buffer *src, size_t off, void *dst, size_t n) {
+    (void)ctx;
+    memcpy(dst, ((const cpu_buffer *)src)->data + off, n);
+    return TWK_OK;
+}
+
+static twk_status cpu_copy(void *ctx, twk_buffer *dst, size_t doff, const twk_buffer *src,
+                           size_t soff, size_t n) {
+    (void)ctx;
+    memmove(((cpu_buffer *)dst)->data + doff, ((const cpu_buffer *)src)->data + soff, n);
+    return TWK_OK;
+}
+
+static twk_status cpu_memset_zero(void *ctx, twk_buffer *dst, size_t off, size_t n) {
+    (void)ctx;
+    memset(((cpu_buffer *)dst)->data + off, 0, n);
+    return TWK_OK;
+}
+
+static bool cpu_supports_op(void *ctx, const twk_launch *l, char *why, size_t why_len) {
+    (void)ctx;
+    if (!kernel_for(l->op)) {
+        if (why) snprintf(why, why_len, "no cpu kernel for %s", twk_op_name(l->op));
+        return false;
+    }
+    if (is_copy_op(l->op)) {
+        size_t es = twk_dtype_size(l->dst.type);
+        for (int i = 0; i < l->nsrc; i++)
+            if (twk_dtype_size(l->src[i].type) != es || es == 0) {
+                if (why) snprintf(why, why_len, "source %d dtype %s differs from %s", i,
+                                  twk_dtype_name(l->src[i].type), twk_dtype_name(l->dst.type));
+                return false;
+            }
+        return true;
+    }
+    if (l->dst.type != TWK_F32) {
+        if (why) snprintf(why, why_len, "output dtype %s; cpu computes f32", twk_dtype_name(l->dst.type));
+        return false;
+    }
+    for (int i = 0; i < l->nsrc; i++) {
+        twk_dtype t = l->src[i].type;
+        int ok = is_id_src(l->op, i) ? (t == TWK_I32 || t == TWK_I64) : t == TWK_F32;
+        if (!ok) {
+            if (why) snprintf(why, why_len, "source %d has dtype %s", i, twk_dtype_name(t));
+            return false;
+        }
+    }
+    return true;
+}
+
+typedef struct cpu_prepared {
+    cpu_kernel *kernels;
+} cpu_prepared;
+
+static twk_status cpu_prepare(void *ctx, const twk_hal_plan *plan, void **out) {
+    (void)ctx;
+    cpu_prepared *pp = twk_host_calloc(sizeof *pp, "cpu plan");
+    if (!pp) return TWK_ERR_OOM;
+    pp->kernels = twk_host_calloc((size_t)(plan->n_launches + 1) * sizeof *pp->kernels, "cpu plan");
+    if (!pp->kernels) {
+        twk_host_free(pp);
+        return TWK_ERR_OOM;
+    }
+    for (int i = 0; i < plan->n_launches; i++) {
+        pp->kernels[i] = kernel_for(plan->launches[i].op);
+        if (!pp->kernels[i]) {
+            twk_host_free(pp->kernels);
+            twk_host_free(pp);
+            return twk_error(TWK_ERR_UNSUPPORTED, "cpu: no kernel for op %s",
+                             twk_op_name(plan->launches[i].op));
+        }
+    }
+    *out = pp;
+    return TWK_OK;
+}
+
+static void cpu_release(void *ctx, void *prepared) {
+    (void)ctx;
+    cpu_prepared *pp = prepared;
+    if (!pp) return;
+    twk_host_free(pp->kernels);
+    twk_host_free(pp);
+}
+
+static void resolve(cpu_tensor *t, const twk_tensor_desc *d, int64_t n) {
+    t->data = d->buf ? ((cpu_buffer *)d->buf)->data + d->offset : NULL;
+    t->type = d->type;
+    t->ndim = d->ndim;
+    t->nelem = 1;
+    for (int i = 0; i < TWK_MAX_DIMS; i++) {
+        t->ne[i] = i < d->ndim ? twk_desc_dim(d, i, n) : 1;
+        if (i < d->ndim) t->nelem *= t->ne[i];
+    }
+}
+
+static twk_status cpu_run(void *vctx, void *prepared, const twk_hal_plan *plan, int64_t n) {
+    cpu_ctx *ctx = vctx;
+    cpu_prepared *pp = prepared;
+    cpu_call c;
+    c.ctx = ctx;
+    c.ntok = n;
+    for (int i = 0; i < plan->n_launches; i++) {
+        const twk_launch *l = &plan->launches[i];
+        c.l = l;
+        resolve(&c.dst, &l->dst, n);
+        for (int k = 0; k < l->nsrc; k++) resolve(&c.src[k], &l->src[k], n);
+        twk_status st = pp->kernels[i](&c);
+        if (st != TWK_OK) return st;
+    }
+    return TWK_OK;
+}
+
+static twk_status cpu_synchronize(void *ctx) {
+    (void)ctx;
+    return TWK_OK;
+}
+
+static const twk_backend_iface cpu_iface = {
+    .name = "cpu",
+    .device_count = cpu_device_count,
+    .device_props = cpu_device_props,
+    .open = cpu_open,
+    .close = cpu_close,
+    .buffer_alloc = cpu_buffer_alloc,
+    .buffer_free = cpu_buffer_free,
+    .upload = cpu_upload,
+    .download = cpu_download,
+    .copy = cpu_copy,
+    .memset_zero = cpu_memset_zero,
+    .supports_op = cpu_supports_op,
+    .prepare = cpu_prepare,
+    .release = cpu_release,
+    .run = cpu_run,
+    .synchronize = cpu_synchronize,
+};
+
+const twk_backend_iface *twk_cpu_backend(void) { return &cpu_iface; }

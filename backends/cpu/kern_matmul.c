@@ -1,0 +1,22 @@
+/* MATMUL through the BLAS (OpenBLAS sgemm), batched by a loop over dim 0. */
+#include <cblas.h>
+
+#include "cpu_internal.h"
+
+twk_status cpu_matmul(const cpu_call *c) {
+    const cpu_tensor *a = &c->src[0], *b = &c->src[1];
+    int r = a->ndim;
+    int ta = c->l->ip[0], tb = c->l->ip[1];
+    int64_t batch = r == 3 ? a->ne[0] : 1;
+    int64_t M = c->dst.ne[r - 2], N = c->dst.ne[r - 1];
+    int64_t K = ta ? a->ne[r - 2] : a->ne[r - 1];
+    int64_t lda = a->ne[r - 1], ldb = b->ne[r - 1];
+    const float *A = a->data, *B = b->data;
+    float *C = c->dst.data;
+    for (int64_t i = 0; i < batch; i++) {
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    (int)M, (int)N, (int)K, 1.0f, A + i * M * K, (int)lda, B + i * K * N, (int)ldb,
+                    0.0f, C + i * M * N, (int)N);
+    }
+    return TWK_OK;
+}

@@ -1,0 +1,270 @@
+/* Transformer kernels: embedding gather, RMSNorm, RoPE, log-probabilities,
+ * and their gradients. Ids are checked against their ranges at run time. */
+#include <math.h>
+#include <string.h>
+
+#include "cpu_internal.h"
+
+/* ---- get_rows ---- */
+
+static twk_status check_ids(const cpu_call *c, const cpu_tensor *ids, int64_t limit, const char *what) {
+    for (int64_t i = 0; i < ids->nelem; i++) {
+        int64_t v = cpu_id_at(ids, i);
+        if (v < 0 || v >= limit)
+            return twk_error(TWK_ERR_RANGE, "%s '%s': %s[%lld] = %lld is outside [0, %lld)",
+                             twk_op_name(c->l->op), c->l->name, what, (long long)i, (long long)v,
+                             (long long)limit);
+    }
+    return TWK_OK;
+}
+
+typedef struct {
+    const cpu_call *c;
+} job;
+
+static void get_rows_range(void *arg, int64_t r0, int64_t r1) {
+    const cpu_call *c = ((job *)arg)->c;
+    const float *tab = c->src[0].data;
+    float *y = c->dst.data;
+    int64_t D = c->dst.ne[1];
+    for (int64_t r = r0; r < r1; r++)
+        memcpy(y + r * D, tab + cpu_id_at(&c->src[1], r) * D, (size_t)D * sizeof(float));
+}
+
+twk_status cpu_get_rows(const cpu_call *c) {
+    twk_status st = check_ids(c, &c->src[1], c->src[0].ne[0], "ids");
+    if (st != TWK_OK) return st;
+    job j = {c};
+    cpu_parallel_for(c->ctx->pool, c->dst.ne[0], CPU_GRAIN_ELEMS / c->dst.ne[1] + 1, get_rows_range, &j);
+    return TWK_OK;
+}
+
+/* Columns are split across threads; every thread walks all tokens in order,
+ * so repeated ids accumulate deterministically without races. */
+static void get_rows_back_cols(void *arg, int64_t d0, int64_t d1) {
+    const cpu_call *c = ((job *)arg)->c;
+    const float *dy = c->src[0].data;
+    float *g = c->dst.data;
+    int64_t T = c->src[0].ne[0], D = c->dst.ne[1], V = c->dst.ne[0];
+    for (int64_t v = 0; v < V; v++) memset(g + v * D + d0, 0, (size_t)(d1 - d0) * sizeof(float));
+    for (int64_t t = 0; t < T; t++) {
+        float *row = g + cpu_id_at(&c->src[1], t) * D;
+        const float *dr = dy + t * D;
+        for (int64_t d = d0; d < d1; d++) row[d] += dr[d];
+    }
+}
+
+twk_status cpu_get_rows_back(const cpu_call *c) {
+    twk_status st = check_ids(c, &c->src[1], c->dst.ne[0], "ids");
+    if (st != TWK_OK) return st;
+    job j = {c};
+    int64_t D = c->dst.ne[1];
+    int64_t grain = D / (4 * c->ctx->n_threads) + 1;
+    if (c->dst.nelem < CPU_GRAIN_ELEMS) grain = D;
+    cpu_parallel_for(c->ctx->pool, D, grain, get_rows_back_cols, &j);
+    return TWK_OK;
+}
+
+/* ---- rmsnorm ---- */
+
+static inline float row_rstd(const float *x, int64_t D, float eps) {
+    float ss = 0;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < D; i++) ss += x[i] * x[i];
+    return 1.0f / sqrtf(ss / (float)D + eps);
+}
+
+static void rmsnorm_rows(void *arg, int64_t r0, int64_t r1) {
+    const cpu_call *c = ((job *)arg)->c;
+    const float *x = c->src[0].data, *w = c->src[1].data;
+    float *y = c->dst.data, eps = c->l->fp[0];
+    int64_t D = c->dst.ne[c->dst.ndim - 1];
+    for (int64_t r = r0; r < r1; r++) {
+        const float *xr = x + r * D;
+        float *yr = y + r * D;
+        float rs = row_rstd(xr, D, eps);
+        for (int64_t i = 0; i < D; i++) yr[i] = w[i] * (xr[i] * rs);
+    }
+}
+
+static void rmsnorm_back_x_rows(void *arg, int64_t r0, int64_t r1) {
+    const cpu_call *c = ((job *)arg)->c;
+    const float *x = c->src[0].data, *w = c->src[1].data, *dy = c->src[2].data;
+    float *dx = c->dst.data, eps = c->l->fp[0];
+    int64_t D = c->dst.ne[c->dst.ndim - 1];
+    for (int64_t r = r0; r < r1; r++) {
+        const float *xr = x + r * D, *dr = dy + r * D;
+        float *o = dx + r * D;
+        float rs = row_rstd(xr, D, eps);
+        float dot = 0;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t i = 0; i < D; i++) dot += dr[i] * w[i] * xr[i];
+        float k = dot * rs * rs * rs / (float)D;
+        for (int64_t i = 0; i < D; i++) o[i] = dr[i] * w[i] * rs - xr[i] * k;
+    }
+}
+
+static int64_t rows_of(const cpu_tensor *t) { return t->nelem / t->ne[t->ndim - 1]; }
+
+twk_status cpu_rmsnorm(const cpu_call *c) {
+    job j = {c};
+    int64_t D = c->dst.ne[c->dst.ndim - 1];
+    cpu_parallel_for(c->ctx->pool, rows_of(&c->dst), CPU_GRAIN_ELEMS / D + 1, rmsnorm_rows, &j);
+    return TWK_OK;
+}
+
+twk_status cpu_rmsnorm_back_x(const cpu_call *c) {
+    job j = {c};
+    int64_t D = c->dst.ne[c->dst.ndim - 1];
+    cpu_parallel_for(c->ctx->pool, rows_of(&c->dst), CPU_GRAIN_ELEMS / D + 1, rmsnorm_back_x_rows, &j);
+    return TWK_OK;
+}
+
+typedef struct {
+    const cpu_call *c;
+    float *rstd;
+} rms_w_job;
+
+static void rstd_rows(void *arg, int64_t r0, int64_t r1) {
+    rms_w_job *j = arg;
+    const float *x = j->c->src[0].data;
+    int64_t D = j->c->dst.ne[0];
+    for (int64_t r = r0; r < r1; r++) j->rstd[r] = row_rstd(x + r * D, D, j->c->l->fp[0]);
+}
+
+static void rms_w_cols(void *arg, int64_t d0, int64_t d1) {
+    rms_w_job *j = arg;
+    const float *x = j->c->src[0].data, *dy = j->c->src[1].data;
+    int64_t D = j->c->dst.ne[0], R = rows_of(&j->c->src[0]);
+    double acc[64];
+    for (int64_t b = d0; b < d1; b += 64) {
+        int64_t e = b + 64 < d1 ? b + 64 : d1;
+        for (int64_t d = b; d < e; d++) acc[d - b] = 0;
+        for (int64_t r = 0; r < R; r++) {
+            const float *xr = x + r * D, *dr = dy + r * D;
+            float rs = j->rstd[r];
+            for (int64_t d = b; d < e; d++) acc[d - b] += (double)(dr[d] * xr[d] * rs);
+        }
+        for (int64_t d = b; d < e; d++) ((float *)j->c->dst.data)[d] = (float)acc[d - b];
+    }
+}
+
+twk_status cpu_rmsnorm_back_w(const cpu_call *c) {
+    int64_t D = c->dst.ne[0], R = rows_of(&c->src[0]);
+    rms_w_job j = {c, cpu_scratch(c->ctx, (size_t)R * sizeof(float))};
+    if (!j.rstd) return TWK_ERR_OOM;
+    cpu_parallel_for(c->ctx->pool, R, CPU_GRAIN_ELEMS / D + 1, rstd_rows, &j);
+    cpu_parallel_for(c->ctx->pool, D, c->src[0].nelem < CPU_GRAIN_ELEMS ? D : 16, rms_w_cols, &j);
+    return TWK_OK;
+}
+
+/* ---- rope ---- */
+
+/* inv_freq[i] = theta^(-2i/D), computed like transformers (float32 result). */
+static void default_inv_freq(float *f, int64_t half, float theta) {
+    for (int64_t i = 0; i < half; i++)
+        f[i] = (float)(1.0 / pow((double)theta, (double)(2 * i) / (double)(2 * half)));
+}
+
+typedef struct {
+    const cpu_call *c;
+    const float *inv_freq;
+} rope_job;
+
+static void rope_rows(void *arg, int64_t t0, int64_t t1) {
+    const rope_job *j = arg;
+    const cpu_call *c = j->c;
+    const float *x = c->src[0].data;
+    float *y = c->dst.data;
+    int64_t H = c->dst.ne[1], D = c->dst.ne[2], half = D / 2;
+    float sign = c->l->ip[0] ? -1.0f : 1.0f;
+    float cs[512], sn[512];
+    for (int64_t t = t0; t < t1; t++) {
+        float p = (float)cpu_id_at(&c->src[1], t);
+        for (int64_t b = 0; b < half; b += 512) {
+            int64_t e = b + 512 < half ? b + 512 : half;
+            for (int64_t i = b; i < e; i++) {
+                float ang = p * j->inv_freq[i]; /* float32, as transformers computes it */
+                cs[i - b] = cosf(ang);
+                sn[i - b] = sign * sinf(ang);
+            }
+            for (int64_t h = 0; h < H; h++) {
+                const float *xr = x + (t * H + h) * D;
+                float *yr = y + (t * H + h) * D;
+                for (int64_t i = b; i < e; i++) {
+                    float x1 = xr[i], x2 = xr[i + half];
+                    yr[i] = x1 * cs[i - b] - x2 * sn[i - b];
+                    yr[i + half] = x2 * cs[i - b] + x1 * sn[i - b];
+                }
+            }
+        }
+    }
+}
+
+twk_status cpu_rope(const cpu_call *c) {
+    int64_t D = c->dst.ne[2], half = D / 2;
+    rope_job j = {c, NULL};
+    if (c->l->nsrc > 2) {
+        j.inv_freq = c->src[2].data;
+    } else {
+        float *f = cpu_scratch(c->ctx, (size_t)half * sizeof(float));
+        if (!f) return TWK_ERR_OOM;
+        default_inv_freq(f, half, c->l->fp[0]);
+        j.inv_freq = f;
+    }
+    int64_t T = c->dst.ne[0];
+    cpu_parallel_for(c->ctx->pool, T, CPU_GRAIN_ELEMS / (c->dst.ne[1] * D) + 1, rope_rows, &j);
+    return TWK_OK;
+}
+
+/* ---- logprobs ---- */
+
+static float row_logsumexp(const float *x, int64_t V) {
+    float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+    for (int64_t i = 0; i < V; i++) m = x[i] > m ? x[i] : m;
+    float s = 0;
+    for (int64_t i = 0; i < V; i++) s += expf(x[i] - m);
+    return m + logf(s);
+}
+
+static void logprobs_rows(void *arg, int64_t r0, int64_t r1) {
+    const cpu_call *c = ((job *)arg)->c;
+    const float *x = c->src[0].data;
+    float *y = c->dst.data;
+    int64_t V = c->src[0].ne[1];
+    for (int64_t r = r0; r < r1; r++) {
+        const float *xr = x + r * V;
+        y[r] = xr[cpu_id_at(&c->src[1], r)] - row_logsumexp(xr, V);
+    }
+}
+
+static void logprobs_back_rows(void *arg, int64_t r0, int64_t r1) {
+    const cpu_call *c = ((job *)arg)->c;
+    const float *x = c->src[0].data, *dy = c->src[2].data;
+    float *g = c->dst.data;
+    int64_t V = c->src[0].ne[1];
+    for (int64_t r = r0; r < r1; r++) {
+        const float *xr = x + r * V;
+        float *gr = g + r * V;
+        float lse = row_logsumexp(xr, V), d = dy[r];
+        for (int64_t i = 0; i < V; i++) gr[i] = -d * expf(xr[i] - lse);
+        gr[cpu_id_at(&c->src[1], r)] += d;
+    }
+}
+
+twk_status cpu_logprobs(const cpu_call *c) {
+    twk_status st = check_ids(c, &c->src[1], c->src[0].ne[1], "targets");
+    if (st != TWK_OK) return st;
+    job j = {c};
+    cpu_parallel_for(c->ctx->pool, c->dst.ne[0], CPU_GRAIN_ELEMS / c->src[0].ne[1] + 1, logprobs_rows, &j);
+    return TWK_OK;
+}
+
+twk_status cpu_logprobs_back(const cpu_call *c) {
+    twk_status st = check_ids(c, &c->src[1], c->src[0].ne[1], "targets");
+    if (st != TWK_OK) return st;
+    job j = {c};
+    cpu_parallel_for(c->ctx->pool, c->dst.ne[0], CPU_GRAIN_ELEMS / c->src[0].ne[1] + 1, logprobs_back_rows, &j);
+    return TWK_OK;
+}

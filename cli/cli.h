@@ -1,0 +1,8 @@
+/* The `twinkle` command's subcommands: each returns the process exit code. */
+#ifndef TWK_CLI_H
+#define TWK_CLI_H
+
+int twk_cmd_demo(int argc, char **argv);
+int twk_cmd_devices(int argc, char **argv);
+
+#endif

@@ -1,0 +1,43 @@
+/* twinkle — the command-line entry point: dispatches to subcommands. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "twinkle/twinkle.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "twinkle %s — LLM training engine\n"
+            "\n"
+            "usage: twinkle <command> [options]\n"
+            "\n"
+            "commands:\n"
+            "  demo      train a tiny transformer from scratch on a memorisation task\n"
+            "  devices   list backends and devices\n"
+            "  version   print the version\n"
+            "  help      this text\n"
+            "\n"
+            "Run `twinkle <command> --help` for a command's options.\n",
+            TWK_VERSION);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "demo")) return twk_cmd_demo(argc - 1, argv + 1);
+    if (!strcmp(cmd, "devices")) return twk_cmd_devices(argc - 1, argv + 1);
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+        printf("twinkle %s\n", TWK_VERSION);
+        return 0;
+    }
+    if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "twinkle: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,128 @@
+/* The tensor IR: node storage, sticky errors, names and inspection. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "graph_internal.h"
+
+twk_graph *twk_graph_new(void) {
+    twk_graph *g = twk_host_calloc(sizeof *g, "graph");
+    return g;
+}
+
+void twk_graph_free(twk_graph *g) {
+    if (!g) return;
+    twk_host_free(g->nodes);
+    twk_host_free(g->grads);
+    twk_host_free(g);
+}
+
+twk_status twk_graph_status(const twk_graph *g) { return g ? g->status : TWK_ERR_INVALID_ARG; }
+const char *twk_graph_error(const twk_graph *g) { return g ? g->error : "graph is NULL"; }
+
+twk_id twk_graph_fail(twk_graph *g, twk_status code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (g && g->status == TWK_OK) {
+        vsnprintf(g->error, sizeof g->error, fmt, ap);
+        g->status = code;
+        twk_error(code, "%s", g->error);
+    }
+    va_end(ap);
+    return -1;
+}
+
+twk_id twk_graph_push(twk_graph *g, const twk_node *n) {
+    if (g->n == g->cap) {
+        int cap = g->cap ? g->cap * 2 : 256;
+        twk_node *nn = twk_host_alloc((size_t)cap * sizeof *nn, "graph nodes");
+        if (!nn) return twk_graph_fail(g, TWK_ERR_OOM, "out of memory growing the graph to %d nodes", cap);
+        if (g->n) memcpy(nn, g->nodes, (size_t)g->n * sizeof *nn);
+        twk_host_free(g->nodes);
+        g->nodes = nn;
+        g->cap = cap;
+    }
+    g->nodes[g->n] = *n;
+    return g->n++;
+}
+
+const char *twk_shape_str(const twk_node *n, char *buf, size_t len) {
+    size_t used = 0;
+    used += (size_t)snprintf(buf + used, len - used, "[");
+    for (int i = 0; i < n->ndim && used < len; i++) {
+        const char *sep = i ? ", " : "";
+        if (n->dyn >> i & 1) {
+            if (n->ne[i] == 1)
+                used += (size_t)snprintf(buf + used, len - used, "%sT", sep);
+            else
+                used += (size_t)snprintf(buf + used, len - used, "%sT*%lld", sep, (long long)n->ne[i]);
+        } else {
+            used += (size_t)snprintf(buf + used, len - used, "%s%lld", sep, (long long)n->ne[i]);
+        }
+    }
+    if (used < len) snprintf(buf + used, len - used, "] %s", twk_dtype_name(n->type));
+    return buf;
+}
+
+int twk_same_shape(const twk_node *a, const twk_node *b) {
+    if (a->ndim != b->ndim || a->dyn != b->dyn) return 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->ne[i] != b->ne[i]) return 0;
+    return 1;
+}
+
+static const twk_node *node_at(const twk_graph *g, twk_id id) {
+    return (g && id >= 0 && id < g->n) ? &g->nodes[id] : NULL;
+}
+
+int twk_graph_size(const twk_graph *g) { return g ? g->n : 0; }
+
+twk_op twk_node_op(const twk_graph *g, twk_id id) {
+    const twk_node *n = node_at(g, id);
+    return n ? n->op : TWK_OP_COUNT;
+}
+
+twk_dtype twk_node_dtype(const twk_graph *g, twk_id id) {
+    const twk_node *n = node_at(g, id);
+    return n ? n->type : TWK_DTYPE_COUNT;
+}
+
+int twk_node_shape(const twk_graph *g, twk_id id, int64_t n_tok, int64_t *ne) {
+    const twk_node *n = node_at(g, id);
+    if (!n) return -1;
+    for (int i = 0; i < n->ndim; i++) ne[i] = (n->dyn >> i & 1) ? n->ne[i] * n_tok : n->ne[i];
+    return n->ndim;
+}
+
+const char *twk_node_name(const twk_graph *g, twk_id id) {
+    const twk_node *n = node_at(g, id);
+    return n ? n->name : "";
+}
+
+void twk_node_set_name(twk_graph *g, twk_id id, const char *name) {
+    if (id < 0 || id >= g->n || !name) return;
+    snprintf(g->nodes[id].name, sizeof g->nodes[id].name, "%s", name);
+}
+
+twk_id twk_graph_find(const twk_graph *g, const char *name) {
+    for (int i = 0; g && name && i < g->n; i++)
+        if (strcmp(g->nodes[i].name, name) == 0) return i;
+    return -1;
+}
+
+const char *twk_node_shape_str(const twk_graph *g, twk_id id, char *buf, size_t len) {
+    const twk_node *n = node_at(g, id);
+    if (!n) {
+        snprintf(buf, len, "(no tensor %d)", id);
+        return buf;
+    }
+    return twk_shape_str(n, buf, len);
+}
+
+twk_status twk_graph_output(twk_graph *g, twk_id id) {
+    if (!g) return twk_error(TWK_ERR_INVALID_ARG, "graph_output: graph is NULL");
+    if (id < 0 || id >= g->n)
+        return twk_error(TWK_ERR_INVALID_ARG, "graph_output: no tensor %d in a graph of %d", id, g->n);
+    g->nodes[id].flags |= TWK_NODE_OUTPUT;
+    return TWK_OK;
+}

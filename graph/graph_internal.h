@@ -1,0 +1,52 @@
+/* graph/ internals shared by the builder, autograd and the plan compiler. */
+#ifndef TWK_GRAPH_INTERNAL_H
+#define TWK_GRAPH_INTERNAL_H
+
+#include "twinkle/graph.h"
+
+#define TWK_NODE_TRAINABLE 1u
+#define TWK_NODE_OUTPUT 2u
+
+typedef struct twk_node {
+    twk_op op;
+    twk_dtype type;
+    int ndim;
+    int64_t ne[TWK_MAX_DIMS];
+    uint8_t dyn;
+    uint8_t flags;
+    int nsrc;
+    twk_id src[TWK_MAX_SRC];
+    int32_t ip[TWK_MAX_PARAMS];
+    float fp[TWK_MAX_PARAMS];
+    char name[64];
+} twk_node;
+
+struct twk_graph {
+    twk_node *nodes;
+    int n, cap;
+    twk_status status;
+    char error[512];
+    twk_id *grads;     /* per node after backward, else NULL */
+    int n_grads;       /* nodes that existed when backward ran */
+};
+
+/* Appends a node (copied); returns its id or -1 with the graph error set. */
+twk_id twk_graph_push(twk_graph *g, const twk_node *n);
+/* Sets the graph's sticky error (first one wins) and returns -1. */
+twk_id twk_graph_fail(twk_graph *g, twk_status code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Writes "[T*16, 64] f32" for a node into buf. */
+const char *twk_shape_str(const twk_node *n, char *buf, size_t len);
+/* true when two nodes have the same dtype-less shape (dims and token dims). */
+int twk_same_shape(const twk_node *a, const twk_node *b);
+
+
+
+/* Builders used by autograd (not public: they exist to express gradients). */
+twk_id twk_slice_back(twk_graph *g, twk_id x, int axis, int64_t start, int64_t full);
+twk_id twk_broadcast_like(twk_graph *g, twk_id x, twk_id like, int mean_scale);
+twk_id twk_sum_to_like(twk_graph *g, twk_id x, twk_id like);
+twk_id twk_silu_back(twk_graph *g, twk_id x, twk_id dy);
+twk_id twk_swiglu_back(twk_graph *g, twk_id gate, twk_id up, twk_id dy, int which);
+twk_id twk_get_rows_back(twk_graph *g, twk_id dy, twk_id ids, int64_t vocab);
+#endif

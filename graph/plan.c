@@ -1,0 +1,407 @@
+/* Plan compilation: dead-node removal, backend support checks, liveness-based
+ * memory planning into one arena, and running the result. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph_internal.h"
+
+#define ARENA_ALIGN 64
+
+enum slot_kind { SLOT_DEAD = 0, SLOT_ARENA, SLOT_LEAF, SLOT_BOUND, SLOT_VIEW };
+
+typedef struct slot {
+    int kind;
+    twk_id root;    /* storage owner (itself unless a view) */
+    twk_buffer *buf;
+    size_t offset;
+    size_t bytes;   /* at capacity */
+    int first, last; /* launch range during which an arena tensor is live */
+    twk_dtype type;
+    int ndim;
+    int64_t ne[TWK_MAX_DIMS];
+    uint8_t dyn;
+} slot;
+
+struct twk_plan {
+    twk_device *dev;
+    int64_t capacity;
+    int n_nodes;
+    slot *slots;
+    twk_launch *launches;
+    twk_id *launch_node;
+    char (*names)[64];
+    twk_hal_plan hal;
+    twk_buffer *arena;
+    twk_buffer *leaves;
+    void *prepared;
+    twk_plan_stats stats;
+};
+
+static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+static size_t bytes_at(const twk_node *n, int64_t cap) {
+    size_t e = 1;
+    for (int i = 0; i < n->ndim; i++) e *= (size_t)((n->dyn >> i & 1) ? n->ne[i] * cap : n->ne[i]);
+    return e * twk_dtype_size(n->type);
+}
+
+void twk_plan_free(twk_plan *p) {
+    if (!p) return;
+    if (p->prepared) twk_device_backend(p->dev)->release(twk_device_ctx(p->dev), p->prepared);
+    twk_buffer_free(p->dev, p->arena);
+    twk_buffer_free(p->dev, p->leaves);
+    twk_host_free(p->slots);
+    twk_host_free(p->launches);
+    twk_host_free(p->launch_node);
+    twk_host_free(p->names);
+    twk_host_free(p);
+}
+
+static void fill_desc(const twk_plan *p, twk_id id, twk_tensor_desc *d) {
+    const slot *s = &p->slots[id];
+    const slot *r = &p->slots[s->root];
+    d->type = s->type;
+    d->ndim = s->ndim;
+    memcpy(d->ne, s->ne, sizeof d->ne);
+    d->dyn = s->dyn;
+    d->buf = r->buf;
+    d->offset = r->offset;
+}
+
+/* Greedy by size: biggest tensors first, each at the lowest offset that no
+ * placed tensor with an overlapping lifetime occupies. */
+typedef struct { size_t off, end; } range;
+
+typedef struct { size_t bytes; twk_id id; } sized_id;
+
+static int cmp_sized(const void *a, const void *b) {
+    const sized_id *x = a, *y = b;
+    if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
+    return x->id - y->id;
+}
+static int cmp_range(const void *a, const void *b) {
+    const range *x = a, *y = b;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+static twk_status plan_memory(twk_plan *p, size_t *peak_out) {
+    int n = p->n_nodes, count = 0;
+    for (int i = 0; i < n; i++) count += p->slots[i].kind == SLOT_ARENA;
+    *peak_out = 0;
+    if (!count) return TWK_OK;
+    sized_id *order = twk_host_alloc((size_t)count * sizeof *order, "memory planner");
+    twk_id *placed = twk_host_alloc((size_t)count * sizeof *placed, "memory planner");
+    range *busy = twk_host_alloc((size_t)count * sizeof *busy, "memory planner");
+    if (!order || !placed || !busy) {
+        twk_host_free(order);
+        twk_host_free(placed);
+        twk_host_free(busy);
+        return TWK_ERR_OOM;
+    }
+    count = 0;
+    for (int i = 0; i < n; i++)
+        if (p->slots[i].kind == SLOT_ARENA) order[count++] = (sized_id){p->slots[i].bytes, i};
+    qsort(order, (size_t)count, sizeof *order, cmp_sized);
+    size_t peak = 0;
+    int n_placed = 0;
+    for (int k = 0; k < count; k++) {
+        slot *s = &p->slots[order[k].id];
+        int nb = 0;
+        for (int j = 0; j < n_placed; j++) {
+            const slot *o = &p->slots[placed[j]];
+            if (o->first <= s->last && s->first <= o->last)
+                busy[nb++] = (range){o->offset, o->offset + align_up(o->bytes, ARENA_ALIGN)};
+        }
+        qsort(busy, (size_t)nb, sizeof *busy, cmp_range);
+        size_t need = align_up(s->bytes, ARENA_ALIGN), off = 0;
+        for (int j = 0; j < nb; j++) {
+            if (busy[j].off >= off + need) break;
+            if (busy[j].end > off) off = busy[j].end;
+        }
+        s->offset = off;
+        if (off + need > peak) peak = off + need;
+        placed[n_placed++] = order[k].id;
+    }
+    twk_host_free(order);
+    twk_host_free(placed);
+    twk_host_free(busy);
+    *peak_out = peak;
+    return TWK_OK;
+}
+
+static int is_leaf(twk_op op) { return op == TWK_OP_INPUT || op == TWK_OP_PARAM; }
+
+twk_status twk_plan_compile(const twk_graph *g, twk_device *dev, int64_t capacity,
+                            const twk_binding *binds, int n_binds, twk_plan **out) {
+    if (!out) return twk_error(TWK_ERR_INVALID_ARG, "plan_compile: out is NULL");
+    *out = NULL;
+    if (!g || !dev) return twk_error(TWK_ERR_INVALID_ARG, "plan_compile: graph or device is NULL");
+    if (g->status != TWK_OK) return twk_error(g->status, "plan_compile: graph has an error: %s", g->error);
+    if (capacity < 1) return twk_error(TWK_ERR_INVALID_ARG, "plan_compile: capacity %lld < 1", (long long)capacity);
+    if (n_binds < 0 || (n_binds && !binds))
+        return twk_error(TWK_ERR_INVALID_ARG, "plan_compile: bad bindings (%d)", n_binds);
+
+    const twk_backend_iface *be = twk_device_backend(dev);
+    twk_plan *p = twk_host_calloc(sizeof *p, "plan");
+    if (!p) return TWK_ERR_OOM;
+    p->dev = dev;
+    p->capacity = capacity;
+    p->n_nodes = g->n;
+    p->slots = twk_host_calloc((size_t)g->n * sizeof *p->slots + 1, "plan slots");
+    if (!p->slots) goto oom;
+
+    /* dead-node removal: keep what an output needs */
+    int n_out = 0;
+    for (int i = g->n - 1; i >= 0; i--) {
+        const twk_node *nd = &g->nodes[i];
+        if (nd->flags & TWK_NODE_OUTPUT) {
+            p->slots[i].kind = SLOT_ARENA;
+            n_out++;
+        }
+        if (p->slots[i].kind == SLOT_DEAD) continue;
+        for (int k = 0; k < nd->nsrc; k++) p->slots[nd->src[k]].kind = SLOT_ARENA;
+    }
+    if (!n_out) {
+        twk_plan_free(p);
+        return twk_error(TWK_ERR_INVALID_ARG, "plan_compile: the graph has no outputs (twk_graph_output)");
+    }
+
+    /* storage classes and shapes */
+    int n_launch = 0;
+    for (int i = 0; i < g->n; i++) {
+        slot *s = &p->slots[i];
+        const twk_node *nd = &g->nodes[i];
+        s->root = i;
+        s->type = nd->type;
+        s->ndim = nd->ndim;
+        s->dyn = nd->dyn;
+        memcpy(s->ne, nd->ne, sizeof s->ne);
+        s->bytes = bytes_at(nd, capacity);
+        s->first = s->last = -1;
+        if (s->kind == SLOT_DEAD) continue;
+        if (is_leaf(nd->op)) s->kind = SLOT_LEAF;
+        else if (nd->op == TWK_OP_RESHAPE) {
+            s->kind = SLOT_VIEW;
+            s->root = p->slots[nd->src[0]].root;
+        } else n_launch++;
+    }
+    for (int b = 0; b < n_binds; b++) {
+        twk_id id = binds[b].id;
+        if (id < 0 || id >= g->n) {
+            twk_plan_free(p);
+            return twk_error(TWK_ERR_INVALID_ARG, "plan_compile: binding %d names no tensor (%d)", b, id);
+        }
+        slot *s = &p->slots[id];
+        if (s->kind == SLOT_DEAD) continue; /* bound but unused: fine */
+        if (s->kind == SLOT_VIEW) {
+            twk_plan_free(p);
+            return twk_error(TWK_ERR_INVALID_ARG, "plan_compile: cannot bind reshape view '%s' (%d); bind its source",
+                             g->nodes[id].name, id);
+        }
+        if (!binds[b].buf || binds[b].offset > twk_buffer_size(binds[b].buf) ||
+            s->bytes > twk_buffer_size(binds[b].buf) - binds[b].offset) {
+            twk_plan_free(p);
+            return twk_error(TWK_ERR_INVALID_ARG,
+                             "plan_compile: binding for '%s' (%d) needs %zu bytes at offset %zu; buffer has %zu",
+                             g->nodes[id].name, id, s->bytes, binds[b].offset, twk_buffer_size(binds[b].buf));
+        }
+        s->kind = SLOT_BOUND;
+        s->buf = binds[b].buf;
+        s->offset = binds[b].offset;
+    }
+
+    /* launches, with liveness */
+    p->launches = twk_host_calloc((size_t)(n_launch ? n_launch : 1) * sizeof *p->launches, "plan launches");
+    p->launch_node = twk_host_calloc((size_t)(n_launch ? n_launch : 1) * sizeof *p->launch_node, "plan launches");
+    p->names = twk_host_calloc((size_t)(n_launch ? n_launch : 1) * sizeof *p->names, "plan names");
+    if (!p->launches || !p->launch_node || !p->names) goto oom;
+    int li = 0;
+    for (int i = 0; i < g->n; i++) {
+        slot *s = &p->slots[i];
+        const twk_node *nd = &g->nodes[i];
+        if (s->kind == SLOT_DEAD || s->kind == SLOT_LEAF || s->kind == SLOT_VIEW) continue;
+        if (is_leaf(nd->op)) continue; /* a bound leaf */
+        p->launch_node[li] = i;
+        if (s->kind == SLOT_ARENA) s->first = li;
+        for (int k = 0; k < nd->nsrc; k++) {
+            slot *r = &p->slots[p->slots[nd->src[k]].root];
+            if (r->kind == SLOT_ARENA && li > r->last) r->last = li;
+        }
+        li++;
+    }
+    n_launch = li;
+    for (int i = 0; i < g->n; i++) {
+        slot *s = &p->slots[i];
+        if (s->kind == SLOT_DEAD) continue;
+        slot *r = &p->slots[s->root];
+        if ((g->nodes[i].flags & TWK_NODE_OUTPUT) && r->kind == SLOT_ARENA) r->last = n_launch;
+        if (s->kind == SLOT_ARENA && s->last < s->first) s->last = s->first;
+    }
+
+    /* memory: arena for intermediates, one buffer for unbound leaves */
+    size_t naive = 0, leaf_bytes = 0, peak = 0;
+    for (int i = 0; i < g->n; i++) {
+        slot *s = &p->slots[i];
+        if (s->kind == SLOT_ARENA) naive += align_up(s->bytes, ARENA_ALIGN);
+        if (s->kind == SLOT_LEAF) {
+            s->offset = leaf_bytes;
+            leaf_bytes += align_up(s->bytes, ARENA_ALIGN);
+        }
+    }
+    twk_status st = plan_memory(p, &peak);
+    if (st != TWK_OK) goto fail;
+
+    /* launches as the backend sees them; check support before allocating */
+    for (int l = 0; l < n_launch; l++) {
+        twk_id id = p->launch_node[l];
+        const twk_node *nd = &g->nodes[id];
+        twk_launch *L = &p->launches[l];
+        L->op = nd->op;
+        snprintf(p->names[l], sizeof p->names[l], "%s", nd->name);
+        L->name = p->names[l];
+        L->nsrc = nd->nsrc;
+        memcpy(L->ip, nd->ip, sizeof L->ip);
+        memcpy(L->fp, nd->fp, sizeof L->fp);
+        fill_desc(p, id, &L->dst);
+        for (int k = 0; k < nd->nsrc; k++) fill_desc(p, nd->src[k], &L->src[k]);
+        char why[256] = "";
+        if (!be->supports_op(twk_device_ctx(dev), L, why, sizeof why)) {
+            char shapes[512];
+            size_t used = 0;
+            char b[96];
+            used += (size_t)snprintf(shapes, sizeof shapes, "dst %s", twk_shape_str(nd, b, sizeof b));
+            for (int k = 0; k < nd->nsrc && used < sizeof shapes; k++)
+                used += (size_t)snprintf(shapes + used, sizeof shapes - used, ", src%d %s", k,
+                                         twk_shape_str(&g->nodes[nd->src[k]], b, sizeof b));
+            st = twk_error(TWK_ERR_UNSUPPORTED, "plan_compile: backend '%s' does not support op %s (node %d%s%s; %s)%s%s",
+                           be->name, twk_op_name(nd->op), id, nd->name[0] ? " '" : "", nd->name[0] ? nd->name : "",
+                           shapes, why[0] ? ": " : "", why);
+            goto fail;
+        }
+    }
+    if (peak) {
+        st = twk_buffer_alloc(dev, peak, &p->arena);
+        if (st != TWK_OK) goto fail;
+    }
+    if (leaf_bytes) {
+        st = twk_buffer_alloc(dev, leaf_bytes, &p->leaves);
+        if (st != TWK_OK) goto fail;
+        st = twk_buffer_zero(dev, p->leaves, 0, leaf_bytes);
+        if (st != TWK_OK) goto fail;
+    }
+    for (int i = 0; i < g->n; i++) {
+        slot *s = &p->slots[i];
+        if (s->kind == SLOT_ARENA) s->buf = p->arena;
+        if (s->kind == SLOT_LEAF) s->buf = p->leaves;
+    }
+    for (int l = 0; l < n_launch; l++) { /* buffers are known now */
+        twk_id id = p->launch_node[l];
+        fill_desc(p, id, &p->launches[l].dst);
+        for (int k = 0; k < g->nodes[id].nsrc; k++) fill_desc(p, g->nodes[id].src[k], &p->launches[l].src[k]);
+    }
+    p->hal.n_launches = n_launch;
+    p->hal.launches = p->launches;
+    p->hal.capacity = capacity;
+    st = be->prepare(twk_device_ctx(dev), &p->hal, &p->prepared);
+    if (st != TWK_OK) goto fail;
+
+    p->stats.n_nodes_graph = g->n;
+    p->stats.n_launches = n_launch;
+    p->stats.arena_bytes = peak;
+    p->stats.naive_bytes = naive;
+    p->stats.leaf_bytes = leaf_bytes;
+    *out = p;
+    return TWK_OK;
+oom:
+    st = TWK_ERR_OOM;
+fail:
+    twk_plan_free(p);
+    return st;
+}
+
+static twk_status io_check(twk_plan *p, twk_id id, int64_t n, size_t bytes, const char *what,
+                           const slot **out) {
+    if (!p) return twk_error(TWK_ERR_INVALID_ARG, "%s: plan is NULL", what);
+    if (id < 0 || id >= p->n_nodes)
+        return twk_error(TWK_ERR_INVALID_ARG, "%s: no tensor %d in this plan", what, id);
+    const slot *s = &p->slots[id];
+    if (s->kind == SLOT_DEAD)
+        return twk_error(TWK_ERR_INVALID_ARG, "%s: tensor %d is not used by this plan's outputs", what, id);
+    if (n < 1 || n > p->capacity)
+        return twk_error(TWK_ERR_INVALID_ARG, "%s: token count %lld outside 1..%lld", what,
+                         (long long)n, (long long)p->capacity);
+    twk_tensor_desc d;
+    fill_desc(p, id, &d);
+    size_t want = (size_t)twk_desc_nelem(&d, n) * twk_dtype_size(d.type);
+    if (bytes != want)
+        return twk_error(TWK_ERR_INVALID_ARG, "%s: tensor %d holds %zu bytes for %lld tokens; got %zu",
+                         what, id, want, (long long)n, bytes);
+    *out = &p->slots[s->root];
+    return TWK_OK;
+}
+
+twk_status twk_plan_write(twk_plan *p, twk_id id, int64_t n, const void *src, size_t bytes) {
+    const slot *r = NULL;
+    twk_status st = io_check(p, id, n, bytes, "plan_write", &r);
+    if (st != TWK_OK) return st;
+    return twk_buffer_upload(p->dev, r->buf, r->offset, src, bytes);
+}
+
+twk_status twk_plan_read(twk_plan *p, twk_id id, int64_t n, void *dst, size_t bytes) {
+    const slot *r = NULL;
+    twk_status st = io_check(p, id, n, bytes, "plan_read", &r);
+    if (st != TWK_OK) return st;
+    return twk_buffer_download(p->dev, r->buf, r->offset, dst, bytes);
+}
+
+twk_status twk_plan_run(twk_plan *p, int64_t n) {
+    if (!p) return twk_error(TWK_ERR_INVALID_ARG, "plan_run: plan is NULL");
+    if (n < 1 || n > p->capacity)
+        return twk_error(TWK_ERR_INVALID_ARG, "plan_run: token count %lld outside 1..%lld",
+                         (long long)n, (long long)p->capacity);
+    const twk_backend_iface *be = twk_device_backend(p->dev);
+    twk_status st = be->run(twk_device_ctx(p->dev), p->prepared, &p->hal, n);
+    if (st != TWK_OK) return st;
+    return be->synchronize(twk_device_ctx(p->dev));
+}
+
+void twk_plan_get_stats(const twk_plan *p, twk_plan_stats *out) {
+    if (p && out) *out = p->stats;
+}
+
+const twk_hal_plan *twk_plan_hal(const twk_plan *p) { return p ? &p->hal : NULL; }
+
+bool twk_plan_placement(const twk_plan *p, twk_id id, size_t *offset, size_t *bytes, int *first,
+                        int *last) {
+    if (!p || id < 0 || id >= p->n_nodes || p->slots[id].kind != SLOT_ARENA) return false;
+    const slot *s = &p->slots[id];
+    if (offset) *offset = s->offset;
+    if (bytes) *bytes = s->bytes;
+    if (first) *first = s->first;
+    if (last) *last = s->last;
+    return true;
+}
+
+twk_status twk_plan_validate_memory(const twk_plan *p) {
+    if (!p) return twk_error(TWK_ERR_INVALID_ARG, "plan_validate_memory: plan is NULL");
+    for (int i = 0; i < p->n_nodes; i++) {
+        const slot *a = &p->slots[i];
+        if (a->kind != SLOT_ARENA) continue;
+        if (a->offset + a->bytes > p->stats.arena_bytes)
+            return twk_error(TWK_ERR_STATE, "memory plan: tensor %d [%zu, %zu) exceeds the arena (%zu)", i,
+                             a->offset, a->offset + a->bytes, p->stats.arena_bytes);
+        for (int j = i + 1; j < p->n_nodes; j++) {
+            const slot *b = &p->slots[j];
+            if (b->kind != SLOT_ARENA) continue;
+            int live_together = a->first <= b->last && b->first <= a->last;
+            int overlap = a->offset < b->offset + b->bytes && b->offset < a->offset + a->bytes;
+            if (live_together && overlap && a->bytes && b->bytes)
+                return twk_error(TWK_ERR_STATE,
+                                 "memory plan: tensors %d [%zu, %zu) live %d..%d and %d [%zu, %zu) live %d..%d overlap",
+                                 i, a->offset, a->offset + a->bytes, a->first, a->last, j, b->offset,
+                                 b->offset + b->bytes, b->first, b->last);
+        }
+    }
+    return TWK_OK;
+}

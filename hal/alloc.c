@@ -1,0 +1,50 @@
+/* The pluggable host allocator: every host allocation of the engine goes
+ * through here so tests can make the n-th allocation fail. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "twinkle/hal.h"
+
+#define TWK_HOST_ALIGN 64
+
+static void *default_alloc(void *user, size_t bytes, size_t align) {
+    (void)user;
+    void *p = NULL;
+    size_t rounded = (bytes + align - 1) / align * align;
+    if (posix_memalign(&p, align, rounded ? rounded : align) != 0) return NULL;
+    return p;
+}
+
+static void default_free(void *user, void *ptr) {
+    (void)user;
+    free(ptr);
+}
+
+static twk_allocator current = {default_alloc, default_free, NULL};
+
+void twk_set_allocator(const twk_allocator *a) {
+    if (a) {
+        current = *a;
+    } else {
+        current.alloc = default_alloc;
+        current.free = default_free;
+        current.user = NULL;
+    }
+}
+
+void *twk_host_alloc(size_t bytes, const char *what) {
+    void *p = current.alloc(current.user, bytes, TWK_HOST_ALIGN);
+    if (!p) twk_error(TWK_ERR_OOM, "out of host memory allocating %zu bytes for %s", bytes,
+                      what ? what : "?");
+    return p;
+}
+
+void *twk_host_calloc(size_t bytes, const char *what) {
+    void *p = twk_host_alloc(bytes, what);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
+void twk_host_free(void *ptr) {
+    if (ptr) current.free(current.user, ptr);
+}

@@ -1,0 +1,204 @@
+/* The backend registry and opened devices. Backends are found by name here,
+ * never through their headers. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "twinkle/hal.h"
+
+#define TWK_MAX_BACKENDS 16
+
+struct twk_device {
+    const twk_backend_iface *iface;
+    void *ctx;
+    char spec[48];
+};
+
+static const twk_backend_iface *backends[TWK_MAX_BACKENDS];
+static int n_backends;
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t builtin_once = PTHREAD_ONCE_INIT;
+
+static bool iface_complete(const twk_backend_iface *b) {
+    return b->name && b->device_count && b->device_props && b->open && b->close &&
+           b->buffer_alloc && b->buffer_free && b->upload && b->download && b->copy &&
+           b->memset_zero && b->supports_op && b->prepare && b->release && b->run &&
+           b->synchronize;
+}
+
+static twk_status register_locked(const twk_backend_iface *iface) {
+    if (!iface || !iface_complete(iface))
+        return twk_error(TWK_ERR_INVALID_ARG, "backend_register: incomplete function table%s%s",
+                         iface && iface->name ? " for " : "", iface && iface->name ? iface->name : "");
+    for (int i = 0; i < n_backends; i++)
+        if (strcmp(backends[i]->name, iface->name) == 0)
+            return twk_error(TWK_ERR_INVALID_ARG, "backend_register: '%s' is already registered",
+                             iface->name);
+    if (n_backends == TWK_MAX_BACKENDS)
+        return twk_error(TWK_ERR_INVALID_ARG, "backend_register: registry full (%d)",
+                         TWK_MAX_BACKENDS);
+    backends[n_backends++] = iface;
+    return TWK_OK;
+}
+
+static void register_builtins(void) {
+    pthread_mutex_lock(&reg_lock);
+    register_locked(twk_cpu_backend());
+    pthread_mutex_unlock(&reg_lock);
+}
+
+twk_status twk_backend_register(const twk_backend_iface *iface) {
+    pthread_once(&builtin_once, register_builtins);
+    pthread_mutex_lock(&reg_lock);
+    twk_status s = register_locked(iface);
+    pthread_mutex_unlock(&reg_lock);
+    return s;
+}
+
+twk_status twk_backend_unregister(const char *name) {
+    pthread_once(&builtin_once, register_builtins);
+    twk_status s = twk_error(TWK_ERR_NOT_FOUND, "backend_unregister: no backend '%s'",
+                             name ? name : "(null)");
+    pthread_mutex_lock(&reg_lock);
+    for (int i = 0; name && i < n_backends; i++) {
+        if (strcmp(backends[i]->name, name) == 0) {
+            memmove(&backends[i], &backends[i + 1], (size_t)(n_backends - i - 1) * sizeof *backends);
+            n_backends--;
+            s = TWK_OK;
+            twk_clear_error();
+            break;
+        }
+    }
+    pthread_mutex_unlock(&reg_lock);
+    return s;
+}
+
+int twk_backend_count(void) {
+    pthread_once(&builtin_once, register_builtins);
+    pthread_mutex_lock(&reg_lock);
+    int n = n_backends;
+    pthread_mutex_unlock(&reg_lock);
+    return n;
+}
+
+const twk_backend_iface *twk_backend_get(int i) {
+    pthread_once(&builtin_once, register_builtins);
+    pthread_mutex_lock(&reg_lock);
+    const twk_backend_iface *b = (i >= 0 && i < n_backends) ? backends[i] : NULL;
+    pthread_mutex_unlock(&reg_lock);
+    return b;
+}
+
+const twk_backend_iface *twk_backend_find(const char *name) {
+    pthread_once(&builtin_once, register_builtins);
+    const twk_backend_iface *b = NULL;
+    pthread_mutex_lock(&reg_lock);
+    for (int i = 0; name && i < n_backends; i++)
+        if (strcmp(backends[i]->name, name) == 0) b = backends[i];
+    pthread_mutex_unlock(&reg_lock);
+    return b;
+}
+
+twk_status twk_device_open(const char *spec, twk_device **out) {
+    if (!out) return twk_error(TWK_ERR_INVALID_ARG, "device_open: out is NULL");
+    *out = NULL;
+    if (!spec || !*spec) spec = "cpu";
+    char name[32];
+    const char *colon = strchr(spec, ':');
+    size_t len = colon ? (size_t)(colon - spec) : strlen(spec);
+    if (len == 0 || len >= sizeof name)
+        return twk_error(TWK_ERR_INVALID_ARG, "device_open: bad device spec '%s'", spec);
+    memcpy(name, spec, len);
+    name[len] = 0;
+    long index = 0;
+    if (colon) {
+        char *end = NULL;
+        index = strtol(colon + 1, &end, 10);
+        if (!colon[1] || *end || index < 0 || index > 1024)
+            return twk_error(TWK_ERR_INVALID_ARG,
+                             "device_open: bad device index in '%s' (want name[:N])", spec);
+    }
+    const twk_backend_iface *b = twk_backend_find(name);
+    if (!b) return twk_error(TWK_ERR_NOT_FOUND, "device_open: no backend '%s' in this build", name);
+    int count = b->device_count();
+    if (index >= count)
+        return twk_error(TWK_ERR_NOT_FOUND, "device_open: backend '%s' has %d device(s); no index %ld",
+                         name, count, index);
+    twk_device *d = twk_host_calloc(sizeof *d, "device");
+    if (!d) return TWK_ERR_OOM;
+    twk_status s = b->open((int)index, &d->ctx);
+    if (s != TWK_OK) {
+        twk_host_free(d);
+        return s;
+    }
+    d->iface = b;
+    snprintf(d->spec, sizeof d->spec, "%s:%ld", name, index);
+    *out = d;
+    return TWK_OK;
+}
+
+void twk_device_close(twk_device *dev) {
+    if (!dev) return;
+    dev->iface->close(dev->ctx);
+    twk_host_free(dev);
+}
+
+const twk_backend_iface *twk_device_backend(const twk_device *dev) { return dev->iface; }
+void *twk_device_ctx(const twk_device *dev) { return dev->ctx; }
+const char *twk_device_spec(const twk_device *dev) { return dev->spec; }
+
+size_t twk_buffer_size(const twk_buffer *buf) { return buf ? buf->size : 0; }
+
+twk_status twk_buffer_alloc(twk_device *dev, size_t bytes, twk_buffer **out) {
+    if (!dev || !out) return twk_error(TWK_ERR_INVALID_ARG, "buffer_alloc: NULL argument");
+    *out = NULL;
+    return dev->iface->buffer_alloc(dev->ctx, bytes, out);
+}
+
+void twk_buffer_free(twk_device *dev, twk_buffer *buf) {
+    if (dev && buf) dev->iface->buffer_free(dev->ctx, buf);
+}
+
+static twk_status check_range(const char *what, const twk_buffer *b, size_t off, size_t bytes) {
+    if (!b) return twk_error(TWK_ERR_INVALID_ARG, "%s: NULL buffer", what);
+    if (off > b->size || bytes > b->size - off)
+        return twk_error(TWK_ERR_INVALID_ARG, "%s: range [%zu, %zu) outside buffer of %zu bytes",
+                         what, off, off + bytes, b->size);
+    return TWK_OK;
+}
+
+twk_status twk_buffer_upload(twk_device *dev, twk_buffer *dst, size_t off, const void *src,
+                             size_t bytes) {
+    twk_status s = check_range("buffer_upload", dst, off, bytes);
+    if (s != TWK_OK) return s;
+    if (!src && bytes) return twk_error(TWK_ERR_INVALID_ARG, "buffer_upload: NULL source");
+    return bytes ? dev->iface->upload(dev->ctx, dst, off, src, bytes) : TWK_OK;
+}
+
+twk_status twk_buffer_download(twk_device *dev, const twk_buffer *src, size_t off, void *dst,
+                               size_t bytes) {
+    twk_status s = check_range("buffer_download", src, off, bytes);
+    if (s != TWK_OK) return s;
+    if (!dst && bytes) return twk_error(TWK_ERR_INVALID_ARG, "buffer_download: NULL destination");
+    return bytes ? dev->iface->download(dev->ctx, src, off, dst, bytes) : TWK_OK;
+}
+
+twk_status twk_buffer_copy(twk_device *dev, twk_buffer *dst, size_t doff, const twk_buffer *src,
+                           size_t soff, size_t bytes) {
+    twk_status s = check_range("buffer_copy (dst)", dst, doff, bytes);
+    if (s == TWK_OK) s = check_range("buffer_copy (src)", src, soff, bytes);
+    if (s != TWK_OK) return s;
+    return bytes ? dev->iface->copy(dev->ctx, dst, doff, src, soff, bytes) : TWK_OK;
+}
+
+twk_status twk_buffer_zero(twk_device *dev, twk_buffer *dst, size_t off, size_t bytes) {
+    twk_status s = check_range("buffer_zero", dst, off, bytes);
+    if (s != TWK_OK) return s;
+    return bytes ? dev->iface->memset_zero(dev->ctx, dst, off, bytes) : TWK_OK;
+}
+
+twk_status twk_device_synchronize(twk_device *dev) {
+    if (!dev) return twk_error(TWK_ERR_INVALID_ARG, "device_synchronize: NULL device");
+    return dev->iface->synchronize(dev->ctx);
+}

@@ -1,0 +1,170 @@
+/* twinkle — tensor IR, static autograd, passes and compiled plans.
+ *
+ * A graph is built once per shape family. Tensors are named by integer ids
+ * (twk_id); a builder returns -1 on error and records the first error in the
+ * graph (sticky: later builders given -1 return -1 without a new message), so
+ * a whole model can be built and checked once with twk_graph_status().
+ *
+ * Shapes: dims are given outermost first. A dim written TWK_TOK(k) is k times
+ * the run-time token count; a plan is compiled for a token capacity and runs
+ * with any count up to it. */
+#ifndef TWINKLE_GRAPH_H
+#define TWINKLE_GRAPH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "twinkle/hal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef int32_t twk_id;
+typedef struct twk_graph twk_graph;
+typedef struct twk_plan twk_plan;
+
+/* A dim of k per token, in a shape given to twk_input/twk_param/twk_reshape. */
+#define TWK_TOK(k) (-(int64_t)(k))
+#define TWK_T TWK_TOK(1)
+
+/* New empty graph; NULL on allocation failure (message set). */
+twk_graph *twk_graph_new(void);
+void twk_graph_free(twk_graph *g);
+
+/* TWK_OK, or the first error a builder met (its message is twk_graph_error). */
+twk_status twk_graph_status(const twk_graph *g);
+const char *twk_graph_error(const twk_graph *g);
+
+/* ---- leaves ---- */
+/* Run-time data (tokens, positions, targets, weights); never gets a gradient. */
+twk_id twk_input(twk_graph *g, const char *name, twk_dtype t, int ndim, const int64_t *ne);
+/* A parameter; `trainable` ones get gradients from twk_graph_backward. */
+twk_id twk_param(twk_graph *g, const char *name, int ndim, const int64_t *ne, bool trainable);
+/* A constant tensor with every element `value`. */
+twk_id twk_fill(twk_graph *g, int ndim, const int64_t *ne, float value);
+
+/* ---- layout ---- */
+/* Same data, new shape (a view; element counts must agree, incl. token dims). */
+twk_id twk_reshape(twk_graph *g, twk_id x, int ndim, const int64_t *ne);
+/* Axes reordered: out dim i = in dim perm[i]. */
+twk_id twk_permute(twk_graph *g, twk_id x, const int *perm);
+/* Swaps the last two dims. */
+twk_id twk_transpose(twk_graph *g, twk_id x);
+/* x[..., start:start+len, ...] along `axis` (a static dim). */
+twk_id twk_slice(twk_graph *g, twk_id x, int axis, int64_t start, int64_t len);
+/* a and b joined along `axis`; other dims must agree. */
+twk_id twk_concat(twk_graph *g, twk_id a, twk_id b, int axis);
+
+/* ---- elementwise (b broadcasts to a: b's dims, right-aligned, equal or 1) ---- */
+twk_id twk_add(twk_graph *g, twk_id a, twk_id b);
+twk_id twk_mul(twk_graph *g, twk_id a, twk_id b);
+twk_id twk_scale(twk_graph *g, twk_id x, float s);
+twk_id twk_silu(twk_graph *g, twk_id x);
+twk_id twk_swiglu(twk_graph *g, twk_id gate, twk_id up);
+
+/* ---- reductions to a [1] tensor ---- */
+twk_id twk_sum(twk_graph *g, twk_id x);
+twk_id twk_mean(twk_graph *g, twk_id x);
+/* sum(x * w) over all elements; x and w of one shape. */
+twk_id twk_weighted_sum(twk_graph *g, twk_id x, twk_id w);
+
+/* ---- linear algebra ---- */
+/* op(a) @ op(b) where op transposes the last two dims when asked. Rank 2, or
+ * rank 3 with an equal batch dim on both. [.., M, K] @ [.., K, N] -> [.., M, N]. */
+twk_id twk_matmul(twk_graph *g, twk_id a, twk_id b, bool trans_a, bool trans_b);
+
+/* ---- transformer ---- */
+/* table[ids[i]] for each id: table [V, D], ids i32/i64 [T] -> [T, D]. */
+twk_id twk_get_rows(twk_graph *g, twk_id table, twk_id ids);
+/* x / sqrt(mean(x^2 over the last dim) + eps) * w; w has the last dim's size. */
+twk_id twk_rmsnorm(twk_graph *g, twk_id x, twk_id w, float eps);
+/* Rotary embedding, Llama/Qwen half-rotation layout, on x [T, H, D] with
+ * positions pos i32 [T]. inv_freq (f32 [D/2]) may be -1: theta^(-2i/D). */
+twk_id twk_rope(twk_graph *g, twk_id x, twk_id pos, twk_id inv_freq, float theta);
+/* Causal attention within packed segments, grouped-query heads:
+ * q [T, Hq, D], k and v [T, Hkv, D] (Hq % Hkv == 0), seg_start i32 [T] = index
+ * of the first token of each token's sequence. Scores scaled by `scale`. */
+twk_id twk_attention(twk_graph *g, twk_id q, twk_id k, twk_id v, twk_id seg_start,
+                     float scale);
+/* log_softmax(logits)[t, targets[t]]: logits [T, V], targets i32/i64 [T] -> [T]. */
+twk_id twk_logprobs(twk_graph *g, twk_id logits, twk_id targets);
+
+/* ---- autograd ---- */
+/* Appends the backward graph of scalar `loss` ([1]): every trainable param
+ * that `loss` depends on gets a gradient (see twk_graph_grad). Only tensors
+ * on a path from a trainable param get gradient ops; fan-out accumulates.
+ * Call once per graph. */
+twk_status twk_graph_backward(twk_graph *g, twk_id loss);
+/* The gradient of `param` after twk_graph_backward; -1 if it has none. */
+twk_id twk_graph_grad(const twk_graph *g, twk_id param);
+
+/* ---- inspection ---- */
+int twk_graph_size(const twk_graph *g);
+twk_op twk_node_op(const twk_graph *g, twk_id id);
+twk_dtype twk_node_dtype(const twk_graph *g, twk_id id);
+/* Writes ne (token dims resolved for n tokens) and returns ndim; -1 bad id. */
+int twk_node_shape(const twk_graph *g, twk_id id, int64_t n, int64_t *ne);
+const char *twk_node_name(const twk_graph *g, twk_id id);
+/* Names a node (for messages and twk_graph_find). */
+void twk_node_set_name(twk_graph *g, twk_id id, const char *name);
+/* The node named `name`, or -1. */
+twk_id twk_graph_find(const twk_graph *g, const char *name);
+/* Writes a node's shape like "[T*16, 64] f32" into buf. */
+const char *twk_node_shape_str(const twk_graph *g, twk_id id, char *buf, size_t len);
+
+/* Marks a tensor as a plan output: it is computed and kept until the run ends. */
+twk_status twk_graph_output(twk_graph *g, twk_id id);
+
+/* ---- compiled plans ---- */
+
+/* A caller-owned buffer a tensor lives in instead of the plan's arena
+ * (parameters shared between plans, gradients that persist, ...). */
+typedef struct twk_binding {
+    twk_id id;
+    twk_buffer *buf;
+    size_t offset;
+} twk_binding;
+
+typedef struct twk_plan_stats {
+    int n_nodes_graph;      /* nodes in the graph */
+    int n_launches;         /* kernel launches after dead-node removal */
+    size_t arena_bytes;     /* peak intermediate memory (planned) */
+    size_t naive_bytes;     /* sum of all planned intermediates */
+    size_t leaf_bytes;      /* inputs/params the plan allocated itself */
+} twk_plan_stats;
+
+/* Compiles the graph's outputs for `dev` at token capacity `capacity` (>= 1):
+ * dead-node removal, supports_op checks (an op the backend lacks is an error
+ * naming the op, backend and shapes), liveness-based memory planning, arena
+ * allocation, backend prepare. Leaves not in `binds` get plan-owned storage.
+ * On failure returns an error and *out is NULL. */
+twk_status twk_plan_compile(const twk_graph *g, twk_device *dev, int64_t capacity,
+                            const twk_binding *binds, int n_binds, twk_plan **out);
+void twk_plan_free(twk_plan *p);
+
+/* Copies host data into a tensor for token count n (bytes must equal the
+ * tensor's size at n). TWK_ERR_INVALID_ARG if the tensor has no storage in
+ * this plan (it was removed as dead) or the size is wrong. */
+twk_status twk_plan_write(twk_plan *p, twk_id id, int64_t n, const void *src, size_t bytes);
+/* Copies a tensor's data for token count n to the host (after twk_plan_run). */
+twk_status twk_plan_read(twk_plan *p, twk_id id, int64_t n, void *dst, size_t bytes);
+/* Runs the plan for n tokens (1 <= n <= capacity) and waits for it. */
+twk_status twk_plan_run(twk_plan *p, int64_t n);
+
+void twk_plan_get_stats(const twk_plan *p, twk_plan_stats *out);
+/* The backend-facing launch list (for tests and tools). */
+const twk_hal_plan *twk_plan_hal(const twk_plan *p);
+/* Arena placement of a tensor: offset/size in bytes at capacity and the
+ * launch range [first, last] during which it is live. false if the tensor is
+ * not placed in the arena (bound, leaf, view or dead). */
+bool twk_plan_placement(const twk_plan *p, twk_id id, size_t *offset, size_t *bytes,
+                        int *first, int *last);
+/* Checks that no two arena tensors live at the same time overlap in memory;
+ * TWK_OK or TWK_ERR_STATE naming the pair. */
+twk_status twk_plan_validate_memory(const twk_plan *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
