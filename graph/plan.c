@@ -258,7 +258,8 @@ twk_status twk_plan_compile(const twk_graph *g, twk_device *dev, int64_t capacit
         const twk_node *nd = &g->nodes[id];
         twk_launch *L = &p->launches[l];
         L->op = nd->op;
-        snprintf(p->names[l], sizeof p->names[l], "%s", nd->name);
+        if (nd->name[0]) snprintf(p->names[l], sizeof p->names[l], "%s", nd->name);
+        else snprintf(p->names[l], sizeof p->names[l], "node %d", id);
         L->name = p->names[l];
         L->nsrc = nd->nsrc;
         memcpy(L->ip, nd->ip, sizeof L->ip);
@@ -274,9 +275,8 @@ twk_status twk_plan_compile(const twk_graph *g, twk_device *dev, int64_t capacit
             for (int k = 0; k < nd->nsrc && used < sizeof shapes; k++)
                 used += (size_t)snprintf(shapes + used, sizeof shapes - used, ", src%d %s", k,
                                          twk_shape_str(&g->nodes[nd->src[k]], b, sizeof b));
-            st = twk_error(TWK_ERR_UNSUPPORTED, "plan_compile: backend '%s' does not support op %s (node %d%s%s; %s)%s%s",
-                           be->name, twk_op_name(nd->op), id, nd->name[0] ? " '" : "", nd->name[0] ? nd->name : "",
-                           shapes, why[0] ? ": " : "", why);
+            st = twk_error(TWK_ERR_UNSUPPORTED, "plan_compile: backend '%s' does not support op %s ('%s'; %s)%s%s",
+                           be->name, twk_op_name(nd->op), p->names[l], shapes, why[0] ? ": " : "", why);
             goto fail;
         }
     }

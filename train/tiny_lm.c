@@ -235,3 +235,5 @@ int64_t twk_tiny_lm_tokens(const twk_tiny_lm *m) { return m ? m->n_tok : 0; }
 void twk_tiny_lm_stats(const twk_tiny_lm *m, twk_plan_stats *out) {
     if (m) twk_plan_get_stats(m->plan, out);
 }
+
+const twk_plan *twk_tiny_lm_plan(const twk_tiny_lm *m) { return m ? m->plan : NULL; }

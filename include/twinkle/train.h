@@ -40,6 +40,8 @@ void twk_tiny_lm_free(twk_tiny_lm *m);
 twk_status twk_tiny_lm_step(twk_tiny_lm *m, float *loss);
 /* Tokens in the packed batch. */
 int64_t twk_tiny_lm_tokens(const twk_tiny_lm *m);
+/* The compiled training plan (forward + backward), owned by the model. */
+const twk_plan *twk_tiny_lm_plan(const twk_tiny_lm *m);
 /* The compiled plan's statistics. */
 void twk_tiny_lm_stats(const twk_tiny_lm *m, twk_plan_stats *out);
 

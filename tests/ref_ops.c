@@ -1,0 +1,181 @@
+/* Float64 references for the op tests: plain loops, written for clarity. */
+#include "ref_ops.h"
+
+#include <math.h>
+#include <string.h>
+
+int64_t rt_nelem(const rt *t) {
+    int64_t e = 1;
+    for (int i = 0; i < t->ndim; i++) e *= t->ne[i];
+    return e;
+}
+
+/* index of b (right-aligned broadcast) for flat index i of a */
+static int64_t bcast_index(const rt *a, const rt *b, int64_t i) {
+    int64_t idx[4] = {0}, rem = i;
+    for (int d = a->ndim - 1; d >= 0; d--) {
+        idx[d] = rem % a->ne[d];
+        rem /= a->ne[d];
+    }
+    int64_t j = 0;
+    int off = a->ndim - b->ndim;
+    for (int d = 0; d < b->ndim; d++) j = j * b->ne[d] + (b->ne[d] == 1 ? 0 : idx[d + off]);
+    return j;
+}
+
+void ref_add(const rt *a, const rt *b, rt *y) {
+    for (int64_t i = 0; i < rt_nelem(a); i++) y->d[i] = a->d[i] + b->d[bcast_index(a, b, i)];
+}
+
+void ref_mul(const rt *a, const rt *b, rt *y) {
+    for (int64_t i = 0; i < rt_nelem(a); i++) y->d[i] = a->d[i] * b->d[bcast_index(a, b, i)];
+}
+
+void ref_scale(const rt *x, double s, rt *y) {
+    for (int64_t i = 0; i < rt_nelem(x); i++) y->d[i] = x->d[i] * s;
+}
+
+static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+void ref_silu(const rt *x, rt *y) {
+    for (int64_t i = 0; i < rt_nelem(x); i++) y->d[i] = x->d[i] * sigmoid(x->d[i]);
+}
+
+void ref_swiglu(const rt *g, const rt *u, rt *y) {
+    for (int64_t i = 0; i < rt_nelem(g); i++) y->d[i] = g->d[i] * sigmoid(g->d[i]) * u->d[i];
+}
+
+void ref_sum(const rt *x, rt *y) {
+    double s = 0;
+    for (int64_t i = 0; i < rt_nelem(x); i++) s += x->d[i];
+    y->d[0] = s;
+}
+
+void ref_mean(const rt *x, rt *y) {
+    ref_sum(x, y);
+    y->d[0] /= (double)rt_nelem(x);
+}
+
+void ref_weighted_sum(const rt *x, const rt *w, rt *y) {
+    double s = 0;
+    for (int64_t i = 0; i < rt_nelem(x); i++) s += x->d[i] * w->d[i];
+    y->d[0] = s;
+}
+
+void ref_matmul(const rt *a, const rt *b, int ta, int tb, rt *y) {
+    int r = a->ndim;
+    int64_t batch = r == 3 ? a->ne[0] : 1;
+    int64_t M = y->ne[r - 2], N = y->ne[r - 1], K = ta ? a->ne[r - 2] : a->ne[r - 1];
+    for (int64_t bt = 0; bt < batch; bt++) {
+        const double *A = a->d + bt * M * K, *B = b->d + bt * K * N;
+        double *C = y->d + bt * M * N;
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) {
+                double s = 0;
+                for (int64_t k = 0; k < K; k++)
+                    s += (ta ? A[k * M + m] : A[m * K + k]) * (tb ? B[n * K + k] : B[k * N + n]);
+                C[m * N + n] = s;
+            }
+    }
+}
+
+void ref_get_rows(const rt *table, const rt *ids, rt *y) {
+    int64_t D = table->ne[1];
+    for (int64_t t = 0; t < ids->ne[0]; t++)
+        memcpy(y->d + t * D, table->d + (int64_t)ids->d[t] * D, (size_t)D * sizeof(double));
+}
+
+void ref_rmsnorm(const rt *x, const rt *w, double eps, rt *y) {
+    int64_t D = x->ne[x->ndim - 1], R = rt_nelem(x) / D;
+    for (int64_t r = 0; r < R; r++) {
+        double ss = 0;
+        for (int64_t i = 0; i < D; i++) ss += x->d[r * D + i] * x->d[r * D + i];
+        double rs = 1.0 / sqrt(ss / (double)D + eps);
+        for (int64_t i = 0; i < D; i++) y->d[r * D + i] = x->d[r * D + i] * rs * w->d[i];
+    }
+}
+
+void ref_rope(const rt *x, const rt *pos, const rt *inv_freq, double theta, rt *y) {
+    int64_t T = x->ne[0], H = x->ne[1], D = x->ne[2], half = D / 2;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < half; i++) {
+                double f = inv_freq ? inv_freq->d[i] : pow(theta, -(double)(2 * i) / (double)D);
+                double a = pos->d[t] * f, c = cos(a), s = sin(a);
+                const double *xr = x->d + (t * H + h) * D;
+                double *yr = y->d + (t * H + h) * D;
+                yr[i] = xr[i] * c - xr[i + half] * s;
+                yr[i + half] = xr[i + half] * c + xr[i] * s;
+            }
+}
+
+void ref_attention(const rt *q, const rt *k, const rt *v, const rt *seg, double scale, rt *y) {
+    int64_t T = q->ne[0], Hq = q->ne[1], D = q->ne[2], Hkv = k->ne[1], grp = Hq / Hkv;
+    double sc[4096];
+    for (int64_t i = 0; i < T; i++)
+        for (int64_t h = 0; h < Hq; h++) {
+            int64_t s0 = (int64_t)seg->d[i], hk = h / grp;
+            double m = -INFINITY;
+            for (int64_t j = s0; j <= i; j++) {
+                double s = 0;
+                for (int64_t d = 0; d < D; d++) s += q->d[(i * Hq + h) * D + d] * k->d[(j * Hkv + hk) * D + d];
+                sc[j - s0] = s * scale;
+                if (sc[j - s0] > m) m = sc[j - s0];
+            }
+            double z = 0;
+            for (int64_t j = s0; j <= i; j++) z += (sc[j - s0] = exp(sc[j - s0] - m));
+            for (int64_t d = 0; d < D; d++) {
+                double o = 0;
+                for (int64_t j = s0; j <= i; j++) o += sc[j - s0] / z * v->d[(j * Hkv + hk) * D + d];
+                y->d[(i * Hq + h) * D + d] = o;
+            }
+        }
+}
+
+void ref_logprobs(const rt *logits, const rt *targets, rt *y) {
+    int64_t T = logits->ne[0], V = logits->ne[1];
+    for (int64_t t = 0; t < T; t++) {
+        const double *x = logits->d + t * V;
+        double m = -INFINITY, z = 0;
+        for (int64_t i = 0; i < V; i++) m = x[i] > m ? x[i] : m;
+        for (int64_t i = 0; i < V; i++) z += exp(x[i] - m);
+        y->d[t] = x[(int64_t)targets->d[t]] - m - log(z);
+    }
+}
+
+void ref_permute(const rt *x, const int *perm, rt *y) {
+    int n = x->ndim;
+    int64_t st[4];
+    st[n - 1] = 1;
+    for (int i = n - 2; i >= 0; i--) st[i] = st[i + 1] * x->ne[i + 1];
+    int64_t N = rt_nelem(x);
+    for (int64_t o = 0; o < N; o++) {
+        int64_t rem = o, src = 0;
+        for (int d = n - 1; d >= 0; d--) {
+            int64_t idx = rem % y->ne[d];
+            rem /= y->ne[d];
+            src += idx * st[perm[d]];
+        }
+        y->d[o] = x->d[src];
+    }
+}
+
+static void copy_block(const rt *src, rt *dst, int axis, int64_t s_start, int64_t d_start, int64_t len) {
+    int64_t outer = 1, inner = 1;
+    for (int i = 0; i < axis; i++) outer *= dst->ne[i];
+    for (int i = axis + 1; i < dst->ndim; i++) inner *= dst->ne[i];
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t l = 0; l < len; l++)
+            for (int64_t k = 0; k < inner; k++)
+                dst->d[(o * dst->ne[axis] + d_start + l) * inner + k] =
+                    src->d[(o * src->ne[axis] + s_start + l) * inner + k];
+}
+
+void ref_slice(const rt *x, int axis, int64_t start, rt *y) { copy_block(x, y, axis, start, 0, y->ne[axis]); }
+
+void ref_concat(const rt *a, const rt *b, int axis, rt *y) {
+    copy_block(a, y, axis, 0, 0, a->ne[axis]);
+    copy_block(b, y, axis, 0, a->ne[axis], b->ne[axis]);
+}
+
+void ref_copy(const rt *x, rt *y) { memcpy(y->d, x->d, (size_t)rt_nelem(x) * sizeof(double)); }

@@ -1,0 +1,36 @@
+/* Float64 reference implementations of every forward op, for the op tests.
+ * Tensors are dense row-major doubles; ids are stored as doubles. */
+#ifndef TWK_REF_OPS_H
+#define TWK_REF_OPS_H
+
+#include <stdint.h>
+
+typedef struct rt {
+    int ndim;
+    int64_t ne[4];
+    double *d;
+} rt;
+
+int64_t rt_nelem(const rt *t);
+
+void ref_add(const rt *a, const rt *b, rt *y);
+void ref_mul(const rt *a, const rt *b, rt *y);
+void ref_scale(const rt *x, double s, rt *y);
+void ref_silu(const rt *x, rt *y);
+void ref_swiglu(const rt *g, const rt *u, rt *y);
+void ref_sum(const rt *x, rt *y);
+void ref_mean(const rt *x, rt *y);
+void ref_weighted_sum(const rt *x, const rt *w, rt *y);
+void ref_matmul(const rt *a, const rt *b, int ta, int tb, rt *y);
+void ref_get_rows(const rt *table, const rt *ids, rt *y);
+void ref_rmsnorm(const rt *x, const rt *w, double eps, rt *y);
+/* inv_freq may be NULL: theta^(-2i/D). */
+void ref_rope(const rt *x, const rt *pos, const rt *inv_freq, double theta, rt *y);
+void ref_attention(const rt *q, const rt *k, const rt *v, const rt *seg, double scale, rt *y);
+void ref_logprobs(const rt *logits, const rt *targets, rt *y);
+void ref_permute(const rt *x, const int *perm, rt *y);
+void ref_slice(const rt *x, int axis, int64_t start, rt *y);
+void ref_concat(const rt *a, const rt *b, int axis, rt *y);
+void ref_copy(const rt *x, rt *y); /* reshape */
+
+#endif

@@ -1,0 +1,63 @@
+/* HAL: the registry (built-in cpu, register/unregister, incomplete tables and
+ * duplicates refused), device properties, and buffer round trips. */
+#include <stdio.h>
+#include <string.h>
+
+#include "twinkle/twinkle.h"
+
+static int fails;
+
+static void check(int cond, const char *what) {
+    printf("%s %s%s%s\n", cond ? "ok  " : "FAIL", what, cond ? "" : ": ", cond ? "" : twk_last_error());
+    fails += !cond;
+}
+
+int main(void) {
+    check(twk_backend_count() >= 1 && twk_backend_find("cpu") != NULL, "the cpu backend is registered");
+    const twk_backend_iface *cpu = twk_backend_find("cpu");
+    twk_device_props props;
+    check(cpu->device_count() == 1 && cpu->device_props(0, &props) == TWK_OK && props.compute_units >= 1,
+          "cpu:0 has properties");
+    printf("     cpu:0 = %s, %d units, %d threads, %.1f GiB\n", props.name, props.compute_units,
+           props.max_threads, (double)props.memory_bytes / (1 << 30));
+
+    twk_backend_iface copy = *cpu;
+    check(twk_backend_register(&copy) == TWK_ERR_INVALID_ARG && strstr(twk_last_error(), "already"),
+          "a second backend named 'cpu' is refused");
+    copy.name = "half";
+    copy.run = NULL;
+    check(twk_backend_register(&copy) == TWK_ERR_INVALID_ARG && strstr(twk_last_error(), "incomplete"),
+          "a table missing run() is refused");
+    copy.run = cpu->run;
+    check(twk_backend_register(&copy) == TWK_OK && twk_backend_find("half") == &copy, "a complete table registers");
+    check(twk_backend_unregister("half") == TWK_OK && twk_backend_find("half") == NULL, "and unregisters");
+    check(twk_backend_unregister("half") == TWK_ERR_NOT_FOUND, "unregistering twice is not found");
+
+    twk_device *dev = NULL;
+    check(twk_device_open(NULL, &dev) == TWK_OK && strcmp(twk_device_spec(dev), "cpu:0") == 0,
+          "the default device is cpu:0");
+    twk_buffer *a = NULL, *b = NULL;
+    check(twk_buffer_alloc(dev, 64, &a) == TWK_OK && twk_buffer_alloc(dev, 64, &b) == TWK_OK &&
+              twk_buffer_size(a) == 64,
+          "buffers allocate with their size");
+    float in[16], out[16];
+    for (int i = 0; i < 16; i++) in[i] = (float)i * 0.5f;
+    memset(out, 0, sizeof out);
+    check(twk_buffer_upload(dev, a, 0, in, 64) == TWK_OK && twk_buffer_copy(dev, b, 16, a, 0, 48) == TWK_OK &&
+              twk_buffer_zero(dev, b, 0, 16) == TWK_OK && twk_buffer_download(dev, b, 0, out, 64) == TWK_OK,
+          "upload, copy, zero, download");
+    int same = 1;
+    for (int i = 0; i < 16; i++) same &= out[i] == (i < 4 ? 0.0f : in[i - 4]);
+    check(same, "the bytes arrive where they were sent");
+    check(twk_device_synchronize(dev) == TWK_OK, "synchronize");
+    twk_buffer_free(dev, a);
+    twk_buffer_free(dev, b);
+    twk_device_close(dev);
+    for (int s = TWK_OK; s <= TWK_ERR_STATE; s++)
+        if (!strcmp(twk_status_name((twk_status)s), "unknown")) fails++;
+    check(1, "every status has a name");
+    check(!strcmp(twk_op_name(TWK_OP_MATMUL), "matmul") && !strcmp(twk_op_name(TWK_OP_COUNT), "?"),
+          "op names come from the op list");
+    printf("%d failures\n", fails);
+    return fails ? 1 : 0;
+}
