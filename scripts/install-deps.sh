@@ -10,6 +10,7 @@ cmake
 pkg-config
 libopenblas-dev
 libopenblas0-pthread
+libcjson-dev
 "
 
 missing=""
