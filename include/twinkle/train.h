@@ -45,6 +45,93 @@ const twk_plan *twk_tiny_lm_plan(const twk_tiny_lm *m);
 /* The compiled plan's statistics. */
 void twk_tiny_lm_stats(const twk_tiny_lm *m, twk_plan_stats *out);
 
+/* ---- Hugging Face models (Llama / Qwen2 / Qwen3) ---- */
+
+typedef enum twk_arch { TWK_ARCH_LLAMA, TWK_ARCH_QWEN2, TWK_ARCH_QWEN3 } twk_arch;
+typedef enum twk_rope_type { TWK_ROPE_DEFAULT, TWK_ROPE_LLAMA3 } twk_rope_type;
+
+typedef struct twk_model_config {
+    twk_arch arch;
+    char arch_name[64];
+    int vocab, hidden, layers, heads, kv_heads, head_dim, ffn;
+    double rope_theta, rms_eps;
+    twk_rope_type rope_type;
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_pos;
+    int max_positions;
+    int tie_embeddings;
+    int attn_bias;  /* q/k/v biases (Qwen2; Llama with attention_bias) */
+    int o_bias;     /* o_proj bias (Llama with attention_bias) */
+    int qk_norm;    /* Qwen3's q_norm / k_norm */
+    int eos[8], n_eos;
+} twk_model_config;
+
+typedef struct twk_model twk_model;
+
+/* Loads a Hugging Face model folder (config.json + model.safetensors or a
+ * sharded index) onto `dev`, weights converted to f32. Errors name the file,
+ * field or tensor; *out is NULL then. */
+twk_status twk_model_load(const char *dir, twk_device *dev, twk_model **out);
+void twk_model_free(twk_model *m);
+const twk_model_config *twk_model_cfg(const twk_model *m);
+
+typedef struct twk_lora_config {
+    int rank;           /* r */
+    float alpha;        /* scale = alpha / rank; default alpha = 32 (Tinker's) */
+    int train_attn;     /* q, k, v, o */
+    int train_mlp;      /* gate, up, down */
+    int train_unembed;  /* lm_head */
+    uint64_t seed;
+} twk_lora_config;
+
+/* The default: rank 32, alpha 32, attention + MLP, no unembedding, seed 0. */
+twk_lora_config twk_lora_default(void);
+
+/* A packed batch: n tokens of several sequences laid end to end. */
+typedef struct twk_batch {
+    int64_t n;
+    const int32_t *tokens, *targets, *positions, *seg_start;
+    const float *weights; /* loss = -sum(weights * logprobs) */
+} twk_batch;
+
+/* A model with an optional LoRA adapter (rank 0 = full fine-tuning), compiled
+ * for a token capacity. Gradients accumulate over forward_backward calls. */
+typedef struct twk_trainer twk_trainer;
+
+/* lora == NULL: full-parameter training (every base weight trainable). */
+twk_status twk_trainer_new(twk_model *m, const twk_lora_config *lora, int64_t capacity, twk_trainer **out);
+void twk_trainer_free(twk_trainer *t);
+/* Forward only: per-token logprobs (n floats) and the loss; NULL outputs skipped. */
+twk_status twk_trainer_forward(twk_trainer *t, const twk_batch *b, float *logprobs, float *loss);
+/* Forward and backward; gradients are added to the accumulated ones. */
+twk_status twk_trainer_forward_backward(twk_trainer *t, const twk_batch *b, float *logprobs, float *loss);
+/* Number of trainable tensors and the i-th one's name (PEFT names for LoRA,
+ * Hugging Face names for full training) and element count. */
+int twk_trainer_param_count(const twk_trainer *t);
+const char *twk_trainer_param_name(const twk_trainer *t, int i, int64_t *nelem);
+/* Copies a trainable tensor's value or accumulated gradient (by name) to/from
+ * the host; TWK_ERR_NOT_FOUND / TWK_ERR_INVALID_ARG name the problem. */
+twk_status twk_trainer_get(twk_trainer *t, const char *name, float *dst, int64_t nelem);
+twk_status twk_trainer_set(twk_trainer *t, const char *name, const float *src, int64_t nelem);
+twk_status twk_trainer_get_grad(twk_trainer *t, const char *name, float *dst, int64_t nelem);
+void twk_trainer_zero_grad(twk_trainer *t);
+
+/* AdamW, configured like Tinker's AdamParams. */
+typedef struct twk_adam_params {
+    float learning_rate, beta1, beta2, eps, weight_decay;
+    float grad_clip_norm; /* > 0: clip the global gradient norm to this first */
+} twk_adam_params;
+
+/* Tinker's defaults: lr 1e-4, betas 0.9 / 0.95, eps 1e-12, no decay, no clipping. */
+twk_adam_params twk_adam_default(void);
+
+/* One AdamW step over every trainable tensor, equal to torch.optim.AdamW
+ * (bias correction, decoupled weight decay) after
+ * torch.nn.utils.clip_grad_norm_ when grad_clip_norm > 0; then zeroes the
+ * accumulated gradients. *grad_norm (may be NULL) gets the pre-clip norm.
+ * TWK_ERR_INVALID_ARG names a bad hyper-parameter; TWK_ERR_RANGE a non-finite
+ * gradient (nothing is updated then). */
+twk_status twk_trainer_optim_step(twk_trainer *t, const twk_adam_params *p, float *grad_norm);
+
 #ifdef __cplusplus
 }
 #endif

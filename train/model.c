@@ -1,0 +1,585 @@
+/* Llama / Qwen2 / Qwen3 decoders from Hugging Face folders, as graphs over a
+ * packed batch, with optional LoRA adapters (PEFT's names and init) and
+ * gradient accumulation across forward_backward calls. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "hf_config.h"
+#include "safetensors.h"
+#include "twinkle/rng.h"
+#include "twinkle/train.h"
+
+typedef struct named_buf {
+    char name[224];
+    int ndim;
+    int64_t ne[2];
+    int64_t nelem;
+    twk_buffer *buf;
+} named_buf;
+
+struct twk_model {
+    twk_model_config cfg;
+    twk_device *dev;
+    named_buf *w;
+    int n_w;
+};
+
+twk_lora_config twk_lora_default(void) {
+    twk_lora_config c = {.rank = 32, .alpha = 32, .train_attn = 1, .train_mlp = 1, .train_unembed = 0, .seed = 0};
+    return c;
+}
+
+const twk_model_config *twk_model_cfg(const twk_model *m) { return m ? &m->cfg : NULL; }
+
+static named_buf *find_w(named_buf *w, int n, const char *name) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(w[i].name, name)) return &w[i];
+    return NULL;
+}
+
+void twk_model_free(twk_model *m) {
+    if (!m) return;
+    for (int i = 0; i < m->n_w; i++) twk_buffer_free(m->dev, m->w[i].buf);
+    twk_host_free(m->w);
+    twk_host_free(m);
+}
+
+/* Every tensor the architecture needs, with its expected shape. */
+static int expected_tensors(const twk_model_config *c, named_buf *out) {
+    int n = 0;
+    int64_t H = c->hidden, qd = (int64_t)c->heads * c->head_dim, kd = (int64_t)c->kv_heads * c->head_dim;
+#define ADD(nm, a, b)                                                                            \
+    do {                                                                                         \
+        if (out) {                                                                               \
+            memset(&out[n], 0, sizeof out[n]);                                                   \
+            snprintf(out[n].name, sizeof out[n].name, "%s", nm);                                 \
+            out[n].ndim = (b) ? 2 : 1;                                                           \
+            out[n].ne[0] = a;                                                                    \
+            out[n].ne[1] = b;                                                                    \
+            out[n].nelem = (int64_t)(a) * ((b) ? (b) : 1);                                       \
+        }                                                                                        \
+        n++;                                                                                     \
+    } while (0)
+    char nm[128];
+    ADD("model.embed_tokens.weight", c->vocab, H);
+    for (int l = 0; l < c->layers; l++) {
+#define L(s) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, s), nm)
+        ADD(L("input_layernorm.weight"), H, 0);
+        ADD(L("self_attn.q_proj.weight"), qd, H);
+        ADD(L("self_attn.k_proj.weight"), kd, H);
+        ADD(L("self_attn.v_proj.weight"), kd, H);
+        ADD(L("self_attn.o_proj.weight"), H, qd);
+        if (c->attn_bias) {
+            ADD(L("self_attn.q_proj.bias"), qd, 0);
+            ADD(L("self_attn.k_proj.bias"), kd, 0);
+            ADD(L("self_attn.v_proj.bias"), kd, 0);
+        }
+        if (c->o_bias) ADD(L("self_attn.o_proj.bias"), H, 0);
+        if (c->qk_norm) {
+            ADD(L("self_attn.q_norm.weight"), c->head_dim, 0);
+            ADD(L("self_attn.k_norm.weight"), c->head_dim, 0);
+        }
+        ADD(L("post_attention_layernorm.weight"), H, 0);
+        ADD(L("mlp.gate_proj.weight"), c->ffn, H);
+        ADD(L("mlp.up_proj.weight"), c->ffn, H);
+        ADD(L("mlp.down_proj.weight"), H, c->ffn);
+#undef L
+    }
+    ADD("model.norm.weight", H, 0);
+    if (!c->tie_embeddings) ADD("lm_head.weight", c->vocab, H);
+#undef ADD
+    return n;
+}
+
+twk_status twk_model_load(const char *dir, twk_device *dev, twk_model **out) {
+    if (!out || !dir || !dev) return twk_error(TWK_ERR_INVALID_ARG, "model_load: NULL argument");
+    *out = NULL;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    twk_model *m = twk_host_calloc(sizeof *m, "model");
+    if (!m) return TWK_ERR_OOM;
+    m->dev = dev;
+    twk_status st = twk_hf_config_load(path, &m->cfg);
+    if (st != TWK_OK) {
+        twk_model_free(m);
+        return st;
+    }
+    twk_safetensors *sf = NULL;
+    st = twk_st_open(dir, &sf);
+    if (st != TWK_OK) {
+        twk_model_free(m);
+        return st;
+    }
+    int n = expected_tensors(&m->cfg, NULL);
+    m->w = twk_host_calloc((size_t)n * sizeof *m->w, "model weights");
+    float *tmp = NULL;
+    if (!m->w) st = TWK_ERR_OOM;
+    else expected_tensors(&m->cfg, m->w);
+    for (int i = 0; st == TWK_OK && i < n; i++) {
+        named_buf *w = &m->w[i];
+        const twk_st_tensor *t = twk_st_find(sf, w->name);
+        if (!t) {
+            st = twk_error(TWK_ERR_NOT_FOUND, "%s: tensor '%s' is missing", dir, w->name);
+            break;
+        }
+        int shape_ok = t->ndim == w->ndim && t->shape[0] == w->ne[0] && (w->ndim == 1 || t->shape[1] == w->ne[1]);
+        if (!shape_ok) {
+            st = twk_error(TWK_ERR_SHAPE, "%s: tensor '%s' has shape [%lld%s%lld], config.json implies [%lld%s%lld]", dir,
+                           w->name, (long long)t->shape[0], t->ndim > 1 ? ", " : "", (long long)(t->ndim > 1 ? t->shape[1] : 0),
+                           (long long)w->ne[0], w->ndim > 1 ? ", " : "", (long long)w->ne[1]);
+            break;
+        }
+        tmp = twk_host_alloc((size_t)w->nelem * sizeof(float), w->name);
+        if (!tmp) st = TWK_ERR_OOM;
+        if (st == TWK_OK) st = twk_st_to_f32(t, tmp);
+        if (st == TWK_OK) st = twk_buffer_alloc(dev, (size_t)w->nelem * 4, &w->buf);
+        if (st == TWK_OK) st = twk_buffer_upload(dev, w->buf, 0, tmp, (size_t)w->nelem * 4);
+        twk_host_free(tmp);
+        tmp = NULL;
+        m->n_w = i + 1;
+    }
+    twk_st_close(sf);
+    if (st != TWK_OK) {
+        twk_model_free(m);
+        return st;
+    }
+    *out = m;
+    return TWK_OK;
+}
+
+/* ---- trainer ---- */
+
+typedef struct tparam {
+    named_buf *nb;   /* storage (model weight or adapter tensor) */
+    twk_id id;       /* param node */
+    twk_id grad;     /* gradient node in the backward graph */
+    float *acc;      /* accumulated gradient (host) */
+    float *m, *v;    /* AdamW moments (host), allocated at the first step */
+} tparam;
+
+struct twk_trainer {
+    twk_model *m;
+    int lora;
+    twk_lora_config lc;
+    float scale;
+    named_buf *adapter; /* LoRA tensors */
+    int n_adapter;
+    named_buf inv_freq;
+    twk_graph *g;
+    twk_id tokens, targets, positions, seg, weights, logprobs, loss, inv_freq_id;
+    twk_id *param_ids;  /* per model weight, then per adapter tensor */
+    tparam *tp;
+    int n_tp;
+    twk_plan *fwd, *fwdbwd;
+    int64_t capacity;
+    int64_t step;
+};
+
+static twk_id weight_node(twk_trainer *t, const char *name) {
+    for (int i = 0; i < t->m->n_w; i++)
+        if (!strcmp(t->m->w[i].name, name)) return t->param_ids[i];
+    return -1;
+}
+
+static twk_id adapter_node(twk_trainer *t, const char *name) {
+    for (int i = 0; i < t->n_adapter; i++)
+        if (!strcmp(t->adapter[i].name, name)) return t->param_ids[t->m->n_w + i];
+    return -1;
+}
+
+/* y = x W^T (+ b) (+ scale * (x A^T) B^T when the module has an adapter). */
+static twk_id linear(twk_trainer *t, twk_id x, const char *module, int has_bias) {
+    twk_graph *g = t->g;
+    char nm[200];
+    snprintf(nm, sizeof nm, "%s.weight", module);
+    twk_id y = twk_matmul(g, x, weight_node(t, nm), false, true);
+    if (has_bias) {
+        snprintf(nm, sizeof nm, "%s.bias", module);
+        y = twk_add(g, y, weight_node(t, nm));
+    }
+    char an[220], bn[220];
+    snprintf(an, sizeof an, "base_model.model.%s.lora_A.weight", module);
+    snprintf(bn, sizeof bn, "base_model.model.%s.lora_B.weight", module);
+    twk_id A = adapter_node(t, an), B = adapter_node(t, bn);
+    if (A >= 0 && B >= 0) {
+        twk_id low = twk_matmul(g, twk_matmul(g, x, A, false, true), B, false, true);
+        y = twk_add(g, y, twk_scale(g, low, t->scale));
+    }
+    return y;
+}
+
+static int lora_targets(const twk_lora_config *lc, const char *module) {
+    if (strstr(module, "self_attn.")) return lc->train_attn;
+    if (strstr(module, "mlp.")) return lc->train_mlp;
+    if (!strcmp(module, "lm_head")) return lc->train_unembed;
+    return 0;
+}
+
+static twk_status make_adapter(twk_trainer *t) {
+    const twk_model_config *c = &t->m->cfg;
+    static const char *const attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+    static const char *const mlp[] = {"gate_proj", "up_proj", "down_proj"};
+    int max = c->layers * 14 + 2;
+    t->adapter = twk_host_calloc((size_t)max * sizeof *t->adapter, "lora adapter");
+    if (!t->adapter) return TWK_ERR_OOM;
+    twk_rng r;
+    twk_rng_seed(&r, t->lc.seed);
+    char module[160];
+    for (int l = 0; l <= c->layers; l++) {
+        for (int k = 0; k < 8; k++) {
+            if (l == c->layers) {
+                if (k > 0) break;
+                snprintf(module, sizeof module, "lm_head");
+            } else if (k < 4) {
+                snprintf(module, sizeof module, "model.layers.%d.self_attn.%s", l, attn[k]);
+            } else if (k < 7) {
+                snprintf(module, sizeof module, "model.layers.%d.mlp.%s", l, mlp[k - 4]);
+            } else {
+                break;
+            }
+            if (!lora_targets(&t->lc, module)) continue;
+            char wn[200];
+            snprintf(wn, sizeof wn, "%s.weight", module);
+            named_buf *base = find_w(t->m->w, t->m->n_w, !strcmp(module, "lm_head") && c->tie_embeddings
+                                                              ? "model.embed_tokens.weight" : wn);
+            if (!base) return twk_error(TWK_ERR_NOT_FOUND, "lora: no base weight for %s", module);
+            int64_t out = base->ne[0], in = base->ne[1];
+            for (int ab = 0; ab < 2; ab++) {
+                named_buf *nb = &t->adapter[t->n_adapter++];
+                snprintf(nb->name, sizeof nb->name, "base_model.model.%s.lora_%c.weight", module, ab ? 'B' : 'A');
+                nb->ndim = 2;
+                nb->ne[0] = ab ? out : t->lc.rank;
+                nb->ne[1] = ab ? t->lc.rank : in;
+                nb->nelem = nb->ne[0] * nb->ne[1];
+                float *h = twk_host_calloc((size_t)nb->nelem * 4, "lora init");
+                if (!h) return TWK_ERR_OOM;
+                /* PEFT: A ~ kaiming_uniform(a=sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)); B = 0 */
+                double bound = 1.0 / sqrt((double)in);
+                for (int64_t i = 0; !ab && i < nb->nelem; i++) h[i] = (float)((2 * twk_rng_uniform(&r) - 1) * bound);
+                twk_status st = twk_buffer_alloc(t->m->dev, (size_t)nb->nelem * 4, &nb->buf);
+                if (st == TWK_OK) st = twk_buffer_upload(t->m->dev, nb->buf, 0, h, (size_t)nb->nelem * 4);
+                twk_host_free(h);
+                if (st != TWK_OK) return st;
+            }
+        }
+    }
+    return TWK_OK;
+}
+
+static twk_status build(twk_trainer *t) {
+    const twk_model_config *c = &t->m->cfg;
+    twk_graph *g = t->g;
+    int64_t T1[1] = {TWK_T};
+    t->tokens = twk_input(g, "tokens", TWK_I32, 1, T1);
+    t->targets = twk_input(g, "targets", TWK_I32, 1, T1);
+    t->positions = twk_input(g, "positions", TWK_I32, 1, T1);
+    t->seg = twk_input(g, "seg_start", TWK_I32, 1, T1);
+    t->weights = twk_input(g, "weights", TWK_F32, 1, T1);
+    int n_all = t->m->n_w + t->n_adapter;
+    t->param_ids = twk_host_calloc((size_t)n_all * sizeof *t->param_ids, "trainer params");
+    if (!t->param_ids) return TWK_ERR_OOM;
+    for (int i = 0; i < n_all; i++) {
+        named_buf *nb = i < t->m->n_w ? &t->m->w[i] : &t->adapter[i - t->m->n_w];
+        int trainable = i < t->m->n_w ? !t->lora : 1;
+        t->param_ids[i] = twk_param(g, nb->name, nb->ndim, nb->ne, trainable);
+    }
+    int64_t hf[1] = {c->head_dim / 2};
+    t->inv_freq_id = twk_param(g, "rope.inv_freq", 1, hf, false);
+
+    float eps = (float)c->rms_eps, scale = 1.0f / sqrtf((float)c->head_dim);
+    twk_id x = twk_get_rows(g, weight_node(t, "model.embed_tokens.weight"), t->tokens);
+    int64_t qs[3] = {TWK_T, c->heads, c->head_dim}, ks[3] = {TWK_T, c->kv_heads, c->head_dim};
+    int64_t flat[2] = {TWK_T, (int64_t)c->heads * c->head_dim};
+    char nm[160], mod[160];
+    for (int l = 0; l < c->layers; l++) {
+#define W(s) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, s), weight_node(t, nm))
+#define M(s) (snprintf(mod, sizeof mod, "model.layers.%d.%s", l, s), mod)
+        twk_id h = twk_rmsnorm(g, x, W("input_layernorm.weight"), eps);
+        twk_id q = twk_reshape(g, linear(t, h, M("self_attn.q_proj"), c->attn_bias), 3, qs);
+        twk_id k = twk_reshape(g, linear(t, h, M("self_attn.k_proj"), c->attn_bias), 3, ks);
+        twk_id v = twk_reshape(g, linear(t, h, M("self_attn.v_proj"), c->attn_bias), 3, ks);
+        if (c->qk_norm) {
+            q = twk_rmsnorm(g, q, W("self_attn.q_norm.weight"), eps);
+            k = twk_rmsnorm(g, k, W("self_attn.k_norm.weight"), eps);
+        }
+        q = twk_rope(g, q, t->positions, t->inv_freq_id, 0);
+        k = twk_rope(g, k, t->positions, t->inv_freq_id, 0);
+        twk_id a = twk_reshape(g, twk_attention(g, q, k, v, t->seg, scale), 2, flat);
+        x = twk_add(g, x, linear(t, a, M("self_attn.o_proj"), c->o_bias));
+        h = twk_rmsnorm(g, x, W("post_attention_layernorm.weight"), eps);
+        twk_id ff = twk_swiglu(g, linear(t, h, M("mlp.gate_proj"), 0), linear(t, h, M("mlp.up_proj"), 0));
+        x = twk_add(g, x, linear(t, ff, M("mlp.down_proj"), 0));
+#undef W
+#undef M
+    }
+    twk_id h = twk_rmsnorm(g, x, weight_node(t, "model.norm.weight"), eps);
+    twk_id logits;
+    if (c->tie_embeddings) {
+        logits = twk_matmul(g, h, weight_node(t, "model.embed_tokens.weight"), false, true);
+        twk_id A = adapter_node(t, "base_model.model.lm_head.lora_A.weight");
+        twk_id B = adapter_node(t, "base_model.model.lm_head.lora_B.weight");
+        if (A >= 0 && B >= 0)
+            logits = twk_add(g, logits, twk_scale(g, twk_matmul(g, twk_matmul(g, h, A, false, true), B, false, true), t->scale));
+    } else {
+        logits = linear(t, h, "lm_head", 0);
+    }
+    t->logprobs = twk_logprobs(g, logits, t->targets);
+    t->loss = twk_scale(g, twk_weighted_sum(g, t->logprobs, t->weights), -1.0f);
+    twk_node_set_name(g, t->logprobs, "logprobs");
+    twk_node_set_name(g, t->loss, "loss");
+    if (twk_graph_status(g) != TWK_OK) return twk_error(twk_graph_status(g), "%s", twk_graph_error(g));
+    return TWK_OK;
+}
+
+void twk_trainer_free(twk_trainer *t) {
+    if (!t) return;
+    twk_plan_free(t->fwd);
+    twk_plan_free(t->fwdbwd);
+    twk_graph_free(t->g);
+    for (int i = 0; i < t->n_adapter; i++) twk_buffer_free(t->m->dev, t->adapter[i].buf);
+    twk_buffer_free(t->m->dev, t->inv_freq.buf);
+    twk_host_free(t->adapter);
+    for (int i = 0; i < t->n_tp; i++) {
+        twk_host_free(t->tp[i].acc);
+        twk_host_free(t->tp[i].m);
+        twk_host_free(t->tp[i].v);
+    }
+    twk_host_free(t->tp);
+    twk_host_free(t->param_ids);
+    twk_host_free(t);
+}
+
+static twk_status compile(twk_trainer *t, twk_plan **out, int with_grads) {
+    int n_all = t->m->n_w + t->n_adapter;
+    twk_binding *b = twk_host_alloc((size_t)(n_all + 1) * sizeof *b, "trainer bindings");
+    if (!b) return TWK_ERR_OOM;
+    for (int i = 0; i < n_all; i++) {
+        named_buf *nb = i < t->m->n_w ? &t->m->w[i] : &t->adapter[i - t->m->n_w];
+        b[i] = (twk_binding){t->param_ids[i], nb->buf, 0};
+    }
+    b[n_all] = (twk_binding){t->inv_freq_id, t->inv_freq.buf, 0};
+    (void)with_grads;
+    twk_status st = twk_plan_compile(t->g, t->m->dev, t->capacity, b, n_all + 1, out);
+    twk_host_free(b);
+    return st;
+}
+
+twk_status twk_trainer_new(twk_model *m, const twk_lora_config *lora, int64_t capacity, twk_trainer **out) {
+    if (!out) return twk_error(TWK_ERR_INVALID_ARG, "trainer_new: out is NULL");
+    *out = NULL;
+    if (!m || capacity < 1) return twk_error(TWK_ERR_INVALID_ARG, "trainer_new: NULL model or capacity < 1");
+    if (lora && (lora->rank < 1 || lora->rank > 4096 || !(lora->alpha > 0)))
+        return twk_error(TWK_ERR_INVALID_ARG, "trainer_new: lora rank %d must be in 1..4096 and alpha > 0", lora->rank);
+    if (lora && !lora->train_attn && !lora->train_mlp && !lora->train_unembed)
+        return twk_error(TWK_ERR_INVALID_ARG, "trainer_new: lora targets nothing (train_attn, train_mlp, train_unembed all off)");
+    twk_trainer *t = twk_host_calloc(sizeof *t, "trainer");
+    if (!t) return TWK_ERR_OOM;
+    t->m = m;
+    t->capacity = capacity;
+    t->lora = lora != NULL;
+    if (lora) {
+        t->lc = *lora;
+        t->scale = lora->alpha / (float)lora->rank;
+    }
+    twk_status st = TWK_OK;
+    if (t->lora) st = make_adapter(t);
+    int half = m->cfg.head_dim / 2;
+    float f[4096];
+    if (st == TWK_OK && half > 4096) st = twk_error(TWK_ERR_UNSUPPORTED, "trainer_new: head_dim %d too large", m->cfg.head_dim);
+    if (st == TWK_OK) {
+        twk_rope_inv_freq(&m->cfg, f);
+        t->inv_freq.nelem = half;
+        st = twk_buffer_alloc(m->dev, (size_t)half * 4, &t->inv_freq.buf);
+        if (st == TWK_OK) st = twk_buffer_upload(m->dev, t->inv_freq.buf, 0, f, (size_t)half * 4);
+    }
+    if (st == TWK_OK && !(t->g = twk_graph_new())) st = TWK_ERR_OOM;
+    if (st == TWK_OK) st = build(t);
+    if (st == TWK_OK) {
+        twk_graph_output(t->g, t->logprobs);
+        twk_graph_output(t->g, t->loss);
+        st = compile(t, &t->fwd, 0);
+    }
+    if (st == TWK_OK) st = twk_graph_backward(t->g, t->loss);
+    if (st == TWK_OK) {
+        int n_all = m->n_w + t->n_adapter;
+        t->tp = twk_host_calloc((size_t)n_all * sizeof *t->tp, "trainer params");
+        if (!t->tp) st = TWK_ERR_OOM;
+        for (int i = 0; st == TWK_OK && i < n_all; i++) {
+            twk_id g = twk_graph_grad(t->g, t->param_ids[i]);
+            if (g < 0) continue;
+            tparam *p = &t->tp[t->n_tp++];
+            p->nb = i < m->n_w ? &m->w[i] : &t->adapter[i - m->n_w];
+            p->id = t->param_ids[i];
+            p->grad = g;
+            p->acc = twk_host_calloc((size_t)p->nb->nelem * 4, "gradient accumulator");
+            if (!p->acc) st = TWK_ERR_OOM;
+            else twk_graph_output(t->g, g);
+        }
+    }
+    if (st == TWK_OK) st = compile(t, &t->fwdbwd, 1);
+    if (st != TWK_OK) {
+        twk_trainer_free(t);
+        return st;
+    }
+    *out = t;
+    return TWK_OK;
+}
+
+static twk_status bind_batch(twk_trainer *t, twk_plan *p, const twk_batch *b) {
+    if (!b || b->n < 1 || b->n > t->capacity)
+        return twk_error(TWK_ERR_INVALID_ARG, "batch: %lld tokens outside 1..%lld", b ? (long long)b->n : 0LL,
+                         (long long)t->capacity);
+    if (!b->tokens || !b->targets || !b->positions || !b->seg_start || !b->weights)
+        return twk_error(TWK_ERR_INVALID_ARG, "batch: tokens, targets, positions, seg_start and weights are required");
+    for (int64_t i = 0; i < b->n; i++) {
+        if (!isfinite(b->weights[i]))
+            return twk_error(TWK_ERR_INVALID_ARG, "batch: weights[%lld] is not finite", (long long)i);
+        if (b->positions[i] < 0)
+            return twk_error(TWK_ERR_INVALID_ARG, "batch: positions[%lld] = %d is negative", (long long)i, b->positions[i]);
+    }
+    size_t n4 = (size_t)b->n * 4;
+    twk_status st = twk_plan_write(p, t->tokens, b->n, b->tokens, n4);
+    if (st == TWK_OK) st = twk_plan_write(p, t->targets, b->n, b->targets, n4);
+    if (st == TWK_OK) st = twk_plan_write(p, t->positions, b->n, b->positions, n4);
+    if (st == TWK_OK) st = twk_plan_write(p, t->seg, b->n, b->seg_start, n4);
+    if (st == TWK_OK) st = twk_plan_write(p, t->weights, b->n, b->weights, n4);
+    return st;
+}
+
+static twk_status run(twk_trainer *t, twk_plan *p, const twk_batch *b, float *logprobs, float *loss) {
+    twk_status st = bind_batch(t, p, b);
+    if (st == TWK_OK) st = twk_plan_run(p, b->n);
+    if (st == TWK_OK && logprobs) st = twk_plan_read(p, t->logprobs, b->n, logprobs, (size_t)b->n * 4);
+    if (st == TWK_OK && loss) st = twk_plan_read(p, t->loss, b->n, loss, 4);
+    return st;
+}
+
+twk_status twk_trainer_forward(twk_trainer *t, const twk_batch *b, float *logprobs, float *loss) {
+    if (!t) return twk_error(TWK_ERR_INVALID_ARG, "trainer_forward: NULL trainer");
+    return run(t, t->fwd, b, logprobs, loss);
+}
+
+twk_status twk_trainer_forward_backward(twk_trainer *t, const twk_batch *b, float *logprobs, float *loss) {
+    if (!t) return twk_error(TWK_ERR_INVALID_ARG, "trainer_forward_backward: NULL trainer");
+    twk_status st = run(t, t->fwdbwd, b, logprobs, loss);
+    float *tmp = NULL;
+    for (int i = 0; st == TWK_OK && i < t->n_tp; i++) {
+        tparam *p = &t->tp[i];
+        tmp = twk_host_alloc((size_t)p->nb->nelem * 4, "gradient");
+        if (!tmp) return TWK_ERR_OOM;
+        st = twk_plan_read(t->fwdbwd, p->grad, b->n, tmp, (size_t)p->nb->nelem * 4);
+        for (int64_t k = 0; st == TWK_OK && k < p->nb->nelem; k++) p->acc[k] += tmp[k];
+        twk_host_free(tmp);
+    }
+    return st;
+}
+
+int twk_trainer_param_count(const twk_trainer *t) { return t ? t->n_tp : 0; }
+
+const char *twk_trainer_param_name(const twk_trainer *t, int i, int64_t *nelem) {
+    if (!t || i < 0 || i >= t->n_tp) return NULL;
+    if (nelem) *nelem = t->tp[i].nb->nelem;
+    return t->tp[i].nb->name;
+}
+
+static tparam *find_tp(twk_trainer *t, const char *name, int64_t nelem, twk_status *st) {
+    for (int i = 0; t && name && i < t->n_tp; i++) {
+        if (strcmp(t->tp[i].nb->name, name)) continue;
+        if (t->tp[i].nb->nelem != nelem) {
+            *st = twk_error(TWK_ERR_INVALID_ARG, "trainer: '%s' has %lld elements, not %lld", name,
+                            (long long)t->tp[i].nb->nelem, (long long)nelem);
+            return NULL;
+        }
+        return &t->tp[i];
+    }
+    *st = twk_error(TWK_ERR_NOT_FOUND, "trainer: no trainable tensor '%s'", name ? name : "(null)");
+    return NULL;
+}
+
+twk_status twk_trainer_get(twk_trainer *t, const char *name, float *dst, int64_t nelem) {
+    twk_status st = TWK_OK;
+    tparam *p = find_tp(t, name, nelem, &st);
+    return p ? twk_buffer_download(t->m->dev, p->nb->buf, 0, dst, (size_t)nelem * 4) : st;
+}
+
+twk_status twk_trainer_set(twk_trainer *t, const char *name, const float *src, int64_t nelem) {
+    twk_status st = TWK_OK;
+    tparam *p = find_tp(t, name, nelem, &st);
+    return p ? twk_buffer_upload(t->m->dev, p->nb->buf, 0, src, (size_t)nelem * 4) : st;
+}
+
+twk_status twk_trainer_get_grad(twk_trainer *t, const char *name, float *dst, int64_t nelem) {
+    twk_status st = TWK_OK;
+    tparam *p = find_tp(t, name, nelem, &st);
+    if (!p) return st;
+    memcpy(dst, p->acc, (size_t)nelem * 4);
+    return TWK_OK;
+}
+
+void twk_trainer_zero_grad(twk_trainer *t) {
+    for (int i = 0; t && i < t->n_tp; i++) memset(t->tp[i].acc, 0, (size_t)t->tp[i].nb->nelem * 4);
+}
+
+twk_adam_params twk_adam_default(void) {
+    twk_adam_params p = {.learning_rate = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-12f,
+                         .weight_decay = 0.0f, .grad_clip_norm = 0.0f};
+    return p;
+}
+
+twk_status twk_trainer_optim_step(twk_trainer *t, const twk_adam_params *p, float *grad_norm) {
+    if (!t || !p) return twk_error(TWK_ERR_INVALID_ARG, "optim_step: NULL argument");
+    if (!(p->learning_rate >= 0) || !isfinite(p->learning_rate))
+        return twk_error(TWK_ERR_INVALID_ARG, "optim_step: learning_rate %g must be finite and >= 0", (double)p->learning_rate);
+    if (!(p->beta1 >= 0 && p->beta1 < 1)) return twk_error(TWK_ERR_INVALID_ARG, "optim_step: beta1 %g must be in [0, 1)", (double)p->beta1);
+    if (!(p->beta2 >= 0 && p->beta2 < 1)) return twk_error(TWK_ERR_INVALID_ARG, "optim_step: beta2 %g must be in [0, 1)", (double)p->beta2);
+    if (!(p->eps > 0)) return twk_error(TWK_ERR_INVALID_ARG, "optim_step: eps %g must be > 0", (double)p->eps);
+    if (!(p->weight_decay >= 0) || !isfinite(p->weight_decay))
+        return twk_error(TWK_ERR_INVALID_ARG, "optim_step: weight_decay %g must be finite and >= 0", (double)p->weight_decay);
+    if (!(p->grad_clip_norm >= 0) || !isfinite(p->grad_clip_norm))
+        return twk_error(TWK_ERR_INVALID_ARG, "optim_step: grad_clip_norm %g must be finite and >= 0", (double)p->grad_clip_norm);
+    double ss = 0;
+    for (int i = 0; i < t->n_tp; i++)
+        for (int64_t k = 0; k < t->tp[i].nb->nelem; k++) ss += (double)t->tp[i].acc[k] * t->tp[i].acc[k];
+    double norm = sqrt(ss);
+    if (grad_norm) *grad_norm = (float)norm;
+    if (!isfinite(norm)) return twk_error(TWK_ERR_RANGE, "optim_step: the gradient is not finite (norm %g)", norm);
+    /* torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied when < 1 */
+    float clip = 1.0f;
+    if (p->grad_clip_norm > 0) {
+        float coef = (float)(p->grad_clip_norm / (norm + 1e-6));
+        if (coef < 1.0f) clip = coef;
+    }
+    for (int i = 0; i < t->n_tp; i++) {
+        tparam *tp = &t->tp[i];
+        if (!tp->m) {
+            tp->m = twk_host_calloc((size_t)tp->nb->nelem * 4, "adam m");
+            tp->v = twk_host_calloc((size_t)tp->nb->nelem * 4, "adam v");
+            if (!tp->m || !tp->v) return TWK_ERR_OOM;
+        }
+    }
+    t->step++;
+    float b1 = p->beta1, b2 = p->beta2, lr = p->learning_rate;
+    float c1 = 1.0f - powf(b1, (float)t->step), c2 = 1.0f - powf(b2, (float)t->step);
+    float step_size = lr / c1, c2_sqrt = sqrtf(c2), decay = 1.0f - lr * p->weight_decay;
+    twk_status st = TWK_OK;
+    for (int i = 0; i < t->n_tp && st == TWK_OK; i++) {
+        tparam *tp = &t->tp[i];
+        int64_t n = tp->nb->nelem;
+        float *w = twk_host_alloc((size_t)n * 4, "optimizer weights");
+        if (!w) return TWK_ERR_OOM;
+        st = twk_buffer_download(t->m->dev, tp->nb->buf, 0, w, (size_t)n * 4);
+        for (int64_t k = 0; st == TWK_OK && k < n; k++) {
+            float g = tp->acc[k] * clip;
+            w[k] *= decay;
+            tp->m[k] = b1 * tp->m[k] + (1 - b1) * g;
+            tp->v[k] = b2 * tp->v[k] + (1 - b2) * g * g;
+            float denom = sqrtf(tp->v[k]) / c2_sqrt + p->eps;
+            w[k] -= step_size * tp->m[k] / denom;
+        }
+        if (st == TWK_OK) st = twk_buffer_upload(t->m->dev, tp->nb->buf, 0, w, (size_t)n * 4);
+        twk_host_free(w);
+    }
+    twk_trainer_zero_grad(t);
+    return st;
+}
