@@ -1,4 +1,6 @@
 /* MATMUL through the BLAS (OpenBLAS sgemm), batched by a loop over dim 0. */
+#include <limits.h>
+
 #include <cblas.h>
 
 #include "cpu_internal.h"
@@ -11,6 +13,9 @@ twk_status cpu_matmul(const cpu_call *c) {
     int64_t M = c->dst.ne[r - 2], N = c->dst.ne[r - 1];
     int64_t K = ta ? a->ne[r - 2] : a->ne[r - 1];
     int64_t lda = a->ne[r - 1], ldb = b->ne[r - 1];
+    if (M > INT_MAX || N > INT_MAX || K > INT_MAX || lda > INT_MAX || ldb > INT_MAX)
+        return twk_error(TWK_ERR_UNSUPPORTED, "matmul '%s': dims %lld x %lld x %lld exceed the BLAS's int range",
+                         c->l->name, (long long)M, (long long)N, (long long)K);
     const float *A = a->data, *B = b->data;
     float *C = c->dst.data;
     for (int64_t i = 0; i < batch; i++) {
