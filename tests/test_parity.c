@@ -2,7 +2,9 @@
  * tests/parity/generate.py recorded (no Python needed) — per-token logprobs of
  * the base model and with a LoRA adapter (max abs error <= 1e-4), the loss,
  * every LoRA gradient and, for one model, every full-parameter gradient
- * (relative error ||d|| / ||ref|| <= 1e-3). Measured errors are printed. */
+ * (relative error ||d|| / ||ref|| <= 1e-3), the LoRA tensors after 3 clipped
+ * AdamW steps (relative error <= 1e-4), PEFT's saved adapter loading into
+ * twinkle, and twinkle's saved adapter loading back. Errors are printed. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +17,7 @@
 
 #define LOGPROB_TOL 1e-4
 #define GRAD_TOL 1e-3
+#define PARAM_TOL 1e-4
 
 static int fails;
 
@@ -79,6 +82,112 @@ static double check_grads(twk_trainer *t, const twk_safetensors *exp, const char
     return worst;
 }
 
+/* Sets every adapter tensor from the fixture group `prefix`. */
+static void set_from(twk_trainer *t, const twk_safetensors *exp, const char *prefix) {
+    for (int i = 0; i < twk_trainer_param_count(t); i++) {
+        int64_t pn = 0, rn = 0;
+        const char *name = twk_trainer_param_name(t, i, &pn);
+        char key[300];
+        snprintf(key, sizeof key, "%s.%s", prefix, name);
+        float *v = f32_of(exp, key, &rn);
+        if (!v || rn != pn) {
+            printf("FAIL fixture has no %s\n", key);
+            fails++;
+        } else {
+            twk_trainer_set(t, name, v, pn);
+        }
+        free(v);
+    }
+}
+
+/* 3 clipped AdamW steps from lora_init on the same batch, against adam3.* */
+static void adam_steps(twk_trainer *t, const twk_safetensors *exp, const twk_batch *b, const twk_adam_params *ap,
+                       int steps, const char *model) {
+    set_from(t, exp, "lora_init");
+    twk_trainer_zero_grad(t);
+    float *ref_loss = f32_of(exp, "adam3_loss", NULL);
+    double loss_err = 0;
+    for (int s = 0; s < steps; s++) {
+        float loss = 0, norm = 0;
+        twk_trainer_forward_backward(t, b, NULL, &loss);
+        if (ref_loss) loss_err = fmax(loss_err, fabs(loss - ref_loss[s]) / fmax(1.0, fabs(ref_loss[s])));
+        if (twk_trainer_optim_step(t, ap, &norm) != TWK_OK) {
+            printf("FAIL optim_step: %s\n", twk_last_error());
+            fails++;
+        }
+        printf("     %s step %d loss %.5f grad norm %.5f (clipped to %.3g)\n", model, s + 1, loss, norm,
+               (double)ap->grad_clip_norm);
+    }
+    free(ref_loss);
+    report(loss_err <= LOGPROB_TOL, model, "losses before each AdamW step", loss_err, LOGPROB_TOL);
+    double worst = 0;
+    int count = 0;
+    for (int i = 0; i < twk_trainer_param_count(t); i++) {
+        int64_t n = 0, rn = 0;
+        const char *name = twk_trainer_param_name(t, i, &n);
+        char key[300];
+        snprintf(key, sizeof key, "adam3.%s", name);
+        float *ref = f32_of(exp, key, &rn), *v = malloc((size_t)n * 4);
+        if (ref && rn == n) {
+            twk_trainer_get(t, name, v, n);
+            double e = rel_err(v, ref, n);
+            worst = fmax(worst, e);
+            if (e > PARAM_TOL || getenv("TWK_PARITY_VERBOSE")) printf("     %s: rel err %.2e max abs %.2e\n", name, e, max_abs_diff(v, ref, n));
+            count++;
+        }
+        free(ref);
+        free(v);
+    }
+    char what[96];
+    snprintf(what, sizeof what, "%d LoRA tensors after %d AdamW steps", count, steps);
+    report(count == twk_trainer_param_count(t) && worst <= PARAM_TOL, model, what, worst, PARAM_TOL);
+}
+
+/* PEFT's saved adapter loads and reproduces the logprobs; twinkle's saved
+ * adapter loads back identically. */
+static void adapter_round_trips(twk_model *m, const twk_lora_config *lc, const twk_safetensors *exp,
+                                const twk_batch *b, const char *dir, const float *lp_ref, const char *model) {
+    twk_trainer *t = NULL;
+    if (twk_trainer_new(m, lc, b->n, &t) != TWK_OK) {
+        printf("FAIL trainer: %s\n", twk_last_error());
+        fails++;
+        return;
+    }
+    char path[700];
+    snprintf(path, sizeof path, "%s/peft_adapter", dir);
+    float *lp = malloc((size_t)b->n * 4);
+    twk_status st = twk_adapter_load(t, path);
+    if (st != TWK_OK) printf("     %s\n", twk_last_error());
+    twk_trainer_forward(t, b, lp, NULL);
+    double e = max_abs_diff(lp, lp_ref, b->n);
+    report(st == TWK_OK && e <= LOGPROB_TOL, model, "PEFT-saved adapter loads: logprobs", e, LOGPROB_TOL);
+    char out[] = "/tmp/twk_adapter_XXXXXX";
+    if (mkdtemp(out)) {
+        set_from(t, exp, "adam3"); /* something other than the init */
+        float *lp2 = malloc((size_t)b->n * 4), *lp3 = malloc((size_t)b->n * 4);
+        twk_trainer_forward(t, b, lp2, NULL);
+        st = twk_adapter_save(t, out, model);
+        twk_trainer *t2 = NULL;
+        if (st == TWK_OK) st = twk_trainer_new(m, lc, b->n, &t2);
+        if (st == TWK_OK) st = twk_adapter_load(t2, out);
+        if (st == TWK_OK) st = twk_trainer_forward(t2, b, lp3, NULL);
+        if (st != TWK_OK) printf("     %s\n", twk_last_error());
+        e = max_abs_diff(lp2, lp3, b->n);
+        report(st == TWK_OK && e == 0, model, "twinkle-saved adapter loads back exactly", e, 0);
+        if (getenv("TWK_KEEP_ADAPTER")) printf("     adapter kept in %s (verify: generate.py --verify)\n", out);
+        else {
+            char cmd[128];
+            snprintf(cmd, sizeof cmd, "rm -rf %s", out);
+            if (system(cmd) != 0) fails++;
+        }
+        twk_trainer_free(t2);
+        free(lp2);
+        free(lp3);
+    }
+    free(lp);
+    twk_trainer_free(t);
+}
+
 static void replay(const char *root, const char *model) {
     char dir[512], path[600];
     snprintf(dir, sizeof dir, "%s/%s", root, model);
@@ -97,18 +206,27 @@ static void replay(const char *root, const char *model) {
     twk_device *dev = NULL;
     twk_model *m = NULL;
     twk_device_open(getenv("TWK_TEST_DEVICE") ? getenv("TWK_TEST_DEVICE") : "cpu", &dev);
-    if (twk_model_load(dir, dev, &m) != TWK_OK) {
+    char model_dir[700];
+    snprintf(model_dir, sizeof model_dir, "%s/model", dir);
+    if (twk_model_load(model_dir, dev, &m) != TWK_OK) {
         printf("FAIL %s: load: %s\n", model, twk_last_error());
         fails++;
         goto out;
     }
     const cJSON *lj = cJSON_GetObjectItem(js, "lora");
     twk_lora_config lc = twk_lora_default();
-    lc.rank = cJSON_GetObjectItem(lj ? lj : js, "r") ? cJSON_GetObjectItem(lj ? lj : js, "r")->valueint : 4;
-    lc.alpha = (float)(cJSON_GetObjectItem(lj ? lj : js, "lora_alpha") ? cJSON_GetObjectItem(lj ? lj : js, "lora_alpha")->valuedouble : 8);
-    char *all = cJSON_PrintUnformatted(js);
-    lc.train_unembed = all && strstr(all, "\"lm_head\"") != NULL; /* the target list names it */
-    free(all);
+    lc.rank = cJSON_GetObjectItem(lj, "r")->valueint;
+    lc.alpha = (float)cJSON_GetObjectItem(lj, "alpha")->valuedouble;
+    lc.train_unembed = cJSON_IsTrue(cJSON_GetObjectItem(lj, "lm_head_targeted"));
+    const cJSON *opt = cJSON_GetObjectItem(js, "optimizer");
+    const cJSON *aw = cJSON_GetObjectItem(opt, "adamw");
+    twk_adam_params ap = {.learning_rate = (float)cJSON_GetObjectItem(aw, "lr")->valuedouble,
+                          .beta1 = (float)cJSON_GetArrayItem(cJSON_GetObjectItem(aw, "betas"), 0)->valuedouble,
+                          .beta2 = (float)cJSON_GetArrayItem(cJSON_GetObjectItem(aw, "betas"), 1)->valuedouble,
+                          .eps = (float)cJSON_GetObjectItem(aw, "eps")->valuedouble,
+                          .weight_decay = (float)cJSON_GetObjectItem(aw, "weight_decay")->valuedouble,
+                          .grad_clip_norm = (float)cJSON_GetObjectItem(cJSON_GetObjectItem(opt, "clip"), "max_norm")->valuedouble};
+    int steps = cJSON_GetObjectItem(opt, "steps")->valueint;
     int64_t n = 0;
     int32_t *ids[4];
     const char *in_names[4] = {"tokens", "targets", "positions", "seg_start"};
@@ -161,6 +279,8 @@ static void replay(const char *root, const char *model) {
     char what[96];
     snprintf(what, sizeof what, "%d LoRA gradients (worst)", count);
     report(count > 0 && e <= GRAD_TOL, model, what, e, GRAD_TOL);
+    adam_steps(t, exp, &b, &ap, steps, model);
+    adapter_round_trips(m, &lc, exp, &b, dir, lp_ref, model);
     twk_trainer_free(t);
     free(lp);
     if (twk_st_find(exp, "full_grad.model.embed_tokens.weight")) {

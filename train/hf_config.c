@@ -81,7 +81,15 @@ static twk_status parse(const cJSON *j, const char *path, twk_model_config *c) {
     c->o_bias = c->arch == TWK_ARCH_QWEN2 ? 0 : c->attn_bias;
     c->qk_norm = c->arch == TWK_ARCH_QWEN3;
 
+    /* transformers >= 5 writes rope_parameters {rope_type, rope_theta, ...};
+     * older configs write rope_theta and rope_scaling */
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    if (cJSON_IsObject(rp)) {
+        c->rope_theta = get_num(rp, "rope_theta", c->rope_theta);
+        if (!(c->rope_theta > 0)) return twk_error(TWK_ERR_INVALID_ARG, "%s: rope_parameters.rope_theta must be > 0", path);
+        if (!rs || cJSON_IsNull(rs)) rs = rp;
+    }
     c->rope_type = TWK_ROPE_DEFAULT;
     if (rs && !cJSON_IsNull(rs)) {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");

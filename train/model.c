@@ -45,6 +45,19 @@ void twk_model_free(twk_model *m) {
     twk_host_free(m);
 }
 
+twk_status twk_model_get_weight(const twk_model *m, const char *name, float *dst, int64_t nelem) {
+    if (!m || !name) return twk_error(TWK_ERR_INVALID_ARG, "model_get_weight: NULL argument");
+    if (m->cfg.tie_embeddings && !strcmp(name, "lm_head.weight")) name = "model.embed_tokens.weight";
+    const named_buf *w = NULL;
+    for (int i = 0; i < m->n_w; i++)
+        if (!strcmp(m->w[i].name, name)) w = &m->w[i];
+    if (!w) return twk_error(TWK_ERR_NOT_FOUND, "model: no weight '%s'", name);
+    if (w->nelem != nelem)
+        return twk_error(TWK_ERR_INVALID_ARG, "model: weight '%s' has %lld elements, not %lld", name,
+                         (long long)w->nelem, (long long)nelem);
+    return twk_buffer_download(m->dev, w->buf, 0, dst, (size_t)nelem * 4);
+}
+
 /* Every tensor the architecture needs, with its expected shape. */
 static int expected_tensors(const twk_model_config *c, named_buf *out) {
     int n = 0;
@@ -583,3 +596,6 @@ twk_status twk_trainer_optim_step(twk_trainer *t, const twk_adam_params *p, floa
     twk_trainer_zero_grad(t);
     return st;
 }
+
+const twk_lora_config *twk_trainer_lora(const twk_trainer *t) { return t && t->lora ? &t->lc : NULL; }
+const twk_model *twk_trainer_model(const twk_trainer *t) { return t ? t->m : NULL; }

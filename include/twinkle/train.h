@@ -73,6 +73,10 @@ typedef struct twk_model twk_model;
 twk_status twk_model_load(const char *dir, twk_device *dev, twk_model **out);
 void twk_model_free(twk_model *m);
 const twk_model_config *twk_model_cfg(const twk_model *m);
+/* Copies the base weight named `name` (Hugging Face name; "lm_head.weight" of
+ * a tied model is the embedding) to dst; TWK_ERR_NOT_FOUND or
+ * TWK_ERR_INVALID_ARG (wrong element count) otherwise. */
+twk_status twk_model_get_weight(const twk_model *m, const char *name, float *dst, int64_t nelem);
 
 typedef struct twk_lora_config {
     int rank;           /* r */
@@ -114,6 +118,20 @@ twk_status twk_trainer_get(twk_trainer *t, const char *name, float *dst, int64_t
 twk_status twk_trainer_set(twk_trainer *t, const char *name, const float *src, int64_t nelem);
 twk_status twk_trainer_get_grad(twk_trainer *t, const char *name, float *dst, int64_t nelem);
 void twk_trainer_zero_grad(twk_trainer *t);
+
+/* The adapter's configuration, or NULL for full-parameter training. */
+const twk_lora_config *twk_trainer_lora(const twk_trainer *t);
+const twk_model *twk_trainer_model(const twk_trainer *t);
+
+/* Writes the LoRA adapter in PEFT's layout into folder `dir` (created if
+ * missing): adapter_config.json + adapter_model.safetensors, atomically, so
+ * peft.PeftModel.from_pretrained loads it. `base_model` names the base for
+ * adapter_config.json (may be NULL). */
+twk_status twk_adapter_save(twk_trainer *t, const char *dir, const char *base_model);
+/* Loads a PEFT adapter folder into the trainer's adapter. Its r and
+ * lora_alpha must equal the trainer's and every tensor must match a module
+ * the trainer adapts (errors name the field or tensor). */
+twk_status twk_adapter_load(twk_trainer *t, const char *dir);
 
 /* AdamW, configured like Tinker's AdamParams. */
 typedef struct twk_adam_params {
