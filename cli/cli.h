@@ -4,5 +4,6 @@
 
 int twk_cmd_demo(int argc, char **argv);
 int twk_cmd_devices(int argc, char **argv);
+int twk_cmd_train(int argc, char **argv);
 
 #endif

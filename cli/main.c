@@ -13,6 +13,7 @@ static void usage(FILE *f) {
             "\n"
             "commands:\n"
             "  demo      train a tiny transformer from scratch on a memorisation task\n"
+            "  train     SFT / pre-training of a Hugging Face model (LoRA or full) from JSONL\n"
             "  devices   list backends and devices\n"
             "  version   print the version\n"
             "  help      this text\n"
@@ -28,6 +29,7 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "demo")) return twk_cmd_demo(argc - 1, argv + 1);
+    if (!strcmp(cmd, "train")) return twk_cmd_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "devices")) return twk_cmd_devices(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("twinkle %s\n", TWK_VERSION);

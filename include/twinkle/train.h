@@ -133,6 +133,45 @@ twk_status twk_adapter_save(twk_trainer *t, const char *dir, const char *base_mo
  * the trainer adapts (errors name the field or tensor). */
 twk_status twk_adapter_load(twk_trainer *t, const char *dir);
 
+/* Saves the training state into folder `dir`: the adapter in PEFT's layout
+ * (or, for full training, model.safetensors with every trained weight) and
+ * optimizer_state.safetensors (AdamW moments and step). Files are atomic. */
+twk_status twk_trainer_save_state(twk_trainer *t, const char *dir, const char *base_model);
+/* Loads what twk_trainer_save_state wrote: the weights, and the optimizer's
+ * moments and step when with_optimizer (else the optimizer restarts). */
+twk_status twk_trainer_load_state(twk_trainer *t, const char *dir, int with_optimizer);
+/* Optimizer steps taken (restored by load_state with the optimizer). */
+int64_t twk_trainer_step(const twk_trainer *t);
+
+/* ---- token data: JSONL, one {"tokens": [...], "weights": [...]} per line ---- */
+
+typedef struct twk_dataset twk_dataset;
+
+/* Reads a JSONL file of examples. "tokens" (>= 2 ids, each < vocab) is
+ * required; "weights" is optional (default 1): either one per token (the
+ * first is then unused: nothing predicts token 0) or one per target
+ * (len(tokens) - 1). Errors name the line and field. */
+twk_status twk_dataset_load_jsonl(const char *path, int vocab, twk_dataset **out);
+void twk_dataset_free(twk_dataset *d);
+int64_t twk_dataset_count(const twk_dataset *d);
+/* Total target tokens (sum of len(tokens) - 1). */
+int64_t twk_dataset_tokens(const twk_dataset *d);
+
+/* A packed batch that owns its arrays (see twk_batch). */
+typedef struct twk_packed {
+    twk_batch batch;
+    int n_seqs;
+    int32_t *buf_i32;
+    float *buf_f32;
+    int64_t cap;
+} twk_packed;
+
+/* Packs whole examples from *cursor on (wrapping to the start: epochs) until
+ * the next would exceed `budget` tokens; advances *cursor. An example longer
+ * than the budget is TWK_ERR_INVALID_ARG naming it. */
+twk_status twk_dataset_pack(const twk_dataset *d, int64_t budget, int64_t *cursor, twk_packed *out);
+void twk_packed_free(twk_packed *p);
+
 /* AdamW, configured like Tinker's AdamParams. */
 typedef struct twk_adam_params {
     float learning_rate, beta1, beta2, eps, weight_decay;

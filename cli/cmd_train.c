@@ -1,0 +1,196 @@
+/* `twinkle train`: local SFT / pre-training from a JSONL file of token ids on
+ * a Hugging Face model folder, LoRA or full, with periodic checkpoints and
+ * resumption from a saved training state. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "twinkle/twinkle.h"
+
+typedef struct train_opts {
+    const char *model, *data, *out, *resume, *device;
+    long steps, save_every, batch_tokens, rank, seed;
+    double lr, alpha, weight_decay, grad_clip, beta1, beta2, eps;
+    int full, train_unembed, no_attn, no_mlp;
+} train_opts;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: twinkle train --model DIR --data FILE.jsonl [options]\n"
+            "\n"
+            "  --model DIR          Hugging Face model folder (Llama / Qwen2 / Qwen3)\n"
+            "  --data FILE          JSONL, one {\"tokens\": [...], \"weights\": [...]} per line;\n"
+            "                       weights optional (default 1), per token or per target\n"
+            "  --out DIR            checkpoints go to DIR/step-N and DIR/final (default: train-out)\n"
+            "  --steps N            optimizer steps (default 100)\n"
+            "  --batch-tokens N     pack whole examples up to N tokens per step (default 2048)\n"
+            "  --save-every N       checkpoint every N steps (default 0: only at the end)\n"
+            "  --full               train every parameter instead of a LoRA adapter\n"
+            "  --rank R             LoRA rank (default 32)\n"
+            "  --alpha A            LoRA alpha; scale = alpha / rank (default 32)\n"
+            "  --train-unembed      also adapt lm_head;  --no-attn / --no-mlp drop those targets\n"
+            "  --lr X               AdamW learning rate (default 1e-4)\n"
+            "  --beta1 X --beta2 X --eps X --weight-decay X   AdamW (defaults 0.9 0.95 1e-8 0)\n"
+            "  --grad-clip X        clip the global gradient norm to X (default 1.0; 0 = off)\n"
+            "  --resume DIR         continue from a saved training state (weights + optimizer)\n"
+            "  --seed S             LoRA initialisation seed (default 0)\n"
+            "  --device SPEC        cpu (default)\n"
+            "\n"
+            "The loss of a step is -sum(weights * logprobs) over its tokens (Tinker's semantics);\n"
+            "the printed loss is that sum divided by the sum of weights.\n");
+}
+
+static int num(const char *flag, const char *s, double lo, double hi, double *out) {
+    char *end = NULL;
+    double v = strtod(s, &end);
+    if (!*s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "twinkle train: %s wants a number in [%g, %g], got '%s'\n", flag, lo, hi, s);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+static int parse(int argc, char **argv, train_opts *o) {
+    *o = (train_opts){.out = "train-out", .device = "cpu", .steps = 100, .batch_tokens = 2048, .rank = 32,
+                      .lr = 1e-4, .alpha = 32, .grad_clip = 1.0, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        double v;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            exit(0);
+        }
+        if (!strcmp(a, "--full")) { o->full = 1; continue; }
+        if (!strcmp(a, "--train-unembed")) { o->train_unembed = 1; continue; }
+        if (!strcmp(a, "--no-attn")) { o->no_attn = 1; continue; }
+        if (!strcmp(a, "--no-mlp")) { o->no_mlp = 1; continue; }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "twinkle train: %s needs a value (or is unknown)\n", a);
+            return 0;
+        }
+        const char *val = argv[++i];
+        if (!strcmp(a, "--model")) o->model = val;
+        else if (!strcmp(a, "--data")) o->data = val;
+        else if (!strcmp(a, "--out")) o->out = val;
+        else if (!strcmp(a, "--resume")) o->resume = val;
+        else if (!strcmp(a, "--device")) o->device = val;
+        else if (!strcmp(a, "--steps")) { if (!num(a, val, 1, 1e9, &v)) return 0; o->steps = (long)v; }
+        else if (!strcmp(a, "--save-every")) { if (!num(a, val, 0, 1e9, &v)) return 0; o->save_every = (long)v; }
+        else if (!strcmp(a, "--batch-tokens")) { if (!num(a, val, 2, 1e7, &v)) return 0; o->batch_tokens = (long)v; }
+        else if (!strcmp(a, "--rank")) { if (!num(a, val, 1, 4096, &v)) return 0; o->rank = (long)v; }
+        else if (!strcmp(a, "--seed")) { if (!num(a, val, 0, 1e18, &v)) return 0; o->seed = (long)v; }
+        else if (!strcmp(a, "--alpha")) { if (!num(a, val, 1e-6, 1e6, &o->alpha)) return 0; }
+        else if (!strcmp(a, "--lr")) { if (!num(a, val, 0, 10, &o->lr)) return 0; }
+        else if (!strcmp(a, "--beta1")) { if (!num(a, val, 0, 0.999999, &o->beta1)) return 0; }
+        else if (!strcmp(a, "--beta2")) { if (!num(a, val, 0, 0.999999999, &o->beta2)) return 0; }
+        else if (!strcmp(a, "--eps")) { if (!num(a, val, 1e-30, 1, &o->eps)) return 0; }
+        else if (!strcmp(a, "--weight-decay")) { if (!num(a, val, 0, 10, &o->weight_decay)) return 0; }
+        else if (!strcmp(a, "--grad-clip")) { if (!num(a, val, 0, 1e9, &o->grad_clip)) return 0; }
+        else {
+            fprintf(stderr, "twinkle train: unknown option '%s'\n", a);
+            return 0;
+        }
+    }
+    if (!o->model || !o->data) {
+        fprintf(stderr, "twinkle train: --model and --data are required (see --help)\n");
+        return 0;
+    }
+    return 1;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void progress(long step, long steps, double loss, double tps, int tty) {
+    int width = 24, done = (int)(width * step / steps);
+    char bar[32];
+    for (int i = 0; i < width; i++) bar[i] = i < done ? '#' : '.';
+    bar[width] = 0;
+    printf("%s[%s] step %ld/%ld  loss %.4f  %.0f tokens/s%s", tty ? "\r" : "", bar, step, steps, loss, tps,
+           tty ? "" : "\n");
+    fflush(stdout);
+}
+
+int twk_cmd_train(int argc, char **argv) {
+    train_opts o;
+    if (!parse(argc, argv, &o)) return 2;
+    twk_device *dev = NULL;
+    twk_model *model = NULL;
+    twk_dataset *data = NULL;
+    twk_trainer *t = NULL;
+    twk_packed packed = {0};
+    int rc = 1;
+    if (twk_device_open(o.device, &dev) != TWK_OK || twk_model_load(o.model, dev, &model) != TWK_OK ||
+        twk_dataset_load_jsonl(o.data, twk_model_cfg(model)->vocab, &data) != TWK_OK)
+        goto fail;
+    twk_lora_config lc = twk_lora_default();
+    lc.rank = (int)o.rank;
+    lc.alpha = (float)o.alpha;
+    lc.train_attn = !o.no_attn;
+    lc.train_mlp = !o.no_mlp;
+    lc.train_unembed = o.train_unembed;
+    lc.seed = (uint64_t)o.seed;
+    if (twk_trainer_new(model, o.full ? NULL : &lc, o.batch_tokens, &t) != TWK_OK) goto fail;
+    if (o.resume && twk_trainer_load_state(t, o.resume, 1) != TWK_OK) goto fail;
+    if (mkdir(o.out, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "twinkle train: cannot create %s: %s\n", o.out, strerror(errno));
+        goto out;
+    }
+    const twk_model_config *c = twk_model_cfg(model);
+    long start = (long)twk_trainer_step(t);
+    printf("twinkle train: %s (%d layers, hidden %d, vocab %d), %s, %lld examples / %lld target tokens, "
+           "batches of <= %ld tokens%s\n",
+           c->arch_name, c->layers, c->hidden, c->vocab, o.full ? "full fine-tuning" : "LoRA",
+           (long long)twk_dataset_count(data), (long long)twk_dataset_tokens(data), o.batch_tokens,
+           start ? " (resumed)" : "");
+    twk_adam_params ap = {(float)o.lr, (float)o.beta1, (float)o.beta2, (float)o.eps, (float)o.weight_decay,
+                          (float)o.grad_clip};
+    /* the data position follows from the step: packing is deterministic */
+    int64_t cursor = 0;
+    for (long s = 0; s < start; s++)
+        if (twk_dataset_pack(data, o.batch_tokens, &cursor, &packed) != TWK_OK) goto fail;
+    int tty = isatty(1);
+    double t0 = now_s(), tokens = 0, first = -1, loss_avg = 0;
+    for (long s = start + 1; s <= o.steps; s++) {
+        if (twk_dataset_pack(data, o.batch_tokens, &cursor, &packed) != TWK_OK) goto fail;
+        float loss = 0;
+        if (twk_trainer_forward_backward(t, &packed.batch, NULL, &loss) != TWK_OK) goto fail;
+        if (twk_trainer_optim_step(t, &ap, NULL) != TWK_OK) goto fail;
+        double wsum = 0;
+        for (int64_t i = 0; i < packed.batch.n; i++) wsum += packed.batch.weights[i];
+        loss_avg = wsum != 0 ? loss / wsum : loss;
+        if (first < 0) first = loss_avg;
+        tokens += (double)packed.batch.n;
+        progress(s, o.steps, loss_avg, tokens / (now_s() - t0), tty);
+        if (o.save_every && s % o.save_every == 0 && s < o.steps) {
+            char dir[4200];
+            snprintf(dir, sizeof dir, "%s/step-%ld", o.out, s);
+            if (twk_trainer_save_state(t, dir, o.model) != TWK_OK) goto fail;
+            printf("%ssaved %s\n", tty ? "\n" : "", dir);
+        }
+    }
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/final", o.out);
+    if (twk_trainer_save_state(t, dir, o.model) != TWK_OK) goto fail;
+    printf("%sloss %.4f -> %.4f; saved %s\n", tty ? "\n" : "", first, loss_avg, dir);
+    rc = 0;
+    goto out;
+fail:
+    fprintf(stderr, "%stwinkle train: %s\n", isatty(1) ? "\n" : "", twk_last_error());
+out:
+    twk_packed_free(&packed);
+    twk_trainer_free(t);
+    twk_dataset_free(data);
+    twk_model_free(model);
+    twk_device_close(dev);
+    return rc;
+}

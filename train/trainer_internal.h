@@ -1,0 +1,51 @@
+/* train/ internals shared by the model loader, the trainer, the optimizer
+ * and checkpoint code. Not a public header. */
+#ifndef TWK_TRAINER_INTERNAL_H
+#define TWK_TRAINER_INTERNAL_H
+
+#include "twinkle/train.h"
+
+/* A named tensor in a device buffer: a base weight or an adapter tensor. */
+typedef struct named_buf {
+    char name[224];
+    int ndim;
+    int64_t ne[2];
+    int64_t nelem;
+    twk_buffer *buf;
+} named_buf;
+
+struct twk_model {
+    twk_model_config cfg;
+    twk_device *dev;
+    named_buf *w;
+    int n_w;
+};
+
+/* A trainable tensor of a trainer and its host-side gradient and moments. */
+typedef struct tparam {
+    named_buf *nb;   /* storage (model weight or adapter tensor) */
+    twk_id id;       /* param node */
+    twk_id grad;     /* gradient node in the backward graph */
+    float *acc;      /* accumulated gradient (host) */
+    float *m, *v;    /* AdamW moments (host), allocated at the first step */
+} tparam;
+
+struct twk_trainer {
+    twk_model *m;
+    int lora;
+    twk_lora_config lc;
+    float scale;
+    named_buf *adapter; /* LoRA tensors */
+    int n_adapter;
+    named_buf inv_freq;
+    twk_graph *g;
+    twk_id tokens, targets, positions, seg, weights, logprobs, loss, inv_freq_id;
+    twk_id *param_ids;  /* per model weight, then per adapter tensor */
+    tparam *tp;
+    int n_tp;
+    twk_plan *fwd, *fwdbwd;
+    int64_t capacity;
+    int64_t step;
+};
+
+#endif
