@@ -93,6 +93,41 @@ static int expected_tensors(const twk_model_config *c, named_buf *out) {
     return n;
 }
 
+twk_status twk_model_random(const twk_model_config *cfg, twk_device *dev, uint64_t seed, twk_model **out) {
+    if (!out || !cfg || !dev) return twk_error(TWK_ERR_INVALID_ARG, "model_random: NULL argument");
+    *out = NULL;
+    if (cfg->vocab < 1 || cfg->hidden < 1 || cfg->layers < 1 || cfg->heads < 1 || cfg->kv_heads < 1 ||
+        cfg->heads % cfg->kv_heads || cfg->head_dim < 2 || cfg->head_dim % 2 || cfg->ffn < 1 || !(cfg->rope_theta > 0))
+        return twk_error(TWK_ERR_INVALID_ARG, "model_random: invalid configuration");
+    twk_model *m = twk_host_calloc(sizeof *m, "model");
+    if (!m) return TWK_ERR_OOM;
+    m->dev = dev;
+    m->cfg = *cfg;
+    int n = expected_tensors(cfg, NULL);
+    m->w = twk_host_calloc((size_t)n * sizeof *m->w, "model weights");
+    twk_status st = m->w ? TWK_OK : TWK_ERR_OOM;
+    if (st == TWK_OK) expected_tensors(cfg, m->w);
+    twk_rng r;
+    twk_rng_seed(&r, seed);
+    for (int i = 0; st == TWK_OK && i < n; i++) {
+        named_buf *w = &m->w[i];
+        float *h = twk_host_alloc((size_t)w->nelem * 4, w->name);
+        if (!h) st = TWK_ERR_OOM;
+        int is_norm = w->ndim == 1 && strstr(w->name, "norm");
+        for (int64_t k = 0; h && k < w->nelem; k++) h[k] = is_norm ? 1.0f : (float)(0.02 * twk_rng_normal(&r));
+        if (st == TWK_OK) st = twk_buffer_alloc(dev, (size_t)w->nelem * 4, &w->buf);
+        if (st == TWK_OK) st = twk_buffer_upload(dev, w->buf, 0, h, (size_t)w->nelem * 4);
+        twk_host_free(h);
+        m->n_w = i + 1;
+    }
+    if (st != TWK_OK) {
+        twk_model_free(m);
+        return st;
+    }
+    *out = m;
+    return TWK_OK;
+}
+
 twk_status twk_model_load(const char *dir, twk_device *dev, twk_model **out) {
     if (!out || !dir || !dev) return twk_error(TWK_ERR_INVALID_ARG, "model_load: NULL argument");
     *out = NULL;

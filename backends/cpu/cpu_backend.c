@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cblas.h>
@@ -120,6 +121,7 @@ static twk_status cpu_open(int index, void **out) {
         return TWK_ERR_OOM;
     }
     ctx->n_threads = cpu_pool_threads(ctx->pool);
+    ctx->profile = getenv("TWK_PROFILE") && atoi(getenv("TWK_PROFILE")) > 0;
     openblas_set_num_threads(ctx->n_threads);
     *out = ctx;
     return TWK_OK;
@@ -128,6 +130,15 @@ static twk_status cpu_open(int index, void **out) {
 static void cpu_close(void *vctx) {
     cpu_ctx *ctx = vctx;
     if (!ctx) return;
+    if (ctx->profile) {
+        double total = 0;
+        for (int i = 0; i < TWK_OP_COUNT; i++) total += ctx->prof_s[i];
+        fprintf(stderr, "cpu profile (%.3f s in kernels):\n", total);
+        for (int i = 0; i < TWK_OP_COUNT; i++)
+            if (ctx->prof_n[i])
+                fprintf(stderr, "  %-16s %8ld launches %9.3f s %5.1f%%\n", twk_op_name((twk_op)i), ctx->prof_n[i],
+                        ctx->prof_s[i], 100 * ctx->prof_s[i] / (total > 0 ? total : 1));
+    }
     cpu_pool_free(ctx->pool);
     twk_host_free(ctx->scratch);
     twk_host_free(ctx);
@@ -276,8 +287,15 @@ static twk_status cpu_run(void *vctx, void *prepared, const twk_hal_plan *plan, 
         c.l = l;
         resolve(&c.dst, &l->dst, n);
         for (int k = 0; k < l->nsrc; k++) resolve(&c.src[k], &l->src[k], n);
+        struct timespec t0, t1;
+        if (ctx->profile) clock_gettime(CLOCK_MONOTONIC, &t0);
         twk_status st = pp->kernels[i](&c);
         if (st != TWK_OK) return st;
+        if (ctx->profile) {
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            ctx->prof_s[l->op] += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+            ctx->prof_n[l->op]++;
+        }
     }
     return TWK_OK;
 }

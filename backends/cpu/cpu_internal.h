@@ -27,6 +27,9 @@ typedef struct cpu_ctx {
     int n_threads;
     void *scratch;
     size_t scratch_bytes;
+    int profile;                 /* TWK_PROFILE=1: time each op, print at close */
+    double prof_s[TWK_OP_COUNT];
+    long prof_n[TWK_OP_COUNT];
 } cpu_ctx;
 
 /* Per-run scratch of at least `bytes`; NULL (error set) on failure. Valid

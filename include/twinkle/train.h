@@ -72,6 +72,9 @@ typedef struct twk_model twk_model;
  * field or tensor; *out is NULL then. */
 twk_status twk_model_load(const char *dir, twk_device *dev, twk_model **out);
 void twk_model_free(twk_model *m);
+/* A model with random weights (normal, std 0.02; norms 1) for `cfg`, for
+ * benchmarks and tests; cfg is validated like a config.json. */
+twk_status twk_model_random(const twk_model_config *cfg, twk_device *dev, uint64_t seed, twk_model **out);
 const twk_model_config *twk_model_cfg(const twk_model *m);
 /* Copies the base weight named `name` (Hugging Face name; "lm_head.weight" of
  * a tied model is the embedding) to dst; TWK_ERR_NOT_FOUND or
