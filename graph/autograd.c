@@ -177,8 +177,9 @@ static int backward_node(twk_graph *g, twk_id id, twk_id gy, const unsigned char
         break;
     }
     case TWK_OP_LOGPROBS: {
-        twk_id src3[3] = {s[0], s[1], gy};
-        c[0] = raw(g, TWK_OP_LOGPROBS_BACK, s[0], 3, src3, NULL, NULL);
+        /* the forward's logprobs give the log-sum-exp back without a pass over V */
+        twk_id src4[4] = {s[0], s[1], gy, id};
+        c[0] = raw(g, TWK_OP_LOGPROBS_BACK, s[0], 4, src4, NULL, NULL);
         break;
     }
     case TWK_OP_GET_ROWS_BACK:

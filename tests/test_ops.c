@@ -17,7 +17,7 @@
 #include "ref_ops.h"
 #include "twinkle/twinkle.h"
 
-enum gen { G_NORMAL, G_IDS, G_POS, G_SEG, G_POSITIVE };
+enum gen { G_NORMAL, G_IDS, G_POS, G_SEG, G_SEG_LONG, G_POSITIVE };
 
 typedef struct in_spec {
     int ndim;
@@ -107,6 +107,7 @@ static void r_reshape(const op_case *c, rt *in, rt *y) { (void)c; ref_copy(&in[0
 #define IDS64(lim, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I64, .gen = G_IDS, .limit = lim}
 #define POS(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_POS}
 #define SEG(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_SEG}
+#define SEGL(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_SEG_LONG}
 #define T_ (-1)
 
 static const op_case cases[] = {
@@ -163,6 +164,8 @@ static const op_case cases[] = {
     {"attn Tx4x8 kv2", 4, {F32(T_, 4, 8), F32(T_, 2, 8), F32(T_, 2, 8), SEG(T_)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.35355339}, .cap = 37},
     {"attn 31x6x5 kv3", 4, {F32(31, 6, 5), F32(31, 3, 5), F32(31, 3, 5), SEG(31)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.5}},
     {"attn 13x2x67 mha", 4, {F32(13, 2, 67), F32(13, 2, 67), F32(13, 2, 67), SEG(13)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.1}},
+    {"attn 150x4x16 kv1 long segments", 4, {F32(150, 4, 16), F32(150, 1, 16), F32(150, 1, 16), SEGL(150)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.25}},
+    {"attn Tx2x8 long segments", 4, {F32(T_, 2, 8), F32(T_, 2, 8), F32(T_, 2, 8), SEGL(T_)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.3}, .cap = 200},
     {"logprobs 1x1", 2, {F32(1, 1), IDS(1, 1)}, b_logprobs, r_logprobs, 1e-5, 1e-4},
     {"logprobs Tx1031", 2, {F32(T_, 1031), IDS(1031, T_)}, b_logprobs, r_logprobs, 1e-5, 1e-4, .cap = 17},
     {"logprobs 5x7 i64", 2, {F32(5, 7), IDS64(7, 5)}, b_logprobs, r_logprobs, 1e-5, 1e-4},
@@ -184,10 +187,10 @@ static const op_case cases[] = {
 
 static int64_t actual(int64_t ne, int64_t n) { return ne < 0 ? -ne * n : ne; }
 
-static void gen_segments(double *d, int64_t n, twk_rng *r) {
+static void gen_segments(double *d, int64_t n, twk_rng *r, double p_new) {
     int64_t start = 0;
     for (int64_t i = 0; i < n; i++) {
-        if (i > 0 && twk_rng_uniform(r) < 0.15) start = i; /* a new sequence begins */
+        if (i > 0 && twk_rng_uniform(r) < p_new) start = i; /* a new sequence begins */
         d[i] = (double)start;
     }
 }
@@ -200,10 +203,12 @@ static void generate(const in_spec *s, rt *t, twk_rng *r) {
         case G_POSITIVE: t->d[i] = (double)(float)(0.5 + twk_rng_uniform(r)); break;
         case G_IDS: t->d[i] = (double)twk_rng_below(r, s->limit); break;
         case G_POS: t->d[i] = (double)twk_rng_below(r, 200); break;
-        case G_SEG: break;
+        case G_SEG:
+        case G_SEG_LONG: break;
         }
     }
-    if (s->gen == G_SEG) gen_segments(t->d, n, r);
+    if (s->gen == G_SEG) gen_segments(t->d, n, r, 0.15);
+    if (s->gen == G_SEG_LONG) gen_segments(t->d, n, r, 0.012); /* segments longer than a 64-query block */
 }
 
 static double loss_of(const op_case *c, rt *in, rt *out, const double *R) {

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cpu_internal.h"
+#include "cpu_math.h"
 
 /* ---- get_rows ---- */
 
@@ -224,7 +225,8 @@ static float row_logsumexp(const float *x, int64_t V) {
 #pragma omp simd reduction(max : m)
     for (int64_t i = 0; i < V; i++) m = x[i] > m ? x[i] : m;
     float s = 0;
-    for (int64_t i = 0; i < V; i++) s += expf(x[i] - m);
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < V; i++) s += cpu_expf(x[i] - m);
     return m + logf(s);
 }
 
@@ -239,17 +241,20 @@ static void logprobs_rows(void *arg, int64_t r0, int64_t r1) {
     }
 }
 
+/* d logits = dy * (onehot(target) - softmax); lse = logits[target] - logprob */
 static void logprobs_back_rows(void *arg, int64_t r0, int64_t r1) {
     const cpu_call *c = ((job *)arg)->c;
-    const float *x = c->src[0].data, *dy = c->src[2].data;
+    const float *x = c->src[0].data, *dy = c->src[2].data, *lp = c->src[3].data;
     float *g = c->dst.data;
     int64_t V = c->src[0].ne[1];
     for (int64_t r = r0; r < r1; r++) {
         const float *xr = x + r * V;
         float *gr = g + r * V;
-        float lse = row_logsumexp(xr, V), d = dy[r];
-        for (int64_t i = 0; i < V; i++) gr[i] = -d * expf(xr[i] - lse);
-        gr[cpu_id_at(&c->src[1], r)] += d;
+        int64_t tgt = cpu_id_at(&c->src[1], r);
+        float lse = xr[tgt] - lp[r], d = dy[r];
+#pragma omp simd
+        for (int64_t i = 0; i < V; i++) gr[i] = -d * cpu_expf(xr[i] - lse);
+        gr[tgt] += d;
     }
 }
 

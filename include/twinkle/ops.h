@@ -44,7 +44,7 @@
     X(ATTN_LSE,       "attn_lse",       3)  /* (q, k, seg_start) -> [T,Hq] */ \
     X(ATTN_BACK,      "attn_back",      7)  /* (q,k,v,seg,o,dO,lse); iparam 0: which */ \
     X(LOGPROBS,       "logprobs",       2)  /* (logits [T,V], targets [T]) -> [T] */ \
-    X(LOGPROBS_BACK,  "logprobs_back",  3)  /* (logits, targets, dy) -> [T,V] */
+    X(LOGPROBS_BACK,  "logprobs_back",  4)  /* (logits, targets, dy, logprobs) -> [T,V] */
 
 typedef enum twk_op {
 #define TWK_OP_ENUM_(e, s, n) TWK_OP_##e,
