@@ -174,7 +174,17 @@ static void adapter_round_trips(twk_model *m, const twk_lora_config *lc, const t
         if (st != TWK_OK) printf("     %s\n", twk_last_error());
         e = max_abs_diff(lp2, lp3, b->n);
         report(st == TWK_OK && e == 0, model, "twinkle-saved adapter loads back exactly", e, 0);
-        if (getenv("TWK_KEEP_ADAPTER")) printf("     adapter kept in %s (verify: generate.py --verify)\n", out);
+        if (getenv("TWK_KEEP_ADAPTER")) {
+            /* for the cross-check in PEFT: generate.py --verify MODEL DIR DIR/twinkle_logprobs.f32 */
+            char lp_path[800];
+            snprintf(lp_path, sizeof lp_path, "%s/twinkle_logprobs.f32", out);
+            FILE *f = fopen(lp_path, "wb");
+            if (f) {
+                fwrite(lp2, 4, (size_t)b->n, f);
+                fclose(f);
+            }
+            printf("     adapter kept: generate.py --verify %s %s %s\n", dir, out, lp_path);
+        }
         else {
             char cmd[128];
             snprintf(cmd, sizeof cmd, "rm -rf %s", out);

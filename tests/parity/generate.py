@@ -1,0 +1,917 @@
+#!/usr/bin/env python3
+"""Generate (or verify against) the Hugging Face / PEFT parity fixtures for twinkle.
+
+Generate mode (default)
+-----------------------
+    /work/venvs/parity/bin/python tests/parity/generate.py [--out DIR] [--only NAME ...]
+
+Builds three tiny random Hugging Face causal LMs on the CPU in float32 with fixed
+seeds (llama: sharded f32, llama3 rope scaling; qwen2: bf16 on disk, tied
+embeddings, q/k/v biases; qwen3: f32, q_norm/k_norm, head_dim != hidden/heads,
+LoRA on lm_head), saves each as an HF folder plus a PEFT LoRA adapter, and records
+reference numbers (logprobs, loss, LoRA gradients, full-model gradients for qwen3,
+and LoRA tensors after 3 clipped-AdamW steps) in
+``tests/parity/fixtures/<model>/expected.safetensors`` and ``expected.json``.
+The reference numbers are float64 computations (model, PEFT, softmax, RoPE cos/sin,
+loss, backward, clipping, AdamW) from the float32 weights and LoRA values cast
+exactly to float64 (rope inv_freq keeps the float32 values transformers computes),
+rounded once to float32 for storage; ``float64_compute`` checks op by op that no
+float32 tensor is involved.
+The output is deterministic: re-running it produces byte-identical files.
+
+Verify mode
+-----------
+    /work/venvs/parity/bin/python tests/parity/generate.py --verify MODEL ADAPTER_DIR [LOGPROBS_FILE]
+
+MODEL is a fixture name (llama, qwen2, qwen3) or the path of a fixture folder
+(the one holding ``model/`` and ``expected.safetensors``). The model in
+``MODEL/model`` is loaded with transformers in float32, the adapter in
+ADAPTER_DIR is applied with ``peft.PeftModel.from_pretrained``, and the logprobs of
+the fixture's packed batch (``tokens``/``targets``/``positions``/``seg_start``
+from ``expected.safetensors``) are computed, one sequence at a time.
+They are compared with LOGPROBS_FILE when given, else with the fixture's
+``logprobs`` tensor (which belongs to the fixture's own initial adapter,
+``MODEL/peft_adapter``; like every reference number it is a float64 computation, which a float32
+PEFT run reproduces to ~2e-6). LOGPROBS_FILE may be a ``.safetensors`` file (tensor
+``logprobs``), a ``.npy`` file, or raw little-endian float32 values. The max abs
+difference is printed; the exit status is 1 when it exceeds 1e-4 (``--tol``), 0
+otherwise. It also fails when the LoRA keys of the file are not exactly the names
+PEFT itself writes for the modules that adapter_config.json targets (a misnamed
+key is at best remapped, at worst skipped by PEFT with only a warning, leaving
+lora_B at zero). Only ``adapter_model.safetensors`` is checked
+for keys; the adapter's ``adapter_config.json`` decides which modules get LoRA.
+This is how an adapter written by twinkle is checked in PEFT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE / "fixtures"
+
+# --------------------------------------------------------------------------------------
+# Fixture definitions
+# --------------------------------------------------------------------------------------
+
+LORA_R = 4
+LORA_ALPHA = 8
+LORA_BASE_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LORA_B_STD = 0.05
+
+ADAMW = {"lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
+# Clipping is active on every step (norms ~30-60) but clipped gradients stay far
+# above AdamW eps, so tiny float32 differences in near-zero gradient entries are
+# not amplified by the per-element normalisation (with 0.05 they were ~eps).
+MAX_NORM = 2.0
+ADAM_STEPS = 3
+
+MODELS = {
+    "llama": {
+        "hf_class": "LlamaForCausalLM",
+        "seed": 1001,
+        "seq_lens": [7, 12, 5],
+        "config": dict(
+            vocab_size=1000,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-5,
+            rope_theta=500000.0,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+            tie_word_embeddings=False,
+            attention_bias=False,
+            mlp_bias=False,
+            hidden_act="silu",
+        ),
+        "disk_dtype": "float32",
+        "max_shard_size": "300KB",
+        "lora_lm_head": False,
+        "full_grad": False,
+        "init": {"embed": 1.0, "lm_head": 0.2, "proj": 0.1, "bias": 0.1, "norm": 0.2},
+    },
+    "qwen2": {
+        "hf_class": "Qwen2ForCausalLM",
+        "seed": 2002,
+        "seq_lens": [9, 4, 11],
+        "config": dict(
+            vocab_size=1031,
+            hidden_size=64,
+            intermediate_size=160,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            tie_word_embeddings=True,
+            use_sliding_window=False,
+            hidden_act="silu",
+        ),
+        "disk_dtype": "bfloat16",
+        "max_shard_size": None,
+        "lora_lm_head": False,
+        "full_grad": False,
+        # tied: embed == lm_head, so the embedding std also sets the logit scale
+        "init": {"embed": 0.25, "lm_head": None, "proj": 0.1, "bias": 0.1, "norm": 0.2},
+    },
+    "qwen3": {
+        "hf_class": "Qwen3ForCausalLM",
+        "seed": 3003,
+        "seq_lens": [6, 13, 1, 8],
+        "config": dict(
+            vocab_size=1000,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=24,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            tie_word_embeddings=False,
+            attention_bias=False,
+            use_sliding_window=False,
+            hidden_act="silu",
+        ),
+        "disk_dtype": "float32",
+        "max_shard_size": None,
+        "lora_lm_head": True,
+        "full_grad": True,
+        "init": {"embed": 1.0, "lm_head": 0.2, "proj": 0.1, "bias": 0.1, "norm": 0.2},
+    },
+}
+
+
+# --------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------
+
+
+def setup_torch():
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    torch.set_default_dtype(torch.float32)
+
+
+class _Float32RequestsToFloat64(TorchFunctionMode):
+    """Turns every request for float32 made by the model code into float64: ``Tensor.float()``,
+    ``.to(torch.float32)``, ``softmax(..., dtype=torch.float32)`` and so on. transformers upcasts to
+    float32 in RMSNorm, RoPE (angles, cos, sin) and the eager attention softmax; with this mode active
+    those run in float64 on a float64 model instead of rounding back to float32."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.float:
+            func = torch.Tensor.double
+        args = tuple(torch.float64 if a is torch.float32 else a for a in args)
+        kwargs = {k: (torch.float64 if v is torch.float32 else v) for k, v in kwargs.items()}
+        return func(*args, **kwargs)
+
+
+class _Float64Audit(TorchDispatchMode):
+    """Records every aten op (forward and backward) that reads or writes a floating tensor that is
+    not float64."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+        self.bad = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.ops += 1
+        for t in tree_leaves((args, kwargs, out)):
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64:
+                key = f"{func} {t.dtype}"
+                self.bad[key] = self.bad.get(key, 0) + 1
+        return out
+
+
+@contextlib.contextmanager
+def float64_compute(what):
+    """Everything inside runs in float64: float32 requests are promoted, the default dtype is float64
+    (so e.g. the optimizer's step counter is float64 too), and it fails if any op touched a floating
+    tensor of another dtype. Convert results to float32 only after leaving the block (inside it,
+    ``.float()`` is a no-op)."""
+    prev = torch.get_default_dtype()
+    audit = _Float64Audit()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with _Float32RequestsToFloat64(), audit:
+            yield
+    finally:
+        torch.set_default_dtype(prev)
+    if audit.bad or audit.ops == 0:
+        raise RuntimeError(f"{what}: not a pure float64 computation ({audit.ops} ops; "
+                           f"non-float64 floating tensors: {audit.bad})")
+
+
+def float64_copy(module):
+    """Deep copy with every floating parameter and buffer cast to float64 (exact: float32 -> float64)."""
+    return copy.deepcopy(module).double()
+
+
+def worst_rel(a, b):
+    """max over the keys of ||a[k] - b[k]|| / ||b[k]||, in float64."""
+    return max(((a[k].double() - b[k].double()).norm() / b[k].double().norm()).item() for k in b)
+
+
+def versions():
+    import peft
+    import safetensors
+    import transformers
+
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "safetensors": safetensors.__version__,
+        "numpy": np.__version__,
+    }
+
+
+def hf_class(name):
+    import transformers
+
+    return getattr(transformers, name)
+
+
+def config_class(hf_cls_name):
+    import transformers
+
+    return getattr(transformers, hf_cls_name.replace("ForCausalLM", "Config"))
+
+
+@torch.no_grad()
+def init_weights(model, gen, init):
+    """Overwrite every parameter deterministically (named_parameters order)."""
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):  # all RMSNorms incl. q_norm/k_norm, final norm
+            v = 1.0 + init["norm"] * torch.randn(p.shape, generator=gen)
+        elif name.endswith(".bias"):
+            v = init["bias"] * torch.randn(p.shape, generator=gen)
+        elif name == "model.embed_tokens.weight":
+            v = init["embed"] * torch.randn(p.shape, generator=gen)
+        elif name == "lm_head.weight":
+            v = init["lm_head"] * torch.randn(p.shape, generator=gen)
+        elif name.endswith("proj.weight"):
+            v = init["proj"] * torch.randn(p.shape, generator=gen)
+        else:
+            raise RuntimeError(f"no init rule for {name}")
+        p.copy_(v)
+
+
+def make_batch(seq_lens, vocab, gen):
+    tokens, targets, positions, seg_start = [], [], [], []
+    off = 0
+    for L in seq_lens:
+        seq = torch.randint(0, vocab, (L + 1,), generator=gen)
+        tokens.append(seq[:-1])
+        targets.append(seq[1:])
+        positions.append(torch.arange(L))
+        seg_start.append(torch.full((L,), off))
+        off += L
+    T = off
+    w = torch.randn(T, generator=gen) * 0.8 + 0.5
+    zero = torch.rand(T, generator=gen) < 0.2
+    w[zero] = 0.0
+    # guarantee both edge cases exist regardless of the draw
+    w[1] = 0.0
+    w[T - 2] = -abs(w[T - 2].item()) - 0.25
+    assert (w == 0).any() and (w < 0).any() and (w > 0).any()
+    cat = lambda xs: torch.cat(xs).to(torch.int32)
+    return {
+        "tokens": cat(tokens),
+        "targets": cat(targets),
+        "positions": cat(positions),
+        "seg_start": cat(seg_start),
+        "weights": w.to(torch.float32),
+    }
+
+
+def segments(batch):
+    """(start, length) of each packed sequence, derived from seg_start."""
+    ss = batch["seg_start"].tolist()
+    starts = sorted(set(ss))
+    T = len(ss)
+    out = []
+    for i, s in enumerate(starts):
+        e = starts[i + 1] if i + 1 < len(starts) else T
+        out.append((s, e - s))
+    return out
+
+
+def seq_logits(model, batch):
+    """Per-sequence forward (batch 1, no padding, no mask); concatenated logits [T, V]."""
+    outs = []
+    for s, L in segments(batch):
+        ids = batch["tokens"][s : s + L].long()[None]
+        pos = batch["positions"][s : s + L].long()[None]
+        out = model(input_ids=ids, position_ids=pos, use_cache=False)
+        outs.append(out.logits[0])  # the model's dtype: float32, or float64 for a float64 copy
+    return torch.cat(outs, 0)
+
+
+def seq_logprobs(model, batch):
+    logits = seq_logits(model, batch)
+    lp = torch.log_softmax(logits, dim=-1)
+    return lp.gather(-1, batch["targets"].long()[:, None])[:, 0]
+
+
+def weighted_loss(logprobs, batch):
+    # Tinker cross-entropy semantics: a SUM, weights never clamped.
+    return -(batch["weights"].to(logprobs.dtype) * logprobs).sum()
+
+
+def peft_saved_name(param_name):
+    """In-memory PEFT parameter name -> name in adapter_model.safetensors."""
+    return param_name.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
+
+
+def lora_params(peft_model):
+    return [(n, p) for n, p in peft_model.named_parameters() if "lora_" in n]
+
+
+
+def run_adamw(pm, init_state, batch, max_norm):
+    """ADAM_STEPS x (zero grads, loss, backward, clip_grad_norm_, AdamW step) on a copy of pm, in pm's
+    dtype (float64 pm: params, grads, clipping, moments and step counter all float64, checked).
+    Returns the losses, the pre-clip norms and the LoRA tensors after the last step (pm's dtype)."""
+    am = copy.deepcopy(pm)
+    aparams = lora_params(am)
+    with torch.no_grad():
+        for n, p in aparams:
+            p.grad = None
+            p.copy_(init_state[peft_saved_name(n)])  # float32 -> float64 is exact
+    params = [p for _, p in aparams]
+    f64 = params[0].dtype == torch.float64
+    assert all(p.dtype == params[0].dtype for p in am.parameters())
+    with float64_compute("AdamW") if f64 else contextlib.nullcontext():
+        opt = torch.optim.AdamW(
+            params,
+            lr=ADAMW["lr"],
+            betas=tuple(ADAMW["betas"]),
+            eps=ADAMW["eps"],
+            weight_decay=ADAMW["weight_decay"],
+        )
+        losses, norms = [], []
+        for _ in range(ADAM_STEPS):
+            opt.zero_grad(set_to_none=True)
+            loss = weighted_loss(seq_logprobs(am, batch), batch)
+            loss.backward()
+            if max_norm is not None:
+                norm = torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
+            else:
+                norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params))
+            losses.append(loss.item())
+            norms.append(norm.item())
+            opt.step()
+    if f64:
+        for p in params:
+            st = opt.state[p]
+            assert all(st[k].dtype == torch.float64 for k in ("exp_avg", "exp_avg_sq", "step")), st
+    return losses, norms, {peft_saved_name(n): p.detach().clone().contiguous() for n, p in aparams}
+
+
+def load_fixture_model(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="eager"
+    )
+    model.eval()
+    return model
+
+
+def sha256(path):
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# --------------------------------------------------------------------------------------
+# Generation
+# --------------------------------------------------------------------------------------
+
+
+def rope_report(name, model, spec):
+    inv = model.model.rotary_emb.inv_freq.detach().clone()
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    theta = cfg.rope_parameters["rope_theta"]
+    plain = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    changed = int((inv != plain).sum())
+    print(f"  [{name}] rope head_dim={head_dim} theta={theta:g} inv_freq ({changed} of {len(inv)} entries differ from unscaled):")
+    for i, (a, b) in enumerate(zip(plain.tolist(), inv.tolist())):
+        tag = "" if a == b else f"  scaled x{b / a:.6f}"
+        print(f"     i={i}: unscaled={a:.9g} used={b:.9g}{tag}")
+    if spec["config"].get("rope_scaling"):
+        assert changed > 0, "rope scaling did not change any inv_freq entry"
+        assert changed < len(inv), "rope scaling changed every entry (high-freq branch untested)"
+    return inv
+
+
+def generate_one(name, spec, out_root):
+    from peft import LoraConfig, get_peft_model
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    print(f"=== {name} ({spec['hf_class']}) ===")
+    out = out_root / name
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+
+    seed = spec["seed"]
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+
+    cfg = config_class(spec["hf_class"])(**spec["config"])
+    cfg._attn_implementation = "eager"
+    model = hf_class(spec["hf_class"])(cfg).to(torch.float32)
+    init_weights(model, gen, spec["init"])
+    if spec["disk_dtype"] == "bfloat16":
+        # references are computed from the bf16-rounded weights, seen as f32
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(torch.bfloat16).to(torch.float32))
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+
+    print(f"  config: layers={cfg.num_hidden_layers} hidden={cfg.hidden_size} inter={cfg.intermediate_size} "
+          f"heads={cfg.num_attention_heads} kv={cfg.num_key_value_heads} head_dim={getattr(cfg, 'head_dim', None)} "
+          f"vocab={cfg.vocab_size} eps={cfg.rms_norm_eps} tied={cfg.tie_word_embeddings} rope={cfg.rope_parameters}")
+    inv_freq = rope_report(name, model, spec)
+
+    # ---- save the HF folder
+    model_dir = out / "model"
+    if spec["disk_dtype"] == "bfloat16":
+        to_save = copy.deepcopy(model).to(torch.bfloat16)
+    else:
+        to_save = model
+    save_kw = {}
+    if spec["max_shard_size"]:
+        save_kw["max_shard_size"] = spec["max_shard_size"]
+    to_save.save_pretrained(model_dir, **save_kw)
+    del to_save
+    files = sorted(os.listdir(model_dir))
+    print(f"  saved {model_dir.relative_to(out_root.parent)}: {files}")
+    if spec["max_shard_size"]:
+        shards = [f for f in files if f.endswith(".safetensors")]
+        assert "model.safetensors.index.json" in files and len(shards) >= 2, files
+    for f in files:
+        if f.endswith(".safetensors"):
+            with safe_open(model_dir / f, "pt") as sf:
+                keys = list(sf.keys())
+                dts = {str(sf.get_slice(k).get_dtype()) for k in keys}
+            print(f"    {f}: {len(keys)} tensors, dtypes {sorted(dts)}")
+
+    # ---- batch
+    batch = make_batch(spec["seq_lens"], cfg.vocab_size, gen)
+    T = batch["tokens"].numel()
+
+    # ---- float64 copy of the model. Every reference number below is computed from it: the float32
+    # weights (for qwen2 the bf16-rounded ones, i.e. the disk values) cast exactly to float64.
+    # rotary_emb.inv_freq stays the float32 values transformers computed (cast to float64): the
+    # angles pos * inv_freq, their cos/sin, RMSNorm, softmax, log_softmax, loss, backward and AdamW
+    # all run in float64 (float64_compute checks that no op touches a float32 tensor).
+    model64 = float64_copy(model)
+    inv64 = model64.model.rotary_emb.inv_freq
+    assert inv64.dtype == torch.float64 and torch.equal(inv64, inv_freq.double())
+    assert all(p.dtype == torch.float64 for p in model64.parameters())
+    batch64 = dict(batch, weights=batch["weights"].double())
+
+    # ---- base logprobs (float64 reference; float32 only for the diagnostics and the reload check)
+    with torch.no_grad():
+        base_logits = seq_logits(model, batch)
+        lp_base32 = torch.log_softmax(base_logits, -1).gather(-1, batch["targets"].long()[:, None])[:, 0]
+        with float64_compute("base logprobs"):
+            lp_base = seq_logprobs(model64, batch64)
+            loss_base = weighted_loss(lp_base, batch64)
+    assert lp_base.dtype == torch.float64 and torch.isfinite(lp_base).all()
+    assert torch.equal(model64.model.rotary_emb.inv_freq, inv_freq.double())  # not recomputed in forward
+    print(f"  T={T} seq_lens={spec['seq_lens']} logprobs_base: min={lp_base.min():.4f} max={lp_base.max():.4f} "
+          f"mean={lp_base.mean():.4f} std={lp_base.std():.4f} (-log V = {-math.log(cfg.vocab_size):.4f}) "
+          f"loss_base={loss_base.item():.6f}")
+    assert lp_base.std() > 0.5, "logprobs are too uniform: logits degenerate"
+    f32_err = {"logprobs_base_max_abs": (lp_base32.double() - lp_base).abs().max().item()}
+
+    # ---- reload check (sharded / bf16 round trip): logits must match exactly
+    with torch.no_grad():
+        reloaded = load_fixture_model(model_dir)
+        d = (seq_logits(reloaded, batch) - base_logits).abs().max().item()
+    print(f"  reload {model_dir.name}/ with from_pretrained: max |logits diff| = {d:.3g}")
+    # not always exactly 0: weights loaded from an mmap'd file may sit at other alignments, and the CPU
+    # GEMV for 1-token sequences then rounds differently (seen on qwen3: 1.4e-6 on the length-1 sequence)
+    assert d <= 1e-5, d
+    del reloaded
+
+    tensors = {k: v.contiguous() for k, v in batch.items()}
+    tensors["logprobs_base"] = lp_base.float()
+    tensors["loss_base"] = loss_base.detach().reshape(1).float()
+    tensors["rope_inv_freq"] = inv_freq.float()
+
+    # ---- full-model gradients (base, no LoRA, all params trainable), float64
+    if spec["full_grad"]:
+        fm = float64_copy(model)
+        for p in fm.parameters():
+            p.requires_grad_(True)
+            p.grad = None
+        with float64_compute("full-model gradients"):
+            loss = weighted_loss(seq_logprobs(fm, batch64), batch64)
+            loss.backward()
+        assert loss.item() == loss_base.item(), (loss.item(), loss_base.item())
+        with safe_open(model_dir / "model.safetensors", "pt") as sf:
+            disk_names = set(sf.keys())
+        names = []
+        full64 = {}
+        for n, p in fm.named_parameters():
+            assert p.grad is not None and p.grad.dtype == torch.float64, n
+            full64[n] = p.grad.detach().clone()
+            tensors[f"full_grad.{n}"] = p.grad.detach().float().contiguous()
+            names.append(n)
+        assert set(names) == disk_names, (set(names) ^ disk_names)
+        print(f"  full_grad: {len(names)} params, loss={loss.item():.6f}, "
+              f"total grad norm={torch.sqrt(sum((p.grad ** 2).sum() for p in fm.parameters())).item():.6f}")
+        del fm
+        # diagnostic: the same in float32
+        fm32 = copy.deepcopy(model)
+        for p in fm32.parameters():
+            p.requires_grad_(True)
+        weighted_loss(seq_logprobs(fm32, batch), batch).backward()
+        f32_err["full_grad_worst_rel"] = worst_rel({n: p.grad for n, p in fm32.named_parameters()}, full64)
+        del fm32, full64
+
+    # ---- LoRA
+    targets = list(LORA_BASE_TARGETS) + (["lm_head"] if spec["lora_lm_head"] else [])
+    lcfg = LoraConfig(
+        r=LORA_R,
+        lora_alpha=LORA_ALPHA,
+        lora_dropout=0.0,
+        target_modules=targets,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    torch.manual_seed(seed + 1)  # PEFT's lora_A init (kaiming_uniform) uses the global RNG
+    pm = get_peft_model(copy.deepcopy(model), lcfg)
+    pm.eval()
+    with torch.no_grad():
+        for n, p in lora_params(pm):
+            if ".lora_B." in n:
+                p.copy_(LORA_B_STD * torch.randn(p.shape, generator=gen))
+    lparams = lora_params(pm)
+    assert all(p.requires_grad for _, p in lparams)
+    assert all(not p.requires_grad for n, p in pm.named_parameters() if "lora_" not in n)
+    init_state = {peft_saved_name(n): p.detach().clone().contiguous() for n, p in lparams}
+
+    adapter_dir = out / "peft_adapter"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pm.save_pretrained(adapter_dir)
+    for w in caught:
+        print(f"  peft save warning: {w.message}")
+    with safe_open(adapter_dir / "adapter_model.safetensors", "pt") as sf:
+        saved_keys = list(sf.keys())
+        saved = {k: sf.get_tensor(k) for k in saved_keys}
+    lora_keys = [k for k in saved_keys if ".lora_" in k]
+    extra_keys = [k for k in saved_keys if ".lora_" not in k]
+    assert set(lora_keys) == set(init_state), set(lora_keys) ^ set(init_state)
+    for k in lora_keys:
+        assert torch.equal(saved[k], init_state[k]), k
+    print(f"  peft_adapter: {len(lora_keys)} LoRA tensors" + (f", plus non-LoRA keys {extra_keys}" if extra_keys else ""))
+
+    # float64 copy of the PEFT model: base weights and LoRA tensors are the float32 values cast exactly
+    pm64 = float64_copy(pm)
+    lparams64 = lora_params(pm64)
+    assert all(p.dtype == torch.float64 for p in pm64.parameters())
+    assert [n for n, _ in lparams64] == [n for n, _ in lparams]
+    assert all(p.requires_grad for _, p in lparams64)
+    assert all(not p.requires_grad for n, p in pm64.named_parameters() if "lora_" not in n)
+    for n, p in lparams64:
+        assert torch.equal(p.detach(), init_state[peft_saved_name(n)].double()), n
+    with float64_compute("LoRA logprobs and gradients"):
+        lp = seq_logprobs(pm64, batch64)
+        loss = weighted_loss(lp, batch64)
+        loss.backward()
+    assert lp.dtype == torch.float64 and torch.isfinite(lp).all()
+    print(f"  logprobs (LoRA): max |lp - lp_base| = {(lp - lp_base).abs().max().item():.4f}, loss={loss.item():.6f}")
+    tensors["logprobs"] = lp.detach().float()
+    tensors["loss"] = loss.detach().reshape(1).float()
+    grad64 = {}
+    for n, p in lparams64:
+        k = peft_saved_name(n)
+        tensors[f"lora_init.{k}"] = init_state[k]
+        assert p.grad is not None and p.grad.dtype == torch.float64 and p.grad.abs().sum() > 0, n
+        grad64[k] = p.grad.detach().clone()
+        tensors[f"lora_grad.{k}"] = p.grad.detach().float().contiguous()
+
+    # diagnostic: the same in float32 (the float32 logprobs also anchor the PEFT round trip below)
+    lp32 = seq_logprobs(pm, batch)
+    weighted_loss(lp32, batch).backward()
+    lp32 = lp32.detach()
+    f32_err["logprobs_max_abs"] = (lp32.double() - lp.detach()).abs().max().item()
+    f32_err["lora_grad_worst_rel"] = worst_rel({peft_saved_name(n): p.grad for n, p in lparams}, grad64)
+
+    # ---- 3 x (zero grad, loss, backward, clip, AdamW), float64
+    step_losses, pre_norms, adam64 = run_adamw(pm64, init_state, batch64, MAX_NORM)
+    for step, (l, n) in enumerate(zip(step_losses, pre_norms)):
+        print(f"  adam step {step}: loss={l:.6f} pre-clip grad norm={n:.6f} "
+              f"{'(clipped, coef %.3g)' % (MAX_NORM / (n + 1e-6)) if n > MAX_NORM else '(not clipped)'}")
+    assert pre_norms[0] > MAX_NORM, "clipping not active on the first step"
+    assert step_losses[0] == loss.item(), (step_losses[0], loss.item())
+    # diagnostic only: how much would adam3 change if clipping were skipped?
+    _, _, noclip64 = run_adamw(pm64, init_state, batch64, None)
+    noclip_diff = max((adam64[k] - noclip64[k]).abs().max().item() for k in adam64)
+    upd = max((adam64[k] - init_state[k].double()).abs().max().item() for k in adam64)
+    print(f"  adam3: max |update| = {upd:.4g}; max |adam3(clip) - adam3(no clip)| = {noclip_diff:.4g}")
+    tensors["adam3_loss"] = torch.tensor(step_losses, dtype=torch.float64).float()
+    tensors["adam3_pre_clip_norm"] = torch.tensor(pre_norms, dtype=torch.float64).float()
+    for k, v in adam64.items():
+        tensors[f"adam3.{k}"] = v.float().contiguous()
+    # diagnostic: the same 3 steps in float32
+    _, _, adam32 = run_adamw(pm, init_state, batch, MAX_NORM)
+    f32_err["adam3_worst_rel"] = worst_rel(adam32, adam64)
+    worst_k = max(adam64, key=lambda k: worst_rel({k: adam32[k]}, {k: adam64[k]}))
+    print(f"  float32 computation vs the float64 references: " +
+          ", ".join(f"{k}={v:.3g}" for k, v in f32_err.items()) + f" (worst adam3 tensor: {worst_k})")
+    # the float32 rounding of the stored references themselves
+    store_err = max(worst_rel({k: tensors[f"adam3.{k}"]}, {k: adam64[k]}) for k in adam64)
+    print(f"  rounding the float64 adam3 to float32 for storage: worst rel err {store_err:.3g}")
+    del adam32, noclip64
+
+    # ---- round trip: saved model + saved adapter through PeftModel.from_pretrained (float32 pipeline)
+    problems = []
+    d = verify_logprobs(model_dir, adapter_dir, batch, lp32, problems)
+    d64 = verify_logprobs(model_dir, adapter_dir, batch, lp.detach())
+    print(f"  PeftModel.from_pretrained(model/, peft_adapter/) logprobs (float32): max |diff| = {d:.3g} "
+          f"vs the in-memory float32 model, {d64:.3g} vs the float64 reference")
+    assert d <= 1e-5 and not problems, (d, problems)
+
+    # ---- write
+    for k, v in tensors.items():
+        assert v.dtype in (torch.float32, torch.int32), (k, v.dtype)
+        assert torch.isfinite(v.float()).all(), k
+    exp_path = out / "expected.safetensors"
+    save_file(tensors, str(exp_path))
+
+    one_layer = sorted(k for k in lora_keys if ".layers.0." in k)
+    meta = {
+        "model": name,
+        "hf_class": spec["hf_class"],
+        "model_dir": "model",
+        "adapter_dir": "peft_adapter",
+        "disk_dtype": spec["disk_dtype"],
+        "sharded": bool(spec["max_shard_size"]),
+        "max_shard_size": spec["max_shard_size"],
+        "references_computed_from": (
+            "float64 computation from the weights rounded to bfloat16 (the disk values, exactly what a "
+            "bf16->f32 loader sees), cast exactly to float64"
+            if spec["disk_dtype"] == "bfloat16" else
+            "float64 computation from the float32 weights (identical to disk), cast exactly to float64"
+        ),
+        "reference_precision": (
+            "Every reference number (logprobs_base, loss_base, logprobs, loss, lora_grad.*, full_grad.*, "
+            "adam3.*, adam3_loss, adam3_pre_clip_norm) is computed in float64 from the float32 weights and "
+            "the float32 lora_init values, each cast exactly to float64: matmuls, RMSNorm, RoPE angles "
+            "pos * inv_freq and their cos/sin, eager attention softmax, log_softmax, loss, backward, "
+            "gradient clipping and AdamW (params, grads, moments). The float64 results are rounded once "
+            "to float32 for storage. Exceptions: rope_inv_freq is the float32 inv_freq transformers "
+            "computes (llama3 scaling in float32), used as is (cast to float64) for the angles; the batch "
+            "and lora_init.* are inputs, stored exactly."
+        ),
+        "config": {
+            k: (v if not isinstance(v, float) else float(v)) for k, v in spec["config"].items()
+        },
+        "head_dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+        "rope_parameters_as_saved": cfg.rope_parameters,
+        "seed": seed,
+        "init_std": spec["init"],
+        "batch": {
+            "seq_lens": spec["seq_lens"],
+            "num_tokens": T,
+            "layout": "packed end to end; targets[i] = next token of the same sequence; positions restart at 0; "
+                      "seg_start[i] = packed index of the first token of i's sequence",
+            "reference_method": "each sequence run separately (batch 1, no padding, no mask, eager attention, "
+                                "float64), logits concatenated",
+        },
+        "loss": "loss = -sum_i weights[i] * logprobs[i]  (sum, weights not clamped; "
+                "logprobs[i] = log_softmax(logits[i])[targets[i]])",
+        "lora": {
+            "r": LORA_R,
+            "alpha": LORA_ALPHA,
+            "scale": LORA_ALPHA / LORA_R,
+            "dropout": 0.0,
+            "use_rslora": False,
+            "bias": "none",
+            "target_modules": targets,
+            "lm_head_targeted": spec["lora_lm_head"],
+            "init": f"lora_A: PEFT default (kaiming_uniform a=sqrt(5), torch.manual_seed({seed + 1}) before "
+                    f"get_peft_model); lora_B: normal(0, {LORA_B_STD}). Exact values in lora_init.*",
+            "num_tensors": len(lora_keys),
+            "tensor_names": sorted(lora_keys),
+            "adapter_non_lora_keys": extra_keys,
+            "names_layer0": one_layer,
+        },
+        "optimizer": {
+            "steps": ADAM_STEPS,
+            "per_step": "zero grads; loss on the same batch; backward; "
+                        "clip_grad_norm_(all LoRA params, max_norm, norm_type=2); AdamW step",
+            "clip": {
+                "max_norm": MAX_NORM,
+                "norm_type": 2.0,
+                "formula": "total = ||(||g_1||_2, ..., ||g_n||_2)||_2 over all LoRA grads (float64 in the "
+                           "reference); coef = min(1, max_norm / (total + 1e-6)); every g *= coef",
+                "pre_clip_norms": pre_norms,
+            },
+            "adamw": {
+                **ADAMW,
+                "amsgrad": False,
+                "param_groups": "one group, all LoRA tensors (A and B) decayed",
+                "formula": "torch single-tensor AdamW (CPU default), run in float64 (params, grads, m, v) "
+                           "from the float32 lora_init values: t += 1; p *= (1 - lr*wd); "
+                           "m = m + (1-b1)*(g - m)  [m.lerp_(g, 1-b1)]; v = b2*v + (1-b2)*g*g; "
+                           "bc1 = 1 - b1^t, bc2 = 1 - b2^t (host float64); "
+                           "p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps); m, v start at 0",
+            },
+            "losses_before_each_step": step_losses,
+            "diagnostic_max_abs_adam3_change_if_clipping_skipped": noclip_diff,
+            "diagnostic_max_abs_adam3_minus_init": upd,
+        },
+        "diagnostic_float32_computation_vs_references": {
+            "what": "the same computation done in float32 by torch/transformers/PEFT, compared with the "
+                    "float64 references: how far a correct float32 implementation can land (rel = "
+                    "||a - ref|| / ||ref|| per tensor, worst tensor)",
+            **f32_err,
+        },
+        "tensors": {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
+                    for k, v in sorted(tensors.items()) if not k.startswith(("lora_init.", "lora_grad.", "adam3.", "full_grad."))},
+        "tensor_groups": {
+            "lora_init.": "initial LoRA tensors (== peft_adapter/adapter_model.safetensors)",
+            "lora_grad.": "d loss / d LoRA tensor at lora_init (base frozen), float64 computation",
+            "adam3.": "LoRA tensors after 3 clipped AdamW steps from lora_init, float64 computation",
+            "full_grad.": "d loss_base / d base parameter, HF names, model without LoRA (qwen3 only), "
+                          "float64 computation"
+                          if spec["full_grad"] else None,
+        },
+        "versions": versions(),
+    }
+    if not spec["full_grad"]:
+        del meta["tensor_groups"]["full_grad."]
+    (out / "expected.json").write_text(json.dumps(meta, indent=2, sort_keys=False) + "\n")
+    print(f"  wrote {exp_path.relative_to(out_root.parent)} ({len(tensors)} tensors, "
+          f"{exp_path.stat().st_size} bytes) sha256={sha256(exp_path)[:16]}")
+    print(f"  PEFT names, layer 0: {one_layer}")
+    return pre_norms
+
+
+# --------------------------------------------------------------------------------------
+# Verification
+# --------------------------------------------------------------------------------------
+
+
+def check_adapter_keys(pm, adapter_dir):
+    """The file's LoRA keys must be exactly the names PEFT itself writes for the PEFT model built from
+    adapter_config.json, and hold the values PEFT loaded. Returns a list of problems (empty when fine)."""
+    from safetensors.torch import load_file
+
+    path = Path(adapter_dir) / "adapter_model.safetensors"
+    if not path.exists():
+        return [f"{path} not found (only safetensors adapters are checked)"]
+    on_disk = {k: v for k, v in load_file(str(path)).items() if ".lora_" in k}
+    in_model = {peft_saved_name(n): p.detach() for n, p in pm.named_parameters() if "lora_" in n}
+    problems = []
+    for k in sorted(set(on_disk) - set(in_model)):
+        problems.append(f"key not in PEFT's canonical naming (PEFT may skip or remap it): {k}")
+    for k in sorted(set(in_model) - set(on_disk)):
+        problems.append(f"LoRA tensor of the PEFT model has no key of that name in the file: {k}")
+    for k in sorted(set(in_model) & set(on_disk)):
+        if not torch.equal(in_model[k].float(), on_disk[k].float()):
+            problems.append(f"loaded value differs from the file: {k}")
+    return problems
+
+
+def verify_logprobs(model_dir, adapter_dir, batch, reference, problems=None):
+    from peft import PeftModel
+
+    base = load_fixture_model(model_dir)
+    pm = PeftModel.from_pretrained(base, str(adapter_dir))
+    pm.eval()
+    if problems is not None:
+        problems.extend(check_adapter_keys(pm, adapter_dir))
+    with torch.no_grad():
+        lp = seq_logprobs(pm, batch)
+    assert torch.isfinite(lp).all()
+    return (lp - reference.float()).abs().max().item()
+
+
+def load_logprobs_file(path, T):
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))["logprobs"].float()
+    if path.suffix == ".npy":
+        return torch.from_numpy(np.load(path).astype(np.float32)).reshape(-1)
+    arr = np.fromfile(path, dtype="<f4")
+    if arr.size != T:
+        raise SystemExit(f"{path}: {arr.size} float32 values, expected {T}")
+    return torch.from_numpy(arr)
+
+
+def verify_main(args):
+    from safetensors.torch import load_file
+
+    fx = Path(args.verify[0])
+    if not (fx / "expected.safetensors").exists():
+        fx = DEFAULT_OUT / args.verify[0]
+    exp = load_file(str(fx / "expected.safetensors"))
+    batch = {k: exp[k] for k in ("tokens", "targets", "positions", "seg_start", "weights")}
+    T = batch["tokens"].numel()
+    if args.verify[2:]:
+        ref = load_logprobs_file(args.verify[2], T)
+        src = args.verify[2]
+    else:
+        ref = exp["logprobs"]
+        src = f"{fx}/expected.safetensors:logprobs"
+    if ref.numel() != T:
+        raise SystemExit(f"reference has {ref.numel()} values, batch has {T} tokens")
+    problems = []
+    d = verify_logprobs(fx / "model", args.verify[1], batch, ref, problems)
+    for msg in problems:
+        print(f"adapter key problem: {msg}")
+    ok = d <= args.tol and not problems
+    print(f"verify {fx.name}: adapter {args.verify[1]} vs {src}: max |logprobs diff| = {d:.3g} "
+          f"({'OK' if ok else 'FAIL'}, tol {args.tol:g})")
+    return 0 if ok else 1
+
+
+# --------------------------------------------------------------------------------------
+
+
+def main():
+    # PEFT writes target_modules from a Python set into adapter_config.json: pin the string hash seed so
+    # its order (and so the file's bytes) is the same on every run.
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        os.environ["PYTHONHASHSEED"] = "0"
+        os.execv(sys.executable, [sys.executable, os.path.abspath(__file__)] + sys.argv[1:])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--verify", nargs="+", metavar="ARG",
+                    help="MODEL ADAPTER_DIR [LOGPROBS_FILE]: check an adapter with PEFT")
+    ap.add_argument("--tol", type=float, default=1e-4)
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--only", nargs="*", choices=sorted(MODELS))
+    args = ap.parse_args()
+
+    setup_torch()
+    warnings.filterwarnings("ignore", category=FutureWarning)  # transformers deprecation chatter
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+    if args.verify:
+        if len(args.verify) not in (2, 3):
+            ap.error("--verify takes MODEL ADAPTER_DIR [LOGPROBS_FILE]")
+        return verify_main(args)
+
+    print("versions:", versions())
+    args.out.mkdir(parents=True, exist_ok=True)
+    summary = {}
+    for name in args.only or list(MODELS):
+        summary[name] = generate_one(name, MODELS[name], args.out)
+    print("pre-clip grad norms per model:", summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
