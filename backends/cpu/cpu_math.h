@@ -11,7 +11,8 @@
 static inline float cpu_expf(float x) {
     x = x < -87.3f ? -87.3f : x;
     x = x > 88.7f ? 88.7f : x;
-    float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+    /* round to nearest by the 1.5 * 2^23 trick (no libm call, so it vectorises) */
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     float r = x - n * 0.693359375f + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
