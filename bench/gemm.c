@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "twinkle/twinkle.h"
 
 /* The three products a training step does with one weight W[N, K]. */
@@ -40,23 +41,6 @@ static gemm_case make_case(pass_kind pass, int64_t M, int64_t K, int64_t N) {
         break;
     }
     return c;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int parse_long(const char *s, const char *flag, long lo, long hi, long *out) {
-    char *end = NULL;
-    long v = strtol(s, &end, 10);
-    if (!*s || *end || v < lo || v > hi) {
-        fprintf(stderr, "bench_gemm: %s wants an integer in %ld..%ld, got '%s'\n", flag, lo, hi, s);
-        return 0;
-    }
-    *out = v;
-    return 1;
 }
 
 static void blas_run(const gemm_case *c, const float *A, const float *B, float *C) {
@@ -138,14 +122,14 @@ static int bench_case(twk_device *dev, const gemm_case *c, int reps, const float
     blas_run(c, pool_a, pool_b, out_ref);
     double best_e = INFINITY, best_b = INFINITY;
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = twk_now();
         if (twk_plan_run(p, 1) != TWK_OK) {
             fprintf(stderr, "bench_gemm: plan_run: %s\n", twk_last_error());
             goto done;
         }
-        double t1 = now_s();
+        double t1 = twk_now();
         blas_run(c, pool_a, pool_b, out_ref);
-        double t2 = now_s();
+        double t2 = twk_now();
         if (t1 - t0 < best_e) best_e = t1 - t0;
         if (t2 - t1 < best_b) best_b = t2 - t1;
     }
@@ -214,9 +198,9 @@ int main(int argc, char **argv) {
             return 2;
         }
         if (!strcmp(argv[i], "--reps")) {
-            if (!parse_long(argv[++i], "--reps", 1, 1000, &reps_flag)) return 2;
+            if (!bench_parse_long("bench_gemm", argv[++i], "--reps", 1, 1000, &reps_flag)) return 2;
         } else { /* --m */
-            if (!parse_long(argv[++i], "--m", 1, 65536, &M)) return 2;
+            if (!bench_parse_long("bench_gemm", argv[++i], "--m", 1, 65536, &M)) return 2;
         }
     }
     if (quick) reps = 3;
@@ -272,7 +256,7 @@ int main(int argc, char **argv) {
            "GFLOP/s", "", "");
     double log_sum = 0;
     int n_cases = 0, failed = 0, rc = 0;
-    double t_start = now_s();
+    double t_start = twk_now();
     for (int ki = 0; ki < n_dims && !rc; ki++) {
         for (int ni = 0; ni < n_dims && !rc; ni++) {
             for (int pi = 0; pi < PASS_COUNT; pi++) {
@@ -301,7 +285,7 @@ int main(int argc, char **argv) {
         double geo = exp(log_sum / n_cases);
         printf("\ngeometric mean engine/BLAS over %d products: %.3f (expected >= 0.95)%s\n", n_cases, geo,
                geo < 0.95 ? "  BELOW EXPECTATION" : "");
-        printf("wall time %.1f s\n", now_s() - t_start);
+        printf("wall time %.1f s\n", twk_now() - t_start);
         if (failed) {
             printf("FAILED: %d product(s) differ from the BLAS by more than 1e-3 x max|ref|\n", failed);
             rc = 1;

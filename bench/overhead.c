@@ -7,24 +7,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "twinkle/twinkle.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int parse_long(const char *s, const char *flag, long lo, long hi, long *out) {
-    char *end = NULL;
-    long v = strtol(s, &end, 10);
-    if (!*s || *end || v < lo || v > hi) {
-        fprintf(stderr, "bench_overhead: %s wants an integer in %ld..%ld, got '%s'\n", flag, lo, hi, s);
-        return 0;
-    }
-    *out = v;
-    return 1;
-}
 
 #define SCALE_BY 0.5f
 
@@ -51,12 +35,12 @@ static int bench_chain(twk_device *dev, int64_t elems, int nodes, int runs, int 
         fprintf(stderr, "bench_overhead: building the chain: %s\n", twk_graph_error(g));
         goto done;
     }
-    double tc = now_s();
+    double tc = twk_now();
     if (twk_graph_output(g, h) != TWK_OK || twk_plan_compile(g, dev, 1, NULL, 0, &p) != TWK_OK) {
         fprintf(stderr, "bench_overhead: compiling: %s\n", twk_last_error());
         goto done;
     }
-    tc = now_s() - tc;
+    tc = twk_now() - tc;
     twk_plan_stats st;
     twk_plan_get_stats(p, &st);
 
@@ -80,13 +64,13 @@ static int bench_chain(twk_device *dev, int64_t elems, int nodes, int runs, int 
         }
     double best = INFINITY;
     for (int b = 0; b < batches; b++) {
-        double t0 = now_s();
+        double t0 = twk_now();
         for (int r = 0; r < runs; r++)
             if (twk_plan_run(p, 1) != TWK_OK) {
                 fprintf(stderr, "bench_overhead: plan_run: %s\n", twk_last_error());
                 goto done;
             }
-        double t = now_s() - t0;
+        double t = twk_now() - t0;
         if (t < best) best = t;
     }
     if (twk_plan_read(p, h, 1, y, bytes) != TWK_OK) {
@@ -135,11 +119,11 @@ int main(int argc, char **argv) {
             return 2;
         }
         if (!strcmp(argv[i], "--nodes")) {
-            if (!parse_long(argv[++i], "--nodes", 1, 1000000, &nodes)) return 2;
+            if (!bench_parse_long("bench_overhead", argv[++i], "--nodes", 1, 1000000, &nodes)) return 2;
         } else if (!strcmp(argv[i], "--runs")) {
-            if (!parse_long(argv[++i], "--runs", 1, 10000000, &runs)) return 2;
+            if (!bench_parse_long("bench_overhead", argv[++i], "--runs", 1, 10000000, &runs)) return 2;
         } else { /* --batches */
-            if (!parse_long(argv[++i], "--batches", 1, 1000, &batches)) return 2;
+            if (!bench_parse_long("bench_overhead", argv[++i], "--batches", 1, 1000, &batches)) return 2;
         }
     }
     twk_device *dev = NULL;

@@ -11,12 +11,6 @@
 
 #include "twinkle/twinkle.h"
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static double peak_rss_mib(void) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -84,17 +78,17 @@ int main(int argc, char **argv) {
     twk_adam_params ap = twk_adam_default();
     ap.learning_rate = 1e-4f;
     float loss = 0;
-    double t0 = now_s();
+    double t0 = twk_now();
     if (twk_trainer_forward_backward(t, &b, NULL, &loss) != TWK_OK || twk_trainer_optim_step(t, &ap, NULL) != TWK_OK) {
         fprintf(stderr, "%s\n", twk_last_error());
         return 1;
     }
-    double warm = now_s() - t0, best = 1e30;
+    double warm = twk_now() - t0, best = 1e30;
     for (int s = 0; s < steps; s++) {
-        t0 = now_s();
+        t0 = twk_now();
         twk_trainer_forward_backward(t, &b, NULL, &loss);
         twk_trainer_optim_step(t, &ap, NULL);
-        double dt = now_s() - t0;
+        double dt = twk_now() - t0;
         if (dt < best) best = dt;
     }
     double tps = tokens / best, rss = peak_rss_mib();

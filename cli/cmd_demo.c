@@ -8,12 +8,6 @@
 #include "cli.h"
 #include "twinkle/twinkle.h"
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static int parse_int(const char *s, const char *flag, long lo, long hi, long *out) {
     char *end = NULL;
     long v = strtol(s, &end, 10);
@@ -71,7 +65,7 @@ int twk_cmd_demo(int argc, char **argv) {
     printf("plan: %d graph nodes -> %d launches; arena %.1f KiB (all intermediates would take %.1f KiB)\n",
            ps.n_nodes_graph, ps.n_launches, ps.arena_bytes / 1024.0, ps.naive_bytes / 1024.0);
     float first = 0, loss = 0;
-    double t0 = now_s();
+    double t0 = twk_now();
     int rc = 0;
     for (long s = 1; s <= steps; s++) {
         if (twk_tiny_lm_step(m, &loss) != TWK_OK) {
@@ -81,7 +75,7 @@ int twk_cmd_demo(int argc, char **argv) {
         }
         if (s == 1) first = loss;
         if (s == 1 || s % 10 == 0 || s == steps) {
-            double dt = now_s() - t0;
+            double dt = twk_now() - t0;
             printf("step %4ld  loss %8.4f  %8.0f tokens/s\n", s, loss,
                    (double)s * (double)twk_tiny_lm_tokens(m) / (dt > 0 ? dt : 1e-9));
             fflush(stdout);

@@ -104,12 +104,6 @@ static int parse(int argc, char **argv, train_opts *o) {
     return 1;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void progress(long step, long steps, double loss, double tps, int tty) {
     int width = 24, done = (int)(width * step / steps);
     char bar[32];
@@ -159,7 +153,7 @@ int twk_cmd_train(int argc, char **argv) {
     for (long s = 0; s < start; s++)
         if (twk_dataset_pack(data, o.batch_tokens, &cursor, &packed) != TWK_OK) goto fail;
     int tty = isatty(1);
-    double t0 = now_s(), tokens = 0, first = -1, loss_avg = 0;
+    double t0 = twk_now(), tokens = 0, first = -1, loss_avg = 0;
     for (long s = start + 1; s <= o.steps; s++) {
         if (twk_dataset_pack(data, o.batch_tokens, &cursor, &packed) != TWK_OK) goto fail;
         float loss = 0;
@@ -170,7 +164,7 @@ int twk_cmd_train(int argc, char **argv) {
         loss_avg = wsum != 0 ? loss / wsum : loss;
         if (first < 0) first = loss_avg;
         tokens += (double)packed.batch.n;
-        progress(s, o.steps, loss_avg, tokens / (now_s() - t0), tty);
+        progress(s, o.steps, loss_avg, tokens / (twk_now() - t0), tty);
         if (o.save_every && s % o.save_every == 0 && s < o.steps) {
             char dir[4200];
             snprintf(dir, sizeof dir, "%s/step-%ld", o.out, s);

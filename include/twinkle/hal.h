@@ -180,6 +180,9 @@ struct twk_buffer {
 /* Waits for all queued work on the device. */
 twk_status twk_device_synchronize(twk_device *dev);
 
+/* Seconds on a monotonic clock (for timing; never fails). */
+double twk_now(void);
+
 /* The built-in CPU backend's table (always available). */
 const twk_backend_iface *twk_cpu_backend(void);
 
