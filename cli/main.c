@@ -14,6 +14,7 @@ static void usage(FILE *f) {
             "commands:\n"
             "  demo      train a tiny transformer from scratch on a memorisation task\n"
             "  train     SFT / pre-training of a Hugging Face model (LoRA or full) from JSONL\n"
+            "  serve     the Tinker-compatible training service (LoRA, many tenants)\n"
             "  devices   list backends and devices\n"
             "  version   print the version\n"
             "  help      this text\n"
@@ -30,6 +31,7 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (!strcmp(cmd, "demo")) return twk_cmd_demo(argc - 1, argv + 1);
     if (!strcmp(cmd, "train")) return twk_cmd_train(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return twk_cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "devices")) return twk_cmd_devices(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("twinkle %s\n", TWK_VERSION);

@@ -11,6 +11,12 @@ pkg-config
 libopenblas-dev
 libopenblas0-pthread
 libcjson-dev
+libuv1-dev
+libhttp-parser-dev
+libprotobuf-c-dev
+protobuf-c-compiler
+libsqlite3-dev
+python3-venv
 "
 
 missing=""

@@ -76,6 +76,9 @@ void twk_model_free(twk_model *m);
  * benchmarks and tests; cfg is validated like a config.json. */
 twk_status twk_model_random(const twk_model_config *cfg, twk_device *dev, uint64_t seed, twk_model **out);
 const twk_model_config *twk_model_cfg(const twk_model *m);
+/* Writes the model as a Hugging Face folder (config.json + model.safetensors,
+ * f32) that twk_model_load and transformers read; files are atomic. */
+twk_status twk_model_save(const twk_model *m, const char *dir);
 /* Copies the base weight named `name` (Hugging Face name; "lm_head.weight" of
  * a tied model is the embedding) to dst; TWK_ERR_NOT_FOUND or
  * TWK_ERR_INVALID_ARG (wrong element count) otherwise. */

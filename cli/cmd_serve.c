@@ -1,0 +1,57 @@
+/* `twinkle serve`: the Tinker-compatible training service. */
+#include <stdio.h>
+#include <string.h>
+
+#include "service.h"
+#include "cli.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: twinkle serve [--model DIR[=NAME]]... [options]\n"
+            "\n"
+            "Serves the Tinker training API (the official `tinker` SDK works unchanged) for LoRA\n"
+            "training on the given Hugging Face model folders. With no --model, the built-in\n"
+            "default model %s (a small random Qwen3-architecture model, generated\n"
+            "into DATA_DIR/models/tiny on first start) is served, so it works offline.\n"
+            "\n"
+            "  --model DIR[=NAME]   a base model folder, served as NAME (default: the folder name); repeatable\n"
+            "  --host H             listen address (default 127.0.0.1)\n"
+            "  --port P             port (default 8000; 0 = any free port, printed as 'port N' on stdout)\n"
+            "  --data-dir DIR       SQLite store and checkpoints (default ./twinkle-data)\n"
+            "  --keys FILE          API keys: lines 'tml-KEY TENANT'. Default: open mode — any tml- key\n"
+            "                       is accepted and each distinct key is its own tenant\n"
+            "  --device SPEC        cpu (default)\n"
+            "  --max-lora-rank R    (default 128)   --max-context N   tokens per datum (default 2048)\n"
+            "  --max-datums N       per request (default 4096)   --max-body-mb M   (default 64)\n"
+            "  --seq-timeout S      fail ops queued behind a seq_id missing this long (default 120)\n"
+            "  --poll-timeout S     long-poll hold of retrieve_future (default 25)\n"
+            "  --config FILE        the same options as 'key = value' lines (model may repeat)\n"
+            "  --quiet              no log lines\n",
+            TWK_DEFAULT_MODEL_NAME);
+}
+
+int twk_cmd_serve(int argc, char **argv) {
+    twk_serve_config cfg;
+    twk_serve_config_default(&cfg);
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--config")) {
+            if (i + 1 >= argc || twk_serve_config_file(&cfg, argv[++i]) != TWK_OK) {
+                fprintf(stderr, "twinkle serve: %s\n", i + 1 > argc ? "--config needs a file" : twk_last_error());
+                return 2;
+            }
+            continue;
+        }
+        int used = 0;
+        if (strncmp(argv[i], "--", 2) ||
+            twk_serve_config_arg(&cfg, argv[i], i + 1 < argc ? argv[i + 1] : NULL, &used) != TWK_OK) {
+            fprintf(stderr, "twinkle serve: %s\n", strncmp(argv[i], "--", 2) ? "options start with --" : twk_last_error());
+            return 2;
+        }
+        i += used;
+    }
+    return twk_serve_run(&cfg);
+}

@@ -1,0 +1,532 @@
+/* The Tinker API's endpoints: routing, authentication, validation, and either
+ * an answer at once or an op queued with a future. REST listings are in
+ * api_rest.c. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "api_util.h"
+#include "svc.h"
+
+void api_rest(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant, const char *route);
+
+static double wall_now(void) { return (double)time(NULL); }
+
+static void future_reply(twk_http_conn *c, const char *request_id, const char *model_id) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "request_id", request_id);
+    if (model_id) cJSON_AddStringToObject(j, "model_id", model_id);
+    api_ok(c, j);
+}
+
+/* ---- client and session endpoints ---- */
+
+static void h_client_config(twk_http_conn *c) {
+    twk_http_respond_json(c, 200,
+                          "{\"pjwt_auth_enabled\":false,\"use_pyqwest_transport\":false,\"proto_compress_fwdbwd\":false,"
+                          "\"parallel_fwdbwd_chunks\":true,\"sample_max_concurrent_requests\":64,"
+                          "\"create_model_via_load_weights\":false,\"sample_use_retrieve_futures\":false,"
+                          "\"sample_join_sampling_session\":false,\"credential_default_source\":\"api_key\"}");
+}
+
+static void h_create_session(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
+    twk_store_session sess;
+    memset(&sess, 0, sizeof sess);
+    svc_new_id(s, "sess", sess.id, sizeof sess.id);
+    snprintf(sess.tenant, sizeof sess.tenant, "%s", tenant);
+    const cJSON *tags = cJSON_GetObjectItemCaseSensitive(b, "tags");
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(b, "user_metadata");
+    if (tags && !cJSON_IsArray(tags) && !cJSON_IsNull(tags)) {
+        api_error(c, 400, "field 'tags' must be a list of strings");
+        return;
+    }
+    if (meta && !cJSON_IsObject(meta) && !cJSON_IsNull(meta)) {
+        api_error(c, 400, "field 'user_metadata' must be an object");
+        return;
+    }
+    sess.tags_json = tags && cJSON_IsArray(tags) ? cJSON_PrintUnformatted(tags) : NULL;
+    sess.user_metadata_json = meta && cJSON_IsObject(meta) ? cJSON_PrintUnformatted(meta) : NULL;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(b, "sdk_version");
+    snprintf(sess.sdk_version, sizeof sess.sdk_version, "%s", cJSON_IsString(v) ? v->valuestring : "");
+    sess.created = sess.last_heartbeat = wall_now();
+    char *t = sess.tags_json, *m = sess.user_metadata_json;
+    if (!t) sess.tags_json = "[]";
+    if (!m) sess.user_metadata_json = "{}";
+    twk_status st = twk_store_session_create(s->store, &sess);
+    free(t);
+    free(m);
+    if (st != TWK_OK) {
+        api_error(c, 500, "creating the session failed: %s", twk_last_error());
+        return;
+    }
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "session_id", sess.id);
+    cJSON_AddStringToObject(j, "type", "create_session");
+    api_ok(c, j);
+}
+
+static void h_heartbeat(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
+    const char *id;
+    char err[256];
+    if (!api_str(b, "session_id", 1, &id, err, sizeof err)) {
+        api_error(c, 400, "%s", err);
+        return;
+    }
+    twk_store_session sess;
+    if (twk_store_session_get(s->store, tenant, id, &sess) != TWK_OK) {
+        api_error(c, 404, "session '%s' not found", id);
+        return;
+    }
+    int finished = sess.finished;
+    twk_store_session_clear(&sess);
+    if (finished) {
+        api_error(c, 410, "session '%s' has finished", id);
+        return;
+    }
+    twk_store_session_heartbeat(s->store, tenant, id, wall_now());
+    twk_http_respond_json(c, 200, "{\"type\":\"session_heartbeat\"}");
+}
+
+static void h_capabilities(svc *s, twk_http_conn *c) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON *arr = cJSON_AddArrayToObject(j, "supported_models");
+    for (int i = 0; i < s->n_models; i++) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "model_name", s->models[i].name);
+        cJSON_AddNumberToObject(m, "max_context_length", (double)s->cfg.max_context);
+        cJSON_AddBoolToObject(m, "trainable", 1);
+        cJSON_AddBoolToObject(m, "sampleable", 0);
+        cJSON_AddItemToArray(arr, m);
+    }
+    api_ok(c, j);
+}
+
+/* ---- models ---- */
+
+static void h_create_model(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
+    const char *session_id, *base;
+    long long model_seq;
+    char err[512];
+    if (!api_str(b, "session_id", 1, &session_id, err, sizeof err) ||
+        !api_int(b, "model_seq_id", 1, 0, 1000000000, 0, &model_seq, err, sizeof err) ||
+        !api_str(b, "base_model", 1, &base, err, sizeof err)) {
+        api_error(c, 400, "%s", err);
+        return;
+    }
+    twk_store_session sess;
+    if (twk_store_session_get(s->store, tenant, session_id, &sess) != TWK_OK) {
+        api_error(c, 404, "session '%s' not found", session_id);
+        return;
+    }
+    twk_store_session_clear(&sess);
+    const cJSON *lc = cJSON_GetObjectItemCaseSensitive(b, "lora_config");
+    if (lc && !cJSON_IsObject(lc) && !cJSON_IsNull(lc)) {
+        api_error(c, 400, "field 'lora_config' must be an object");
+        return;
+    }
+    twk_lora_config lora = twk_lora_default();
+    long long rank, seed;
+    int ta, tm, tu;
+    if (!api_int(lc, "rank", 0, 1, s->cfg.max_lora_rank, 32, &rank, err, sizeof err) ||
+        !api_int(lc, "seed", 0, 0, (1ll << 62), 0, &seed, err, sizeof err) ||
+        !api_bool(lc, "train_attn", 1, &ta, err, sizeof err) || !api_bool(lc, "train_mlp", 1, &tm, err, sizeof err) ||
+        !api_bool(lc, "train_unembed", 1, &tu, err, sizeof err)) {
+        api_error(c, 400, "lora_config: %s (the server's maximum rank is %d)", err, s->cfg.max_lora_rank);
+        return;
+    }
+    if (!ta && !tm && !tu) {
+        api_error(c, 400, "lora_config: train_attn, train_mlp and train_unembed are all false");
+        return;
+    }
+    lora.rank = (int)rank;
+    lora.alpha = 32; /* Tinker's convention: alpha 32 whatever the rank */
+    lora.seed = (uint64_t)seed;
+    lora.train_attn = ta;
+    lora.train_mlp = tm;
+    lora.train_unembed = tu;
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(b, "user_metadata");
+    if (meta && !cJSON_IsObject(meta) && !cJSON_IsNull(meta)) {
+        api_error(c, 400, "field 'user_metadata' must be an object");
+        return;
+    }
+    char *meta_json = meta && cJSON_IsObject(meta) ? cJSON_PrintUnformatted(meta) : NULL;
+    char request_id[64], model_id[128];
+    int status = svc_create_run(s, tenant, session_id, (int)model_seq, base, &lora, meta_json, request_id, model_id,
+                                err, sizeof err);
+    free(meta_json);
+    if (status) {
+        api_error(c, status, "%s", err);
+        return;
+    }
+    future_reply(c, request_id, model_id);
+}
+
+static run_state *need_run(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant, int32_t *seq) {
+    const char *model_id;
+    long long sq = 0;
+    char err[256];
+    if (!api_str(b, "model_id", 1, &model_id, err, sizeof err) ||
+        (seq && !api_int(b, "seq_id", 1, 0, 2147483647, 0, &sq, err, sizeof err))) {
+        api_error(c, 400, "%s", err);
+        return NULL;
+    }
+    run_state *r = svc_find_run(s, tenant, model_id);
+    if (!r) {
+        api_error(c, 404, "model '%s' not found", model_id);
+        return NULL;
+    }
+    if (seq) *seq = (int32_t)sq;
+    return r;
+}
+
+static void h_get_info(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
+    run_state *r = need_run(s, c, b, tenant, NULL);
+    if (!r) return;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "type", "get_info");
+    cJSON_AddStringToObject(j, "model_id", r->id);
+    cJSON *md = cJSON_AddObjectToObject(j, "model_data");
+    const char *name = r->base ? r->base->name : "unknown";
+    cJSON_AddStringToObject(md, "arch", r->base ? twk_model_cfg(r->base->m)->arch_name : "unknown");
+    cJSON_AddStringToObject(md, "model_name", name);
+    if (r->base && r->base->has_tokenizer) cJSON_AddStringToObject(md, "tokenizer_id", r->base->dir);
+    else cJSON_AddNullToObject(md, "tokenizer_id");
+    cJSON_AddBoolToObject(j, "is_lora", 1);
+    cJSON_AddNumberToObject(j, "lora_rank", r->lora.rank);
+    cJSON_AddStringToObject(j, "model_name", name);
+    api_ok(c, j);
+}
+
+/* ---- training ops (futures, in seq_id order) ---- */
+
+static int is_builtin_rl_loss(const char *l) {
+    return !strcmp(l, "importance_sampling") || !strcmp(l, "ppo") || !strcmp(l, "cispo") || !strcmp(l, "dro");
+}
+
+/* Checks a decoded forward_backward request against the model; writes the
+ * first problem (naming the field) into err, or returns 1. */
+static int validate_fb(svc *s, const run_state *r, const twk_wire_fb_request *q, char *err, size_t n) {
+    int vocab = r->base ? twk_model_cfg(r->base->m)->vocab : 0;
+    if (strcmp(q->loss_fn, "cross_entropy")) {
+        if (is_builtin_rl_loss(q->loss_fn))
+            snprintf(err, n, "loss_fn '%s' is not implemented by this server yet (cross_entropy is)", q->loss_fn);
+        else
+            snprintf(err, n, "unknown loss_fn '%s' (cross_entropy, importance_sampling, ppo, cispo, dro)", q->loss_fn);
+        return 0;
+    }
+    if (q->n_data < 1) {
+        snprintf(err, n, "data is empty");
+        return 0;
+    }
+    if (q->n_data > s->cfg.max_datums) {
+        snprintf(err, n, "data has %d datums; the limit is %lld per request", q->n_data, (long long)s->cfg.max_datums);
+        return 0;
+    }
+    for (int i = 0; i < q->n_data; i++) {
+        const twk_wire_datum *d = &q->data[i];
+        if (d->n_tokens > s->cfg.max_context) {
+            snprintf(err, n, "data[%d].model_input has %lld tokens; the context limit is %lld", i, (long long)d->n_tokens,
+                     (long long)s->cfg.max_context);
+            return 0;
+        }
+        for (int64_t k = 0; k < d->n_tokens; k++)
+            if (d->tokens[k] < 0 || d->tokens[k] >= vocab) {
+                snprintf(err, n, "data[%d].model_input.tokens[%lld] = %d is outside the vocabulary [0, %d)", i,
+                         (long long)k, d->tokens[k], vocab);
+                return 0;
+            }
+        const twk_wire_tensor *t = twk_wire_datum_input(d, "target_tokens");
+        if (!t) {
+            snprintf(err, n, "data[%d].loss_fn_inputs: target_tokens is required", i);
+            return 0;
+        }
+        if (t->dtype != TWK_WIRE_I64) {
+            snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens] must be int64", i);
+            return 0;
+        }
+        if (t->ndim != 1) {
+            snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens] is 2-D: top-K targets are not supported yet", i);
+            return 0;
+        }
+        if (t->n != d->n_tokens) {
+            snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens] has %lld entries; model_input has %lld tokens", i,
+                     (long long)t->n, (long long)d->n_tokens);
+            return 0;
+        }
+        for (int64_t k = 0; k < t->n; k++) {
+            int64_t v = ((const int64_t *)t->data)[k];
+            if (v < 0 || v >= vocab) {
+                snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens][%lld] = %lld is outside the vocabulary [0, %d)", i,
+                         (long long)k, (long long)v, vocab);
+                return 0;
+            }
+        }
+        const twk_wire_tensor *w = twk_wire_datum_input(d, "weights");
+        if (w) {
+            if (w->dtype != TWK_WIRE_F32 || w->ndim != 1 || w->n != d->n_tokens) {
+                snprintf(err, n, "data[%d].loss_fn_inputs[weights] must be float32 with %lld entries (one per token)", i,
+                         (long long)d->n_tokens);
+                return 0;
+            }
+            for (int64_t k = 0; k < w->n; k++)
+                if (!isfinite(((const float *)w->data)[k])) {
+                    snprintf(err, n, "data[%d].loss_fn_inputs[weights][%lld] is not finite", i, (long long)k);
+                    return 0;
+                }
+        }
+    }
+    return 1;
+}
+
+static void h_forward_backward(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant) {
+    twk_wire_fb_request *q = NULL;
+    if (twk_wire_decode_fb_request(req->body, req->body_len, &q) != TWK_OK) {
+        api_error(c, 400, "invalid ForwardBackwardRequest protobuf: %s", twk_last_error());
+        return;
+    }
+    run_state *r = svc_find_run(s, tenant, q->model_id);
+    if (!r) {
+        api_error(c, 404, "model '%s' not found", q->model_id);
+        twk_wire_fb_request_free(q);
+        return;
+    }
+    op *o = svc_op_new(s, r, OP_FB, q->seq_id);
+    if (!o) {
+        twk_wire_fb_request_free(q);
+        api_error(c, 503, "out of memory");
+        return;
+    }
+    o->fb = q;
+    if (!validate_fb(s, r, q, o->prefail, sizeof o->prefail) && !o->prefail[0])
+        snprintf(o->prefail, sizeof o->prefail, "invalid request");
+    char request_id[64];
+    svc_submit_op(s, r, o, request_id);
+    future_reply(c, request_id, r->id);
+}
+
+static void h_optim_step(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
+    int32_t seq;
+    run_state *r = need_run(s, c, b, tenant, &seq);
+    if (!r) return;
+    op *o = svc_op_new(s, r, OP_OPTIM, seq);
+    if (!o) {
+        api_error(c, 503, "out of memory");
+        return;
+    }
+    const cJSON *ap = cJSON_GetObjectItemCaseSensitive(b, "adam_params");
+    twk_adam_params d = twk_adam_default();
+    double lr, b1, b2, eps, wd, clip;
+    char err[256];
+    if (ap && !cJSON_IsObject(ap)) {
+        snprintf(o->prefail, sizeof o->prefail, "field 'adam_params' must be an object");
+    } else if (!api_num(ap, "learning_rate", 0, d.learning_rate, &lr, err, sizeof err) ||
+               !api_num(ap, "beta1", 0, d.beta1, &b1, err, sizeof err) ||
+               !api_num(ap, "beta2", 0, d.beta2, &b2, err, sizeof err) || !api_num(ap, "eps", 0, d.eps, &eps, err, sizeof err) ||
+               !api_num(ap, "weight_decay", 0, d.weight_decay, &wd, err, sizeof err) ||
+               !api_num(ap, "grad_clip_norm", 0, d.grad_clip_norm, &clip, err, sizeof err)) {
+        snprintf(o->prefail, sizeof o->prefail, "adam_params: %s", err);
+    } else if (!(lr >= 0) || !(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1) || !(eps > 0) || !(wd >= 0) || !(clip >= 0)) {
+        snprintf(o->prefail, sizeof o->prefail,
+                 "adam_params out of range: learning_rate >= 0, 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0, "
+                 "grad_clip_norm >= 0");
+    } else {
+        o->adam = (twk_adam_params){(float)lr, (float)b1, (float)b2, (float)eps, (float)wd, (float)clip};
+    }
+    char request_id[64];
+    svc_submit_op(s, r, o, request_id);
+    future_reply(c, request_id, r->id);
+}
+
+static void h_save(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant, int sampler) {
+    int32_t seq;
+    run_state *r = need_run(s, c, b, tenant, &seq);
+    if (!r) return;
+    op *o = svc_op_new(s, r, sampler ? OP_SAVE_SAMPLER : OP_SAVE, seq);
+    if (!o) {
+        api_error(c, 503, "out of memory");
+        return;
+    }
+    const char *name = NULL;
+    char err[256];
+    double ttl = 0;
+    int overwrite = 0;
+    if (!api_str(b, "path", 0, &name, err, sizeof err) || !api_num(b, "ttl_seconds", 0, 0, &ttl, err, sizeof err) ||
+        !api_bool(b, "overwrite", 0, &overwrite, err, sizeof err)) {
+        snprintf(o->prefail, sizeof o->prefail, "%s", err);
+    } else if (!name && sampler) {
+        snprintf(o->prefail, sizeof o->prefail,
+                 "save_weights_for_sampler without a path (ephemeral sampling weights) needs the sampler, which this "
+                 "server does not have yet; pass a name");
+    } else if (!api_valid_name(name)) {
+        snprintf(o->prefail, sizeof o->prefail,
+                 "path '%s' must be a checkpoint name: 1-100 of [A-Za-z0-9._-], not starting with '.'", name ? name : "");
+    } else {
+        snprintf(o->name, sizeof o->name, "%s", name);
+        o->overwrite = overwrite;
+        o->ttl_seconds = ttl;
+        svc_ckpt_dir(s, r->id, sampler ? "sampler_weights" : "weights", name, o->dir, sizeof o->dir);
+    }
+    char request_id[64];
+    svc_submit_op(s, r, o, request_id);
+    future_reply(c, request_id, r->id);
+}
+
+static void h_load(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
+    int32_t seq;
+    run_state *r = need_run(s, c, b, tenant, &seq);
+    if (!r) return;
+    op *o = svc_op_new(s, r, OP_LOAD, seq);
+    if (!o) {
+        api_error(c, 503, "out of memory");
+        return;
+    }
+    const char *path;
+    char err[256], run[128], kind[32], name[128];
+    int optimizer = 0;
+    twk_store_ckpt ck;
+    twk_store_run src;
+    if (!api_str(b, "path", 1, &path, err, sizeof err) || !api_bool(b, "optimizer", 0, &optimizer, err, sizeof err)) {
+        snprintf(o->prefail, sizeof o->prefail, "%s", err);
+    } else if (!svc_parse_tinker_path(path, run, sizeof run, kind, sizeof kind, name, sizeof name)) {
+        snprintf(o->prefail, sizeof o->prefail, "path '%s' is not tinker://<run>/(weights|sampler_weights)/<name>", path);
+    } else {
+        char ckid[200];
+        snprintf(ckid, sizeof ckid, "%s/%s", kind, name);
+        if (twk_store_ckpt_get(s->store, tenant, run, ckid, &ck) != TWK_OK) {
+            snprintf(o->prefail, sizeof o->prefail, "checkpoint %s not found", path);
+        } else if (optimizer && strcmp(kind, "weights")) {
+            snprintf(o->prefail, sizeof o->prefail, "%s holds sampler weights only; it has no optimizer state", path);
+        } else if (twk_store_run_get(s->store, tenant, run, &src) != TWK_OK) {
+            snprintf(o->prefail, sizeof o->prefail, "the run of %s is gone", path);
+        } else {
+            if (!r->base || strcmp(src.base_model, r->base->name))
+                snprintf(o->prefail, sizeof o->prefail, "%s was trained on base model '%s'; model %s uses '%s'", path,
+                         src.base_model, r->id, r->base ? r->base->name : "?");
+            else if (src.lora_rank != r->lora.rank || src.train_attn != r->lora.train_attn ||
+                     src.train_mlp != r->lora.train_mlp || src.train_unembed != r->lora.train_unembed)
+                snprintf(o->prefail, sizeof o->prefail,
+                         "%s has LoRA rank %d (attn %d, mlp %d, unembed %d); model %s has rank %d (attn %d, mlp %d, "
+                         "unembed %d)",
+                         path, src.lora_rank, src.train_attn, src.train_mlp, src.train_unembed, r->id, r->lora.rank,
+                         r->lora.train_attn, r->lora.train_mlp, r->lora.train_unembed);
+            snprintf(o->dir, sizeof o->dir, "%s", ck.path);
+            o->load_optimizer = optimizer;
+            twk_store_run_clear(&src);
+        }
+    }
+    char request_id[64];
+    svc_submit_op(s, r, o, request_id);
+    future_reply(c, request_id, r->id);
+}
+
+static void h_unload(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
+    run_state *r = need_run(s, c, b, tenant, NULL);
+    if (!r) return;
+    /* unload is not sequenced by the client: run it after whatever is queued */
+    op *o = svc_op_new(s, r, OP_UNLOAD, r->next_seq);
+    if (!o) {
+        api_error(c, 503, "out of memory");
+        return;
+    }
+    char request_id[64];
+    svc_submit_op(s, r, o, request_id);
+    future_reply(c, request_id, r->id);
+}
+
+static void h_weights_info(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
+    const char *path;
+    char err[256], run[128], kind[32], name[128], ckid[200];
+    if (!api_str(b, "tinker_path", 1, &path, err, sizeof err)) {
+        api_error(c, 400, "%s", err);
+        return;
+    }
+    if (!svc_parse_tinker_path(path, run, sizeof run, kind, sizeof kind, name, sizeof name)) {
+        api_error(c, 400, "tinker_path '%s' is not tinker://<run>/(weights|sampler_weights)/<name>", path);
+        return;
+    }
+    snprintf(ckid, sizeof ckid, "%s/%s", kind, name);
+    twk_store_ckpt ck;
+    twk_store_run src;
+    if (twk_store_ckpt_get(s->store, tenant, run, ckid, &ck) != TWK_OK ||
+        twk_store_run_get(s->store, tenant, run, &src) != TWK_OK) {
+        api_error(c, 404, "checkpoint %s not found", path);
+        return;
+    }
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "base_model", src.base_model);
+    cJSON_AddBoolToObject(j, "is_lora", src.is_lora);
+    cJSON_AddNumberToObject(j, "lora_rank", src.lora_rank);
+    cJSON_AddBoolToObject(j, "train_attn", src.train_attn);
+    cJSON_AddBoolToObject(j, "train_mlp", src.train_mlp);
+    cJSON_AddBoolToObject(j, "train_unembed", src.train_unembed);
+    twk_store_run_clear(&src);
+    api_ok(c, j);
+}
+
+static void h_retrieve(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
+    const char *id;
+    char err[256];
+    if (!api_str(b, "request_id", 1, &id, err, sizeof err)) {
+        api_error(c, 400, "%s", err);
+        return;
+    }
+    twk_futures_poll(s->futures, c, tenant, id);
+}
+
+/* ---- routing ---- */
+
+void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
+    svc *s = user;
+    const char *p = strstr(req->path, "/api/v1/");
+    if (!p) {
+        api_error(c, 404, "no such endpoint: %s %s", req->method, req->path);
+        return;
+    }
+    const char *route = p + strlen("/api/v1/");
+    int get = !strcmp(req->method, "GET"), post = !strcmp(req->method, "POST");
+    if (get && !strcmp(route, "healthz")) {
+        twk_http_respond_json(c, 200, "{\"status\":\"ok\"}");
+        return;
+    }
+    char tenant[64];
+    if (!twk_auth_tenant(s->auth, twk_http_header_get(req, "X-API-Key"), tenant)) {
+        api_error(c, 401, "invalid or missing API key (send X-API-Key: tml-...)");
+        return;
+    }
+    if (get || !strcmp(req->method, "DELETE") || !strcmp(req->method, "PUT") ||
+        (post && (!strncmp(route, "training_runs/", 14) || !strncmp(route, "sessions/", 9)))) {
+        api_rest(s, c, req, tenant, route);
+        return;
+    }
+    if (!post) {
+        api_error(c, 405, "method %s not allowed on %s", req->method, req->path);
+        return;
+    }
+    if (!strcmp(route, "forward_backward")) {
+        h_forward_backward(s, c, req, tenant);
+        return;
+    }
+    cJSON *b = api_body(c, req);
+    if (!b) return;
+    if (!strcmp(route, "client/config")) h_client_config(c);
+    else if (!strcmp(route, "client/dynamic_config")) twk_http_respond_json(c, 200, "{\"refresh_interval_sec\":3600}");
+    else if (!strcmp(route, "create_session")) h_create_session(s, c, b, tenant);
+    else if (!strcmp(route, "session_heartbeat")) h_heartbeat(s, c, b, tenant);
+    else if (!strcmp(route, "telemetry")) twk_http_respond_json(c, 200, "{\"status\":\"accepted\"}");
+    else if (!strcmp(route, "create_model")) h_create_model(s, c, b, tenant);
+    else if (!strcmp(route, "get_info")) h_get_info(s, c, b, tenant);
+    else if (!strcmp(route, "unload_model")) h_unload(s, c, b, tenant);
+    else if (!strcmp(route, "optim_step")) h_optim_step(s, c, b, tenant);
+    else if (!strcmp(route, "save_weights")) h_save(s, c, b, tenant, 0);
+    else if (!strcmp(route, "save_weights_for_sampler")) h_save(s, c, b, tenant, 1);
+    else if (!strcmp(route, "load_weights")) h_load(s, c, b, tenant);
+    else if (!strcmp(route, "weights_info")) h_weights_info(s, c, b, tenant);
+    else if (!strcmp(route, "retrieve_future")) h_retrieve(s, c, b, tenant);
+    else api_error(c, 404, "no such endpoint: POST /api/v1/%s", route);
+    cJSON_Delete(b);
+}
+
+/* GET get_server_capabilities is routed through api_rest; it lives here. */
+void api_capabilities(svc *s, twk_http_conn *c) { h_capabilities(s, c); }

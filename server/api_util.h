@@ -1,0 +1,35 @@
+/* server/ — small helpers for the JSON endpoints: request bodies, typed
+ * fields with messages that name them, error responses, timestamps. */
+#ifndef TWK_SERVER_API_UTIL_H
+#define TWK_SERVER_API_UTIL_H
+
+#include <stddef.h>
+
+#include <cJSON.h>
+
+#include "http.h"
+
+/* Parses the body as a JSON object; on failure answers 400 and returns NULL. */
+cJSON *api_body(twk_http_conn *c, const twk_http_req *req);
+/* Answers `status` with {"error": msg, "detail": msg}. */
+void api_error(twk_http_conn *c, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Answers 200 with the JSON (and deletes it). */
+void api_ok(twk_http_conn *c, cJSON *j);
+
+/* Typed fields: return 1 and set *out, or 0 after writing a message naming
+ * the field into err (required fields) — optional ones return 1 with the
+ * default when absent or null. */
+int api_str(const cJSON *o, const char *key, int required, const char **out, char *err, size_t err_len);
+int api_int(const cJSON *o, const char *key, int required, long long lo, long long hi, long long def, long long *out,
+            char *err, size_t err_len);
+int api_num(const cJSON *o, const char *key, int required, double def, double *out, char *err, size_t err_len);
+int api_bool(const cJSON *o, const char *key, int def, int *out, char *err, size_t err_len);
+
+/* ISO-8601 UTC ("2026-08-08T12:00:00Z") of unix seconds. */
+void api_iso_time(double t, char *out, size_t len);
+/* Value of integer query parameter `name` in "a=1&b=2", clamped; def if absent. */
+long api_query_int(const char *query, const char *name, long def, long lo, long hi);
+/* 1 if `name` is a valid checkpoint name: [A-Za-z0-9._-], 1..100, not starting with '.' */
+int api_valid_name(const char *name);
+
+#endif

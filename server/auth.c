@@ -1,0 +1,112 @@
+/* API key authentication: a keys file, or open mode. */
+#include "auth.h"
+
+#include <ctype.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct key_entry {
+    char key[160];
+    char tenant[64];
+} key_entry;
+
+struct twk_auth {
+    int open;
+    key_entry *keys;
+    int n;
+};
+
+static int valid_tenant(const char *t) {
+    size_t n = strlen(t);
+    if (n < 1 || n > 48) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)t[i]) && t[i] != '-' && t[i] != '_' && t[i] != '.') return 0;
+    return 1;
+}
+
+twk_status twk_auth_load(const char *keys_file, twk_auth **out) {
+    *out = NULL;
+    twk_auth *a = calloc(1, sizeof *a);
+    if (!a) return twk_error(TWK_ERR_OOM, "auth: out of memory");
+    if (!keys_file || !*keys_file) {
+        a->open = 1;
+        *out = a;
+        return TWK_OK;
+    }
+    FILE *f = fopen(keys_file, "r");
+    if (!f) {
+        free(a);
+        return twk_error(TWK_ERR_IO, "cannot open keys file %s", keys_file);
+    }
+    char line[512];
+    int lineno = 0;
+    twk_status st = TWK_OK;
+    while (st == TWK_OK && fgets(line, sizeof line, f)) {
+        lineno++;
+        char *p = line;
+        while (isspace((unsigned char)*p)) p++;
+        if (!*p || *p == '#') continue;
+        char key[200], tenant[100], extra[8];
+        int got = sscanf(p, "%199s %99s %7s", key, tenant, extra);
+        if (got != 2 || strncmp(key, "tml-", 4) || strlen(key) >= sizeof a->keys[0].key || !valid_tenant(tenant)) {
+            st = twk_error(TWK_ERR_INVALID_ARG,
+                           "%s:%d: want 'tml-KEY TENANT' (tenant: 1-48 of [A-Za-z0-9._-])", keys_file, lineno);
+            break;
+        }
+        for (int i = 0; i < a->n; i++)
+            if (!strcmp(a->keys[i].key, key)) st = twk_error(TWK_ERR_INVALID_ARG, "%s:%d: duplicate key", keys_file, lineno);
+        if (st != TWK_OK) break;
+        key_entry *nk = realloc(a->keys, (size_t)(a->n + 1) * sizeof *nk);
+        if (!nk) {
+            st = twk_error(TWK_ERR_OOM, "auth: out of memory");
+            break;
+        }
+        a->keys = nk;
+        snprintf(a->keys[a->n].key, sizeof a->keys[0].key, "%s", key);
+        snprintf(a->keys[a->n].tenant, sizeof a->keys[0].tenant, "%s", tenant);
+        a->n++;
+    }
+    fclose(f);
+    if (st == TWK_OK && a->n == 0) st = twk_error(TWK_ERR_INVALID_ARG, "%s: no keys", keys_file);
+    if (st != TWK_OK) {
+        twk_auth_free(a);
+        return st;
+    }
+    *out = a;
+    return TWK_OK;
+}
+
+void twk_auth_free(twk_auth *a) {
+    if (!a) return;
+    free(a->keys);
+    free(a);
+}
+
+int twk_auth_open_mode(const twk_auth *a) { return a->open; }
+
+/* Compares without an early exit on the first differing byte. */
+static int same_key(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    unsigned char diff = (unsigned char)(la != lb);
+    for (size_t i = 0; i < la && i < lb; i++) diff |= (unsigned char)(a[i] ^ b[i]);
+    return diff == 0;
+}
+
+int twk_auth_tenant(const twk_auth *a, const char *key, char *tenant) {
+    if (!key || strncmp(key, "tml-", 4) || strlen(key) > 512) return 0;
+    if (a->open) {
+        /* one tenant per key; the key itself is never stored or logged */
+        uint64_t h = 1469598103934665603ull;
+        for (const char *p = key; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+        snprintf(tenant, 64, "open-%016llx", (unsigned long long)h);
+        return 1;
+    }
+    for (int i = 0; i < a->n; i++)
+        if (same_key(a->keys[i].key, key)) {
+            snprintf(tenant, 64, "%s", a->keys[i].tenant);
+            return 1;
+        }
+    return 0;
+}

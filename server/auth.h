@@ -1,0 +1,21 @@
+/* server/ — API keys to tenants. A keys file maps each `tml-…` key to a
+ * tenant name (one "KEY TENANT" per line, # comments); without one (the
+ * documented default, for local use) any `tml-` key is accepted and each
+ * distinct key is its own tenant. */
+#ifndef TWK_SERVER_AUTH_H
+#define TWK_SERVER_AUTH_H
+
+#include "twinkle/status.h"
+
+typedef struct twk_auth twk_auth;
+
+/* keys_file "" or NULL = open mode. Errors name the file and line. */
+twk_status twk_auth_load(const char *keys_file, twk_auth **out);
+void twk_auth_free(twk_auth *a);
+/* 1 for open mode. */
+int twk_auth_open_mode(const twk_auth *a);
+/* Writes the tenant of `key` into tenant[64] and returns 1; 0 if the key is
+ * missing or not accepted. */
+int twk_auth_tenant(const twk_auth *a, const char *key, char *tenant);
+
+#endif

@@ -1,0 +1,896 @@
+/* server/http.c — HTTP/1.1 on libuv with http_parser (see http.h).
+ *
+ * One connection = one uv_tcp_t + one uv_timer_t, both closed with uv_close;
+ * the struct is freed when both close callbacks ran. Bytes read are appended
+ * to an input buffer and parsed from there; the parser is paused at the end
+ * of every request (on_message_complete), so a pipelined request behind it
+ * stays in the buffer until the current one has been answered. Reading goes
+ * on while a request is outstanding (so a client that disconnects from a
+ * parked long poll is noticed) until IN_CAP unparsed bytes are buffered.
+ *
+ * The one timer per connection serves, by mode: the idle timeout (nothing
+ * outstanding, no request begun), the read timeout (a request began arriving:
+ * it must be complete in read_timeout_ms, counted from its first byte), a
+ * 0 ms "resume" after a deferred response (so parsing the next pipelined
+ * request never runs inside the caller's twk_http_respond), and the linger
+ * after a final error response (write, shutdown, drain what the client is
+ * still sending for up to LINGER_MS, then close — so the client reads the
+ * 4xx instead of a reset).
+ *
+ * Lifetime with an outstanding request: when the connection closes, the
+ * abandon callback (if set) is called once, first, and the struct is freed
+ * after libuv closed the handles. Without an abandon callback the struct is
+ * kept (a "zombie": socket closed, no handles) until the caller's
+ * twk_http_respond, which then just frees it, or until the server stops —
+ * so a handler that parks without an abandon callback never responds through
+ * a dangling pointer while the server runs. */
+#include "http.h"
+
+#include <errno.h>
+#include <http_parser.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define READ_CHUNK (64 * 1024)         /* free space offered to each read */
+#define IN_CAP (256 * 1024)            /* unparsed bytes buffered before reading stops */
+#define WQ_CAP (4 * 1024 * 1024)       /* queued response bytes before parsing waits */
+#define LINGER_MS 1000                 /* drain after a final error response */
+#define BODY_KEEP (1024 * 1024)        /* body buffers larger than this are freed between requests */
+
+enum { T_NONE, T_IDLE, T_READ, T_RESUME, T_LINGER };
+enum { PH_URL, PH_FIELD, PH_VALUE };
+
+typedef struct hdr_off {
+    size_t name, value;
+} hdr_off;
+
+struct twk_http_conn {
+    uv_tcp_t tcp;
+    uv_timer_t timer;
+    uv_shutdown_t shut;
+    twk_http_server *srv;
+    twk_http_conn *prev, *next;
+    http_parser parser;
+    char peer[64];
+
+    /* read but not yet parsed: in[in_off .. in_len) */
+    char *in;
+    size_t in_off, in_len, in_cap;
+
+    /* the request being parsed (and, once dispatched, the one outstanding):
+     * url, then per header name NUL value NUL, in one arena of offsets */
+    char *arena;
+    size_t arena_len, arena_cap;
+    hdr_off *hoff;
+    int n_hdr, hoff_cap, phase;
+    twk_http_header *hdrs;
+    int hdrs_cap;
+    unsigned char *body;
+    size_t body_len, body_cap;
+    size_t header_bytes;
+    twk_http_req req;
+    int keep_alive, is_head, http10;
+
+    int err_status;       /* set by a parser callback: answer this and close */
+    char err_msg[200];
+
+    int handles_open;     /* 2 until both uv_close callbacks ran */
+    int timer_mode;
+    size_t idle_wq;       /* write_queue_size when the idle timer was armed */
+    int counted;          /* counted in srv->n_open */
+    int reading;
+    int in_process;
+    int in_message;       /* a request began arriving and is not complete */
+    int msg_ready;        /* on_message_complete ran; dispatch after execute returns */
+    int outstanding;      /* handed to the handler, not answered yet */
+    int final_sent;       /* the last response is queued; shutdown/linger/close follow */
+    int lingering;
+    int peer_eof;
+    int closing;          /* uv_close called */
+    int abandoned;        /* abandon callback called */
+    int zombie;           /* handles closed, request outstanding, no abandon callback */
+    twk_http_abandon_fn abandon_fn;
+    void *abandon_user;
+};
+
+struct twk_http_server {
+    uv_loop_t *loop;
+    uv_tcp_t listener;
+    twk_http_limits limits;
+    twk_http_handler handler;
+    void *user;
+    int port;
+    int n_open;
+    int stopping;
+    int listener_closed;
+    twk_http_conn *conns; /* every conn not yet freed, zombies included */
+};
+
+typedef struct wreq {
+    uv_write_t req;
+    uv_buf_t buf;
+    char data[];
+} wreq;
+
+static void conn_close(twk_http_conn *c);
+static int fail(twk_http_conn *c, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void conn_process(twk_http_conn *c);
+static void conn_after_io(twk_http_conn *c);
+
+/* ---------- small helpers ---------- */
+
+static int reserve(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return 0;
+    size_t n = *cap ? *cap : 16;
+    while (n < need) {
+        if (n > SIZE_MAX / 2 / elem) return -1;
+        n *= 2;
+    }
+    void *q = realloc(*p, n * elem);
+    if (!q) return -1;
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
+static const char *reason_phrase(int status) {
+    switch (status) {
+    case 100: return "Continue";
+    case 101: return "Switching Protocols";
+    case 200: return "OK";
+    case 201: return "Created";
+    case 202: return "Accepted";
+    case 204: return "No Content";
+    case 206: return "Partial Content";
+    case 301: return "Moved Permanently";
+    case 302: return "Found";
+    case 304: return "Not Modified";
+    case 307: return "Temporary Redirect";
+    case 308: return "Permanent Redirect";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 406: return "Not Acceptable";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 410: return "Gone";
+    case 411: return "Length Required";
+    case 412: return "Precondition Failed";
+    case 413: return "Payload Too Large";
+    case 415: return "Unsupported Media Type";
+    case 416: return "Range Not Satisfiable";
+    case 417: return "Expectation Failed";
+    case 422: return "Unprocessable Entity";
+    case 425: return "Too Early";
+    case 426: return "Upgrade Required";
+    case 428: return "Precondition Required";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    case 505: return "HTTP Version Not Supported";
+    case 507: return "Insufficient Storage";
+    default: break;
+    }
+    if (status >= 200 && status < 300) return "OK";
+    if (status >= 300 && status < 400) return "Redirect";
+    if (status >= 400 && status < 500) return "Client Error";
+    if (status >= 500 && status < 600) return "Server Error";
+    return "Unknown";
+}
+
+/* ---------- limits ---------- */
+
+twk_http_limits twk_http_limits_default(void) {
+    twk_http_limits l;
+    l.max_body_bytes = (size_t)64 << 20;
+    l.max_header_bytes = (size_t)64 << 10;
+    l.idle_timeout_ms = 75000;
+    l.read_timeout_ms = 30000;
+    l.max_connections = 4096;
+    return l;
+}
+
+const char *twk_http_header_get(const twk_http_req *r, const char *name) {
+    if (!r || !name) return NULL;
+    for (int i = 0; i < r->n_headers; i++)
+        if (strcasecmp(r->headers[i].name, name) == 0) return r->headers[i].value;
+    return NULL;
+}
+
+const char *twk_http_peer(const twk_http_conn *c) { return c ? c->peer : ""; }
+
+/* ---------- freeing ---------- */
+
+static void server_maybe_free(twk_http_server *s) {
+    if (s->stopping && s->listener_closed && !s->conns) free(s);
+}
+
+static void conn_free(twk_http_conn *c) {
+    twk_http_server *s = c->srv;
+    if (c->prev) c->prev->next = c->next;
+    else s->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    free(c->in);
+    free(c->arena);
+    free(c->hoff);
+    free(c->hdrs);
+    free(c->body);
+    free(c);
+    server_maybe_free(s);
+}
+
+/* Both handles are closed. */
+static void conn_release(twk_http_conn *c) {
+    if (c->outstanding && !c->abandoned) {
+        if (c->abandon_fn) { /* set after the close began: still owed its callback */
+            c->abandoned = 1;
+            c->abandon_fn(c, c->abandon_user);
+        } else if (!c->srv->stopping) {
+            c->zombie = 1; /* freed by twk_http_respond or the server's stop */
+            return;
+        }
+    }
+    conn_free(c);
+}
+
+static void on_handle_closed(uv_handle_t *h) {
+    twk_http_conn *c = h->data;
+    if (--c->handles_open == 0) conn_release(c);
+}
+
+static void conn_close(twk_http_conn *c) {
+    if (c->closing) return;
+    c->closing = 1;
+    if (c->counted) {
+        c->counted = 0;
+        c->srv->n_open--;
+    }
+    /* abandon first, so the caller forgets the pointer before anything else;
+     * respond calls from inside it are ignored (closing is set) */
+    if (c->outstanding && c->abandon_fn && !c->abandoned) {
+        c->abandoned = 1;
+        c->abandon_fn(c, c->abandon_user);
+    }
+    uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
+    uv_close((uv_handle_t *)&c->timer, on_handle_closed);
+}
+
+/* ---------- timers and reading ---------- */
+
+static void timer_set(twk_http_conn *c, int mode, uint64_t ms);
+
+static void on_timer(uv_timer_t *t) {
+    twk_http_conn *c = t->data;
+    int mode = c->timer_mode;
+    c->timer_mode = T_NONE;
+    if (c->closing) return;
+    switch (mode) {
+    case T_IDLE:
+        /* a response still being written is not idleness, as long as it moves */
+        if (c->tcp.write_queue_size > 0 && c->tcp.write_queue_size != c->idle_wq) {
+            timer_set(c, T_IDLE, c->srv->limits.idle_timeout_ms);
+            break;
+        }
+        conn_close(c); /* quietly */
+        break;
+    case T_READ: /* slow client: the request began but did not complete in time */
+        c->in_message = 0;
+        c->err_status = 0;
+        fail(c, 408, "request not received completely within %u ms", c->srv->limits.read_timeout_ms);
+        conn_process(c); /* sends the pending error */
+        break;
+    case T_RESUME:
+        conn_process(c);
+        break;
+    case T_LINGER:
+        conn_close(c);
+        break;
+    default:
+        break;
+    }
+}
+
+static void timer_set(twk_http_conn *c, int mode, uint64_t ms) {
+    c->timer_mode = mode;
+    c->idle_wq = c->tcp.write_queue_size;
+    if (mode == T_NONE) uv_timer_stop(&c->timer);
+    else uv_timer_start(&c->timer, on_timer, ms, 0);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+    twk_http_conn *c = h->data;
+    (void)suggested;
+    if (c->final_sent) c->in_off = c->in_len = 0; /* draining: discard */
+    if (c->in_off > 0 && c->in_cap - c->in_len < READ_CHUNK) {
+        memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
+        c->in_len -= c->in_off;
+        c->in_off = 0;
+    }
+    if (reserve((void **)&c->in, &c->in_cap, c->in_len + READ_CHUNK, 1) != 0) {
+        *buf = uv_buf_init(NULL, 0); /* libuv reports UV_ENOBUFS */
+        return;
+    }
+    *buf = uv_buf_init(c->in + c->in_len, (unsigned)(c->in_cap - c->in_len));
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
+    twk_http_conn *c = st->data;
+    (void)buf;
+    if (c->closing) return;
+    if (nread < 0) {
+        if (c->final_sent && !c->lingering) {
+            /* the client half-closed after its request: let the queued
+             * response go out, then close (on_shutdown) */
+            c->peer_eof = 1;
+            uv_read_stop(st);
+            c->reading = 0;
+            return;
+        }
+        conn_close(c); /* EOF or error: a parked request is abandoned */
+        return;
+    }
+    if (nread == 0) return;
+    if (c->final_sent) {
+        c->in_off = c->in_len = 0; /* drained */
+        return;
+    }
+    c->in_len += (size_t)nread;
+    if (!c->outstanding) conn_process(c);
+    else conn_after_io(c);
+}
+
+static void read_set(twk_http_conn *c, int on) {
+    if (on && !c->reading) {
+        if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0) c->reading = 1;
+    } else if (!on && c->reading) {
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->reading = 0;
+    }
+}
+
+/* Reading and timer state after anything happened (not while lingering). */
+static void conn_after_io(twk_http_conn *c) {
+    if (c->closing || c->final_sent) return;
+    read_set(c, c->in_len - c->in_off < IN_CAP);
+    if (c->outstanding) {
+        if (c->timer_mode != T_NONE) timer_set(c, T_NONE, 0);
+    } else if (c->in_message) {
+        if (c->timer_mode != T_READ) timer_set(c, T_READ, c->srv->limits.read_timeout_ms);
+    } else {
+        timer_set(c, T_IDLE, c->srv->limits.idle_timeout_ms);
+    }
+}
+
+/* ---------- writing ---------- */
+
+static void on_write(uv_write_t *req, int status) {
+    wreq *w = (wreq *)req;
+    twk_http_conn *c = req->handle->data;
+    free(w);
+    if (status < 0) {
+        if (status != UV_ECANCELED && !c->closing) conn_close(c);
+        return;
+    }
+    /* parsing may have waited for the write queue to drain */
+    if (!c->closing && !c->final_sent && !c->outstanding && !c->in_process && c->in_len > c->in_off &&
+        c->tcp.write_queue_size < WQ_CAP)
+        conn_process(c);
+}
+
+static int conn_write(twk_http_conn *c, const char *head, size_t hlen, const void *body, size_t blen) {
+    wreq *w = malloc(sizeof *w + hlen + blen);
+    if (!w) return UV_ENOMEM;
+    memcpy(w->data, head, hlen);
+    if (blen) memcpy(w->data + hlen, body, blen);
+    w->buf = uv_buf_init(w->data, (unsigned)(hlen + blen));
+    int r = uv_write(&w->req, (uv_stream_t *)&c->tcp, &w->buf, 1, on_write);
+    if (r != 0) free(w);
+    return r;
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status) {
+    twk_http_conn *c = req->handle->data;
+    if (status == UV_ECANCELED || c->closing) return;
+    if (status < 0 || c->peer_eof) {
+        conn_close(c);
+        return;
+    }
+    /* drain what the client still sends, so it reads our response rather
+     * than a reset, until it closes or LINGER_MS pass */
+    c->lingering = 1;
+    read_set(c, 1);
+    timer_set(c, T_LINGER, LINGER_MS);
+}
+
+/* The last response is queued: no more requests on this connection. */
+static void conn_finish(twk_http_conn *c) {
+    c->final_sent = 1;
+    c->in_message = 0;
+    /* until the shutdown completes (the response is written), the idle rule:
+     * a client that stops reading it is dropped */
+    timer_set(c, T_IDLE, c->srv->limits.idle_timeout_ms);
+    if (uv_shutdown(&c->shut, (uv_stream_t *)&c->tcp, on_shutdown) != 0) conn_close(c);
+}
+
+/* Builds and queues one response. Returns 0 or a libuv error. */
+static int conn_send(twk_http_conn *c, int status, const char *ctype, const void *body, size_t len,
+                     const char *extra, int close_after) {
+    if (status < 100 || status > 999) status = 500;
+    if (!body) len = 0;
+    int no_body = (status >= 100 && status < 200) || status == 204 || status == 304;
+    const char *reason = reason_phrase(status);
+    size_t elen = extra ? strlen(extra) : 0;
+    int extra_crlf = elen > 0 && extra[elen - 1] != '\n';
+    size_t cap = 160 + strlen(reason) + (ctype ? strlen(ctype) : 0) + elen;
+    char *head = malloc(cap);
+    if (!head) return UV_ENOMEM;
+    int n = snprintf(head, cap, "HTTP/1.1 %d %s\r\n", status, reason);
+    if (!no_body) n += snprintf(head + n, cap - (size_t)n, "Content-Length: %zu\r\n", len);
+    if (ctype && !no_body) n += snprintf(head + n, cap - (size_t)n, "Content-Type: %s\r\n", ctype);
+    if (close_after) n += snprintf(head + n, cap - (size_t)n, "Connection: close\r\n");
+    else if (c->http10) n += snprintf(head + n, cap - (size_t)n, "Connection: keep-alive\r\n");
+    if (elen) {
+        memcpy(head + n, extra, elen);
+        n += (int)elen;
+        if (extra_crlf) {
+            memcpy(head + n, "\r\n", 2);
+            n += 2;
+        }
+    }
+    memcpy(head + n, "\r\n", 2);
+    n += 2;
+    int r = conn_write(c, head, (size_t)n, body, (no_body || c->is_head) ? 0 : len);
+    free(head);
+    return r;
+}
+
+static void json_escape_into(char *out, size_t cap, const char *s) {
+    size_t o = 0;
+    for (; *s && o + 7 < cap; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') {
+            out[o++] = '\\';
+            out[o++] = (char)ch;
+        } else if (ch < 0x20) {
+            o += (size_t)snprintf(out + o, cap - o, "\\u%04x", ch);
+        } else {
+            out[o++] = (char)ch;
+        }
+    }
+    out[o] = 0;
+}
+
+/* An error the server itself answers (never the handler's): JSON body,
+ * Connection: close, then shutdown and linger. */
+static void conn_send_error(twk_http_conn *c, int status, const char *msg) {
+    char esc[512], json[600];
+    json_escape_into(esc, sizeof esc, msg);
+    int n = snprintf(json, sizeof json, "{\"error\":\"%s\"}", esc);
+    c->is_head = 0;
+    if (conn_send(c, status, "application/json", json, (size_t)n, NULL, 1) != 0) {
+        conn_close(c);
+        return;
+    }
+    conn_finish(c);
+}
+
+/* ---------- parser callbacks ---------- */
+
+static int fail(twk_http_conn *c, int status, const char *fmt, ...) {
+    if (!c->err_status) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(c->err_msg, sizeof c->err_msg, fmt, ap);
+        va_end(ap);
+        c->err_status = status;
+    }
+    return -1;
+}
+
+static int arena_put(twk_http_conn *c, const char *p, size_t n) {
+    if (reserve((void **)&c->arena, &c->arena_cap, c->arena_len + n + 1, 1) != 0) return -1;
+    if (n) memcpy(c->arena + c->arena_len, p, n);
+    c->arena_len += n;
+    return 0;
+}
+
+static int arena_nul(twk_http_conn *c) {
+    static const char z = 0;
+    return arena_put(c, &z, 1);
+}
+
+static int count_header_bytes(twk_http_conn *c, size_t n) {
+    c->header_bytes += n;
+    if (c->header_bytes > c->srv->limits.max_header_bytes)
+        return fail(c, 431, "request headers exceed the limit of %zu bytes", c->srv->limits.max_header_bytes);
+    return 0;
+}
+
+static int cb_message_begin(http_parser *p) {
+    twk_http_conn *c = p->data;
+    c->arena_len = 0;
+    c->n_hdr = 0;
+    c->phase = PH_URL;
+    c->body_len = 0;
+    if (c->body_cap > BODY_KEEP) {
+        free(c->body);
+        c->body = NULL;
+        c->body_cap = 0;
+    }
+    c->header_bytes = 0;
+    memset(&c->req, 0, sizeof c->req);
+    c->in_message = 1;
+    timer_set(c, T_READ, c->srv->limits.read_timeout_ms);
+    return 0;
+}
+
+static int cb_url(http_parser *p, const char *at, size_t len) {
+    twk_http_conn *c = p->data;
+    if (count_header_bytes(c, len)) return -1;
+    if (arena_put(c, at, len)) return fail(c, 500, "out of memory");
+    return 0;
+}
+
+static int cb_header_field(http_parser *p, const char *at, size_t len) {
+    twk_http_conn *c = p->data;
+    if (count_header_bytes(c, len + 4)) return -1; /* ": " and CRLF */
+    if (c->phase != PH_FIELD) {
+        if (arena_nul(c)) return fail(c, 500, "out of memory"); /* ends the url or the previous value */
+        if (c->n_hdr == c->hoff_cap) {
+            int ncap = c->hoff_cap ? c->hoff_cap * 2 : 16;
+            hdr_off *q = realloc(c->hoff, (size_t)ncap * sizeof *q);
+            if (!q) return fail(c, 500, "out of memory");
+            c->hoff = q;
+            c->hoff_cap = ncap;
+        }
+        c->hoff[c->n_hdr].name = c->arena_len;
+        c->hoff[c->n_hdr].value = 0;
+        c->n_hdr++;
+        c->phase = PH_FIELD;
+    }
+    if (arena_put(c, at, len)) return fail(c, 500, "out of memory");
+    return 0;
+}
+
+static int cb_header_value(http_parser *p, const char *at, size_t len) {
+    twk_http_conn *c = p->data;
+    if (count_header_bytes(c, len)) return -1;
+    if (c->phase == PH_FIELD) {
+        if (arena_nul(c)) return fail(c, 500, "out of memory");
+        c->hoff[c->n_hdr - 1].value = c->arena_len;
+        c->phase = PH_VALUE;
+    }
+    if (arena_put(c, at, len)) return fail(c, 500, "out of memory");
+    return 0;
+}
+
+static const char *arena_header(const twk_http_conn *c, const char *name) {
+    for (int i = 0; i < c->n_hdr; i++)
+        if (strcasecmp(c->arena + c->hoff[i].name, name) == 0) return c->arena + c->hoff[i].value;
+    return NULL;
+}
+
+static int cb_headers_complete(http_parser *p) {
+    twk_http_conn *c = p->data;
+    if (c->phase == PH_FIELD) { /* a name with no value callback: empty value */
+        if (arena_nul(c)) return fail(c, 500, "out of memory");
+        c->hoff[c->n_hdr - 1].value = c->arena_len;
+    }
+    if (arena_nul(c)) return fail(c, 500, "out of memory");
+    c->phase = PH_URL;
+    c->keep_alive = http_should_keep_alive(p) && !p->upgrade;
+    c->is_head = p->method == HTTP_HEAD;
+    c->http10 = p->http_major == 1 && p->http_minor == 0;
+    size_t max = c->srv->limits.max_body_bytes;
+    if (p->content_length != ULLONG_MAX && p->content_length > max)
+        return fail(c, 413, "request body of %llu bytes exceeds the limit of %zu bytes",
+                    (unsigned long long)p->content_length, max);
+    int has_body = (p->flags & F_CHUNKED) || (p->content_length != ULLONG_MAX && p->content_length > 0);
+    const char *expect = arena_header(c, "Expect");
+    if (has_body && expect && strcasecmp(expect, "100-continue") == 0 && !(p->http_major == 1 && p->http_minor == 0)) {
+        static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+        if (conn_write(c, cont, sizeof cont - 1, NULL, 0) != 0) return fail(c, 500, "out of memory");
+    }
+    return 0;
+}
+
+static int cb_body(http_parser *p, const char *at, size_t len) {
+    twk_http_conn *c = p->data;
+    size_t max = c->srv->limits.max_body_bytes;
+    if (len > max - c->body_len) return fail(c, 413, "request body exceeds the limit of %zu bytes", max);
+    if (reserve((void **)&c->body, &c->body_cap, c->body_len + len + 1, 1) != 0) return fail(c, 500, "out of memory");
+    memcpy(c->body + c->body_len, at, len);
+    c->body_len += len;
+    return 0;
+}
+
+static int cb_message_complete(http_parser *p) {
+    twk_http_conn *c = p->data;
+    c->in_message = 0;
+    c->msg_ready = 1;
+    timer_set(c, T_NONE, 0);
+    http_parser_pause(p, 1); /* the next pipelined request waits for this answer */
+    return 0;
+}
+
+static const http_parser_settings parser_settings = {
+    .on_message_begin = cb_message_begin,
+    .on_url = cb_url,
+    .on_header_field = cb_header_field,
+    .on_header_value = cb_header_value,
+    .on_headers_complete = cb_headers_complete,
+    .on_body = cb_body,
+    .on_message_complete = cb_message_complete,
+};
+
+/* ---------- dispatch ---------- */
+
+static void conn_dispatch(twk_http_conn *c) {
+    static const unsigned char empty_body[1] = {0};
+    if (c->hdrs_cap < c->n_hdr) {
+        twk_http_header *h = realloc(c->hdrs, (size_t)c->n_hdr * sizeof *h);
+        if (!h) {
+            conn_send_error(c, 500, "out of memory");
+            return;
+        }
+        c->hdrs = h;
+        c->hdrs_cap = c->n_hdr;
+    }
+    for (int i = 0; i < c->n_hdr; i++) {
+        c->hdrs[i].name = c->arena + c->hoff[i].name;
+        c->hdrs[i].value = c->arena + c->hoff[i].value;
+    }
+    char *url = c->arena; /* NUL-terminated (the first arena string) */
+    char *q = strchr(url, '?');
+    if (q) *q++ = 0;
+    if (c->body) c->body[c->body_len] = 0;
+
+    c->req.method = http_method_str((enum http_method)c->parser.method);
+    c->req.path = url;
+    c->req.query = q ? q : "";
+    c->req.headers = c->hdrs;
+    c->req.n_headers = c->n_hdr;
+    c->req.body = c->body ? c->body : empty_body;
+    c->req.body_len = c->body_len;
+
+    c->outstanding = 1;
+    c->abandon_fn = NULL;
+    c->abandon_user = NULL;
+    timer_set(c, T_NONE, 0);
+    c->srv->handler(c, &c->req, c->srv->user);
+}
+
+static void conn_process(twk_http_conn *c) {
+    if (c->in_process || c->closing) return;
+    c->in_process = 1;
+    while (!c->closing && !c->final_sent && !c->outstanding) {
+        if (c->err_status) { /* from the read timer, or a callback before execute returned */
+            int st = c->err_status;
+            c->err_status = 0;
+            conn_send_error(c, st, c->err_msg);
+            break;
+        }
+        size_t avail = c->in_len - c->in_off;
+        if (avail == 0 || c->tcp.write_queue_size >= WQ_CAP) break;
+        size_t n = http_parser_execute(&c->parser, &parser_settings, c->in + c->in_off, avail);
+        if (n > avail) n = avail;
+        c->in_off += n;
+        enum http_errno e = HTTP_PARSER_ERRNO(&c->parser);
+        if (c->err_status) continue; /* answered at the top of the loop */
+        if (e == HPE_PAUSED) {
+            http_parser_pause(&c->parser, 0);
+        } else if (e == HPE_HEADER_OVERFLOW) {
+            fail(c, 431, "request headers exceed the limit of %zu bytes", c->srv->limits.max_header_bytes);
+            continue;
+        } else if (e != HPE_OK) {
+            fail(c, 400, "malformed HTTP request: %s (%s)", http_errno_description(e), http_errno_name(e));
+            continue;
+        }
+        if (c->msg_ready) {
+            c->msg_ready = 0;
+            conn_dispatch(c);
+            continue;
+        }
+        if (n < avail) { /* the parser stopped without a request (should not happen): give up */
+            conn_close(c);
+            break;
+        }
+    }
+    if (c->in_off == c->in_len) c->in_off = c->in_len = 0;
+    c->in_process = 0;
+    conn_after_io(c);
+}
+
+/* ---------- public: responding ---------- */
+
+void twk_http_respond(twk_http_conn *c, int status, const char *content_type, const void *body, size_t len,
+                      const char *extra_headers) {
+    if (!c) return;
+    if (c->zombie) { /* closed while parked without an abandon callback */
+        c->outstanding = 0;
+        conn_free(c);
+        return;
+    }
+    if (!c->outstanding) return; /* a second call */
+    c->outstanding = 0;
+    c->abandon_fn = NULL;
+    c->abandon_user = NULL;
+    if (c->closing) return; /* on_handle_closed frees it */
+    int close_after = !c->keep_alive || c->srv->stopping;
+    if (conn_send(c, status, content_type, body, len, extra_headers, close_after) != 0) {
+        conn_close(c);
+        return;
+    }
+    if (close_after) {
+        conn_finish(c);
+        return;
+    }
+    if (c->in_process) return; /* the parse loop goes on by itself */
+    /* parse the next pipelined request from the loop, not from inside the caller */
+    timer_set(c, T_RESUME, 0);
+}
+
+void twk_http_respond_json(twk_http_conn *c, int status, const char *json) {
+    twk_http_respond(c, status, "application/json", json, json ? strlen(json) : 0, NULL);
+}
+
+void twk_http_set_abandon(twk_http_conn *c, twk_http_abandon_fn fn, void *user) {
+    if (!c || c->zombie || c->abandoned || !c->outstanding) return;
+    c->abandon_fn = fn;
+    c->abandon_user = fn ? user : NULL;
+}
+
+/* ---------- public: server ---------- */
+
+static void on_connection(uv_stream_t *ls, int status) {
+    twk_http_server *s = ls->data;
+    if (status < 0 || s->stopping) return;
+    twk_http_conn *c = calloc(1, sizeof *c);
+    if (!c) return;
+    c->srv = s;
+    uv_tcp_init(s->loop, &c->tcp);
+    uv_timer_init(s->loop, &c->timer);
+    c->tcp.data = c;
+    c->timer.data = c;
+    c->handles_open = 2;
+    c->next = s->conns;
+    if (s->conns) s->conns->prev = c;
+    s->conns = c;
+    snprintf(c->peer, sizeof c->peer, "?");
+    if (uv_accept(ls, (uv_stream_t *)&c->tcp) != 0 || s->n_open >= s->limits.max_connections) {
+        conn_close(c); /* refused: accepted and closed at once */
+        return;
+    }
+    c->counted = 1;
+    s->n_open++;
+    uv_tcp_nodelay(&c->tcp, 1);
+
+    struct sockaddr_storage ss;
+    int sl = (int)sizeof ss;
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &sl) == 0) {
+        char ip[INET6_ADDRSTRLEN] = "?";
+        if (ss.ss_family == AF_INET6) {
+            const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
+            uv_ip6_name(a, ip, sizeof ip);
+            snprintf(c->peer, sizeof c->peer, "[%s]:%d", ip, ntohs(a->sin6_port));
+        } else {
+            const struct sockaddr_in *a = (const struct sockaddr_in *)&ss;
+            uv_ip4_name(a, ip, sizeof ip);
+            snprintf(c->peer, sizeof c->peer, "%s:%d", ip, ntohs(a->sin_port));
+        }
+    }
+
+    http_parser_init(&c->parser, HTTP_REQUEST);
+    c->parser.data = c;
+    conn_after_io(c); /* starts reading and the idle timer */
+}
+
+static void on_listener_closed(uv_handle_t *h) {
+    twk_http_server *s = h->data;
+    s->listener_closed = 1;
+    server_maybe_free(s);
+}
+
+static void on_failed_listener_closed(uv_handle_t *h) { free(h->data); }
+
+int twk_http_server_start(uv_loop_t *loop, const char *host, int port, const twk_http_limits *limits,
+                          twk_http_handler handler, void *user, twk_http_server **out) {
+    if (out) *out = NULL;
+    if (!loop || !handler || !out || port < 0 || port > 65535) return UV_EINVAL;
+    twk_http_limits lim = twk_http_limits_default();
+    if (limits) { /* zero fields keep their defaults */
+        if (limits->max_body_bytes) lim.max_body_bytes = limits->max_body_bytes;
+        if (limits->max_header_bytes) lim.max_header_bytes = limits->max_header_bytes;
+        if (limits->idle_timeout_ms) lim.idle_timeout_ms = limits->idle_timeout_ms;
+        if (limits->read_timeout_ms) lim.read_timeout_ms = limits->read_timeout_ms;
+        if (limits->max_connections > 0) lim.max_connections = limits->max_connections;
+    }
+    /* http_parser's own cap on header bytes is process-wide (80 KiB unless
+     * raised); raise it so our limit is the one that applies */
+    if (lim.max_header_bytes + 8192 > HTTP_MAX_HEADER_SIZE)
+        http_parser_set_max_header_size(lim.max_header_bytes > UINT32_MAX - 8192 ? UINT32_MAX
+                                                                                 : (uint32_t)lim.max_header_bytes + 8192);
+
+    if (!host) host = "127.0.0.1";
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    socklen_t sl;
+    if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) == 0) sl = sizeof(struct sockaddr_in);
+    else if (uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss) == 0) sl = sizeof(struct sockaddr_in6);
+    else return UV_EINVAL;
+
+    /* bind and listen on a plain socket first: every likely failure happens
+     * before a libuv handle exists, so a failed start leaves nothing to close */
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return uv_translate_sys_error(errno);
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, (struct sockaddr *)&ss, sl) != 0 || listen(fd, SOMAXCONN) != 0) {
+        int e = uv_translate_sys_error(errno);
+        close(fd);
+        return e;
+    }
+    struct sockaddr_storage bound;
+    socklen_t bl = sizeof bound;
+    int bport = port;
+    if (getsockname(fd, (struct sockaddr *)&bound, &bl) == 0)
+        bport = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                  : ((struct sockaddr_in *)&bound)->sin_port);
+
+    twk_http_server *s = calloc(1, sizeof *s);
+    if (!s) {
+        close(fd);
+        return UV_ENOMEM;
+    }
+    s->loop = loop;
+    s->limits = lim;
+    s->handler = handler;
+    s->user = user;
+    s->port = bport;
+    int r = uv_tcp_init(loop, &s->listener);
+    if (r != 0) {
+        close(fd);
+        free(s);
+        return r;
+    }
+    s->listener.data = s;
+    r = uv_tcp_open(&s->listener, fd);
+    if (r != 0) close(fd);
+    if (r == 0) r = uv_listen((uv_stream_t *)&s->listener, SOMAXCONN, on_connection);
+    if (r != 0) {
+        /* rare: the struct is freed once the loop runs the close callback */
+        uv_close((uv_handle_t *)&s->listener, on_failed_listener_closed);
+        return r;
+    }
+    *out = s;
+    return 0;
+}
+
+int twk_http_server_port(const twk_http_server *s) { return s ? s->port : -1; }
+
+void twk_http_server_stop(twk_http_server *s) {
+    if (!s || s->stopping) return;
+    s->stopping = 1;
+    uv_close((uv_handle_t *)&s->listener, on_listener_closed);
+    /* zombies first (no callbacks run, so the list can't change under us) */
+    for (twk_http_conn *c = s->conns, *nx; c; c = nx) {
+        nx = c->next;
+        if (c->zombie) conn_free(c);
+    }
+    /* then close the rest; closing never frees synchronously, so the list
+     * stays intact while abandon callbacks run */
+    for (twk_http_conn *c = s->conns; c; c = c->next) conn_close(c);
+}

@@ -1,0 +1,80 @@
+/* server/ — a small HTTP/1.1 server on libuv, parsing with http_parser
+ * (Debian's libhttp-parser-dev). Keep-alive, bounded request bodies (413),
+ * idle and slow-client timeouts, and deferred responses: a handler may return
+ * without answering and answer later on the loop thread (long polls park
+ * this way, with no thread per waiting client). Everything here runs on the
+ * loop thread. */
+#ifndef TWK_SERVER_HTTP_H
+#define TWK_SERVER_HTTP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+typedef struct twk_http_server twk_http_server;
+typedef struct twk_http_conn twk_http_conn;
+
+typedef struct twk_http_header {
+    const char *name;  /* as received; compare case-insensitively */
+    const char *value;
+} twk_http_header;
+
+typedef struct twk_http_req {
+    const char *method;         /* "GET", "POST", "DELETE", "PUT", ... */
+    const char *path;           /* URL path without the query, percent-decoding NOT applied */
+    const char *query;          /* text after '?', or "" */
+    const twk_http_header *headers;
+    int n_headers;
+    const unsigned char *body;  /* NUL-terminated for convenience; may contain NULs */
+    size_t body_len;
+} twk_http_req;
+
+/* The value of header `name` (case-insensitive) or NULL. */
+const char *twk_http_header_get(const twk_http_req *r, const char *name);
+
+/* Called once per complete request. The request and its strings live until
+ * the response is sent (or the connection closes). The handler must answer
+ * with twk_http_respond, now or later; requests on one connection are
+ * answered in order (the next one is not parsed until this one is answered). */
+typedef void (*twk_http_handler)(twk_http_conn *c, const twk_http_req *req, void *user);
+
+typedef struct twk_http_limits {
+    size_t max_body_bytes;      /* 413 past this (default 64 MiB) */
+    size_t max_header_bytes;    /* 431 past this (default 64 KiB) */
+    unsigned idle_timeout_ms;   /* close a keep-alive connection idle this long (default 75 s) */
+    unsigned read_timeout_ms;   /* a started request must arrive completely within this (default 30 s) */
+    int max_connections;        /* refuse (close) past this (default 4096) */
+} twk_http_limits;
+
+/* Defaults as documented above. */
+twk_http_limits twk_http_limits_default(void);
+
+/* Binds host:port (port 0 = any free port) and starts accepting on `loop`.
+ * Returns 0 or a negative libuv error code (uv_strerror names it). */
+int twk_http_server_start(uv_loop_t *loop, const char *host, int port, const twk_http_limits *limits,
+                          twk_http_handler handler, void *user, twk_http_server **out);
+/* The port actually bound. */
+int twk_http_server_port(const twk_http_server *s);
+/* Stops accepting, closes every connection (parked ones get their abandon
+ * callback), and frees the server once libuv has closed the handles. */
+void twk_http_server_stop(twk_http_server *s);
+
+/* Sends a response with Content-Length and the given content type (may be
+ * NULL for an empty body). extra_headers: NULL or "Name: value\r\n..." lines.
+ * Keeps the connection open unless the client asked to close. Safe to call
+ * once per request; a second call is ignored. */
+void twk_http_respond(twk_http_conn *c, int status, const char *content_type, const void *body, size_t len,
+                      const char *extra_headers);
+/* JSON convenience: status + application/json body (NUL-terminated). */
+void twk_http_respond_json(twk_http_conn *c, int status, const char *json);
+
+/* For a parked (deferred) request: called if the connection closes before
+ * twk_http_respond; after it the conn pointer is invalid. Set NULL to clear. */
+typedef void (*twk_http_abandon_fn)(twk_http_conn *c, void *user);
+void twk_http_set_abandon(twk_http_conn *c, twk_http_abandon_fn fn, void *user);
+
+/* Peer address "ip:port" of the connection (for logs). */
+const char *twk_http_peer(const twk_http_conn *c);
+
+#endif

@@ -1,0 +1,535 @@
+/* Training runs: creation, the per-run queue executed strictly in seq_id
+ * order (out-of-order arrivals buffered, resubmits deduplicated, gaps failed
+ * after a timeout), and each op's work on the compute worker. */
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cJSON.h>
+
+#include "svc.h"
+
+static double wall_now(void) { return (double)time(NULL); }
+
+void svc_new_id(svc *s, const char *prefix, char *out, size_t len) {
+    s->id_counter++;
+    unsigned long long r = uv_hrtime() * 0x9e3779b97f4a7c15ull ^ (s->id_counter * 0xbf58476d1ce4e5b9ull);
+    snprintf(out, len, "%s-%08llx%04llx", prefix, (r >> 24) & 0xffffffffull, s->id_counter & 0xffff);
+}
+
+base_model *svc_find_model(svc *s, const char *name) {
+    for (int i = 0; name && i < s->n_models; i++)
+        if (!strcmp(s->models[i].name, name)) return &s->models[i];
+    return NULL;
+}
+
+void svc_ckpt_dir(const svc *s, const char *run, const char *kind, const char *name, char *out, size_t len) {
+    snprintf(out, len, "%s/checkpoints/%s/%s/%s", s->cfg.data_dir, run, kind, name);
+}
+
+int svc_parse_tinker_path(const char *path, char *run, size_t run_len, char *kind, size_t kind_len, char *name,
+                          size_t name_len) {
+    const char *pre = "tinker://";
+    if (!path || strncmp(path, pre, strlen(pre))) return 0;
+    const char *p = path + strlen(pre);
+    const char *a = strchr(p, '/');
+    if (!a) return 0;
+    const char *b = strchr(a + 1, '/');
+    if (!b || strchr(b + 1, '/')) return 0;
+    size_t lr = (size_t)(a - p), lk = (size_t)(b - a - 1), ln = strlen(b + 1);
+    if (!lr || !lk || !ln || lr >= run_len || lk >= kind_len || ln >= name_len) return 0;
+    memcpy(run, p, lr);
+    run[lr] = 0;
+    memcpy(kind, a + 1, lk);
+    kind[lk] = 0;
+    memcpy(name, b + 1, ln + 1);
+    if (strcmp(kind, "weights") && strcmp(kind, "sampler_weights")) return 0;
+    if (!strcmp(name, ".") || !strcmp(name, "..") || strchr(run, '.') == run) return 0;
+    return 1;
+}
+
+/* ---- run registry ---- */
+
+static run_state *run_new(svc *s, const char *id, const char *tenant) {
+    run_state *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    snprintf(r->id, sizeof r->id, "%s", id);
+    snprintf(r->tenant, sizeof r->tenant, "%s", tenant);
+    r->next_seq = 1;
+    for (int i = 0; i < DEDUPE_RING; i++) r->ring_seq[i] = -1;
+    r->next = s->runs;
+    s->runs = r;
+    return r;
+}
+
+run_state *svc_find_run(svc *s, const char *tenant, const char *id) {
+    for (run_state *r = s->runs; r; r = r->next)
+        if (!strcmp(r->id, id)) return strcmp(r->tenant, tenant) ? NULL : r;
+    /* not live: a run from before a restart? */
+    twk_store_run sr;
+    if (twk_store_run_get(s->store, tenant, id, &sr) != TWK_OK) return NULL;
+    run_state *r = run_new(s, id, tenant);
+    if (r) {
+        r->lost = 1;
+        r->base = svc_find_model(s, sr.base_model);
+        r->lora.rank = sr.lora_rank;
+        snprintf(r->session_id, sizeof r->session_id, "%s", sr.session_id);
+    }
+    twk_store_run_clear(&sr);
+    return r;
+}
+
+op *svc_op_new(svc *s, run_state *r, op_kind kind, int32_t seq) {
+    op *o = calloc(1, sizeof *o);
+    if (!o) return NULL;
+    o->kind = kind;
+    o->seq = seq;
+    o->run = r;
+    o->svc = s;
+    return o;
+}
+
+void svc_op_free(op *o) {
+    if (!o) return;
+    twk_wire_fb_request_free(o->fb);
+    twk_host_free(o->out);
+    free(o);
+}
+
+static void op_fail(op *o, int user, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void op_fail(op *o, int user, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(o->err, sizeof o->err, fmt, ap);
+    va_end(ap);
+    o->user_error = user;
+    o->st = TWK_ERR_INVALID_ARG;
+}
+
+/* ---- work on the compute worker ---- */
+
+static void set_json(op *o, cJSON *j) {
+    char *txt = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    size_t n = txt ? strlen(txt) : 0;
+    o->out = twk_host_alloc(n + 1, "result");
+    if (o->out && txt) memcpy(o->out, txt, n + 1);
+    o->out_len = n;
+    free(txt);
+}
+
+static void run_create(op *o) {
+    run_state *r = o->run;
+    twk_status st = twk_trainer_new(r->base->m, &r->lora, o->svc->cfg.max_context, &r->trainer);
+    if (st != TWK_OK) {
+        op_fail(o, 0, "creating the model failed: %s", twk_last_error());
+        return;
+    }
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "model_id", r->id);
+    cJSON_AddStringToObject(j, "type", "create_model");
+    set_json(o, j);
+}
+
+static void run_fb(op *o) {
+    run_state *r = o->run;
+    twk_wire_fb_request *q = o->fb;
+    int64_t cap = o->svc->cfg.max_context, total = 0;
+    for (int i = 0; i < q->n_data; i++) total += q->data[i].n_tokens;
+    float *lp_all = twk_host_alloc((size_t)(total ? total : 1) * 4, "logprobs");
+    int64_t *offsets = twk_host_alloc((size_t)(q->n_data + 1) * 8, "offsets");
+    int32_t *buf = twk_host_alloc((size_t)cap * 4 * 4, "batch");
+    float *w = twk_host_alloc((size_t)cap * 4, "batch weights");
+    if (!lp_all || !offsets || !buf || !w) {
+        op_fail(o, 0, "out of memory for a batch of %lld tokens", (long long)total);
+        goto out;
+    }
+    offsets[0] = 0;
+    for (int i = 0; i < q->n_data; i++) offsets[i + 1] = offsets[i] + q->data[i].n_tokens;
+    double loss_sum = 0, wsum = 0;
+    /* pack whole datums into passes of at most `cap` tokens */
+    for (int d0 = 0; d0 < q->n_data;) {
+        int64_t n = 0;
+        int d1 = d0;
+        while (d1 < q->n_data && n + q->data[d1].n_tokens <= cap) n += q->data[d1++].n_tokens;
+        int32_t *tok = buf, *tgt = buf + cap, *pos = buf + 2 * cap, *seg = buf + 3 * cap;
+        int64_t t = 0;
+        for (int d = d0; d < d1; d++) {
+            const twk_wire_datum *dt = &q->data[d];
+            const twk_wire_tensor *tt = twk_wire_datum_input(dt, "target_tokens");
+            const twk_wire_tensor *wt = twk_wire_datum_input(dt, "weights");
+            for (int64_t i = 0; i < dt->n_tokens; i++, t++) {
+                tok[t] = dt->tokens[i];
+                tgt[t] = (int32_t)((const int64_t *)tt->data)[i];
+                w[t] = wt ? ((const float *)wt->data)[i] : 1.0f;
+                pos[t] = (int32_t)i;
+                seg[t] = (int32_t)(t - i);
+                wsum += w[t];
+            }
+        }
+        twk_batch b = {n, tok, tgt, pos, seg, w};
+        float loss = 0;
+        twk_status st = q->forward_only ? twk_trainer_forward(r->trainer, &b, lp_all + offsets[d0], &loss)
+                                        : twk_trainer_forward_backward(r->trainer, &b, lp_all + offsets[d0], &loss);
+        if (st != TWK_OK) {
+            op_fail(o, st == TWK_ERR_RANGE || st == TWK_ERR_INVALID_ARG, "%s", twk_last_error());
+            goto out;
+        }
+        loss_sum += loss;
+        d0 = d1;
+    }
+    twk_wire_field f = {"logprobs", 0, lp_all, offsets};
+    const char *keys[3] = {"loss:sum", "num_tokens:sum", "weight_sum:sum"};
+    double vals[3] = {loss_sum, (double)total, wsum};
+    if (twk_wire_encode_fb_output(q->n_data, &f, 1, keys, vals, 3, &o->out, &o->out_len) != TWK_OK)
+        op_fail(o, 0, "encoding the result failed: %s", twk_last_error());
+    o->out_proto = 1;
+out:
+    twk_host_free(lp_all);
+    twk_host_free(offsets);
+    twk_host_free(buf);
+    twk_host_free(w);
+}
+
+static void run_optim(op *o) {
+    float norm = 0;
+    twk_status st = twk_trainer_optim_step(o->run->trainer, &o->adam, &norm);
+    if (st != TWK_OK) {
+        op_fail(o, st == TWK_ERR_INVALID_ARG || st == TWK_ERR_RANGE, "%s", twk_last_error());
+        return;
+    }
+    cJSON *j = cJSON_CreateObject();
+    cJSON *m = cJSON_AddObjectToObject(j, "metrics");
+    cJSON_AddNumberToObject(m, "grad_norm:mean", isfinite(norm) ? norm : 0);
+    cJSON_AddNumberToObject(m, "learning_rate:mean", o->adam.learning_rate);
+    cJSON_AddNumberToObject(m, "step:max", (double)twk_trainer_step(o->run->trainer));
+    set_json(o, j);
+}
+
+static int64_t dir_size(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int64_t total = 0;
+    struct dirent *e;
+    char p[2048];
+    while ((e = readdir(d))) {
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (e->d_name[0] != '.' && stat(p, &sb) == 0 && S_ISREG(sb.st_mode)) total += sb.st_size;
+    }
+    closedir(d);
+    return total;
+}
+
+static void rm_tree(const char *dir) {
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        char p[2048];
+        while ((e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            struct stat sb;
+            if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) rm_tree(p);
+            else unlink(p);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+static int mkdirs(const char *path) {
+    char tmp[1400];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+            *p = '/';
+        }
+    return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* Writes into a temporary sibling folder, then renames it into place: a
+ * crash leaves either no checkpoint or a complete one. */
+static void run_save(op *o) {
+    char parent[1300], tmp[1600], old[1600];
+    snprintf(parent, sizeof parent, "%s", o->dir);
+    char *slash = strrchr(parent, '/');
+    if (slash) *slash = 0;
+    if (mkdirs(parent) != 0) {
+        op_fail(o, 0, "cannot create %s: %s", parent, strerror(errno));
+        return;
+    }
+    snprintf(tmp, sizeof tmp, "%s/.tmp-%s-%s", parent, o->name, o->request_id);
+    snprintf(old, sizeof old, "%s/.old-%s-%s", parent, o->name, o->request_id);
+    rm_tree(tmp);
+    twk_status st = o->kind == OP_SAVE ? twk_trainer_save_state(o->run->trainer, tmp, o->run->base->name)
+                                       : twk_adapter_save(o->run->trainer, tmp, o->run->base->name);
+    if (st != TWK_OK) {
+        op_fail(o, 0, "saving failed: %s", twk_last_error());
+        rm_tree(tmp);
+        return;
+    }
+    struct stat sb;
+    int existed = stat(o->dir, &sb) == 0;
+    if (existed && !o->overwrite) {
+        rm_tree(tmp);
+        op_fail(o, 1, "checkpoint '%s' exists (pass overwrite=True to replace it)", o->name);
+        return;
+    }
+    if (existed && rename(o->dir, old) != 0) {
+        op_fail(o, 0, "cannot replace %s: %s", o->dir, strerror(errno));
+        rm_tree(tmp);
+        return;
+    }
+    if (rename(tmp, o->dir) != 0) {
+        op_fail(o, 0, "cannot publish %s: %s", o->dir, strerror(errno));
+        rm_tree(tmp);
+        return;
+    }
+    if (existed) rm_tree(old);
+    int fd = open(parent, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+    o->size_bytes = dir_size(o->dir);
+    cJSON *j = cJSON_CreateObject();
+    char path[700];
+    snprintf(path, sizeof path, "tinker://%s/%s/%s", o->run->id, o->kind == OP_SAVE ? "weights" : "sampler_weights",
+             o->name);
+    cJSON_AddStringToObject(j, "path", path);
+    cJSON_AddStringToObject(j, "type", o->kind == OP_SAVE ? "save_weights" : "save_weights_for_sampler");
+    set_json(o, j);
+}
+
+static void run_load(op *o) {
+    twk_status st = twk_trainer_load_state(o->run->trainer, o->dir, o->load_optimizer);
+    if (st != TWK_OK) {
+        op_fail(o, st == TWK_ERR_INVALID_ARG || st == TWK_ERR_SHAPE, "loading failed: %s", twk_last_error());
+        return;
+    }
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "model_id", o->run->id);
+    cJSON_AddStringToObject(j, "type", "load_weights");
+    set_json(o, j);
+}
+
+static void run_unload(op *o) {
+    twk_trainer_free(o->run->trainer);
+    o->run->trainer = NULL;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "model_id", o->run->id);
+    cJSON_AddStringToObject(j, "type", "unload_model");
+    set_json(o, j);
+}
+
+static void op_run(twk_job *j) {
+    op *o = j->arg;
+    o->st = TWK_OK;
+    twk_clear_error();
+    if (o->kind != OP_CREATE && !o->run->trainer) {
+        op_fail(o, 1, "model %s is not loaded (unloaded, or its state was lost in a server restart: create a "
+                      "training client from a saved checkpoint)",
+                o->run->id);
+        return;
+    }
+    switch (o->kind) {
+    case OP_CREATE: run_create(o); break;
+    case OP_FB: run_fb(o); break;
+    case OP_OPTIM: run_optim(o); break;
+    case OP_SAVE:
+    case OP_SAVE_SAMPLER: run_save(o); break;
+    case OP_LOAD: run_load(o); break;
+    case OP_UNLOAD: run_unload(o); break;
+    }
+}
+
+/* ---- completion on the loop thread ---- */
+
+static void record_checkpoint(op *o) {
+    twk_store_ckpt c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.run_id, sizeof c.run_id, "%s", o->run->id);
+    snprintf(c.checkpoint_id, sizeof c.checkpoint_id, "%s/%s", o->kind == OP_SAVE ? "weights" : "sampler_weights",
+             o->name);
+    snprintf(c.tenant, sizeof c.tenant, "%s", o->run->tenant);
+    snprintf(c.path, sizeof c.path, "%s", o->dir);
+    c.size_bytes = o->size_bytes;
+    c.created = wall_now();
+    c.expires_at = o->ttl_seconds > 0 ? c.created + o->ttl_seconds : 0;
+    if (twk_store_ckpt_upsert(o->svc->store, &c) != TWK_OK) {
+        snprintf(o->err, sizeof o->err, "recording the checkpoint failed: %s", twk_last_error());
+        o->st = TWK_ERR_IO;
+    }
+}
+
+static void op_done(twk_job *j) {
+    op *o = j->arg;
+    svc *s = o->svc;
+    if (o->st == TWK_OK && (o->kind == OP_SAVE || o->kind == OP_SAVE_SAMPLER)) record_checkpoint(o);
+    if (o->st == TWK_OK && o->kind == OP_CREATE) {
+        twk_store_run_touch(s->store, o->run->id, wall_now());
+    }
+    if (o->kind == OP_UNLOAD && o->st == TWK_OK) o->run->unloaded = 1;
+    if (o->st != TWK_OK)
+        twk_futures_fail(s->futures, o->request_id, o->user_error ? "user" : "server", o->err);
+    else
+        twk_futures_complete(s->futures, o->request_id, o->out_proto ? "application/x-protobuf" : "application/json",
+                             o->out, o->out_len);
+    if (o->kind != OP_CREATE) twk_store_run_touch(s->store, o->run->id, wall_now());
+    svc_op_free(o);
+}
+
+static void dispatch(svc *s, op *o) {
+    if (o->prefail[0]) {
+        twk_futures_fail(s->futures, o->request_id, "user", o->prefail);
+        svc_op_free(o);
+        return;
+    }
+    o->job.run = op_run;
+    o->job.done = op_done;
+    o->job.arg = o;
+    twk_worker_submit(s->worker, &o->job);
+}
+
+int svc_create_run(svc *s, const char *tenant, const char *session_id, int model_seq_id, const char *base,
+                   const twk_lora_config *lora, const char *user_metadata_json, char *request_id, char *model_id,
+                   char *err, size_t err_len) {
+    base_model *bm = svc_find_model(s, base);
+    if (!bm) {
+        snprintf(err, err_len, "base_model '%s' is not served here (see get_server_capabilities)", base ? base : "");
+        return 400;
+    }
+    snprintf(model_id, 128, "%s:train:%d", session_id, model_seq_id);
+    for (run_state *r = s->runs; r; r = r->next)
+        if (!strcmp(r->id, model_id)) {
+            if (strcmp(r->tenant, tenant)) {
+                snprintf(err, err_len, "session '%s' not found", session_id);
+                return 404;
+            }
+            snprintf(request_id, 64, "%s", r->create_request); /* a retried create_model */
+            return 0;
+        }
+    run_state *r = run_new(s, model_id, tenant);
+    if (!r) {
+        snprintf(err, err_len, "out of memory");
+        return 503;
+    }
+    r->base = bm;
+    r->lora = *lora;
+    snprintf(r->session_id, sizeof r->session_id, "%s", session_id);
+    twk_store_run sr;
+    memset(&sr, 0, sizeof sr);
+    snprintf(sr.id, sizeof sr.id, "%s", model_id);
+    snprintf(sr.tenant, sizeof sr.tenant, "%s", tenant);
+    snprintf(sr.session_id, sizeof sr.session_id, "%s", session_id);
+    snprintf(sr.base_model, sizeof sr.base_model, "%s", bm->name);
+    sr.is_lora = 1;
+    sr.lora_rank = lora->rank;
+    sr.train_attn = lora->train_attn;
+    sr.train_mlp = lora->train_mlp;
+    sr.train_unembed = lora->train_unembed;
+    sr.seed = (int64_t)lora->seed;
+    sr.user_metadata_json = (char *)(user_metadata_json ? user_metadata_json : "{}");
+    sr.created = sr.last_request = wall_now();
+    if (twk_store_run_create(s->store, &sr) != TWK_OK) {
+        snprintf(err, err_len, "recording the run failed: %s", twk_last_error());
+        return 500;
+    }
+    twk_futures_create(s->futures, tenant, request_id);
+    snprintf(r->create_request, sizeof r->create_request, "%s", request_id);
+    op *o = svc_op_new(s, r, OP_CREATE, 0);
+    if (!o) {
+        twk_futures_fail(s->futures, request_id, "server", "out of memory");
+        return 0;
+    }
+    snprintf(o->request_id, sizeof o->request_id, "%s", request_id);
+    dispatch(s, o);
+    return 0;
+}
+
+static void ring_put(run_state *r, int32_t seq, const char *req) {
+    int i = (int)((uint32_t)seq % DEDUPE_RING);
+    r->ring_seq[i] = seq;
+    snprintf(r->ring_req[i], sizeof r->ring_req[i], "%s", req);
+}
+
+static const char *ring_get(const run_state *r, int32_t seq) {
+    int i = (int)((uint32_t)seq % DEDUPE_RING);
+    return r->ring_seq[i] == seq ? r->ring_req[i] : NULL;
+}
+
+void svc_submit_op(svc *s, run_state *r, op *o, char *request_id) {
+    /* a resubmitted (model_id, seq_id) gets its original future */
+    const char *seen = ring_get(r, o->seq);
+    if (seen) {
+        snprintf(request_id, 64, "%s", seen);
+        svc_op_free(o);
+        return;
+    }
+    if (o->seq < r->next_seq) {
+        /* older than anything remembered: answer with a failed future */
+        twk_futures_create(s->futures, r->tenant, request_id);
+        twk_futures_fail(s->futures, request_id, "user", "seq_id is older than the run's current position");
+        svc_op_free(o);
+        return;
+    }
+    twk_futures_create(s->futures, r->tenant, request_id);
+    snprintf(o->request_id, sizeof o->request_id, "%s", request_id);
+    ring_put(r, o->seq, request_id);
+    op **pp = &r->pending;
+    while (*pp && (*pp)->seq < o->seq) pp = &(*pp)->next;
+    o->next = *pp;
+    *pp = o;
+    while (r->pending && r->pending->seq == r->next_seq) {
+        op *h = r->pending;
+        r->pending = h->next;
+        r->next_seq++;
+        dispatch(s, h);
+    }
+    r->gap_since = r->pending ? (r->gap_since > 0 ? r->gap_since : (double)uv_now(s->loop) / 1000.0) : 0;
+}
+
+void svc_check_gaps(svc *s) {
+    double now = (double)uv_now(s->loop) / 1000.0;
+    for (run_state *r = s->runs; r; r = r->next) {
+        if (!r->pending || now - r->gap_since < s->cfg.seq_timeout_s) continue;
+        int32_t missing = r->next_seq;
+        while (r->pending) {
+            op *h = r->pending;
+            r->pending = h->next;
+            char msg[256];
+            snprintf(msg, sizeof msg,
+                     "seq_id %d of model %s never arrived within %.0f s; failing the operations queued after it",
+                     missing, r->id, s->cfg.seq_timeout_s);
+            twk_futures_fail(s->futures, h->request_id, "user", msg);
+            if (h->seq >= r->next_seq) r->next_seq = h->seq + 1;
+            svc_op_free(h);
+        }
+        r->gap_since = 0;
+    }
+}
+
+void svc_free_runs(svc *s) {
+    run_state *r = s->runs;
+    while (r) {
+        run_state *next = r->next;
+        while (r->pending) {
+            op *h = r->pending;
+            r->pending = h->next;
+            svc_op_free(h);
+        }
+        twk_trainer_free(r->trainer);
+        free(r);
+        r = next;
+    }
+    s->runs = NULL;
+}

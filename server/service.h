@@ -1,0 +1,58 @@
+/* server/ — internals of `twinkle serve` shared by its parts. The loop
+ * thread (libuv) parses, authenticates, validates and answers; one compute
+ * worker thread runs the engine; futures connect the two. */
+#ifndef TWK_SERVER_SERVICE_H
+#define TWK_SERVER_SERVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "http.h"
+#include "store.h"
+#include "twinkle/twinkle.h"
+
+#define TWK_MAX_BASE_MODELS 16
+
+typedef struct twk_serve_model_spec {
+    char dir[1024];
+    char name[128];
+} twk_serve_model_spec;
+
+typedef struct twk_serve_config {
+    char host[64];
+    int port;
+    char data_dir[512];
+    char keys_file[1024];     /* "" = open mode: any tml- key, one tenant per key */
+    char device[32];
+    twk_serve_model_spec models[TWK_MAX_BASE_MODELS];
+    int n_models;             /* 0 = the built-in default model */
+    int max_lora_rank;        /* default 128 */
+    int64_t max_context;      /* tokens per datum and per compute pass; default 2048 */
+    int64_t max_datums;       /* per request; default 4096 */
+    size_t max_body_bytes;    /* default 64 MiB */
+    double seq_timeout_s;     /* a missing seq_id fails its successors after this; default 120 */
+    double poll_timeout_s;    /* long-poll hold; default 25 */
+    int quiet;
+} twk_serve_config;
+
+/* Defaults as documented above (port 8000, data dir ./twinkle-data). */
+void twk_serve_config_default(twk_serve_config *c);
+/* Reads `key = value` lines (keys as the long options without "--"; model
+ * may repeat). Errors name the file, line and key. */
+twk_status twk_serve_config_file(twk_serve_config *c, const char *path);
+/* Parses one option (`--port`, `--model DIR[=NAME]`, ...); *used = values
+ * consumed. TWK_ERR_INVALID_ARG names the option. */
+twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char *val, int *used);
+
+/* Runs the service until SIGINT/SIGTERM; returns the exit code. */
+int twk_serve_run(const twk_serve_config *cfg);
+
+/* The built-in default model: a small Qwen3-architecture model generated
+ * deterministically (random weights, vocab 512) into DATA_DIR/models/tiny
+ * on first use. *dir receives its folder. */
+twk_status twk_serve_default_model(const char *data_dir, char *dir, size_t dir_len);
+#define TWK_DEFAULT_MODEL_NAME "twinkle/tiny-qwen3"
+
+#endif

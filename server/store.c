@@ -1,0 +1,967 @@
+/* server/store.c — the SQLite store: sessions, runs and checkpoints, each
+ * owned by a tenant.
+ *
+ * One connection, used from the loop thread only. Every statement is a
+ * constant SQL text prepared once (lazily) and cached; user data only ever
+ * reaches SQLite through bound parameters. Every get/list/update/delete has
+ * `tenant = ?` in its WHERE clause, so another tenant's row is
+ * indistinguishable from an absent one (same code, same message).
+ *
+ * Durability: WAL journaling with synchronous=FULL — each successful create /
+ * update has been fsynced to the WAL before the call returns, so committed
+ * rows survive kill -9 (and power loss) and are there after the next open. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#include <cJSON.h>
+#include <sqlite3.h>
+
+#include "store.h"
+#include "twinkle/hal.h"
+
+#define STORE_SCHEMA_VERSION 1
+#define STORE_LIST_MAX 1000
+
+enum {
+    ST_BEGIN,
+    ST_COMMIT,
+    ST_ROLLBACK,
+    ST_SESS_INSERT,
+    ST_SESS_GET,
+    ST_SESS_HEARTBEAT,
+    ST_SESS_FINISH,
+    ST_SESS_COUNT,
+    ST_SESS_LIST,
+    ST_RUN_INSERT,
+    ST_RUN_GET,
+    ST_RUN_TOUCH,
+    ST_RUN_COUNT,
+    ST_RUN_LIST,
+    ST_CK_INSERT,
+    ST_CK_UPSERT,
+    ST_CK_GET,
+    ST_CK_DELETE,
+    ST_CK_COUNT,
+    ST_CK_LIST,
+    ST_CK_TTL,
+    ST_CK_PUBLIC,
+    ST_COUNT
+};
+
+#define RUN_COLS                                                                                                  \
+    "id, tenant, session_id, base_model, is_lora, lora_rank, train_attn, train_mlp, train_unembed, seed, "      \
+    "user_metadata, created, last_request"
+#define CK_COLS "run_id, checkpoint_id, tenant, path, size_bytes, created, expires_at, is_public"
+
+static const char *const stmt_sql[ST_COUNT] = {
+    [ST_BEGIN] = "BEGIN",
+    [ST_COMMIT] = "COMMIT",
+    [ST_ROLLBACK] = "ROLLBACK",
+    [ST_SESS_INSERT] = "INSERT INTO sessions (id, tenant, tags, user_metadata, sdk_version, created, last_heartbeat, "
+                       "finished) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    [ST_SESS_GET] = "SELECT id, tenant, tags, user_metadata, sdk_version, created, last_heartbeat, finished "
+                    "FROM sessions WHERE tenant = ?1 AND id = ?2",
+    [ST_SESS_HEARTBEAT] = "UPDATE sessions SET last_heartbeat = ?3 WHERE tenant = ?1 AND id = ?2",
+    [ST_SESS_FINISH] = "UPDATE sessions SET finished = 1 WHERE tenant = ?1 AND id = ?2",
+    [ST_SESS_COUNT] = "SELECT COUNT(*) FROM sessions WHERE tenant = ?1",
+    [ST_SESS_LIST] = "SELECT id FROM sessions WHERE tenant = ?1 ORDER BY created DESC, id ASC LIMIT ?2 OFFSET ?3",
+    [ST_RUN_INSERT] = "INSERT INTO runs (" RUN_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+    [ST_RUN_GET] = "SELECT " RUN_COLS " FROM runs WHERE tenant = ?1 AND id = ?2",
+    [ST_RUN_TOUCH] = "UPDATE runs SET last_request = ?2 WHERE id = ?1",
+    [ST_RUN_COUNT] = "SELECT COUNT(*) FROM runs WHERE tenant = ?1 AND (?2 IS NULL OR session_id = ?2)",
+    [ST_RUN_LIST] = "SELECT " RUN_COLS " FROM runs WHERE tenant = ?1 AND (?2 IS NULL OR session_id = ?2) "
+                    "ORDER BY created DESC, id ASC LIMIT ?3 OFFSET ?4",
+    [ST_CK_INSERT] = "INSERT INTO checkpoints (" CK_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    /* a conflicting row of another tenant is left alone (changes() == 0) */
+    [ST_CK_UPSERT] = "INSERT INTO checkpoints (" CK_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) "
+                     "ON CONFLICT (run_id, checkpoint_id) DO UPDATE SET path = excluded.path, "
+                     "size_bytes = excluded.size_bytes, created = excluded.created, "
+                     "expires_at = excluded.expires_at, is_public = excluded.is_public "
+                     "WHERE checkpoints.tenant = excluded.tenant",
+    [ST_CK_GET] = "SELECT " CK_COLS " FROM checkpoints WHERE tenant = ?1 AND run_id = ?2 AND checkpoint_id = ?3",
+    [ST_CK_DELETE] = "DELETE FROM checkpoints WHERE tenant = ?1 AND run_id = ?2 AND checkpoint_id = ?3",
+    [ST_CK_COUNT] = "SELECT COUNT(*) FROM checkpoints WHERE tenant = ?1 AND (?2 IS NULL OR run_id = ?2)",
+    [ST_CK_LIST] = "SELECT " CK_COLS " FROM checkpoints WHERE tenant = ?1 AND (?2 IS NULL OR run_id = ?2) "
+                   "ORDER BY created DESC, run_id ASC, checkpoint_id ASC LIMIT ?3 OFFSET ?4",
+    [ST_CK_TTL] = "UPDATE checkpoints SET expires_at = ?4 WHERE tenant = ?1 AND run_id = ?2 AND checkpoint_id = ?3",
+    [ST_CK_PUBLIC] = "UPDATE checkpoints SET is_public = ?4 WHERE tenant = ?1 AND run_id = ?2 AND checkpoint_id = ?3",
+};
+
+/* Constant DDL (no user data), run once at open inside a write transaction. */
+static const char schema_sql[] =
+    "CREATE TABLE IF NOT EXISTS sessions ("
+    " id TEXT NOT NULL PRIMARY KEY,"
+    " tenant TEXT NOT NULL,"
+    " tags TEXT NOT NULL DEFAULT '[]',"
+    " user_metadata TEXT NOT NULL DEFAULT '{}',"
+    " sdk_version TEXT NOT NULL DEFAULT '',"
+    " created REAL NOT NULL,"
+    " last_heartbeat REAL NOT NULL,"
+    " finished INTEGER NOT NULL DEFAULT 0);"
+    "CREATE INDEX IF NOT EXISTS sessions_tenant_created ON sessions (tenant, created);"
+    "CREATE TABLE IF NOT EXISTS runs ("
+    " id TEXT NOT NULL PRIMARY KEY,"
+    " tenant TEXT NOT NULL,"
+    " session_id TEXT NOT NULL,"
+    " base_model TEXT NOT NULL,"
+    " is_lora INTEGER NOT NULL,"
+    " lora_rank INTEGER NOT NULL,"
+    " train_attn INTEGER NOT NULL,"
+    " train_mlp INTEGER NOT NULL,"
+    " train_unembed INTEGER NOT NULL,"
+    " seed INTEGER NOT NULL,"
+    " user_metadata TEXT NOT NULL DEFAULT '{}',"
+    " created REAL NOT NULL,"
+    " last_request REAL NOT NULL);"
+    "CREATE INDEX IF NOT EXISTS runs_tenant_created ON runs (tenant, created);"
+    "CREATE TABLE IF NOT EXISTS checkpoints ("
+    " run_id TEXT NOT NULL,"
+    " checkpoint_id TEXT NOT NULL,"
+    " tenant TEXT NOT NULL,"
+    " path TEXT NOT NULL,"
+    " size_bytes INTEGER NOT NULL,"
+    " created REAL NOT NULL,"
+    " expires_at REAL NOT NULL DEFAULT 0,"
+    " is_public INTEGER NOT NULL DEFAULT 0,"
+    " PRIMARY KEY (run_id, checkpoint_id));"
+    "CREATE INDEX IF NOT EXISTS checkpoints_tenant_created ON checkpoints (tenant, created);";
+
+struct twk_store {
+    sqlite3 *db;
+    char *path; /* DATA_DIR/twinkle.db, for messages */
+    sqlite3_stmt *st[ST_COUNT];
+};
+
+/* ---- helpers ------------------------------------------------------------ */
+
+#define TRY(expr)                                                                                                 \
+    do {                                                                                                          \
+        twk_status try_st_ = (expr);                                                                              \
+        if (try_st_ != TWK_OK) return try_st_;                                                                    \
+    } while (0)
+
+/* Binds in the statement; on failure resets it and returns. */
+#define BIND(expr)                                                                                                \
+    do {                                                                                                          \
+        twk_status bind_st_ = (expr);                                                                             \
+        if (bind_st_ != TWK_OK) {                                                                                 \
+            stmt_done(st);                                                                                        \
+            return bind_st_;                                                                                      \
+        }                                                                                                         \
+    } while (0)
+
+#define NEED(p, what, op)                                                                                         \
+    do {                                                                                                          \
+        if (!(p)) return twk_error(TWK_ERR_INVALID_ARG, "store: %s: %s is NULL", op, what);                       \
+    } while (0)
+
+static char *dup_str(const char *src, size_t n, const char *what) {
+    char *p = twk_host_alloc(n + 1, what);
+    if (!p) return NULL;
+    memcpy(p, src, n);
+    p[n] = 0;
+    return p;
+}
+
+/* Maps a failed SQLite call to a status; `op` names the store operation. */
+static twk_status db_fail(twk_store *s, const char *op, int rc) {
+    const char *msg = sqlite3_errmsg(s->db);
+    switch (rc) {
+    case SQLITE_CONSTRAINT_PRIMARYKEY:
+    case SQLITE_CONSTRAINT_UNIQUE:
+        return twk_error(TWK_ERR_STATE, "store: %s: already exists (%s)", op, msg);
+    case SQLITE_CONSTRAINT_NOTNULL:
+    case SQLITE_CONSTRAINT_CHECK:
+        return twk_error(TWK_ERR_INVALID_ARG, "store: %s: %s", op, msg);
+    case SQLITE_NOMEM: return twk_error(TWK_ERR_OOM, "store: %s: %s", op, msg);
+    default: return twk_error(TWK_ERR_IO, "store: %s: %s (%s)", op, msg, s->path);
+    }
+}
+
+/* The cached statement `which` (reset, no bindings) in *out; an error
+ * naming `op` when it cannot be prepared. */
+static twk_status stmt_get(twk_store *s, int which, const char *op, sqlite3_stmt **out) {
+    *out = NULL;
+    if (!s->st[which]) {
+        int rc = sqlite3_prepare_v3(s->db, stmt_sql[which], -1, SQLITE_PREPARE_PERSISTENT, &s->st[which], NULL);
+        if (rc != SQLITE_OK) {
+            twk_status status = db_fail(s, op, sqlite3_extended_errcode(s->db));
+            sqlite3_finalize(s->st[which]);
+            s->st[which] = NULL;
+            return status;
+        }
+    }
+    *out = s->st[which];
+    return TWK_OK;
+}
+
+static void stmt_done(sqlite3_stmt *st) {
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+}
+
+static twk_status bind_text(twk_store *s, sqlite3_stmt *st, int i, const char *v, const char *op) {
+    int rc = v ? sqlite3_bind_text(st, i, v, -1, SQLITE_TRANSIENT) : sqlite3_bind_null(st, i);
+    return rc == SQLITE_OK ? TWK_OK : db_fail(s, op, rc);
+}
+
+static twk_status bind_int64(twk_store *s, sqlite3_stmt *st, int i, int64_t v, const char *op) {
+    int rc = sqlite3_bind_int64(st, i, v);
+    return rc == SQLITE_OK ? TWK_OK : db_fail(s, op, rc);
+}
+
+static twk_status bind_double(twk_store *s, sqlite3_stmt *st, int i, double v, const char *op) {
+    int rc = sqlite3_bind_double(st, i, v);
+    return rc == SQLITE_OK ? TWK_OK : db_fail(s, op, rc);
+}
+
+/* Runs a statement that returns no rows; *changes gets the rows it touched. */
+static twk_status step_done(twk_store *s, sqlite3_stmt *st, const char *op, int *changes) {
+    int rc = sqlite3_step(st);
+    twk_status status = TWK_OK;
+    if (rc != SQLITE_DONE) status = db_fail(s, op, sqlite3_extended_errcode(s->db));
+    else if (changes) *changes = sqlite3_changes(s->db);
+    stmt_done(st);
+    return status;
+}
+
+static twk_status run_simple(twk_store *s, int which, const char *op) {
+    sqlite3_stmt *st;
+    twk_status status = stmt_get(s, which, op, &st);
+    return status == TWK_OK ? step_done(s, st, op, NULL) : status;
+}
+
+/* A fixed-size struct field given to a create: NUL-terminated within its
+ * size, and non-empty when `nonempty`. Never truncated. */
+static twk_status check_field(const char *field, size_t cap, int nonempty, const char *name, const char *op) {
+    size_t n = strnlen(field, cap);
+    if (n == cap) return twk_error(TWK_ERR_INVALID_ARG, "store: %s: %s is longer than %zu bytes", op, name, cap - 1);
+    if (nonempty && n == 0) return twk_error(TWK_ERR_INVALID_ARG, "store: %s: %s is empty", op, name);
+    return TWK_OK;
+}
+
+static twk_status check_finite(double v, const char *name, const char *op) {
+    if (!isfinite(v)) return twk_error(TWK_ERR_INVALID_ARG, "store: %s: %s is not a finite number", op, name);
+    return TWK_OK;
+}
+
+/* JSON text of the expected kind (cJSON_Array / cJSON_Object); NULL is fine
+ * (the column default is used). */
+static twk_status check_json(const char *text, int want_array, const char *name, const char *op) {
+    if (!text) return TWK_OK;
+    cJSON *j = cJSON_ParseWithOpts(text, NULL, 1);
+    int ok = j && (want_array ? cJSON_IsArray(j) : cJSON_IsObject(j));
+    cJSON_Delete(j);
+    if (!ok)
+        return twk_error(TWK_ERR_INVALID_ARG, "store: %s: %s is not a JSON %s", op, name,
+                         want_array ? "array" : "object");
+    return TWK_OK;
+}
+
+/* Copies text column `col` into a fixed field; a value that does not fit
+ * means the file was written by something else and is refused. */
+static twk_status col_field(twk_store *s, sqlite3_stmt *st, int col, char *dst, size_t cap, const char *op) {
+    const unsigned char *v = sqlite3_column_text(st, col);
+    size_t n = (size_t)sqlite3_column_bytes(st, col);
+    if (!v) {
+        if (sqlite3_errcode(s->db) == SQLITE_NOMEM) return twk_error(TWK_ERR_OOM, "store: %s: out of memory", op);
+        n = 0;
+    }
+    if (n >= cap || (v && strlen((const char *)v) != n))
+        return twk_error(TWK_ERR_IO, "store: %s: column %s holds %zu bytes, more than the %zu the record takes (%s)",
+                         op, sqlite3_column_name(st, col) ? sqlite3_column_name(st, col) : "?", n, cap - 1, s->path);
+    if (n) memcpy(dst, v, n);
+    dst[n] = 0;
+    return TWK_OK;
+}
+
+static twk_status col_owned(twk_store *s, sqlite3_stmt *st, int col, const char *dflt, char **dst,
+                            const char *what) {
+    const unsigned char *v = sqlite3_column_text(st, col);
+    if (!v && sqlite3_errcode(s->db) == SQLITE_NOMEM)
+        return twk_error(TWK_ERR_OOM, "store: out of memory reading %s", what);
+    const char *src = v ? (const char *)v : dflt;
+    *dst = dup_str(src, strlen(src), what);
+    return *dst ? TWK_OK : TWK_ERR_OOM;
+}
+
+static twk_status list_args(int *limit, int offset, const char *op) {
+    if (offset < 0) return twk_error(TWK_ERR_INVALID_ARG, "store: %s: offset %d is negative", op, offset);
+    if (*limit < 1) *limit = 1;
+    if (*limit > STORE_LIST_MAX) *limit = STORE_LIST_MAX;
+    return TWK_OK;
+}
+
+/* Count + page are read in one transaction so they agree. */
+static twk_status read_begin(twk_store *s, const char *op) { return run_simple(s, ST_BEGIN, op); }
+
+static twk_status read_end(twk_store *s, twk_status status, const char *op) {
+    if (status == TWK_OK) return run_simple(s, ST_COMMIT, op);
+    /* keep the first error's message */
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", twk_last_error());
+    run_simple(s, ST_ROLLBACK, op);
+    twk_error(status, "%s", saved);
+    return status;
+}
+
+static twk_status count_rows(twk_store *s, sqlite3_stmt *st, const char *op, int *total) {
+    int rc = sqlite3_step(st);
+    twk_status status = TWK_OK;
+    if (rc == SQLITE_ROW) {
+        sqlite3_int64 n = sqlite3_column_int64(st, 0);
+        *total = n > 0x7fffffff ? 0x7fffffff : (int)n;
+    } else {
+        status = db_fail(s, op, sqlite3_extended_errcode(s->db));
+    }
+    stmt_done(st);
+    return status;
+}
+
+static int page_cap(int total, int limit, int offset) {
+    int left = total > offset ? total - offset : 0;
+    return left < limit ? left : limit;
+}
+
+/* ---- open / close ------------------------------------------------------- */
+
+static twk_status mkdir_p(const char *dir) {
+    size_t n = strlen(dir);
+    char *p = dup_str(dir, n, "store data dir");
+    if (!p) return TWK_ERR_OOM;
+    twk_status status = TWK_OK;
+    for (size_t i = 1; i <= n && status == TWK_OK; i++) {
+        if (p[i] != '/' && p[i] != 0) continue;
+        char c = p[i];
+        p[i] = 0;
+        if (mkdir(p, 0700) != 0 && errno != EEXIST)
+            status = twk_error(TWK_ERR_IO, "store: cannot create directory %s: %s", p, strerror(errno));
+        p[i] = c;
+    }
+    struct stat sb;
+    if (status == TWK_OK && (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)))
+        status = twk_error(TWK_ERR_IO, "store: data dir %s is not a directory", dir);
+    twk_host_free(p);
+    return status;
+}
+
+static twk_status exec_sql(twk_store *s, const char *sql, const char *op) {
+    char *err = NULL;
+    int rc = sqlite3_exec(s->db, sql, NULL, NULL, &err);
+    if (rc == SQLITE_OK) return TWK_OK;
+    twk_status st = twk_error(rc == SQLITE_NOMEM ? TWK_ERR_OOM : TWK_ERR_IO, "store: %s: %s (%s)", op,
+                              err ? err : sqlite3_errstr(rc), s->path);
+    sqlite3_free(err);
+    return st;
+}
+
+/* One-row, one-column pragma read into buf. */
+static twk_status pragma_text(twk_store *s, const char *sql, char *buf, size_t cap, const char *op) {
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(s->db, sql, -1, &st, NULL);
+    if (rc == SQLITE_OK) rc = sqlite3_step(st);
+    twk_status status = TWK_OK;
+    if (rc == SQLITE_ROW) {
+        const unsigned char *v = sqlite3_column_text(st, 0);
+        snprintf(buf, cap, "%s", v ? (const char *)v : "");
+    } else {
+        status = twk_error(TWK_ERR_IO, "store: %s: %s (%s)", op, sqlite3_errmsg(s->db), s->path);
+    }
+    sqlite3_finalize(st);
+    return status;
+}
+
+static twk_status open_schema(twk_store *s) {
+    twk_status st = exec_sql(s,
+                             "BEGIN IMMEDIATE;"
+                             "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);",
+                             "open: schema");
+    if (st != TWK_OK) return st;
+    char v[32];
+    st = pragma_text(s, "SELECT COALESCE(MAX(version), 0) FROM schema_version", v, sizeof v, "open: schema version");
+    if (st == TWK_OK) {
+        long ver = strtol(v, NULL, 10);
+        if (ver > STORE_SCHEMA_VERSION)
+            st = twk_error(TWK_ERR_STATE, "store: open: %s has schema version %ld, newer than this build's %d",
+                           s->path, ver, STORE_SCHEMA_VERSION);
+        else
+            st = exec_sql(s, schema_sql, "open: create tables");
+        if (st == TWK_OK && ver == 0)
+            st = exec_sql(s, "INSERT INTO schema_version (version) VALUES (1)", "open: schema version");
+    }
+    if (st == TWK_OK) return exec_sql(s, "COMMIT", "open: schema commit");
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", twk_last_error());
+    sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+    twk_error(st, "%s", saved);
+    return st;
+}
+
+twk_status twk_store_open(const char *data_dir, twk_store **out) {
+    if (!out) return twk_error(TWK_ERR_INVALID_ARG, "store: open: out is NULL");
+    *out = NULL;
+    if (!data_dir || !*data_dir) return twk_error(TWK_ERR_INVALID_ARG, "store: open: no data dir");
+    twk_status status = mkdir_p(data_dir);
+    if (status != TWK_OK) return status;
+
+    twk_store *s = twk_host_calloc(sizeof *s, "store");
+    if (!s) return TWK_ERR_OOM;
+    size_t n = strlen(data_dir);
+    s->path = twk_host_alloc(n + sizeof "/twinkle.db", "store path");
+    if (!s->path) {
+        twk_host_free(s);
+        return TWK_ERR_OOM;
+    }
+    snprintf(s->path, n + sizeof "/twinkle.db", "%s/twinkle.db", data_dir);
+
+    int rc = sqlite3_open_v2(s->path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
+    if (rc != SQLITE_OK) {
+        status = twk_error(rc == SQLITE_NOMEM ? TWK_ERR_OOM : TWK_ERR_IO, "store: cannot open %s: %s", s->path,
+                           s->db ? sqlite3_errmsg(s->db) : sqlite3_errstr(rc));
+        twk_store_close(s);
+        return status;
+    }
+    sqlite3_extended_result_codes(s->db, 1);
+    char mode[32];
+    status = exec_sql(s, "PRAGMA busy_timeout=5000", "open: busy_timeout");
+    if (status == TWK_OK) status = pragma_text(s, "PRAGMA journal_mode=WAL", mode, sizeof mode, "open: journal_mode");
+    if (status == TWK_OK && strcmp(mode, "wal") != 0)
+        status = twk_error(TWK_ERR_IO, "store: open: %s: journal mode is '%s', WAL could not be enabled", s->path,
+                           mode);
+    if (status == TWK_OK) status = exec_sql(s, "PRAGMA synchronous=FULL", "open: synchronous");
+    if (status == TWK_OK) status = exec_sql(s, "PRAGMA foreign_keys=ON", "open: foreign_keys");
+    if (status == TWK_OK) status = open_schema(s);
+    if (status != TWK_OK) {
+        twk_store_close(s);
+        return status;
+    }
+    *out = s;
+    return TWK_OK;
+}
+
+void twk_store_close(twk_store *s) {
+    if (!s) return;
+    for (int i = 0; i < ST_COUNT; i++) sqlite3_finalize(s->st[i]);
+    sqlite3_close(s->db);
+    twk_host_free(s->path);
+    twk_host_free(s);
+}
+
+/* ---- sessions ----------------------------------------------------------- */
+
+void twk_store_session_clear(twk_store_session *sess) {
+    if (!sess) return;
+    twk_host_free(sess->tags_json);
+    twk_host_free(sess->user_metadata_json);
+    sess->tags_json = NULL;
+    sess->user_metadata_json = NULL;
+}
+
+void twk_store_run_clear(twk_store_run *r) {
+    if (!r) return;
+    twk_host_free(r->user_metadata_json);
+    r->user_metadata_json = NULL;
+}
+
+twk_status twk_store_session_create(twk_store *s, const twk_store_session *sess) {
+    const char *op = "session create";
+    NEED(s, "store", op);
+    NEED(sess, "session", op);
+    TRY(check_field(sess->id, sizeof sess->id, 1, "id", op));
+    TRY(check_field(sess->tenant, sizeof sess->tenant, 0, "tenant", op));
+    TRY(check_field(sess->sdk_version, sizeof sess->sdk_version, 0, "sdk_version", op));
+    TRY(check_json(sess->tags_json, 1, "tags", op));
+    TRY(check_json(sess->user_metadata_json, 0, "user_metadata", op));
+    TRY(check_finite(sess->created, "created", op));
+    TRY(check_finite(sess->last_heartbeat, "last_heartbeat", op));
+    sqlite3_stmt *st;
+    TRY(stmt_get(s, ST_SESS_INSERT, op, &st));
+    BIND(bind_text(s, st, 1, sess->id, op));
+    BIND(bind_text(s, st, 2, sess->tenant, op));
+    BIND(bind_text(s, st, 3, sess->tags_json ? sess->tags_json : "[]", op));
+    BIND(bind_text(s, st, 4, sess->user_metadata_json ? sess->user_metadata_json : "{}", op));
+    BIND(bind_text(s, st, 5, sess->sdk_version, op));
+    BIND(bind_double(s, st, 6, sess->created, op));
+    BIND(bind_double(s, st, 7, sess->last_heartbeat, op));
+    BIND(bind_int64(s, st, 8, sess->finished ? 1 : 0, op));
+    twk_status status = step_done(s, st, op, NULL);
+    if (status == TWK_ERR_STATE)
+        return twk_error(TWK_ERR_STATE, "store: %s: session '%s' already exists", op, sess->id);
+    return status;
+}
+
+twk_status twk_store_session_get(twk_store *s, const char *tenant, const char *id, twk_store_session *out) {
+    const char *op = "session get";
+    NEED(out, "out", op);
+    memset(out, 0, sizeof *out);
+    NEED(s, "store", op);
+    NEED(tenant, "tenant", op);
+    NEED(id, "id", op);
+    sqlite3_stmt *st;
+    TRY(stmt_get(s, ST_SESS_GET, op, &st));
+    BIND(bind_text(s, st, 1, tenant, op));
+    BIND(bind_text(s, st, 2, id, op));
+    int rc = sqlite3_step(st);
+    twk_status status = TWK_OK;
+    if (rc == SQLITE_DONE) {
+        status = twk_error(TWK_ERR_NOT_FOUND, "store: %s: session '%s' not found", op, id);
+    } else if (rc != SQLITE_ROW) {
+        status = db_fail(s, op, sqlite3_extended_errcode(s->db));
+    } else {
+        status = col_field(s, st, 0, out->id, sizeof out->id, op);
+        if (status == TWK_OK) status = col_field(s, st, 1, out->tenant, sizeof out->tenant, op);
+        if (status == TWK_OK) status = col_owned(s, st, 2, "[]", &out->tags_json, "session tags");
+        if (status == TWK_OK) status = col_owned(s, st, 3, "{}", &out->user_metadata_json, "session user_metadata");
+        if (status == TWK_OK) status = col_field(s, st, 4, out->sdk_version, sizeof out->sdk_version, op);
+        out->created = sqlite3_column_double(st, 5);
+        out->last_heartbeat = sqlite3_column_double(st, 6);
+        out->finished = sqlite3_column_int(st, 7) != 0;
+    }
+    stmt_done(st);
+    if (status != TWK_OK) twk_store_session_clear(out);
+    return status;
+}
+
+static twk_status update_by_tenant_id(twk_store *s, int which, const char *op, const char *what, const char *tenant,
+                                      const char *id, int has_val, double val) {
+    NEED(s, "store", op);
+    NEED(tenant, "tenant", op);
+    NEED(id, "id", op);
+    if (has_val) TRY(check_finite(val, "time", op));
+    sqlite3_stmt *st;
+    TRY(stmt_get(s, which, op, &st));
+    BIND(bind_text(s, st, 1, tenant, op));
+    BIND(bind_text(s, st, 2, id, op));
+    if (has_val) BIND(bind_double(s, st, 3, val, op));
+    int changes = 0;
+    TRY(step_done(s, st, op, &changes));
+    if (changes == 0) return twk_error(TWK_ERR_NOT_FOUND, "store: %s: %s '%s' not found", op, what, id);
+    return TWK_OK;
+}
+
+twk_status twk_store_session_heartbeat(twk_store *s, const char *tenant, const char *id, double now) {
+    return update_by_tenant_id(s, ST_SESS_HEARTBEAT, "session heartbeat", "session", tenant, id, 1, now);
+}
+
+twk_status twk_store_session_finish(twk_store *s, const char *tenant, const char *id) {
+    return update_by_tenant_id(s, ST_SESS_FINISH, "session finish", "session", tenant, id, 0, 0);
+}
+
+static void free_ids(char **ids, int n) {
+    if (!ids) return;
+    for (int i = 0; i < n; i++) twk_host_free(ids[i]);
+    twk_host_free(ids);
+}
+
+static twk_status session_page(twk_store *s, const char *tenant, int limit, int offset, char ***ids, int *n_out,
+                               int *total, const char *op) {
+    sqlite3_stmt *st;
+    TRY(stmt_get(s, ST_SESS_COUNT, op, &st));
+    BIND(bind_text(s, st, 1, tenant, op));
+    TRY(count_rows(s, st, op, total));
+    int cap = page_cap(*total, limit, offset);
+    if (cap == 0) return TWK_OK;
+    char **arr = twk_host_calloc((size_t)cap * sizeof *arr, "session list");
+    if (!arr) return TWK_ERR_OOM;
+    int n = 0;
+    twk_status status = TWK_OK;
+    status = stmt_get(s, ST_SESS_LIST, op, &st);
+    if (status == TWK_OK) status = bind_text(s, st, 1, tenant, op);
+    if (status == TWK_OK) status = bind_int64(s, st, 2, limit, op);
+    if (status == TWK_OK) status = bind_int64(s, st, 3, offset, op);
+    while (status == TWK_OK && n < cap) {
+        int rc = sqlite3_step(st);
+        if (rc == SQLITE_DONE) break;
+        if (rc != SQLITE_ROW) {
+            status = db_fail(s, op, sqlite3_extended_errcode(s->db));
+            break;
+        }
+        const unsigned char *v = sqlite3_column_text(st, 0);
+        const char *src = v ? (const char *)v : "";
+        arr[n] = dup_str(src, strlen(src), "session list id");
+        if (!arr[n]) status = TWK_ERR_OOM;
+        else n++;
+    }
+    if (st) stmt_done(st);
+    if (status != TWK_OK) {
+        free_ids(arr, n);
+        return status;
+    }
+    if (n == 0) {
+        twk_host_free(arr);
+        arr = NULL;
+    }
+    *ids = arr;
+    *n_out = n;
+    return TWK_OK;
+}
+
+twk_status twk_store_session_list(twk_store *s, const char *tenant, int limit, int offset, char ***ids, int *n_out,
+                                  int *total) {
+    const char *op = "session list";
+    NEED(ids, "ids", op);
+    NEED(n_out, "n_out", op);
+    NEED(total, "total", op);
+    *ids = NULL;
+    *n_out = 0;
+    *total = 0;
+    NEED(s, "store", op);
+    NEED(tenant, "tenant", op);
+    TRY(list_args(&limit, offset, op));
+    TRY(read_begin(s, op));
+    twk_status status = session_page(s, tenant, limit, offset, ids, n_out, total, op);
+    status = read_end(s, status, op);
+    if (status != TWK_OK) {
+        free_ids(*ids, *n_out);
+        *ids = NULL;
+        *n_out = 0;
+        *total = 0;
+    }
+    return status;
+}
+
+/* ---- runs --------------------------------------------------------------- */
+
+twk_status twk_store_run_create(twk_store *s, const twk_store_run *run) {
+    const char *op = "run create";
+    NEED(s, "store", op);
+    NEED(run, "run", op);
+    TRY(check_field(run->id, sizeof run->id, 1, "id", op));
+    TRY(check_field(run->tenant, sizeof run->tenant, 0, "tenant", op));
+    TRY(check_field(run->session_id, sizeof run->session_id, 0, "session_id", op));
+    TRY(check_field(run->base_model, sizeof run->base_model, 0, "base_model", op));
+    TRY(check_json(run->user_metadata_json, 0, "user_metadata", op));
+    TRY(check_finite(run->created, "created", op));
+    TRY(check_finite(run->last_request, "last_request", op));
+    sqlite3_stmt *st;
+    TRY(stmt_get(s, ST_RUN_INSERT, op, &st));
+    BIND(bind_text(s, st, 1, run->id, op));
+    BIND(bind_text(s, st, 2, run->tenant, op));
+    BIND(bind_text(s, st, 3, run->session_id, op));
+    BIND(bind_text(s, st, 4, run->base_model, op));
+    BIND(bind_int64(s, st, 5, run->is_lora, op));
+    BIND(bind_int64(s, st, 6, run->lora_rank, op));
+    BIND(bind_int64(s, st, 7, run->train_attn, op));
+    BIND(bind_int64(s, st, 8, run->train_mlp, op));
+    BIND(bind_int64(s, st, 9, run->train_unembed, op));
+    BIND(bind_int64(s, st, 10, run->seed, op));
+    BIND(bind_text(s, st, 11, run->user_metadata_json ? run->user_metadata_json : "{}", op));
+    BIND(bind_double(s, st, 12, run->created, op));
+    BIND(bind_double(s, st, 13, run->last_request, op));
+    twk_status status = step_done(s, st, op, NULL);
+    if (status == TWK_ERR_STATE) return twk_error(TWK_ERR_STATE, "store: %s: run '%s' already exists", op, run->id);
+    return status;
+}
+
+/* Reads a RUN_COLS row into *out (zeroed first; cleared on failure). */
+static twk_status row_to_run(twk_store *s, sqlite3_stmt *st, twk_store_run *out, const char *op) {
+    memset(out, 0, sizeof *out);
+    twk_status status = col_field(s, st, 0, out->id, sizeof out->id, op);
+    if (status == TWK_OK) status = col_field(s, st, 1, out->tenant, sizeof out->tenant, op);
+    if (status == TWK_OK) status = col_field(s, st, 2, out->session_id, sizeof out->session_id, op);
+    if (status == TWK_OK) status = col_field(s, st, 3, out->base_model, sizeof out->base_model, op);
+    out->is_lora = sqlite3_column_int(st, 4);
+    out->lora_rank = sqlite3_column_int(st, 5);
+    out->train_attn = sqlite3_column_int(st, 6);
+    out->train_mlp = sqlite3_column_int(st, 7);
+    out->train_unembed = sqlite3_column_int(st, 8);
+    out->seed = sqlite3_column_int64(st, 9);
+    if (status == TWK_OK) status = col_owned(s, st, 10, "{}", &out->user_metadata_json, "run user_metadata");
+    out->created = sqlite3_column_double(st, 11);
+    out->last_request = sqlite3_column_double(st, 12);
+    if (status != TWK_OK) twk_store_run_clear(out);
+    return status;
+}
+
+twk_status twk_store_run_get(twk_store *s, const char *tenant, const char *id, twk_store_run *out) {
+    const char *op = "run get";
+    NEED(out, "out", op);
+    memset(out, 0, sizeof *out);
+    NEED(s, "store", op);
+    NEED(tenant, "tenant", op);
+    NEED(id, "id", op);
+    sqlite3_stmt *st;
+    TRY(stmt_get(s, ST_RUN_GET, op, &st));
+    BIND(bind_text(s, st, 1, tenant, op));
+    BIND(bind_text(s, st, 2, id, op));
+    int rc = sqlite3_step(st);
+    twk_status status;
+    if (rc == SQLITE_DONE) status = twk_error(TWK_ERR_NOT_FOUND, "store: %s: run '%s' not found", op, id);
+    else if (rc != SQLITE_ROW) status = db_fail(s, op, sqlite3_extended_errcode(s->db));
+    else status = row_to_run(s, st, out, op);
+    stmt_done(st);
+    return status;
+}
+
+twk_status twk_store_run_touch(twk_store *s, const char *id, double now) {
+    const char *op = "run touch";
+    NEED(s, "store", op);
+    NEED(id, "id", op);
+    TRY(check_finite(now, "now", op));
+    sqlite3_stmt *st;
+    TRY(stmt_get(s, ST_RUN_TOUCH, op, &st));
+    BIND(bind_text(s, st, 1, id, op));
+    BIND(bind_double(s, st, 2, now, op));
+    int changes = 0;
+    TRY(step_done(s, st, op, &changes));
+    if (changes == 0) return twk_error(TWK_ERR_NOT_FOUND, "store: %s: run '%s' not found", op, id);
+    return TWK_OK;
+}
+
+static void free_runs(twk_store_run *runs, int n) {
+    if (!runs) return;
+    for (int i = 0; i < n; i++) twk_store_run_clear(&runs[i]);
+    twk_host_free(runs);
+}
+
+static twk_status run_page(twk_store *s, const char *tenant, const char *session_id, int limit, int offset,
+                           twk_store_run **runs, int *n_out, int *total, const char *op) {
+    sqlite3_stmt *st;
+    TRY(stmt_get(s, ST_RUN_COUNT, op, &st));
+    BIND(bind_text(s, st, 1, tenant, op));
+    BIND(bind_text(s, st, 2, session_id, op));
+    TRY(count_rows(s, st, op, total));
+    int cap = page_cap(*total, limit, offset);
+    if (cap == 0) return TWK_OK;
+    twk_store_run *arr = twk_host_calloc((size_t)cap * sizeof *arr, "run list");
+    if (!arr) return TWK_ERR_OOM;
+    int n = 0;
+    twk_status status = TWK_OK;
+    status = stmt_get(s, ST_RUN_LIST, op, &st);
+    if (status == TWK_OK) status = bind_text(s, st, 1, tenant, op);
+    if (status == TWK_OK) status = bind_text(s, st, 2, session_id, op);
+    if (status == TWK_OK) status = bind_int64(s, st, 3, limit, op);
+    if (status == TWK_OK) status = bind_int64(s, st, 4, offset, op);
+    while (status == TWK_OK && n < cap) {
+        int rc = sqlite3_step(st);
+        if (rc == SQLITE_DONE) break;
+        if (rc != SQLITE_ROW) {
+            status = db_fail(s, op, sqlite3_extended_errcode(s->db));
+            break;
+        }
+        status = row_to_run(s, st, &arr[n], op);
+        if (status == TWK_OK) n++;
+    }
+    if (st) stmt_done(st);
+    if (status != TWK_OK) {
+        free_runs(arr, n);
+        return status;
+    }
+    if (n == 0) {
+        twk_host_free(arr);
+        arr = NULL;
+    }
+    *runs = arr;
+    *n_out = n;
+    return TWK_OK;
+}
+
+twk_status twk_store_run_list(twk_store *s, const char *tenant, const char *session_id, int limit, int offset,
+                              twk_store_run **runs, int *n_out, int *total) {
+    const char *op = "run list";
+    NEED(runs, "runs", op);
+    NEED(n_out, "n_out", op);
+    NEED(total, "total", op);
+    *runs = NULL;
+    *n_out = 0;
+    *total = 0;
+    NEED(s, "store", op);
+    NEED(tenant, "tenant", op);
+    TRY(list_args(&limit, offset, op));
+    TRY(read_begin(s, op));
+    twk_status status = run_page(s, tenant, session_id, limit, offset, runs, n_out, total, op);
+    status = read_end(s, status, op);
+    if (status != TWK_OK) {
+        free_runs(*runs, *n_out);
+        *runs = NULL;
+        *n_out = 0;
+        *total = 0;
+    }
+    return status;
+}
+
+/* ---- checkpoints -------------------------------------------------------- */
+
+static twk_status ckpt_write(twk_store *s, const twk_store_ckpt *c, int which, const char *op) {
+    NEED(s, "store", op);
+    NEED(c, "checkpoint", op);
+    TRY(check_field(c->run_id, sizeof c->run_id, 1, "run_id", op));
+    TRY(check_field(c->checkpoint_id, sizeof c->checkpoint_id, 1, "checkpoint_id", op));
+    TRY(check_field(c->tenant, sizeof c->tenant, 0, "tenant", op));
+    TRY(check_field(c->path, sizeof c->path, 0, "path", op));
+    TRY(check_finite(c->created, "created", op));
+    TRY(check_finite(c->expires_at, "expires_at", op));
+    if (c->size_bytes < 0) return twk_error(TWK_ERR_INVALID_ARG, "store: %s: size_bytes is negative", op);
+    if (c->expires_at < 0) return twk_error(TWK_ERR_INVALID_ARG, "store: %s: expires_at is negative", op);
+    sqlite3_stmt *st;
+    TRY(stmt_get(s, which, op, &st));
+    BIND(bind_text(s, st, 1, c->run_id, op));
+    BIND(bind_text(s, st, 2, c->checkpoint_id, op));
+    BIND(bind_text(s, st, 3, c->tenant, op));
+    BIND(bind_text(s, st, 4, c->path, op));
+    BIND(bind_int64(s, st, 5, c->size_bytes, op));
+    BIND(bind_double(s, st, 6, c->created, op));
+    BIND(bind_double(s, st, 7, c->expires_at, op));
+    BIND(bind_int64(s, st, 8, c->is_public ? 1 : 0, op));
+    int changes = 0;
+    twk_status status = step_done(s, st, op, &changes);
+    if (status == TWK_ERR_STATE)
+        return twk_error(TWK_ERR_STATE, "store: %s: checkpoint '%s' of run '%s' already exists", op,
+                         c->checkpoint_id, c->run_id);
+    if (status == TWK_OK && changes == 0) /* upsert onto another tenant's row: left alone */
+        return twk_error(TWK_ERR_NOT_FOUND, "store: %s: checkpoint '%s' of run '%s' not found", op,
+                         c->checkpoint_id, c->run_id);
+    return status;
+}
+
+twk_status twk_store_ckpt_create(twk_store *s, const twk_store_ckpt *c) {
+    return ckpt_write(s, c, ST_CK_INSERT, "checkpoint create");
+}
+
+twk_status twk_store_ckpt_upsert(twk_store *s, const twk_store_ckpt *c) {
+    return ckpt_write(s, c, ST_CK_UPSERT, "checkpoint upsert");
+}
+
+static twk_status row_to_ckpt(twk_store *s, sqlite3_stmt *st, twk_store_ckpt *out, const char *op) {
+    memset(out, 0, sizeof *out);
+    twk_status status = col_field(s, st, 0, out->run_id, sizeof out->run_id, op);
+    if (status == TWK_OK) status = col_field(s, st, 1, out->checkpoint_id, sizeof out->checkpoint_id, op);
+    if (status == TWK_OK) status = col_field(s, st, 2, out->tenant, sizeof out->tenant, op);
+    if (status == TWK_OK) status = col_field(s, st, 3, out->path, sizeof out->path, op);
+    out->size_bytes = sqlite3_column_int64(st, 4);
+    out->created = sqlite3_column_double(st, 5);
+    out->expires_at = sqlite3_column_double(st, 6);
+    out->is_public = sqlite3_column_int(st, 7) != 0;
+    return status;
+}
+
+twk_status twk_store_ckpt_get(twk_store *s, const char *tenant, const char *run_id, const char *checkpoint_id,
+                              twk_store_ckpt *out) {
+    const char *op = "checkpoint get";
+    NEED(out, "out", op);
+    memset(out, 0, sizeof *out);
+    NEED(s, "store", op);
+    NEED(tenant, "tenant", op);
+    NEED(run_id, "run_id", op);
+    NEED(checkpoint_id, "checkpoint_id", op);
+    sqlite3_stmt *st;
+    TRY(stmt_get(s, ST_CK_GET, op, &st));
+    BIND(bind_text(s, st, 1, tenant, op));
+    BIND(bind_text(s, st, 2, run_id, op));
+    BIND(bind_text(s, st, 3, checkpoint_id, op));
+    int rc = sqlite3_step(st);
+    twk_status status;
+    if (rc == SQLITE_DONE)
+        status = twk_error(TWK_ERR_NOT_FOUND, "store: %s: checkpoint '%s' of run '%s' not found", op, checkpoint_id,
+                           run_id);
+    else if (rc != SQLITE_ROW) status = db_fail(s, op, sqlite3_extended_errcode(s->db));
+    else status = row_to_ckpt(s, st, out, op);
+    stmt_done(st);
+    return status;
+}
+
+static twk_status ckpt_update(twk_store *s, int which, const char *op, const char *tenant, const char *run_id,
+                              const char *checkpoint_id, int nvals, double dval, int64_t ival) {
+    NEED(s, "store", op);
+    NEED(tenant, "tenant", op);
+    NEED(run_id, "run_id", op);
+    NEED(checkpoint_id, "checkpoint_id", op);
+    sqlite3_stmt *st;
+    TRY(stmt_get(s, which, op, &st));
+    BIND(bind_text(s, st, 1, tenant, op));
+    BIND(bind_text(s, st, 2, run_id, op));
+    BIND(bind_text(s, st, 3, checkpoint_id, op));
+    if (nvals == 1) BIND(bind_double(s, st, 4, dval, op));
+    if (nvals == 2) BIND(bind_int64(s, st, 4, ival, op));
+    int changes = 0;
+    TRY(step_done(s, st, op, &changes));
+    if (changes == 0)
+        return twk_error(TWK_ERR_NOT_FOUND, "store: %s: checkpoint '%s' of run '%s' not found", op, checkpoint_id,
+                         run_id);
+    return TWK_OK;
+}
+
+twk_status twk_store_ckpt_delete(twk_store *s, const char *tenant, const char *run_id, const char *checkpoint_id) {
+    return ckpt_update(s, ST_CK_DELETE, "checkpoint delete", tenant, run_id, checkpoint_id, 0, 0, 0);
+}
+
+twk_status twk_store_ckpt_set_ttl(twk_store *s, const char *tenant, const char *run_id, const char *checkpoint_id,
+                                  double expires_at) {
+    const char *op = "checkpoint set ttl";
+    TRY(check_finite(expires_at, "expires_at", op));
+    if (expires_at < 0) return twk_error(TWK_ERR_INVALID_ARG, "store: %s: expires_at is negative", op);
+    return ckpt_update(s, ST_CK_TTL, op, tenant, run_id, checkpoint_id, 1, expires_at, 0);
+}
+
+twk_status twk_store_ckpt_set_public(twk_store *s, const char *tenant, const char *run_id, const char *checkpoint_id,
+                                     int is_public) {
+    return ckpt_update(s, ST_CK_PUBLIC, "checkpoint set public", tenant, run_id, checkpoint_id, 2, 0,
+                       is_public ? 1 : 0);
+}
+
+static twk_status ckpt_page(twk_store *s, const char *tenant, const char *run_id, int limit, int offset,
+                            twk_store_ckpt **out, int *n_out, int *total, const char *op) {
+    sqlite3_stmt *st;
+    TRY(stmt_get(s, ST_CK_COUNT, op, &st));
+    BIND(bind_text(s, st, 1, tenant, op));
+    BIND(bind_text(s, st, 2, run_id, op));
+    TRY(count_rows(s, st, op, total));
+    int cap = page_cap(*total, limit, offset);
+    if (cap == 0) return TWK_OK;
+    twk_store_ckpt *arr = twk_host_calloc((size_t)cap * sizeof *arr, "checkpoint list");
+    if (!arr) return TWK_ERR_OOM;
+    int n = 0;
+    twk_status status = TWK_OK;
+    status = stmt_get(s, ST_CK_LIST, op, &st);
+    if (status == TWK_OK) status = bind_text(s, st, 1, tenant, op);
+    if (status == TWK_OK) status = bind_text(s, st, 2, run_id, op);
+    if (status == TWK_OK) status = bind_int64(s, st, 3, limit, op);
+    if (status == TWK_OK) status = bind_int64(s, st, 4, offset, op);
+    while (status == TWK_OK && n < cap) {
+        int rc = sqlite3_step(st);
+        if (rc == SQLITE_DONE) break;
+        if (rc != SQLITE_ROW) {
+            status = db_fail(s, op, sqlite3_extended_errcode(s->db));
+            break;
+        }
+        status = row_to_ckpt(s, st, &arr[n], op);
+        if (status == TWK_OK) n++;
+    }
+    if (st) stmt_done(st);
+    if (status != TWK_OK || n == 0) {
+        twk_host_free(arr);
+        return status;
+    }
+    *out = arr;
+    *n_out = n;
+    return TWK_OK;
+}
+
+twk_status twk_store_ckpt_list(twk_store *s, const char *tenant, const char *run_id, int limit, int offset,
+                               twk_store_ckpt **out, int *n_out, int *total) {
+    const char *op = "checkpoint list";
+    NEED(out, "out", op);
+    NEED(n_out, "n_out", op);
+    NEED(total, "total", op);
+    *out = NULL;
+    *n_out = 0;
+    *total = 0;
+    NEED(s, "store", op);
+    NEED(tenant, "tenant", op);
+    TRY(list_args(&limit, offset, op));
+    TRY(read_begin(s, op));
+    twk_status status = ckpt_page(s, tenant, run_id, limit, offset, out, n_out, total, op);
+    status = read_end(s, status, op);
+    if (status != TWK_OK) {
+        twk_host_free(*out);
+        *out = NULL;
+        *n_out = 0;
+        *total = 0;
+    }
+    return status;
+}

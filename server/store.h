@@ -1,0 +1,101 @@
+/* server/ — the SQLite store in the data directory: sessions, training runs
+ * (with their user_metadata) and checkpoints, each owned by a tenant. Lookups
+ * take the tenant and treat another tenant's rows as absent
+ * (TWK_ERR_NOT_FOUND), so isolation is enforced here, once. Used from the
+ * loop thread only. */
+#ifndef TWK_SERVER_STORE_H
+#define TWK_SERVER_STORE_H
+
+#include <stdint.h>
+
+#include "twinkle/status.h"
+
+typedef struct twk_store twk_store;
+
+/* Opens (creating if needed) DATA_DIR/twinkle.db with WAL journaling and the
+ * schema; TWK_ERR_IO names the file on failure. */
+twk_status twk_store_open(const char *data_dir, twk_store **out);
+void twk_store_close(twk_store *s);
+
+typedef struct twk_store_session {
+    char id[96];
+    char tenant[64];
+    char *tags_json;          /* owned; JSON array text */
+    char *user_metadata_json; /* owned; JSON object text */
+    char sdk_version[32];
+    double created, last_heartbeat; /* unix seconds */
+    int finished;
+} twk_store_session;
+
+typedef struct twk_store_run {
+    char id[128];
+    char tenant[64];
+    char session_id[96];
+    char base_model[128];
+    int is_lora, lora_rank, train_attn, train_mlp, train_unembed;
+    int64_t seed;
+    char *user_metadata_json; /* owned; "{}" when none */
+    double created, last_request;
+} twk_store_run;
+
+typedef struct twk_store_ckpt {
+    char run_id[128];
+    char checkpoint_id[200]; /* "weights/<name>" or "sampler_weights/<name>" */
+    char tenant[64];
+    char path[1024];         /* folder on disk */
+    int64_t size_bytes;
+    double created;
+    double expires_at;       /* 0 = never */
+    int is_public;
+} twk_store_ckpt;
+
+/* Creates refuse (TWK_ERR_INVALID_ARG, nothing stored) a fixed-size field
+ * with no NUL inside its size (never truncated), an empty id, a non-finite
+ * time, and JSON text of the wrong kind; NULL tags/metadata store "[]"/"{}".
+ * Gets overwrite *out (zeroed on failure, nothing to free). Lists clamp limit
+ * to 1..1000, refuse offset < 0 (TWK_ERR_INVALID_ARG), and return a NULL
+ * array when n_out is 0. */
+
+/* Frees the owned strings inside (not the struct). */
+void twk_store_session_clear(twk_store_session *s);
+void twk_store_run_clear(twk_store_run *r);
+
+twk_status twk_store_session_create(twk_store *s, const twk_store_session *sess);
+/* TWK_ERR_NOT_FOUND when absent or another tenant's. */
+twk_status twk_store_session_get(twk_store *s, const char *tenant, const char *id, twk_store_session *out);
+twk_status twk_store_session_heartbeat(twk_store *s, const char *tenant, const char *id, double now);
+twk_status twk_store_session_finish(twk_store *s, const char *tenant, const char *id);
+/* Session ids of a tenant, newest first; *ids is an array of n_out strings
+ * (free each and the array with twk_host_free); *total counts all. */
+twk_status twk_store_session_list(twk_store *s, const char *tenant, int limit, int offset, char ***ids, int *n_out,
+                                  int *total);
+
+/* TWK_ERR_STATE if the id exists. */
+twk_status twk_store_run_create(twk_store *s, const twk_store_run *run);
+twk_status twk_store_run_get(twk_store *s, const char *tenant, const char *id, twk_store_run *out);
+twk_status twk_store_run_touch(twk_store *s, const char *id, double now);
+/* Runs of a tenant, newest first; *runs is an array of n_out records (clear
+ * each, then twk_host_free the array); *total counts all. session_id may be
+ * NULL (all sessions). */
+twk_status twk_store_run_list(twk_store *s, const char *tenant, const char *session_id, int limit, int offset,
+                              twk_store_run **runs, int *n_out, int *total);
+
+/* TWK_ERR_STATE if (run_id, checkpoint_id) exists. */
+twk_status twk_store_ckpt_create(twk_store *s, const twk_store_ckpt *c);
+/* Replaces an existing row (overwrite=true saves). Another tenant's row is
+ * left alone: TWK_ERR_NOT_FOUND. Neither call checks that run_id is the
+ * tenant's run; the caller does (twk_store_run_get). */
+twk_status twk_store_ckpt_upsert(twk_store *s, const twk_store_ckpt *c);
+twk_status twk_store_ckpt_get(twk_store *s, const char *tenant, const char *run_id, const char *checkpoint_id,
+                              twk_store_ckpt *out);
+twk_status twk_store_ckpt_delete(twk_store *s, const char *tenant, const char *run_id, const char *checkpoint_id);
+/* Checkpoints of one run (run_id) or of the whole tenant (run_id NULL),
+ * newest first. *out: n_out records (twk_host_free the array). */
+twk_status twk_store_ckpt_list(twk_store *s, const char *tenant, const char *run_id, int limit, int offset,
+                               twk_store_ckpt **out, int *n_out, int *total);
+twk_status twk_store_ckpt_set_ttl(twk_store *s, const char *tenant, const char *run_id, const char *checkpoint_id,
+                                  double expires_at);
+twk_status twk_store_ckpt_set_public(twk_store *s, const char *tenant, const char *run_id, const char *checkpoint_id,
+                                     int is_public);
+
+#endif

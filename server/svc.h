@@ -1,0 +1,121 @@
+/* server/ — the service's shared state: base models, training runs with their
+ * ordered op queues, and the handles of the loop. Loop thread only, except
+ * where an op's fields are marked "worker". */
+#ifndef TWK_SERVER_SVC_H
+#define TWK_SERVER_SVC_H
+
+#include <uv.h>
+
+#include "auth.h"
+#include "futures.h"
+#include "http.h"
+#include "service.h"
+#include "store.h"
+#include "wire.h"
+#include "worker.h"
+
+typedef struct base_model {
+    char name[128];
+    char dir[1024];
+    twk_model *m;
+    int has_tokenizer;
+} base_model;
+
+typedef struct run_state run_state;
+
+typedef enum op_kind { OP_CREATE, OP_FB, OP_OPTIM, OP_SAVE, OP_SAVE_SAMPLER, OP_LOAD, OP_UNLOAD } op_kind;
+
+typedef struct op {
+    op_kind kind;
+    int32_t seq;
+    char request_id[64];
+    run_state *run;
+    struct svc *svc;
+    /* inputs */
+    twk_wire_fb_request *fb;   /* OP_FB */
+    twk_adam_params adam;      /* OP_OPTIM */
+    char name[128];            /* OP_SAVE*: checkpoint name */
+    int overwrite;
+    double ttl_seconds;
+    char dir[1024];            /* OP_SAVE*: final folder; OP_LOAD: folder to read */
+    int load_optimizer;
+    char prefail[512];         /* validation error: fail in order without running */
+    /* results (worker) */
+    twk_status st;
+    int user_error;            /* category "user" rather than "server" */
+    char err[768];
+    unsigned char *out;
+    size_t out_len;
+    int out_proto;
+    int64_t size_bytes;
+    twk_job job;
+    struct op *next;
+} op;
+
+#define DEDUPE_RING 512
+
+struct run_state {
+    char id[128];
+    char tenant[64];
+    char session_id[96];
+    base_model *base;
+    twk_lora_config lora;
+    twk_trainer *trainer;      /* created and used on the worker */
+    int lost;                  /* known from the store, but its live state did not survive a restart */
+    int unloaded;
+    char create_request[64];
+    int32_t next_seq;
+    op *pending;               /* arrived ahead of next_seq, sorted by seq */
+    double gap_since;          /* loop time when ops started waiting on a gap */
+    int32_t ring_seq[DEDUPE_RING];
+    char ring_req[DEDUPE_RING][64];
+    run_state *next;
+};
+
+typedef struct svc {
+    twk_serve_config cfg;
+    uv_loop_t *loop;
+    twk_http_server *http;
+    twk_worker *worker;
+    twk_futures *futures;
+    twk_store *store;
+    twk_auth *auth;
+    twk_device *dev;
+    base_model models[TWK_MAX_BASE_MODELS];
+    int n_models;
+    run_state *runs;
+    uv_timer_t gap_timer;
+    uv_signal_t sigint, sigterm;
+    unsigned long long id_counter;
+    int stopping;
+} svc;
+
+/* ---- runs.c ---- */
+base_model *svc_find_model(svc *s, const char *name);
+/* A run of `tenant` by id: live, or restored from the store as lost; NULL if absent. */
+run_state *svc_find_run(svc *s, const char *tenant, const char *id);
+/* Starts create_model; writes the future's id. Returns 0, or an HTTP status
+ * with a message in err (400/404). */
+int svc_create_run(svc *s, const char *tenant, const char *session_id, int model_seq_id, const char *base,
+                   const twk_lora_config *lora, const char *user_metadata_json, char *request_id, char *model_id,
+                   char *err, size_t err_len);
+/* Queues an op in seq order (dedupe on seq: *request_id gets the original
+ * id). Takes ownership of o. */
+void svc_submit_op(svc *s, run_state *r, op *o, char *request_id);
+op *svc_op_new(svc *s, run_state *r, op_kind kind, int32_t seq);
+void svc_op_free(op *o);
+/* Fails ops stuck behind a missing seq_id longer than the configured timeout. */
+void svc_check_gaps(svc *s);
+void svc_free_runs(svc *s);
+/* tinker://<run>/<kind>/<name> → parts; 0 if malformed. */
+int svc_parse_tinker_path(const char *path, char *run, size_t run_len, char *kind, size_t kind_len, char *name,
+                          size_t name_len);
+/* DATA_DIR/checkpoints/<run>/<kind>/<name> */
+void svc_ckpt_dir(const svc *s, const char *run, const char *kind, const char *name, char *out, size_t len);
+/* A unique id with a prefix ("sess", ...). */
+void svc_new_id(svc *s, const char *prefix, char *out, size_t len);
+
+/* ---- api.c ---- */
+void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user);
+
+#endif

@@ -1,0 +1,32 @@
+/* server/ — the compute worker: one thread that runs engine jobs in
+ * submission order; each finished job is handed back to the loop thread
+ * (uv_async) where its `done` callback runs. The loop thread never computes. */
+#ifndef TWK_SERVER_WORKER_H
+#define TWK_SERVER_WORKER_H
+
+#include <uv.h>
+
+typedef struct twk_job twk_job;
+/* run: on the worker thread. done: on the loop thread, afterwards; it owns the job. */
+typedef void (*twk_job_fn)(twk_job *j);
+
+struct twk_job {
+    twk_job_fn run;
+    twk_job_fn done;
+    void *arg;
+    twk_job *next;
+};
+
+typedef struct twk_worker twk_worker;
+
+/* Starts the worker thread; NULL on failure. */
+twk_worker *twk_worker_start(uv_loop_t *loop);
+/* Queues a job (loop thread). */
+void twk_worker_submit(twk_worker *w, twk_job *j);
+/* Jobs queued or running. */
+int twk_worker_depth(const twk_worker *w);
+/* Finishes queued jobs, joins the thread, runs remaining done callbacks and
+ * closes the async handle (the loop must run afterwards to free it). */
+void twk_worker_stop(twk_worker *w);
+
+#endif
