@@ -16,9 +16,10 @@ build: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
-# The main job: train a tiny transformer from scratch and print a falling loss.
+# The main job: `twinkle serve` on the built-in model + the bundled Tinker SDK
+# client that LoRA-trains it (scripts/demo.sh).
 demo: build
-	./$(BUILD)/twinkle demo
+	BUILD=$(BUILD) sh scripts/demo.sh
 
 # The whole test suite.
 test: build

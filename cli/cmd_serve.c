@@ -25,6 +25,7 @@ static void usage(FILE *f) {
             "  --max-datums N       per request (default 4096)   --max-body-mb M   (default 64)\n"
             "  --seq-timeout S      fail ops queued behind a seq_id missing this long (default 120)\n"
             "  --poll-timeout S     long-poll hold of retrieve_future (default 25)\n"
+            "  --fwdbwd-chunk-len N datums per forward_backward request the SDK sends (default 1024)\n"
             "  --config FILE        the same options as 'key = value' lines (model may repeat)\n"
             "  --quiet              no log lines\n",
             TWK_DEFAULT_MODEL_NAME);

@@ -23,12 +23,15 @@ static void future_reply(twk_http_conn *c, const char *request_id, const char *m
 
 /* ---- client and session endpoints ---- */
 
-static void h_client_config(twk_http_conn *c) {
-    twk_http_respond_json(c, 200,
-                          "{\"pjwt_auth_enabled\":false,\"use_pyqwest_transport\":false,\"proto_compress_fwdbwd\":false,"
-                          "\"parallel_fwdbwd_chunks\":true,\"sample_max_concurrent_requests\":64,"
-                          "\"create_model_via_load_weights\":false,\"sample_use_retrieve_futures\":false,"
-                          "\"sample_join_sampling_session\":false,\"credential_default_source\":\"api_key\"}");
+static void h_client_config(svc *s, twk_http_conn *c) {
+    char buf[640];
+    snprintf(buf, sizeof buf,
+             "{\"pjwt_auth_enabled\":false,\"use_pyqwest_transport\":false,\"proto_compress_fwdbwd\":false,"
+             "\"parallel_fwdbwd_chunks\":true,\"fwdbwd_max_chunk_len\":%d,\"sample_max_concurrent_requests\":64,"
+             "\"create_model_via_load_weights\":false,\"sample_use_retrieve_futures\":false,"
+             "\"sample_join_sampling_session\":false,\"credential_default_source\":\"api_key\"}",
+             s->cfg.fwdbwd_chunk_len);
+    twk_http_respond_json(c, 200, buf);
 }
 
 static void h_create_session(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
@@ -510,7 +513,7 @@ void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     }
     cJSON *b = api_body(c, req);
     if (!b) return;
-    if (!strcmp(route, "client/config")) h_client_config(c);
+    if (!strcmp(route, "client/config")) h_client_config(s, c);
     else if (!strcmp(route, "client/dynamic_config")) twk_http_respond_json(c, 200, "{\"refresh_interval_sec\":3600}");
     else if (!strcmp(route, "create_session")) h_create_session(s, c, b, tenant);
     else if (!strcmp(route, "session_heartbeat")) h_heartbeat(s, c, b, tenant);

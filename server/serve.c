@@ -22,6 +22,7 @@ void twk_serve_config_default(twk_serve_config *c) {
     c->max_body_bytes = 64u << 20;
     c->seq_timeout_s = 120;
     c->poll_timeout_s = 25;
+    c->fwdbwd_chunk_len = 1024;
 }
 
 static int parse_num(const char *s, double lo, double hi, double *out) {
@@ -57,6 +58,7 @@ twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char
     NUM("max-body-mb", 1, 4096, max_body_bytes, size_t)
     NUM("seq-timeout", 1, 86400, seq_timeout_s, double)
     NUM("poll-timeout", 0.05, 40, poll_timeout_s, double)
+    NUM("fwdbwd-chunk-len", 1, 1 << 20, fwdbwd_chunk_len, int)
 #undef NUM
     if (!strcmp(opt, "max-body-mb")) return TWK_OK;
     struct { const char *name; char *dst; size_t len; } strs[] = {

@@ -34,6 +34,7 @@ typedef struct twk_serve_config {
     size_t max_body_bytes;    /* default 64 MiB */
     double seq_timeout_s;     /* a missing seq_id fails its successors after this; default 120 */
     double poll_timeout_s;    /* long-poll hold; default 25 */
+    int fwdbwd_chunk_len;     /* datums per forward_backward request the SDK may send; default 1024 */
     int quiet;
 } twk_serve_config;
 

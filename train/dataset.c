@@ -32,6 +32,13 @@ void twk_dataset_free(twk_dataset *d) {
 int64_t twk_dataset_count(const twk_dataset *d) { return d ? d->n_ex : 0; }
 int64_t twk_dataset_tokens(const twk_dataset *d) { return d ? d->n_targets : 0; }
 
+int64_t twk_dataset_max_targets(const twk_dataset *d) {
+    int64_t m = 0;
+    for (int64_t i = 0; d && i < d->n_ex; i++)
+        if (d->ex[i].len - 1 > m) m = d->ex[i].len - 1;
+    return m;
+}
+
 static int grow(void **p, int64_t *cap, int64_t need, size_t elem) {
     if (need <= *cap) return 1;
     int64_t nc = *cap ? *cap : 1024;

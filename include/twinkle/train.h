@@ -162,6 +162,8 @@ void twk_dataset_free(twk_dataset *d);
 int64_t twk_dataset_count(const twk_dataset *d);
 /* Total target tokens (sum of len(tokens) - 1). */
 int64_t twk_dataset_tokens(const twk_dataset *d);
+/* Target tokens of the longest example. */
+int64_t twk_dataset_max_targets(const twk_dataset *d);
 
 /* A packed batch that owns its arrays (see twk_batch). */
 typedef struct twk_packed {

@@ -1,0 +1,131 @@
+/* `twinkle score`: per-token log-probabilities of JSONL examples under a
+ * model (optionally with a PEFT LoRA adapter) — the engine's answer, for
+ * checking a service or a checkpoint from the command line. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cJSON.h>
+
+#include "cli.h"
+#include "twinkle/twinkle.h"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: twinkle score --model DIR [--adapter DIR] --data FILE.jsonl [--device cpu]\n"
+               "  Prints one JSON line {\"logprobs\": [...]} per example {\"tokens\": [...]}: the log-probability\n"
+               "  of each token after the first given the ones before it (len(tokens) - 1 values).\n");
+}
+
+/* r and alpha of a PEFT adapter folder, and which modules it adapts. */
+static int adapter_config(const char *dir, twk_lora_config *lc) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    char buf[65536];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    cJSON *j = cJSON_Parse(buf);
+    const cJSON *r = cJSON_GetObjectItem(j, "r"), *a = cJSON_GetObjectItem(j, "lora_alpha");
+    const cJSON *t = cJSON_GetObjectItem(j, "target_modules");
+    int ok = cJSON_IsNumber(r) && cJSON_IsNumber(a) && cJSON_IsArray(t);
+    if (ok) {
+        lc->rank = r->valueint;
+        lc->alpha = (float)a->valuedouble;
+        lc->train_attn = lc->train_mlp = lc->train_unembed = 0;
+        for (const cJSON *e = t->child; e; e = e->next) {
+            if (!cJSON_IsString(e)) continue;
+            const char *m = e->valuestring;
+            if (strstr(m, "q_proj") || strstr(m, "k_proj") || strstr(m, "v_proj") || strstr(m, "o_proj")) lc->train_attn = 1;
+            if (strstr(m, "gate_proj") || strstr(m, "up_proj") || strstr(m, "down_proj")) lc->train_mlp = 1;
+            if (strstr(m, "lm_head")) lc->train_unembed = 1;
+        }
+    }
+    cJSON_Delete(j);
+    return ok;
+}
+
+int twk_cmd_score(int argc, char **argv) {
+    const char *model = NULL, *adapter = NULL, *data = NULL, *device = "cpu";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "twinkle score: %s needs a value\n", argv[i]);
+            return 2;
+        }
+        if (!strcmp(argv[i], "--model")) model = argv[++i];
+        else if (!strcmp(argv[i], "--adapter")) adapter = argv[++i];
+        else if (!strcmp(argv[i], "--data")) data = argv[++i];
+        else if (!strcmp(argv[i], "--device")) device = argv[++i];
+        else {
+            fprintf(stderr, "twinkle score: unknown option '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!model || !data) {
+        usage(stderr);
+        return 2;
+    }
+    twk_device *dev = NULL;
+    twk_model *m = NULL;
+    twk_dataset *ds = NULL;
+    twk_trainer *t = NULL;
+    twk_packed one = {0};
+    int rc = 1;
+    if (twk_device_open(device, &dev) != TWK_OK || twk_model_load(model, dev, &m) != TWK_OK ||
+        twk_dataset_load_jsonl(data, twk_model_cfg(m)->vocab, &ds) != TWK_OK)
+        goto fail;
+    twk_lora_config lc = twk_lora_default();
+    lc.rank = 1;
+    if (adapter && !adapter_config(adapter, &lc)) {
+        fprintf(stderr, "twinkle score: %s/adapter_config.json lacks r, lora_alpha or target_modules\n", adapter);
+        goto out;
+    }
+    /* passes of up to 2048 tokens, or the longest example; without an adapter, a
+     * rank-1 adapter whose B is zero adds nothing */
+    int64_t cap = twk_dataset_max_targets(ds) > 2048 ? twk_dataset_max_targets(ds) : 2048;
+    if (twk_trainer_new(m, &lc, cap, &t) != TWK_OK) goto fail;
+    if (adapter && twk_adapter_load(t, adapter) != TWK_OK) goto fail;
+    for (int64_t cur = 0; cur < twk_dataset_count(ds);) {
+        if (twk_dataset_pack(ds, cap, &cur, &one) != TWK_OK) goto fail;
+        if (cur > twk_dataset_count(ds)) { /* packing wraps to the start: drop the repeats */
+            int64_t extra = cur - twk_dataset_count(ds), n = one.batch.n;
+            for (int64_t i = n - 1; i >= 0 && extra > 0; i--)
+                if (one.batch.seg_start[i] == i) {
+                    n = i;
+                    extra--;
+                }
+            one.batch.n = n;
+        }
+        float *lp = malloc((size_t)one.batch.n * 4);
+        if (!lp || twk_trainer_forward(t, &one.batch, lp, NULL) != TWK_OK) {
+            free(lp);
+            goto fail;
+        }
+        int64_t s = 0;
+        for (int64_t i = 0; i <= one.batch.n; i++) {
+            if (i == one.batch.n || (i > s && one.batch.seg_start[i] == i)) {
+                printf("{\"logprobs\": [");
+                for (int64_t k = s; k < i; k++) printf("%s%.9g", k > s ? ", " : "", (double)lp[k]);
+                printf("]}\n");
+                s = i;
+            }
+        }
+        free(lp);
+    }
+    rc = 0;
+    goto out;
+fail:
+    fprintf(stderr, "twinkle score: %s\n", twk_last_error());
+out:
+    twk_packed_free(&one);
+    twk_trainer_free(t);
+    twk_dataset_free(ds);
+    twk_model_free(m);
+    twk_device_close(dev);
+    return rc;
+}
