@@ -427,14 +427,14 @@ static void h_load(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant)
 static void h_unload(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
     run_state *r = need_run(s, c, b, tenant, NULL);
     if (!r) return;
-    /* unload is not sequenced by the client: run it after whatever is queued */
-    op *o = svc_op_new(s, r, OP_UNLOAD, r->next_seq);
+    /* unload carries no seq_id: it runs after whatever was already dispatched */
+    op *o = svc_op_new(s, r, OP_UNLOAD, 0);
     if (!o) {
         api_error(c, 503, "out of memory");
         return;
     }
     char request_id[64];
-    svc_submit_op(s, r, o, request_id);
+    svc_dispatch_now(s, r, o, request_id);
     future_reply(c, request_id, r->id);
 }
 

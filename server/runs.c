@@ -456,6 +456,12 @@ int svc_create_run(svc *s, const char *tenant, const char *session_id, int model
     return 0;
 }
 
+void svc_dispatch_now(svc *s, run_state *r, op *o, char *request_id) {
+    twk_futures_create(s->futures, r->tenant, request_id);
+    snprintf(o->request_id, sizeof o->request_id, "%s", request_id);
+    dispatch(s, o);
+}
+
 static void ring_put(run_state *r, int32_t seq, const char *req) {
     int i = (int)((uint32_t)seq % DEDUPE_RING);
     r->ring_seq[i] = seq;

@@ -102,6 +102,8 @@ int svc_create_run(svc *s, const char *tenant, const char *session_id, int model
 /* Queues an op in seq order (dedupe on seq: *request_id gets the original
  * id). Takes ownership of o. */
 void svc_submit_op(svc *s, run_state *r, op *o, char *request_id);
+/* Runs an op outside the seq order (after what is already dispatched). */
+void svc_dispatch_now(svc *s, run_state *r, op *o, char *request_id);
 op *svc_op_new(svc *s, run_state *r, op_kind kind, int32_t seq);
 void svc_op_free(op *o);
 /* Fails ops stuck behind a missing seq_id longer than the configured timeout. */
