@@ -384,7 +384,13 @@ static void op_done(twk_job *j) {
     else
         twk_futures_complete(s->futures, o->request_id, o->out_proto ? "application/x-protobuf" : "application/json",
                              o->out, o->out_len);
-    if (o->kind != OP_CREATE) twk_store_run_touch(s->store, o->run->id, wall_now());
+    /* last_request_time is informational: update it at most every 10 s, so a
+     * busy run does not put an fsync on the loop thread after every op */
+    double now = wall_now();
+    if (o->kind != OP_CREATE && now - o->run->last_touch >= 10) {
+        twk_store_run_touch(s->store, o->run->id, now);
+        o->run->last_touch = now;
+    }
     svc_op_free(o);
 }
 

@@ -67,6 +67,7 @@ struct run_state {
     int32_t next_seq;
     op *pending;               /* arrived ahead of next_seq, sorted by seq */
     double gap_since;          /* loop time when ops started waiting on a gap */
+    double last_touch;         /* wall time of the last last_request update in the store */
     int32_t ring_seq[DEDUPE_RING];
     char ring_req[DEDUPE_RING][64];
     run_state *next;
