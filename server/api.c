@@ -283,10 +283,75 @@ static int validate_fb(svc *s, const run_state *r, const twk_wire_fb_request *q,
     return 1;
 }
 
+/* Reads top-level fields 1 (model_id) and 2 (seq_id) of a request the full
+ * decoder refused, so a well-framed request with bad content still takes its
+ * seq_id slot (and fails there) instead of stalling the run. 0 if unreadable. */
+static int peek_ids(const unsigned char *p, size_t len, char *model_id, size_t mlen, int32_t *seq) {
+    size_t i = 0;
+    int have_model = 0, have_seq = 0;
+    while (i < len) {
+        uint64_t key = 0, v = 0;
+        int sh = 0;
+        while (i < len && sh < 64) {
+            key |= (uint64_t)(p[i] & 0x7f) << sh;
+            sh += 7;
+            if (!(p[i++] & 0x80)) break;
+        }
+        unsigned field = (unsigned)(key >> 3), wt = (unsigned)(key & 7);
+        if (wt == 0) {
+            sh = 0;
+            while (i < len && sh < 64) {
+                v |= (uint64_t)(p[i] & 0x7f) << sh;
+                sh += 7;
+                if (!(p[i++] & 0x80)) break;
+            }
+            if (field == 2) {
+                *seq = (int32_t)v;
+                have_seq = 1;
+            }
+        } else if (wt == 2) {
+            sh = 0;
+            while (i < len && sh < 64) {
+                v |= (uint64_t)(p[i] & 0x7f) << sh;
+                sh += 7;
+                if (!(p[i++] & 0x80)) break;
+            }
+            if (v > len - i) return 0;
+            if (field == 1) {
+                if (v == 0 || v >= mlen) return 0;
+                memcpy(model_id, p + i, v);
+                model_id[v] = 0;
+                have_model = 1;
+            }
+            i += v;
+        } else if (wt == 1) {
+            i += 8;
+        } else if (wt == 5) {
+            i += 4;
+        } else {
+            return 0;
+        }
+    }
+    return have_model && have_seq && i == len && !strchr(model_id, '/');
+}
+
 static void h_forward_backward(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant) {
     twk_wire_fb_request *q = NULL;
     if (twk_wire_decode_fb_request(req->body, req->body_len, &q) != TWK_OK) {
-        api_error(c, 400, "invalid ForwardBackwardRequest protobuf: %s", twk_last_error());
+        char why[512], model_id[128];
+        int32_t seq = 0;
+        snprintf(why, sizeof why, "%s", twk_last_error());
+        run_state *r = peek_ids(req->body, req->body_len, model_id, sizeof model_id, &seq)
+                           ? svc_find_run(s, tenant, model_id) : NULL;
+        op *o = r ? svc_op_new(s, r, OP_FB, seq) : NULL;
+        if (!o) {
+            api_error(c, 400, "invalid ForwardBackwardRequest protobuf: %s", why);
+            return;
+        }
+        snprintf(o->prefail, sizeof o->prefail, "%s", why);
+        char request_id[64];
+        svc_submit_op(s, r, o, request_id);
+        future_reply(c, request_id, r->id);
         return;
     }
     run_state *r = svc_find_run(s, tenant, q->model_id);
@@ -366,6 +431,16 @@ static void h_save(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant,
         snprintf(o->prefail, sizeof o->prefail,
                  "path '%s' must be a checkpoint name: 1-100 of [A-Za-z0-9._-], not starting with '.'", name ? name : "");
     } else {
+        const cJSON *meta = cJSON_GetObjectItemCaseSensitive(b, "user_metadata");
+        if (meta && !cJSON_IsNull(meta)) {
+            char *txt = cJSON_IsObject(meta) ? cJSON_PrintUnformatted(meta) : NULL;
+            if (!txt) snprintf(o->prefail, sizeof o->prefail, "field 'user_metadata' must be an object");
+            else if (strlen(txt) >= sizeof o->user_metadata_json)
+                snprintf(o->prefail, sizeof o->prefail, "field 'user_metadata' is over %zu bytes",
+                         sizeof o->user_metadata_json - 1);
+            else snprintf(o->user_metadata_json, sizeof o->user_metadata_json, "%s", txt);
+            free(txt);
+        }
         snprintf(o->name, sizeof o->name, "%s", name);
         o->overwrite = overwrite;
         o->ttl_seconds = ttl;
@@ -376,7 +451,88 @@ static void h_save(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant,
     future_reply(c, request_id, r->id);
 }
 
+/* load_weights without a model_id: create_training_client_from_state. A new
+ * run "<session>:train:<model_seq_id>" with the checkpoint's LoRA shape, then
+ * the load; the future is the load's. */
+static void h_create_from_state(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
+    const char *session_id, *path;
+    long long model_seq;
+    int optimizer = 0;
+    char err[512], run[128], kind[32], name[128], ckid[200];
+    if (!api_str(b, "session_id", 1, &session_id, err, sizeof err) ||
+        !api_int(b, "model_seq_id", 1, 0, 1000000000, 0, &model_seq, err, sizeof err) ||
+        !api_str(b, "path", 1, &path, err, sizeof err) || !api_bool(b, "optimizer", 0, &optimizer, err, sizeof err)) {
+        api_error(c, 400, "%s", err);
+        return;
+    }
+    twk_store_session sess;
+    if (twk_store_session_get(s->store, tenant, session_id, &sess) != TWK_OK) {
+        api_error(c, 404, "session '%s' not found", session_id);
+        return;
+    }
+    twk_store_session_clear(&sess);
+    if (!svc_parse_tinker_path(path, run, sizeof run, kind, sizeof kind, name, sizeof name)) {
+        api_error(c, 400, "path '%s' is not tinker://<run>/(weights|sampler_weights)/<name>", path);
+        return;
+    }
+    snprintf(ckid, sizeof ckid, "%s/%s", kind, name);
+    twk_store_ckpt ck;
+    twk_store_run src;
+    if (twk_store_ckpt_get(s->store, tenant, run, ckid, &ck) != TWK_OK ||
+        twk_store_run_get(s->store, tenant, run, &src) != TWK_OK) {
+        api_error(c, 404, "checkpoint %s not found", path);
+        return;
+    }
+    if (optimizer && strcmp(kind, "weights")) {
+        twk_store_run_clear(&src);
+        api_error(c, 400, "%s holds sampler weights only; it has no optimizer state", path);
+        return;
+    }
+    twk_lora_config lora = twk_lora_default();
+    lora.rank = src.lora_rank;
+    lora.alpha = 32;
+    lora.train_attn = src.train_attn;
+    lora.train_mlp = src.train_mlp;
+    lora.train_unembed = src.train_unembed;
+    lora.seed = (uint64_t)src.seed;
+    char base[128];
+    snprintf(base, sizeof base, "%s", src.base_model);
+    twk_store_run_clear(&src);
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(b, "user_metadata");
+    char *meta_json = meta && cJSON_IsObject(meta) ? cJSON_PrintUnformatted(meta) : NULL;
+    char create_id[64], model_id[128];
+    int status = svc_create_run(s, tenant, session_id, (int)model_seq, base, &lora, meta_json, create_id, model_id,
+                                err, sizeof err);
+    free(meta_json);
+    if (status) {
+        api_error(c, status, "%s", err);
+        return;
+    }
+    run_state *r = svc_find_run(s, tenant, model_id);
+    if (!r) {
+        api_error(c, 500, "the new run vanished");
+        return;
+    }
+    if (r->load_request[0]) { /* a retried create-from-state */
+        future_reply(c, r->load_request, r->id);
+        return;
+    }
+    op *o = svc_op_new(s, r, OP_LOAD, 0);
+    if (!o) {
+        api_error(c, 503, "out of memory");
+        return;
+    }
+    snprintf(o->dir, sizeof o->dir, "%s", ck.path);
+    o->load_optimizer = optimizer;
+    svc_dispatch_now(s, r, o, r->load_request);
+    future_reply(c, r->load_request, r->id);
+}
+
 static void h_load(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
+    if (!cJSON_GetObjectItemCaseSensitive(b, "model_id") && cJSON_GetObjectItemCaseSensitive(b, "session_id")) {
+        h_create_from_state(s, c, b, tenant);
+        return;
+    }
     int32_t seq;
     run_state *r = need_run(s, c, b, tenant, &seq);
     if (!r) return;

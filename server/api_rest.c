@@ -33,6 +33,8 @@ static cJSON *ckpt_json(const twk_store_ckpt *c) {
     } else {
         cJSON_AddNullToObject(j, "expires_at");
     }
+    cJSON *meta = cJSON_Parse(c->user_metadata_json[0] ? c->user_metadata_json : "{}");
+    cJSON_AddItemToObject(j, "user_metadata", meta ? meta : cJSON_CreateObject());
     return j;
 }
 

@@ -365,6 +365,7 @@ static void record_checkpoint(op *o) {
     c.size_bytes = o->size_bytes;
     c.created = wall_now();
     c.expires_at = o->ttl_seconds > 0 ? c.created + o->ttl_seconds : 0;
+    snprintf(c.user_metadata_json, sizeof c.user_metadata_json, "%s", o->user_metadata_json[0] ? o->user_metadata_json : "{}");
     if (twk_store_ckpt_upsert(o->svc->store, &c) != TWK_OK) {
         snprintf(o->err, sizeof o->err, "recording the checkpoint failed: %s", twk_last_error());
         o->st = TWK_ERR_IO;

@@ -55,12 +55,16 @@ twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char
     NUM("max-lora-rank", 1, 4096, max_lora_rank, int)
     NUM("max-context", 2, 1 << 20, max_context, int64_t)
     NUM("max-datums", 1, 1 << 20, max_datums, int64_t)
-    NUM("max-body-mb", 1, 4096, max_body_bytes, size_t)
+    if (!strcmp(opt, "max-body-mb")) {
+        if (!parse_num(val, 1, 4096, &v))
+            return twk_error(TWK_ERR_INVALID_ARG, "--%s wants a number in [1, 4096], got '%s'", opt, val);
+        c->max_body_bytes = (size_t)(v * 1048576.0);
+        return TWK_OK;
+    }
     NUM("seq-timeout", 1, 86400, seq_timeout_s, double)
     NUM("poll-timeout", 0.05, 40, poll_timeout_s, double)
     NUM("fwdbwd-chunk-len", 1, 1 << 20, fwdbwd_chunk_len, int)
 #undef NUM
-    if (!strcmp(opt, "max-body-mb")) return TWK_OK;
     struct { const char *name; char *dst; size_t len; } strs[] = {
         {"host", c->host, sizeof c->host},
         {"data-dir", c->data_dir, sizeof c->data_dir},

@@ -56,7 +56,7 @@ enum {
 #define RUN_COLS                                                                                                  \
     "id, tenant, session_id, base_model, is_lora, lora_rank, train_attn, train_mlp, train_unembed, seed, "      \
     "user_metadata, created, last_request"
-#define CK_COLS "run_id, checkpoint_id, tenant, path, size_bytes, created, expires_at, is_public"
+#define CK_COLS "run_id, checkpoint_id, tenant, path, size_bytes, created, expires_at, is_public, user_metadata"
 
 static const char *const stmt_sql[ST_COUNT] = {
     [ST_BEGIN] = "BEGIN",
@@ -76,12 +76,13 @@ static const char *const stmt_sql[ST_COUNT] = {
     [ST_RUN_COUNT] = "SELECT COUNT(*) FROM runs WHERE tenant = ?1 AND (?2 IS NULL OR session_id = ?2)",
     [ST_RUN_LIST] = "SELECT " RUN_COLS " FROM runs WHERE tenant = ?1 AND (?2 IS NULL OR session_id = ?2) "
                     "ORDER BY created DESC, id ASC LIMIT ?3 OFFSET ?4",
-    [ST_CK_INSERT] = "INSERT INTO checkpoints (" CK_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    [ST_CK_INSERT] = "INSERT INTO checkpoints (" CK_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
     /* a conflicting row of another tenant is left alone (changes() == 0) */
-    [ST_CK_UPSERT] = "INSERT INTO checkpoints (" CK_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) "
+    [ST_CK_UPSERT] = "INSERT INTO checkpoints (" CK_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) "
                      "ON CONFLICT (run_id, checkpoint_id) DO UPDATE SET path = excluded.path, "
                      "size_bytes = excluded.size_bytes, created = excluded.created, "
-                     "expires_at = excluded.expires_at, is_public = excluded.is_public "
+                     "expires_at = excluded.expires_at, is_public = excluded.is_public, "
+                     "user_metadata = excluded.user_metadata "
                      "WHERE checkpoints.tenant = excluded.tenant",
     [ST_CK_GET] = "SELECT " CK_COLS " FROM checkpoints WHERE tenant = ?1 AND run_id = ?2 AND checkpoint_id = ?3",
     [ST_CK_DELETE] = "DELETE FROM checkpoints WHERE tenant = ?1 AND run_id = ?2 AND checkpoint_id = ?3",
@@ -128,6 +129,7 @@ static const char schema_sql[] =
     " created REAL NOT NULL,"
     " expires_at REAL NOT NULL DEFAULT 0,"
     " is_public INTEGER NOT NULL DEFAULT 0,"
+    " user_metadata TEXT NOT NULL DEFAULT '{}',"
     " PRIMARY KEY (run_id, checkpoint_id));"
     "CREATE INDEX IF NOT EXISTS checkpoints_tenant_created ON checkpoints (tenant, created);";
 
@@ -794,6 +796,7 @@ static twk_status ckpt_write(twk_store *s, const twk_store_ckpt *c, int which, c
     TRY(check_field(c->checkpoint_id, sizeof c->checkpoint_id, 1, "checkpoint_id", op));
     TRY(check_field(c->tenant, sizeof c->tenant, 0, "tenant", op));
     TRY(check_field(c->path, sizeof c->path, 0, "path", op));
+    TRY(check_field(c->user_metadata_json, sizeof c->user_metadata_json, 0, "user_metadata", op));
     TRY(check_finite(c->created, "created", op));
     TRY(check_finite(c->expires_at, "expires_at", op));
     if (c->size_bytes < 0) return twk_error(TWK_ERR_INVALID_ARG, "store: %s: size_bytes is negative", op);
@@ -808,6 +811,7 @@ static twk_status ckpt_write(twk_store *s, const twk_store_ckpt *c, int which, c
     BIND(bind_double(s, st, 6, c->created, op));
     BIND(bind_double(s, st, 7, c->expires_at, op));
     BIND(bind_int64(s, st, 8, c->is_public ? 1 : 0, op));
+    BIND(bind_text(s, st, 9, c->user_metadata_json[0] ? c->user_metadata_json : "{}", op));
     int changes = 0;
     twk_status status = step_done(s, st, op, &changes);
     if (status == TWK_ERR_STATE)
@@ -837,6 +841,7 @@ static twk_status row_to_ckpt(twk_store *s, sqlite3_stmt *st, twk_store_ckpt *ou
     out->created = sqlite3_column_double(st, 5);
     out->expires_at = sqlite3_column_double(st, 6);
     out->is_public = sqlite3_column_int(st, 7) != 0;
+    if (status == TWK_OK) status = col_field(s, st, 8, out->user_metadata_json, sizeof out->user_metadata_json, op);
     return status;
 }
 

@@ -47,6 +47,7 @@ typedef struct twk_store_ckpt {
     double created;
     double expires_at;       /* 0 = never */
     int is_public;
+    char user_metadata_json[2048]; /* JSON object text; "" or "{}" when none */
 } twk_store_ckpt;
 
 /* Creates refuse (TWK_ERR_INVALID_ARG, nothing stored) a fixed-size field

@@ -40,6 +40,7 @@ typedef struct op {
     char dir[1024];            /* OP_SAVE*: final folder; OP_LOAD: folder to read */
     int load_optimizer;
     char prefail[512];         /* validation error: fail in order without running */
+    char user_metadata_json[2048]; /* OP_SAVE*: stored with the checkpoint */
     /* results (worker) */
     twk_status st;
     int user_error;            /* category "user" rather than "server" */
@@ -64,6 +65,7 @@ struct run_state {
     int lost;                  /* known from the store, but its live state did not survive a restart */
     int unloaded;
     char create_request[64];
+    char load_request[64];     /* created by load_weights (create_training_client_from_state) */
     int32_t next_seq;
     op *pending;               /* arrived ahead of next_seq, sorted by seq */
     double gap_since;          /* loop time when ops started waiting on a gap */

@@ -1,0 +1,201 @@
+"""Shared fixtures for the SDK compatibility suite: `twinkle serve` processes
+driven by the official `tinker` SDK (unchanged) and by raw HTTP.
+
+Environment:
+  TWINKLE_BIN   the twinkle binary (default: <repo>/build/twinkle)
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BASE_MODEL = "twinkle/tiny-qwen3"  # the built-in model served when no --model is given
+VOCAB = 512
+
+
+def twinkle_bin() -> Path:
+    env = os.environ.get("TWINKLE_BIN")
+    if env:
+        p = Path(env)
+        if not p.is_absolute():
+            # relative to the cwd first (ctest, run.sh), then to the repo root
+            p = Path.cwd() / p if (Path.cwd() / p).exists() else REPO / p
+        return p
+    return REPO / "build" / "twinkle"
+
+
+def pytest_configure(config):
+    # The suite calls a few SDK methods that 0.38 marks deprecated on purpose
+    # (get_server_capabilities, load_state): they are still part of the API.
+    config.addinivalue_line("filterwarnings", "ignore:DEPRECATED:FutureWarning")
+
+
+class Server:
+    """One `twinkle serve` process on a free port with its own data dir."""
+
+    def __init__(self, data_dir: Path, extra_args=(), log_path: Path | None = None, port: int = 0):
+        self.data_dir = Path(data_dir)
+        self.extra_args = list(extra_args)
+        self.log_path = Path(log_path) if log_path else self.data_dir.parent / (self.data_dir.name + ".log")
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+        self._start(port)
+
+    def _start(self, port: int):
+        binary = twinkle_bin()
+        if not binary.exists():
+            pytest.fail(f"twinkle binary not found at {binary} (build it, or set TWINKLE_BIN)")
+        cmd = [str(binary), "serve", "--port", str(port), "--data-dir", str(self.data_dir), *self.extra_args]
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL)
+        deadline = time.time() + 60
+        line = b""
+        while time.time() < deadline:
+            r, _, _ = select.select([self.proc.stdout], [], [], 0.2)
+            if r:
+                line = self.proc.stdout.readline()
+                if line.startswith(b"port "):
+                    self.port = int(line.split()[1])
+                    return
+                if not line:  # EOF: the process exited
+                    break
+            elif self.proc.poll() is not None:
+                break
+        rc = self.proc.poll()
+        self.kill()
+        pytest.fail(f"twinkle serve did not start (rc={rc}, last stdout {line!r}); log:\n{self.log_text()}")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self, sig=signal.SIGKILL):
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=20)
+        if self.proc is not None and self.proc.stdout:
+            self.proc.stdout.close()
+        if getattr(self, "log", None):
+            self.log.close()
+
+    def stop(self):
+        """Graceful shutdown (SIGTERM), SIGKILL if it hangs."""
+        self.kill(signal.SIGTERM)
+
+
+@pytest.fixture
+def start_server(tmp_path):
+    """Factory: start_server(data_dir=None, *args) -> Server; killed at the end of the test."""
+    started: list[Server] = []
+    counter = [0]
+
+    def _start(*extra_args, data_dir: Path | None = None, port: int = 0) -> Server:
+        counter[0] += 1
+        d = Path(data_dir) if data_dir else tmp_path / f"data{counter[0]}"
+        s = Server(d, extra_args, log_path=tmp_path / f"serve{counter[0]}.log", port=port)
+        started.append(s)
+        return s
+
+    yield _start
+    for s in started:
+        s.kill()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One server shared by the tests of a module (open mode, default options)."""
+    d = tmp_path_factory.mktemp("serve")
+    s = Server(d / "data", ["--seq-timeout", "30"], log_path=d / "serve.log")
+    yield s
+    s.kill()
+
+
+@pytest.fixture(scope="module")
+def base_url(server):
+    yield server.base_url
+
+
+# ---- helpers shared by the test modules ----
+
+def counting_datum(start: int, length: int = 16, first: int = 100, digits: int = 32):
+    """A learnable example: count on a clock of `digits` tokens first..first+digits-1."""
+    from tinker import types
+
+    seq = [first + (start + i) % digits for i in range(length + 1)]
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(seq[:-1]),
+        loss_fn_inputs={"target_tokens": seq[1:], "weights": [1.0] * length},
+    )
+
+
+def make_datum(tokens, targets, weights=None):
+    from tinker import types
+
+    inputs = {"target_tokens": list(targets)}
+    if weights is not None:
+        inputs["weights"] = list(weights)
+    return types.Datum(model_input=types.ModelInput.from_ints(list(tokens)), loss_fn_inputs=inputs)
+
+
+def logprobs_of(result):
+    """Per-datum logprobs (lists of float) of a ForwardBackwardOutput."""
+    return [out["logprobs"].tolist() for out in result.loss_fn_outputs]
+
+
+def max_abs_diff(a, b) -> float:
+    assert len(a) == len(b), f"{len(a)} vs {len(b)} datums"
+    worst = 0.0
+    for x, y in zip(a, b):
+        assert len(x) == len(y), f"datum lengths {len(x)} vs {len(y)}"
+        for u, v in zip(x, y):
+            worst = max(worst, abs(u - v))
+    return worst
+
+
+def service_client(base_url: str, key: str = "tml-alice", **kw):
+    import tinker
+
+    return tinker.ServiceClient(base_url=base_url, api_key=key, **kw)
+
+
+def rest_client(base_url: str, key: str = "tml-alice"):
+    import tinker
+
+    return tinker.RestClient(base_url=base_url, api_key=key)
+
+
+def new_training_client(sc, rank: int = 8, seed: int = 1234, **kw):
+    tc = sc.create_lora_training_client(base_model=BASE_MODEL, rank=rank, seed=seed, **kw)
+    if hasattr(tc, "result"):
+        tc = tc.result(timeout=60)
+    return tc
+
+
+def adam(lr=5e-3):
+    from tinker import types
+
+    return types.AdamParams(learning_rate=lr, beta1=0.9, beta2=0.95, eps=1e-8)

@@ -1,0 +1,58 @@
+#!/bin/sh
+# Runs the Tinker SDK compatibility suite (tests/sdk) against `twinkle serve`.
+#
+#   sh tests/sdk/run.sh [pytest args...]
+#
+# Environment:
+#   TWINKLE_BIN    the twinkle binary (default build/twinkle, relative to the repo root)
+#   TWK_SDK_VENV   the virtual environment to create/use (default build/venv-sdk)
+#   TWK_PYTHON     the Python that creates the venv (default /usr/bin/python3, >= 3.11)
+# Exits with pytest's status.
+set -eu
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+
+# a relative TWINKLE_BIN given by the caller is relative to the caller's cwd
+if [ -n "${TWINKLE_BIN:-}" ]; then
+    case "$TWINKLE_BIN" in
+    /*) ;;
+    *) if [ -e "$TWINKLE_BIN" ]; then TWINKLE_BIN="$(pwd)/$TWINKLE_BIN"; fi ;;
+    esac
+fi
+cd "$root"
+TWINKLE_BIN=${TWINKLE_BIN:-build/twinkle}
+export TWINKLE_BIN
+
+venv=${TWK_SDK_VENV:-build/venv-sdk}
+python=${TWK_PYTHON:-/usr/bin/python3}
+req=tests/sdk/requirements.txt
+
+if [ ! -x "$venv/bin/python" ]; then
+    echo "tests/sdk: creating $venv" >&2
+    mkdir -p "$(dirname "$venv")"
+    "$python" -m venv "$venv"
+fi
+# install only when requirements.txt changed since the last successful install
+stamp="$venv/.twinkle-sdk-requirements"
+if ! cmp -s "$req" "$stamp" 2>/dev/null; then
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$req"
+    cp "$req" "$stamp"
+fi
+
+if [ ! -x "$TWINKLE_BIN" ]; then
+    echo "tests/sdk: $TWINKLE_BIN is missing: build it (make -C build twinkle) or set TWINKLE_BIN" >&2
+    exit 2
+fi
+
+# the whole suite unless the arguments name test files or folders
+target=tests/sdk
+for a in "$@"; do
+    case "$a" in
+    tests/sdk*|*.py|*.py::*) target= ;;
+    esac
+done
+export PYTHONDONTWRITEBYTECODE=1
+set +e
+"$venv/bin/python" -m pytest -q --tb=short -p no:cacheprovider $target "$@"
+exit $?
