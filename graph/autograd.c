@@ -35,6 +35,8 @@ static int differentiable_src(const twk_node *n, int i) {
     case TWK_OP_ATTN: return i < 3;
     case TWK_OP_LOGPROBS: return i == 0;
     case TWK_OP_GET_ROWS_BACK: return i == 0;
+    case TWK_OP_KV_WRITE:
+    case TWK_OP_ATTN_CACHE: return 0;
     default: return 1;
     }
 }
@@ -130,6 +132,10 @@ static int backward_node(twk_graph *g, twk_id id, twk_id gy, const unsigned char
         break;
     }
     case TWK_OP_GET_ROWS:
+        if (g->nodes[s[0]].dyn) {
+            twk_graph_fail(g, TWK_ERR_UNSUPPORTED, "backward: get_rows from a per-token table (node %d) has no gradient rule", id);
+            return 0;
+        }
         c[0] = twk_get_rows_back(g, gy, s[1], g->nodes[s[0]].ne[0]);
         break;
     case TWK_OP_RMSNORM: {

@@ -434,7 +434,7 @@ twk_id twk_get_rows(twk_graph *g, twk_id table, twk_id ids) {
         !want_dtype(g, i, ids, "get_rows", "ids", 0, 1))
         return -1;
     char s1[96], s2[96];
-    if (t->ndim != 2 || t->dyn || i->ndim != 1)
+    if (t->ndim != 2 || (t->dyn & 2) || i->ndim != 1)
         return twk_graph_fail(g, TWK_ERR_SHAPE, "get_rows: want table [V, D] and ids [T]; got %s and %s",
                               SHAPE(g, table, s1), SHAPE(g, ids, s2));
     twk_node n;
@@ -567,5 +567,62 @@ twk_id twk_logprobs(twk_graph *g, twk_id logits, twk_id targets) {
     n.nsrc = 2;
     n.src[0] = logits;
     n.src[1] = targets;
+    return twk_graph_push(g, &n);
+}
+
+/* ---- decoding with a KV cache ---- */
+
+twk_id twk_kv_write(twk_graph *g, twk_id cache, twk_id x, twk_id rows) {
+    const twk_node *C = arg(g, cache, "kv_write", "cache");
+    const twk_node *X = arg(g, x, "kv_write", "x");
+    const twk_node *R = arg(g, rows, "kv_write", "rows");
+    if (!C || !X || !R) return -1;
+    if (!want_dtype(g, C, cache, "kv_write", "cache", 1, 0) || !want_dtype(g, X, x, "kv_write", "x", 1, 0) ||
+        !want_dtype(g, R, rows, "kv_write", "rows", 0, 1))
+        return -1;
+    char s1[96], s2[96], s3[96];
+    if (C->ndim != 3 || C->dyn || X->ndim != 3 || (X->dyn & ~1u) || X->ne[1] != C->ne[1] || X->ne[2] != C->ne[2] ||
+        !is_vector_of(R, X))
+        return twk_graph_fail(g, TWK_ERR_SHAPE, "kv_write: want cache [R, H, D], x [T, H, D], rows [T]; got %s, %s, %s",
+                              SHAPE(g, cache, s1), SHAPE(g, x, s2), SHAPE(g, rows, s3));
+    twk_node n;
+    init_node(&n, TWK_OP_KV_WRITE, TWK_F32);
+    copy_shape(&n, C);
+    n.nsrc = 3;
+    n.src[0] = cache;
+    n.src[1] = x;
+    n.src[2] = rows;
+    return twk_graph_push(g, &n);
+}
+
+twk_id twk_attention_cached(twk_graph *g, twk_id q, twk_id kc, twk_id vc, twk_id lo, twk_id hi, float scale) {
+    const twk_node *Q = arg(g, q, "attn_cache", "q");
+    const twk_node *K = arg(g, kc, "attn_cache", "kc");
+    const twk_node *V = arg(g, vc, "attn_cache", "vc");
+    const twk_node *L = arg(g, lo, "attn_cache", "lo");
+    const twk_node *H = arg(g, hi, "attn_cache", "hi");
+    if (!Q || !K || !V || !L || !H) return -1;
+    if (!want_dtype(g, Q, q, "attn_cache", "q", 1, 0) || !want_dtype(g, K, kc, "attn_cache", "kc", 1, 0) ||
+        !want_dtype(g, V, vc, "attn_cache", "vc", 1, 0) || !want_dtype(g, L, lo, "attn_cache", "lo", 0, 1) ||
+        !want_dtype(g, H, hi, "attn_cache", "hi", 0, 1))
+        return -1;
+    char s1[96], s2[96], s3[96];
+    int ok = Q->ndim == 3 && (Q->dyn & ~1u) == 0 && K->ndim == 3 && !K->dyn && twk_same_shape(K, V) &&
+             K->ne[2] == Q->ne[2] && K->ne[1] > 0 && Q->ne[1] % K->ne[1] == 0 && is_vector_of(L, Q) && is_vector_of(H, Q);
+    if (!ok)
+        return twk_graph_fail(g, TWK_ERR_SHAPE,
+                              "attn_cache: want q [T, Hq, D], kc and vc [R, Hkv, D] with Hq %% Hkv == 0, lo and hi [T]; "
+                              "got q %s, kc %s, vc %s",
+                              SHAPE(g, q, s1), SHAPE(g, kc, s2), SHAPE(g, vc, s3));
+    twk_node n;
+    init_node(&n, TWK_OP_ATTN_CACHE, TWK_F32);
+    copy_shape(&n, Q);
+    n.fp[0] = scale;
+    n.nsrc = 5;
+    n.src[0] = q;
+    n.src[1] = kc;
+    n.src[2] = vc;
+    n.src[3] = lo;
+    n.src[4] = hi;
     return twk_graph_push(g, &n);
 }

@@ -184,6 +184,10 @@ twk_status twk_plan_compile(const twk_graph *g, twk_device *dev, int64_t capacit
         else if (nd->op == TWK_OP_RESHAPE) {
             s->kind = SLOT_VIEW;
             s->root = p->slots[nd->src[0]].root;
+        } else if (nd->op == TWK_OP_KV_WRITE) { /* writes its cache in place */
+            s->kind = SLOT_VIEW;
+            s->root = p->slots[nd->src[0]].root;
+            n_launch++;
         } else n_launch++;
     }
     for (int b = 0; b < n_binds; b++) {
@@ -220,7 +224,8 @@ twk_status twk_plan_compile(const twk_graph *g, twk_device *dev, int64_t capacit
     for (int i = 0; i < g->n; i++) {
         slot *s = &p->slots[i];
         const twk_node *nd = &g->nodes[i];
-        if (s->kind == SLOT_DEAD || s->kind == SLOT_LEAF || s->kind == SLOT_VIEW) continue;
+        if (s->kind == SLOT_DEAD || s->kind == SLOT_LEAF) continue;
+        if (s->kind == SLOT_VIEW && nd->op != TWK_OP_KV_WRITE) continue;
         if (is_leaf(nd->op)) continue; /* a bound leaf */
         p->launch_node[li] = i;
         if (s->kind == SLOT_ARENA) s->first = li;
@@ -238,6 +243,16 @@ twk_status twk_plan_compile(const twk_graph *g, twk_device *dev, int64_t capacit
         if ((g->nodes[i].flags & TWK_NODE_OUTPUT) && r->kind == SLOT_ARENA) r->last = n_launch;
         if (s->kind == SLOT_ARENA && s->last < s->first) s->last = s->first;
     }
+
+    for (int i = 0; i < g->n; i++)
+        if (p->slots[i].kind != SLOT_DEAD && g->nodes[i].op == TWK_OP_KV_WRITE) {
+            const slot *r = &p->slots[p->slots[i].root];
+            if (r->kind != SLOT_LEAF && r->kind != SLOT_BOUND) {
+                twk_plan_free(p);
+                return twk_error(TWK_ERR_INVALID_ARG,
+                                 "plan_compile: kv_write node %d must write into a parameter or bound tensor", i);
+            }
+        }
 
     /* memory: arena for intermediates, one buffer for unbound leaves */
     size_t naive = 0, leaf_bytes = 0, peak = 0;

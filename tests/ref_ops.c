@@ -179,3 +179,32 @@ void ref_concat(const rt *a, const rt *b, int axis, rt *y) {
 }
 
 void ref_copy(const rt *x, rt *y) { memcpy(y->d, x->d, (size_t)rt_nelem(x) * sizeof(double)); }
+
+void ref_kv_write(const rt *cache, const rt *x, const rt *rows, rt *y) {
+    int64_t row = cache->ne[1] * cache->ne[2];
+    memcpy(y->d, cache->d, (size_t)rt_nelem(cache) * sizeof(double));
+    for (int64_t t = 0; t < x->ne[0]; t++)
+        memcpy(y->d + (int64_t)rows->d[t] * row, x->d + t * row, (size_t)row * sizeof(double));
+}
+
+void ref_attn_cache(const rt *q, const rt *kc, const rt *vc, const rt *lo, const rt *hi, double scale, rt *y) {
+    int64_t T = q->ne[0], Hq = q->ne[1], D = q->ne[2], Hkv = kc->ne[1], grp = Hq / Hkv;
+    double sc[4096];
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < Hq; h++) {
+            int64_t a = (int64_t)lo->d[t], b = (int64_t)hi->d[t], hk = h / grp;
+            double m = -INFINITY, z = 0;
+            for (int64_t r = a; r < b; r++) {
+                double s = 0;
+                for (int64_t d = 0; d < D; d++) s += q->d[(t * Hq + h) * D + d] * kc->d[(r * Hkv + hk) * D + d];
+                sc[r - a] = s * scale;
+                if (sc[r - a] > m) m = sc[r - a];
+            }
+            for (int64_t r = a; r < b; r++) z += (sc[r - a] = exp(sc[r - a] - m));
+            for (int64_t d = 0; d < D; d++) {
+                double o = 0;
+                for (int64_t r = a; r < b; r++) o += sc[r - a] / z * vc->d[(r * Hkv + hk) * D + d];
+                y->d[(t * Hq + h) * D + d] = o;
+            }
+        }
+}

@@ -17,7 +17,7 @@
 #include "ref_ops.h"
 #include "twinkle/twinkle.h"
 
-enum gen { G_NORMAL, G_IDS, G_POS, G_SEG, G_SEG_LONG, G_POSITIVE };
+enum gen { G_NORMAL, G_IDS, G_POS, G_SEG, G_SEG_LONG, G_POSITIVE, G_ROWS, G_HI };
 
 typedef struct in_spec {
     int ndim;
@@ -92,6 +92,14 @@ static twk_id b_slice(twk_graph *g, const twk_id *in, const op_case *c) { return
 static void r_slice(const op_case *c, rt *in, rt *y) { ref_slice(&in[0], c->ip[0], c->ip[1], y); }
 static twk_id b_concat(twk_graph *g, const twk_id *in, const op_case *c) { return twk_concat(g, in[0], in[1], c->ip[0]); }
 static void r_concat(const op_case *c, rt *in, rt *y) { ref_concat(&in[0], &in[1], c->ip[0], y); }
+static twk_id b_kv_write(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_kv_write(g, in[0], in[1], in[2]); }
+static void r_kv_write(const op_case *c, rt *in, rt *y) { (void)c; ref_kv_write(&in[0], &in[1], &in[2], y); }
+static twk_id b_attn_cache(twk_graph *g, const twk_id *in, const op_case *c) {
+    return twk_attention_cached(g, in[0], in[1], in[2], in[3], in[4], (float)c->fp[0]);
+}
+static void r_attn_cache(const op_case *c, rt *in, rt *y) {
+    ref_attn_cache(&in[0], &in[1], &in[2], &in[3], &in[4], (double)(float)c->fp[0], y);
+}
 static twk_id b_reshape(twk_graph *g, const twk_id *in, const op_case *c) {
     int64_t ne[4] = {c->ip[0], c->ip[1], c->ip[2], c->ip[3]};
     int nd = 0;
@@ -108,6 +116,8 @@ static void r_reshape(const op_case *c, rt *in, rt *y) { (void)c; ref_copy(&in[0
 #define POS(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_POS}
 #define SEG(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_SEG}
 #define SEGL(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_SEG_LONG}
+#define ROWS(lim, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_ROWS, .limit = lim}
+#define HI(lim, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_HI, .limit = lim}
 #define T_ (-1)
 
 static const op_case cases[] = {
@@ -169,6 +179,12 @@ static const op_case cases[] = {
     {"logprobs 1x1", 2, {F32(1, 1), IDS(1, 1)}, b_logprobs, r_logprobs, 1e-5, 1e-4},
     {"logprobs Tx1031", 2, {F32(T_, 1031), IDS(1031, T_)}, b_logprobs, r_logprobs, 1e-5, 1e-4, .cap = 17},
     {"logprobs 5x7 i64", 2, {F32(5, 7), IDS64(7, 5)}, b_logprobs, r_logprobs, 1e-5, 1e-4},
+    /* decoding with a KV cache (forward only: not differentiable) */
+    {"kv_write 1 row of 1", 3, {F32C(1, 1, 2), F32C(1, 1, 2), ROWS(1, 1)}, b_kv_write, r_kv_write, 0, 1},
+    {"kv_write T rows of 53x3x8", 3, {F32C(53, 3, 8), F32C(T_, 3, 8), ROWS(53, T_)}, b_kv_write, r_kv_write, 0, 1, .cap = 29},
+    {"attn_cache 1x1x1 over 1 row", 5, {F32C(1, 1, 1), F32C(1, 1, 1), F32C(1, 1, 1), IDS(1, 1), HI(1, 1)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {1.0}},
+    {"attn_cache Tx4x16 over 67x2x16", 5, {F32C(T_, 4, 16), F32C(67, 2, 16), F32C(67, 2, 16), IDS(60, T_), HI(67, T_)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {0.25}, .cap = 13},
+    {"attn_cache 5x6x67 over 300x3x67", 5, {F32C(5, 6, 67), F32C(300, 3, 67), F32C(300, 3, 67), IDS(299, 5), HI(300, 5)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {0.12}},
     /* layout */
     {"reshape 6x35 -> 5x7x6", 1, {F32(6, 35)}, b_reshape, r_reshape, 0, 1e-5, .ip = {5, 7, 6, 0}},
     {"reshape Tx12 -> Tx3x4", 1, {F32(T_, 12)}, b_reshape, r_reshape, 0, 1e-5, .ip = {-1, 3, 4, 0}, .cap = 11},
@@ -204,11 +220,24 @@ static void generate(const in_spec *s, rt *t, twk_rng *r) {
         case G_IDS: t->d[i] = (double)twk_rng_below(r, s->limit); break;
         case G_POS: t->d[i] = (double)twk_rng_below(r, 200); break;
         case G_SEG:
-        case G_SEG_LONG: break;
+        case G_SEG_LONG:
+        case G_HI:
+        case G_ROWS: break;
         }
     }
     if (s->gen == G_SEG) gen_segments(t->d, n, r, 0.15);
     if (s->gen == G_SEG_LONG) gen_segments(t->d, n, r, 0.012); /* segments longer than a 64-query block */
+    if (s->gen == G_ROWS) { /* distinct rows: a shuffled prefix of 0..limit-1 */
+        int64_t *perm = malloc((size_t)s->limit * sizeof(int64_t));
+        for (int64_t i = 0; i < s->limit; i++) perm[i] = i;
+        for (int64_t i = 0; i < n && i < s->limit; i++) {
+            int64_t k = i + twk_rng_below(r, s->limit - i), tmp = perm[i];
+            perm[i] = perm[k];
+            perm[k] = tmp;
+            t->d[i] = (double)perm[i];
+        }
+        free(perm);
+    }
 }
 
 static double loss_of(const op_case *c, rt *in, rt *out, const double *R) {
@@ -239,6 +268,12 @@ static int run_case(const op_case *c, twk_device *dev, int64_t n, uint64_t seed)
         in[i].d = calloc((size_t)rt_nelem(&in[i]), sizeof(double));
         generate(s, &in[i], &r);
     }
+    for (int i = 1; i < c->n_in; i++) /* hi = lo + 1 + a random extent, within the limit */
+        if (c->in[i].gen == G_HI)
+            for (int64_t k = 0; k < rt_nelem(&in[i]); k++) {
+                int64_t lo = (int64_t)in[i - 1].d[k];
+                in[i].d[k] = (double)(lo + 1 + twk_rng_below(&r, c->in[i].limit - lo));
+            }
     twk_id y = c->build(g, ids, c);
     int64_t yne[4];
     int yn = twk_node_shape(g, y, n, yne);
@@ -353,7 +388,10 @@ static int run_case(const op_case *c, twk_device *dev, int64_t n, uint64_t seed)
         free(at);
         free(gf);
     }
-    printf("  (bwd tol %.0e)\n", c->bwd_tol);
+    int any_diff = 0;
+    for (int i = 0; i < c->n_in; i++) any_diff |= c->in[i].diff;
+    if (any_diff) printf("  (bwd tol %.0e)\n", c->bwd_tol);
+    else printf("  (forward only: not differentiable)\n");
 free_plan:
     free(R);
     free(buf);

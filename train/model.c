@@ -288,13 +288,24 @@ static twk_status build(twk_trainer *t) {
     t->positions = twk_input(g, "positions", TWK_I32, 1, T1);
     t->seg = twk_input(g, "seg_start", TWK_I32, 1, T1);
     t->weights = twk_input(g, "weights", TWK_F32, 1, T1);
-    int n_all = t->m->n_w + t->n_adapter;
-    t->param_ids = twk_host_calloc((size_t)n_all * sizeof *t->param_ids, "trainer params");
+    int n_all = t->m->n_w + t->n_adapter, n_kv = t->sampling ? 2 * c->layers : 0;
+    t->param_ids = twk_host_calloc((size_t)(n_all + n_kv) * sizeof *t->param_ids, "trainer params");
     if (!t->param_ids) return TWK_ERR_OOM;
     for (int i = 0; i < n_all; i++) {
         named_buf *nb = i < t->m->n_w ? &t->m->w[i] : &t->adapter[i - t->m->n_w];
-        int trainable = i < t->m->n_w ? !t->lora : 1;
+        int trainable = t->sampling ? 0 : i < t->m->n_w ? !t->lora : 1;
         t->param_ids[i] = twk_param(g, nb->name, nb->ndim, nb->ne, trainable);
+    }
+    for (int i = 0; i < n_kv; i++) {
+        int64_t ne[3] = {(int64_t)t->max_seqs * t->max_len, c->kv_heads, c->head_dim};
+        t->param_ids[n_all + i] = twk_param(g, t->kv[i].name, 3, ne, false);
+    }
+    if (t->sampling) {
+        t->rows = twk_input(g, "kv_rows", TWK_I32, 1, T1);
+        t->lo = twk_input(g, "kv_lo", TWK_I32, 1, T1);
+        t->hi = twk_input(g, "kv_hi", TWK_I32, 1, T1);
+        int64_t m1[1] = {t->max_seqs};
+        t->sel = twk_input(g, "select", TWK_I32, 1, m1);
     }
     int64_t hf[1] = {c->head_dim / 2};
     t->inv_freq_id = twk_param(g, "rope.inv_freq", 1, hf, false);
@@ -317,7 +328,15 @@ static twk_status build(twk_trainer *t) {
         }
         q = twk_rope(g, q, t->positions, t->inv_freq_id, 0);
         k = twk_rope(g, k, t->positions, t->inv_freq_id, 0);
-        twk_id a = twk_reshape(g, twk_attention(g, q, k, v, t->seg, scale), 2, flat);
+        twk_id att;
+        if (t->sampling) { /* keys and values go to the cache; queries read their sequence's rows */
+            twk_id kc = twk_kv_write(g, t->param_ids[t->m->n_w + t->n_adapter + 2 * l], k, t->rows);
+            twk_id vc = twk_kv_write(g, t->param_ids[t->m->n_w + t->n_adapter + 2 * l + 1], v, t->rows);
+            att = twk_attention_cached(g, q, kc, vc, t->lo, t->hi, scale);
+        } else {
+            att = twk_attention(g, q, k, v, t->seg, scale);
+        }
+        twk_id a = twk_reshape(g, att, 2, flat);
         x = twk_add(g, x, linear(t, a, M("self_attn.o_proj"), c->o_bias));
         h = twk_rmsnorm(g, x, W("post_attention_layernorm.weight"), eps);
         twk_id ff = twk_swiglu(g, linear(t, h, M("mlp.gate_proj"), 0), linear(t, h, M("mlp.up_proj"), 0));
@@ -326,6 +345,7 @@ static twk_status build(twk_trainer *t) {
 #undef M
     }
     twk_id h = twk_rmsnorm(g, x, weight_node(t, "model.norm.weight"), eps);
+    if (t->sampling) h = twk_get_rows(g, h, t->sel); /* only the rows that sample next */
     twk_id logits;
     if (c->tie_embeddings) {
         logits = twk_matmul(g, h, weight_node(t, "model.embed_tokens.weight"), false, true);
@@ -335,6 +355,12 @@ static twk_status build(twk_trainer *t) {
             logits = twk_add(g, logits, twk_scale(g, twk_matmul(g, twk_matmul(g, h, A, false, true), B, false, true), t->scale));
     } else {
         logits = linear(t, h, "lm_head", 0);
+    }
+    if (t->sampling) {
+        t->logits = logits;
+        twk_node_set_name(g, logits, "logits");
+        if (twk_graph_status(g) != TWK_OK) return twk_error(twk_graph_status(g), "%s", twk_graph_error(g));
+        return TWK_OK;
     }
     t->logprobs = twk_logprobs(g, logits, t->targets);
     t->loss = twk_scale(g, twk_weighted_sum(g, t->logprobs, t->weights), -1.0f);
@@ -351,6 +377,8 @@ void twk_trainer_free(twk_trainer *t) {
     twk_graph_free(t->g);
     for (int i = 0; i < t->n_adapter; i++) twk_buffer_free(t->m->dev, t->adapter[i].buf);
     twk_buffer_free(t->m->dev, t->inv_freq.buf);
+    for (int i = 0; t->kv && i < 2 * t->m->cfg.layers; i++) twk_buffer_free(t->m->dev, t->kv[i].buf);
+    twk_host_free(t->kv);
     twk_host_free(t->adapter);
     for (int i = 0; i < t->n_tp; i++) {
         twk_host_free(t->tp[i].acc);
@@ -364,20 +392,42 @@ void twk_trainer_free(twk_trainer *t) {
 
 static twk_status compile(twk_trainer *t, twk_plan **out, int with_grads) {
     int n_all = t->m->n_w + t->n_adapter;
-    twk_binding *b = twk_host_alloc((size_t)(n_all + 1) * sizeof *b, "trainer bindings");
+    twk_binding *b = twk_host_alloc((size_t)(n_all + 1 + 2 * t->m->cfg.layers) * sizeof *b, "trainer bindings");
     if (!b) return TWK_ERR_OOM;
     for (int i = 0; i < n_all; i++) {
         named_buf *nb = i < t->m->n_w ? &t->m->w[i] : &t->adapter[i - t->m->n_w];
         b[i] = (twk_binding){t->param_ids[i], nb->buf, 0};
     }
     b[n_all] = (twk_binding){t->inv_freq_id, t->inv_freq.buf, 0};
+    int nb = n_all + 1;
+    for (int i = 0; t->sampling && i < 2 * t->m->cfg.layers; i++) b[nb++] = (twk_binding){t->param_ids[n_all + i], t->kv[i].buf, 0};
     (void)with_grads;
-    twk_status st = twk_plan_compile(t->g, t->m->dev, t->capacity, b, n_all + 1, out);
+    twk_status st = twk_plan_compile(t->g, t->m->dev, t->capacity, b, nb, out);
     twk_host_free(b);
     return st;
 }
 
 twk_status twk_trainer_new(twk_model *m, const twk_lora_config *lora, int64_t capacity, twk_trainer **out) {
+    return twk_trainer_create(m, lora, capacity, 0, 0, 0, out);
+}
+
+static twk_status make_kv(twk_trainer *t) {
+    const twk_model_config *c = &t->m->cfg;
+    t->kv = twk_host_calloc((size_t)(2 * c->layers) * sizeof *t->kv, "kv caches");
+    if (!t->kv) return TWK_ERR_OOM;
+    for (int i = 0; i < 2 * c->layers; i++) {
+        named_buf *nb = &t->kv[i];
+        snprintf(nb->name, sizeof nb->name, "kv_cache.%d.%c", i / 2, i % 2 ? 'v' : 'k');
+        nb->ndim = 3;
+        nb->nelem = (int64_t)t->max_seqs * t->max_len * c->kv_heads * c->head_dim;
+        twk_status st = twk_buffer_alloc(t->m->dev, (size_t)nb->nelem * 4, &nb->buf);
+        if (st != TWK_OK) return st;
+    }
+    return TWK_OK;
+}
+
+twk_status twk_trainer_create(twk_model *m, const twk_lora_config *lora, int64_t capacity, int sampling, int max_seqs,
+                              int64_t max_len, twk_trainer **out) {
     if (!out) return twk_error(TWK_ERR_INVALID_ARG, "trainer_new: out is NULL");
     *out = NULL;
     if (!m || capacity < 1) return twk_error(TWK_ERR_INVALID_ARG, "trainer_new: NULL model or capacity < 1");
@@ -385,10 +435,16 @@ twk_status twk_trainer_new(twk_model *m, const twk_lora_config *lora, int64_t ca
         return twk_error(TWK_ERR_INVALID_ARG, "trainer_new: lora rank %d must be in 1..4096 and alpha > 0", lora->rank);
     if (lora && !lora->train_attn && !lora->train_mlp && !lora->train_unembed)
         return twk_error(TWK_ERR_INVALID_ARG, "trainer_new: lora targets nothing (train_attn, train_mlp, train_unembed all off)");
+    if (sampling && (max_seqs < 1 || max_len < 2 || (double)max_seqs * (double)max_len > 1e8))
+        return twk_error(TWK_ERR_INVALID_ARG, "sampler: max_seqs %d x max_len %lld is out of range", max_seqs,
+                         (long long)max_len);
     twk_trainer *t = twk_host_calloc(sizeof *t, "trainer");
     if (!t) return TWK_ERR_OOM;
     t->m = m;
     t->capacity = capacity;
+    t->sampling = sampling;
+    t->max_seqs = max_seqs;
+    t->max_len = max_len;
     t->lora = lora != NULL;
     if (lora) {
         t->lc = *lora;
@@ -405,8 +461,30 @@ twk_status twk_trainer_new(twk_model *m, const twk_lora_config *lora, int64_t ca
         st = twk_buffer_alloc(m->dev, (size_t)half * 4, &t->inv_freq.buf);
         if (st == TWK_OK) st = twk_buffer_upload(m->dev, t->inv_freq.buf, 0, f, (size_t)half * 4);
     }
+    if (st == TWK_OK && sampling) st = make_kv(t);
     if (st == TWK_OK && !(t->g = twk_graph_new())) st = TWK_ERR_OOM;
     if (st == TWK_OK) st = build(t);
+    if (st == TWK_OK && sampling) { /* one plan: the decoding step */
+        twk_graph_output(t->g, t->logits);
+        st = compile(t, &t->fwd, 0);
+        /* the adapter's tensors are settable by name (no gradients) */
+        if (st == TWK_OK && t->n_adapter) {
+            t->tp = twk_host_calloc((size_t)t->n_adapter * sizeof *t->tp, "sampler adapter");
+            if (!t->tp) st = TWK_ERR_OOM;
+            for (int i = 0; st == TWK_OK && i < t->n_adapter; i++) {
+                t->tp[i].nb = &t->adapter[i];
+                t->tp[i].id = t->param_ids[m->n_w + i];
+                t->tp[i].grad = -1;
+            }
+            if (st == TWK_OK) t->n_tp = t->n_adapter;
+        }
+        if (st != TWK_OK) {
+            twk_trainer_free(t);
+            return st;
+        }
+        *out = t;
+        return TWK_OK;
+    }
     if (st == TWK_OK) {
         twk_graph_output(t->g, t->logprobs);
         twk_graph_output(t->g, t->loss);
@@ -525,12 +603,14 @@ twk_status twk_trainer_get_grad(twk_trainer *t, const char *name, float *dst, in
     twk_status st = TWK_OK;
     tparam *p = find_tp(t, name, nelem, &st);
     if (!p) return st;
+    if (!p->acc) return twk_error(TWK_ERR_STATE, "trainer: '%s' has no gradient here (a sampler)", name);
     memcpy(dst, p->acc, (size_t)nelem * 4);
     return TWK_OK;
 }
 
 void twk_trainer_zero_grad(twk_trainer *t) {
-    for (int i = 0; t && i < t->n_tp; i++) memset(t->tp[i].acc, 0, (size_t)t->tp[i].nb->nelem * 4);
+    for (int i = 0; t && i < t->n_tp; i++)
+        if (t->tp[i].acc) memset(t->tp[i].acc, 0, (size_t)t->tp[i].nb->nelem * 4);
 }
 
 const twk_lora_config *twk_trainer_lora(const twk_trainer *t) { return t && t->lora ? &t->lc : NULL; }

@@ -46,6 +46,18 @@ struct twk_trainer {
     twk_plan *fwd, *fwdbwd;
     int64_t capacity;
     int64_t step;
+    /* sampling mode (train/sampler.c): attention over per-layer KV caches */
+    int sampling;
+    int max_seqs;
+    int64_t max_len;
+    twk_id rows, lo, hi, sel, logits;
+    named_buf *kv; /* 2 per layer: K cache, V cache, [max_seqs * max_len, kv_heads, head_dim] */
 };
+
+/* Creates a trainer (sampling = 0) or, with sampling = 1, the decoding
+ * graph of a sampler: KV caches for max_seqs sequences of max_len tokens and
+ * logits of max_seqs selected rows as the output. */
+twk_status twk_trainer_create(twk_model *m, const twk_lora_config *lora, int64_t capacity, int sampling, int max_seqs,
+                              int64_t max_len, twk_trainer **out);
 
 #endif

@@ -46,6 +46,8 @@ static cpu_kernel kernel_for(twk_op op) {
     case TWK_OP_ATTN_BACK: return cpu_attn_back;
     case TWK_OP_LOGPROBS: return cpu_logprobs;
     case TWK_OP_LOGPROBS_BACK: return cpu_logprobs_back;
+    case TWK_OP_KV_WRITE: return cpu_kv_write;
+    case TWK_OP_ATTN_CACHE: return cpu_attn_cache;
     default: return NULL;
     }
 }
@@ -61,6 +63,8 @@ static int is_id_src(twk_op op, int i) {
     case TWK_OP_ATTN:
     case TWK_OP_ATTN_BACK: return i == 3;
     case TWK_OP_ATTN_LSE: return i == 2;
+    case TWK_OP_KV_WRITE: return i == 2;
+    case TWK_OP_ATTN_CACHE: return i >= 3;
     default: return 0;
     }
 }

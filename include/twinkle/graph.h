@@ -87,6 +87,13 @@ twk_id twk_rope(twk_graph *g, twk_id x, twk_id pos, twk_id inv_freq, float theta
  * of the first token of each token's sequence. Scores scaled by `scale`. */
 twk_id twk_attention(twk_graph *g, twk_id q, twk_id k, twk_id v, twk_id seg_start,
                      float scale);
+/* Writes x [T, H, D] into rows rows[t] of cache [R, H, D] (a parameter or
+ * bound tensor, updated in place); the result is the cache after the write,
+ * to be read by twk_attention_cached. Not differentiable. */
+twk_id twk_kv_write(twk_graph *g, twk_id cache, twk_id x, twk_id rows);
+/* Attention of q [T, Hq, D] over cache rows [lo[t], hi[t]) of kc and vc
+ * [R, Hkv, D] (grouped-query heads; Hq % Hkv == 0). Not differentiable. */
+twk_id twk_attention_cached(twk_graph *g, twk_id q, twk_id kc, twk_id vc, twk_id lo, twk_id hi, float scale);
 /* log_softmax(logits)[t, targets[t]]: logits [T, V], targets i32/i64 [T] -> [T]. */
 twk_id twk_logprobs(twk_graph *g, twk_id logits, twk_id targets);
 

@@ -44,7 +44,10 @@
     X(ATTN_LSE,       "attn_lse",       3)  /* (q, k, seg_start) -> [T,Hq] */ \
     X(ATTN_BACK,      "attn_back",      7)  /* (q,k,v,seg,o,dO,lse); iparam 0: which */ \
     X(LOGPROBS,       "logprobs",       2)  /* (logits [T,V], targets [T]) -> [T] */ \
-    X(LOGPROBS_BACK,  "logprobs_back",  4)  /* (logits, targets, dy, logprobs) -> [T,V] */
+    X(LOGPROBS_BACK,  "logprobs_back",  4)  /* (logits, targets, dy, logprobs) -> [T,V] */ \
+    /* decoding with a KV cache (no gradients) */                            \
+    X(KV_WRITE,       "kv_write",       3)  /* (cache [R,H,D], x [T,H,D], rows [T]): in place */ \
+    X(ATTN_CACHE,     "attn_cache",     5)  /* (q [T,Hq,D], kc, vc [R,Hkv,D], lo [T], hi [T]) */
 
 typedef enum twk_op {
 #define TWK_OP_ENUM_(e, s, n) TWK_OP_##e,

@@ -149,6 +149,43 @@ twk_status twk_trainer_load_state(twk_trainer *t, const char *dir, int with_opti
 /* Optimizer steps taken (restored by load_state with the optimizer). */
 int64_t twk_trainer_step(const twk_trainer *t);
 
+/* ---- sampling: prefill and decode with a KV cache ---- */
+
+typedef struct twk_sample_params {
+    int max_tokens;            /* new tokens at most (>= 1) */
+    float temperature;         /* 0 = greedy; > 0 scales the logits */
+    int top_k;                 /* <= 0: off */
+    float top_p;               /* (0, 1]; 1 = off */
+    uint64_t seed;             /* used when has_seed: the same seed gives the same tokens */
+    int has_seed;
+    const int32_t *stop_tokens; /* generation ends after emitting one of these (it is included) */
+    int n_stop_tokens;
+} twk_sample_params;
+
+typedef struct twk_sampled_seq {
+    int32_t *tokens;  /* generated tokens, the stop token included when one ended it */
+    float *logprobs;  /* log_softmax of the raw logits (temperature 1) at each chosen token */
+    int64_t n;
+    int stop_reason;  /* 0: a stop token, 1: max_tokens (length) */
+} twk_sampled_seq;
+
+typedef struct twk_sampler twk_sampler;
+
+/* A sampler over `m`, with an adapter of lora's shape when lora != NULL (its
+ * B starts at zero: load or copy weights into it), for up to max_seqs
+ * sequences decoded together, each at most max_len tokens (prompt included). */
+twk_status twk_sampler_new(twk_model *m, const twk_lora_config *lora, int max_seqs, int64_t max_len, twk_sampler **out);
+void twk_sampler_free(twk_sampler *s);
+/* Loads a PEFT adapter folder (its r and alpha must match). */
+twk_status twk_sampler_load_adapter(twk_sampler *s, const char *dir);
+/* Copies a trainer's current adapter (same LoRA shape) into the sampler. */
+twk_status twk_sampler_copy_adapter(twk_sampler *s, twk_trainer *from);
+/* num_samples (<= max_seqs) continuations of the prompt; out[i] must be
+ * freed with twk_sampled_seq_free. Errors name the bad parameter. */
+twk_status twk_sampler_generate(twk_sampler *s, const int32_t *prompt, int64_t n_prompt, int num_samples,
+                                const twk_sample_params *p, twk_sampled_seq *out);
+void twk_sampled_seq_free(twk_sampled_seq *q);
+
 /* ---- token data: JSONL, one {"tokens": [...], "weights": [...]} per line ---- */
 
 typedef struct twk_dataset twk_dataset;

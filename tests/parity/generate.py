@@ -17,6 +17,13 @@ loss, backward, clipping, AdamW) from the float32 weights and LoRA values cast
 exactly to float64 (rope inv_freq keeps the float32 values transformers computes),
 rounded once to float32 for storage; ``float64_compute`` checks op by op that no
 float32 tensor is involved.
+It also records decoding references for the sampler in
+``tests/parity/fixtures/<model>/generate.safetensors`` (section "generate" of
+``expected.json``): greedy KV-cache decoding with ``model.generate`` of 3 prompts (1, 6
+and 11 tokens, seed chosen so that no top-1/top-2 logit gap is below 1e-3), the
+per-step logprobs and gaps, and prompt logprobs with top-4 rows, for the float32 model
+as transformers loads it from ``model/`` with and without ``peft_adapter/`` (float32
+computations, log_softmax in float64).
 The output is deterministic: re-running it produces byte-identical files.
 
 Verify mode
@@ -439,6 +446,264 @@ def rope_report(name, model, spec):
     return inv
 
 
+# --------------------------------------------------------------------------------------
+# Generation references (KV-cache decoding / the sampler): generate.safetensors
+# --------------------------------------------------------------------------------------
+
+GEN_PROMPT_LENS = [1, 6, 11]
+GEN_NEW_TOKENS = 16
+GEN_TOPK = 4
+GEN_MIN_GAP = 1e-3          # every greedy top-1 minus top-2 logit gap (and top-k neighbour gap) must exceed this
+GEN_EMPTY_LOGPROB = -99999.0  # top-k cell of position 0 (nothing to predict from), like Tinker's empty cell
+GEN_SEED_OFFSET = 500       # first prompt seed = model seed + 500; the next one is tried until the gaps hold
+GEN_MAX_SEED_TRIES = 200
+
+
+def gen_prompts(seed, vocab):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (L,), generator=g) for L in GEN_PROMPT_LENS]
+
+
+@torch.no_grad()
+def greedy_generate(model, prompts):
+    """HF greedy decoding (KV cache) of each prompt on its own (batch 1, no padding, mask all ones), float32.
+    Returns new tokens [P, N] (int64), the raw float32 logits of every step [P, N, V], and the float32
+    logits of a no-cache forward over prompt + new tokens at the same positions (diagnostic)."""
+    toks, step_logits, nocache_logits = [], [], []
+    for p in prompts:
+        ids = p.long()[None]
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=GEN_NEW_TOKENS,
+            min_new_tokens=GEN_NEW_TOKENS,
+            eos_token_id=None,
+            pad_token_id=0,
+            output_logits=True,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+        seq = out.sequences[0]
+        L = ids.shape[1]
+        assert seq.shape[0] == L + GEN_NEW_TOKENS and torch.equal(seq[:L], ids[0]), seq
+        new = seq[L:]
+        logits = torch.stack(out.logits)[:, 0]  # raw logits [N, V]
+        scores = torch.stack(out.scores)[:, 0]  # processed logits
+        assert logits.dtype == torch.float32 and logits.shape[0] == GEN_NEW_TOKENS
+        # no logits processor changed anything (no eos masking, no penalties), and greedy = raw argmax
+        assert torch.equal(scores, logits), "generate processed the logits"
+        assert torch.equal(logits.argmax(-1), new), "greedy token is not the argmax of the raw logits"
+        full = model(input_ids=seq[None, :-1], use_cache=False).logits[0]
+        toks.append(new)
+        step_logits.append(logits)
+        nocache_logits.append(full[L - 1:])
+    return torch.stack(toks), torch.stack(step_logits), torch.stack(nocache_logits)
+
+
+def top2_gap(logits):
+    """top-1 minus top-2 logit, computed in float64 from the given values."""
+    t = logits.double().topk(2, dim=-1).values
+    return t[..., 0] - t[..., 1]
+
+
+@torch.no_grad()
+def prompt_logprob_refs(model, prompts):
+    """Per prompt: float32 forward (batch 1, no cache); float64 log_softmax of those float32 logits.
+    Returns the per-position log p(prompt[i] | prompt[:i]) (NaN at i = 0), concatenated, and the
+    float64 log-probabilities of every next token at every position [sum L, V] (row 0 of each
+    prompt: NaN, nothing predicts position 0)."""
+    lps, rows = [], []
+    for p in prompts:
+        ids = p.long()[None]
+        logits = model(input_ids=ids, use_cache=False).logits[0]
+        assert logits.dtype == torch.float32
+        full = torch.log_softmax(logits.double(), dim=-1)  # [L, V]: row j predicts position j + 1
+        V = full.shape[1]
+        shifted = torch.cat([torch.full((1, V), float("nan"), dtype=torch.float64), full[:-1]], 0)
+        lp = torch.full((p.numel(),), float("nan"), dtype=torch.float64)
+        if p.numel() > 1:
+            lp[1:] = full[:-1].gather(-1, p.long()[1:, None])[:, 0]
+        lps.append(lp)
+        rows.append(shifted)
+    return torch.cat(lps), torch.cat(rows)
+
+
+def load_fixture_peft(model_dir, adapter_dir):
+    from peft import PeftModel
+
+    pm = PeftModel.from_pretrained(load_fixture_model(model_dir), str(adapter_dir))
+    pm.eval()
+    return pm
+
+
+def generation_refs(name, spec, model_dir, adapter_dir, out, vocab):
+    """Greedy KV-cache decoding references with the float32 model as transformers loads it from model/
+    (base) and with peft_adapter/ applied through PeftModel.from_pretrained (lora), exactly the way
+    verify mode loads them. Writes out/generate.safetensors and returns the 'generate' section of
+    expected.json."""
+    from safetensors.torch import save_file
+
+    models = {"base": load_fixture_model(model_dir), "lora": load_fixture_peft(model_dir, adapter_dir)}
+    seed = spec["seed"] + GEN_SEED_OFFSET
+    rejected = []
+    for _ in range(GEN_MAX_SEED_TRIES):
+        prompts = gen_prompts(seed, vocab)
+        greedy = {k: greedy_generate(m, prompts) for k, m in models.items()}
+        gaps = {k: top2_gap(g[1]) for k, g in greedy.items()}
+        prompt_lp = {k: prompt_logprob_refs(m, prompts) for k, m in models.items()}
+        # top-k of the lora prompt logprobs: ranks 1..k+1 pairwise separated, so the ids and their order
+        # are stable across implementations (position 0 of each prompt has no prediction)
+        rows = prompt_lp["lora"][1]
+        valid = ~torch.isnan(rows[:, 0])
+        topk_next = rows[valid].topk(GEN_TOPK + 1, dim=-1).values
+        topk_gap = (topk_next[:, :-1] - topk_next[:, 1:]).min().item() if valid.any() else math.inf
+        min_gap = min(g.min().item() for g in gaps.values())
+        if min_gap > GEN_MIN_GAP and topk_gap > GEN_MIN_GAP:
+            break
+        rejected.append({"seed": seed, "min_greedy_gap": min_gap, "min_topk_neighbour_gap": topk_gap})
+        seed += 1
+    else:
+        raise RuntimeError(f"{name}: no prompt seed with all gaps > {GEN_MIN_GAP} in {GEN_MAX_SEED_TRIES} tries")
+
+    tensors = {
+        "prompt_tokens": torch.cat(prompts).to(torch.int32),
+        "prompt_lens": torch.tensor(GEN_PROMPT_LENS, dtype=torch.int32),
+    }
+    diag = {}
+    for k in ("base", "lora"):
+        new, logits, nocache = greedy[k]
+        lp = torch.log_softmax(logits.double(), dim=-1).gather(-1, new[..., None])[..., 0]
+        tensors[f"greedy_{k}"] = new.to(torch.int32)
+        tensors[f"greedy_{k}_logprobs"] = lp.float()
+        tensors[f"greedy_{k}_gap"] = gaps[k].float()
+        tensors[f"prompt_logprobs_{k}"] = prompt_lp[k][0].float()
+        # diagnostics: KV-cache steps vs a no-cache forward (both float32), and vs a float64 computation
+        lp_nc = torch.log_softmax(nocache.double(), dim=-1).gather(-1, new[..., None])[..., 0]
+        m64 = float64_copy(models[k])
+        lp64, pl64 = [], []
+        with torch.no_grad(), float64_compute(f"{k} generation diagnostic"):
+            for p, t in zip(prompts, new):
+                seq = torch.cat([p.long(), t])
+                lg = torch.log_softmax(m64(input_ids=seq[None, :-1], use_cache=False).logits[0], dim=-1)
+                L = p.numel()
+                step = lg[L - 1:]
+                assert torch.equal(step.argmax(-1), t), f"{k}: float64 argmax differs from the float32 greedy token"
+                lp64.append(step.gather(-1, t[:, None])[:, 0])
+                pl = torch.full((L,), float("nan"), dtype=torch.float64)
+                if L > 1:
+                    pl[1:] = lg[: L - 1].gather(-1, p.long()[1:, None])[:, 0]
+                pl64.append(pl)
+        del m64
+        lp64 = torch.stack(lp64)
+        pl64 = torch.cat(pl64)
+        pl32 = prompt_lp[k][0]
+        nn = ~torch.isnan(pl32)
+        assert torch.equal(nn, ~torch.isnan(pl64))
+        diag[k] = {
+            "min_greedy_gap": gaps[k].min().item(),
+            "greedy_logits_kv_cache_vs_no_cache_max_abs": (logits - nocache).abs().max().item(),
+            "greedy_logprobs_kv_cache_vs_no_cache_max_abs": (lp - lp_nc).abs().max().item(),
+            "greedy_logprobs_vs_float64_max_abs": (lp - lp64).abs().max().item(),
+            "prompt_logprobs_vs_float64_max_abs": (pl32[nn] - pl64[nn]).abs().max().item(),
+            "greedy_logprob_range": [lp.min().item(), lp.max().item()],
+        }
+    rows = prompt_lp["lora"][1]
+    valid = ~torch.isnan(rows[:, 0])
+    top = rows.nan_to_num(nan=-math.inf).topk(GEN_TOPK, dim=-1)
+    ids = top.indices.to(torch.int32)
+    lps = top.values.float()
+    ids[~valid] = 0
+    lps[~valid] = GEN_EMPTY_LOGPROB
+    tensors["topk_prompt_logprobs_lora_ids"] = ids.contiguous()
+    tensors["topk_prompt_logprobs_lora_lps"] = lps.contiguous()
+    diag["lora"]["min_topk_neighbour_gap"] = topk_gap
+    # the stored prompt logprob of the actual token is consistent with the top-k rows
+    pl = tensors["prompt_logprobs_lora"]
+    for i in torch.nonzero(valid)[:, 0].tolist():
+        tok = tensors["prompt_tokens"][i].item()
+        hit = (ids[i] == tok).nonzero()
+        if hit.numel():
+            assert lps[i, hit[0, 0]] == pl[i], i
+        else:
+            assert pl[i] < lps[i, -1], i
+
+    for k, v in tensors.items():
+        assert v.dtype in (torch.float32, torch.int32) and v.is_contiguous(), (k, v.dtype)
+    path = out / "generate.safetensors"
+    save_file(tensors, str(path))
+    print(f"  generate: prompt seed {seed} (rejected {[r['seed'] for r in rejected]}), prompt lens "
+          f"{GEN_PROMPT_LENS}, min greedy gap base {diag['base']['min_greedy_gap']:.4g} lora "
+          f"{diag['lora']['min_greedy_gap']:.4g}, min top-{GEN_TOPK} neighbour gap (lora prompts) {topk_gap:.4g}")
+    for k in ("base", "lora"):
+        print(f"    {k}: greedy {tensors[f'greedy_{k}'].tolist()}")
+        print(f"    {k}: " + ", ".join(f"{a}={b:.3g}" for a, b in diag[k].items() if not isinstance(b, list)))
+    print(f"  wrote {path.name} ({len(tensors)} tensors, {path.stat().st_size} bytes) sha256={sha256(path)[:16]}")
+
+    P = len(GEN_PROMPT_LENS)
+    return {
+        "file": "generate.safetensors",
+        "what": "greedy KV-cache decoding and prompt logprob references for the sampler, computed with the "
+                "float32 model exactly as transformers loads it from model/ (AutoModelForCausalLM.from_pretrained, "
+                "dtype float32, eager attention; for qwen2 the bf16 disk weights upcast) = 'base', and with "
+                "peft_adapter/ applied by PeftModel.from_pretrained = 'lora' (the way --verify loads them). "
+                "Unlike expected.safetensors these are float32 computations (transformers' own decoding); only "
+                "the log_softmax is done in float64 from the float32 logits.",
+        "prompt_seed": seed,
+        "prompt_seed_rule": f"first seed = model seed + {GEN_SEED_OFFSET}; prompts = torch.randint(0, vocab, (L,)) "
+                            f"for L in prompt_lens from torch.Generator().manual_seed(seed); the next seed is "
+                            f"tried until every greedy gap (base and lora) and every top-{GEN_TOPK + 1} "
+                            f"neighbour gap of the lora prompt logprobs exceeds {GEN_MIN_GAP}",
+        "rejected_seeds": rejected,
+        "prompt_lens": GEN_PROMPT_LENS,
+        "new_tokens": GEN_NEW_TOKENS,
+        "generate_call": "model.generate(input_ids [1, L], attention_mask=ones, do_sample=False, "
+                         f"max_new_tokens={GEN_NEW_TOKENS}, min_new_tokens={GEN_NEW_TOKENS}, eos_token_id=None, "
+                         "pad_token_id=0, output_logits=True, return_dict_in_generate=True), one prompt at a time "
+                         "(batch 1, no padding), positions 0.. (KV cache, DynamicCache)",
+        "greedy_rule": "token = argmax of the raw float32 logits (checked: generate's processed scores equal the "
+                       "raw logits at every step, so no eos masking or penalty was applied; the float64 "
+                       "computation picks the same tokens)",
+        "min_gap_required": GEN_MIN_GAP,
+        "topk": GEN_TOPK,
+        "topk_empty_cell": {"id": 0, "logprob": GEN_EMPTY_LOGPROB},
+        "tensors": {
+            "prompt_tokens": {"dtype": "int32", "shape": [sum(GEN_PROMPT_LENS)],
+                              "meaning": "the prompts, concatenated"},
+            "prompt_lens": {"dtype": "int32", "shape": [P], "meaning": "length of each prompt"},
+            **{f"greedy_{k}": {"dtype": "int32", "shape": [P, GEN_NEW_TOKENS],
+                               "meaning": f"the {GEN_NEW_TOKENS} greedy tokens after each prompt ({k})"}
+               for k in ("base", "lora")},
+            **{f"greedy_{k}_logprobs": {"dtype": "float32", "shape": [P, GEN_NEW_TOKENS],
+                                        "meaning": "log_softmax (float64, temperature 1) of the raw float32 logits of "
+                                                   "that decoding step, at the generated token"}
+               for k in ("base", "lora")},
+            **{f"greedy_{k}_gap": {"dtype": "float32", "shape": [P, GEN_NEW_TOKENS],
+                                   "meaning": "top-1 minus top-2 raw logit at that step (float64 difference of "
+                                              "the float32 logits)"}
+               for k in ("base", "lora")},
+            **{f"prompt_logprobs_{k}": {"dtype": "float32", "shape": [sum(GEN_PROMPT_LENS)],
+                                        "meaning": "concatenated over prompts: element 0 of each prompt NaN, element i "
+                                                   "= log p(prompt[i] | prompt[:i]), float64 log_softmax of the float32 "
+                                                   "forward's logits (batch 1, no cache)"}
+               for k in ("base", "lora")},
+            "topk_prompt_logprobs_lora_ids": {"dtype": "int32", "shape": [sum(GEN_PROMPT_LENS), GEN_TOPK],
+                                              "meaning": f"top-{GEN_TOPK} next-token ids predicting position i from "
+                                                         "prompt[:i] (lora), by descending logprob; row of position 0 "
+                                                         "of each prompt: all 0"},
+            "topk_prompt_logprobs_lora_lps": {"dtype": "float32", "shape": [sum(GEN_PROMPT_LENS), GEN_TOPK],
+                                              "meaning": "their logprobs (same computation as prompt_logprobs_lora); "
+                                                         f"row of position 0 of each prompt: all {GEN_EMPTY_LOGPROB}"},
+        },
+        "diagnostics": {
+            "what": "min gaps; how far transformers' float32 KV-cache steps are from a no-cache float32 forward "
+                    "over prompt + generated tokens, and the float32 logprobs from a float64 computation "
+                    "(float64 copy of the same loaded model, no cache)",
+            **diag,
+        },
+    }
+
+
 def generate_one(name, spec, out_root):
     from peft import LoraConfig, get_peft_model
     from safetensors import safe_open
@@ -683,6 +948,9 @@ def generate_one(name, spec, out_root):
     exp_path = out / "expected.safetensors"
     save_file(tensors, str(exp_path))
 
+    # ---- generation references (greedy KV-cache decoding, prompt logprobs): generate.safetensors
+    gen_meta = generation_refs(name, spec, model_dir, adapter_dir, out, cfg.vocab_size)
+
     one_layer = sorted(k for k in lora_keys if ".layers.0." in k)
     meta = {
         "model": name,
@@ -783,6 +1051,7 @@ def generate_one(name, spec, out_root):
                           if spec["full_grad"] else None,
         },
         "versions": versions(),
+        "generate": gen_meta,
     }
     if not spec["full_grad"]:
         del meta["tensor_groups"]["full_grad."]

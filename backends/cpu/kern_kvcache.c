@@ -1,0 +1,83 @@
+/* Decoding with a KV cache: writing new keys/values into cache rows, and
+ * attention of each query over its own range of cache rows. */
+#include <math.h>
+#include <string.h>
+
+#include "cpu_internal.h"
+#include "cpu_math.h"
+
+twk_status cpu_kv_write(const cpu_call *c) {
+    const cpu_tensor *x = &c->src[1], *rows = &c->src[2];
+    float *cache = c->dst.data; /* the cache itself: written in place */
+    int64_t R = c->dst.ne[0], row = x->ne[1] * x->ne[2];
+    for (int64_t t = 0; t < x->ne[0]; t++) {
+        int64_t r = cpu_id_at(rows, t);
+        if (r < 0 || r >= R)
+            return twk_error(TWK_ERR_RANGE, "kv_write '%s': rows[%lld] = %lld is outside the cache [0, %lld)",
+                             c->l->name, (long long)t, (long long)r, (long long)R);
+        memcpy(cache + r * row, (const float *)x->data + t * row, (size_t)row * sizeof(float));
+    }
+    return TWK_OK;
+}
+
+typedef struct {
+    const cpu_call *c;
+    int64_t Hq, Hkv, D, group;
+    float *scratch; /* per thread: R floats */
+    int64_t R;
+} cache_job;
+
+static void attn_cache_rows(void *arg, int64_t it0, int64_t it1) {
+    const cache_job *j = arg;
+    const cpu_call *c = j->c;
+    const float *q = c->src[0].data, *kc = c->src[1].data, *vc = c->src[2].data;
+    float *o = c->dst.data, scale = c->l->fp[0];
+    float *sc = j->scratch + (int64_t)cpu_thread_index() * j->R;
+    int64_t D = j->D;
+    for (int64_t it = it0; it < it1; it++) {
+        int64_t t = it / j->Hq, h = it % j->Hq, hk = h / j->group;
+        int64_t lo = cpu_id_at(&c->src[3], t), hi = cpu_id_at(&c->src[4], t);
+        const float *qi = q + it * D;
+        float m = -INFINITY;
+        for (int64_t r = lo; r < hi; r++) {
+            const float *kr = kc + (r * j->Hkv + hk) * D;
+            float s = 0;
+#pragma omp simd reduction(+ : s)
+            for (int64_t d = 0; d < D; d++) s += qi[d] * kr[d];
+            s *= scale;
+            sc[r - lo] = s;
+            m = s > m ? s : m;
+        }
+        float sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t r = 0; r < hi - lo; r++) {
+            sc[r] = cpu_expf(sc[r] - m);
+            sum += sc[r];
+        }
+        float *oi = o + it * D, inv = 1.0f / sum;
+        memset(oi, 0, (size_t)D * sizeof(float));
+        for (int64_t r = lo; r < hi; r++) {
+            const float *vr = vc + (r * j->Hkv + hk) * D;
+            float p = sc[r - lo] * inv;
+#pragma omp simd
+            for (int64_t d = 0; d < D; d++) oi[d] += p * vr[d];
+        }
+    }
+}
+
+twk_status cpu_attn_cache(const cpu_call *c) {
+    cache_job j = {.c = c, .Hq = c->src[0].ne[1], .Hkv = c->src[1].ne[1], .D = c->src[0].ne[2], .R = c->src[1].ne[0]};
+    j.group = j.Hq / j.Hkv;
+    int64_t T = c->src[0].ne[0];
+    for (int64_t t = 0; t < T; t++) {
+        int64_t lo = cpu_id_at(&c->src[3], t), hi = cpu_id_at(&c->src[4], t);
+        if (lo < 0 || hi <= lo || hi > j.R)
+            return twk_error(TWK_ERR_RANGE, "attn_cache '%s': rows [%lld, %lld) of query %lld are not a non-empty range in [0, %lld)",
+                             c->l->name, (long long)lo, (long long)hi, (long long)t, (long long)j.R);
+    }
+    j.scratch = cpu_scratch(c->ctx, (size_t)(c->ctx->n_threads * j.R) * sizeof(float));
+    if (!j.scratch) return TWK_ERR_OOM;
+    int64_t per = j.R * j.D + 1;
+    cpu_parallel_for(c->ctx->pool, T * j.Hq, CPU_GRAIN_ELEMS / per + 1, attn_cache_rows, &j);
+    return TWK_OK;
+}

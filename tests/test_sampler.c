@@ -1,0 +1,348 @@
+/* The sampler (KV-cache decoding): greedy decoding equals transformers'
+ * generate token for token on the parity models, base and with the PEFT
+ * adapter, with per-token logprobs within 1e-4; sampled tokens' logprobs
+ * equal the training forward's for the same tokens; seeded sampling repeats;
+ * at temperature 1 the empirical frequencies of the first token match the
+ * softmax (chi-square at significance 0.001); top_k / top_p never emit
+ * outside their set; bad parameters are refused by name. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cJSON.h>
+
+#include "../train/safetensors.h"
+#include "twinkle/twinkle.h"
+
+#define LP_TOL 1e-4
+
+static int fails;
+
+static void check(int ok, const char *model, const char *what, double err, double tol) {
+    printf("%s %-7s %-52s", ok ? "ok  " : "FAIL", model, what);
+    if (tol > 0) printf(" err %.2e (tol %.0e)", err, tol);
+    printf("\n");
+    fails += !ok;
+}
+
+static twk_sample_params greedy(int n) {
+    twk_sample_params p = {.max_tokens = n, .temperature = 0, .top_k = -1, .top_p = 1};
+    return p;
+}
+
+/* Greedy decoding of each fixture prompt against tokens/logprobs of transformers. */
+static void greedy_parity(twk_sampler *s, const twk_safetensors *gen, const char *which, const char *model) {
+    char kt[64], kl[64];
+    snprintf(kt, sizeof kt, "greedy_%s", which);
+    snprintf(kl, sizeof kl, "greedy_%s_logprobs", which);
+    const twk_st_tensor *pt = twk_st_find(gen, "prompt_tokens"), *pl = twk_st_find(gen, "prompt_lens");
+    const twk_st_tensor *gt = twk_st_find(gen, kt), *gl = twk_st_find(gen, kl);
+    if (!pt || !pl || !gt || !gl) {
+        check(0, model, "generate.safetensors has the greedy tensors", 0, 0);
+        return;
+    }
+    const int32_t *prompts = (const int32_t *)(const void *)pt->data, *lens = (const int32_t *)(const void *)pl->data;
+    const int32_t *ref = (const int32_t *)(const void *)gt->data;
+    float *ref_lp = malloc((size_t)gl->nelem * 4);
+    twk_st_to_f32(gl, ref_lp);
+    int n_new = (int)gt->shape[1], same = 1;
+    double err = 0;
+    int64_t off = 0;
+    for (int k = 0; k < (int)pl->nelem; k++) {
+        twk_sample_params p = greedy(n_new);
+        twk_sampled_seq q;
+        if (twk_sampler_generate(s, prompts + off, lens[k], 1, &p, &q) != TWK_OK) {
+            printf("     %s\n", twk_last_error());
+            same = 0;
+            break;
+        }
+        for (int i = 0; i < n_new; i++) {
+            if (i >= q.n || q.tokens[i] != ref[k * n_new + i]) {
+                if (same) printf("     prompt %d: token %d is %d, transformers %d\n", k, i, i < q.n ? q.tokens[i] : -1,
+                                 ref[k * n_new + i]);
+                same = 0;
+                break;
+            }
+            err = fmax(err, fabs(q.logprobs[i] - ref_lp[k * n_new + i]));
+        }
+        twk_sampled_seq_free(&q);
+        off += lens[k];
+    }
+    char what[96];
+    snprintf(what, sizeof what, "greedy %s: %lld prompts x %d tokens equal generate", which, (long long)pl->nelem, n_new);
+    check(same, model, what, 0, 0);
+    snprintf(what, sizeof what, "greedy %s: logprobs of the chosen tokens", which);
+    check(same && err <= LP_TOL, model, what, err, LP_TOL);
+    free(ref_lp);
+}
+
+/* Sampled tokens' logprobs against the training forward on prompt + sample. */
+static void sampled_vs_forward(twk_model *m, twk_sampler *s, const char *model) {
+    int32_t prompt[5] = {3, 14, 15, 92, 65};
+    twk_sample_params p = {.max_tokens = 12, .temperature = 1, .top_k = -1, .top_p = 1, .seed = 42, .has_seed = 1};
+    twk_sampled_seq q[3];
+    if (twk_sampler_generate(s, prompt, 5, 3, &p, q) != TWK_OK) {
+        check(0, model, twk_last_error(), 0, 0);
+        return;
+    }
+    twk_lora_config lc = twk_lora_default();
+    lc.rank = 1; /* B = 0: the base model */
+    twk_trainer *t = NULL;
+    twk_trainer_new(m, &lc, 64, &t);
+    double err = 0;
+    for (int k = 0; k < 3; k++) {
+        int32_t tok[32], tgt[32], pos[32], seg[32];
+        float w[32], lp[32];
+        int n = 0;
+        for (int i = 0; i < 5 + q[k].n - 1; i++, n++) {
+            tok[n] = i < 5 ? prompt[i] : q[k].tokens[i - 5];
+            tgt[n] = i + 1 < 5 ? prompt[i + 1] : q[k].tokens[i + 1 - 5];
+            pos[n] = i;
+            seg[n] = 0;
+            w[n] = 1;
+        }
+        twk_batch b = {n, tok, tgt, pos, seg, w};
+        twk_trainer_forward(t, &b, lp, NULL);
+        for (int i = 0; i < q[k].n; i++) err = fmax(err, fabs(lp[4 + i] - q[k].logprobs[i]));
+        twk_sampled_seq_free(&q[k]);
+    }
+    twk_trainer_free(t);
+    check(err <= LP_TOL, model, "sampled logprobs equal the forward's (3 x 12 tokens)", err, LP_TOL);
+}
+
+static cJSON *read_json(const char *path) {
+    char *text = twk_read_file(path, NULL);
+    cJSON *j = text ? cJSON_Parse(text) : NULL;
+    twk_host_free(text);
+    return j;
+}
+
+static void parity(const char *root, const char *model) {
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s/generate.safetensors", root, model);
+    twk_safetensors *gen = NULL;
+    if (twk_st_open(path, &gen) != TWK_OK) {
+        check(0, model, "generate.safetensors opens", 0, 0);
+        return;
+    }
+    snprintf(path, sizeof path, "%s/%s/expected.json", root, model);
+    cJSON *js = read_json(path);
+    const cJSON *lj = cJSON_GetObjectItem(js, "lora");
+    twk_lora_config lc = twk_lora_default();
+    lc.rank = cJSON_GetObjectItem(lj, "r")->valueint;
+    lc.alpha = (float)cJSON_GetObjectItem(lj, "alpha")->valuedouble;
+    lc.train_unembed = cJSON_IsTrue(cJSON_GetObjectItem(lj, "lm_head_targeted"));
+    twk_device *dev = NULL;
+    twk_model *m = NULL;
+    twk_device_open("cpu", &dev);
+    snprintf(path, sizeof path, "%s/%s/model", root, model);
+    if (twk_model_load(path, dev, &m) != TWK_OK) {
+        check(0, model, twk_last_error(), 0, 0);
+        goto out;
+    }
+    twk_sampler *base = NULL, *lora = NULL;
+    if (twk_sampler_new(m, NULL, 4, 64, &base) != TWK_OK || twk_sampler_new(m, &lc, 4, 64, &lora) != TWK_OK) {
+        check(0, model, twk_last_error(), 0, 0);
+        goto out2;
+    }
+    snprintf(path, sizeof path, "%s/%s/peft_adapter", root, model);
+    if (twk_sampler_load_adapter(lora, path) != TWK_OK) {
+        check(0, model, twk_last_error(), 0, 0);
+        goto out2;
+    }
+    greedy_parity(base, gen, "base", model);
+    greedy_parity(lora, gen, "lora", model);
+    sampled_vs_forward(m, base, model);
+out2:
+    twk_sampler_free(base);
+    twk_sampler_free(lora);
+out:
+    twk_model_free(m);
+    twk_device_close(dev);
+    cJSON_Delete(js);
+    twk_st_close(gen);
+}
+
+/* Upper critical value of chi-square with df degrees of freedom at
+ * significance 0.001 (Wilson-Hilferty; z = 3.0902). */
+static double chi2_crit(int df) {
+    double z = 3.090232, a = 2.0 / (9.0 * df);
+    double c = 1 - a + z * sqrt(a);
+    return df * c * c * c;
+}
+
+/* Distribution of the first sampled token vs the softmax of the next-token
+ * logprobs (from the forward over every candidate target). */
+static void statistics(const char *root) {
+    char path[700];
+    snprintf(path, sizeof path, "%s/qwen3/model", root);
+    twk_device *dev = NULL;
+    twk_model *m = NULL;
+    twk_device_open("cpu", &dev);
+    if (twk_model_load(path, dev, &m) != TWK_OK) {
+        check(0, "qwen3", twk_last_error(), 0, 0);
+        return;
+    }
+    int V = twk_model_cfg(m)->vocab, P = 4;
+    int32_t prompt[4] = {7, 77, 777, 17};
+    /* logprob of every next token: V copies of the prompt, each with another target at the end */
+    twk_lora_config lc = twk_lora_default();
+    lc.rank = 1;
+    twk_trainer *t = NULL;
+    twk_trainer_new(m, &lc, (int64_t)V * P, &t);
+    int32_t *tok = malloc((size_t)V * P * 16);
+    int32_t *tgt = tok + V * P, *pos = tgt + V * P, *seg = pos + V * P;
+    float *w = malloc((size_t)V * P * 4), *lp = malloc((size_t)V * P * 4), *prob = malloc((size_t)V * sizeof(float));
+    for (int v = 0; v < V; v++)
+        for (int i = 0; i < P; i++) {
+            int k = v * P + i;
+            tok[k] = prompt[i];
+            tgt[k] = i + 1 < P ? prompt[i + 1] : v;
+            pos[k] = i;
+            seg[k] = v * P;
+            w[k] = 1;
+        }
+    twk_batch b = {(int64_t)V * P, tok, tgt, pos, seg, w};
+    twk_trainer_forward(t, &b, lp, NULL);
+    for (int v = 0; v < V; v++) prob[v] = expf(lp[v * P + P - 1]);
+    twk_sampler *s = NULL;
+    twk_sampler_new(m, NULL, 16, 16, &s);
+    int N = 16000;
+    long *count = calloc((size_t)V, sizeof(long));
+    twk_sample_params p = {.max_tokens = 1, .temperature = 1, .top_k = -1, .top_p = 1, .has_seed = 1};
+    for (int r = 0; r < N / 16; r++) {
+        twk_sampled_seq q[16];
+        p.seed = 1000 + (uint64_t)r;
+        twk_sampler_generate(s, prompt, P, 16, &p, q);
+        for (int i = 0; i < 16; i++) {
+            count[q[i].tokens[0]]++;
+            twk_sampled_seq_free(&q[i]);
+        }
+    }
+    /* categories with an expected count >= 5; the rest pooled */
+    double chi = 0, pool_e = 0, pool_o = 0;
+    int df = 0;
+    for (int v = 0; v < V; v++) {
+        double e = N * (double)prob[v];
+        if (e >= 5) {
+            chi += (count[v] - e) * (count[v] - e) / e;
+            df++;
+        } else {
+            pool_e += e;
+            pool_o += (double)count[v];
+        }
+    }
+    if (pool_e > 0) {
+        chi += (pool_o - pool_e) * (pool_o - pool_e) / pool_e;
+        df++;
+    }
+    df -= 1;
+    char what[128];
+    snprintf(what, sizeof what, "T=1: %d samples, chi2 %.1f vs %.1f (df %d, p=0.001)", N, chi, chi2_crit(df), df);
+    check(chi < chi2_crit(df), "qwen3", what, 0, 0);
+
+    /* top_k and top_p sets */
+    int order[4096];
+    for (int v = 0; v < V; v++) order[v] = v;
+    for (int i = 0; i < V; i++) /* selection sort of the few top entries is enough; full sort for simplicity */
+        for (int j = i + 1; j < V; j++)
+            if (prob[order[j]] > prob[order[i]]) {
+                int x = order[i];
+                order[i] = order[j];
+                order[j] = x;
+            }
+    int outside_k = 0, outside_p = 0, K = 5;
+    double top_p = 0.5, acc = 0;
+    int nucleus = 0;
+    while (nucleus < V && acc < top_p) acc += prob[order[nucleus++]];
+    for (int r = 0; r < 100; r++) {
+        twk_sampled_seq q[16];
+        twk_sample_params pk = {.max_tokens = 1, .temperature = 1.5f, .top_k = K, .top_p = 1, .seed = (uint64_t)r, .has_seed = 1};
+        twk_sampler_generate(s, prompt, P, 16, &pk, q);
+        for (int i = 0; i < 16; i++) {
+            int in = 0;
+            for (int k = 0; k < K; k++) in |= order[k] == q[i].tokens[0];
+            outside_k += !in;
+            twk_sampled_seq_free(&q[i]);
+        }
+        twk_sample_params pp = {.max_tokens = 1, .temperature = 1, .top_k = -1, .top_p = (float)top_p, .seed = (uint64_t)r,
+                                .has_seed = 1};
+        twk_sampler_generate(s, prompt, P, 16, &pp, q);
+        for (int i = 0; i < 16; i++) {
+            int in = 0;
+            for (int k = 0; k < nucleus; k++) in |= order[k] == q[i].tokens[0];
+            outside_p += !in;
+            twk_sampled_seq_free(&q[i]);
+        }
+    }
+    snprintf(what, sizeof what, "top_k=%d: 1600 samples, %d outside the top %d", K, outside_k, K);
+    check(outside_k == 0, "qwen3", what, 0, 0);
+    snprintf(what, sizeof what, "top_p=%.1f: 1600 samples, %d outside the %d-token nucleus", top_p, outside_p, nucleus);
+    check(outside_p == 0, "qwen3", what, 0, 0);
+
+    /* seeds */
+    twk_sampled_seq a[2], c2[2], d[2];
+    twk_sample_params ps = {.max_tokens = 6, .temperature = 1, .top_k = -1, .top_p = 1, .seed = 5, .has_seed = 1};
+    twk_sampler_generate(s, prompt, P, 2, &ps, a);
+    twk_sampler_generate(s, prompt, P, 2, &ps, c2);
+    ps.seed = 6;
+    twk_sampler_generate(s, prompt, P, 2, &ps, d);
+    int same = a[0].n == c2[0].n && !memcmp(a[0].tokens, c2[0].tokens, (size_t)a[0].n * 4) &&
+               !memcmp(a[1].tokens, c2[1].tokens, (size_t)a[1].n * 4);
+    int differ = memcmp(a[0].tokens, d[0].tokens, (size_t)a[0].n * 4) || memcmp(a[1].tokens, d[1].tokens, (size_t)a[1].n * 4);
+    check(same, "qwen3", "the same seed repeats exactly", 0, 0);
+    check(differ, "qwen3", "another seed gives other tokens", 0, 0);
+    for (int i = 0; i < 2; i++) {
+        twk_sampled_seq_free(&a[i]);
+        twk_sampled_seq_free(&c2[i]);
+        twk_sampled_seq_free(&d[i]);
+    }
+    /* stop tokens: the stop token is included and ends the sequence */
+    twk_sampled_seq g;
+    twk_sample_params pg = greedy(6);
+    twk_sampler_generate(s, prompt, P, 1, &pg, &g);
+    int32_t stop = g.tokens[2];
+    twk_sampled_seq_free(&g);
+    pg.stop_tokens = &stop;
+    pg.n_stop_tokens = 1;
+    twk_sampler_generate(s, prompt, P, 1, &pg, &g);
+    int first = 0;
+    while (first < g.n && g.tokens[first] != stop) first++;
+    check(g.n == first + 1 && g.stop_reason == 0, "qwen3", "a stop token ends the sequence and is included", 0, 0);
+    twk_sampled_seq_free(&g);
+
+    /* bad parameters */
+    struct { twk_sample_params p; int32_t tok; const char *needle; } bad[] = {
+        {{.max_tokens = 1, .temperature = 1, .top_p = 1}, 5000, "vocabulary"},
+        {{.max_tokens = 15, .temperature = 1, .top_p = 1}, 1, "max_tokens"},
+        {{.max_tokens = 1, .temperature = -1, .top_p = 1}, 1, "temperature"},
+        {{.max_tokens = 1, .temperature = 1, .top_p = 0}, 1, "top_p"},
+        {{.max_tokens = 1, .temperature = 1, .top_p = 1.5f}, 1, "top_p"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        twk_sampled_seq q;
+        int32_t pr[2] = {1, bad[i].tok};
+        twk_status st = twk_sampler_generate(s, pr, 2, 1, &bad[i].p, &q);
+        snprintf(what, sizeof what, "refused: %s", twk_last_error());
+        check(st != TWK_OK && strstr(twk_last_error(), bad[i].needle), "qwen3", what, 0, 0);
+    }
+    free(count);
+    free(tok);
+    free(w);
+    free(lp);
+    free(prob);
+    twk_sampler_free(s);
+    twk_trainer_free(t);
+    twk_model_free(m);
+    twk_device_close(dev);
+}
+
+int main(int argc, char **argv) {
+    const char *root = argc > 1 ? argv[1] : TWK_PARITY_DIR;
+    const char *models[] = {"llama", "qwen2", "qwen3"};
+    for (int i = 0; i < 3; i++) parity(root, models[i]);
+    statistics(root);
+    printf("%d failures\n", fails);
+    return fails ? 1 : 0;
+}

@@ -1,0 +1,267 @@
+/* The sampler: one prefill pass writes the prompt's keys and values into the
+ * KV cache (once, then copied to every sample's slot), then each decode pass
+ * feeds one token per live sequence and reads the logits of those rows.
+ * Choosing tokens (temperature, top-k, top-p, seeds) happens on the host. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trainer_internal.h"
+#include "twinkle/rng.h"
+
+struct twk_sampler {
+    twk_trainer *t; /* in sampling mode */
+    int max_seqs;
+    int64_t max_len;
+    int vocab;
+    int32_t *ibuf;  /* tokens, positions, rows, lo, hi, select (capacity each) */
+    float *logits;  /* max_seqs x vocab */
+};
+
+twk_status twk_sampler_new(twk_model *m, const twk_lora_config *lora, int max_seqs, int64_t max_len, twk_sampler **out) {
+    if (!out) return twk_error(TWK_ERR_INVALID_ARG, "sampler_new: out is NULL");
+    *out = NULL;
+    if (!m) return twk_error(TWK_ERR_INVALID_ARG, "sampler_new: model is NULL");
+    twk_sampler *s = twk_host_calloc(sizeof *s, "sampler");
+    if (!s) return TWK_ERR_OOM;
+    s->max_seqs = max_seqs;
+    s->max_len = max_len;
+    s->vocab = twk_model_cfg(m)->vocab;
+    /* a pass holds a whole prompt (prefill) or one token per sequence (decode) */
+    int64_t cap = max_len > max_seqs ? max_len : max_seqs;
+    twk_status st = twk_trainer_create(m, lora, cap, 1, max_seqs, max_len, &s->t);
+    if (st == TWK_OK) {
+        s->ibuf = twk_host_alloc((size_t)cap * 6 * sizeof(int32_t), "sampler inputs");
+        s->logits = twk_host_alloc((size_t)max_seqs * (size_t)s->vocab * sizeof(float), "sampler logits");
+        if (!s->ibuf || !s->logits) st = TWK_ERR_OOM;
+    }
+    if (st != TWK_OK) {
+        twk_sampler_free(s);
+        return st;
+    }
+    *out = s;
+    return TWK_OK;
+}
+
+void twk_sampler_free(twk_sampler *s) {
+    if (!s) return;
+    twk_trainer_free(s->t);
+    twk_host_free(s->ibuf);
+    twk_host_free(s->logits);
+    twk_host_free(s);
+}
+
+void twk_sampled_seq_free(twk_sampled_seq *q) {
+    if (!q) return;
+    twk_host_free(q->tokens);
+    twk_host_free(q->logprobs);
+    memset(q, 0, sizeof *q);
+}
+
+twk_status twk_sampler_load_adapter(twk_sampler *s, const char *dir) {
+    if (!s->t->lora) return twk_error(TWK_ERR_STATE, "sampler: created without an adapter");
+    return twk_adapter_load(s->t, dir);
+}
+
+twk_status twk_sampler_copy_adapter(twk_sampler *s, twk_trainer *from) {
+    twk_trainer *t = s->t;
+    if (!t->lora || !from || !from->lora) return twk_error(TWK_ERR_STATE, "sampler: adapter copy needs LoRA on both sides");
+    if (from->n_adapter != t->n_adapter || from->lc.rank != t->lc.rank)
+        return twk_error(TWK_ERR_SHAPE, "sampler: the trainer's adapter (rank %d, %d tensors) differs from the sampler's "
+                                        "(rank %d, %d tensors)",
+                         from->lc.rank, from->n_adapter, t->lc.rank, t->n_adapter);
+    for (int i = 0; i < t->n_adapter; i++) {
+        twk_status st = twk_buffer_copy(t->m->dev, t->adapter[i].buf, 0, from->adapter[i].buf, 0,
+                                        (size_t)t->adapter[i].nelem * 4);
+        if (st != TWK_OK) return st;
+    }
+    return TWK_OK;
+}
+
+/* One pass: n tokens with their cache rows and attention ranges; logits of
+ * the rows in sel (max_seqs entries) land in s->logits. */
+static twk_status pass(twk_sampler *s, int64_t n, const int32_t *tok, const int32_t *pos, const int32_t *rows,
+                       const int32_t *lo, const int32_t *hi, const int32_t *sel) {
+    twk_trainer *t = s->t;
+    size_t b = (size_t)n * 4;
+    twk_status st = twk_plan_write(t->fwd, t->tokens, n, tok, b);
+    if (st == TWK_OK) st = twk_plan_write(t->fwd, t->positions, n, pos, b);
+    if (st == TWK_OK) st = twk_plan_write(t->fwd, t->rows, n, rows, b);
+    if (st == TWK_OK) st = twk_plan_write(t->fwd, t->lo, n, lo, b);
+    if (st == TWK_OK) st = twk_plan_write(t->fwd, t->hi, n, hi, b);
+    if (st == TWK_OK) st = twk_plan_write(t->fwd, t->sel, n, sel, (size_t)s->max_seqs * 4);
+    if (st == TWK_OK) st = twk_plan_run(t->fwd, n);
+    if (st == TWK_OK)
+        st = twk_plan_read(t->fwd, t->logits, n, s->logits, (size_t)s->max_seqs * (size_t)s->vocab * 4);
+    return st;
+}
+
+typedef struct cand {
+    float logit;
+    int32_t id;
+} cand;
+
+static int cmp_cand(const void *a, const void *b) {
+    const cand *x = a, *y = b;
+    if (x->logit != y->logit) return x->logit < y->logit ? 1 : -1;
+    return x->id - y->id;
+}
+
+/* Chooses a token from one row of logits; *logprob = log_softmax(row)[token]. */
+static int32_t choose(const float *row, int vocab, const twk_sample_params *p, twk_rng *rng, cand *work, float *logprob) {
+    double m = -INFINITY, z = 0;
+    int32_t best = 0;
+    for (int i = 0; i < vocab; i++)
+        if (row[i] > m) {
+            m = row[i];
+            best = i;
+        }
+    for (int i = 0; i < vocab; i++) z += exp((double)row[i] - m);
+    double lse = m + log(z);
+    int32_t tok = best;
+    if (p->temperature > 0) {
+        int n = 0;
+        for (int i = 0; i < vocab; i++) work[n++] = (cand){row[i], i};
+        qsort(work, (size_t)n, sizeof *work, cmp_cand);
+        if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+        /* probabilities at the temperature, over the top-k set */
+        double zt = 0, top = work[0].logit;
+        for (int i = 0; i < n; i++) zt += exp(((double)work[i].logit - top) / p->temperature);
+        if (p->top_p < 1) { /* the smallest prefix whose mass reaches top_p */
+            double acc = 0;
+            int keep = n;
+            for (int i = 0; i < n; i++) {
+                acc += exp(((double)work[i].logit - top) / p->temperature) / zt;
+                if (acc >= p->top_p) {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            n = keep;
+            zt = 0;
+            for (int i = 0; i < n; i++) zt += exp(((double)work[i].logit - top) / p->temperature);
+        }
+        double u = twk_rng_uniform(rng) * zt, acc = 0;
+        tok = work[n - 1].id;
+        for (int i = 0; i < n; i++) {
+            acc += exp(((double)work[i].logit - top) / p->temperature);
+            if (u < acc) {
+                tok = work[i].id;
+                break;
+            }
+        }
+    }
+    *logprob = (float)((double)row[tok] - lse);
+    return tok;
+}
+
+static int is_stop(const twk_sample_params *p, int32_t tok) {
+    for (int i = 0; i < p->n_stop_tokens; i++)
+        if (p->stop_tokens[i] == tok) return 1;
+    return 0;
+}
+
+twk_status twk_sampler_generate(twk_sampler *s, const int32_t *prompt, int64_t n_prompt, int num_samples,
+                                const twk_sample_params *p, twk_sampled_seq *out) {
+    if (!s || !prompt || !p || !out) return twk_error(TWK_ERR_INVALID_ARG, "sample: NULL argument");
+    if (num_samples >= 1 && num_samples <= s->max_seqs) memset(out, 0, (size_t)num_samples * sizeof *out);
+    if (num_samples < 1 || num_samples > s->max_seqs)
+        return twk_error(TWK_ERR_INVALID_ARG, "sample: num_samples %d outside 1..%d", num_samples, s->max_seqs);
+    if (n_prompt < 1 || n_prompt >= s->max_len)
+        return twk_error(TWK_ERR_INVALID_ARG, "sample: prompt of %lld tokens; it must be 1..%lld", (long long)n_prompt,
+                         (long long)(s->max_len - 1));
+    if (p->max_tokens < 1 || n_prompt + p->max_tokens > s->max_len)
+        return twk_error(TWK_ERR_INVALID_ARG, "sample: max_tokens %d with a %lld-token prompt exceeds the context of %lld",
+                         p->max_tokens, (long long)n_prompt, (long long)s->max_len);
+    if (!(p->temperature >= 0) || !isfinite(p->temperature))
+        return twk_error(TWK_ERR_INVALID_ARG, "sample: temperature %g must be >= 0", (double)p->temperature);
+    if (!(p->top_p > 0 && p->top_p <= 1))
+        return twk_error(TWK_ERR_INVALID_ARG, "sample: top_p %g must be in (0, 1]", (double)p->top_p);
+    for (int64_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= s->vocab)
+            return twk_error(TWK_ERR_INVALID_ARG, "sample: prompt token %lld = %d is outside the vocabulary [0, %d)",
+                             (long long)i, prompt[i], s->vocab);
+    memset(out, 0, (size_t)num_samples * sizeof *out);
+    int64_t cap = s->max_len > s->max_seqs ? s->max_len : s->max_seqs;
+    int32_t *tok = s->ibuf, *pos = tok + cap, *rows = pos + cap, *lo = rows + cap, *hi = lo + cap, *sel = hi + cap;
+    cand *work = twk_host_alloc((size_t)s->vocab * sizeof *work, "sampler work");
+    twk_rng *rng = twk_host_alloc((size_t)num_samples * sizeof *rng, "sampler rng");
+    int *live = twk_host_calloc((size_t)num_samples * sizeof *live, "sampler state");
+    twk_status st = work && rng && live ? TWK_OK : TWK_ERR_OOM;
+    for (int i = 0; st == TWK_OK && i < num_samples; i++) {
+        out[i].tokens = twk_host_alloc((size_t)p->max_tokens * 4, "sampled tokens");
+        out[i].logprobs = twk_host_alloc((size_t)p->max_tokens * 4, "sampled logprobs");
+        if (!out[i].tokens || !out[i].logprobs) st = TWK_ERR_OOM;
+        uint64_t seed = p->has_seed ? p->seed : (uint64_t)twk_now() * 1000003u ^ (uint64_t)(uintptr_t)out;
+        twk_rng_seed(&rng[i], seed + 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1));
+        live[i] = 1;
+    }
+    /* prefill into slot 0 */
+    if (st == TWK_OK) {
+        for (int64_t i = 0; i < n_prompt; i++) {
+            tok[i] = prompt[i];
+            pos[i] = (int32_t)i;
+            rows[i] = (int32_t)i;
+            lo[i] = 0;
+            hi[i] = (int32_t)i + 1;
+        }
+        for (int i = 0; i < s->max_seqs; i++) sel[i] = (int32_t)(n_prompt - 1);
+        st = pass(s, n_prompt, tok, pos, rows, lo, hi, sel);
+    }
+    /* every sample starts from the prompt's cache rows */
+    twk_trainer *t = s->t;
+    size_t row_bytes = (size_t)t->m->cfg.kv_heads * (size_t)t->m->cfg.head_dim * 4;
+    for (int i = 1; st == TWK_OK && i < num_samples; i++)
+        for (int k = 0; st == TWK_OK && k < 2 * t->m->cfg.layers; k++)
+            st = twk_buffer_copy(t->m->dev, t->kv[k].buf, (size_t)i * (size_t)s->max_len * row_bytes, t->kv[k].buf, 0,
+                                 (size_t)n_prompt * row_bytes);
+    /* the first token of each sample comes from the prefill's logits */
+    for (int i = 0; st == TWK_OK && i < num_samples; i++) {
+        float lp;
+        int32_t x = choose(s->logits, s->vocab, p, &rng[i], work, &lp);
+        out[i].tokens[0] = x;
+        out[i].logprobs[0] = lp;
+        out[i].n = 1;
+        if (is_stop(p, x)) {
+            live[i] = 0;
+            out[i].stop_reason = 0;
+        }
+    }
+    for (int step = 1; st == TWK_OK && step < p->max_tokens; step++) {
+        int n = 0, idx[4096];
+        for (int i = 0; i < num_samples && n < 4096; i++) {
+            if (!live[i]) continue;
+            int64_t ps = n_prompt + step - 1; /* position of the token being fed */
+            tok[n] = out[i].tokens[step - 1];
+            pos[n] = (int32_t)ps;
+            rows[n] = (int32_t)((int64_t)i * s->max_len + ps);
+            lo[n] = (int32_t)((int64_t)i * s->max_len);
+            hi[n] = rows[n] + 1;
+            sel[n] = n;
+            idx[n++] = i;
+        }
+        if (n == 0) break;
+        for (int k = n; k < s->max_seqs; k++) sel[k] = 0;
+        st = pass(s, n, tok, pos, rows, lo, hi, sel);
+        for (int k = 0; st == TWK_OK && k < n; k++) {
+            int i = idx[k];
+            float lp;
+            int32_t x = choose(s->logits + (size_t)k * (size_t)s->vocab, s->vocab, p, &rng[i], work, &lp);
+            out[i].tokens[step] = x;
+            out[i].logprobs[step] = lp;
+            out[i].n = step + 1;
+            if (is_stop(p, x)) {
+                live[i] = 0;
+                out[i].stop_reason = 0;
+            }
+        }
+    }
+    for (int i = 0; st == TWK_OK && i < num_samples; i++)
+        if (live[i]) out[i].stop_reason = 1;
+    twk_host_free(work);
+    twk_host_free(rng);
+    twk_host_free(live);
+    if (st != TWK_OK)
+        for (int i = 0; i < num_samples; i++) twk_sampled_seq_free(&out[i]);
+    return st;
+}
