@@ -111,6 +111,55 @@ static void sampled_vs_forward(twk_model *m, twk_sampler *s, const char *model) 
     check(err <= LP_TOL, model, "sampled logprobs equal the forward's (3 x 12 tokens)", err, LP_TOL);
 }
 
+/* prompt_logprobs (base, lora) and top-4 prompt logprobs (lora) against transformers. */
+static void prompt_scores(twk_sampler *base, twk_sampler *lora, const twk_safetensors *gen, const char *model) {
+    const twk_st_tensor *pt = twk_st_find(gen, "prompt_tokens"), *pl = twk_st_find(gen, "prompt_lens");
+    const twk_st_tensor *rb = twk_st_find(gen, "prompt_logprobs_base"), *rl = twk_st_find(gen, "prompt_logprobs_lora");
+    const twk_st_tensor *ti = twk_st_find(gen, "topk_prompt_logprobs_lora_ids"), *tl = twk_st_find(gen, "topk_prompt_logprobs_lora_lps");
+    if (!pt || !pl || !rb || !rl || !ti || !tl) {
+        check(0, model, "generate.safetensors has the prompt-score tensors", 0, 0);
+        return;
+    }
+    const int32_t *prompts = (const int32_t *)(const void *)pt->data, *lens = (const int32_t *)(const void *)pl->data;
+    const int32_t *ref_ids = (const int32_t *)(const void *)ti->data;
+    int K = (int)ti->shape[1];
+    float *ref_b = malloc((size_t)rb->nelem * 4), *ref_l = malloc((size_t)rl->nelem * 4), *ref_t = malloc((size_t)tl->nelem * 4);
+    twk_st_to_f32(rb, ref_b);
+    twk_st_to_f32(rl, ref_l);
+    twk_st_to_f32(tl, ref_t);
+    double eb = 0, el = 0, et = 0;
+    int nan_ok = 1, ids_ok = 1;
+    int64_t off = 0;
+    for (int k = 0; k < (int)pl->nelem; k++) {
+        int n = lens[k];
+        float lb[64], ll[64], tk[64 * 8];
+        int32_t tid[64 * 8];
+        twk_sampler_score_prompt(base, prompts + off, n, lb, 0, NULL, NULL);
+        twk_sampler_score_prompt(lora, prompts + off, n, ll, K, tid, tk);
+        nan_ok &= isnan(lb[0]) && isnan(ll[0]);
+        for (int i = 1; i < n; i++) {
+            eb = fmax(eb, fabs(lb[i] - ref_b[off + i]));
+            el = fmax(el, fabs(ll[i] - ref_l[off + i]));
+        }
+        for (int i = 0; i < n; i++)
+            for (int q = 0; q < K; q++) {
+                ids_ok &= tid[i * K + q] == ref_ids[(off + i) * K + q];
+                et = fmax(et, fabs(tk[i * K + q] - ref_t[(off + i) * K + q]));
+            }
+        off += n;
+    }
+    check(nan_ok, model, "prompt_logprobs[0] is NaN", 0, 0);
+    check(eb <= LP_TOL, model, "prompt_logprobs (base)", eb, LP_TOL);
+    check(el <= LP_TOL, model, "prompt_logprobs (lora)", el, LP_TOL);
+    char what[96];
+    snprintf(what, sizeof what, "top-%d prompt logprobs (lora): same ids, same order", K);
+    check(ids_ok, model, what, 0, 0);
+    check(ids_ok && et <= LP_TOL, model, "top-k prompt logprobs (lora): values", et, LP_TOL);
+    free(ref_b);
+    free(ref_l);
+    free(ref_t);
+}
+
 static cJSON *read_json(const char *path) {
     char *text = twk_read_file(path, NULL);
     cJSON *j = text ? cJSON_Parse(text) : NULL;
@@ -154,6 +203,7 @@ static void parity(const char *root, const char *model) {
     greedy_parity(base, gen, "base", model);
     greedy_parity(lora, gen, "lora", model);
     sampled_vs_forward(m, base, model);
+    prompt_scores(base, lora, gen, model);
 out2:
     twk_sampler_free(base);
     twk_sampler_free(lora);

@@ -265,3 +265,60 @@ twk_status twk_sampler_generate(twk_sampler *s, const int32_t *prompt, int64_t n
         for (int i = 0; i < num_samples; i++) twk_sampled_seq_free(&out[i]);
     return st;
 }
+
+int twk_sampler_max_seqs(const twk_sampler *s) { return s->max_seqs; }
+int64_t twk_sampler_max_len(const twk_sampler *s) { return s->max_len; }
+
+twk_status twk_sampler_score_prompt(twk_sampler *s, const int32_t *prompt, int64_t n_prompt, float *logprobs, int k,
+                                    int32_t *topk_ids, float *topk_lps) {
+    if (!s || !prompt) return twk_error(TWK_ERR_INVALID_ARG, "score_prompt: NULL argument");
+    if (n_prompt < 1 || n_prompt > s->max_len)
+        return twk_error(TWK_ERR_INVALID_ARG, "score_prompt: prompt of %lld tokens; it must be 1..%lld", (long long)n_prompt,
+                         (long long)s->max_len);
+    if (k < 0 || k > s->vocab) return twk_error(TWK_ERR_INVALID_ARG, "score_prompt: k %d outside 0..%d", k, s->vocab);
+    for (int64_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= s->vocab)
+            return twk_error(TWK_ERR_INVALID_ARG, "score_prompt: prompt token %lld = %d is outside the vocabulary [0, %d)",
+                             (long long)i, prompt[i], s->vocab);
+    int64_t cap = s->max_len > s->max_seqs ? s->max_len : s->max_seqs;
+    int32_t *tok = s->ibuf, *pos = tok + cap, *rows = pos + cap, *lo = rows + cap, *hi = lo + cap, *sel = hi + cap;
+    cand *work = k > 0 ? twk_host_alloc((size_t)s->vocab * sizeof *work, "score work") : NULL;
+    if (k > 0 && !work) return TWK_ERR_OOM;
+    if (logprobs) logprobs[0] = NAN;
+    for (int j = 0; k > 0 && topk_ids && j < k; j++) {
+        topk_ids[j] = 0;
+        topk_lps[j] = -99999.0f;
+    }
+    twk_status st = TWK_OK;
+    /* the logits of rows r-1 score position r; max_seqs rows per pass */
+    for (int64_t r0 = 1; st == TWK_OK && r0 < n_prompt; r0 += s->max_seqs) {
+        for (int64_t i = 0; i < n_prompt; i++) {
+            tok[i] = prompt[i];
+            pos[i] = (int32_t)i;
+            rows[i] = (int32_t)i;
+            lo[i] = 0;
+            hi[i] = (int32_t)i + 1;
+        }
+        for (int j = 0; j < s->max_seqs; j++) sel[j] = (int32_t)(r0 + j - 1 < n_prompt - 1 ? r0 + j - 1 : n_prompt - 2);
+        st = pass(s, n_prompt, tok, pos, rows, lo, hi, sel);
+        for (int j = 0; st == TWK_OK && j < s->max_seqs && r0 + j < n_prompt; j++) {
+            int64_t r = r0 + j;
+            const float *row = s->logits + (size_t)j * (size_t)s->vocab;
+            double m = -INFINITY, z = 0;
+            for (int v = 0; v < s->vocab; v++) m = row[v] > m ? row[v] : m;
+            for (int v = 0; v < s->vocab; v++) z += exp((double)row[v] - m);
+            double lse = m + log(z);
+            if (logprobs) logprobs[r] = (float)((double)row[prompt[r]] - lse);
+            if (k > 0 && topk_ids) {
+                for (int v = 0; v < s->vocab; v++) work[v] = (cand){row[v], v};
+                qsort(work, (size_t)s->vocab, sizeof *work, cmp_cand);
+                for (int q = 0; q < k; q++) {
+                    topk_ids[r * k + q] = work[q].id;
+                    topk_lps[r * k + q] = (float)((double)work[q].logit - lse);
+                }
+            }
+        }
+    }
+    twk_host_free(work);
+    return st;
+}

@@ -185,6 +185,15 @@ twk_status twk_sampler_copy_adapter(twk_sampler *s, twk_trainer *from);
 twk_status twk_sampler_generate(twk_sampler *s, const int32_t *prompt, int64_t n_prompt, int num_samples,
                                 const twk_sample_params *p, twk_sampled_seq *out);
 void twk_sampled_seq_free(twk_sampled_seq *q);
+/* Per-position scores of a prompt: logprobs[i] = log p(prompt[i] | prompt[:i])
+ * (logprobs[0] = NaN), and when k > 0 the k most likely next tokens at each
+ * position i (given prompt[:i]; row 0 empty: id 0, -99999), sorted by
+ * logprob. Any output may be NULL. Errors name the bad argument. */
+twk_status twk_sampler_score_prompt(twk_sampler *s, const int32_t *prompt, int64_t n_prompt, float *logprobs, int k,
+                                    int32_t *topk_ids, float *topk_lps);
+/* The sampler's sequence limit and context length. */
+int twk_sampler_max_seqs(const twk_sampler *s);
+int64_t twk_sampler_max_len(const twk_sampler *s);
 
 /* ---- token data: JSONL, one {"tokens": [...], "weights": [...]} per line ---- */
 
