@@ -100,7 +100,7 @@ static void h_capabilities(svc *s, twk_http_conn *c) {
         cJSON_AddStringToObject(m, "model_name", s->models[i].name);
         cJSON_AddNumberToObject(m, "max_context_length", (double)s->cfg.max_context);
         cJSON_AddBoolToObject(m, "trainable", 1);
-        cJSON_AddBoolToObject(m, "sampleable", 0);
+        cJSON_AddBoolToObject(m, "sampleable", 1);
         cJSON_AddItemToArray(arr, m);
     }
     api_ok(c, j);
@@ -424,9 +424,15 @@ static void h_save(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant,
         !api_bool(b, "overwrite", 0, &overwrite, err, sizeof err)) {
         snprintf(o->prefail, sizeof o->prefail, "%s", err);
     } else if (!name && sampler) {
-        snprintf(o->prefail, sizeof o->prefail,
-                 "save_weights_for_sampler without a path (ephemeral sampling weights) needs the sampler, which this "
-                 "server does not have yet; pass a name");
+        long long ss_seq;
+        if (!api_int(b, "sampling_session_seq_id", 1, 0, 1000000000, 0, &ss_seq, err, sizeof err)) {
+            snprintf(o->prefail, sizeof o->prefail, "%s (needed without a path)", err);
+        } else {
+            char id[160];
+            snprintf(id, sizeof id, "%s:sample:%lld", r->session_id, ss_seq);
+            o->snapshot = svc_new_snapshot_session(s, r, id);
+            if (!o->snapshot) snprintf(o->prefail, sizeof o->prefail, "sampling session '%s' exists already", id);
+        }
     } else if (!api_valid_name(name)) {
         snprintf(o->prefail, sizeof o->prefail,
                  "path '%s' must be a checkpoint name: 1-100 of [A-Za-z0-9._-], not starting with '.'", name ? name : "");
@@ -683,6 +689,7 @@ void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     else if (!strcmp(route, "load_weights")) h_load(s, c, b, tenant);
     else if (!strcmp(route, "weights_info")) h_weights_info(s, c, b, tenant);
     else if (!strcmp(route, "retrieve_future")) h_retrieve(s, c, b, tenant);
+    else if (!strcmp(route, "create_sampling_session") || !strcmp(route, "asample")) api_sampling(s, c, req, tenant, route, b);
     else api_error(c, 404, "no such endpoint: POST /api/v1/%s", route);
     cJSON_Delete(b);
 }

@@ -227,6 +227,10 @@ void api_rest(svc *s, twk_http_conn *c, const twk_http_req *req, const char *ten
         api_capabilities(s, c);
         return;
     }
+    if (get && !strncmp(route, "samplers/", 9)) {
+        api_sampling(s, c, req, tenant, route, NULL);
+        return;
+    }
     if (get && !strcmp(route, "training_runs")) {
         list_runs(s, c, req, tenant);
         return;

@@ -259,6 +259,17 @@ static int mkdirs(const char *path) {
 /* Writes into a temporary sibling folder, then renames it into place: a
  * crash leaves either no checkpoint or a complete one. */
 static void run_save(op *o) {
+    if (o->snapshot) { /* unnamed save_weights_for_sampler: snapshot the adapter into a sampler, no disk write */
+        if (svc_sampler_ready(o->svc, o->snapshot, o->run->trainer) != TWK_OK) {
+            op_fail(o, 0, "creating the sampler failed: %s", twk_last_error());
+            return;
+        }
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "sampling_session_id", o->snapshot->id);
+        cJSON_AddStringToObject(j, "type", "save_weights_for_sampler");
+        set_json(o, j);
+        return;
+    }
     char parent[1300], tmp[1600], old[1600];
     snprintf(parent, sizeof parent, "%s", o->dir);
     char *slash = strrchr(parent, '/');
@@ -375,7 +386,7 @@ static void record_checkpoint(op *o) {
 static void op_done(twk_job *j) {
     op *o = j->arg;
     svc *s = o->svc;
-    if (o->st == TWK_OK && (o->kind == OP_SAVE || o->kind == OP_SAVE_SAMPLER)) record_checkpoint(o);
+    if (o->st == TWK_OK && (o->kind == OP_SAVE || o->kind == OP_SAVE_SAMPLER) && !o->snapshot) record_checkpoint(o);
     if (o->st == TWK_OK && o->kind == OP_CREATE) {
         twk_store_run_touch(s->store, o->run->id, wall_now());
     }

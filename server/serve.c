@@ -261,6 +261,7 @@ int twk_serve_run(const twk_serve_config *cfg) {
     uv_run(&loop, UV_RUN_DEFAULT);
     rc = 0;
 out:
+    svc_free_samplers(s);
     svc_free_runs(s);
     for (int i = 0; i < s->n_models; i++) twk_model_free(s->models[i].m);
     twk_device_close(s->dev);

@@ -6,6 +6,8 @@
 
 #include <uv.h>
 
+#include <cJSON.h>
+
 #include "auth.h"
 #include "futures.h"
 #include "http.h"
@@ -41,6 +43,7 @@ typedef struct op {
     int load_optimizer;
     char prefail[512];         /* validation error: fail in order without running */
     char user_metadata_json[2048]; /* OP_SAVE*: stored with the checkpoint */
+    struct sampler_session *snapshot; /* OP_SAVE_SAMPLER without a name: the session to fill */
     /* results (worker) */
     twk_status st;
     int user_error;            /* category "user" rather than "server" */
@@ -52,6 +55,22 @@ typedef struct op {
     twk_job job;
     struct op *next;
 } op;
+
+/* A sampling session: base model, or base + adapter (from a checkpoint folder,
+ * or a snapshot of a training run's adapter). Its sampler (KV caches) is
+ * created and used on the worker. */
+typedef struct sampler_session {
+    char id[160];
+    char tenant[64];
+    base_model *base;
+    char model_path[600];
+    int has_lora;
+    twk_lora_config lora;
+    char adapter_dir[1024];   /* "" for a snapshot or the base model */
+    twk_sampler *sampler;     /* worker */
+    char create_error[512];   /* worker: why the sampler could not be made */
+    struct sampler_session *next;
+} sampler_session;
 
 #define DEDUPE_RING 512
 
@@ -87,6 +106,8 @@ typedef struct svc {
     base_model models[TWK_MAX_BASE_MODELS];
     int n_models;
     run_state *runs;
+    sampler_session *samplers;
+    int sample_inflight;      /* asample jobs queued or running (429 past the limit) */
     uv_timer_t gap_timer;
     uv_signal_t sigint, sigterm;
     unsigned long long id_counter;
@@ -119,6 +140,15 @@ int svc_parse_tinker_path(const char *path, char *run, size_t run_len, char *kin
 void svc_ckpt_dir(const svc *s, const char *run, const char *kind, const char *name, char *out, size_t len);
 /* A unique id with a prefix ("sess", ...). */
 void svc_new_id(svc *s, const char *prefix, char *out, size_t len);
+
+/* ---- sampling.c ---- */
+sampler_session *svc_find_sampler(svc *s, const char *tenant, const char *id);
+/* A session for the snapshot of a run's adapter (unnamed save_weights_for_sampler). */
+sampler_session *svc_new_snapshot_session(svc *s, run_state *r, const char *id);
+/* Worker: makes (if needed) the session's sampler; copies `from`'s adapter into it when given. */
+twk_status svc_sampler_ready(svc *s, sampler_session *ss, twk_trainer *from);
+void svc_free_samplers(svc *s);
+void api_sampling(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant, const char *route, cJSON *body);
 
 /* ---- api.c ---- */
 void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user);
