@@ -15,6 +15,7 @@ static void usage(FILE *f) {
             "  demo      train a tiny transformer from scratch on a memorisation task\n"
             "  train     SFT / pre-training of a Hugging Face model (LoRA or full) from JSONL\n"
             "  serve     the Tinker-compatible training service (LoRA, many tenants)\n"
+            "  sample    generate from a model (+ adapter) with the KV-cache sampler\n"
             "  score     per-token logprobs of JSONL examples under a model (+ adapter)\n"
             "  devices   list backends and devices\n"
             "  version   print the version\n"
@@ -34,6 +35,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "train")) return twk_cmd_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return twk_cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "score")) return twk_cmd_score(argc - 1, argv + 1);
+    if (!strcmp(cmd, "sample")) return twk_cmd_sample(argc - 1, argv + 1);
     if (!strcmp(cmd, "devices")) return twk_cmd_devices(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("twinkle %s\n", TWK_VERSION);

@@ -44,3 +44,13 @@ grep -q "weights\[1\]" "$DIR/c.log" || fail "message does not name weights[1]"
 echo "ok   non-numeric weight refused: $(tail -n 1 "$DIR/c.log")"
 if "$TWINKLE" train --model "$MODEL" --data "$DIR/data.jsonl" --rank 0 > "$DIR/c.log" 2>&1; then fail "rank 0 accepted"; fi
 echo "ok   --rank 0 refused: $(tail -n 1 "$DIR/c.log")"
+
+# `twinkle sample` with the adapter just trained: seeded runs repeat, bad input is refused
+s1=$("$TWINKLE" sample --model "$MODEL" --adapter "$DIR/a/final" --prompt-tokens 5,6,7 --max-tokens 6 --num-samples 2 --seed 9)
+s2=$("$TWINKLE" sample --model "$MODEL" --adapter "$DIR/a/final" --prompt-tokens 5,6,7 --max-tokens 6 --num-samples 2 --seed 9)
+[ "$s1" = "$s2" ] || fail "seeded twinkle sample did not repeat"
+[ "$(printf '%s\n' "$s1" | grep -c '"stop_reason"')" -eq 2 ] || fail "twinkle sample did not print 2 samples"
+echo "ok   twinkle sample with the trained adapter: seeded runs repeat"
+if "$TWINKLE" sample --model "$MODEL" --prompt-tokens 5000 > "$DIR/c.log" 2>&1; then fail "an out-of-vocabulary prompt was accepted"; fi
+grep -q "vocabulary" "$DIR/c.log" || fail "the message does not name the vocabulary"
+echo "ok   out-of-vocabulary prompt refused: $(tail -n 1 "$DIR/c.log")"

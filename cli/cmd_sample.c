@@ -1,0 +1,163 @@
+/* `twinkle sample`: generate from a model (optionally with a PEFT adapter)
+ * with the KV-cache sampler; prints one JSON line per sample. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cJSON.h>
+
+#include "cli.h"
+#include "twinkle/twinkle.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: twinkle sample --model DIR [--adapter DIR] --prompt-tokens 1,2,3 [options]\n"
+            "  --max-tokens N      new tokens at most (default 32)\n"
+            "  --num-samples N     independent samples (default 1, at most 64)\n"
+            "  --temperature T     0 = greedy (default 1)\n"
+            "  --top-k K           -1 = off (default)      --top-p P   (0, 1], 1 = off (default)\n"
+            "  --seed S            repeatable sampling\n"
+            "  --stop 2,7          stop token ids (default: the model's eos_token_id; 'none' = never)\n"
+            "  --device SPEC       cpu (default)\n"
+            "Prints {\"tokens\": [...], \"logprobs\": [...], \"stop_reason\": \"stop\"|\"length\"} per sample;\n"
+            "logprobs are log_softmax of the raw logits (temperature 1) at each chosen token.\n");
+}
+
+/* Parses "1,2,3" into ids; returns the count or -1. */
+static int parse_ids(const char *s, int32_t *out, int max) {
+    int n = 0;
+    while (*s) {
+        char *end = NULL;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 0 || v > 2147483647L || n == max) return -1;
+        out[n++] = (int32_t)v;
+        s = end;
+        if (*s == ',') s++;
+        else if (*s) return -1;
+    }
+    return n;
+}
+
+static int adapter_shape(const char *dir, twk_lora_config *lc) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    FILE *f = fopen(path, "rb");
+    char text[65536];
+    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    if (f) fclose(f);
+    text[n] = 0;
+    cJSON *j = n ? cJSON_Parse(text) : NULL;
+    const cJSON *r = cJSON_GetObjectItem(j, "r"), *a = cJSON_GetObjectItem(j, "lora_alpha"), *t = cJSON_GetObjectItem(j, "target_modules");
+    int ok = cJSON_IsNumber(r) && cJSON_IsNumber(a) && cJSON_IsArray(t);
+    if (ok) {
+        lc->rank = r->valueint;
+        lc->alpha = (float)a->valuedouble;
+        lc->train_attn = lc->train_mlp = lc->train_unembed = 0;
+        for (const cJSON *e = t->child; e; e = e->next) {
+            const char *m = cJSON_IsString(e) ? e->valuestring : "";
+            if (strstr(m, "q_proj") || strstr(m, "k_proj") || strstr(m, "v_proj") || strstr(m, "o_proj")) lc->train_attn = 1;
+            if (strstr(m, "gate_proj") || strstr(m, "up_proj") || strstr(m, "down_proj")) lc->train_mlp = 1;
+            if (strstr(m, "lm_head")) lc->train_unembed = 1;
+        }
+    }
+    cJSON_Delete(j);
+    return ok;
+}
+
+int twk_cmd_sample(int argc, char **argv) {
+    const char *model = NULL, *adapter = NULL, *device = "cpu", *stop_arg = NULL;
+    static int32_t prompt[65536];
+    int n_prompt = 0, num = 1, stop_n = 0;
+    int32_t stop[64];
+    twk_sample_params p = {.max_tokens = 32, .temperature = 1, .top_k = -1, .top_p = 1};
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "twinkle sample: %s needs a value\n", argv[i]);
+            return 2;
+        }
+        const char *o = argv[i], *v = argv[++i];
+        char *end = NULL;
+        if (!strcmp(o, "--model")) model = v;
+        else if (!strcmp(o, "--adapter")) adapter = v;
+        else if (!strcmp(o, "--device")) device = v;
+        else if (!strcmp(o, "--prompt-tokens")) {
+            if ((n_prompt = parse_ids(v, prompt, 65536)) < 1) {
+                fprintf(stderr, "twinkle sample: --prompt-tokens wants ids like 1,2,3\n");
+                return 2;
+            }
+        } else if (!strcmp(o, "--stop")) stop_arg = v;
+        else if (!strcmp(o, "--max-tokens")) p.max_tokens = (int)strtol(v, &end, 10);
+        else if (!strcmp(o, "--num-samples")) num = (int)strtol(v, &end, 10);
+        else if (!strcmp(o, "--temperature")) p.temperature = strtof(v, &end);
+        else if (!strcmp(o, "--top-k")) p.top_k = (int)strtol(v, &end, 10);
+        else if (!strcmp(o, "--top-p")) p.top_p = strtof(v, &end);
+        else if (!strcmp(o, "--seed")) {
+            p.seed = strtoull(v, &end, 10);
+            p.has_seed = 1;
+        } else {
+            fprintf(stderr, "twinkle sample: unknown option '%s'\n", o);
+            return 2;
+        }
+        if (end && *end) {
+            fprintf(stderr, "twinkle sample: %s: '%s' is not a number\n", o, v);
+            return 2;
+        }
+    }
+    if (!model || n_prompt < 1) {
+        usage(stderr);
+        return 2;
+    }
+    if (num < 1 || num > 64) {
+        fprintf(stderr, "twinkle sample: --num-samples must be 1..64\n");
+        return 2;
+    }
+    twk_device *dev = NULL;
+    twk_model *m = NULL;
+    twk_sampler *s = NULL;
+    twk_sampled_seq *out = NULL;
+    int rc = 1;
+    if (twk_device_open(device, &dev) != TWK_OK || twk_model_load(model, dev, &m) != TWK_OK) goto fail;
+    if (stop_arg && strcmp(stop_arg, "none") && (stop_n = parse_ids(stop_arg, stop, 64)) < 0) {
+        fprintf(stderr, "twinkle sample: --stop wants ids like 2,7 or 'none'\n");
+        goto out;
+    }
+    if (!stop_arg) {
+        const twk_model_config *c = twk_model_cfg(m);
+        for (int i = 0; i < c->n_eos; i++) stop[stop_n++] = c->eos[i];
+    }
+    p.stop_tokens = stop;
+    p.n_stop_tokens = stop_n;
+    twk_lora_config lc = twk_lora_default();
+    if (adapter && !adapter_shape(adapter, &lc)) {
+        fprintf(stderr, "twinkle sample: %s/adapter_config.json lacks r, lora_alpha or target_modules\n", adapter);
+        goto out;
+    }
+    if (twk_sampler_new(m, adapter ? &lc : NULL, num, n_prompt + (p.max_tokens > 0 ? p.max_tokens : 1) + 1, &s) != TWK_OK)
+        goto fail;
+    if (adapter && twk_sampler_load_adapter(s, adapter) != TWK_OK) goto fail;
+    out = calloc((size_t)num, sizeof *out);
+    if (!out || twk_sampler_generate(s, prompt, n_prompt, num, &p, out) != TWK_OK) goto fail;
+    for (int k = 0; k < num; k++) {
+        printf("{\"tokens\": [");
+        for (int64_t i = 0; i < out[k].n; i++) printf("%s%d", i ? ", " : "", out[k].tokens[i]);
+        printf("], \"logprobs\": [");
+        for (int64_t i = 0; i < out[k].n; i++) printf("%s%.7g", i ? ", " : "", (double)out[k].logprobs[i]);
+        printf("], \"stop_reason\": \"%s\"}\n", out[k].stop_reason ? "length" : "stop");
+        twk_sampled_seq_free(&out[k]);
+    }
+    rc = 0;
+    goto out;
+fail:
+    fprintf(stderr, "twinkle sample: %s\n", twk_last_error());
+out:
+    free(out);
+    twk_sampler_free(s);
+    twk_model_free(m);
+    twk_device_close(dev);
+    return rc;
+}
