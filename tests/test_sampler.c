@@ -362,6 +362,40 @@ static void statistics(const char *root) {
     check(g.n == first + 1 && g.stop_reason == 0, "qwen3", "a stop token ends the sequence and is included", 0, 0);
     twk_sampled_seq_free(&g);
 
+    /* several requests in one decode batch equal separate calls */
+    {
+        int32_t pa[3] = {11, 12, 13}, pb[6] = {400, 401, 402, 403, 404, 405};
+        int32_t stopb = g.tokens[0];
+        (void)stopb;
+        twk_sample_params qa = {.max_tokens = 7, .temperature = 0.9f, .top_k = 50, .top_p = 0.95f, .seed = 77, .has_seed = 1};
+        twk_sample_params qb = {.max_tokens = 5, .temperature = 0, .top_k = -1, .top_p = 1};
+        twk_sampled_seq ma[3], mb[2], sa[3], sb[2];
+        twk_sample_request reqs[2] = {{pa, 3, 3, &qa, ma}, {pb, 6, 2, &qb, mb}};
+        twk_status st1 = twk_sampler_generate_many(s, reqs, 2);
+        twk_status st2 = twk_sampler_generate(s, pa, 3, 3, &qa, sa);
+        twk_status st3 = twk_sampler_generate(s, pb, 6, 2, &qb, sb);
+        int alike = st1 == TWK_OK && st2 == TWK_OK && st3 == TWK_OK;
+        double err = 0;
+        for (int i = 0; alike && i < 3; i++) {
+            alike &= ma[i].n == sa[i].n && !memcmp(ma[i].tokens, sa[i].tokens, (size_t)sa[i].n * 4);
+            for (int k = 0; alike && k < sa[i].n; k++) err = fmax(err, fabs(ma[i].logprobs[k] - sa[i].logprobs[k]));
+        }
+        for (int i = 0; alike && i < 2; i++) {
+            alike &= mb[i].n == sb[i].n && !memcmp(mb[i].tokens, sb[i].tokens, (size_t)sb[i].n * 4);
+            for (int k = 0; alike && k < sb[i].n; k++) err = fmax(err, fabs(mb[i].logprobs[k] - sb[i].logprobs[k]));
+        }
+        check(alike, "qwen3", "2 requests (3 + 2 samples) in one batch: the same tokens as alone", 0, 0);
+        check(alike && err <= 1e-5, "qwen3", "... and the same logprobs", err, 1e-5);
+        for (int i = 0; i < 3; i++) {
+            twk_sampled_seq_free(&ma[i]);
+            twk_sampled_seq_free(&sa[i]);
+        }
+        for (int i = 0; i < 2; i++) {
+            twk_sampled_seq_free(&mb[i]);
+            twk_sampled_seq_free(&sb[i]);
+        }
+    }
+
     /* bad parameters */
     struct { twk_sample_params p; int32_t tok; const char *needle; } bad[] = {
         {{.max_tokens = 1, .temperature = 1, .top_p = 1}, 5000, "vocabulary"},

@@ -161,109 +161,156 @@ static int is_stop(const twk_sample_params *p, int32_t tok) {
     return 0;
 }
 
-twk_status twk_sampler_generate(twk_sampler *s, const int32_t *prompt, int64_t n_prompt, int num_samples,
-                                const twk_sample_params *p, twk_sampled_seq *out) {
-    if (!s || !prompt || !p || !out) return twk_error(TWK_ERR_INVALID_ARG, "sample: NULL argument");
-    if (num_samples >= 1 && num_samples <= s->max_seqs) memset(out, 0, (size_t)num_samples * sizeof *out);
-    if (num_samples < 1 || num_samples > s->max_seqs)
-        return twk_error(TWK_ERR_INVALID_ARG, "sample: num_samples %d outside 1..%d", num_samples, s->max_seqs);
-    if (n_prompt < 1 || n_prompt >= s->max_len)
-        return twk_error(TWK_ERR_INVALID_ARG, "sample: prompt of %lld tokens; it must be 1..%lld", (long long)n_prompt,
+static twk_status check_request(const twk_sampler *s, const twk_sample_request *r) {
+    const twk_sample_params *p = r->params;
+    if (!r->prompt || !p || !r->out) return twk_error(TWK_ERR_INVALID_ARG, "sample: NULL argument");
+    if (r->num_samples < 1 || r->num_samples > s->max_seqs)
+        return twk_error(TWK_ERR_INVALID_ARG, "sample: num_samples %d outside 1..%d", r->num_samples, s->max_seqs);
+    if (r->n_prompt < 1 || r->n_prompt >= s->max_len)
+        return twk_error(TWK_ERR_INVALID_ARG, "sample: prompt of %lld tokens; it must be 1..%lld", (long long)r->n_prompt,
                          (long long)(s->max_len - 1));
-    if (p->max_tokens < 1 || n_prompt + p->max_tokens > s->max_len)
+    if (p->max_tokens < 1 || r->n_prompt + p->max_tokens > s->max_len)
         return twk_error(TWK_ERR_INVALID_ARG, "sample: max_tokens %d with a %lld-token prompt exceeds the context of %lld",
-                         p->max_tokens, (long long)n_prompt, (long long)s->max_len);
+                         p->max_tokens, (long long)r->n_prompt, (long long)s->max_len);
     if (!(p->temperature >= 0) || !isfinite(p->temperature))
         return twk_error(TWK_ERR_INVALID_ARG, "sample: temperature %g must be >= 0", (double)p->temperature);
     if (!(p->top_p > 0 && p->top_p <= 1))
         return twk_error(TWK_ERR_INVALID_ARG, "sample: top_p %g must be in (0, 1]", (double)p->top_p);
-    for (int64_t i = 0; i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= s->vocab)
+    for (int64_t i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= s->vocab)
             return twk_error(TWK_ERR_INVALID_ARG, "sample: prompt token %lld = %d is outside the vocabulary [0, %d)",
-                             (long long)i, prompt[i], s->vocab);
-    memset(out, 0, (size_t)num_samples * sizeof *out);
+                             (long long)i, r->prompt[i], s->vocab);
+    return TWK_OK;
+}
+
+/* One live sequence of the shared decode batch. */
+typedef struct seq_state {
+    int req, sample, slot, live;
+    twk_rng rng;
+} seq_state;
+
+twk_status twk_sampler_generate_many(twk_sampler *s, const twk_sample_request *reqs, int n_reqs) {
+    if (!s || !reqs || n_reqs < 1) return twk_error(TWK_ERR_INVALID_ARG, "sample: no requests");
+    int total = 0;
+    for (int r = 0; r < n_reqs; r++) {
+        if (reqs[r].out && reqs[r].num_samples >= 1 && reqs[r].num_samples <= s->max_seqs)
+            memset(reqs[r].out, 0, (size_t)reqs[r].num_samples * sizeof *reqs[r].out);
+    }
+    for (int r = 0; r < n_reqs; r++) {
+        twk_status st = check_request(s, &reqs[r]);
+        if (st != TWK_OK) return st;
+        total += reqs[r].num_samples;
+    }
+    if (total > s->max_seqs)
+        return twk_error(TWK_ERR_INVALID_ARG, "sample: %d sequences in one batch; the sampler holds %d", total, s->max_seqs);
     int64_t cap = s->max_len > s->max_seqs ? s->max_len : s->max_seqs;
     int32_t *tok = s->ibuf, *pos = tok + cap, *rows = pos + cap, *lo = rows + cap, *hi = lo + cap, *sel = hi + cap;
     cand *work = twk_host_alloc((size_t)s->vocab * sizeof *work, "sampler work");
-    twk_rng *rng = twk_host_alloc((size_t)num_samples * sizeof *rng, "sampler rng");
-    int *live = twk_host_calloc((size_t)num_samples * sizeof *live, "sampler state");
-    twk_status st = work && rng && live ? TWK_OK : TWK_ERR_OOM;
-    for (int i = 0; st == TWK_OK && i < num_samples; i++) {
-        out[i].tokens = twk_host_alloc((size_t)p->max_tokens * 4, "sampled tokens");
-        out[i].logprobs = twk_host_alloc((size_t)p->max_tokens * 4, "sampled logprobs");
-        if (!out[i].tokens || !out[i].logprobs) st = TWK_ERR_OOM;
-        uint64_t seed = p->has_seed ? p->seed : (uint64_t)twk_now() * 1000003u ^ (uint64_t)(uintptr_t)out;
-        twk_rng_seed(&rng[i], seed + 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1));
-        live[i] = 1;
-    }
-    /* prefill into slot 0 */
-    if (st == TWK_OK) {
-        for (int64_t i = 0; i < n_prompt; i++) {
-            tok[i] = prompt[i];
-            pos[i] = (int32_t)i;
-            rows[i] = (int32_t)i;
-            lo[i] = 0;
-            hi[i] = (int32_t)i + 1;
-        }
-        for (int i = 0; i < s->max_seqs; i++) sel[i] = (int32_t)(n_prompt - 1);
-        st = pass(s, n_prompt, tok, pos, rows, lo, hi, sel);
-    }
-    /* every sample starts from the prompt's cache rows */
+    seq_state *q = twk_host_calloc((size_t)total * sizeof *q, "sampler state");
+    twk_status st = work && q ? TWK_OK : TWK_ERR_OOM;
     twk_trainer *t = s->t;
     size_t row_bytes = (size_t)t->m->cfg.kv_heads * (size_t)t->m->cfg.head_dim * 4;
-    for (int i = 1; st == TWK_OK && i < num_samples; i++)
-        for (int k = 0; st == TWK_OK && k < 2 * t->m->cfg.layers; k++)
-            st = twk_buffer_copy(t->m->dev, t->kv[k].buf, (size_t)i * (size_t)s->max_len * row_bytes, t->kv[k].buf, 0,
-                                 (size_t)n_prompt * row_bytes);
-    /* the first token of each sample comes from the prefill's logits */
-    for (int i = 0; st == TWK_OK && i < num_samples; i++) {
-        float lp;
-        int32_t x = choose(s->logits, s->vocab, p, &rng[i], work, &lp);
-        out[i].tokens[0] = x;
-        out[i].logprobs[0] = lp;
-        out[i].n = 1;
-        if (is_stop(p, x)) {
-            live[i] = 0;
-            out[i].stop_reason = 0;
+    int next = 0;
+    for (int r = 0; st == TWK_OK && r < n_reqs; r++) {
+        const twk_sample_request *R = &reqs[r];
+        const twk_sample_params *p = R->params;
+        int first_slot = next;
+        for (int i = 0; st == TWK_OK && i < R->num_samples; i++, next++) {
+            twk_sampled_seq *o = &R->out[i];
+            o->tokens = twk_host_alloc((size_t)p->max_tokens * 4, "sampled tokens");
+            o->logprobs = twk_host_alloc((size_t)p->max_tokens * 4, "sampled logprobs");
+            if (!o->tokens || !o->logprobs) st = TWK_ERR_OOM;
+            uint64_t seed = p->has_seed ? p->seed : (uint64_t)(twk_now() * 1e9) ^ (uint64_t)(uintptr_t)o;
+            q[next] = (seq_state){.req = r, .sample = i, .slot = next, .live = 1};
+            twk_rng_seed(&q[next].rng, seed + 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1));
+        }
+        if (st != TWK_OK) break;
+        /* prefill this prompt into its first slot, then share its rows with the other samples */
+        int64_t base = (int64_t)first_slot * s->max_len;
+        for (int64_t i = 0; i < R->n_prompt; i++) {
+            tok[i] = R->prompt[i];
+            pos[i] = (int32_t)i;
+            rows[i] = (int32_t)(base + i);
+            lo[i] = (int32_t)base;
+            hi[i] = (int32_t)(base + i + 1);
+        }
+        for (int i = 0; i < s->max_seqs; i++) sel[i] = (int32_t)(R->n_prompt - 1);
+        st = pass(s, R->n_prompt, tok, pos, rows, lo, hi, sel);
+        for (int i = 1; st == TWK_OK && i < R->num_samples; i++)
+            for (int k = 0; st == TWK_OK && k < 2 * t->m->cfg.layers; k++)
+                st = twk_buffer_copy(t->m->dev, t->kv[k].buf, (size_t)(first_slot + i) * (size_t)s->max_len * row_bytes,
+                                     t->kv[k].buf, (size_t)base * row_bytes, (size_t)R->n_prompt * row_bytes);
+        /* first tokens from the prefill's logits */
+        for (int i = 0; st == TWK_OK && i < R->num_samples; i++) {
+            seq_state *x = &q[first_slot + i];
+            twk_sampled_seq *o = &R->out[i];
+            float lp;
+            int32_t tk = choose(s->logits, s->vocab, p, &x->rng, work, &lp);
+            o->tokens[0] = tk;
+            o->logprobs[0] = lp;
+            o->n = 1;
+            if (is_stop(p, tk)) {
+                x->live = 0;
+                o->stop_reason = 0;
+            } else if (p->max_tokens == 1) {
+                x->live = 0;
+                o->stop_reason = 1;
+            }
         }
     }
-    for (int step = 1; st == TWK_OK && step < p->max_tokens; step++) {
-        int n = 0, idx[4096];
-        for (int i = 0; i < num_samples && n < 4096; i++) {
-            if (!live[i]) continue;
-            int64_t ps = n_prompt + step - 1; /* position of the token being fed */
-            tok[n] = out[i].tokens[step - 1];
+    /* decode: one token per live sequence of every request per pass */
+    while (st == TWK_OK) {
+        int n = 0;
+        int idx[4096];
+        for (int k = 0; k < total && n < 4096; k++) {
+            seq_state *x = &q[k];
+            if (!x->live) continue;
+            const twk_sample_request *R = &reqs[x->req];
+            twk_sampled_seq *o = &R->out[x->sample];
+            int64_t ps = R->n_prompt + o->n - 1; /* position of the token being fed */
+            tok[n] = o->tokens[o->n - 1];
             pos[n] = (int32_t)ps;
-            rows[n] = (int32_t)((int64_t)i * s->max_len + ps);
-            lo[n] = (int32_t)((int64_t)i * s->max_len);
+            rows[n] = (int32_t)((int64_t)x->slot * s->max_len + ps);
+            lo[n] = (int32_t)((int64_t)x->slot * s->max_len);
             hi[n] = rows[n] + 1;
             sel[n] = n;
-            idx[n++] = i;
+            idx[n++] = k;
         }
         if (n == 0) break;
         for (int k = n; k < s->max_seqs; k++) sel[k] = 0;
         st = pass(s, n, tok, pos, rows, lo, hi, sel);
         for (int k = 0; st == TWK_OK && k < n; k++) {
-            int i = idx[k];
+            seq_state *x = &q[idx[k]];
+            const twk_sample_request *R = &reqs[x->req];
+            const twk_sample_params *p = R->params;
+            twk_sampled_seq *o = &R->out[x->sample];
             float lp;
-            int32_t x = choose(s->logits + (size_t)k * (size_t)s->vocab, s->vocab, p, &rng[i], work, &lp);
-            out[i].tokens[step] = x;
-            out[i].logprobs[step] = lp;
-            out[i].n = step + 1;
-            if (is_stop(p, x)) {
-                live[i] = 0;
-                out[i].stop_reason = 0;
+            int32_t tk = choose(s->logits + (size_t)k * (size_t)s->vocab, s->vocab, p, &x->rng, work, &lp);
+            o->tokens[o->n] = tk;
+            o->logprobs[o->n] = lp;
+            o->n++;
+            if (is_stop(p, tk)) {
+                x->live = 0;
+                o->stop_reason = 0;
+            } else if (o->n >= p->max_tokens) {
+                x->live = 0;
+                o->stop_reason = 1;
             }
         }
     }
-    for (int i = 0; st == TWK_OK && i < num_samples; i++)
-        if (live[i]) out[i].stop_reason = 1;
     twk_host_free(work);
-    twk_host_free(rng);
-    twk_host_free(live);
+    twk_host_free(q);
     if (st != TWK_OK)
-        for (int i = 0; i < num_samples; i++) twk_sampled_seq_free(&out[i]);
+        for (int r = 0; r < n_reqs; r++)
+            for (int i = 0; reqs[r].out && i < reqs[r].num_samples; i++) twk_sampled_seq_free(&reqs[r].out[i]);
     return st;
+}
+
+twk_status twk_sampler_generate(twk_sampler *s, const int32_t *prompt, int64_t n_prompt, int num_samples,
+                                const twk_sample_params *p, twk_sampled_seq *out) {
+    if (!s) return twk_error(TWK_ERR_INVALID_ARG, "sample: NULL sampler");
+    twk_sample_request r = {prompt, n_prompt, num_samples, p, out};
+    return twk_sampler_generate_many(s, &r, 1);
 }
 
 int twk_sampler_max_seqs(const twk_sampler *s) { return s->max_seqs; }

@@ -185,6 +185,21 @@ twk_status twk_sampler_copy_adapter(twk_sampler *s, twk_trainer *from);
 twk_status twk_sampler_generate(twk_sampler *s, const int32_t *prompt, int64_t n_prompt, int num_samples,
                                 const twk_sample_params *p, twk_sampled_seq *out);
 void twk_sampled_seq_free(twk_sampled_seq *q);
+
+/* One request of a shared decode batch. */
+typedef struct twk_sample_request {
+    const int32_t *prompt;
+    int64_t n_prompt;
+    int num_samples;
+    const twk_sample_params *params;
+    twk_sampled_seq *out; /* num_samples entries */
+} twk_sample_request;
+
+/* Several requests (different prompts and parameters) decoded together: each
+ * prompt is prefilled once, then every live sequence of every request takes
+ * one token per pass. The samples of all requests together must fit the
+ * sampler (max_seqs). Results equal separate twk_sampler_generate calls. */
+twk_status twk_sampler_generate_many(twk_sampler *s, const twk_sample_request *reqs, int n_reqs);
 /* Per-position scores of a prompt: logprobs[i] = log p(prompt[i] | prompt[:i])
  * (logprobs[0] = NaN), and when k > 0 the k most likely next tokens at each
  * position i (given prompt[:i]; row 0 empty: id 0, -99999), sorted by
