@@ -260,7 +260,7 @@ static int mkdirs(const char *path) {
  * crash leaves either no checkpoint or a complete one. */
 static void run_save(op *o) {
     if (o->snapshot) { /* unnamed save_weights_for_sampler: snapshot the adapter into a sampler, no disk write */
-        if (svc_sampler_ready(o->svc, o->snapshot, o->run->trainer) != TWK_OK) {
+        if (svc_sampler_ready(o->svc, o->snapshot->unit, o->run->trainer) != TWK_OK) {
             op_fail(o, 0, "creating the sampler failed: %s", twk_last_error());
             return;
         }

@@ -21,43 +21,69 @@ sampler_session *svc_find_sampler(svc *s, const char *tenant, const char *id) {
     return NULL;
 }
 
-static sampler_session *new_session(svc *s, const char *tenant, const char *id, base_model *base) {
+static sampler_unit *unit_new(base_model *base, const twk_lora_config *lora, const char *adapter_dir) {
+    sampler_unit *u = calloc(1, sizeof *u);
+    if (!u) return NULL;
+    u->base = base;
+    if (lora) {
+        u->has_lora = 1;
+        u->lora = *lora;
+    }
+    if (adapter_dir) snprintf(u->adapter_dir, sizeof u->adapter_dir, "%s", adapter_dir);
+    pthread_mutex_init(&u->mu, NULL);
+    return u;
+}
+
+static void unit_free(sampler_unit *u) {
+    if (!u) return;
+    twk_sampler_free(u->sampler);
+    pthread_mutex_destroy(&u->mu);
+    free(u);
+}
+
+/* A session bound to `unit` (owned when own != 0); NULL if the id exists or memory ran out. */
+static sampler_session *new_session(svc *s, const char *tenant, const char *id, base_model *base, sampler_unit *unit,
+                                    int own) {
     for (sampler_session *x = s->samplers; x; x = x->next)
         if (!strcmp(x->id, id)) return NULL;
-    sampler_session *ss = calloc(1, sizeof *ss);
-    if (!ss) return NULL;
+    sampler_session *ss = unit ? calloc(1, sizeof *ss) : NULL;
+    if (!ss) {
+        if (own) unit_free(unit);
+        return NULL;
+    }
     snprintf(ss->id, sizeof ss->id, "%s", id);
     snprintf(ss->tenant, sizeof ss->tenant, "%s", tenant);
     ss->base = base;
+    ss->unit = unit;
+    ss->owns_unit = own;
     ss->next = s->samplers;
     s->samplers = ss;
     return ss;
 }
 
 sampler_session *svc_new_snapshot_session(svc *s, run_state *r, const char *id) {
-    sampler_session *ss = new_session(s, r->tenant, id, r->base);
+    if (!r->base) return NULL;
+    sampler_session *ss = new_session(s, r->tenant, id, r->base, unit_new(r->base, &r->lora, NULL), 1);
     if (!ss) return NULL;
-    ss->has_lora = 1;
-    ss->lora = r->lora;
     snprintf(ss->model_path, sizeof ss->model_path, "tinker://%s/sampler_weights/%s", r->id, id);
     return ss;
 }
 
-twk_status svc_sampler_ready(svc *s, sampler_session *ss, twk_trainer *from) {
-    if (!ss->base) return twk_error(TWK_ERR_STATE, "the session's base model is not loaded");
-    if (!ss->sampler) {
-        twk_status st = twk_sampler_new(ss->base->m, ss->has_lora ? &ss->lora : NULL, SAMPLER_SEQS, s->cfg.max_context,
-                                        &ss->sampler);
-        if (st == TWK_OK && ss->adapter_dir[0]) st = twk_sampler_load_adapter(ss->sampler, ss->adapter_dir);
+twk_status svc_sampler_ready(svc *s, sampler_unit *u, twk_trainer *from) {
+    if (!u->base) return twk_error(TWK_ERR_STATE, "the sampler's base model is not loaded");
+    if (!u->sampler) {
+        twk_status st = twk_sampler_new(u->base->m, u->has_lora ? &u->lora : NULL, SAMPLER_SEQS, s->cfg.max_context,
+                                        &u->sampler);
+        if (st == TWK_OK && u->adapter_dir[0]) st = twk_sampler_load_adapter(u->sampler, u->adapter_dir);
         if (st != TWK_OK) {
-            twk_sampler_free(ss->sampler);
-            ss->sampler = NULL;
+            twk_sampler_free(u->sampler);
+            u->sampler = NULL;
             return st;
         }
     }
     if (from) {
-        if (!ss->has_lora) return twk_error(TWK_ERR_STATE, "the session has no adapter");
-        return twk_sampler_copy_adapter(ss->sampler, from);
+        if (!u->has_lora) return twk_error(TWK_ERR_STATE, "the sampler has no adapter");
+        return twk_sampler_copy_adapter(u->sampler, from);
     }
     return TWK_OK;
 }
@@ -66,17 +92,21 @@ void svc_free_samplers(svc *s) {
     sampler_session *ss = s->samplers;
     while (ss) {
         sampler_session *next = ss->next;
-        twk_sampler_free(ss->sampler);
+        if (ss->owns_unit) unit_free(ss->unit);
         free(ss);
         ss = next;
     }
     s->samplers = NULL;
+    for (int i = 0; i < s->n_models; i++) {
+        unit_free(s->models[i].shared);
+        s->models[i].shared = NULL;
+    }
 }
 
 /* ---- asample ---- */
 
 typedef struct sample_job {
-    twk_job job;
+    struct sample_job *next; /* in its unit's pending list, then in a batch */
     svc *s;
     sampler_session *ss;
     char request_id[64];
@@ -94,67 +124,136 @@ typedef struct sample_job {
     size_t out_len;
 } sample_job;
 
-static void sample_run(twk_job *j) {
-    sample_job *sj = j->arg;
-    twk_wire_seq *seqs = calloc((size_t)sj->num_samples, sizeof *seqs);
-    twk_sampled_seq *res = calloc((size_t)sj->num_samples, sizeof *res);
+/* Encodes one finished request (or records why it failed). */
+static void finish_request(sample_job *sj, twk_sampled_seq *res, twk_status st) {
+    sampler_unit *u = sj->ss->unit;
     float *plp = NULL, *tlp = NULL;
     int32_t *tid = NULL;
-    twk_status st = seqs && res ? svc_sampler_ready(sj->s, sj->ss, NULL) : TWK_ERR_OOM;
-    if (st != TWK_OK) {
-        snprintf(sj->err, sizeof sj->err, "sampler unavailable: %s", twk_last_error());
-        goto out;
-    }
-    /* rounds of at most the sampler's sequence count; a seed gives every round its own stream */
-    for (int done = 0; st == TWK_OK && done < sj->num_samples;) {
-        int n = sj->num_samples - done < SAMPLER_SEQS ? sj->num_samples - done : SAMPLER_SEQS;
-        twk_sample_params p = sj->p;
-        if (p.has_seed) p.seed = sj->p.seed + 0x2545f4914f6cdd1dull * (uint64_t)done;
-        st = twk_sampler_generate(sj->ss->sampler, sj->prompt, sj->n_prompt, n, &p, res + done);
-        done += n;
-    }
+    twk_wire_seq *seqs = NULL;
     if (st == TWK_OK && (sj->prompt_logprobs || sj->topk > 0)) {
         plp = malloc((size_t)sj->n_prompt * 4);
         if (sj->topk > 0) {
             tid = malloc((size_t)sj->n_prompt * (size_t)sj->topk * 4);
             tlp = malloc((size_t)sj->n_prompt * (size_t)sj->topk * 4);
         }
-        st = plp && (!sj->topk || (tid && tlp)) ? twk_sampler_score_prompt(sj->ss->sampler, sj->prompt, sj->n_prompt, plp,
-                                                                           sj->topk, tid, tlp)
-                                                : TWK_ERR_OOM;
+        st = plp && (!sj->topk || (tid && tlp))
+                 ? twk_sampler_score_prompt(u->sampler, sj->prompt, sj->n_prompt, plp, sj->topk, tid, tlp)
+                 : TWK_ERR_OOM;
     }
-    if (st != TWK_OK) {
+    if (st == TWK_OK) {
+        seqs = calloc((size_t)sj->num_samples, sizeof *seqs);
+        if (!seqs) st = TWK_ERR_OOM;
+        for (int i = 0; seqs && i < sj->num_samples; i++)
+            seqs[i] = (twk_wire_seq){res[i].stop_reason, res[i].tokens, res[i].logprobs, res[i].n};
+        if (st == TWK_OK)
+            st = twk_wire_encode_sample_response(seqs, sj->num_samples, sj->prompt_logprobs ? plp : NULL, sj->n_prompt,
+                                                 sj->topk > 0 ? tid : NULL, sj->topk > 0 ? tlp : NULL, sj->topk, &sj->out,
+                                                 &sj->out_len);
+    }
+    if (st == TWK_OK) sj->ok = 1;
+    else if (!sj->err[0]) {
         snprintf(sj->err, sizeof sj->err, "%s", twk_last_error());
         sj->user_error = st == TWK_ERR_INVALID_ARG;
-        goto out;
     }
-    for (int i = 0; i < sj->num_samples; i++)
-        seqs[i] = (twk_wire_seq){res[i].stop_reason, res[i].tokens, res[i].logprobs, res[i].n};
-    st = twk_wire_encode_sample_response(seqs, sj->num_samples, sj->prompt_logprobs ? plp : NULL, sj->n_prompt,
-                                         sj->topk > 0 ? tid : NULL, sj->topk > 0 ? tlp : NULL, sj->topk, &sj->out,
-                                         &sj->out_len);
-    if (st != TWK_OK) snprintf(sj->err, sizeof sj->err, "encoding the result failed: %s", twk_last_error());
-    else sj->ok = 1;
-out:
-    for (int i = 0; res && i < sj->num_samples; i++) twk_sampled_seq_free(&res[i]);
-    free(res);
     free(seqs);
     free(plp);
     free(tid);
     free(tlp);
 }
 
-static void sample_done(twk_job *j) {
-    sample_job *sj = j->arg;
-    svc *s = sj->s;
-    s->sample_inflight--;
-    if (sj->ok)
-        twk_futures_complete(s->futures, sj->request_id, "application/x-protobuf", sj->out, sj->out_len);
-    else
-        twk_futures_fail(s->futures, sj->request_id, sj->user_error ? "user" : "server", sj->err);
-    twk_host_free(sj->out);
-    free(sj->prompt);
-    free(sj);
+typedef struct drain_job {
+    twk_job job;
+    svc *s;
+    sampler_unit *unit;
+    sample_job *batch; /* the requests this job took */
+} drain_job;
+
+/* Worker: takes every waiting request of the unit that fits one decode batch
+ * and decodes them together; a request for more samples than a batch holds
+ * runs alone, in rounds. */
+static void drain_run(twk_job *j) {
+    drain_job *dj = j->arg;
+    sampler_unit *u = dj->unit;
+    pthread_mutex_lock(&u->mu);
+    sample_job *take = NULL, **tail = &take, **pp = &u->pending;
+    int used = 0;
+    while (*pp) {
+        sample_job *sj = *pp;
+        int n = sj->num_samples;
+        if ((n > SAMPLER_SEQS && used == 0 && !take) || (n <= SAMPLER_SEQS && used + n <= SAMPLER_SEQS)) {
+            *pp = sj->next;
+            sj->next = NULL;
+            *tail = sj;
+            tail = &sj->next;
+            used += n;
+            if (n > SAMPLER_SEQS) break;
+        } else {
+            pp = &sj->next;
+        }
+    }
+    pthread_mutex_unlock(&u->mu);
+    dj->batch = take;
+    if (!take) return;
+    twk_status st = svc_sampler_ready(dj->s, u, NULL);
+    if (st != TWK_OK) {
+        for (sample_job *sj = take; sj; sj = sj->next)
+            snprintf(sj->err, sizeof sj->err, "sampler unavailable: %s", twk_last_error());
+        return;
+    }
+    if (take->num_samples > SAMPLER_SEQS) { /* alone, in rounds with their own seed streams */
+        twk_sampled_seq *res = calloc((size_t)take->num_samples, sizeof *res);
+        st = res ? TWK_OK : TWK_ERR_OOM;
+        for (int done = 0; st == TWK_OK && done < take->num_samples;) {
+            int n = take->num_samples - done < SAMPLER_SEQS ? take->num_samples - done : SAMPLER_SEQS;
+            twk_sample_params p = take->p;
+            if (p.has_seed) p.seed = take->p.seed + 0x2545f4914f6cdd1dull * (uint64_t)done;
+            st = twk_sampler_generate(u->sampler, take->prompt, take->n_prompt, n, &p, res + done);
+            done += n;
+        }
+        finish_request(take, res, st);
+        for (int i = 0; res && i < take->num_samples; i++) twk_sampled_seq_free(&res[i]);
+        free(res);
+        return;
+    }
+    int n_req = 0;
+    for (sample_job *sj = take; sj; sj = sj->next) n_req++;
+    twk_sample_request *reqs = calloc((size_t)n_req, sizeof *reqs);
+    twk_sampled_seq *res = calloc((size_t)used, sizeof *res);
+    st = reqs && res ? TWK_OK : TWK_ERR_OOM;
+    int k = 0, off = 0;
+    for (sample_job *sj = take; st == TWK_OK && sj; sj = sj->next, k++) {
+        reqs[k] = (twk_sample_request){sj->prompt, sj->n_prompt, sj->num_samples, &sj->p, res + off};
+        off += sj->num_samples;
+    }
+    if (st == TWK_OK) st = twk_sampler_generate_many(u->sampler, reqs, n_req);
+    off = 0;
+    for (sample_job *sj = take; sj; sj = sj->next) {
+        finish_request(sj, res ? res + off : NULL, st);
+        off += sj->num_samples;
+    }
+    for (int i = 0; res && i < used; i++) twk_sampled_seq_free(&res[i]);
+    free(res);
+    free(reqs);
+}
+
+static void drain_done(twk_job *j) {
+    drain_job *dj = j->arg;
+    svc *s = dj->s;
+    sample_job *sj = dj->batch;
+    while (sj) {
+        sample_job *next = sj->next;
+        s->sample_inflight--;
+        if (sj->ok)
+            twk_futures_complete(s->futures, sj->request_id, "application/x-protobuf", sj->out, sj->out_len);
+        else
+            twk_futures_fail(s->futures, sj->request_id, sj->user_error ? "user" : "server",
+                             sj->err[0] ? sj->err : "sampling failed");
+        twk_host_free(sj->out);
+        free(sj->prompt);
+        free(sj);
+        sj = next;
+    }
+    free(dj);
 }
 
 /* Parses and checks an asample body into sj; a problem goes to sj->prefail. */
@@ -332,11 +431,27 @@ static void h_asample(svc *s, twk_http_conn *c, const cJSON *b, const char *tena
         free(sj->prompt);
         free(sj);
     } else {
-        s->sample_inflight++;
-        sj->job.run = sample_run;
-        sj->job.done = sample_done;
-        sj->job.arg = sj;
-        twk_worker_submit(s->worker, &sj->job);
+        drain_job *dj = calloc(1, sizeof *dj);
+        if (!dj) {
+            twk_futures_fail(s->futures, sj->request_id, "server", "out of memory");
+            free(sj->prompt);
+            free(sj);
+        } else {
+            /* wait in the unit's list; whichever drain job runs next takes it with the others waiting */
+            s->sample_inflight++;
+            sampler_unit *u = ss->unit;
+            pthread_mutex_lock(&u->mu);
+            sample_job **pp = &u->pending;
+            while (*pp) pp = &(*pp)->next;
+            *pp = sj;
+            pthread_mutex_unlock(&u->mu);
+            dj->s = s;
+            dj->unit = u;
+            dj->job.run = drain_run;
+            dj->job.done = drain_done;
+            dj->job.arg = dj;
+            twk_worker_submit(s->worker, &dj->job);
+        }
     }
     api_ok(c, j);
 }
@@ -371,7 +486,8 @@ static void h_create_session(svc *s, twk_http_conn *c, const cJSON *b, const cha
                 api_error(c, 400, "base_model '%s' is not served here (see get_server_capabilities)", base);
                 return;
             }
-            ss = new_session(s, tenant, id, bm);
+            if (!bm->shared) bm->shared = unit_new(bm, NULL, NULL);
+            ss = bm->shared ? new_session(s, tenant, id, bm, bm->shared, 0) : NULL;
         } else {
             char run[128], kind[32], name[128], ckid[200];
             twk_store_ckpt ck;
@@ -392,18 +508,14 @@ static void h_create_session(svc *s, twk_http_conn *c, const cJSON *b, const cha
                 api_error(c, 400, "%s was trained on '%s', which this server does not serve now", path, src.base_model);
                 return;
             }
-            ss = new_session(s, tenant, id, bm);
-            if (ss) {
-                ss->has_lora = 1;
-                ss->lora = twk_lora_default();
-                ss->lora.rank = src.lora_rank;
-                ss->lora.alpha = 32;
-                ss->lora.train_attn = src.train_attn;
-                ss->lora.train_mlp = src.train_mlp;
-                ss->lora.train_unembed = src.train_unembed;
-                snprintf(ss->adapter_dir, sizeof ss->adapter_dir, "%s", ck.path);
-                snprintf(ss->model_path, sizeof ss->model_path, "%s", path);
-            }
+            twk_lora_config lc = twk_lora_default();
+            lc.rank = src.lora_rank;
+            lc.alpha = 32;
+            lc.train_attn = src.train_attn;
+            lc.train_mlp = src.train_mlp;
+            lc.train_unembed = src.train_unembed;
+            ss = new_session(s, tenant, id, bm, unit_new(bm, &lc, ck.path), 1);
+            if (ss) snprintf(ss->model_path, sizeof ss->model_path, "%s", path);
             twk_store_run_clear(&src);
         }
         if (!ss) {

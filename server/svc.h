@@ -4,6 +4,8 @@
 #ifndef TWK_SERVER_SVC_H
 #define TWK_SERVER_SVC_H
 
+#include <pthread.h>
+
 #include <uv.h>
 
 #include <cJSON.h>
@@ -16,11 +18,14 @@
 #include "wire.h"
 #include "worker.h"
 
+struct sampler_unit;
+
 typedef struct base_model {
     char name[128];
     char dir[1024];
     twk_model *m;
     int has_tokenizer;
+    struct sampler_unit *shared; /* base-model sampling for every tenant */
 } base_model;
 
 typedef struct run_state run_state;
@@ -59,16 +64,27 @@ typedef struct op {
 /* A sampling session: base model, or base + adapter (from a checkpoint folder,
  * or a snapshot of a training run's adapter). Its sampler (KV caches) is
  * created and used on the worker. */
+struct sample_job;
+
+/* A sampler and the requests waiting for it. Requests that wait together are
+ * decoded in one batch (several tenants on the base model share one unit). */
+typedef struct sampler_unit {
+    base_model *base;
+    int has_lora;
+    twk_lora_config lora;
+    char adapter_dir[1024];   /* "" for a snapshot or the base model */
+    twk_sampler *sampler;     /* created and used on the worker */
+    pthread_mutex_t mu;       /* guards pending: the loop adds, the worker takes */
+    struct sample_job *pending;
+} sampler_unit;
+
 typedef struct sampler_session {
     char id[160];
     char tenant[64];
     base_model *base;
     char model_path[600];
-    int has_lora;
-    twk_lora_config lora;
-    char adapter_dir[1024];   /* "" for a snapshot or the base model */
-    twk_sampler *sampler;     /* worker */
-    char create_error[512];   /* worker: why the sampler could not be made */
+    sampler_unit *unit;       /* owned, or the base model's shared one */
+    int owns_unit;
     struct sampler_session *next;
 } sampler_session;
 
@@ -145,8 +161,8 @@ void svc_new_id(svc *s, const char *prefix, char *out, size_t len);
 sampler_session *svc_find_sampler(svc *s, const char *tenant, const char *id);
 /* A session for the snapshot of a run's adapter (unnamed save_weights_for_sampler). */
 sampler_session *svc_new_snapshot_session(svc *s, run_state *r, const char *id);
-/* Worker: makes (if needed) the session's sampler; copies `from`'s adapter into it when given. */
-twk_status svc_sampler_ready(svc *s, sampler_session *ss, twk_trainer *from);
+/* Worker: makes (if needed) the unit's sampler; copies `from`'s adapter into it when given. */
+twk_status svc_sampler_ready(svc *s, sampler_unit *u, twk_trainer *from);
 void svc_free_samplers(svc *s);
 void api_sampling(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant, const char *route, cJSON *body);
 
