@@ -14,6 +14,8 @@
 #define SAMPLER_SEQS 16
 #define DEFAULT_MAX_TOKENS 128
 #define MAX_STOP_TOKENS 64
+#define MAX_STOP_STRINGS 16
+#define MAX_STOP_STRING_LEN 256
 
 sampler_session *svc_find_sampler(svc *s, const char *tenant, const char *id) {
     for (sampler_session *ss = s->samplers; ss; ss = ss->next)
@@ -115,6 +117,8 @@ typedef struct sample_job {
     int num_samples;
     twk_sample_params p;
     int32_t stop[MAX_STOP_TOKENS];
+    char stop_str[MAX_STOP_STRINGS][MAX_STOP_STRING_LEN + 1];
+    const char *stop_ptr[MAX_STOP_STRINGS];
     int prompt_logprobs, topk;
     char prefail[512];
     /* results (worker) */
@@ -357,23 +361,34 @@ static void parse_sample(svc *s, const cJSON *b, sample_job *sj) {
                                             !cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(sp, "seed"))};
     /* stop: absent = the model's EOS ids; [] = none; ints = token ids; strings need a tokenizer */
     const cJSON *stop = cJSON_GetObjectItemCaseSensitive(sp, "stop");
-    int ns_tok = 0;
+    int ns_tok = 0, ns_str = 0;
+    const twk_tokenizer *tok = sj->ss->base->tok;
     if (!stop || cJSON_IsNull(stop)) {
         const twk_model_config *mc = twk_model_cfg(sj->ss->base->m);
         for (int i = 0; i < mc->n_eos; i++) sj->stop[ns_tok++] = mc->eos[i];
-    } else if (cJSON_IsString(stop)) {
-        snprintf(sj->prefail, sizeof sj->prefail,
-                 "sampling_params.stop: stop strings need the model's tokenizer, which this server does not load yet; "
-                 "pass stop token ids");
-        return;
-    } else if (cJSON_IsArray(stop)) {
-        for (const cJSON *e = stop->child; e; e = e->next) {
-            if (cJSON_IsString(e)) {
+    } else if (cJSON_IsString(stop) || (cJSON_IsArray(stop) && cJSON_IsString(stop->child))) {
+        if (!tok) {
+            snprintf(sj->prefail, sizeof sj->prefail,
+                     "sampling_params.stop: stop strings need the model's tokenizer, and '%s' has no tokenizer.json; pass "
+                     "stop token ids",
+                     sj->ss->base->name);
+            return;
+        }
+        const cJSON *e = cJSON_IsString(stop) ? stop : stop->child;
+        for (; e; e = cJSON_IsString(stop) ? NULL : e->next) {
+            if (!cJSON_IsString(e) || !e->valuestring[0] || strlen(e->valuestring) > MAX_STOP_STRING_LEN ||
+                ns_str == MAX_STOP_STRINGS) {
                 snprintf(sj->prefail, sizeof sj->prefail,
-                         "sampling_params.stop: stop strings need the model's tokenizer, which this server does not load "
-                         "yet; pass stop token ids");
+                         "sampling_params.stop: at most %d non-empty strings of at most %d bytes (not mixed with ids)",
+                         MAX_STOP_STRINGS, MAX_STOP_STRING_LEN);
                 return;
             }
+            snprintf(sj->stop_str[ns_str], sizeof sj->stop_str[0], "%s", e->valuestring);
+            sj->stop_ptr[ns_str] = sj->stop_str[ns_str];
+            ns_str++;
+        }
+    } else if (cJSON_IsArray(stop)) {
+        for (const cJSON *e = stop->child; e; e = e->next) {
             if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= vocab || ns_tok == MAX_STOP_TOKENS) {
                 snprintf(sj->prefail, sizeof sj->prefail,
                          "sampling_params.stop: at most %d token ids in [0, %d)", MAX_STOP_TOKENS, vocab);
@@ -387,6 +402,9 @@ static void parse_sample(svc *s, const cJSON *b, sample_job *sj) {
     }
     sj->p.stop_tokens = sj->stop;
     sj->p.n_stop_tokens = ns_tok;
+    sj->p.stop_strings = sj->stop_ptr;
+    sj->p.n_stop_strings = ns_str;
+    sj->p.tokenizer = tok;
 }
 
 static void h_asample(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {

@@ -207,6 +207,10 @@ static twk_status load_models(svc *s) {
         snprintf(tok, sizeof tok, "%s/tokenizer.json", b->dir);
         struct stat sb;
         b->has_tokenizer = stat(tok, &sb) == 0;
+        if (b->has_tokenizer && twk_tokenizer_load(tok, &b->tok) != TWK_OK) {
+            fprintf(stderr, "twinkle serve: model '%s': %s (stop strings disabled)\n", b->name, twk_last_error());
+            b->tok = NULL;
+        }
         s->n_models++;
     }
     return TWK_OK;
@@ -263,7 +267,10 @@ int twk_serve_run(const twk_serve_config *cfg) {
 out:
     svc_free_samplers(s);
     svc_free_runs(s);
-    for (int i = 0; i < s->n_models; i++) twk_model_free(s->models[i].m);
+    for (int i = 0; i < s->n_models; i++) {
+        twk_model_free(s->models[i].m);
+        twk_tokenizer_free(s->models[i].tok);
+    }
     twk_device_close(s->dev);
     twk_auth_free(s->auth);
     twk_store_close(s->store);

@@ -25,6 +25,7 @@ typedef struct base_model {
     char dir[1024];
     twk_model *m;
     int has_tokenizer;
+    twk_tokenizer *tok;          /* DIR/tokenizer.json when present (stop strings) */
     struct sampler_unit *shared; /* base-model sampling for every tenant */
 } base_model;
 

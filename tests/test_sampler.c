@@ -422,11 +422,76 @@ static void statistics(const char *root) {
     twk_device_close(dev);
 }
 
+/* Stop strings with a byte-level tokenizer: the sequence ends with the token
+ * that completes the string's first occurrence in the generated text. */
+static void stop_strings(void) {
+    twk_device *dev = NULL;
+    twk_device_open("cpu", &dev);
+    twk_model_config c = {.arch = TWK_ARCH_QWEN3, .vocab = 512, .hidden = 64, .layers = 2, .heads = 4, .kv_heads = 2,
+                          .head_dim = 16, .ffn = 128, .rope_theta = 10000, .rms_eps = 1e-6, .tie_embeddings = 1,
+                          .qk_norm = 1, .max_positions = 256};
+    twk_model *m = NULL;
+    twk_sampler *s = NULL;
+    twk_tokenizer *tk = NULL;
+    char path[600];
+    snprintf(path, sizeof path, "%s/bytelevel/tokenizer.json", TWK_TOKENIZER_DIR);
+    if (twk_model_random(&c, dev, 3, &m) != TWK_OK || twk_sampler_new(m, NULL, 2, 64, &s) != TWK_OK ||
+        twk_tokenizer_load(path, &tk) != TWK_OK) {
+        check(0, "random", twk_last_error(), 0, 0);
+        goto out;
+    }
+    int32_t prompt[3] = {40, 41, 42};
+    twk_sample_params p = greedy(16);
+    twk_sampled_seq g;
+    twk_sampler_generate(s, prompt, 3, 1, &p, &g);
+    char text[4096], piece[512];
+    int len = 0, ends[16] = {0};
+    for (int i = 0; i < g.n; i++) {
+        int n = twk_tokenizer_token_bytes(tk, g.tokens[i], piece, (int)sizeof piece);
+        if (n > 0) {
+            memcpy(text + len, piece, (size_t)n);
+            len += n;
+        }
+        ends[i] = len;
+    }
+    /* the stop string: the text of tokens 5 and 6 (or what exists) */
+    int a = ends[4], b = ends[6];
+    char stop[512];
+    memcpy(stop, text + a, (size_t)(b - a));
+    stop[b - a] = 0;
+    int expect = -1;
+    for (int i = 0; i < g.n && expect < 0; i++)
+        for (int k = 0; k + (b - a) <= ends[i]; k++)
+            if (b > a && !memcmp(text + k, stop, (size_t)(b - a))) {
+                expect = i;
+                break;
+            }
+    twk_sampled_seq_free(&g);
+    const char *stops[1] = {stop};
+    p.stop_strings = stops;
+    p.n_stop_strings = 1;
+    p.tokenizer = tk;
+    twk_sampler_generate(s, prompt, 3, 1, &p, &g);
+    char what[160];
+    snprintf(what, sizeof what, "a stop string ends the sequence with the token completing it (%d tokens)", expect + 1);
+    check(expect >= 0 && g.n == expect + 1 && g.stop_reason == 0, "random", what, 0, 0);
+    twk_sampled_seq_free(&g);
+    p.tokenizer = NULL;
+    twk_status st = twk_sampler_generate(s, prompt, 3, 1, &p, &g);
+    check(st != TWK_OK && strstr(twk_last_error(), "tokenizer"), "random", "stop strings without a tokenizer are refused", 0, 0);
+out:
+    twk_tokenizer_free(tk);
+    twk_sampler_free(s);
+    twk_model_free(m);
+    twk_device_close(dev);
+}
+
 int main(int argc, char **argv) {
     const char *root = argc > 1 ? argv[1] : TWK_PARITY_DIR;
     const char *models[] = {"llama", "qwen2", "qwen3"};
     for (int i = 0; i < 3; i++) parity(root, models[i]);
     statistics(root);
+    stop_strings();
     printf("%d failures\n", fails);
     return fails ? 1 : 0;
 }

@@ -161,6 +161,8 @@ static int is_stop(const twk_sample_params *p, int32_t tok) {
     return 0;
 }
 
+#define STOP_TEXT 1024 /* generated text kept per sequence for stop strings */
+
 static twk_status check_request(const twk_sampler *s, const twk_sample_request *r) {
     const twk_sample_params *p = r->params;
     if (!r->prompt || !p || !r->out) return twk_error(TWK_ERR_INVALID_ARG, "sample: NULL argument");
@@ -176,6 +178,11 @@ static twk_status check_request(const twk_sampler *s, const twk_sample_request *
         return twk_error(TWK_ERR_INVALID_ARG, "sample: temperature %g must be >= 0", (double)p->temperature);
     if (!(p->top_p > 0 && p->top_p <= 1))
         return twk_error(TWK_ERR_INVALID_ARG, "sample: top_p %g must be in (0, 1]", (double)p->top_p);
+    if (p->n_stop_strings && !p->tokenizer)
+        return twk_error(TWK_ERR_INVALID_ARG, "sample: stop strings need the model's tokenizer (tokenizer.json)");
+    for (int k = 0; k < p->n_stop_strings; k++)
+        if (!p->stop_strings[k] || !*p->stop_strings[k] || strlen(p->stop_strings[k]) > STOP_TEXT / 2)
+            return twk_error(TWK_ERR_INVALID_ARG, "sample: stop string %d must be 1..%d bytes", k, STOP_TEXT / 2);
     for (int64_t i = 0; i < r->n_prompt; i++)
         if (r->prompt[i] < 0 || r->prompt[i] >= s->vocab)
             return twk_error(TWK_ERR_INVALID_ARG, "sample: prompt token %lld = %d is outside the vocabulary [0, %d)",
@@ -187,7 +194,35 @@ static twk_status check_request(const twk_sampler *s, const twk_sample_request *
 typedef struct seq_state {
     int req, sample, slot, live;
     twk_rng rng;
+    char text[STOP_TEXT]; /* the tail of the generated text */
+    int text_len;
 } seq_state;
+
+/* Appends a token's text and reports whether a stop string now ends inside it. */
+static int hits_stop_string(seq_state *x, const twk_sample_params *p, int32_t tok) {
+    if (!p->n_stop_strings || !p->tokenizer) return 0;
+    char piece[512];
+    int n = twk_tokenizer_token_bytes(p->tokenizer, tok, piece, (int)sizeof piece);
+    if (n <= 0) return 0;
+    if (n > (int)sizeof piece) n = (int)sizeof piece;
+    if (x->text_len + n > STOP_TEXT) { /* keep the tail: stop strings are short */
+        int keep = STOP_TEXT / 2;
+        memmove(x->text, x->text + x->text_len - keep, (size_t)keep);
+        x->text_len = keep;
+    }
+    memcpy(x->text + x->text_len, piece, (size_t)n);
+    int before = x->text_len;
+    x->text_len += n;
+    for (int k = 0; k < p->n_stop_strings; k++) {
+        size_t L = strlen(p->stop_strings[k]);
+        if (!L || (int)L > x->text_len) continue;
+        /* a match that ends within the new piece (earlier ones would have stopped already) */
+        int from = before - (int)L + 1 > 0 ? before - (int)L + 1 : 0;
+        for (int i = from; i + (int)L <= x->text_len; i++)
+            if (!memcmp(x->text + i, p->stop_strings[k], L)) return 1;
+    }
+    return 0;
+}
 
 twk_status twk_sampler_generate_many(twk_sampler *s, const twk_sample_request *reqs, int n_reqs) {
     if (!s || !reqs || n_reqs < 1) return twk_error(TWK_ERR_INVALID_ARG, "sample: no requests");
@@ -249,7 +284,7 @@ twk_status twk_sampler_generate_many(twk_sampler *s, const twk_sample_request *r
             o->tokens[0] = tk;
             o->logprobs[0] = lp;
             o->n = 1;
-            if (is_stop(p, tk)) {
+            if (is_stop(p, tk) || hits_stop_string(x, p, tk)) {
                 x->live = 0;
                 o->stop_reason = 0;
             } else if (p->max_tokens == 1) {
@@ -289,7 +324,7 @@ twk_status twk_sampler_generate_many(twk_sampler *s, const twk_sample_request *r
             o->tokens[o->n] = tk;
             o->logprobs[o->n] = lp;
             o->n++;
-            if (is_stop(p, tk)) {
+            if (is_stop(p, tk) || hits_stop_string(x, p, tk)) {
                 x->live = 0;
                 o->stop_reason = 0;
             } else if (o->n >= p->max_tokens) {

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "twinkle/graph.h"
+#include "twinkle/tokenizer.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -160,6 +161,11 @@ typedef struct twk_sample_params {
     int has_seed;
     const int32_t *stop_tokens; /* generation ends after emitting one of these (it is included) */
     int n_stop_tokens;
+    /* stop strings: generation ends with the token that completes one of them in the
+     * generated text (that token included); needs the model's tokenizer */
+    const char *const *stop_strings;
+    int n_stop_strings;
+    const twk_tokenizer *tokenizer;
 } twk_sample_params;
 
 typedef struct twk_sampled_seq {

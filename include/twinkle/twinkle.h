@@ -6,6 +6,7 @@
 #include "twinkle/hal.h"
 #include "twinkle/graph.h"
 #include "twinkle/train.h"
+#include "twinkle/tokenizer.h"
 #include "twinkle/rng.h"
 #define TWK_VERSION "0.1.0"
 #endif

@@ -1,0 +1,82 @@
+/* Hugging Face tokenizer.json: token ids -> UTF-8 bytes (decode), for matching stop strings.
+ *
+ * Supported: model "BPE" (its vocab), `added_tokens`, and the decoders
+ * ByteLevel (Llama 3, Qwen2, Qwen3, GPT-2), Sequence, Replace (String patterns),
+ * ByteFallback, Fuse, Strip (Llama 2, Mistral), Metaspace, or no decoder.
+ * Anything else (WordPiece, Unigram, WordLevel, BPEDecoder, CTC, regex patterns, ...)
+ * is TWK_ERR_UNSUPPORTED naming the type. Decoding follows the `tokenizers` library
+ * (0.23), TokenizerImpl::decode, step for step:
+ *   - the id of an added token decodes to its content; an added token with
+ *     "normalized": true and a normalizer decodes to its normalized content, and it
+ *     goes through the decoder like any other token (so under ByteLevel its
+ *     characters are mapped to bytes: ASCII content comes out unchanged);
+ *   - the added tokens' ids are the ones the library assigns (their vocab id when
+ *     the content is in the model's vocab, else the next id from the vocab's size); a
+ *     file whose "id" disagrees is refused, so twinkle never decodes an id the way the
+ *     library would not;
+ *   - skip_special drops the tokens whose decoded string is the content of an added
+ *     token marked "special".
+ * One difference, on purpose: the library turns bytes that are not valid UTF-8 into
+ * U+FFFD (ByteLevel: per maximal invalid subpart of the decoded text; ByteFallback: one
+ * per byte of a <0xNN> run that is not valid UTF-8). twinkle returns the raw bytes, so
+ * a stop string can be found across tokens that each hold part of a character, and
+ * the caller decides what to do with a partial character. Where the library's output
+ * is valid UTF-8, twinkle's bytes are identical to it. */
+#ifndef TWK_TOKENIZER_H
+#define TWK_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "twinkle/status.h"
+
+typedef struct twk_tokenizer twk_tokenizer;
+
+/* Loads DIR/tokenizer.json when `path` is a directory, else the file `path`. Errors name
+ * the file and what is wrong or unsupported: TWK_ERR_IO (unreadable), TWK_ERR_INVALID_ARG
+ * (bad JSON, not UTF-8, wrong field types, ids out of range or duplicated, an added
+ * token's "id" not the one the library assigns), TWK_ERR_UNSUPPORTED (model or decoder
+ * type, regex patterns, a normalized added token under a normalizer not implemented
+ * here, a NUL character in a string), TWK_ERR_OOM. */
+twk_status twk_tokenizer_load(const char *path, twk_tokenizer **out);
+void twk_tokenizer_free(twk_tokenizer *t);
+
+/* Number of ids the tokenizer knows (model vocab + added tokens; the max id + 1). */
+int32_t twk_tokenizer_size(const twk_tokenizer *t);
+
+/* The id of the token whose string is exactly s[0..len) (an added token's content first,
+ * then the model vocab's raw string, e.g. "Ġthe" or "▁the"), or -1. */
+int32_t twk_tokenizer_token_id(const twk_tokenizer *t, const char *s, size_t len);
+
+/* Nonzero when `id` is dropped by decode with skip_special (see above). */
+int twk_tokenizer_is_special(const twk_tokenizer *t, int32_t id);
+
+/* UTF-8 bytes of the decoded ids (malloc'd, NUL-terminated; *len without the NUL; the
+ * bytes may contain NUL and, for ids that split a character, invalid UTF-8). Ids without
+ * a token (holes, negative, or >= size) are TWK_ERR_INVALID_ARG naming the position.
+ * skip_special: drop added tokens marked special. `len` may be NULL. */
+twk_status twk_tokenizer_decode(const twk_tokenizer *t, const int32_t *ids, int64_t n, int skip_special, char **out,
+                                size_t *len);
+
+/* The bytes token `id` contributes when decoded after other tokens, for incremental
+ * stop-string matching: writes min(cap, count) bytes to buf (no NUL) and returns count,
+ * the token's full length (like snprintf: a count > cap means buf holds a prefix;
+ * buf may be NULL when cap is 0), or -1 for an id without a token.
+ *
+ * decode(ids) == decode(ids[0..1)) + token_bytes(ids[1]) + ... + token_bytes(ids[n-1])
+ * (with the special ids that skip_special drops removed first) holds for every decoder
+ * here, so only the first token of a decode is special, and that is the caller's concern:
+ *   - ByteLevel (Llama 3, Qwen2/3, GPT-2): nothing special; the decode is the sum of
+ *     every token_bytes, ids[0] included.
+ *   - Llama 2 / Mistral (Replace "▁"->" ", ByteFallback, Fuse, Strip(" ", 1, 0)): the
+ *     decode drops one leading space of the whole text, so the first token "▁Hello"
+ *     decodes to "Hello" where token_bytes gives " Hello" (were the first token empty,
+ *     the space would come off the next one: a vocab holds no empty token in practice).
+ *   - Metaspace decoder (prepend_scheme "always"/"first"): the first token loses every
+ *     "▁" instead of having them turned into spaces.
+ *   - no decoder: the library joins tokens with " "; token_bytes starts with that " ".
+ * A Strip with stop > 0 after Fuse (no known tokenizer has one) also cuts the end of
+ * the last token, which token_bytes cannot know about and does not do. */
+int twk_tokenizer_token_bytes(const twk_tokenizer *t, int32_t id, char *buf, int cap);
+
+#endif

@@ -1,0 +1,670 @@
+/* train/tokenizer.c: decode of Hugging Face tokenizer.json files.
+ *
+ * Replays tests/tokenizer/expected.json (made by tests/tokenizer/make_fixtures.py with the
+ * `tokenizers` library): for a byte-level BPE (Qwen2 style), a SentencePiece-style BPE with
+ * byte fallback and the Llama 2 decoder sequence (Metaspace pre-tokenizer, and the legacy
+ * Prepend/Replace normalizer with normalized added tokens), and a Metaspace decoder, every
+ * sequence's bytes equal the library's decode where those are valid UTF-8 (skip_special
+ * on and off), equal the recorded raw bytes everywhere, and for byte-level turn into the
+ * library's string with from_utf8_lossy. token_bytes agrees with decode; ids without a
+ * token, malformed and unsupported files are refused naming the problem; random
+ * mutations of a file never crash. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cJSON.h>
+
+#include "twinkle/tokenizer.h"
+
+static int fails;
+
+static void check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void check(int ok, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s ", ok ? "ok  " : "FAIL");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    fails += !ok;
+}
+
+static char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *d = malloc((size_t)sz + 1);
+    if (d && fread(d, 1, (size_t)sz, f) != (size_t)sz) {
+        free(d);
+        d = NULL;
+    }
+    fclose(f);
+    if (d) d[sz] = 0;
+    if (n) *n = (size_t)sz;
+    return d;
+}
+
+static int b64v(int c) {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+}
+
+/* base64 -> malloc'd bytes (NUL-terminated), *n their count */
+static char *unb64(const char *s, size_t *n) {
+    size_t L = strlen(s), o = 0;
+    char *out = malloc(L / 4 * 3 + 4);
+    unsigned acc = 0;
+    int bits = 0;
+    for (size_t i = 0; i < L && s[i] != '='; i++) {
+        int v = b64v((unsigned char)s[i]);
+        if (v < 0) continue;
+        acc = (acc << 6) | (unsigned)v;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out[o++] = (char)((acc >> bits) & 0xFF);
+        }
+    }
+    out[o] = 0;
+    *n = o;
+    return out;
+}
+
+/* Rust's String::from_utf8_lossy (one U+FFFD per maximal invalid subpart), as the
+ * library's ByteLevel decoder applies it. */
+static char *lossy(const char *s, size_t n, size_t *on) {
+    char *o = malloc(3 * n + 1);
+    size_t k = 0;
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        unsigned c = u[i];
+        size_t len = 0;
+        unsigned lo = 0x80, hi = 0xBF;
+        if (c < 0x80)
+            len = 1;
+        else if (c >= 0xC2 && c <= 0xDF)
+            len = 2;
+        else if (c == 0xE0)
+            len = 3, lo = 0xA0;
+        else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF)
+            len = 3;
+        else if (c == 0xED)
+            len = 3, hi = 0x9F;
+        else if (c == 0xF0)
+            len = 4, lo = 0x90;
+        else if (c >= 0xF1 && c <= 0xF3)
+            len = 4;
+        else if (c == 0xF4)
+            len = 4, hi = 0x8F;
+        size_t j = 1;
+        if (len > 1) {
+            while (j < len && i + j < n) {
+                unsigned b = u[i + j];
+                if (j == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) break;
+                j++;
+            }
+        }
+        if (len && j == len) {
+            memcpy(o + k, s + i, len);
+            k += len;
+            i += len;
+        } else {
+            memcpy(o + k, "\xEF\xBF\xBD", 3);
+            k += 3;
+            i += j;
+        }
+    }
+    o[k] = 0;
+    *on = k;
+    return o;
+}
+
+static int same(const char *a, size_t an, const char *b, size_t bn) { return an == bn && !memcmp(a, b, an); }
+
+static void show(const char *what, const char *s, size_t n) {
+    printf("       %s (%zu bytes): ", what, n);
+    for (size_t i = 0; i < n && i < 200; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c < 0x7f && c != '\\')
+            putchar(c);
+        else
+            printf("\\x%02x", c);
+    }
+    printf("\n");
+}
+
+/* decode(ids) == decode(ids[0..1)) + token_bytes(ids[1]) + ... (special ids dropped first
+ * when skip); for byte-level also == the sum of every token_bytes. */
+static int tb_consistent(const twk_tokenizer *t, const int32_t *ids, int n, int skip, int bytelevel) {
+    int32_t *f = malloc(((size_t)n + 1) * sizeof *f);
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (!skip || !twk_tokenizer_is_special(t, ids[i])) f[m++] = ids[i];
+    char *full, *first;
+    size_t fl, firstl;
+    int ok = !twk_tokenizer_decode(t, ids, n, skip, &full, &fl);
+    if (!ok) {
+        free(f);
+        return 0;
+    }
+    ok = !twk_tokenizer_decode(t, f, m ? 1 : 0, 0, &first, &firstl);
+    size_t cap = firstl + 4096 * (size_t)n + 1;
+    char *acc = malloc(cap), *all = malloc(cap);
+    size_t al = 0, alll = 0;
+    memcpy(acc, first, firstl);
+    al = firstl;
+    for (int i = 0; i < m && ok; i++) {
+        char tmp[4096];
+        int k = twk_tokenizer_token_bytes(t, f[i], tmp, sizeof tmp);
+        if (k < 0 || k > (int)sizeof tmp || al + (size_t)k > cap || alll + (size_t)k > cap)
+            ok = 0;
+        else {
+            if (i) memcpy(acc + al, tmp, (size_t)k), al += (size_t)k;
+            memcpy(all + alll, tmp, (size_t)k), alll += (size_t)k;
+        }
+    }
+    if (ok && !same(full, fl, acc, al)) ok = 0;
+    if (ok && bytelevel && !same(full, fl, all, alll)) ok = 0;
+    free(f);
+    free(full);
+    free(first);
+    free(acc);
+    free(all);
+    return ok;
+}
+
+static void replay(const cJSON *exp, const char *name) {
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(exp, "tokenizers"), name);
+    char dir[1024], file[1100];
+    snprintf(dir, sizeof dir, "%s/%s", TWK_TOKENIZER_DIR, name);
+    snprintf(file, sizeof file, "%s/tokenizer.json", dir);
+    twk_tokenizer *t = NULL, *t2 = NULL;
+    twk_status s = twk_tokenizer_load(dir, &t);
+    check(!s && e, "%-10s loads from its folder%s%s", name, s ? ": " : "", s ? twk_last_error() : "");
+    if (s || !e) return;
+    s = twk_tokenizer_load(file, &t2);
+    check(!s && twk_tokenizer_size(t2) == twk_tokenizer_size(t), "%-10s loads from the file path", name);
+    twk_tokenizer_free(t2);
+    int size = cJSON_GetObjectItemCaseSensitive(e, "size")->valueint;
+    check(twk_tokenizer_size(t) == size, "%-10s size %d (library: max id + 1 = %d)", name, twk_tokenizer_size(t), size);
+    int bytelevel = !strcmp(name, "bytelevel");
+    int n_cases = 0, n_valid = 0, bad = 0, bad_tb = 0, bad_lossy = 0;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(e, "cases")) {
+        const cJSON *jids = cJSON_GetObjectItemCaseSensitive(c, "ids");
+        int n = cJSON_GetArraySize(jids), valid = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "valid"));
+        int32_t *ids = malloc(((size_t)n + 1) * sizeof *ids);
+        for (int i = 0; i < n; i++) ids[i] = cJSON_GetArrayItem(jids, i)->valueint;
+        n_cases++;
+        n_valid += valid;
+        for (int skip = 0; skip < 2; skip++) {
+            size_t tl, rl, ol, ll;
+            char *text =
+                unb64(cJSON_GetObjectItemCaseSensitive(c, skip ? "text_skip_b64" : "text_b64")->valuestring, &tl);
+            char *raw = unb64(cJSON_GetObjectItemCaseSensitive(c, skip ? "raw_skip_b64" : "raw_b64")->valuestring, &rl);
+            char *out = NULL;
+            s = twk_tokenizer_decode(t, ids, n, skip, &out, &ol);
+            int ok = !s && same(out, ol, raw, rl) && (!valid || same(out, ol, text, tl)) && out[ol] == 0;
+            if (!ok) {
+                if (bad++ < 5) {
+                    printf("FAIL %-10s case %d (%d ids, skip_special=%d): %s\n", name, n_cases - 1, n, skip,
+                           s ? twk_last_error() : "bytes differ");
+                    if (!s) show("twinkle", out, ol), show("expected raw", raw, rl), show("library", text, tl);
+                }
+            }
+            if (!s && bytelevel) { /* the library's string from these bytes, invalid UTF-8 included */
+                char *l = lossy(out, ol, &ll);
+                if (!same(l, ll, text, tl) && bad_lossy++ < 3) {
+                    printf("FAIL %-10s case %d skip=%d: from_utf8_lossy(bytes) != library\n", name, n_cases - 1, skip);
+                    show("lossy", l, ll), show("library", text, tl);
+                }
+                free(l);
+            }
+            if (!tb_consistent(t, ids, n, skip, bytelevel) && bad_tb++ < 3)
+                printf("FAIL %-10s case %d skip=%d: decode != decode(first) + token_bytes(rest)\n", name, n_cases - 1,
+                       skip);
+            free(out);
+            free(text);
+            free(raw);
+        }
+        free(ids);
+    }
+    check(!bad,
+          "%-10s %d sequences x skip_special 0/1: bytes = library's where valid UTF-8 (%d), = raw reference (all)",
+          name, n_cases, n_valid);
+    if (bytelevel)
+        check(!bad_lossy, "%-10s from_utf8_lossy(twinkle's bytes) = library's string, invalid UTF-8 included", name);
+    check(!bad_tb, "%-10s decode = decode(first) + token_bytes(rest)%s", name,
+          bytelevel ? "; = sum of token_bytes" : " (first token: the caller's leading-space rule)");
+
+    /* Long random sequences: the token_bytes identity, and no crash. */
+    unsigned seed = 12345;
+    int okr = 1;
+    for (int r = 0; r < 20; r++) {
+        int32_t ids[500];
+        for (int i = 0; i < 500; i++) {
+            seed = seed * 1103515245u + 12345u;
+            ids[i] = (int32_t)((seed >> 8) % (unsigned)size);
+        }
+        okr &= tb_consistent(t, ids, 500, r & 1, bytelevel);
+    }
+    check(okr, "%-10s 20 random sequences of 500 ids: decode = decode(first) + token_bytes(rest)", name);
+
+    /* ids without a token */
+    int32_t bad_ids[3] = {0, size, 1};
+    char *out = NULL;
+    s = twk_tokenizer_decode(t, bad_ids, 3, 0, &out, NULL);
+    check(s == TWK_ERR_INVALID_ARG && strstr(twk_last_error(), "position 1") && !out,
+          "%-10s id %d (= size) refused: %s", name, size, twk_last_error());
+    bad_ids[1] = -5;
+    s = twk_tokenizer_decode(t, bad_ids, 3, 1, &out, NULL);
+    check(s == TWK_ERR_INVALID_ARG && strstr(twk_last_error(), "position 1"), "%-10s id -5 refused: %s", name,
+          twk_last_error());
+    check(twk_tokenizer_token_bytes(t, size, NULL, 0) == -1 && twk_tokenizer_token_bytes(t, -1, NULL, 0) == -1,
+          "%-10s token_bytes of unknown ids is -1", name);
+    twk_tokenizer_free(t);
+}
+
+/* Raw bytes: a character split across tokens comes out as its bytes, not U+FFFD. */
+static void raw_bytes(void) {
+    static const struct {
+        const char *name, *tok[3];
+    } cases[] = {
+        /* byte-level: U+4E2D (E4 B8 AD) as the byte tokens "ä" "¸" "Ń" (0xAD has no slot of its own) */
+        {"bytelevel", {"\xc3\xa4", "\xc2\xb8", "\xc5\x83"}},
+        {"sp", {"<0xE4>", "<0xB8>", "<0xAD>"}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        char dir[1024];
+        snprintf(dir, sizeof dir, "%s/%s", TWK_TOKENIZER_DIR, cases[c].name);
+        twk_tokenizer *t = NULL;
+        if (twk_tokenizer_load(dir, &t)) {
+            check(0, "%s loads: %s", cases[c].name, twk_last_error());
+            continue;
+        }
+        int32_t ids[3];
+        int ok = 1;
+        for (int i = 0; i < 3; i++)
+            ok &= (ids[i] = twk_tokenizer_token_id(t, cases[c].tok[i], strlen(cases[c].tok[i]))) >= 0;
+        char *o1 = NULL, *o2 = NULL, *o3 = NULL, tb[8];
+        size_t n1 = 0, n2 = 0, n3 = 0;
+        ok = ok && !twk_tokenizer_decode(t, ids, 1, 0, &o1, &n1) && !twk_tokenizer_decode(t, ids, 2, 0, &o2, &n2) &&
+             !twk_tokenizer_decode(t, ids, 3, 0, &o3, &n3);
+        ok = ok && same(o1, n1, "\xe4", 1) && same(o2, n2, "\xe4\xb8", 2) && same(o3, n3, "\xe4\xb8\xad", 3);
+        ok = ok && twk_tokenizer_token_bytes(t, ids[1], tb, sizeof tb) == 1 && tb[0] == '\xb8';
+        check(ok, "%-10s U+4E2D split over 3 byte tokens: decodes to E4 / E4 B8 / E4 B8 AD, token_bytes B8",
+              cases[c].name);
+        free(o1);
+        free(o2);
+        free(o3);
+        twk_tokenizer_free(t);
+    }
+}
+
+/* ---- hand-made files ----------------------------------------------------------------------- */
+
+static char tmpdir[256];
+
+static char *write_tmp(const char *name, const char *text, size_t n) {
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+    FILE *f = fopen(path, "wb");
+    fwrite(text, 1, n, f);
+    fclose(f);
+    return path;
+}
+
+static void expect_error(const char *name, const char *json, twk_status code, const char *want1, const char *want2) {
+    const char *p = write_tmp(name, json, strlen(json));
+    twk_tokenizer *t = (twk_tokenizer *)0x1;
+    twk_status s = twk_tokenizer_load(p, &t);
+    const char *m = twk_last_error();
+    int ok = s == code && t == NULL && strstr(m, name) && (!want1 || strstr(m, want1)) && (!want2 || strstr(m, want2));
+    check(ok, "%-22s -> %s: %s", name, twk_status_name(s), m);
+    if (!s) twk_tokenizer_free(t);
+}
+
+#define ADDED_S                                                                                                        \
+    "{\"id\":3,\"content\":\"<s>\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\"normalized\":false,"      \
+    "\"special\":true}"
+#define BL_DEC "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":true,\"use_regex\":true}"
+#define VOCAB "{\"a\":0,\"b\":1,\"\\u0120c\":2}"
+
+static char *doc(char *buf, size_t cap, const char *added, const char *norm, const char *dec, const char *model) {
+    snprintf(buf, cap,
+             "{\"version\":\"1.0\",\"truncation\":null,\"padding\":null,\"added_tokens\":[%s],\"normalizer\":%s,"
+             "\"pre_tokenizer\":null,\"post_processor\":null,\"decoder\":%s,\"model\":%s}",
+             added, norm, dec, model);
+    return buf;
+}
+
+static void malformed(void) {
+    char b[4096];
+    const char *bpe = "{\"type\":\"BPE\",\"dropout\":null,\"unk_token\":null,\"vocab\":" VOCAB ",\"merges\":[]}";
+    expect_error("empty.json", "", TWK_ERR_INVALID_ARG, "invalid JSON", "line 1"); /* empty file */
+    expect_error("bad_json.json", "{\"model\": {\"type\": \"BPE\",\n  \"vocab\": {\"a\": 0,}", TWK_ERR_INVALID_ARG,
+                 "invalid JSON", "line 2");
+    expect_error("top_array.json", "[1, 2]", TWK_ERR_INVALID_ARG, "not a JSON object", NULL);
+    expect_error("no_model.json", "{\"added_tokens\":[]}", TWK_ERR_INVALID_ARG, "'model'", NULL);
+    expect_error("wordpiece.json",
+                 doc(b, sizeof b, "", "null", "null",
+                     "{\"type\":\"WordPiece\",\"unk_token\":\"[UNK]\",\"vocab\":{\"[UNK]\":0}}"),
+                 TWK_ERR_UNSUPPORTED, "model type 'WordPiece'", NULL);
+    expect_error("unigram.json",
+                 doc(b, sizeof b, "", "null", "null", "{\"type\":\"Unigram\",\"unk_id\":0,\"vocab\":[[\"a\",-1.0]]}"),
+                 TWK_ERR_UNSUPPORTED, "'Unigram'", NULL);
+    expect_error("untyped_model.json", doc(b, sizeof b, "", "null", "null", "{\"vocab\":{\"a\":0},\"merges\":[]}"),
+                 TWK_ERR_UNSUPPORTED, "no 'type'", NULL);
+    expect_error("dec_wordpiece.json",
+                 doc(b, sizeof b, "", "null", "{\"type\":\"WordPiece\",\"prefix\":\"##\",\"cleanup\":true}", bpe),
+                 TWK_ERR_UNSUPPORTED, "decoder type 'WordPiece'", NULL);
+    expect_error(
+        "dec_ctc_in_seq.json",
+        doc(b, sizeof b, "", "null",
+            "{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Fuse\"},{\"type\":\"CTC\",\"pad_token\":\"<pad>\"}]}",
+            bpe),
+        TWK_ERR_UNSUPPORTED, "'CTC'", NULL);
+    expect_error("dec_regex.json",
+                 doc(b, sizeof b, "", "null",
+                     "{\"type\":\"Replace\",\"pattern\":{\"Regex\":\"\\\\s+\"},\"content\":\" \"}", bpe),
+                 TWK_ERR_UNSUPPORTED, "Regex", NULL);
+    expect_error("dec_strip_two_chars.json",
+                 doc(b, sizeof b, "", "null", "{\"type\":\"Strip\",\"content\":\"ab\",\"start\":1,\"stop\":0}", bpe),
+                 TWK_ERR_INVALID_ARG, "Strip", NULL);
+    expect_error("dec_metaspace_norep.json", doc(b, sizeof b, "", "null", "{\"type\":\"Metaspace\"}", bpe),
+                 TWK_ERR_INVALID_ARG, "replacement", NULL);
+    expect_error("dec_metaspace_aps.json",
+                 doc(b, sizeof b, "", "null",
+                     "{\"type\":\"Metaspace\",\"replacement\":\"\\u2581\",\"add_prefix_space\":false}", bpe),
+                 TWK_ERR_INVALID_ARG, "add_prefix_space", NULL);
+    expect_error("version.json", "{\"version\":\"2.0\",\"model\":{\"type\":\"BPE\",\"vocab\":{}}}", TWK_ERR_UNSUPPORTED,
+                 "version", NULL);
+    expect_error("id_negative.json", doc(b, sizeof b, "", "null", BL_DEC, "{\"type\":\"BPE\",\"vocab\":{\"a\":-1}}"),
+                 TWK_ERR_INVALID_ARG, "model.vocab['a']", NULL);
+    expect_error("id_fraction.json", doc(b, sizeof b, "", "null", BL_DEC, "{\"type\":\"BPE\",\"vocab\":{\"a\":1.5}}"),
+                 TWK_ERR_INVALID_ARG, "model.vocab['a']", "integer");
+    expect_error("id_string.json", doc(b, sizeof b, "", "null", BL_DEC, "{\"type\":\"BPE\",\"vocab\":{\"a\":\"0\"}}"),
+                 TWK_ERR_INVALID_ARG, "model.vocab['a']", NULL);
+    expect_error("id_past_limit.json",
+                 doc(b, sizeof b, "", "null", BL_DEC, "{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":4294967296}}"),
+                 TWK_ERR_INVALID_ARG, "model.vocab['b']", "16777215");
+    expect_error("id_sparse.json",
+                 doc(b, sizeof b, "", "null", BL_DEC, "{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":9000000}}"),
+                 TWK_ERR_INVALID_ARG, "holes", NULL);
+    expect_error("id_twice.json",
+                 doc(b, sizeof b, "", "null", BL_DEC, "{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":0}}"),
+                 TWK_ERR_INVALID_ARG, "both have id 0", NULL);
+    expect_error("key_twice.json",
+                 doc(b, sizeof b, "", "null", BL_DEC, "{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"a\":1}}"),
+                 TWK_ERR_INVALID_ARG, "'a' appears twice", NULL);
+    expect_error("added_bad_id.json",
+                 doc(b, sizeof b,
+                     "{\"id\":7,\"content\":\"<s>\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,"
+                     "\"normalized\":false,\"special\":true}",
+                     "null", BL_DEC, bpe),
+                 TWK_ERR_INVALID_ARG, "('<s>') has id 7", "gives it id 3");
+    expect_error("added_past_vocab.json",
+                 doc(b, sizeof b, "{\"id\":99999999,\"content\":\"<s>\",\"special\":true}", "null", BL_DEC, bpe),
+                 TWK_ERR_INVALID_ARG, "added_tokens[0]", "'id'");
+    expect_error("added_no_content.json", doc(b, sizeof b, "{\"id\":3,\"special\":true}", "null", BL_DEC, bpe),
+                 TWK_ERR_INVALID_ARG, "added_tokens[0]", "content");
+    expect_error("added_flag_type.json",
+                 doc(b, sizeof b, "{\"id\":3,\"content\":\"<s>\",\"special\":\"yes\"}", "null", BL_DEC, bpe),
+                 TWK_ERR_INVALID_ARG, "'<s>'", "booleans");
+    expect_error("added_nfc.json",
+                 doc(b, sizeof b, "{\"id\":3,\"content\":\"e\\u0301\",\"normalized\":true,\"special\":false}",
+                     "{\"type\":\"NFC\"}", BL_DEC, bpe),
+                 TWK_ERR_UNSUPPORTED, "normalizer 'NFC'", NULL);
+    expect_error("added_bert.json",
+                 doc(b, sizeof b, "{\"id\":3,\"content\":\"<x>\",\"normalized\":true,\"special\":false}",
+                     "{\"type\":\"BertNormalizer\",\"lowercase\":true}", BL_DEC, bpe),
+                 TWK_ERR_UNSUPPORTED, "'BertNormalizer'", NULL);
+    expect_error("nul_escape.json",
+                 doc(b, sizeof b, "", "null", BL_DEC, "{\"type\":\"BPE\",\"vocab\":{\"a\\u0000b\":0}}"),
+                 TWK_ERR_UNSUPPORTED, "\\u0000", NULL);
+    const char *latin1 = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"caf\xe9\":0}}}";
+    expect_error("not_utf8.json", latin1, TWK_ERR_INVALID_ARG, "UTF-8", NULL);
+
+    twk_tokenizer *t = NULL;
+    char path[600];
+    snprintf(path, sizeof path, "%s/missing.json", tmpdir);
+    twk_status s = twk_tokenizer_load(path, &t);
+    check(s == TWK_ERR_IO && strstr(twk_last_error(), "missing.json"), "missing file -> %s: %s", twk_status_name(s),
+          twk_last_error());
+    s = twk_tokenizer_load(tmpdir, &t);
+    check(s == TWK_ERR_IO && strstr(twk_last_error(), "tokenizer.json"), "folder without tokenizer.json -> %s: %s",
+          twk_status_name(s), twk_last_error());
+}
+
+/* Small valid files: holes, no decoder, token_id, token_bytes' cap, the library's rules. */
+static void handmade(void) {
+    char b[4096];
+    twk_tokenizer *t = NULL;
+    char *out = NULL;
+    size_t n;
+    /* vocab with a hole at 1; <s> takes id 2 (= the vocab's count) */
+    doc(b, sizeof b,
+        "{\"id\":2,\"content\":\"<s>\",\"normalized\":false,\"special\":true},"
+        "{\"id\":0,\"content\":\"a\",\"normalized\":false,\"special\":false}",
+        "null", BL_DEC, "{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"\\u0120c\":3},\"merges\":[]}");
+    const char *p = write_tmp("holes.json", b, strlen(b));
+    twk_status s = twk_tokenizer_load(p, &t);
+    check(!s && twk_tokenizer_size(t) == 4, "holes.json loads, size 4%s%s", s ? ": " : "", s ? twk_last_error() : "");
+    if (!s) {
+        int32_t ids[4] = {0, 3, 2, 1};
+        s = twk_tokenizer_decode(t, ids, 3, 0, &out, &n);
+        check(!s && same(out, n, "a c<s>", 6), "decode [a, Ġc, <s>] = \"a c<s>\"");
+        free(out);
+        s = twk_tokenizer_decode(t, ids, 4, 0, &out, &n);
+        check(s == TWK_ERR_INVALID_ARG && strstr(twk_last_error(), "position 3") && strstr(twk_last_error(), "hole"),
+              "a hole is refused naming the position: %s", twk_last_error());
+        check(twk_tokenizer_token_bytes(t, 1, NULL, 0) == -1, "token_bytes of a hole is -1");
+        check(twk_tokenizer_token_id(t, "<s>", 3) == 2 &&
+                  twk_tokenizer_token_id(t,
+                                         "\xc4\xa0"
+                                         "c",
+                                         3) == 3 &&
+                  twk_tokenizer_token_id(t, "zz", 2) == -1,
+              "token_id finds added and vocab strings");
+        check(twk_tokenizer_is_special(t, 2) && !twk_tokenizer_is_special(t, 0), "is_special: <s> yes, a no");
+        char small[2] = {'x', 'x'};
+        int k = twk_tokenizer_token_bytes(t, 2, small, 2);
+        check(k == 3 && small[0] == '<' && small[1] == 's',
+              "token_bytes with a small cap: full count 3, 2 bytes written");
+        check(twk_tokenizer_token_bytes(t, 2, NULL, 0) == 3, "token_bytes(NULL, 0) sizes the token");
+        s = twk_tokenizer_decode(t, ids, 0, 0, &out, &n);
+        check(!s && n == 0 && out && out[0] == 0, "decode of no ids is \"\"");
+        free(out);
+        twk_tokenizer_free(t);
+    }
+    /* no decoder: the library joins the tokens with spaces */
+    doc(b, sizeof b, ADDED_S, "null", "null", "{\"type\":\"BPE\",\"vocab\":" VOCAB ",\"merges\":[]}");
+    p = write_tmp("nodecoder.json", b, strlen(b));
+    s = twk_tokenizer_load(p, &t);
+    if (!s) {
+        int32_t ids[4] = {0, 3, 1, 2};
+        s = twk_tokenizer_decode(t, ids, 4, 0, &out, &n);
+        check(!s && same(out, n,
+                         "a <s> b \xc4\xa0"
+                         "c",
+                         11),
+              "no decoder: tokens joined with \" \"");
+        free(out);
+        s = twk_tokenizer_decode(t, ids, 4, 1, &out, &n);
+        check(!s && same(out, n,
+                         "a b \xc4\xa0"
+                         "c",
+                         7),
+              "no decoder, skip_special");
+        free(out);
+        check(tb_consistent(t, ids, 4, 0, 0), "no decoder: token_bytes carries the joining space");
+        twk_tokenizer_free(t);
+    } else {
+        check(0, "nodecoder.json loads: %s", twk_last_error());
+    }
+    /* ByteLevel keeps a token with a char outside the byte table as it is; Strip after
+     * Fuse cuts one leading space; Metaspace with prepend_scheme never keeps spaces */
+    doc(b, sizeof b, "", "null",
+        "{\"type\":\"Sequence\",\"decoders\":[" BL_DEC
+        ",{\"type\":\"Strip\",\"content\":\" \",\"start\":2,\"stop\":1}]}",
+        "{\"type\":\"BPE\",\"vocab\":{\"\\u0120\\u0120x\":0,\"y \":1,\"\\u20ac\":2,\"\\u0120\":3}}");
+    p = write_tmp("chain.json", b, strlen(b));
+    s = twk_tokenizer_load(p, &t);
+    if (!s) {
+        int32_t ids[4] = {0, 2, 1, 3};
+        s = twk_tokenizer_decode(t, ids, 4, 0, &out, &n);
+        /* "  x" + "\xe2\x82\xac" (€ is in no byte slot: kept) + "y " (space: kept) + " " -> strip 2 / 1 */
+        check(!s && same(out, n, "x\xe2\x82\xacy ", 6), "ByteLevel keeps unmapped tokens; Strip(start 2, stop 1)");
+        free(out);
+        twk_tokenizer_free(t);
+    } else {
+        check(0, "chain.json loads: %s", twk_last_error());
+    }
+    doc(b, sizeof b, "", "null",
+        "{\"type\":\"Metaspace\",\"replacement\":\"\\u2581\",\"prepend_scheme\":\"never\",\"split\":true}",
+        "{\"type\":\"BPE\",\"vocab\":{\"\\u2581a\":0,\"\\u2581b\\u2581\":1}}");
+    p = write_tmp("meta_never.json", b, strlen(b));
+    s = twk_tokenizer_load(p, &t);
+    if (!s) {
+        int32_t ids[2] = {0, 1};
+        s = twk_tokenizer_decode(t, ids, 2, 0, &out, &n);
+        check(!s && same(out, n, " a b ", 5), "Metaspace prepend_scheme never: the first token keeps its space");
+        free(out);
+        twk_tokenizer_free(t);
+    } else {
+        check(0, "meta_never.json loads: %s", twk_last_error());
+    }
+}
+
+/* Random mutations of a valid file: load either works or fails with a message; what loads
+ * decodes every id. */
+static void mutations(void) {
+    char base[4096];
+    doc(base, sizeof base, ADDED_S ",{\"id\":4,\"content\":\"<pad>\",\"normalized\":true,\"special\":false}",
+        "{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\",\"prepend\":\"\\u2581\"},"
+        "{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\\u2581\"}]}",
+        "{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Replace\",\"pattern\":{\"String\":\"\\u2581\"},\"content\":"
+        "\" \"},"
+        "{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"},{\"type\":\"Strip\",\"content\":\" "
+        "\",\"start\":1,\"stop\":0}]}",
+        "{\"type\":\"BPE\",\"byte_fallback\":true,\"vocab\":{\"<0x41>\":0,\"<0xE2>\":1,\"\\u2581x\":2},\"merges\":[]}");
+    size_t bl = strlen(base);
+    const char alpha[] = "{}[]\":,019-.e\\uab \x80\xe2";
+    unsigned seed = 99;
+    int loaded = 0, crashed_msgs = 0;
+    char m[4200];
+    for (int it = 0; it < 3000; it++) {
+        memcpy(m, base, bl + 1);
+        size_t ml = bl;
+        int k = 1 + it % 3;
+        for (int j = 0; j < k; j++) {
+            seed = seed * 1103515245u + 12345u;
+            size_t pos = (seed >> 8) % ml;
+            seed = seed * 1103515245u + 12345u;
+            int op = (seed >> 8) % 3;
+            if (op == 0)
+                m[pos] = alpha[(seed >> 12) % (sizeof alpha - 1)];
+            else if (op == 1 && ml > 1)
+                memmove(m + pos, m + pos + 1, ml - pos), ml--;
+            else if (ml + 1 < sizeof m)
+                memmove(m + pos + 1, m + pos, ml - pos + 1), ml++, m[pos] = m[(pos * 7) % ml];
+        }
+        const char *p = write_tmp("mutant.json", m, ml);
+        twk_tokenizer *t = NULL;
+        twk_status s = twk_tokenizer_load(p, &t);
+        if (s) {
+            crashed_msgs += !twk_last_error()[0];
+            continue;
+        }
+        loaded++;
+        int32_t sz = twk_tokenizer_size(t);
+        for (int32_t id = 0; id < sz; id++) {
+            char tmp[64];
+            if (twk_tokenizer_token_bytes(t, id, tmp, sizeof tmp) < 0) continue;
+            char *out;
+            size_t n;
+            if (!twk_tokenizer_decode(t, &id, 1, id & 1, &out, &n)) free(out);
+        }
+        twk_tokenizer_free(t);
+    }
+    check(!crashed_msgs, "3000 random mutations: no crash, %d loaded, every refusal has a message", loaded);
+}
+
+int main(void) {
+    size_t n;
+    char *text = slurp(TWK_TOKENIZER_DIR "/expected.json", &n);
+    cJSON *exp = text ? cJSON_Parse(text) : NULL;
+    check(exp != NULL, "expected.json read (%s)", TWK_TOKENIZER_DIR);
+    if (!exp) return 1;
+    const cJSON *ver = cJSON_GetObjectItemCaseSensitive(exp, "library_version");
+    printf("     references from tokenizers %s\n", cJSON_IsString(ver) ? ver->valuestring : "?");
+    replay(exp, "bytelevel");
+    replay(exp, "sp");
+    replay(exp, "sp_legacy");
+    replay(exp, "metaspace");
+    raw_bytes();
+    cJSON_Delete(exp);
+    free(text);
+
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/twk_tokenizer_XXXXXX");
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    malformed();
+    handmade();
+    mutations();
+    /* clean up the temporary folder */
+    const char *names[] = {"empty.json",
+                           "bad_json.json",
+                           "top_array.json",
+                           "no_model.json",
+                           "wordpiece.json",
+                           "unigram.json",
+                           "untyped_model.json",
+                           "dec_wordpiece.json",
+                           "dec_ctc_in_seq.json",
+                           "dec_regex.json",
+                           "dec_strip_two_chars.json",
+                           "dec_metaspace_norep.json",
+                           "dec_metaspace_aps.json",
+                           "version.json",
+                           "id_negative.json",
+                           "id_fraction.json",
+                           "id_string.json",
+                           "id_past_limit.json",
+                           "id_sparse.json",
+                           "id_twice.json",
+                           "key_twice.json",
+                           "added_bad_id.json",
+                           "added_past_vocab.json",
+                           "added_no_content.json",
+                           "added_flag_type.json",
+                           "added_nfc.json",
+                           "added_bert.json",
+                           "nul_escape.json",
+                           "not_utf8.json",
+                           "holes.json",
+                           "nodecoder.json",
+                           "chain.json",
+                           "meta_never.json",
+                           "mutant.json"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char p[600];
+        snprintf(p, sizeof p, "%s/%s", tmpdir, names[i]);
+        unlink(p);
+    }
+    rmdir(tmpdir);
+    printf("%s\n", fails ? "FAILED" : "all passed");
+    return fails ? 1 : 0;
+}
