@@ -1,6 +1,7 @@
 /* Sampling: sessions (base model, a checkpoint's adapter, or a snapshot of a
  * run's adapter), asample futures executed on the worker with the KV-cache
  * sampler, and GET samplers/{id}. */
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +40,7 @@ static sampler_unit *unit_new(base_model *base, const twk_lora_config *lora, con
 static void unit_free(sampler_unit *u) {
     if (!u) return;
     twk_sampler_free(u->sampler);
+    free(u->adapter_copy);
     pthread_mutex_destroy(&u->mu);
     free(u);
 }
@@ -71,17 +73,53 @@ sampler_session *svc_new_snapshot_session(svc *s, run_state *r, const char *id) 
     return ss;
 }
 
+#define MAX_LIVE_SAMPLERS 4 /* samplers (each a KV cache) alive at once */
+
+/* Worker: drops the sampler (KV cache) of the least recently used unit; a
+ * snapshot keeps its adapter on the host to be restored when used again. */
+static void evict_one(svc *s, const sampler_unit *keep) {
+    int victim = -1;
+    for (int i = 0; i < s->n_live_units; i++)
+        if (s->live_units[i] != keep && (victim < 0 || s->live_units[i]->last_use < s->live_units[victim]->last_use))
+            victim = i;
+    if (victim < 0) return;
+    sampler_unit *u = s->live_units[victim];
+    if (u->has_lora && !u->adapter_dir[0] && !u->adapter_copy) {
+        size_t n = twk_sampler_adapter_bytes(u->sampler);
+        u->adapter_copy = malloc(n ? n : 1);
+        if (!u->adapter_copy || twk_sampler_adapter_to_host(u->sampler, u->adapter_copy, n) != TWK_OK) {
+            free(u->adapter_copy);
+            u->adapter_copy = NULL;
+            return; /* keep it rather than lose the snapshot */
+        }
+        u->adapter_copy_bytes = n;
+    }
+    twk_sampler_free(u->sampler);
+    u->sampler = NULL;
+    s->live_units[victim] = s->live_units[--s->n_live_units];
+    malloc_trim(0); /* give the cache's pages back to the system */
+}
+
 twk_status svc_sampler_ready(svc *s, sampler_unit *u, twk_trainer *from) {
     if (!u->base) return twk_error(TWK_ERR_STATE, "the sampler's base model is not loaded");
+    u->last_use = ++s->use_clock;
     if (!u->sampler) {
+        while (s->n_live_units >= MAX_LIVE_SAMPLERS) {
+            int before = s->n_live_units;
+            evict_one(s, u);
+            if (s->n_live_units == before) break;
+        }
         twk_status st = twk_sampler_new(u->base->m, u->has_lora ? &u->lora : NULL, SAMPLER_SEQS, s->cfg.max_context,
                                         &u->sampler);
         if (st == TWK_OK && u->adapter_dir[0]) st = twk_sampler_load_adapter(u->sampler, u->adapter_dir);
+        if (st == TWK_OK && u->adapter_copy)
+            st = twk_sampler_adapter_from_host(u->sampler, u->adapter_copy, u->adapter_copy_bytes);
         if (st != TWK_OK) {
             twk_sampler_free(u->sampler);
             u->sampler = NULL;
             return st;
         }
+        if (s->n_live_units < MAX_LIVE_SAMPLERS) s->live_units[s->n_live_units++] = u;
     }
     if (from) {
         if (!u->has_lora) return twk_error(TWK_ERR_STATE, "the sampler has no adapter");
@@ -120,6 +158,7 @@ typedef struct sample_job {
     char stop_str[MAX_STOP_STRINGS][MAX_STOP_STRING_LEN + 1];
     const char *stop_ptr[MAX_STOP_STRINGS];
     int prompt_logprobs, topk;
+    int64_t last_n; /* prompt_logprobs_last_n: score only the last N prompt tokens (0 = all) */
     char prefail[512];
     /* results (worker) */
     int ok, user_error;
@@ -143,6 +182,14 @@ static void finish_request(sample_job *sj, twk_sampled_seq *res, twk_status st) 
         st = plp && (!sj->topk || (tid && tlp))
                  ? twk_sampler_score_prompt(u->sampler, sj->prompt, sj->n_prompt, plp, sj->topk, tid, tlp)
                  : TWK_ERR_OOM;
+        /* prompt_logprobs_last_n: positions before the suffix are "not computed" */
+        for (int64_t i = 0; st == TWK_OK && sj->last_n > 0 && i < sj->n_prompt - sj->last_n; i++) {
+            plp[i] = NAN;
+            for (int q = 0; tid && q < sj->topk; q++) {
+                tid[i * sj->topk + q] = 0;
+                tlp[i * sj->topk + q] = -99999.0f;
+            }
+        }
     }
     if (st == TWK_OK) {
         seqs = calloc((size_t)sj->num_samples, sizeof *seqs);
@@ -327,6 +374,16 @@ static void parse_sample(svc *s, const cJSON *b, sample_job *sj) {
     sj->n_prompt = n;
     sj->num_samples = (int)ns;
     sj->topk = (int)tk;
+    long long last_n = 0;
+    if (!api_int(b, "prompt_logprobs_last_n", 0, 1, n, 0, &last_n, err, sizeof err)) {
+        snprintf(sj->prefail, sizeof sj->prefail, "%s (the prompt has %lld tokens)", err, (long long)n);
+        return;
+    }
+    if (last_n > 0 && !sj->prompt_logprobs && !sj->topk) {
+        snprintf(sj->prefail, sizeof sj->prefail, "prompt_logprobs_last_n applies to prompt logprobs; set prompt_logprobs");
+        return;
+    }
+    sj->last_n = last_n;
     int64_t room = s->cfg.max_context - n;
     if (!api_int(sp, "max_tokens", 0, 1, 1 << 30, room < DEFAULT_MAX_TOKENS ? room : DEFAULT_MAX_TOKENS, &max_tokens, err,
                  sizeof err) ||

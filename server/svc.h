@@ -75,6 +75,9 @@ typedef struct sampler_unit {
     twk_lora_config lora;
     char adapter_dir[1024];   /* "" for a snapshot or the base model */
     twk_sampler *sampler;     /* created and used on the worker */
+    void *adapter_copy;       /* worker: a snapshot's adapter, kept while its sampler is dropped */
+    size_t adapter_copy_bytes;
+    unsigned long long last_use; /* worker: for dropping the least recently used sampler */
     pthread_mutex_t mu;       /* guards pending: the loop adds, the worker takes */
     struct sample_job *pending;
 } sampler_unit;
@@ -124,7 +127,10 @@ typedef struct svc {
     int n_models;
     run_state *runs;
     sampler_session *samplers;
-    int sample_inflight;      /* asample jobs queued or running (429 past the limit) */
+    int sample_inflight;
+    struct sampler_unit *live_units[8]; /* worker: units holding a sampler (KV cache) now */
+    int n_live_units;
+    unsigned long long use_clock;      /* asample jobs queued or running (429 past the limit) */
     uv_timer_t gap_timer;
     uv_signal_t sigint, sigterm;
     unsigned long long id_counter;

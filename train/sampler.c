@@ -107,7 +107,31 @@ static int cmp_cand(const void *a, const void *b) {
     return x->id - y->id;
 }
 
-/* Chooses a token from one row of logits; *logprob = log_softmax(row)[token]. */
+/* Partially orders work[0..n) so its first k entries are the k largest
+ * (any order among them): quickselect. */
+static void select_top(cand *work, int n, int k) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        cand pivot = work[(lo + hi) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (cmp_cand(&work[i], &pivot) < 0) i++;
+            while (cmp_cand(&work[j], &pivot) > 0) j--;
+            if (i <= j) {
+                cand t = work[i];
+                work[i++] = work[j];
+                work[j--] = t;
+            }
+        }
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else break;
+    }
+}
+
+/* Chooses a token from one row of logits; *logprob = log_softmax(row)[token].
+ * Without top-k / top-p the draw is one pass over the row; top-k selects the
+ * k best first; only top-p sorts (the candidates left by top-k, if any). */
 static int32_t choose(const float *row, int vocab, const twk_sample_params *p, twk_rng *rng, cand *work, float *logprob) {
     double m = -INFINITY, z = 0;
     int32_t best = 0;
@@ -119,12 +143,26 @@ static int32_t choose(const float *row, int vocab, const twk_sample_params *p, t
     for (int i = 0; i < vocab; i++) z += exp((double)row[i] - m);
     double lse = m + log(z);
     int32_t tok = best;
-    if (p->temperature > 0) {
+    if (p->temperature > 0 && p->top_k <= 0 && p->top_p >= 1) {
+        double zt = 0;
+        for (int i = 0; i < vocab; i++) zt += exp(((double)row[i] - m) / p->temperature);
+        double u = twk_rng_uniform(rng) * zt, acc = 0;
+        tok = vocab - 1;
+        for (int i = 0; i < vocab; i++) {
+            acc += exp(((double)row[i] - m) / p->temperature);
+            if (u < acc) {
+                tok = i;
+                break;
+            }
+        }
+    } else if (p->temperature > 0) {
         int n = 0;
         for (int i = 0; i < vocab; i++) work[n++] = (cand){row[i], i};
+        if (p->top_k > 0 && p->top_k < n) {
+            select_top(work, n, p->top_k);
+            n = p->top_k;
+        }
         qsort(work, (size_t)n, sizeof *work, cmp_cand);
-        if (p->top_k > 0 && p->top_k < n) n = p->top_k;
-        /* probabilities at the temperature, over the top-k set */
         double zt = 0, top = work[0].logit;
         for (int i = 0; i < n; i++) zt += exp(((double)work[i].logit - top) / p->temperature);
         if (p->top_p < 1) { /* the smallest prefix whose mass reaches top_p */
@@ -371,19 +409,32 @@ twk_status twk_sampler_score_prompt(twk_sampler *s, const int32_t *prompt, int64
         topk_ids[j] = 0;
         topk_lps[j] = -99999.0f;
     }
-    twk_status st = TWK_OK;
-    /* the logits of rows r-1 score position r; max_seqs rows per pass */
+    /* one prefill fills the cache; then each pass feeds max_seqs prompt tokens
+     * again (rewriting identical cache rows) and reads all their logits: row j
+     * of a pass starting at r0 holds the prediction for position r0 + j */
+    for (int64_t i = 0; i < n_prompt; i++) {
+        tok[i] = prompt[i];
+        pos[i] = (int32_t)i;
+        rows[i] = (int32_t)i;
+        lo[i] = 0;
+        hi[i] = (int32_t)i + 1;
+    }
+    for (int j = 0; j < s->max_seqs; j++) sel[j] = 0;
+    twk_status st = n_prompt > 1 ? pass(s, n_prompt, tok, pos, rows, lo, hi, sel) : TWK_OK;
     for (int64_t r0 = 1; st == TWK_OK && r0 < n_prompt; r0 += s->max_seqs) {
-        for (int64_t i = 0; i < n_prompt; i++) {
-            tok[i] = prompt[i];
-            pos[i] = (int32_t)i;
-            rows[i] = (int32_t)i;
-            lo[i] = 0;
-            hi[i] = (int32_t)i + 1;
+        int64_t n = n_prompt - r0 < s->max_seqs ? n_prompt - r0 : s->max_seqs;
+        for (int64_t j = 0; j < n; j++) {
+            int64_t at = r0 - 1 + j; /* the token whose logits predict position r0 + j */
+            tok[j] = prompt[at];
+            pos[j] = (int32_t)at;
+            rows[j] = (int32_t)at;
+            lo[j] = 0;
+            hi[j] = (int32_t)at + 1;
+            sel[j] = (int32_t)j;
         }
-        for (int j = 0; j < s->max_seqs; j++) sel[j] = (int32_t)(r0 + j - 1 < n_prompt - 1 ? r0 + j - 1 : n_prompt - 2);
-        st = pass(s, n_prompt, tok, pos, rows, lo, hi, sel);
-        for (int j = 0; st == TWK_OK && j < s->max_seqs && r0 + j < n_prompt; j++) {
+        for (int64_t j = n; j < s->max_seqs; j++) sel[j] = 0;
+        st = pass(s, n, tok, pos, rows, lo, hi, sel);
+        for (int64_t j = 0; st == TWK_OK && j < n; j++) {
             int64_t r = r0 + j;
             const float *row = s->logits + (size_t)j * (size_t)s->vocab;
             double m = -INFINITY, z = 0;
@@ -393,7 +444,8 @@ twk_status twk_sampler_score_prompt(twk_sampler *s, const int32_t *prompt, int64
             if (logprobs) logprobs[r] = (float)((double)row[prompt[r]] - lse);
             if (k > 0 && topk_ids) {
                 for (int v = 0; v < s->vocab; v++) work[v] = (cand){row[v], v};
-                qsort(work, (size_t)s->vocab, sizeof *work, cmp_cand);
+                select_top(work, s->vocab, k);
+                qsort(work, (size_t)k, sizeof *work, cmp_cand);
                 for (int q = 0; q < k; q++) {
                     topk_ids[r * k + q] = work[q].id;
                     topk_lps[r * k + q] = (float)((double)work[q].logit - lse);
@@ -403,4 +455,31 @@ twk_status twk_sampler_score_prompt(twk_sampler *s, const int32_t *prompt, int64
     }
     twk_host_free(work);
     return st;
+}
+
+size_t twk_sampler_adapter_bytes(const twk_sampler *s) {
+    size_t n = 0;
+    for (int i = 0; s && i < s->t->n_adapter; i++) n += (size_t)s->t->adapter[i].nelem * 4;
+    return n;
+}
+
+static twk_status adapter_host(twk_sampler *s, void *host, size_t bytes, int to_host) {
+    if (bytes != twk_sampler_adapter_bytes(s))
+        return twk_error(TWK_ERR_INVALID_ARG, "sampler: adapter copy of %zu bytes; the adapter has %zu", bytes,
+                         twk_sampler_adapter_bytes(s));
+    size_t off = 0;
+    for (int i = 0; i < s->t->n_adapter; i++) {
+        const named_buf *nb = &s->t->adapter[i];
+        size_t n = (size_t)nb->nelem * 4;
+        twk_status st = to_host ? twk_buffer_download(s->t->m->dev, nb->buf, 0, (char *)host + off, n)
+                                : twk_buffer_upload(s->t->m->dev, nb->buf, 0, (const char *)host + off, n);
+        if (st != TWK_OK) return st;
+        off += n;
+    }
+    return TWK_OK;
+}
+
+twk_status twk_sampler_adapter_to_host(twk_sampler *s, void *dst, size_t bytes) { return adapter_host(s, dst, bytes, 1); }
+twk_status twk_sampler_adapter_from_host(twk_sampler *s, const void *src, size_t bytes) {
+    return adapter_host(s, (void *)(uintptr_t)src, bytes, 0);
 }

@@ -212,6 +212,11 @@ twk_status twk_sampler_generate_many(twk_sampler *s, const twk_sample_request *r
  * logprob. Any output may be NULL. Errors name the bad argument. */
 twk_status twk_sampler_score_prompt(twk_sampler *s, const int32_t *prompt, int64_t n_prompt, float *logprobs, int k,
                                     int32_t *topk_ids, float *topk_lps);
+/* Bytes of the adapter (0 without one), and copies of it to / from the host,
+ * so a sampler's KV cache can be dropped and the sampler remade later. */
+size_t twk_sampler_adapter_bytes(const twk_sampler *s);
+twk_status twk_sampler_adapter_to_host(twk_sampler *s, void *dst, size_t bytes);
+twk_status twk_sampler_adapter_from_host(twk_sampler *s, const void *src, size_t bytes);
 /* The sampler's sequence limit and context length. */
 int twk_sampler_max_seqs(const twk_sampler *s);
 int64_t twk_sampler_max_len(const twk_sampler *s);

@@ -453,3 +453,91 @@ def test_tenants_cannot_see_each_others_samplers(ctx, base_sampler):
     assert len(sample(samp_b, max_tokens=2).sequences) == 1
     st, _, _ = raw(port, "GET", f"/api/v1/samplers/{samp_b._sampling_session_id}", key=KEY)
     assert st == 404
+
+
+# ---- concurrency, seeds, and SDK options ----
+
+def test_pipelined_samples_equal_sequential(ctx):
+    """Many sample / compute_logprobs futures in flight at once give what they give one at a time."""
+    samp = ctx["samp"]
+    futs = [samp.sample(mi(PROMPT[: 3 + i]), 2, params(max_tokens=8, temperature=1.0, seed=100 + i, stop=[]))
+            for i in range(6)]
+    lp_fut = samp.compute_logprobs(mi(PROMPT))
+    got = [f.result(timeout=60) for f in futs]
+    lp = lp_fut.result(timeout=60)
+    for i, r in enumerate(got):
+        one = sample(samp, prompt=PROMPT[: 3 + i], n=2, max_tokens=8, temperature=1.0, seed=100 + i, stop=[])
+        assert [s.tokens for s in r.sequences] == [s.tokens for s in one.sequences]
+    assert lp == samp.compute_logprobs(mi(PROMPT)).result(timeout=60)
+
+
+def test_unseeded_sampling_varies(ctx):
+    samp = ctx["samp"]
+    a = sample(samp, n=2, max_tokens=16, temperature=1.0, stop=[])
+    b = sample(samp, n=2, max_tokens=16, temperature=1.0, stop=[])
+    assert [s.tokens for s in a.sequences] != [s.tokens for s in b.sequences]
+
+
+def test_inflight_kind_serves_the_weights_at_creation(server):
+    """kind="inflight" (SDK 0.38): the server may treat it as a snapshot; the SDK's contract
+    is "the weights saved when the client was created, or newer"."""
+    sc = service_client(server.base_url, KEY)
+    tc = new_training_client(sc, rank=8, seed=17)
+    train(tc, 1)
+    samp = resolve(tc.save_weights_and_get_sampling_client(kind="inflight"))
+    lp = samp.compute_logprobs(mi(PROMPT)).result(timeout=60)
+    assert worst(lp[1:], fwd_logprobs(tc, PROMPT)) <= TOL
+
+
+def test_prompt_logprobs_last_n_honoured_or_refused(ctx):
+    samp = ctx["samp"]
+    full = samp.compute_logprobs(mi(PROMPT)).result(timeout=60)
+    try:
+        got = samp.compute_logprobs(mi(PROMPT), prompt_logprobs_last_n=3).result(timeout=60)
+    except tinker.RequestFailedError as e:
+        assert "prompt_logprobs_last_n" in str(e)
+        return
+    assert len(got) == len(PROMPT)
+    assert all(x is None for x in got[:-3])
+    assert worst(got[-3:], full[-3:]) <= 1e-6
+
+
+def test_compute_logprobs_costs_about_one_prefill(base_sampler):
+    import time
+
+    prompt = [(7 * i) % VOCAB for i in range(768)]
+    base_sampler.compute_logprobs(mi(prompt[:32])).result(timeout=60)  # warm
+    prefill = []
+    for _ in range(3):
+        t = time.perf_counter()
+        sample(base_sampler, prompt=prompt, max_tokens=1, stop=[])
+        prefill.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    lp = base_sampler.compute_logprobs(mi(prompt)).result(timeout=120)
+    scoring = time.perf_counter() - t
+    assert len(lp) == len(prompt)
+    assert scoring <= 4 * min(prefill) + 0.25, f"compute_logprobs {scoring:.3f} s, a prefill {min(prefill):.3f} s"
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_snapshot_samplers_do_not_grow_memory_without_bound(start_server):
+    srv = start_server()
+    sc = service_client(srv.base_url, KEY)
+    tc = new_training_client(sc, rank=4, seed=3)
+    prompt = [(11 * i) % VOCAB for i in range(1000)]
+    rss = []
+    for step in range(8):
+        samp = resolve(tc.save_weights_and_get_sampling_client())
+        sample(samp, prompt=prompt, n=16, max_tokens=4, stop=[])
+        rss.append(rss_mib(srv.pid))
+    first = rss[1] - rss[0]  # what one more snapshot sampler costs
+    later = rss[-1] - rss[2]  # five more snapshots, the earlier ones unused since
+    assert first > 0
+    assert later <= 2 * first, f"RSS after each snapshot (MiB): {[round(x) for x in rss]}"
