@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cJSON.h>
 
@@ -486,12 +487,51 @@ out:
     twk_device_close(dev);
 }
 
+/* EOS ids come from config.json and generation_config.json together. */
+static void eos_ids(const char *root) {
+    char dir[] = "/tmp/twk_eos_XXXXXX", src[700], dst[700];
+    if (!mkdtemp(dir)) return;
+    snprintf(src, sizeof src, "%s/qwen3/model/config.json", root);
+    snprintf(dst, sizeof dst, "%s/config.json", dir);
+    size_t n = 0;
+    char *cfg = twk_read_file(src, &n);
+    FILE *f = fopen(dst, "wb");
+    if (f && cfg) fwrite(cfg, 1, n, f);
+    if (f) fclose(f);
+    twk_host_free(cfg);
+    snprintf(src, sizeof src, "%s/qwen3/model/model.safetensors", root);
+    snprintf(dst, sizeof dst, "%s/model.safetensors", dir);
+    int linked = symlink(src, dst) == 0;
+    snprintf(dst, sizeof dst, "%s/generation_config.json", dir);
+    f = fopen(dst, "wb");
+    if (f) {
+        fputs("{\"eos_token_id\": [5, 7], \"bos_token_id\": 1}", f);
+        fclose(f);
+    }
+    twk_device *dev = NULL;
+    twk_model *m = NULL;
+    twk_device_open("cpu", &dev);
+    twk_status st = linked ? twk_model_load(dir, dev, &m) : TWK_ERR_IO;
+    int has5 = 0, has7 = 0, n_eos = st == TWK_OK ? twk_model_cfg(m)->n_eos : 0;
+    for (int i = 0; i < n_eos; i++) {
+        has5 |= twk_model_cfg(m)->eos[i] == 5;
+        has7 |= twk_model_cfg(m)->eos[i] == 7;
+    }
+    check(st == TWK_OK && has5 && has7, "qwen3", "EOS ids of generation_config.json join config.json's", 0, 0);
+    twk_model_free(m);
+    twk_device_close(dev);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) fails++;
+}
+
 int main(int argc, char **argv) {
     const char *root = argc > 1 ? argv[1] : TWK_PARITY_DIR;
     const char *models[] = {"llama", "qwen2", "qwen3"};
     for (int i = 0; i < 3; i++) parity(root, models[i]);
     statistics(root);
     stop_strings();
+    eos_ids(root);
     printf("%d failures\n", fails);
     return fails ? 1 : 0;
 }

@@ -156,3 +156,28 @@ void twk_rope_inv_freq(const twk_model_config *c, float *out) {
         out[i] = (float)f;
     }
 }
+
+twk_status twk_hf_generation_eos(const char *path, twk_model_config *c) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return TWK_OK; /* optional */
+    fclose(f);
+    char *text = twk_read_file(path, NULL);
+    if (!text) return TWK_ERR_IO;
+    cJSON *j = cJSON_Parse(text);
+    twk_host_free(text);
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return twk_error(TWK_ERR_INVALID_ARG, "%s: not a JSON object", path);
+    }
+    const cJSON *eos = cJSON_GetObjectItemCaseSensitive(j, "eos_token_id");
+    const cJSON *one = cJSON_IsNumber(eos) ? eos : NULL;
+    const cJSON *e = one ? one : cJSON_IsArray(eos) ? eos->child : NULL;
+    for (; e; e = one ? NULL : e->next) {
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0) continue;
+        int id = (int)e->valuedouble, dup = 0;
+        for (int i = 0; i < c->n_eos; i++) dup |= c->eos[i] == id;
+        if (!dup && c->n_eos < 8) c->eos[c->n_eos++] = id;
+    }
+    cJSON_Delete(j);
+    return TWK_OK;
+}

@@ -10,6 +10,10 @@
  * TWK_ERR_INVALID_ARG naming them. */
 twk_status twk_hf_config_load(const char *path, twk_model_config *out);
 
+/* Adds the eos_token_id(s) of a generation_config.json (if the file exists)
+ * to c's EOS list, without duplicates. Errors only for a malformed file. */
+twk_status twk_hf_generation_eos(const char *path, twk_model_config *c);
+
 /* RoPE inverse frequencies (head_dim/2 floats) with the config's scaling. */
 void twk_rope_inv_freq(const twk_model_config *c, float *out);
 

@@ -137,6 +137,10 @@ twk_status twk_model_load(const char *dir, twk_device *dev, twk_model **out) {
     if (!m) return TWK_ERR_OOM;
     m->dev = dev;
     twk_status st = twk_hf_config_load(path, &m->cfg);
+    if (st == TWK_OK) { /* sampling stops at the EOS ids of both files */
+        snprintf(path, sizeof path, "%s/generation_config.json", dir);
+        st = twk_hf_generation_eos(path, &m->cfg);
+    }
     if (st != TWK_OK) {
         twk_model_free(m);
         return st;
