@@ -293,7 +293,7 @@ static twk_status build(twk_trainer *t) {
     t->seg = twk_input(g, "seg_start", TWK_I32, 1, T1);
     t->weights = twk_input(g, "weights", TWK_F32, 1, T1);
     int n_all = t->m->n_w + t->n_adapter, n_kv = t->sampling ? 2 * c->layers : 0;
-    t->param_ids = twk_host_calloc((size_t)(n_all + n_kv) * sizeof *t->param_ids, "trainer params");
+    if (!t->param_ids) t->param_ids = twk_host_calloc((size_t)(n_all + n_kv) * sizeof *t->param_ids, "trainer params");
     if (!t->param_ids) return TWK_ERR_OOM;
     for (int i = 0; i < n_all; i++) {
         named_buf *nb = i < t->m->n_w ? &t->m->w[i] : &t->adapter[i - t->m->n_w];
@@ -308,8 +308,8 @@ static twk_status build(twk_trainer *t) {
         t->rows = twk_input(g, "kv_rows", TWK_I32, 1, T1);
         t->lo = twk_input(g, "kv_lo", TWK_I32, 1, T1);
         t->hi = twk_input(g, "kv_hi", TWK_I32, 1, T1);
-        int64_t m1[1] = {t->max_seqs};
-        t->sel = twk_input(g, "select", TWK_I32, 1, m1);
+        int64_t m1[1] = {1};
+        t->sel = twk_input(g, "select", TWK_I32, 1, t->sel_dyn ? T1 : m1);
     }
     int64_t hf[1] = {c->head_dim / 2};
     t->inv_freq_id = twk_param(g, "rope.inv_freq", 1, hf, false);
@@ -378,7 +378,9 @@ void twk_trainer_free(twk_trainer *t) {
     if (!t) return;
     twk_plan_free(t->fwd);
     twk_plan_free(t->fwdbwd);
+    twk_plan_free(t->decode);
     twk_graph_free(t->g);
+    twk_graph_free(t->g_decode);
     for (int i = 0; i < t->n_adapter; i++) twk_buffer_free(t->m->dev, t->adapter[i].buf);
     twk_buffer_free(t->m->dev, t->inv_freq.buf);
     for (int i = 0; t->kv && i < 2 * t->m->cfg.layers; i++) twk_buffer_free(t->m->dev, t->kv[i].buf);
@@ -468,9 +470,20 @@ twk_status twk_trainer_create(twk_model *m, const twk_lora_config *lora, int64_t
     if (st == TWK_OK && sampling) st = make_kv(t);
     if (st == TWK_OK && !(t->g = twk_graph_new())) st = TWK_ERR_OOM;
     if (st == TWK_OK) st = build(t);
-    if (st == TWK_OK && sampling) { /* one plan: the decoding step */
+    if (st == TWK_OK && sampling) { /* the prefill plan, then the decode plan (same node ids) */
         twk_graph_output(t->g, t->logits);
         st = compile(t, &t->fwd, 0);
+        twk_graph *prefill = t->g;
+        t->sel_dyn = 1;
+        t->g = twk_graph_new();
+        if (st == TWK_OK && !t->g) st = TWK_ERR_OOM;
+        if (st == TWK_OK) st = build(t);
+        if (st == TWK_OK) {
+            twk_graph_output(t->g, t->logits);
+            st = compile(t, &t->decode, 0);
+        }
+        t->g_decode = t->g;
+        t->g = prefill;
         /* the adapter's tensors are settable by name (no gradients) */
         if (st == TWK_OK && t->n_adapter) {
             t->tp = twk_host_calloc((size_t)t->n_adapter * sizeof *t->tp, "sampler adapter");

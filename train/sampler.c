@@ -78,22 +78,35 @@ twk_status twk_sampler_copy_adapter(twk_sampler *s, twk_trainer *from) {
     return TWK_OK;
 }
 
-/* One pass: n tokens with their cache rows and attention ranges; logits of
- * the rows in sel (max_seqs entries) land in s->logits. */
+/* One pass: n tokens with their cache rows and attention ranges. A prefill
+ * pass yields the logits of row sel[0] only; a decode pass (decode = 1) the
+ * logits of rows sel[0..n) — so the unembedding runs on just the rows that
+ * choose a token. The logits land in s->logits. */
+static twk_status pass_plan(twk_sampler *s, int decode, int64_t n, const int32_t *tok, const int32_t *pos,
+                            const int32_t *rows, const int32_t *lo, const int32_t *hi, const int32_t *sel) {
+    twk_trainer *t = s->t;
+    twk_plan *p = decode ? t->decode : t->fwd;
+    size_t b = (size_t)n * 4;
+    int64_t n_out = decode ? n : 1;
+    twk_status st = twk_plan_write(p, t->tokens, n, tok, b);
+    if (st == TWK_OK) st = twk_plan_write(p, t->positions, n, pos, b);
+    if (st == TWK_OK) st = twk_plan_write(p, t->rows, n, rows, b);
+    if (st == TWK_OK) st = twk_plan_write(p, t->lo, n, lo, b);
+    if (st == TWK_OK) st = twk_plan_write(p, t->hi, n, hi, b);
+    if (st == TWK_OK) st = twk_plan_write(p, t->sel, n, sel, (size_t)n_out * 4);
+    if (st == TWK_OK) st = twk_plan_run(p, n);
+    if (st == TWK_OK) st = twk_plan_read(p, t->logits, n, s->logits, (size_t)n_out * (size_t)s->vocab * 4);
+    return st;
+}
+
 static twk_status pass(twk_sampler *s, int64_t n, const int32_t *tok, const int32_t *pos, const int32_t *rows,
                        const int32_t *lo, const int32_t *hi, const int32_t *sel) {
-    twk_trainer *t = s->t;
-    size_t b = (size_t)n * 4;
-    twk_status st = twk_plan_write(t->fwd, t->tokens, n, tok, b);
-    if (st == TWK_OK) st = twk_plan_write(t->fwd, t->positions, n, pos, b);
-    if (st == TWK_OK) st = twk_plan_write(t->fwd, t->rows, n, rows, b);
-    if (st == TWK_OK) st = twk_plan_write(t->fwd, t->lo, n, lo, b);
-    if (st == TWK_OK) st = twk_plan_write(t->fwd, t->hi, n, hi, b);
-    if (st == TWK_OK) st = twk_plan_write(t->fwd, t->sel, n, sel, (size_t)s->max_seqs * 4);
-    if (st == TWK_OK) st = twk_plan_run(t->fwd, n);
-    if (st == TWK_OK)
-        st = twk_plan_read(t->fwd, t->logits, n, s->logits, (size_t)s->max_seqs * (size_t)s->vocab * 4);
-    return st;
+    return pass_plan(s, 0, n, tok, pos, rows, lo, hi, sel);
+}
+
+static twk_status pass_decode(twk_sampler *s, int64_t n, const int32_t *tok, const int32_t *pos, const int32_t *rows,
+                              const int32_t *lo, const int32_t *hi, const int32_t *sel) {
+    return pass_plan(s, 1, n, tok, pos, rows, lo, hi, sel);
 }
 
 typedef struct cand {
@@ -350,8 +363,7 @@ twk_status twk_sampler_generate_many(twk_sampler *s, const twk_sample_request *r
             idx[n++] = k;
         }
         if (n == 0) break;
-        for (int k = n; k < s->max_seqs; k++) sel[k] = 0;
-        st = pass(s, n, tok, pos, rows, lo, hi, sel);
+        st = pass_decode(s, n, tok, pos, rows, lo, hi, sel);
         for (int k = 0; st == TWK_OK && k < n; k++) {
             seq_state *x = &q[idx[k]];
             const twk_sample_request *R = &reqs[x->req];
@@ -432,8 +444,7 @@ twk_status twk_sampler_score_prompt(twk_sampler *s, const int32_t *prompt, int64
             hi[j] = (int32_t)at + 1;
             sel[j] = (int32_t)j;
         }
-        for (int64_t j = n; j < s->max_seqs; j++) sel[j] = 0;
-        st = pass(s, n, tok, pos, rows, lo, hi, sel);
+        st = pass_decode(s, n, tok, pos, rows, lo, hi, sel);
         for (int64_t j = 0; st == TWK_OK && j < n; j++) {
             int64_t r = r0 + j;
             const float *row = s->logits + (size_t)j * (size_t)s->vocab;

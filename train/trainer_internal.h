@@ -52,6 +52,11 @@ struct twk_trainer {
     int64_t max_len;
     twk_id rows, lo, hi, sel, logits;
     named_buf *kv; /* 2 per layer: K cache, V cache, [max_seqs * max_len, kv_heads, head_dim] */
+    /* two plans over one set of buffers: fwd selects 1 row (prefill: the last
+     * prompt token), decode selects one row per token fed (sel_dyn) */
+    int sel_dyn;
+    twk_graph *g_decode;
+    twk_plan *decode;
 };
 
 /* Creates a trainer (sampling = 0) or, with sampling = 1, the decoding
