@@ -366,8 +366,6 @@ static void statistics(const char *root) {
     /* several requests in one decode batch equal separate calls */
     {
         int32_t pa[3] = {11, 12, 13}, pb[6] = {400, 401, 402, 403, 404, 405};
-        int32_t stopb = g.tokens[0];
-        (void)stopb;
         twk_sample_params qa = {.max_tokens = 7, .temperature = 0.9f, .top_k = 50, .top_p = 0.95f, .seed = 77, .has_seed = 1};
         twk_sample_params qb = {.max_tokens = 5, .temperature = 0, .top_k = -1, .top_p = 1};
         twk_sampled_seq ma[3], mb[2], sa[3], sb[2];
