@@ -148,6 +148,9 @@ static const op_case cases[] = {
     {"weighted_sum 37x67", 2, {F32(37, 67), F32C(37, 67)}, b_wsum, r_wsum, 1e-6, 1e-5},
     /* matmul: every transpose, batched, token dims on either side */
     {"matmul 1x1x1", 2, {F32(1, 1), F32(1, 1)}, b_matmul, r_matmul, 1e-5, 1e-4},
+    {"matmul 1x67 @ (131x67)^T (gemv)", 2, {F32(1, 67), F32(131, 67)}, b_matmul, r_matmul, 1e-5, 1e-4, .ip = {0, 1}},
+    {"matmul 1x37 @ 37x101 (gemv)", 2, {F32(1, 37), F32(37, 101)}, b_matmul, r_matmul, 1e-5, 1e-4},
+    {"matmul (37x1)^T @ 37x19 (gemv)", 2, {F32(37, 1), F32(37, 19)}, b_matmul, r_matmul, 1e-5, 1e-4, .ip = {1, 0}},
     {"matmul 7x13 @ 13x5", 2, {F32(7, 13), F32(13, 5)}, b_matmul, r_matmul, 1e-5, 1e-4},
     {"matmul 67x131 @ (37x131)^T", 2, {F32(67, 131), F32(37, 131)}, b_matmul, r_matmul, 1e-5, 1e-4, .ip = {0, 1}},
     {"matmul (131x67)^T @ 131x37", 2, {F32(131, 67), F32(131, 37)}, b_matmul, r_matmul, 1e-5, 1e-4, .ip = {1, 0}},

@@ -18,6 +18,16 @@ twk_status cpu_matmul(const cpu_call *c) {
                          c->l->name, (long long)M, (long long)N, (long long)K);
     const float *A = a->data, *B = b->data;
     float *C = c->dst.data;
+    if (M == 1 && batch == 1) {
+        /* one row (decoding one token): a matrix-vector product reads the
+         * weights once, several times faster than sgemm's packing at M = 1;
+         * the row of A is contiguous whether or not A is transposed */
+        if (tb)
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)N, (int)K, 1.0f, B, (int)ldb, A, 1, 0.0f, C, 1);
+        else
+            cblas_sgemv(CblasRowMajor, CblasTrans, (int)K, (int)N, 1.0f, B, (int)ldb, A, 1, 0.0f, C, 1);
+        return TWK_OK;
+    }
     for (int64_t i = 0; i < batch; i++) {
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                     (int)M, (int)N, (int)K, 1.0f, A + i * M * K, (int)lda, B + i * K * N, (int)ldb,
