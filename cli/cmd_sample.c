@@ -5,8 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cJSON.h>
-
 #include "cli.h"
 #include "twinkle/twinkle.h"
 
@@ -37,32 +35,6 @@ static int parse_ids(const char *s, int32_t *out, int max) {
         else if (*s) return -1;
     }
     return n;
-}
-
-static int adapter_shape(const char *dir, twk_lora_config *lc) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    FILE *f = fopen(path, "rb");
-    char text[65536];
-    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
-    if (f) fclose(f);
-    text[n] = 0;
-    cJSON *j = n ? cJSON_Parse(text) : NULL;
-    const cJSON *r = cJSON_GetObjectItem(j, "r"), *a = cJSON_GetObjectItem(j, "lora_alpha"), *t = cJSON_GetObjectItem(j, "target_modules");
-    int ok = cJSON_IsNumber(r) && cJSON_IsNumber(a) && cJSON_IsArray(t);
-    if (ok) {
-        lc->rank = r->valueint;
-        lc->alpha = (float)a->valuedouble;
-        lc->train_attn = lc->train_mlp = lc->train_unembed = 0;
-        for (const cJSON *e = t->child; e; e = e->next) {
-            const char *m = cJSON_IsString(e) ? e->valuestring : "";
-            if (strstr(m, "q_proj") || strstr(m, "k_proj") || strstr(m, "v_proj") || strstr(m, "o_proj")) lc->train_attn = 1;
-            if (strstr(m, "gate_proj") || strstr(m, "up_proj") || strstr(m, "down_proj")) lc->train_mlp = 1;
-            if (strstr(m, "lm_head")) lc->train_unembed = 1;
-        }
-    }
-    cJSON_Delete(j);
-    return ok;
 }
 
 int twk_cmd_sample(int argc, char **argv) {
@@ -133,10 +105,7 @@ int twk_cmd_sample(int argc, char **argv) {
     p.stop_tokens = stop;
     p.n_stop_tokens = stop_n;
     twk_lora_config lc = twk_lora_default();
-    if (adapter && !adapter_shape(adapter, &lc)) {
-        fprintf(stderr, "twinkle sample: %s/adapter_config.json lacks r, lora_alpha or target_modules\n", adapter);
-        goto out;
-    }
+    if (adapter && twk_adapter_read_config(adapter, &lc) != TWK_OK) goto fail;
     if (twk_sampler_new(m, adapter ? &lc : NULL, num, n_prompt + (p.max_tokens > 0 ? p.max_tokens : 1) + 1, &s) != TWK_OK)
         goto fail;
     if (adapter && twk_sampler_load_adapter(s, adapter) != TWK_OK) goto fail;

@@ -5,8 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cJSON.h>
-
 #include "cli.h"
 #include "twinkle/twinkle.h"
 
@@ -14,36 +12,6 @@ static void usage(FILE *f) {
     fprintf(f, "usage: twinkle score --model DIR [--adapter DIR] --data FILE.jsonl [--device cpu]\n"
                "  Prints one JSON line {\"logprobs\": [...]} per example {\"tokens\": [...]}: the log-probability\n"
                "  of each token after the first given the ones before it (len(tokens) - 1 values).\n");
-}
-
-/* r and alpha of a PEFT adapter folder, and which modules it adapts. */
-static int adapter_config(const char *dir, twk_lora_config *lc) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
-    char buf[65536];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    cJSON *j = cJSON_Parse(buf);
-    const cJSON *r = cJSON_GetObjectItem(j, "r"), *a = cJSON_GetObjectItem(j, "lora_alpha");
-    const cJSON *t = cJSON_GetObjectItem(j, "target_modules");
-    int ok = cJSON_IsNumber(r) && cJSON_IsNumber(a) && cJSON_IsArray(t);
-    if (ok) {
-        lc->rank = r->valueint;
-        lc->alpha = (float)a->valuedouble;
-        lc->train_attn = lc->train_mlp = lc->train_unembed = 0;
-        for (const cJSON *e = t->child; e; e = e->next) {
-            if (!cJSON_IsString(e)) continue;
-            const char *m = e->valuestring;
-            if (strstr(m, "q_proj") || strstr(m, "k_proj") || strstr(m, "v_proj") || strstr(m, "o_proj")) lc->train_attn = 1;
-            if (strstr(m, "gate_proj") || strstr(m, "up_proj") || strstr(m, "down_proj")) lc->train_mlp = 1;
-            if (strstr(m, "lm_head")) lc->train_unembed = 1;
-        }
-    }
-    cJSON_Delete(j);
-    return ok;
 }
 
 int twk_cmd_score(int argc, char **argv) {
@@ -81,10 +49,7 @@ int twk_cmd_score(int argc, char **argv) {
         goto fail;
     twk_lora_config lc = twk_lora_default();
     lc.rank = 1;
-    if (adapter && !adapter_config(adapter, &lc)) {
-        fprintf(stderr, "twinkle score: %s/adapter_config.json lacks r, lora_alpha or target_modules\n", adapter);
-        goto out;
-    }
+    if (adapter && twk_adapter_read_config(adapter, &lc) != TWK_OK) goto fail;
     /* passes of up to 2048 tokens, or the longest example; without an adapter, a
      * rank-1 adapter whose B is zero adds nothing */
     int64_t cap = twk_dataset_max_targets(ds) > 2048 ? twk_dataset_max_targets(ds) : 2048;

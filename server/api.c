@@ -14,6 +14,16 @@ void api_rest(svc *s, twk_http_conn *c, const twk_http_req *req, const char *ten
 
 static double wall_now(void) { return (double)time(NULL); }
 
+int svc_session_exists(svc *s, twk_http_conn *c, const char *tenant, const char *session_id) {
+    twk_store_session sess;
+    if (twk_store_session_get(s->store, tenant, session_id, &sess) != TWK_OK) {
+        api_error(c, 404, "session '%s' not found", session_id);
+        return 0;
+    }
+    twk_store_session_clear(&sess);
+    return 1;
+}
+
 static void future_reply(twk_http_conn *c, const char *request_id, const char *model_id) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "request_id", request_id);
@@ -118,12 +128,7 @@ static void h_create_model(svc *s, twk_http_conn *c, const cJSON *b, const char 
         api_error(c, 400, "%s", err);
         return;
     }
-    twk_store_session sess;
-    if (twk_store_session_get(s->store, tenant, session_id, &sess) != TWK_OK) {
-        api_error(c, 404, "session '%s' not found", session_id);
-        return;
-    }
-    twk_store_session_clear(&sess);
+    if (!svc_session_exists(s, c, tenant, session_id)) return;
     const cJSON *lc = cJSON_GetObjectItemCaseSensitive(b, "lora_config");
     if (lc && !cJSON_IsObject(lc) && !cJSON_IsNull(lc)) {
         api_error(c, 400, "field 'lora_config' must be an object");
@@ -471,12 +476,7 @@ static void h_create_from_state(svc *s, twk_http_conn *c, const cJSON *b, const 
         api_error(c, 400, "%s", err);
         return;
     }
-    twk_store_session sess;
-    if (twk_store_session_get(s->store, tenant, session_id, &sess) != TWK_OK) {
-        api_error(c, 404, "session '%s' not found", session_id);
-        return;
-    }
-    twk_store_session_clear(&sess);
+    if (!svc_session_exists(s, c, tenant, session_id)) return;
     if (!svc_parse_tinker_path(path, run, sizeof run, kind, sizeof kind, name, sizeof name)) {
         api_error(c, 400, "path '%s' is not tinker://<run>/(weights|sampler_weights)/<name>", path);
         return;

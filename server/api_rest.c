@@ -123,23 +123,6 @@ static void list_ckpts(svc *s, twk_http_conn *c, const twk_http_req *req, const 
     api_ok(c, j);
 }
 
-static void rm_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *e;
-        char p[2048];
-        while ((e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            struct stat sb;
-            if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) rm_tree(p);
-            else unlink(p);
-        }
-        closedir(d);
-    }
-    rmdir(dir);
-}
-
 /* /training_runs/{run}/checkpoints/{kind}/{name}[/ttl|/publish] */
 static void ckpt_action(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant, const char *run,
                         const char *rest) {
@@ -172,7 +155,7 @@ static void ckpt_action(svc *s, twk_http_conn *c, const twk_http_req *req, const
             api_error(c, 500, "deleting failed: %s", twk_last_error());
             return;
         }
-        rm_tree(ck.path);
+        svc_rm_tree(ck.path);
         twk_http_respond_json(c, 200, "{}");
     } else if (!action[0] && !strcmp(req->method, "GET")) {
         api_ok(c, ckpt_json(&ck));

@@ -227,7 +227,7 @@ static int64_t dir_size(const char *dir) {
     return total;
 }
 
-static void rm_tree(const char *dir) {
+void svc_rm_tree(const char *dir) {
     DIR *d = opendir(dir);
     if (d) {
         struct dirent *e;
@@ -236,7 +236,7 @@ static void rm_tree(const char *dir) {
             if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
             snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
             struct stat sb;
-            if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) rm_tree(p);
+            if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) svc_rm_tree(p);
             else unlink(p);
         }
         closedir(d);
@@ -280,32 +280,32 @@ static void run_save(op *o) {
     }
     snprintf(tmp, sizeof tmp, "%s/.tmp-%s-%s", parent, o->name, o->request_id);
     snprintf(old, sizeof old, "%s/.old-%s-%s", parent, o->name, o->request_id);
-    rm_tree(tmp);
+    svc_rm_tree(tmp);
     twk_status st = o->kind == OP_SAVE ? twk_trainer_save_state(o->run->trainer, tmp, o->run->base->name)
                                        : twk_adapter_save(o->run->trainer, tmp, o->run->base->name);
     if (st != TWK_OK) {
         op_fail(o, 0, "saving failed: %s", twk_last_error());
-        rm_tree(tmp);
+        svc_rm_tree(tmp);
         return;
     }
     struct stat sb;
     int existed = stat(o->dir, &sb) == 0;
     if (existed && !o->overwrite) {
-        rm_tree(tmp);
+        svc_rm_tree(tmp);
         op_fail(o, 1, "checkpoint '%s' exists (pass overwrite=True to replace it)", o->name);
         return;
     }
     if (existed && rename(o->dir, old) != 0) {
         op_fail(o, 0, "cannot replace %s: %s", o->dir, strerror(errno));
-        rm_tree(tmp);
+        svc_rm_tree(tmp);
         return;
     }
     if (rename(tmp, o->dir) != 0) {
         op_fail(o, 0, "cannot publish %s: %s", o->dir, strerror(errno));
-        rm_tree(tmp);
+        svc_rm_tree(tmp);
         return;
     }
-    if (existed) rm_tree(old);
+    if (existed) svc_rm_tree(old);
     int fd = open(parent, O_RDONLY | O_DIRECTORY);
     if (fd >= 0) {
         fsync(fd);

@@ -545,12 +545,7 @@ static void h_create_session(svc *s, twk_http_conn *c, const cJSON *b, const cha
         api_error(c, 400, "give exactly one of base_model and model_path");
         return;
     }
-    twk_store_session sess;
-    if (twk_store_session_get(s->store, tenant, session_id, &sess) != TWK_OK) {
-        api_error(c, 404, "session '%s' not found", session_id);
-        return;
-    }
-    twk_store_session_clear(&sess);
+    if (!svc_session_exists(s, c, tenant, session_id)) return;
     char id[160];
     snprintf(id, sizeof id, "%s:sample:%lld", session_id, seq);
     sampler_session *ss = svc_find_sampler(s, tenant, id);

@@ -156,6 +156,8 @@ void svc_op_free(op *o);
 /* Fails ops stuck behind a missing seq_id longer than the configured timeout. */
 void svc_check_gaps(svc *s);
 void svc_free_runs(svc *s);
+/* Removes a folder tree (checkpoint folders); errors are ignored. */
+void svc_rm_tree(const char *dir);
 /* tinker://<run>/<kind>/<name> → parts; 0 if malformed. */
 int svc_parse_tinker_path(const char *path, char *run, size_t run_len, char *kind, size_t kind_len, char *name,
                           size_t name_len);
@@ -174,6 +176,9 @@ void svc_free_samplers(svc *s);
 void api_sampling(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant, const char *route, cJSON *body);
 
 /* ---- api.c ---- */
+/* 1 if the tenant's session exists; else answers 404 and returns 0. */
+int svc_session_exists(svc *s, twk_http_conn *c, const char *tenant, const char *session_id);
+
 void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user);
 
 #endif

@@ -179,3 +179,32 @@ twk_status twk_adapter_load(twk_trainer *t, const char *dir) {
     twk_st_close(sf);
     return st;
 }
+
+twk_status twk_adapter_read_config(const char *dir, twk_lora_config *lc) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    char *text = twk_read_file(path, NULL);
+    if (!text) return TWK_ERR_IO;
+    cJSON *j = cJSON_Parse(text);
+    twk_host_free(text);
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "r"), *a = cJSON_GetObjectItemCaseSensitive(j, "lora_alpha");
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "target_modules");
+    twk_status st = TWK_OK;
+    if (!cJSON_IsNumber(r) || r->valueint < 1 || !cJSON_IsNumber(a) || !(a->valuedouble > 0) || !cJSON_IsArray(t)) {
+        st = twk_error(TWK_ERR_INVALID_ARG, "%s: needs r >= 1, lora_alpha > 0 and a target_modules list", path);
+    } else {
+        lc->rank = r->valueint;
+        lc->alpha = (float)a->valuedouble;
+        lc->train_attn = lc->train_mlp = lc->train_unembed = 0;
+        for (const cJSON *e = t->child; e; e = e->next) {
+            const char *m = cJSON_IsString(e) ? e->valuestring : "";
+            if (strstr(m, "q_proj") || strstr(m, "k_proj") || strstr(m, "v_proj") || strstr(m, "o_proj")) lc->train_attn = 1;
+            if (strstr(m, "gate_proj") || strstr(m, "up_proj") || strstr(m, "down_proj")) lc->train_mlp = 1;
+            if (strstr(m, "lm_head")) lc->train_unembed = 1;
+        }
+        if (!lc->train_attn && !lc->train_mlp && !lc->train_unembed)
+            st = twk_error(TWK_ERR_UNSUPPORTED, "%s: target_modules names no module twinkle adapts", path);
+    }
+    cJSON_Delete(j);
+    return st;
+}

@@ -135,6 +135,10 @@ const twk_model *twk_trainer_model(const twk_trainer *t);
  * peft.PeftModel.from_pretrained loads it. `base_model` names the base for
  * adapter_config.json (may be NULL). */
 twk_status twk_adapter_save(twk_trainer *t, const char *dir, const char *base_model);
+/* Reads a PEFT adapter folder's adapter_config.json into lc: r, lora_alpha,
+ * and which module groups target_modules names (seed untouched). Errors name
+ * the file and field. */
+twk_status twk_adapter_read_config(const char *dir, twk_lora_config *lc);
 /* Loads a PEFT adapter folder into the trainer's adapter. Its r and
  * lora_alpha must equal the trainer's and every tensor must match a module
  * the trainer adapts (errors name the field or tensor). */

@@ -193,7 +193,7 @@ def test_top_k_1_and_tiny_top_p_equal_greedy(ctx):
     p0 = sample(samp, n=3, max_tokens=12, temperature=1.0, top_p=1e-6, seed=5, stop=[])
     for s in list(k1.sequences) + list(p0.sequences):
         assert s.tokens == g.tokens
-        assert worst(s.logprobs, g.logprobs) <= 1e-6
+        assert worst(s.logprobs, g.logprobs) <= 1e-4  # batch 3 vs batch 1: the GEMM paths differ (sgemm vs sgemv)
 
 
 def test_top_k_keeps_to_the_k_most_likely(ctx):
