@@ -36,7 +36,8 @@ static int differentiable_src(const twk_node *n, int i) {
     case TWK_OP_LOGPROBS: return i == 0;
     case TWK_OP_GET_ROWS_BACK: return i == 0;
     case TWK_OP_KV_WRITE:
-    case TWK_OP_ATTN_CACHE: return 0;
+    case TWK_OP_ATTN_CACHE:
+    case TWK_OP_LORA_GATHER: return 0;
     default: return 1;
     }
 }

@@ -626,3 +626,28 @@ twk_id twk_attention_cached(twk_graph *g, twk_id q, twk_id kc, twk_id vc, twk_id
     n.src[4] = hi;
     return twk_graph_push(g, &n);
 }
+
+twk_id twk_lora_gather(twk_graph *g, twk_id x, twk_id w, twk_id slot) {
+    const twk_node *X = arg(g, x, "lora_gather", "x");
+    const twk_node *W = arg(g, w, "lora_gather", "w");
+    const twk_node *S = arg(g, slot, "lora_gather", "slot");
+    if (!X || !W || !S) return -1;
+    if (!want_dtype(g, X, x, "lora_gather", "x", 1, 0) || !want_dtype(g, W, w, "lora_gather", "w", 1, 0) ||
+        !want_dtype(g, S, slot, "lora_gather", "slot", 0, 1))
+        return -1;
+    char s1[96], s2[96], s3[96];
+    if (X->ndim != 2 || (X->dyn & 2) || W->ndim != 3 || W->dyn || W->ne[2] != X->ne[1] || !is_vector_of(S, X))
+        return twk_graph_fail(g, TWK_ERR_SHAPE, "lora_gather: want x [T, K], w [S, N, K], slot [T]; got %s, %s, %s",
+                              SHAPE(g, x, s1), SHAPE(g, w, s2), SHAPE(g, slot, s3));
+    twk_node n;
+    init_node(&n, TWK_OP_LORA_GATHER, TWK_F32);
+    n.ndim = 2;
+    n.ne[0] = X->ne[0];
+    n.dyn = X->dyn & 1;
+    n.ne[1] = W->ne[1];
+    n.nsrc = 3;
+    n.src[0] = x;
+    n.src[1] = w;
+    n.src[2] = slot;
+    return twk_graph_push(g, &n);
+}

@@ -208,3 +208,13 @@ void ref_attn_cache(const rt *q, const rt *kc, const rt *vc, const rt *lo, const
             }
         }
 }
+
+void ref_lora_gather(const rt *x, const rt *w, const rt *slot, rt *y) {
+    int64_t T = x->ne[0], K = x->ne[1], N = w->ne[1];
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t n = 0; n < N; n++) {
+            double s = 0;
+            for (int64_t k = 0; k < K; k++) s += w->d[((int64_t)slot->d[t] * N + n) * K + k] * x->d[t * K + k];
+            y->d[t * N + n] = s;
+        }
+}

@@ -33,6 +33,7 @@ void ref_slice(const rt *x, int axis, int64_t start, rt *y);
 void ref_concat(const rt *a, const rt *b, int axis, rt *y);
 void ref_copy(const rt *x, rt *y); /* reshape */
 void ref_kv_write(const rt *cache, const rt *x, const rt *rows, rt *y);
+void ref_lora_gather(const rt *x, const rt *w, const rt *slot, rt *y);
 void ref_attn_cache(const rt *q, const rt *kc, const rt *vc, const rt *lo, const rt *hi, double scale, rt *y);
 
 #endif

@@ -100,6 +100,8 @@ static twk_id b_attn_cache(twk_graph *g, const twk_id *in, const op_case *c) {
 static void r_attn_cache(const op_case *c, rt *in, rt *y) {
     ref_attn_cache(&in[0], &in[1], &in[2], &in[3], &in[4], (double)(float)c->fp[0], y);
 }
+static twk_id b_lora_gather(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_lora_gather(g, in[0], in[1], in[2]); }
+static void r_lora_gather(const op_case *c, rt *in, rt *y) { (void)c; ref_lora_gather(&in[0], &in[1], &in[2], y); }
 static twk_id b_reshape(twk_graph *g, const twk_id *in, const op_case *c) {
     int64_t ne[4] = {c->ip[0], c->ip[1], c->ip[2], c->ip[3]};
     int nd = 0;
@@ -188,6 +190,8 @@ static const op_case cases[] = {
     {"attn_cache 1x1x1 over 1 row", 5, {F32C(1, 1, 1), F32C(1, 1, 1), F32C(1, 1, 1), IDS(1, 1), HI(1, 1)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {1.0}},
     {"attn_cache Tx4x16 over 67x2x16", 5, {F32C(T_, 4, 16), F32C(67, 2, 16), F32C(67, 2, 16), IDS(60, T_), HI(67, T_)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {0.25}, .cap = 13},
     {"attn_cache 5x6x67 over 300x3x67", 5, {F32C(5, 6, 67), F32C(300, 3, 67), F32C(300, 3, 67), IDS(299, 5), HI(300, 5)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {0.12}},
+    {"lora_gather 1x1 over 1x1x1", 3, {F32C(1, 1), F32C(1, 1, 1), IDS(1, 1)}, b_lora_gather, r_lora_gather, 1e-6, 1},
+    {"lora_gather Tx67 over 5x13x67", 3, {F32C(T_, 67), F32C(5, 13, 67), IDS(5, T_)}, b_lora_gather, r_lora_gather, 1e-5, 1, .cap = 19},
     /* layout */
     {"reshape 6x35 -> 5x7x6", 1, {F32(6, 35)}, b_reshape, r_reshape, 0, 1e-5, .ip = {5, 7, 6, 0}},
     {"reshape Tx12 -> Tx3x4", 1, {F32(T_, 12)}, b_reshape, r_reshape, 0, 1e-5, .ip = {-1, 3, 4, 0}, .cap = 11},

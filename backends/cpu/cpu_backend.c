@@ -48,6 +48,7 @@ static cpu_kernel kernel_for(twk_op op) {
     case TWK_OP_LOGPROBS_BACK: return cpu_logprobs_back;
     case TWK_OP_KV_WRITE: return cpu_kv_write;
     case TWK_OP_ATTN_CACHE: return cpu_attn_cache;
+    case TWK_OP_LORA_GATHER: return cpu_lora_gather;
     default: return NULL;
     }
 }
@@ -65,6 +66,7 @@ static int is_id_src(twk_op op, int i) {
     case TWK_OP_ATTN_LSE: return i == 2;
     case TWK_OP_KV_WRITE: return i == 2;
     case TWK_OP_ATTN_CACHE: return i >= 3;
+    case TWK_OP_LORA_GATHER: return i == 2;
     default: return 0;
     }
 }

@@ -86,6 +86,7 @@ twk_status cpu_logprobs(const cpu_call *c);
 twk_status cpu_logprobs_back(const cpu_call *c);
 twk_status cpu_kv_write(const cpu_call *c);
 twk_status cpu_attn_cache(const cpu_call *c);
+twk_status cpu_lora_gather(const cpu_call *c);
 
 /* Reads id i of an i32/i64 tensor. */
 static inline int64_t cpu_id_at(const cpu_tensor *t, int64_t i) {

@@ -81,3 +81,39 @@ twk_status cpu_attn_cache(const cpu_call *c) {
     cpu_parallel_for(c->ctx->pool, T * j.Hq, CPU_GRAIN_ELEMS / per + 1, attn_cache_rows, &j);
     return TWK_OK;
 }
+
+typedef struct {
+    const cpu_call *c;
+} gather_job;
+
+static void gather_rows(void *arg, int64_t t0, int64_t t1) {
+    const cpu_call *c = ((gather_job *)arg)->c;
+    const float *x = c->src[0].data, *w = c->src[1].data;
+    float *y = c->dst.data;
+    int64_t K = c->src[0].ne[1], N = c->src[1].ne[1];
+    for (int64_t t = t0; t < t1; t++) {
+        const float *ws = w + cpu_id_at(&c->src[2], t) * N * K, *xt = x + t * K;
+        for (int64_t n = 0; n < N; n++) {
+            const float *wr = ws + n * K;
+            float s = 0;
+#pragma omp simd reduction(+ : s)
+            for (int64_t k = 0; k < K; k++) s += wr[k] * xt[k];
+            y[t * N + n] = s;
+        }
+    }
+}
+
+/* y[t] = w[slot[t]] x[t]: the LoRA terms of several adapters in one batch. */
+twk_status cpu_lora_gather(const cpu_call *c) {
+    int64_t T = c->src[0].ne[0], S = c->src[1].ne[0];
+    for (int64_t t = 0; t < T; t++) {
+        int64_t sl = cpu_id_at(&c->src[2], t);
+        if (sl < 0 || sl >= S)
+            return twk_error(TWK_ERR_RANGE, "lora_gather '%s': slot[%lld] = %lld is outside [0, %lld)", c->l->name,
+                             (long long)t, (long long)sl, (long long)S);
+    }
+    gather_job j = {c};
+    int64_t per = c->src[1].ne[1] * c->src[0].ne[1] + 1;
+    cpu_parallel_for(c->ctx->pool, T, CPU_GRAIN_ELEMS / per + 1, gather_rows, &j);
+    return TWK_OK;
+}

@@ -94,6 +94,9 @@ twk_id twk_kv_write(twk_graph *g, twk_id cache, twk_id x, twk_id rows);
 /* Attention of q [T, Hq, D] over cache rows [lo[t], hi[t]) of kc and vc
  * [R, Hkv, D] (grouped-query heads; Hq % Hkv == 0). Not differentiable. */
 twk_id twk_attention_cached(twk_graph *g, twk_id q, twk_id kc, twk_id vc, twk_id lo, twk_id hi, float scale);
+/* Per-row matrix from a stack: y[t] = w[slot[t]] @ x[t] for x [T, K] and
+ * w [S, N, K] -> [T, N] (LoRA of several adapters in one batch). Not differentiable. */
+twk_id twk_lora_gather(twk_graph *g, twk_id x, twk_id w, twk_id slot);
 /* log_softmax(logits)[t, targets[t]]: logits [T, V], targets i32/i64 [T] -> [T]. */
 twk_id twk_logprobs(twk_graph *g, twk_id logits, twk_id targets);
 

@@ -47,7 +47,8 @@
     X(LOGPROBS_BACK,  "logprobs_back",  4)  /* (logits, targets, dy, logprobs) -> [T,V] */ \
     /* decoding with a KV cache (no gradients) */                            \
     X(KV_WRITE,       "kv_write",       3)  /* (cache [R,H,D], x [T,H,D], rows [T]): in place */ \
-    X(ATTN_CACHE,     "attn_cache",     5)  /* (q [T,Hq,D], kc, vc [R,Hkv,D], lo [T], hi [T]) */
+    X(ATTN_CACHE,     "attn_cache",     5)  /* (q [T,Hq,D], kc, vc [R,Hkv,D], lo [T], hi [T]) */ \
+    X(LORA_GATHER,    "lora_gather",    3)  /* (x [T,K], w [S,N,K], slot [T]) -> [T,N]: w[slot[t]] x[t] */
 
 typedef enum twk_op {
 #define TWK_OP_ENUM_(e, s, n) TWK_OP_##e,
