@@ -273,7 +273,7 @@ static void drain_run(twk_job *j) {
     st = reqs && res ? TWK_OK : TWK_ERR_OOM;
     int k = 0, off = 0;
     for (sample_job *sj = take; st == TWK_OK && sj; sj = sj->next, k++) {
-        reqs[k] = (twk_sample_request){sj->prompt, sj->n_prompt, sj->num_samples, &sj->p, res + off};
+        reqs[k] = (twk_sample_request){sj->prompt, sj->n_prompt, sj->num_samples, &sj->p, res + off, 0};
         off += sj->num_samples;
     }
     if (st == TWK_OK) st = twk_sampler_generate_many(u->sampler, reqs, n_req);

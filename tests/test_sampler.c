@@ -78,6 +78,50 @@ static void greedy_parity(twk_sampler *s, const twk_safetensors *gen, const char
     free(ref_lp);
 }
 
+/* A sampler with adapter slots: the base model (slot 0) and the PEFT adapter
+ * (slot 1) decoded in one batch, against transformers' greedy tokens of each. */
+static void slots_parity(twk_model *m, const twk_safetensors *gen, const char *adapter_dir, const char *model) {
+    twk_sampler *s = NULL;
+    if (twk_sampler_new_slots(m, 3, 8, 8, 64, &s) != TWK_OK || twk_sampler_slot_load_dir(s, 1, adapter_dir) != TWK_OK) {
+        check(0, model, twk_last_error(), 0, 0);
+        twk_sampler_free(s);
+        return;
+    }
+    const twk_st_tensor *pt = twk_st_find(gen, "prompt_tokens"), *pl = twk_st_find(gen, "prompt_lens");
+    const twk_st_tensor *gb = twk_st_find(gen, "greedy_base"), *gl = twk_st_find(gen, "greedy_lora");
+    const twk_st_tensor *lb = twk_st_find(gen, "greedy_base_logprobs"), *ll = twk_st_find(gen, "greedy_lora_logprobs");
+    const int32_t *prompts = (const int32_t *)(const void *)pt->data, *lens = (const int32_t *)(const void *)pl->data;
+    const int32_t *rb = (const int32_t *)(const void *)gb->data, *rl = (const int32_t *)(const void *)gl->data;
+    float *rlb = malloc((size_t)lb->nelem * 4), *rll = malloc((size_t)ll->nelem * 4);
+    twk_st_to_f32(lb, rlb);
+    twk_st_to_f32(ll, rll);
+    int n_new = (int)gb->shape[1], same = 1;
+    double err = 0;
+    int64_t off = 0;
+    for (int k = 0; k < (int)pl->nelem; k++) {
+        twk_sample_params p = greedy(n_new);
+        twk_sampled_seq a, b;
+        twk_sample_request reqs[2] = {{prompts + off, lens[k], 1, &p, &a, 0}, {prompts + off, lens[k], 1, &p, &b, 1}};
+        if (twk_sampler_generate_many(s, reqs, 2) != TWK_OK) {
+            printf("     %s\n", twk_last_error());
+            same = 0;
+            break;
+        }
+        for (int i = 0; i < n_new; i++) {
+            same &= a.tokens[i] == rb[k * n_new + i] && b.tokens[i] == rl[k * n_new + i];
+            err = fmax(err, fmax(fabs(a.logprobs[i] - rlb[k * n_new + i]), fabs(b.logprobs[i] - rll[k * n_new + i])));
+        }
+        twk_sampled_seq_free(&a);
+        twk_sampled_seq_free(&b);
+        off += lens[k];
+    }
+    check(same, model, "slots: base + adapter in one batch equal generate (both)", 0, 0);
+    check(same && err <= LP_TOL, model, "slots: their logprobs", err, LP_TOL);
+    free(rlb);
+    free(rll);
+    twk_sampler_free(s);
+}
+
 /* Sampled tokens' logprobs against the training forward on prompt + sample. */
 static void sampled_vs_forward(twk_model *m, twk_sampler *s, const char *model) {
     int32_t prompt[5] = {3, 14, 15, 92, 65};
@@ -203,6 +247,7 @@ static void parity(const char *root, const char *model) {
     }
     greedy_parity(base, gen, "base", model);
     greedy_parity(lora, gen, "lora", model);
+    slots_parity(m, gen, path, model);
     sampled_vs_forward(m, base, model);
     prompt_scores(base, lora, gen, model);
 out2:
@@ -369,7 +414,7 @@ static void statistics(const char *root) {
         twk_sample_params qa = {.max_tokens = 7, .temperature = 0.9f, .top_k = 50, .top_p = 0.95f, .seed = 77, .has_seed = 1};
         twk_sample_params qb = {.max_tokens = 5, .temperature = 0, .top_k = -1, .top_p = 1};
         twk_sampled_seq ma[3], mb[2], sa[3], sb[2];
-        twk_sample_request reqs[2] = {{pa, 3, 3, &qa, ma}, {pb, 6, 2, &qb, mb}};
+        twk_sample_request reqs[2] = {{pa, 3, 3, &qa, ma, 0}, {pb, 6, 2, &qb, mb, 0}};
         twk_status st1 = twk_sampler_generate_many(s, reqs, 2);
         twk_status st2 = twk_sampler_generate(s, pa, 3, 3, &qa, sa);
         twk_status st3 = twk_sampler_generate(s, pb, 6, 2, &qb, sb);

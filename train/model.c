@@ -218,7 +218,11 @@ static twk_id linear(twk_trainer *t, twk_id x, const char *module, int has_bias)
     snprintf(an, sizeof an, "base_model.model.%s.lora_A.weight", module);
     snprintf(bn, sizeof bn, "base_model.model.%s.lora_B.weight", module);
     twk_id A = adapter_node(t, an), B = adapter_node(t, bn);
-    if (A >= 0 && B >= 0) {
+    if (A >= 0 && B >= 0 && t->n_slots) { /* each token through its own slot's adapter */
+        twk_id sl = !strcmp(module, "lm_head") ? t->slot_sel : t->slot_in; /* lm_head sees the selected rows */
+        twk_id low = twk_lora_gather(g, twk_lora_gather(g, x, A, sl), B, sl);
+        y = twk_add(g, y, low);
+    } else if (A >= 0 && B >= 0) {
         twk_id low = twk_matmul(g, twk_matmul(g, x, A, false, true), B, false, true);
         y = twk_add(g, y, twk_scale(g, low, t->scale));
     }
@@ -254,7 +258,7 @@ static twk_status make_adapter(twk_trainer *t) {
             } else {
                 break;
             }
-            if (!lora_targets(&t->lc, module)) continue;
+            if (!t->n_slots && !lora_targets(&t->lc, module)) continue;
             char wn[200];
             snprintf(wn, sizeof wn, "%s.weight", module);
             named_buf *base = find_w(t->m->w, t->m->n_w, !strcmp(module, "lm_head") && c->tie_embeddings
@@ -264,6 +268,17 @@ static twk_status make_adapter(twk_trainer *t) {
             for (int ab = 0; ab < 2; ab++) {
                 named_buf *nb = &t->adapter[t->n_adapter++];
                 snprintf(nb->name, sizeof nb->name, "base_model.model.%s.lora_%c.weight", module, ab ? 'B' : 'A');
+                if (t->n_slots) { /* stacked per slot, zeros */
+                    nb->ndim = 3;
+                    nb->ne[0] = t->n_slots;
+                    nb->ne[1] = ab ? out : t->slot_rank;
+                    nb->ne[2] = ab ? t->slot_rank : in;
+                    nb->nelem = nb->ne[0] * nb->ne[1] * nb->ne[2];
+                    twk_status st = twk_buffer_alloc(t->m->dev, (size_t)nb->nelem * 4, &nb->buf);
+                    if (st == TWK_OK) st = twk_buffer_zero(t->m->dev, nb->buf, 0, (size_t)nb->nelem * 4);
+                    if (st != TWK_OK) return st;
+                    continue;
+                }
                 nb->ndim = 2;
                 nb->ne[0] = ab ? out : t->lc.rank;
                 nb->ne[1] = ab ? t->lc.rank : in;
@@ -308,8 +323,10 @@ static twk_status build(twk_trainer *t) {
         t->rows = twk_input(g, "kv_rows", TWK_I32, 1, T1);
         t->lo = twk_input(g, "kv_lo", TWK_I32, 1, T1);
         t->hi = twk_input(g, "kv_hi", TWK_I32, 1, T1);
+        if (t->n_slots) t->slot_in = twk_input(g, "lora_slot", TWK_I32, 1, T1);
         int64_t m1[1] = {1};
         t->sel = twk_input(g, "select", TWK_I32, 1, t->sel_dyn ? T1 : m1);
+        if (t->n_slots) t->slot_sel = twk_input(g, "lora_slot_select", TWK_I32, 1, t->sel_dyn ? T1 : m1);
     }
     int64_t hf[1] = {c->head_dim / 2};
     t->inv_freq_id = twk_param(g, "rope.inv_freq", 1, hf, false);
@@ -355,7 +372,9 @@ static twk_status build(twk_trainer *t) {
         logits = twk_matmul(g, h, weight_node(t, "model.embed_tokens.weight"), false, true);
         twk_id A = adapter_node(t, "base_model.model.lm_head.lora_A.weight");
         twk_id B = adapter_node(t, "base_model.model.lm_head.lora_B.weight");
-        if (A >= 0 && B >= 0)
+        if (A >= 0 && B >= 0 && t->n_slots)
+            logits = twk_add(g, logits, twk_lora_gather(g, twk_lora_gather(g, h, A, t->slot_sel), B, t->slot_sel));
+        else if (A >= 0 && B >= 0)
             logits = twk_add(g, logits, twk_scale(g, twk_matmul(g, twk_matmul(g, h, A, false, true), B, false, true), t->scale));
     } else {
         logits = linear(t, h, "lm_head", 0);
@@ -432,8 +451,28 @@ static twk_status make_kv(twk_trainer *t) {
     return TWK_OK;
 }
 
+static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int64_t capacity, int sampling,
+                                 int max_seqs, int64_t max_len, int n_slots, int slot_rank, twk_trainer **out);
+
 twk_status twk_trainer_create(twk_model *m, const twk_lora_config *lora, int64_t capacity, int sampling, int max_seqs,
                               int64_t max_len, twk_trainer **out) {
+    return trainer_create(m, lora, capacity, sampling, max_seqs, max_len, 0, 0, out);
+}
+
+twk_status twk_trainer_create_slots(twk_model *m, int n_slots, int slot_rank, int max_seqs, int64_t max_len,
+                                    twk_trainer **out) {
+    if (n_slots < 1 || n_slots > 64 || slot_rank < 1 || slot_rank > 4096)
+        return twk_error(TWK_ERR_INVALID_ARG, "sampler: %d adapter slots of rank %d are out of range", n_slots, slot_rank);
+    twk_lora_config lc = twk_lora_default();
+    lc.rank = slot_rank;
+    lc.alpha = (float)slot_rank; /* the scale is folded into each slot's B */
+    lc.train_attn = lc.train_mlp = lc.train_unembed = 1;
+    int64_t cap = max_len > max_seqs ? max_len : max_seqs;
+    return trainer_create(m, &lc, cap, 1, max_seqs, max_len, n_slots, slot_rank, out);
+}
+
+static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int64_t capacity, int sampling,
+                                 int max_seqs, int64_t max_len, int n_slots, int slot_rank, twk_trainer **out) {
     if (!out) return twk_error(TWK_ERR_INVALID_ARG, "trainer_new: out is NULL");
     *out = NULL;
     if (!m || capacity < 1) return twk_error(TWK_ERR_INVALID_ARG, "trainer_new: NULL model or capacity < 1");
@@ -451,6 +490,8 @@ twk_status twk_trainer_create(twk_model *m, const twk_lora_config *lora, int64_t
     t->sampling = sampling;
     t->max_seqs = max_seqs;
     t->max_len = max_len;
+    t->n_slots = n_slots;
+    t->slot_rank = slot_rank;
     t->lora = lora != NULL;
     if (lora) {
         t->lc = *lora;

@@ -3,14 +3,17 @@
  * feeds one token per live sequence and reads the logits of those rows.
  * Choosing tokens (temperature, top-k, top-p, seeds) happens on the host. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "safetensors.h"
 #include "trainer_internal.h"
 #include "twinkle/rng.h"
 
 struct twk_sampler {
     twk_trainer *t; /* in sampling mode */
+    int score_slot; /* the adapter slot twk_sampler_score_prompt uses */
     int max_seqs;
     int64_t max_len;
     int vocab;
@@ -18,7 +21,8 @@ struct twk_sampler {
     float *logits;  /* max_seqs x vocab */
 };
 
-twk_status twk_sampler_new(twk_model *m, const twk_lora_config *lora, int max_seqs, int64_t max_len, twk_sampler **out) {
+static twk_status sampler_make(twk_model *m, const twk_lora_config *lora, int n_slots, int slot_rank, int max_seqs,
+                               int64_t max_len, twk_sampler **out) {
     if (!out) return twk_error(TWK_ERR_INVALID_ARG, "sampler_new: out is NULL");
     *out = NULL;
     if (!m) return twk_error(TWK_ERR_INVALID_ARG, "sampler_new: model is NULL");
@@ -29,9 +33,10 @@ twk_status twk_sampler_new(twk_model *m, const twk_lora_config *lora, int max_se
     s->vocab = twk_model_cfg(m)->vocab;
     /* a pass holds a whole prompt (prefill) or one token per sequence (decode) */
     int64_t cap = max_len > max_seqs ? max_len : max_seqs;
-    twk_status st = twk_trainer_create(m, lora, cap, 1, max_seqs, max_len, &s->t);
+    twk_status st = n_slots ? twk_trainer_create_slots(m, n_slots, slot_rank, max_seqs, max_len, &s->t)
+                            : twk_trainer_create(m, lora, cap, 1, max_seqs, max_len, &s->t);
     if (st == TWK_OK) {
-        s->ibuf = twk_host_alloc((size_t)cap * 6 * sizeof(int32_t), "sampler inputs");
+        s->ibuf = twk_host_alloc((size_t)cap * 7 * sizeof(int32_t), "sampler inputs");
         s->logits = twk_host_alloc((size_t)max_seqs * (size_t)s->vocab * sizeof(float), "sampler logits");
         if (!s->ibuf || !s->logits) st = TWK_ERR_OOM;
     }
@@ -41,6 +46,84 @@ twk_status twk_sampler_new(twk_model *m, const twk_lora_config *lora, int max_se
     }
     *out = s;
     return TWK_OK;
+}
+
+twk_status twk_sampler_new(twk_model *m, const twk_lora_config *lora, int max_seqs, int64_t max_len, twk_sampler **out) {
+    return sampler_make(m, lora, 0, 0, max_seqs, max_len, out);
+}
+
+twk_status twk_sampler_new_slots(twk_model *m, int n_slots, int slot_rank, int max_seqs, int64_t max_len,
+                                 twk_sampler **out) {
+    return sampler_make(m, NULL, n_slots, slot_rank, max_seqs, max_len, out);
+}
+
+int twk_sampler_slots(const twk_sampler *s) { return s ? s->t->n_slots : 0; }
+int twk_sampler_slot_rank(const twk_sampler *s) { return s ? s->t->slot_rank : 0; }
+
+twk_status twk_sampler_slot_set(twk_sampler *s, int slot, int rank, float alpha, twk_adapter_get_fn get, void *ctx) {
+    twk_trainer *t = s->t;
+    if (!t->n_slots) return twk_error(TWK_ERR_STATE, "sampler: made without adapter slots");
+    if (slot < 0 || slot >= t->n_slots) return twk_error(TWK_ERR_INVALID_ARG, "sampler: slot %d outside 0..%d", slot, t->n_slots - 1);
+    if (rank < 0 || rank > t->slot_rank)
+        return twk_error(TWK_ERR_INVALID_ARG, "sampler: an adapter of rank %d does not fit slots of rank %d", rank, t->slot_rank);
+    int R = t->slot_rank;
+    float scale = rank > 0 ? alpha / (float)rank : 0;
+    twk_status st = TWK_OK;
+    for (int i = 0; st == TWK_OK && i + 1 < t->n_adapter; i += 2) {
+        named_buf *A = &t->adapter[i], *B = &t->adapter[i + 1]; /* A [S, R, in], B [S, out, R] */
+        int64_t in = A->ne[2], outd = B->ne[1];
+        float *ha = twk_host_calloc((size_t)(R * in) * 4, "slot A"), *hb = twk_host_calloc((size_t)(outd * R) * 4, "slot B");
+        float *src = twk_host_alloc((size_t)((in > outd ? in : outd) * (rank > 0 ? rank : 1)) * 4, "slot source");
+        if (!ha || !hb || !src) st = TWK_ERR_OOM;
+        if (st == TWK_OK && rank > 0 && get && get(ctx, A->name, src, (int64_t)rank * in)) {
+            memcpy(ha, src, (size_t)(rank * in) * 4); /* rows 0..rank-1 */
+            if (get(ctx, B->name, src, outd * rank))
+                for (int64_t o = 0; o < outd; o++)
+                    for (int k = 0; k < rank; k++) hb[o * R + k] = src[o * rank + k] * scale;
+            else
+                memset(ha, 0, (size_t)(R * in) * 4);
+        }
+        if (st == TWK_OK) st = twk_buffer_upload(t->m->dev, A->buf, (size_t)slot * (size_t)(R * in) * 4, ha, (size_t)(R * in) * 4);
+        if (st == TWK_OK) st = twk_buffer_upload(t->m->dev, B->buf, (size_t)slot * (size_t)(outd * R) * 4, hb, (size_t)(outd * R) * 4);
+        twk_host_free(ha);
+        twk_host_free(hb);
+        twk_host_free(src);
+    }
+    return st;
+}
+
+twk_status twk_sampler_slot_clear(twk_sampler *s, int slot) { return twk_sampler_slot_set(s, slot, 0, 0, NULL, NULL); }
+
+static int get_from_st(void *ctx, const char *name, float *dst, int64_t nelem) {
+    const twk_st_tensor *t = twk_st_find(ctx, name);
+    return t && t->nelem == nelem && twk_st_to_f32(t, dst) == TWK_OK;
+}
+
+twk_status twk_sampler_slot_load_dir(twk_sampler *s, int slot, const char *dir) {
+    twk_lora_config lc = twk_lora_default();
+    twk_status st = twk_adapter_read_config(dir, &lc);
+    if (st != TWK_OK) return st;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    twk_safetensors *sf = NULL;
+    st = twk_st_open(path, &sf);
+    if (st == TWK_OK) st = twk_sampler_slot_set(s, slot, lc.rank, lc.alpha, get_from_st, sf);
+    twk_st_close(sf);
+    return st;
+}
+
+static int get_from_trainer(void *ctx, const char *name, float *dst, int64_t nelem) {
+    twk_trainer *t = ctx;
+    for (int i = 0; i < t->n_adapter; i++)
+        if (!strcmp(t->adapter[i].name, name))
+            return t->adapter[i].nelem == nelem &&
+                   twk_buffer_download(t->m->dev, t->adapter[i].buf, 0, dst, (size_t)nelem * 4) == TWK_OK;
+    return 0;
+}
+
+twk_status twk_sampler_slot_from_trainer(twk_sampler *s, int slot, twk_trainer *from) {
+    if (!from || !from->lora) return twk_error(TWK_ERR_STATE, "sampler: the trainer has no adapter");
+    return twk_sampler_slot_set(s, slot, from->lc.rank, from->lc.alpha, get_from_trainer, from);
 }
 
 void twk_sampler_free(twk_sampler *s) {
@@ -85,6 +168,16 @@ twk_status twk_sampler_copy_adapter(twk_sampler *s, twk_trainer *from) {
 static twk_status pass_plan(twk_sampler *s, int decode, int64_t n, const int32_t *tok, const int32_t *pos,
                             const int32_t *rows, const int32_t *lo, const int32_t *hi, const int32_t *sel) {
     twk_trainer *t = s->t;
+    if (t->n_slots) { /* the per-token slots sit after sel in ibuf; a selected row has its token's slot */
+        int64_t cap = s->max_len > s->max_seqs ? s->max_len : s->max_seqs;
+        const int32_t *sl = s->ibuf + 6 * cap;
+        twk_plan *pl = decode ? t->decode : t->fwd;
+        twk_status st = twk_plan_write(pl, t->slot_in, n, sl, (size_t)n * 4);
+        int32_t first = sl[sel[0]];
+        if (st == TWK_OK)
+            st = decode ? twk_plan_write(pl, t->slot_sel, n, sl, (size_t)n * 4) : twk_plan_write(pl, t->slot_sel, n, &first, 4);
+        if (st != TWK_OK) return st;
+    }
     twk_plan *p = decode ? t->decode : t->fwd;
     size_t b = (size_t)n * 4;
     int64_t n_out = decode ? n : 1;
@@ -291,6 +384,11 @@ twk_status twk_sampler_generate_many(twk_sampler *s, const twk_sample_request *r
         return twk_error(TWK_ERR_INVALID_ARG, "sample: %d sequences in one batch; the sampler holds %d", total, s->max_seqs);
     int64_t cap = s->max_len > s->max_seqs ? s->max_len : s->max_seqs;
     int32_t *tok = s->ibuf, *pos = tok + cap, *rows = pos + cap, *lo = rows + cap, *hi = lo + cap, *sel = hi + cap;
+    int32_t *slots = sel + cap;
+    for (int r = 0; r < n_reqs; r++)
+        if (reqs[r].slot < 0 || reqs[r].slot >= (s->t->n_slots ? s->t->n_slots : 1))
+            return twk_error(TWK_ERR_INVALID_ARG, "sample: request %d names slot %d; the sampler has %d", r, reqs[r].slot,
+                             s->t->n_slots ? s->t->n_slots : 1);
     cand *work = twk_host_alloc((size_t)s->vocab * sizeof *work, "sampler work");
     seq_state *q = twk_host_calloc((size_t)total * sizeof *q, "sampler state");
     twk_status st = work && q ? TWK_OK : TWK_ERR_OOM;
@@ -321,6 +419,7 @@ twk_status twk_sampler_generate_many(twk_sampler *s, const twk_sample_request *r
             hi[i] = (int32_t)(base + i + 1);
         }
         for (int i = 0; i < s->max_seqs; i++) sel[i] = (int32_t)(R->n_prompt - 1);
+        for (int64_t i = 0; i < R->n_prompt; i++) slots[i] = R->slot;
         st = pass(s, R->n_prompt, tok, pos, rows, lo, hi, sel);
         for (int i = 1; st == TWK_OK && i < R->num_samples; i++)
             for (int k = 0; st == TWK_OK && k < 2 * t->m->cfg.layers; k++)
@@ -360,6 +459,7 @@ twk_status twk_sampler_generate_many(twk_sampler *s, const twk_sample_request *r
             lo[n] = (int32_t)((int64_t)x->slot * s->max_len);
             hi[n] = rows[n] + 1;
             sel[n] = n;
+            slots[n] = R->slot;
             idx[n++] = k;
         }
         if (n == 0) break;
@@ -394,7 +494,7 @@ twk_status twk_sampler_generate_many(twk_sampler *s, const twk_sample_request *r
 twk_status twk_sampler_generate(twk_sampler *s, const int32_t *prompt, int64_t n_prompt, int num_samples,
                                 const twk_sample_params *p, twk_sampled_seq *out) {
     if (!s) return twk_error(TWK_ERR_INVALID_ARG, "sample: NULL sampler");
-    twk_sample_request r = {prompt, n_prompt, num_samples, p, out};
+    twk_sample_request r = {prompt, n_prompt, num_samples, p, out, 0};
     return twk_sampler_generate_many(s, &r, 1);
 }
 
@@ -414,6 +514,7 @@ twk_status twk_sampler_score_prompt(twk_sampler *s, const int32_t *prompt, int64
                              (long long)i, prompt[i], s->vocab);
     int64_t cap = s->max_len > s->max_seqs ? s->max_len : s->max_seqs;
     int32_t *tok = s->ibuf, *pos = tok + cap, *rows = pos + cap, *lo = rows + cap, *hi = lo + cap, *sel = hi + cap;
+    for (int64_t i = 0; i < cap; i++) sel[cap + i] = s->score_slot; /* the slot array follows sel */
     cand *work = k > 0 ? twk_host_alloc((size_t)s->vocab * sizeof *work, "score work") : NULL;
     if (k > 0 && !work) return TWK_ERR_OOM;
     if (logprobs) logprobs[0] = NAN;

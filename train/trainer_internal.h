@@ -9,7 +9,7 @@
 typedef struct named_buf {
     char name[224];
     int ndim;
-    int64_t ne[2];
+    int64_t ne[3];
     int64_t nelem;
     twk_buffer *buf;
 } named_buf;
@@ -57,6 +57,11 @@ struct twk_trainer {
     int sel_dyn;
     twk_graph *g_decode;
     twk_plan *decode;
+    /* adapter slots (a sampler serving several adapters in one batch): every
+     * module has A [n_slots, slot_rank, in] and B [n_slots, out, slot_rank]
+     * (B already scaled by alpha / rank); each token names its slot */
+    int n_slots, slot_rank;
+    twk_id slot_in, slot_sel; /* per token; per selected row (the unembedding's inputs) */
 };
 
 /* Creates a trainer (sampling = 0) or, with sampling = 1, the decoding
@@ -64,5 +69,9 @@ struct twk_trainer {
  * logits of max_seqs selected rows as the output. */
 twk_status twk_trainer_create(twk_model *m, const twk_lora_config *lora, int64_t capacity, int sampling, int max_seqs,
                               int64_t max_len, twk_trainer **out);
+/* A sampling-mode trainer with n_slots adapter slots of rank <= slot_rank on
+ * every module (attention, MLP, unembedding); slots start as zeros (base). */
+twk_status twk_trainer_create_slots(twk_model *m, int n_slots, int slot_rank, int max_seqs, int64_t max_len,
+                                    twk_trainer **out);
 
 #endif

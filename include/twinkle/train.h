@@ -203,7 +203,27 @@ typedef struct twk_sample_request {
     int num_samples;
     const twk_sample_params *params;
     twk_sampled_seq *out; /* num_samples entries */
+    int slot;             /* adapter slot (samplers made with twk_sampler_new_slots); 0 otherwise */
 } twk_sample_request;
+
+/* A sampler whose batches mix adapters: n_slots adapter slots of rank up to
+ * slot_rank on every module; each request names its slot. Slots start as
+ * zeros, i.e. the base model. */
+twk_status twk_sampler_new_slots(twk_model *m, int n_slots, int slot_rank, int max_seqs, int64_t max_len,
+                                 twk_sampler **out);
+/* Fills dst (nelem floats) with the adapter tensor named `name` (PEFT names)
+ * and returns 1, or returns 0 when the adapter has no such tensor. */
+typedef int (*twk_adapter_get_fn)(void *ctx, const char *name, float *dst, int64_t nelem);
+/* Loads an adapter of the given rank and alpha into a slot (padded to the
+ * slot rank, alpha / rank folded into B); modules it lacks are zero. */
+twk_status twk_sampler_slot_set(twk_sampler *s, int slot, int rank, float alpha, twk_adapter_get_fn get, void *ctx);
+/* The same from a PEFT adapter folder, or a trainer's current adapter. */
+twk_status twk_sampler_slot_load_dir(twk_sampler *s, int slot, const char *dir);
+twk_status twk_sampler_slot_from_trainer(twk_sampler *s, int slot, twk_trainer *from);
+/* Zeros a slot (the base model). */
+twk_status twk_sampler_slot_clear(twk_sampler *s, int slot);
+int twk_sampler_slots(const twk_sampler *s);
+int twk_sampler_slot_rank(const twk_sampler *s);
 
 /* Several requests (different prompts and parameters) decoded together: each
  * prompt is prefilled once, then every live sequence of every request takes
