@@ -260,7 +260,9 @@ static int mkdirs(const char *path) {
  * crash leaves either no checkpoint or a complete one. */
 static void run_save(op *o) {
     if (o->snapshot) { /* unnamed save_weights_for_sampler: snapshot the adapter into a sampler, no disk write */
-        if (svc_sampler_ready(o->svc, o->snapshot->unit, o->run->trainer) != TWK_OK) {
+        twk_status cap = svc_snapshot_capture(o->snapshot, o->run->trainer);
+        if (cap == TWK_ERR_STATE) cap = svc_sampler_ready(o->svc, o->snapshot->unit, o->run->trainer);
+        if (cap != TWK_OK) {
             op_fail(o, 0, "creating the sampler failed: %s", twk_last_error());
             return;
         }

@@ -15,6 +15,8 @@
 #define SAMPLER_SEQS 16
 #define DEFAULT_MAX_TOKENS 128
 #define MAX_STOP_TOKENS 64
+#define SHARED_SLOTS 8     /* adapter slots of a base model's shared sampler (slot 0: the base) */
+#define SHARED_SLOT_RANK 32 /* adapters up to this rank share it; larger ones get their own sampler */
 #define MAX_STOP_STRINGS 16
 #define MAX_STOP_STRING_LEN 256
 
@@ -65,12 +67,92 @@ static sampler_session *new_session(svc *s, const char *tenant, const char *id, 
     return ss;
 }
 
+/* The base model's shared unit (adapter slots), made on first use. */
+static sampler_unit *shared_unit(base_model *bm) {
+    if (!bm->shared) {
+        bm->shared = unit_new(bm, NULL, NULL);
+        if (bm->shared) bm->shared->n_slots = SHARED_SLOTS;
+    }
+    return bm->shared;
+}
+
+/* A session on the shared unit when its adapter fits a slot, else on its own unit. */
+static sampler_session *adapter_session(svc *s, const char *tenant, const char *id, base_model *bm,
+                                        const twk_lora_config *lc, const char *dir) {
+    int fits = s->cfg.max_lora_rank >= 1 && lc->rank <= SHARED_SLOT_RANK;
+    sampler_session *ss = fits ? new_session(s, tenant, id, bm, shared_unit(bm), 0)
+                               : new_session(s, tenant, id, bm, unit_new(bm, lc, dir), 1);
+    if (ss && fits) {
+        ss->has_adapter = 1;
+        ss->rank = lc->rank;
+        ss->alpha = lc->alpha;
+        if (dir) snprintf(ss->adapter_dir, sizeof ss->adapter_dir, "%s", dir);
+    }
+    return ss;
+}
+
 sampler_session *svc_new_snapshot_session(svc *s, run_state *r, const char *id) {
     if (!r->base) return NULL;
-    sampler_session *ss = new_session(s, r->tenant, id, r->base, unit_new(r->base, &r->lora, NULL), 1);
+    sampler_session *ss = adapter_session(s, r->tenant, id, r->base, &r->lora, NULL);
     if (!ss) return NULL;
     snprintf(ss->model_path, sizeof ss->model_path, "tinker://%s/sampler_weights/%s", r->id, id);
     return ss;
+}
+
+static void host_adapter_free(host_adapter *h) {
+    for (int i = 0; h && i < h->n; i++) free(h->data[i]);
+    if (h) {
+        free(h->names);
+        free(h->data);
+        free(h->nelem);
+    }
+    free(h);
+}
+
+/* Worker: the trainer's adapter copied to the host, for a snapshot session. */
+static twk_status capture_adapter(sampler_session *ss, twk_trainer *from) {
+    int n = twk_trainer_param_count(from);
+    host_adapter *h = calloc(1, sizeof *h);
+    if (h) {
+        h->names = calloc((size_t)n, sizeof *h->names);
+        h->data = calloc((size_t)n, sizeof *h->data);
+        h->nelem = calloc((size_t)n, sizeof *h->nelem);
+    }
+    if (!h || !h->names || !h->data || !h->nelem) {
+        host_adapter_free(h);
+        return twk_error(TWK_ERR_OOM, "snapshot: out of memory");
+    }
+    for (int i = 0; i < n; i++) {
+        int64_t ne = 0;
+        const char *name = twk_trainer_param_name(from, i, &ne);
+        snprintf(h->names[i], sizeof h->names[i], "%s", name);
+        h->data[i] = malloc((size_t)ne * 4);
+        h->nelem[i] = ne;
+        h->n = i + 1;
+        if (!h->data[i] || twk_trainer_get(from, name, h->data[i], ne) != TWK_OK) {
+            host_adapter_free(h);
+            return twk_error(TWK_ERR_OOM, "snapshot: copying %s failed", name);
+        }
+    }
+    host_adapter_free(ss->copy);
+    ss->copy = h;
+    return TWK_OK;
+}
+
+static int get_from_host(void *ctx, const char *name, float *dst, int64_t nelem) {
+    const host_adapter *h = ctx;
+    for (int i = 0; i < h->n; i++)
+        if (!strcmp(h->names[i], name)) {
+            if (h->nelem[i] != nelem) return 0;
+            memcpy(dst, h->data[i], (size_t)nelem * 4);
+            return 1;
+        }
+    return 0;
+}
+
+twk_status svc_snapshot_capture(sampler_session *ss, twk_trainer *from) {
+    if (ss->owns_unit) return TWK_ERR_STATE; /* not a slotted session: the caller copies into its sampler */
+    return capture_adapter(ss, from);
 }
 
 #define MAX_LIVE_SAMPLERS 4 /* samplers (each a KV cache) alive at once */
@@ -109,8 +191,11 @@ twk_status svc_sampler_ready(svc *s, sampler_unit *u, twk_trainer *from) {
             evict_one(s, u);
             if (s->n_live_units == before) break;
         }
-        twk_status st = twk_sampler_new(u->base->m, u->has_lora ? &u->lora : NULL, SAMPLER_SEQS, s->cfg.max_context,
-                                        &u->sampler);
+        twk_status st = u->n_slots ? twk_sampler_new_slots(u->base->m, u->n_slots, SHARED_SLOT_RANK, SAMPLER_SEQS,
+                                                           s->cfg.max_context, &u->sampler)
+                                   : twk_sampler_new(u->base->m, u->has_lora ? &u->lora : NULL, SAMPLER_SEQS,
+                                                     s->cfg.max_context, &u->sampler);
+        for (int i = 0; i < 16; i++) u->slot_owner[i] = NULL; /* fresh slots are zeros: the base */
         if (st == TWK_OK && u->adapter_dir[0]) st = twk_sampler_load_adapter(u->sampler, u->adapter_dir);
         if (st == TWK_OK && u->adapter_copy)
             st = twk_sampler_adapter_from_host(u->sampler, u->adapter_copy, u->adapter_copy_bytes);
@@ -133,6 +218,7 @@ void svc_free_samplers(svc *s) {
     while (ss) {
         sampler_session *next = ss->next;
         if (ss->owns_unit) unit_free(ss->unit);
+        host_adapter_free(ss->copy);
         free(ss);
         ss = next;
     }
@@ -149,6 +235,7 @@ typedef struct sample_job {
     struct sample_job *next; /* in its unit's pending list, then in a batch */
     svc *s;
     sampler_session *ss;
+    int slot;                /* worker: the adapter slot it decodes with (shared units) */
     char request_id[64];
     int32_t *prompt;
     int64_t n_prompt;
@@ -174,6 +261,7 @@ static void finish_request(sample_job *sj, twk_sampled_seq *res, twk_status st) 
     int32_t *tid = NULL;
     twk_wire_seq *seqs = NULL;
     if (st == TWK_OK && (sj->prompt_logprobs || sj->topk > 0)) {
+        twk_sampler_set_score_slot(u->sampler, sj->slot);
         plp = malloc((size_t)sj->n_prompt * 4);
         if (sj->topk > 0) {
             tid = malloc((size_t)sj->n_prompt * (size_t)sj->topk * 4);
@@ -212,6 +300,35 @@ static void finish_request(sample_job *sj, twk_sampled_seq *res, twk_status st) 
     free(tlp);
 }
 
+/* Worker: the slot holding ss's adapter in u's sampler, loading it into the
+ * least recently used slot no request of this batch uses when needed. */
+static int assign_slot(svc *s, sampler_unit *u, sampler_session *ss, int *busy, twk_status *st) {
+    *st = TWK_OK;
+    if (!ss->has_adapter) return 0;
+    for (int i = 1; i < u->n_slots; i++)
+        if (u->slot_owner[i] == ss) {
+            u->slot_use[i] = ++s->use_clock;
+            busy[i] = 1;
+            return i;
+        }
+    int v = -1;
+    for (int i = 1; i < u->n_slots; i++)
+        if (!busy[i] && (v < 0 || !u->slot_owner[i] || (u->slot_owner[v] && u->slot_use[i] < u->slot_use[v]))) v = i;
+    if (v < 0) {
+        *st = twk_error(TWK_ERR_STATE, "no free adapter slot");
+        return 0;
+    }
+    u->slot_owner[v] = NULL;
+    if (ss->adapter_dir[0]) *st = twk_sampler_slot_load_dir(u->sampler, v, ss->adapter_dir);
+    else if (ss->copy) *st = twk_sampler_slot_set(u->sampler, v, ss->rank, ss->alpha, get_from_host, ss->copy);
+    else *st = twk_error(TWK_ERR_STATE, "the snapshot's adapter was not captured");
+    if (*st != TWK_OK) return 0;
+    u->slot_owner[v] = ss;
+    u->slot_use[v] = ++s->use_clock;
+    busy[v] = 1;
+    return v;
+}
+
 typedef struct drain_job {
     twk_job job;
     svc *s;
@@ -227,11 +344,21 @@ static void drain_run(twk_job *j) {
     sampler_unit *u = dj->unit;
     pthread_mutex_lock(&u->mu);
     sample_job *take = NULL, **tail = &take, **pp = &u->pending;
-    int used = 0;
+    int used = 0, n_adapters = 0;
+    sampler_session *adapters[16];
     while (*pp) {
         sample_job *sj = *pp;
         int n = sj->num_samples;
+        /* a shared unit fits n_slots - 1 different adapters per batch */
+        int new_adapter = u->n_slots && sj->ss->has_adapter;
+        for (int a = 0; new_adapter && a < n_adapters; a++)
+            if (adapters[a] == sj->ss) new_adapter = 0;
+        if (new_adapter && n_adapters >= u->n_slots - 1) {
+            pp = &sj->next;
+            continue;
+        }
         if ((n > SAMPLER_SEQS && used == 0 && !take) || (n <= SAMPLER_SEQS && used + n <= SAMPLER_SEQS)) {
+            if (new_adapter) adapters[n_adapters++] = sj->ss;
             *pp = sj->next;
             sj->next = NULL;
             *tail = sj;
@@ -251,6 +378,17 @@ static void drain_run(twk_job *j) {
             snprintf(sj->err, sizeof sj->err, "sampler unavailable: %s", twk_last_error());
         return;
     }
+    if (u->n_slots) { /* every adapter of the batch into a slot */
+        int busy[16] = {0};
+        for (sample_job *sj = take; st == TWK_OK && sj; sj = sj->next) {
+            sj->slot = assign_slot(dj->s, u, sj->ss, busy, &st);
+            if (st != TWK_OK) {
+                for (sample_job *x = take; x; x = x->next)
+                    snprintf(x->err, sizeof x->err, "loading the adapter failed: %s", twk_last_error());
+                return;
+            }
+        }
+    }
     if (take->num_samples > SAMPLER_SEQS) { /* alone, in rounds with their own seed streams */
         twk_sampled_seq *res = calloc((size_t)take->num_samples, sizeof *res);
         st = res ? TWK_OK : TWK_ERR_OOM;
@@ -258,7 +396,8 @@ static void drain_run(twk_job *j) {
             int n = take->num_samples - done < SAMPLER_SEQS ? take->num_samples - done : SAMPLER_SEQS;
             twk_sample_params p = take->p;
             if (p.has_seed) p.seed = take->p.seed + 0x2545f4914f6cdd1dull * (uint64_t)done;
-            st = twk_sampler_generate(u->sampler, take->prompt, take->n_prompt, n, &p, res + done);
+            twk_sample_request one = {take->prompt, take->n_prompt, n, &p, res + done, take->slot};
+            st = twk_sampler_generate_many(u->sampler, &one, 1);
             done += n;
         }
         finish_request(take, res, st);
@@ -273,7 +412,7 @@ static void drain_run(twk_job *j) {
     st = reqs && res ? TWK_OK : TWK_ERR_OOM;
     int k = 0, off = 0;
     for (sample_job *sj = take; st == TWK_OK && sj; sj = sj->next, k++) {
-        reqs[k] = (twk_sample_request){sj->prompt, sj->n_prompt, sj->num_samples, &sj->p, res + off, 0};
+        reqs[k] = (twk_sample_request){sj->prompt, sj->n_prompt, sj->num_samples, &sj->p, res + off, sj->slot};
         off += sj->num_samples;
     }
     if (st == TWK_OK) st = twk_sampler_generate_many(u->sampler, reqs, n_req);
@@ -556,8 +695,7 @@ static void h_create_session(svc *s, twk_http_conn *c, const cJSON *b, const cha
                 api_error(c, 400, "base_model '%s' is not served here (see get_server_capabilities)", base);
                 return;
             }
-            if (!bm->shared) bm->shared = unit_new(bm, NULL, NULL);
-            ss = bm->shared ? new_session(s, tenant, id, bm, bm->shared, 0) : NULL;
+            ss = shared_unit(bm) ? new_session(s, tenant, id, bm, bm->shared, 0) : NULL;
         } else {
             char run[128], kind[32], name[128], ckid[200];
             twk_store_ckpt ck;
@@ -584,7 +722,7 @@ static void h_create_session(svc *s, twk_http_conn *c, const cJSON *b, const cha
             lc.train_attn = src.train_attn;
             lc.train_mlp = src.train_mlp;
             lc.train_unembed = src.train_unembed;
-            ss = new_session(s, tenant, id, bm, unit_new(bm, &lc, ck.path), 1);
+            ss = adapter_session(s, tenant, id, bm, &lc, ck.path);
             if (ss) snprintf(ss->model_path, sizeof ss->model_path, "%s", path);
             twk_store_run_clear(&src);
         }

@@ -80,7 +80,20 @@ typedef struct sampler_unit {
     unsigned long long last_use; /* worker: for dropping the least recently used sampler */
     pthread_mutex_t mu;       /* guards pending: the loop adds, the worker takes */
     struct sample_job *pending;
+    /* a base model's shared unit: a sampler with adapter slots, so requests of
+     * the base model and of different adapters decode in one batch */
+    int n_slots;
+    struct sampler_session *slot_owner[16]; /* worker: whose adapter each slot holds (slot 0: the base) */
+    unsigned long long slot_use[16];
 } sampler_unit;
+
+/* An adapter kept on the host (a snapshot of a run's adapter). */
+typedef struct host_adapter {
+    int n;
+    char (*names)[224];
+    float **data;
+    int64_t *nelem;
+} host_adapter;
 
 typedef struct sampler_session {
     char id[160];
@@ -89,6 +102,12 @@ typedef struct sampler_session {
     char model_path[600];
     sampler_unit *unit;       /* owned, or the base model's shared one */
     int owns_unit;
+    /* in a shared (slotted) unit: where this session's adapter comes from */
+    int has_adapter;
+    int rank;
+    float alpha;
+    char adapter_dir[1024];   /* a checkpoint folder, or "" */
+    host_adapter *copy;       /* worker-written snapshot copy, or NULL */
     struct sampler_session *next;
 } sampler_session;
 
@@ -170,6 +189,9 @@ void svc_new_id(svc *s, const char *prefix, char *out, size_t len);
 sampler_session *svc_find_sampler(svc *s, const char *tenant, const char *id);
 /* A session for the snapshot of a run's adapter (unnamed save_weights_for_sampler). */
 sampler_session *svc_new_snapshot_session(svc *s, run_state *r, const char *id);
+/* Worker: keeps a host copy of `from`'s adapter for a snapshot session on a
+ * shared (slotted) unit; TWK_ERR_STATE when the session has its own sampler. */
+twk_status svc_snapshot_capture(sampler_session *ss, twk_trainer *from);
 /* Worker: makes (if needed) the unit's sampler; copies `from`'s adapter into it when given. */
 twk_status svc_sampler_ready(svc *s, sampler_unit *u, twk_trainer *from);
 void svc_free_samplers(svc *s);

@@ -58,6 +58,9 @@ twk_status twk_sampler_new_slots(twk_model *m, int n_slots, int slot_rank, int m
 }
 
 int twk_sampler_slots(const twk_sampler *s) { return s ? s->t->n_slots : 0; }
+void twk_sampler_set_score_slot(twk_sampler *s, int slot) {
+    if (s) s->score_slot = slot >= 0 && slot < (s->t->n_slots ? s->t->n_slots : 1) ? slot : 0;
+}
 int twk_sampler_slot_rank(const twk_sampler *s) { return s ? s->t->slot_rank : 0; }
 
 twk_status twk_sampler_slot_set(twk_sampler *s, int slot, int rank, float alpha, twk_adapter_get_fn get, void *ctx) {

@@ -223,6 +223,8 @@ twk_status twk_sampler_slot_from_trainer(twk_sampler *s, int slot, twk_trainer *
 /* Zeros a slot (the base model). */
 twk_status twk_sampler_slot_clear(twk_sampler *s, int slot);
 int twk_sampler_slots(const twk_sampler *s);
+/* The slot twk_sampler_score_prompt uses (0 by default). */
+void twk_sampler_set_score_slot(twk_sampler *s, int slot);
 int twk_sampler_slot_rank(const twk_sampler *s);
 
 /* Several requests (different prompts and parameters) decoded together: each

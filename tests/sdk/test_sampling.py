@@ -530,5 +530,6 @@ def test_snapshot_samplers_do_not_grow_memory_without_bound(start_server):
         rss.append(rss_mib(srv.pid))
     first = rss[1] - rss[0]  # what one more snapshot sampler costs
     later = rss[-1] - rss[2]  # five more snapshots, the earlier ones unused since
-    assert first > 0
-    assert later <= 2 * first, f"RSS after each snapshot (MiB): {[round(x) for x in rss]}"
+    # snapshots share the base model's slotted sampler (a host copy of the adapter each), or,
+    # for large ranks, own samplers of which at most 4 stay alive: either way the growth is bounded
+    assert later <= max(2 * first, 16.0), f"RSS after each snapshot (MiB): {[round(x) for x in rss]}"

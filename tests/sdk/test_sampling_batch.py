@@ -49,3 +49,27 @@ def test_concurrent_requests_on_one_snapshot(base_url):
     with ThreadPoolExecutor(max_workers=8) as pool:
         together = list(pool.map(lambda job: _sample(sampler, *job), jobs))
     _check_same(alone, together)
+
+
+def test_different_adapters_share_a_batch(base_url):
+    """Snapshots of two tenants' runs and the base model, sampled concurrently:
+    the server decodes them together through adapter slots (server/sampling.c);
+    each must get what it gets alone."""
+    samplers = []
+    for key, seed in (("tml-mix-a", 11), ("tml-mix-b", 22)):
+        sc = service_client(base_url, key)
+        tc = new_training_client(sc, seed=seed)
+        tc.forward_backward([counting_datum(d) for d in range(4)], "cross_entropy").result()
+        tc.optim_step(adam()).result()
+        s = tc.save_weights_and_get_sampling_client()
+        samplers.append(s.result() if hasattr(s, "result") and not hasattr(s, "sample") else s)
+    base = service_client(base_url, "tml-mix-c").create_sampling_client(base_model=BASE_MODEL)
+    samplers.append(base.result() if hasattr(base, "result") and not hasattr(base, "sample") else base)
+    jobs = [(samplers[i % 3], job) for i, job in enumerate(_jobs())]
+    alone = [_sample(s, *job) for s, job in jobs]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        together = list(pool.map(lambda sj: _sample(sj[0], *sj[1]), jobs))
+    _check_same(alone, together)
+    # the adapters matter: the two snapshots and the base model do not all agree
+    firsts = {tuple(alone[i][0][0]) for i in range(3)}
+    assert len(firsts) > 1
