@@ -154,6 +154,33 @@ twk_status twk_trainer_load_state(twk_trainer *t, const char *dir, int with_opti
 /* Optimizer steps taken (restored by load_state with the optimizer). */
 int64_t twk_trainer_step(const twk_trainer *t);
 
+/* ---- Tinker's built-in losses, as functions of the per-token logprobs ---- */
+
+typedef enum twk_loss_kind {
+    TWK_LOSS_CROSS_ENTROPY = 0, /* -w p */
+    TWK_LOSS_IMPORTANCE_SAMPLING, /* -exp(p - q) A */
+    TWK_LOSS_PPO,               /* -min(r A, clip(r, lo, hi) A), r = exp(p - q); defaults 0.8 / 1.2 */
+    TWK_LOSS_CISPO,             /* -sg(clip(r, lo, hi)) p A; defaults 0.0 / 4.0 */
+    TWK_LOSS_DRO                /* -(p A - beta/2 (p - q)^2) */
+} twk_loss_kind;
+
+typedef struct twk_loss_stats {
+    double loss;          /* the sum over tokens */
+    double ratio_mean;    /* mean of exp(p - q) (RL losses) */
+    double clip_fraction; /* tokens whose ratio was clipped (ppo, cispo) */
+} twk_loss_stats;
+
+/* The kind named `name` ("ppo", ...), or -1. */
+int twk_loss_kind_from_name(const char *name);
+/* Loss and dL/dp for n tokens. p: the model's logprobs; q: the sampler's;
+ * adv: advantages; w: cross-entropy weights (NULL = 1); clip_lo / clip_hi:
+ * per-token bounds or NULL for the defaults; beta for dro. Training uses
+ * weights -dL/dp in a cross-entropy pass, which has the same gradient.
+ * TWK_ERR_INVALID_ARG names a missing input; TWK_ERR_RANGE a non-finite gradient. */
+twk_status twk_loss_eval(twk_loss_kind kind, int64_t n, const float *p, const float *q, const float *adv,
+                         const float *w, const float *clip_lo, const float *clip_hi, double beta, float *dldp,
+                         twk_loss_stats *out);
+
 /* ---- sampling: prefill and decode with a KV cache ---- */
 
 typedef struct twk_sample_params {

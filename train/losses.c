@@ -1,0 +1,84 @@
+/* Tinker's built-in losses as functions of the per-token logprobs p of the
+ * current model: each gives the loss (a sum) and dL/dp per token. Training
+ * then backpropagates through a cross-entropy pass with weights -dL/dp
+ * (the loss -sum w p has exactly that gradient), so every loss runs on the
+ * same graph. Formulas: ../shared/docs/tinker-wire.md §10. */
+#include <math.h>
+#include <string.h>
+
+#include "twinkle/train.h"
+
+int twk_loss_kind_from_name(const char *name) {
+    static const char *const names[] = {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro"};
+    for (int i = 0; name && i < 5; i++)
+        if (!strcmp(name, names[i])) return i;
+    return -1;
+}
+
+twk_status twk_loss_eval(twk_loss_kind kind, int64_t n, const float *p, const float *q, const float *adv,
+                         const float *w, const float *clip_lo, const float *clip_hi, double beta, float *dldp,
+                         twk_loss_stats *out) {
+    if (n < 0 || !p || !dldp || !out) return twk_error(TWK_ERR_INVALID_ARG, "loss: NULL argument");
+    if (kind != TWK_LOSS_CROSS_ENTROPY && (!q || !adv))
+        return twk_error(TWK_ERR_INVALID_ARG, "loss: this loss needs logprobs (the sampler's) and advantages");
+    memset(out, 0, sizeof *out);
+    double loss = 0, ratio_sum = 0;
+    int64_t clipped = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double pi = p[i], g = 0;
+        switch (kind) {
+        case TWK_LOSS_CROSS_ENTROPY: { /* L = -w p */
+            double wi = w ? w[i] : 1.0;
+            loss += -wi * pi;
+            g = -wi;
+            break;
+        }
+        case TWK_LOSS_IMPORTANCE_SAMPLING: { /* L = -exp(p - q) A */
+            double r = exp(pi - q[i]);
+            loss += -r * adv[i];
+            g = -r * adv[i];
+            ratio_sum += r;
+            break;
+        }
+        case TWK_LOSS_PPO: { /* L = -min(r A, clip(r, lo, hi) A) */
+            double r = exp(pi - q[i]), lo = clip_lo ? clip_lo[i] : 0.8, hi = clip_hi ? clip_hi[i] : 1.2;
+            double rc = r < lo ? lo : r > hi ? hi : r;
+            double a = r * adv[i], b = rc * adv[i];
+            if (a <= b) { /* the unclipped term is the min: gradient through r */
+                loss += -a;
+                g = -r * adv[i];
+            } else { /* the clipped term: constant in p */
+                loss += -b;
+                g = 0;
+                clipped++;
+            }
+            ratio_sum += r;
+            break;
+        }
+        case TWK_LOSS_CISPO: { /* L = -sg(clip(r, lo, hi)) p A */
+            double r = exp(pi - q[i]), lo = clip_lo ? clip_lo[i] : 0.0, hi = clip_hi ? clip_hi[i] : 4.0;
+            double rc = r < lo ? lo : r > hi ? hi : r;
+            if (rc != r) clipped++;
+            loss += -rc * pi * adv[i];
+            g = -rc * adv[i];
+            ratio_sum += r;
+            break;
+        }
+        case TWK_LOSS_DRO: { /* L = -(p A - beta/2 (p - q)^2) */
+            double d = pi - q[i];
+            loss += -(pi * adv[i] - 0.5 * beta * d * d);
+            g = -(adv[i] - beta * d);
+            ratio_sum += exp(d);
+            break;
+        }
+        default:
+            return twk_error(TWK_ERR_INVALID_ARG, "loss: unknown kind %d", (int)kind);
+        }
+        if (!isfinite(g)) return twk_error(TWK_ERR_RANGE, "loss: the gradient at token %lld is not finite", (long long)i);
+        dldp[i] = (float)g;
+    }
+    out->loss = loss;
+    out->ratio_mean = n ? ratio_sum / (double)n : 0;
+    out->clip_fraction = n ? (double)clipped / (double)n : 0;
+    return TWK_OK;
+}
