@@ -217,13 +217,16 @@ static int is_builtin_rl_loss(const char *l) {
  * first problem (naming the field) into err, or returns 1. */
 static int validate_fb(svc *s, const run_state *r, const twk_wire_fb_request *q, char *err, size_t n) {
     int vocab = r->base ? twk_model_cfg(r->base->m)->vocab : 0;
-    if (strcmp(q->loss_fn, "cross_entropy")) {
-        if (is_builtin_rl_loss(q->loss_fn))
-            snprintf(err, n, "loss_fn '%s' is not implemented by this server yet (cross_entropy is)", q->loss_fn);
-        else
-            snprintf(err, n, "unknown loss_fn '%s' (cross_entropy, importance_sampling, ppo, cispo, dro)", q->loss_fn);
+    int rl = is_builtin_rl_loss(q->loss_fn);
+    if (strcmp(q->loss_fn, "cross_entropy") && !rl) {
+        snprintf(err, n, "unknown loss_fn '%s' (cross_entropy, importance_sampling, ppo, cispo, dro)", q->loss_fn);
         return 0;
     }
+    for (int i = 0; i < q->n_config; i++)
+        if (!isfinite(q->config[i].value)) {
+            snprintf(err, n, "loss_fn_config[%s] is not finite", q->config[i].key);
+            return 0;
+        }
     if (q->n_data < 1) {
         snprintf(err, n, "data is empty");
         return 0;
@@ -270,6 +273,25 @@ static int validate_fb(svc *s, const run_state *r, const twk_wire_fb_request *q,
                          (long long)k, (long long)v, vocab);
                 return 0;
             }
+        }
+        static const char *const rl_inputs[] = {"logprobs", "advantages", "clip_low_threshold", "clip_high_threshold"};
+        for (int k = 0; rl && k < 4; k++) {
+            const twk_wire_tensor *x = twk_wire_datum_input(d, rl_inputs[k]);
+            if (!x && k < 2) {
+                snprintf(err, n, "data[%d].loss_fn_inputs: %s is required by loss_fn '%s'", i, rl_inputs[k], q->loss_fn);
+                return 0;
+            }
+            if (!x) continue;
+            if (x->dtype != TWK_WIRE_F32 || x->ndim != 1 || x->n != d->n_tokens) {
+                snprintf(err, n, "data[%d].loss_fn_inputs[%s] must be float32 with %lld entries (one per token)", i,
+                         rl_inputs[k], (long long)d->n_tokens);
+                return 0;
+            }
+            for (int64_t j = 0; j < x->n; j++)
+                if (!isfinite(((const float *)x->data)[j])) {
+                    snprintf(err, n, "data[%d].loss_fn_inputs[%s][%lld] is not finite", i, rl_inputs[k], (long long)j);
+                    return 0;
+                }
         }
         const twk_wire_tensor *w = twk_wire_datum_input(d, "weights");
         if (w) {

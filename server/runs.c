@@ -137,23 +137,15 @@ static void run_create(op *o) {
     set_json(o, j);
 }
 
-static void run_fb(op *o) {
-    run_state *r = o->run;
+/* The passes of one request: whole datums packed into passes of at most
+ * --max-context tokens. weights_all (one per token, all datums) replaces the
+ * datums' "weights" when given; backward adds gradients. Logprobs of every
+ * token go to lp_all; the cross-entropy loss -sum w p to *loss. */
+static twk_status fb_passes(op *o, const float *weights_all, int backward, float *lp_all, const int64_t *offsets,
+                            int32_t *buf, float *w, double *loss_sum, double *wsum) {
     twk_wire_fb_request *q = o->fb;
-    int64_t cap = o->svc->cfg.max_context, total = 0;
-    for (int i = 0; i < q->n_data; i++) total += q->data[i].n_tokens;
-    float *lp_all = twk_host_alloc((size_t)(total ? total : 1) * 4, "logprobs");
-    int64_t *offsets = twk_host_alloc((size_t)(q->n_data + 1) * 8, "offsets");
-    int32_t *buf = twk_host_alloc((size_t)cap * 4 * 4, "batch");
-    float *w = twk_host_alloc((size_t)cap * 4, "batch weights");
-    if (!lp_all || !offsets || !buf || !w) {
-        op_fail(o, 0, "out of memory for a batch of %lld tokens", (long long)total);
-        goto out;
-    }
-    offsets[0] = 0;
-    for (int i = 0; i < q->n_data; i++) offsets[i + 1] = offsets[i] + q->data[i].n_tokens;
-    double loss_sum = 0, wsum = 0;
-    /* pack whole datums into passes of at most `cap` tokens */
+    int64_t cap = o->svc->cfg.max_context;
+    *loss_sum = *wsum = 0;
     for (int d0 = 0; d0 < q->n_data;) {
         int64_t n = 0;
         int d1 = d0;
@@ -167,34 +159,118 @@ static void run_fb(op *o) {
             for (int64_t i = 0; i < dt->n_tokens; i++, t++) {
                 tok[t] = dt->tokens[i];
                 tgt[t] = (int32_t)((const int64_t *)tt->data)[i];
-                w[t] = wt ? ((const float *)wt->data)[i] : 1.0f;
+                w[t] = weights_all ? weights_all[offsets[d] + i] : wt ? ((const float *)wt->data)[i] : 1.0f;
                 pos[t] = (int32_t)i;
                 seg[t] = (int32_t)(t - i);
-                wsum += w[t];
+                *wsum += w[t];
             }
         }
         twk_batch b = {n, tok, tgt, pos, seg, w};
         float loss = 0;
-        twk_status st = q->forward_only ? twk_trainer_forward(r->trainer, &b, lp_all + offsets[d0], &loss)
-                                        : twk_trainer_forward_backward(r->trainer, &b, lp_all + offsets[d0], &loss);
-        if (st != TWK_OK) {
-            op_fail(o, st == TWK_ERR_RANGE || st == TWK_ERR_INVALID_ARG, "%s", twk_last_error());
-            goto out;
-        }
-        loss_sum += loss;
+        twk_status st = backward ? twk_trainer_forward_backward(o->run->trainer, &b, lp_all + offsets[d0], &loss)
+                                 : twk_trainer_forward(o->run->trainer, &b, lp_all + offsets[d0], &loss);
+        if (st != TWK_OK) return st;
+        *loss_sum += loss;
         d0 = d1;
     }
-    twk_wire_field f = {"logprobs", 0, lp_all, offsets};
-    const char *keys[3] = {"loss:sum", "num_tokens:sum", "weight_sum:sum"};
-    double vals[3] = {loss_sum, (double)total, wsum};
-    if (twk_wire_encode_fb_output(q->n_data, &f, 1, keys, vals, 3, &o->out, &o->out_len) != TWK_OK)
-        op_fail(o, 0, "encoding the result failed: %s", twk_last_error());
-    o->out_proto = 1;
+    return TWK_OK;
+}
+
+/* The per-token inputs of an RL loss, gathered over all datums. */
+static float *gather_input(const twk_wire_fb_request *q, const char *key, int64_t total) {
+    float *v = twk_host_alloc((size_t)(total ? total : 1) * 4, key);
+    if (!v) return NULL;
+    int64_t t = 0;
+    for (int d = 0; d < q->n_data; d++) {
+        const twk_wire_tensor *x = twk_wire_datum_input(&q->data[d], key);
+        for (int64_t i = 0; i < q->data[d].n_tokens; i++) v[t++] = x ? ((const float *)x->data)[i] : NAN;
+    }
+    return v;
+}
+
+static double config_value(const twk_wire_fb_request *q, const char *key, double def) {
+    for (int i = 0; i < q->n_config; i++)
+        if (!strcmp(q->config[i].key, key)) return q->config[i].value;
+    return def;
+}
+
+static void run_fb(op *o) {
+    twk_wire_fb_request *q = o->fb;
+    int64_t cap = o->svc->cfg.max_context, total = 0;
+    for (int i = 0; i < q->n_data; i++) total += q->data[i].n_tokens;
+    int kind = twk_loss_kind_from_name(q->loss_fn);
+    float *lp_all = twk_host_alloc((size_t)(total ? total : 1) * 4, "logprobs");
+    int64_t *offsets = twk_host_alloc((size_t)(q->n_data + 1) * 8, "offsets");
+    int32_t *buf = twk_host_alloc((size_t)cap * 4 * 4, "batch");
+    float *w = twk_host_alloc((size_t)cap * 4, "batch weights");
+    float *qlp = NULL, *adv = NULL, *lo = NULL, *hi = NULL, *grad = NULL;
+    twk_status st = TWK_OK;
+    if (!lp_all || !offsets || !buf || !w) {
+        op_fail(o, 0, "out of memory for a batch of %lld tokens", (long long)total);
+        goto out;
+    }
+    offsets[0] = 0;
+    for (int i = 0; i < q->n_data; i++) offsets[i + 1] = offsets[i] + q->data[i].n_tokens;
+    double loss_sum = 0, wsum = 0, ratio_mean = 0, clip_fraction = 0;
+    if (kind == TWK_LOSS_CROSS_ENTROPY) {
+        st = fb_passes(o, NULL, !q->forward_only, lp_all, offsets, buf, w, &loss_sum, &wsum);
+    } else {
+        /* RL losses: a forward for p, the loss and dL/dp on the host, then a
+         * cross-entropy backward with weights -dL/dp (same gradient) */
+        double unused;
+        st = fb_passes(o, NULL, 0, lp_all, offsets, buf, w, &unused, &wsum);
+        qlp = gather_input(q, "logprobs", total);
+        adv = gather_input(q, "advantages", total);
+        lo = gather_input(q, "clip_low_threshold", total);
+        hi = gather_input(q, "clip_high_threshold", total);
+        grad = twk_host_alloc((size_t)(total ? total : 1) * 4, "loss gradient");
+        if (st == TWK_OK && (!qlp || !adv || !lo || !hi || !grad)) st = TWK_ERR_OOM;
+        double lo_def = config_value(q, "clip_low_threshold", kind == TWK_LOSS_CISPO ? 0.0 : 0.8);
+        double hi_def = config_value(q, "clip_high_threshold", kind == TWK_LOSS_CISPO ? 4.0 : 1.2);
+        for (int64_t i = 0; st == TWK_OK && i < total; i++) { /* per-datum bounds win over loss_fn_config */
+            if (isnan(lo[i])) lo[i] = (float)lo_def;
+            if (isnan(hi[i])) hi[i] = (float)hi_def;
+        }
+        twk_loss_stats ls;
+        if (st == TWK_OK)
+            st = twk_loss_eval((twk_loss_kind)kind, total, lp_all, qlp, adv, NULL, lo, hi, config_value(q, "beta", 0.05),
+                               grad, &ls);
+        if (st == TWK_OK) {
+            loss_sum = ls.loss;
+            ratio_mean = ls.ratio_mean;
+            clip_fraction = ls.clip_fraction;
+            for (int64_t i = 0; i < total; i++) grad[i] = -grad[i];
+            if (!q->forward_only) {
+                float *lp2 = twk_host_alloc((size_t)(total ? total : 1) * 4, "logprobs");
+                st = lp2 ? fb_passes(o, grad, 1, lp2, offsets, buf, w, &unused, &unused) : TWK_ERR_OOM;
+                twk_host_free(lp2);
+            }
+        }
+    }
+    if (st != TWK_OK) {
+        op_fail(o, st == TWK_ERR_RANGE || st == TWK_ERR_INVALID_ARG, "%s", twk_last_error());
+        goto out;
+    }
+    {
+        twk_wire_field f = {"logprobs", 0, lp_all, offsets};
+        const char *keys[5] = {"loss:sum", "num_tokens:sum", "weight_sum:sum", "ratio:mean", "clip_fraction:mean"};
+        double vals[5] = {loss_sum, (double)total, wsum, ratio_mean, clip_fraction};
+        int nk = kind == TWK_LOSS_CROSS_ENTROPY ? 3 : 5;
+        if (kind != TWK_LOSS_CROSS_ENTROPY) keys[2] = "advantage_tokens:sum", vals[2] = (double)total;
+        if (twk_wire_encode_fb_output(q->n_data, &f, 1, keys, vals, nk, &o->out, &o->out_len) != TWK_OK)
+            op_fail(o, 0, "encoding the result failed: %s", twk_last_error());
+        o->out_proto = 1;
+    }
 out:
     twk_host_free(lp_all);
     twk_host_free(offsets);
     twk_host_free(buf);
     twk_host_free(w);
+    twk_host_free(qlp);
+    twk_host_free(adv);
+    twk_host_free(lo);
+    twk_host_free(hi);
+    twk_host_free(grad);
 }
 
 static void run_optim(op *o) {
