@@ -257,11 +257,35 @@ static int validate_fb(svc *s, const run_state *r, const twk_wire_fb_request *q,
             snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens] must be int64", i);
             return 0;
         }
-        if (t->ndim != 1) {
-            snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens] is 2-D: top-K targets are not supported yet", i);
+        if (t->ndim == 2) { /* top-K targets (distillation): cross_entropy, one K for the request */
+            const twk_wire_tensor *t0 = twk_wire_datum_input(&q->data[0], "target_tokens");
+            const twk_wire_tensor *w2 = twk_wire_datum_input(d, "weights");
+            if (rl || t->shape[0] != d->n_tokens || t->shape[1] < 1 || t->shape[1] > 64 || !t0 || t0->ndim != 2 ||
+                t0->shape[1] != t->shape[1]) {
+                snprintf(err, n,
+                         "data[%d].loss_fn_inputs[target_tokens] is 2-D: it needs cross_entropy, shape [%lld, K] with "
+                         "1 <= K <= 64, and the same K in every datum",
+                         i, (long long)d->n_tokens);
+                return 0;
+            }
+            if (w2 && (w2->dtype != TWK_WIRE_F32 || w2->ndim != 2 || w2->shape[0] != t->shape[0] || w2->shape[1] != t->shape[1])) {
+                snprintf(err, n, "data[%d].loss_fn_inputs[weights] must be float32 [%lld, %lld] like target_tokens", i,
+                         (long long)t->shape[0], (long long)t->shape[1]);
+                return 0;
+            }
+            for (int64_t k = 0; w2 && k < w2->n; k++)
+                if (!isfinite(((const float *)w2->data)[k])) {
+                    snprintf(err, n, "data[%d].loss_fn_inputs[weights][%lld] is not finite", i, (long long)k);
+                    return 0;
+                }
+        } else if (t->ndim != 1) {
+            snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens] must be 1-D or 2-D", i);
+            return 0;
+        } else if (twk_wire_datum_input(&q->data[0], "target_tokens")->ndim != 1) {
+            snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens]: 1-D and 2-D targets are mixed", i);
             return 0;
         }
-        if (t->n != d->n_tokens) {
+        if (t->ndim == 1 && t->n != d->n_tokens) {
             snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens] has %lld entries; model_input has %lld tokens", i,
                      (long long)t->n, (long long)d->n_tokens);
             return 0;
@@ -293,7 +317,7 @@ static int validate_fb(svc *s, const run_state *r, const twk_wire_fb_request *q,
                     return 0;
                 }
         }
-        const twk_wire_tensor *w = twk_wire_datum_input(d, "weights");
+        const twk_wire_tensor *w = t->ndim == 1 ? twk_wire_datum_input(d, "weights") : NULL;
         if (w) {
             if (w->dtype != TWK_WIRE_F32 || w->ndim != 1 || w->n != d->n_tokens) {
                 snprintf(err, n, "data[%d].loss_fn_inputs[weights] must be float32 with %lld entries (one per token)", i,

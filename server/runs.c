@@ -141,8 +141,8 @@ static void run_create(op *o) {
  * --max-context tokens. weights_all (one per token, all datums) replaces the
  * datums' "weights" when given; backward adds gradients. Logprobs of every
  * token go to lp_all; the cross-entropy loss -sum w p to *loss. */
-static twk_status fb_passes(op *o, const float *weights_all, int backward, float *lp_all, const int64_t *offsets,
-                            int32_t *buf, float *w, double *loss_sum, double *wsum) {
+static twk_status fb_passes(op *o, const float *weights_all, const int32_t *targets_all, int backward, float *lp_all,
+                            const int64_t *offsets, int32_t *buf, float *w, double *loss_sum, double *wsum) {
     twk_wire_fb_request *q = o->fb;
     int64_t cap = o->svc->cfg.max_context;
     *loss_sum = *wsum = 0;
@@ -158,7 +158,7 @@ static twk_status fb_passes(op *o, const float *weights_all, int backward, float
             const twk_wire_tensor *wt = twk_wire_datum_input(dt, "weights");
             for (int64_t i = 0; i < dt->n_tokens; i++, t++) {
                 tok[t] = dt->tokens[i];
-                tgt[t] = (int32_t)((const int64_t *)tt->data)[i];
+                tgt[t] = targets_all ? targets_all[offsets[d] + i] : (int32_t)((const int64_t *)tt->data)[i];
                 w[t] = weights_all ? weights_all[offsets[d] + i] : wt ? ((const float *)wt->data)[i] : 1.0f;
                 pos[t] = (int32_t)i;
                 seg[t] = (int32_t)(t - i);
@@ -203,8 +203,10 @@ static void run_fb(op *o) {
     int64_t *offsets = twk_host_alloc((size_t)(q->n_data + 1) * 8, "offsets");
     int32_t *buf = twk_host_alloc((size_t)cap * 4 * 4, "batch");
     float *w = twk_host_alloc((size_t)cap * 4, "batch weights");
-    float *qlp = NULL, *adv = NULL, *lo = NULL, *hi = NULL, *grad = NULL;
+    float *qlp = NULL, *adv = NULL, *lo = NULL, *hi = NULL, *grad = NULL, *lp_k = NULL;
     twk_status st = TWK_OK;
+    const twk_wire_tensor *t0 = twk_wire_datum_input(&q->data[0], "target_tokens");
+    int K = t0 && t0->ndim == 2 ? (int)t0->shape[1] : 0;
     if (!lp_all || !offsets || !buf || !w) {
         op_fail(o, 0, "out of memory for a batch of %lld tokens", (long long)total);
         goto out;
@@ -212,13 +214,38 @@ static void run_fb(op *o) {
     offsets[0] = 0;
     for (int i = 0; i < q->n_data; i++) offsets[i + 1] = offsets[i] + q->data[i].n_tokens;
     double loss_sum = 0, wsum = 0, ratio_mean = 0, clip_fraction = 0;
-    if (kind == TWK_LOSS_CROSS_ENTROPY) {
-        st = fb_passes(o, NULL, !q->forward_only, lp_all, offsets, buf, w, &loss_sum, &wsum);
+    if (kind == TWK_LOSS_CROSS_ENTROPY && K > 0) {
+        /* top-K targets: one pass per column k, gradients accumulating: -sum_i sum_k w_ik log p(t_ik) */
+        int32_t *tk = twk_host_alloc((size_t)(total ? total : 1) * 4, "targets");
+        float *wk = twk_host_alloc((size_t)(total ? total : 1) * 4, "weights");
+        lp_k = twk_host_alloc((size_t)(total ? total : 1) * (size_t)K * 4, "logprobs");
+        float *lp1 = twk_host_alloc((size_t)(total ? total : 1) * 4, "logprobs");
+        if (!tk || !wk || !lp_k || !lp1) st = TWK_ERR_OOM;
+        for (int k = 0; st == TWK_OK && k < K; k++) {
+            for (int d = 0; d < q->n_data; d++) {
+                const twk_wire_tensor *tt = twk_wire_datum_input(&q->data[d], "target_tokens");
+                const twk_wire_tensor *ww = twk_wire_datum_input(&q->data[d], "weights");
+                for (int64_t i = 0; i < q->data[d].n_tokens; i++) {
+                    tk[offsets[d] + i] = (int32_t)((const int64_t *)tt->data)[i * K + k];
+                    wk[offsets[d] + i] = ww ? ((const float *)ww->data)[i * K + k] : 1.0f;
+                }
+            }
+            double l = 0, ws = 0;
+            st = fb_passes(o, wk, tk, !q->forward_only, lp1, offsets, buf, w, &l, &ws);
+            loss_sum += l;
+            wsum += ws;
+            for (int64_t i = 0; st == TWK_OK && i < total; i++) lp_k[i * K + k] = lp1[i];
+        }
+        twk_host_free(tk);
+        twk_host_free(wk);
+        twk_host_free(lp1);
+    } else if (kind == TWK_LOSS_CROSS_ENTROPY) {
+        st = fb_passes(o, NULL, NULL, !q->forward_only, lp_all, offsets, buf, w, &loss_sum, &wsum);
     } else {
         /* RL losses: a forward for p, the loss and dL/dp on the host, then a
          * cross-entropy backward with weights -dL/dp (same gradient) */
         double unused;
-        st = fb_passes(o, NULL, 0, lp_all, offsets, buf, w, &unused, &wsum);
+        st = fb_passes(o, NULL, NULL, 0, lp_all, offsets, buf, w, &unused, &wsum);
         qlp = gather_input(q, "logprobs", total);
         adv = gather_input(q, "advantages", total);
         lo = gather_input(q, "clip_low_threshold", total);
@@ -242,7 +269,7 @@ static void run_fb(op *o) {
             for (int64_t i = 0; i < total; i++) grad[i] = -grad[i];
             if (!q->forward_only) {
                 float *lp2 = twk_host_alloc((size_t)(total ? total : 1) * 4, "logprobs");
-                st = lp2 ? fb_passes(o, grad, 1, lp2, offsets, buf, w, &unused, &unused) : TWK_ERR_OOM;
+                st = lp2 ? fb_passes(o, grad, NULL, 1, lp2, offsets, buf, w, &unused, &unused) : TWK_ERR_OOM;
                 twk_host_free(lp2);
             }
         }
@@ -252,7 +279,16 @@ static void run_fb(op *o) {
         goto out;
     }
     {
-        twk_wire_field f = {"logprobs", 0, lp_all, offsets};
+        int64_t *offk = NULL;
+        if (K > 0) { /* (N, K) logprobs per datum */
+            offk = twk_host_alloc((size_t)(q->n_data + 1) * 8, "offsets");
+            for (int d = 0; offk && d <= q->n_data; d++) offk[d] = offsets[d] * K;
+        }
+        twk_wire_field f = {"logprobs", K, K > 0 ? lp_k : lp_all, K > 0 ? offk : offsets};
+        if (K > 0 && !offk) {
+            op_fail(o, 0, "out of memory");
+            goto out;
+        }
         const char *keys[5] = {"loss:sum", "num_tokens:sum", "weight_sum:sum", "ratio:mean", "clip_fraction:mean"};
         double vals[5] = {loss_sum, (double)total, wsum, ratio_mean, clip_fraction};
         int nk = kind == TWK_LOSS_CROSS_ENTROPY ? 3 : 5;
@@ -260,8 +296,10 @@ static void run_fb(op *o) {
         if (twk_wire_encode_fb_output(q->n_data, &f, 1, keys, vals, nk, &o->out, &o->out_len) != TWK_OK)
             op_fail(o, 0, "encoding the result failed: %s", twk_last_error());
         o->out_proto = 1;
+        twk_host_free(offk);
     }
 out:
+    twk_host_free(lp_k);
     twk_host_free(lp_all);
     twk_host_free(offsets);
     twk_host_free(buf);

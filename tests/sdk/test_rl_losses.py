@@ -82,3 +82,29 @@ def test_rl_loss_needs_its_inputs(base_url):
         tc.forward_backward([bad], "ppo").result()
     assert "logprobs" in str(err.value)
     tc.forward_backward([d], "cross_entropy").result()  # the client still works
+
+
+def test_top_k_cross_entropy(base_url):
+    """(N, K) target_tokens + weights: loss = -sum_i sum_k w_ik log p(t_ik); the logprobs
+    come back (N, K) and equal the 1-D forward's for each column."""
+    sc = service_client(base_url, "tml-topk")
+    tc = new_training_client(sc, seed=9)
+    rng = np.random.default_rng(4)
+    d = counting_datum(2)
+    n = len(d.loss_fn_inputs["target_tokens"].data)
+    K = 3
+    targets = rng.integers(0, 512, size=(n, K)).astype(np.int64)
+    weights = rng.random((n, K)).astype(np.float32)
+    cols = []
+    for k in range(K):
+        dk = types.Datum(model_input=d.model_input, loss_fn_inputs={
+            "target_tokens": targets[:, k].tolist(), "weights": weights[:, k].tolist()})
+        cols.append(np.array(tc.forward([dk], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()))
+    ref = np.stack(cols, axis=1)
+    d2 = types.Datum(model_input=d.model_input, loss_fn_inputs={
+        "target_tokens": types.TensorData.from_numpy(targets), "weights": types.TensorData.from_numpy(weights)})
+    res = tc.forward_backward([d2], "cross_entropy").result()
+    got = res.loss_fn_outputs[0]["logprobs"].to_numpy()
+    assert got.shape == (n, K)
+    assert np.abs(got - ref).max() <= 1e-5
+    assert abs(res.metrics["loss:sum"] - float(-(weights * ref).sum())) <= 1e-4 * max(1.0, abs(float((weights * ref).sum())))
