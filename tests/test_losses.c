@@ -76,6 +76,45 @@ int main(void) {
             fails += !both;
         }
     }
+    /* DPO (sigmoid and IPO) against finite differences of a float64 evaluation */
+    for (int ipo = 0; ipo < 2; ipo++) {
+        int64_t off[7] = {0, 5, 9, 16, 18, 25, 31};
+        float pp[31], ref[31], ww[31], gg[31];
+        for (int i = 0; i < 31; i++) {
+            pp[i] = (float)(-2 * twk_rng_uniform(&r));
+            ref[i] = (float)(-2 * twk_rng_uniform(&r));
+            ww[i] = (float)(i % 4 ? 1.0 : 0.0);
+        }
+        double beta = 0.3;
+        twk_dpo_stats ds;
+        twk_loss_dpo(6, off, pp, ref, ww, beta, ipo, gg, &ds);
+        double gerr = 0, gscale = 1e-3;
+        for (int i = 0; i < 31; i++) {
+            double h = 1e-4, lp = 0, lm = 0;
+            for (int sgn = 0; sgn < 2; sgn++) {
+                double tot = 0;
+                for (int k = 0; k < 3; k++) {
+                    double hk = 0;
+                    for (int side = 0; side < 2; side++)
+                        for (int64_t j = off[2 * k + side]; j < off[2 * k + side + 1]; j++) {
+                            double pj = pp[j] + (j == i ? (sgn ? -h : h) : 0);
+                            hk += (side ? -1.0 : 1.0) * ww[j] * (pj - ref[j]);
+                        }
+                    tot += ipo ? (hk - 1 / (2 * beta)) * (hk - 1 / (2 * beta)) : log1p(exp(-beta * hk));
+                }
+                if (sgn) lm = tot;
+                else lp = tot;
+            }
+            double fd = (lp - lm) / (2 * h);
+            gerr = fmax(gerr, fabs(gg[i] - fd));
+            gscale = fmax(gscale, fabs(fd));
+        }
+        int ok = gerr / gscale <= 1e-5;
+        printf("%s %-20s loss %10.4f  dL/dp err %.1e  margin %.3f  accuracy %.2f\n", ok ? "ok  " : "FAIL",
+               ipo ? "dpo (ipo)" : "dpo (sigmoid)", ds.loss, gerr / gscale, ds.margin_mean, ds.accuracy);
+        fails += !ok;
+    }
+
     /* missing inputs are refused by name */
     twk_loss_stats st;
     int ok = twk_loss_eval(TWK_LOSS_PPO, N, p, NULL, a, NULL, NULL, NULL, 0, g, &st) == TWK_ERR_INVALID_ARG &&

@@ -82,3 +82,36 @@ twk_status twk_loss_eval(twk_loss_kind kind, int64_t n, const float *p, const fl
     out->clip_fraction = n ? (double)clipped / (double)n : 0;
     return TWK_OK;
 }
+
+twk_status twk_loss_dpo(int n_seqs, const int64_t *offsets, const float *p, const float *ref, const float *w, double beta,
+                        int ipo, float *dldp, twk_dpo_stats *out) {
+    if (!offsets || !p || !ref || !dldp || !out) return twk_error(TWK_ERR_INVALID_ARG, "dpo: NULL argument");
+    if (n_seqs < 2 || n_seqs % 2)
+        return twk_error(TWK_ERR_INVALID_ARG, "dpo: %d sequences; pairs (chosen, rejected) need an even count", n_seqs);
+    if (!(beta > 0)) return twk_error(TWK_ERR_INVALID_ARG, "dpo: beta %g must be > 0", beta);
+    memset(out, 0, sizeof *out);
+    int pairs = n_seqs / 2, wins = 0;
+    for (int k = 0; k < pairs; k++) {
+        double h = 0;
+        for (int side = 0; side < 2; side++)
+            for (int64_t i = offsets[2 * k + side]; i < offsets[2 * k + side + 1]; i++)
+                h += (side ? -1.0 : 1.0) * (w ? w[i] : 1.0) * ((double)p[i] - ref[i]);
+        double dldh;
+        if (ipo) {
+            double d = h - 1.0 / (2.0 * beta);
+            out->loss += d * d;
+            dldh = 2.0 * d;
+        } else {
+            double z = beta * h; /* -log sigmoid(z) = softplus(-z), computed stably */
+            out->loss += z > 0 ? log1p(exp(-z)) : -z + log1p(exp(z));
+            dldh = -beta / (1.0 + exp(z));
+        }
+        out->margin_mean += h / pairs;
+        wins += h > 0;
+        for (int side = 0; side < 2; side++)
+            for (int64_t i = offsets[2 * k + side]; i < offsets[2 * k + side + 1]; i++)
+                dldp[i] = (float)((side ? -1.0 : 1.0) * (w ? w[i] : 1.0) * dldh);
+    }
+    out->accuracy = (double)wins / pairs;
+    return TWK_OK;
+}

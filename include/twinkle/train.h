@@ -181,6 +181,18 @@ twk_status twk_loss_eval(twk_loss_kind kind, int64_t n, const float *p, const fl
                          const float *w, const float *clip_lo, const float *clip_hi, double beta, float *dldp,
                          twk_loss_stats *out);
 
+/* Preference losses over pairs of sequences (2i chosen, 2i+1 rejected):
+ * h_i = sum_c w (p - ref) - sum_r w (p - ref) over each pair's tokens;
+ * sigmoid DPO: L = sum -log sigmoid(beta h); IPO: L = sum (h - 1/(2 beta))^2.
+ * offsets: n_seqs + 1 token offsets. dldp gets dL/dp per token. */
+typedef struct twk_dpo_stats {
+    double loss;
+    double margin_mean;   /* mean h */
+    double accuracy;      /* fraction of pairs with h > 0 */
+} twk_dpo_stats;
+twk_status twk_loss_dpo(int n_seqs, const int64_t *offsets, const float *p, const float *ref, const float *w, double beta,
+                        int ipo, float *dldp, twk_dpo_stats *out);
+
 /* ---- sampling: prefill and decode with a KV cache ---- */
 
 typedef struct twk_sample_params {
