@@ -218,8 +218,15 @@ static int is_builtin_rl_loss(const char *l) {
 static int validate_fb(svc *s, const run_state *r, const twk_wire_fb_request *q, char *err, size_t n) {
     int vocab = r->base ? twk_model_cfg(r->base->m)->vocab : 0;
     int rl = is_builtin_rl_loss(q->loss_fn);
-    if (strcmp(q->loss_fn, "cross_entropy") && !rl) {
-        snprintf(err, n, "unknown loss_fn '%s' (cross_entropy, importance_sampling, ppo, cispo, dro)", q->loss_fn);
+    int pref = !strcmp(q->loss_fn, "dpo") || !strcmp(q->loss_fn, "ipo"); /* twinkle's extensions */
+    if (strcmp(q->loss_fn, "cross_entropy") && !rl && !pref) {
+        snprintf(err, n, "unknown loss_fn '%s' (cross_entropy, importance_sampling, ppo, cispo, dro, dpo, ipo)",
+                 q->loss_fn);
+        return 0;
+    }
+    if (pref && q->n_data % 2) {
+        snprintf(err, n, "loss_fn '%s' takes pairs (chosen, rejected): data has %d datums, an odd count", q->loss_fn,
+                 q->n_data);
         return 0;
     }
     for (int i = 0; i < q->n_config; i++)
@@ -260,7 +267,7 @@ static int validate_fb(svc *s, const run_state *r, const twk_wire_fb_request *q,
         if (t->ndim == 2) { /* top-K targets (distillation): cross_entropy, one K for the request */
             const twk_wire_tensor *t0 = twk_wire_datum_input(&q->data[0], "target_tokens");
             const twk_wire_tensor *w2 = twk_wire_datum_input(d, "weights");
-            if (rl || t->shape[0] != d->n_tokens || t->shape[1] < 1 || t->shape[1] > 64 || !t0 || t0->ndim != 2 ||
+            if (rl || pref || t->shape[0] != d->n_tokens || t->shape[1] < 1 || t->shape[1] > 64 || !t0 || t0->ndim != 2 ||
                 t0->shape[1] != t->shape[1]) {
                 snprintf(err, n,
                          "data[%d].loss_fn_inputs[target_tokens] is 2-D: it needs cross_entropy, shape [%lld, K] with "
@@ -299,21 +306,24 @@ static int validate_fb(svc *s, const run_state *r, const twk_wire_fb_request *q,
             }
         }
         static const char *const rl_inputs[] = {"logprobs", "advantages", "clip_low_threshold", "clip_high_threshold"};
-        for (int k = 0; rl && k < 4; k++) {
-            const twk_wire_tensor *x = twk_wire_datum_input(d, rl_inputs[k]);
-            if (!x && k < 2) {
-                snprintf(err, n, "data[%d].loss_fn_inputs: %s is required by loss_fn '%s'", i, rl_inputs[k], q->loss_fn);
+        static const char *const pref_inputs[] = {"ref_logprobs"};
+        const char *const *needs = rl ? rl_inputs : pref_inputs;
+        int n_needs = rl ? 4 : pref ? 1 : 0, n_required = rl ? 2 : 1;
+        for (int k = 0; k < n_needs; k++) {
+            const twk_wire_tensor *x = twk_wire_datum_input(d, needs[k]);
+            if (!x && k < n_required) {
+                snprintf(err, n, "data[%d].loss_fn_inputs: %s is required by loss_fn '%s'", i, needs[k], q->loss_fn);
                 return 0;
             }
             if (!x) continue;
             if (x->dtype != TWK_WIRE_F32 || x->ndim != 1 || x->n != d->n_tokens) {
                 snprintf(err, n, "data[%d].loss_fn_inputs[%s] must be float32 with %lld entries (one per token)", i,
-                         rl_inputs[k], (long long)d->n_tokens);
+                         needs[k], (long long)d->n_tokens);
                 return 0;
             }
             for (int64_t j = 0; j < x->n; j++)
                 if (!isfinite(((const float *)x->data)[j])) {
-                    snprintf(err, n, "data[%d].loss_fn_inputs[%s][%lld] is not finite", i, rl_inputs[k], (long long)j);
+                    snprintf(err, n, "data[%d].loss_fn_inputs[%s][%lld] is not finite", i, needs[k], (long long)j);
                     return 0;
                 }
         }

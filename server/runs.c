@@ -199,6 +199,8 @@ static void run_fb(op *o) {
     int64_t cap = o->svc->cfg.max_context, total = 0;
     for (int i = 0; i < q->n_data; i++) total += q->data[i].n_tokens;
     int kind = twk_loss_kind_from_name(q->loss_fn);
+    int pref = !strcmp(q->loss_fn, "dpo") || !strcmp(q->loss_fn, "ipo");
+    twk_dpo_stats ds = {0, 0, 0};
     float *lp_all = twk_host_alloc((size_t)(total ? total : 1) * 4, "logprobs");
     int64_t *offsets = twk_host_alloc((size_t)(q->n_data + 1) * 8, "offsets");
     int32_t *buf = twk_host_alloc((size_t)cap * 4 * 4, "batch");
@@ -239,6 +241,29 @@ static void run_fb(op *o) {
         twk_host_free(tk);
         twk_host_free(wk);
         twk_host_free(lp1);
+    } else if (pref) {
+        /* preference pairs: a forward for p, the pair loss and dL/dp on the
+         * host, then a cross-entropy backward with weights -dL/dp */
+        double unused;
+        st = fb_passes(o, NULL, NULL, 0, lp_all, offsets, buf, w, &unused, &wsum);
+        qlp = gather_input(q, "ref_logprobs", total);
+        adv = gather_input(q, "weights", total); /* token mask; NaN where absent */
+        grad = twk_host_alloc((size_t)(total ? total : 1) * 4, "loss gradient");
+        if (st == TWK_OK && (!qlp || !adv || !grad)) st = TWK_ERR_OOM;
+        for (int64_t i = 0; st == TWK_OK && i < total; i++)
+            if (isnan(adv[i])) adv[i] = 1.0f;
+        if (st == TWK_OK)
+            st = twk_loss_dpo(q->n_data, offsets, lp_all, qlp, adv, config_value(q, "beta", 0.1),
+                              !strcmp(q->loss_fn, "ipo"), grad, &ds);
+        if (st == TWK_OK) {
+            loss_sum = ds.loss;
+            for (int64_t i = 0; i < total; i++) grad[i] = -grad[i];
+            if (!q->forward_only) {
+                float *lp2 = twk_host_alloc((size_t)(total ? total : 1) * 4, "logprobs");
+                st = lp2 ? fb_passes(o, grad, NULL, 1, lp2, offsets, buf, w, &unused, &unused) : TWK_ERR_OOM;
+                twk_host_free(lp2);
+            }
+        }
     } else if (kind == TWK_LOSS_CROSS_ENTROPY) {
         st = fb_passes(o, NULL, NULL, !q->forward_only, lp_all, offsets, buf, w, &loss_sum, &wsum);
     } else {
@@ -292,7 +317,12 @@ static void run_fb(op *o) {
         const char *keys[5] = {"loss:sum", "num_tokens:sum", "weight_sum:sum", "ratio:mean", "clip_fraction:mean"};
         double vals[5] = {loss_sum, (double)total, wsum, ratio_mean, clip_fraction};
         int nk = kind == TWK_LOSS_CROSS_ENTROPY ? 3 : 5;
-        if (kind != TWK_LOSS_CROSS_ENTROPY) keys[2] = "advantage_tokens:sum", vals[2] = (double)total;
+        if (pref) {
+            keys[2] = "pairs:sum", vals[2] = q->n_data / 2;
+            keys[3] = "margin:mean", vals[3] = ds.margin_mean;
+            keys[4] = "accuracy:mean", vals[4] = ds.accuracy;
+            nk = 5;
+        } else if (kind != TWK_LOSS_CROSS_ENTROPY) keys[2] = "advantage_tokens:sum", vals[2] = (double)total;
         if (twk_wire_encode_fb_output(q->n_data, &f, 1, keys, vals, nk, &o->out, &o->out_len) != TWK_OK)
             op_fail(o, 0, "encoding the result failed: %s", twk_last_error());
         o->out_proto = 1;
