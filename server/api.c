@@ -308,7 +308,12 @@ static int validate_fb(svc *s, const run_state *r, const twk_wire_fb_request *q,
         static const char *const rl_inputs[] = {"logprobs", "advantages", "clip_low_threshold", "clip_high_threshold"};
         static const char *const pref_inputs[] = {"ref_logprobs"};
         const char *const *needs = rl ? rl_inputs : pref_inputs;
-        int n_needs = rl ? 4 : pref ? 1 : 0, n_required = rl ? 2 : 1;
+        int n_needs = rl ? 4 : pref ? 1 : 0, n_required = rl ? 2 : 0;
+        if (pref && !twk_wire_datum_input(d, "ref_logprobs") != !twk_wire_datum_input(&q->data[0], "ref_logprobs")) {
+            snprintf(err, n, "data[%d].loss_fn_inputs: ref_logprobs must be given for every datum or for none "
+                             "(none: the server computes them from the base model)", i);
+            return 0;
+        }
         for (int k = 0; k < n_needs; k++) {
             const twk_wire_tensor *x = twk_wire_datum_input(d, needs[k]);
             if (!x && k < n_required) {

@@ -138,7 +138,8 @@ static void run_create(op *o) {
 }
 
 /* The passes of one request: whole datums packed into passes of at most
- * --max-context tokens. weights_all (one per token, all datums) replaces the
+ * --max-context tokens. backward: 0 forward, 1 forward and backward, 2 a
+ * forward of the base model (adapter off). weights_all (one per token, all datums) replaces the
  * datums' "weights" when given; backward adds gradients. Logprobs of every
  * token go to lp_all; the cross-entropy loss -sum w p to *loss. */
 static twk_status fb_passes(op *o, const float *weights_all, const int32_t *targets_all, int backward, float *lp_all,
@@ -167,8 +168,9 @@ static twk_status fb_passes(op *o, const float *weights_all, const int32_t *targ
         }
         twk_batch b = {n, tok, tgt, pos, seg, w};
         float loss = 0;
-        twk_status st = backward ? twk_trainer_forward_backward(o->run->trainer, &b, lp_all + offsets[d0], &loss)
-                                 : twk_trainer_forward(o->run->trainer, &b, lp_all + offsets[d0], &loss);
+        twk_status st = backward == 1   ? twk_trainer_forward_backward(o->run->trainer, &b, lp_all + offsets[d0], &loss)
+                        : backward == 2 ? twk_trainer_forward_base(o->run->trainer, &b, lp_all + offsets[d0], &loss)
+                                        : twk_trainer_forward(o->run->trainer, &b, lp_all + offsets[d0], &loss);
         if (st != TWK_OK) return st;
         *loss_sum += loss;
         d0 = d1;
@@ -246,7 +248,12 @@ static void run_fb(op *o) {
          * host, then a cross-entropy backward with weights -dL/dp */
         double unused;
         st = fb_passes(o, NULL, NULL, 0, lp_all, offsets, buf, w, &unused, &wsum);
-        qlp = gather_input(q, "ref_logprobs", total);
+        if (twk_wire_datum_input(&q->data[0], "ref_logprobs")) {
+            qlp = gather_input(q, "ref_logprobs", total);
+        } else { /* the reference is the base model: a forward with the adapter off */
+            qlp = twk_host_alloc((size_t)(total ? total : 1) * 4, "reference logprobs");
+            if (st == TWK_OK && qlp) st = fb_passes(o, NULL, NULL, 2, qlp, offsets, buf, w, &unused, &unused);
+        }
         adv = gather_input(q, "weights", total); /* token mask; NaN where absent */
         grad = twk_host_alloc((size_t)(total ? total : 1) * 4, "loss gradient");
         if (st == TWK_OK && (!qlp || !adv || !grad)) st = TWK_ERR_OOM;

@@ -3,6 +3,7 @@
  * gradient accumulation across forward_backward calls. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "hf_config.h"
@@ -606,6 +607,39 @@ static twk_status run(twk_trainer *t, twk_plan *p, const twk_batch *b, float *lo
 twk_status twk_trainer_forward(twk_trainer *t, const twk_batch *b, float *logprobs, float *loss) {
     if (!t) return twk_error(TWK_ERR_INVALID_ARG, "trainer_forward: NULL trainer");
     return run(t, t->fwd, b, logprobs, loss);
+}
+
+twk_status twk_trainer_forward_base(twk_trainer *t, const twk_batch *b, float *logprobs, float *loss) {
+    if (!t) return twk_error(TWK_ERR_INVALID_ARG, "trainer_forward_base: NULL trainer");
+    if (!twk_trainer_lora(t))
+        return twk_error(TWK_ERR_INVALID_ARG, "trainer_forward_base: full-parameter training has no adapter to turn off");
+    /* the adapter's delta is scale * B A: zero every B, run, put them back */
+    int n = twk_trainer_param_count(t), saved = 0;
+    float **keep = calloc((size_t)n, sizeof *keep);
+    twk_status st = keep ? TWK_OK : twk_error(TWK_ERR_OOM, "trainer_forward_base: out of memory");
+    for (int i = 0; st == TWK_OK && i < n; i++, saved = i) {
+        int64_t ne = 0;
+        const char *name = twk_trainer_param_name(t, i, &ne);
+        if (!strstr(name, ".lora_B.")) continue;
+        float *b_val = twk_host_alloc((size_t)ne * 4, "adapter B"), *zero = twk_host_alloc((size_t)ne * 4, "zeros");
+        if (!b_val || !zero) st = TWK_ERR_OOM;
+        if (st == TWK_OK) st = twk_trainer_get(t, name, b_val, ne);
+        if (st == TWK_OK) keep[i] = b_val, b_val = NULL; /* restored below even if zeroing fails */
+        if (st == TWK_OK) memset(zero, 0, (size_t)ne * 4), st = twk_trainer_set(t, name, zero, ne);
+        twk_host_free(b_val);
+        twk_host_free(zero);
+    }
+    if (st == TWK_OK) saved = n, st = run(t, t->fwd, b, logprobs, loss);
+    for (int i = 0; keep && i < saved; i++) {
+        if (!keep[i]) continue;
+        int64_t ne = 0;
+        const char *name = twk_trainer_param_name(t, i, &ne);
+        twk_status rs = twk_trainer_set(t, name, keep[i], ne);
+        if (st == TWK_OK) st = rs;
+        twk_host_free(keep[i]);
+    }
+    free(keep);
+    return st;
 }
 
 twk_status twk_trainer_forward_backward(twk_trainer *t, const twk_batch *b, float *logprobs, float *loss) {

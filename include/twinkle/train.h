@@ -113,6 +113,10 @@ twk_status twk_trainer_new(twk_model *m, const twk_lora_config *lora, int64_t ca
 void twk_trainer_free(twk_trainer *t);
 /* Forward only: per-token logprobs (n floats) and the loss; NULL outputs skipped. */
 twk_status twk_trainer_forward(twk_trainer *t, const twk_batch *b, float *logprobs, float *loss);
+/* Forward with the adapter turned off (the base model: reference logprobs
+ * for DPO); the adapter is unchanged afterwards. TWK_ERR_INVALID_ARG
+ * without an adapter. */
+twk_status twk_trainer_forward_base(twk_trainer *t, const twk_batch *b, float *logprobs, float *loss);
 /* Forward and backward; gradients are added to the accumulated ones. */
 twk_status twk_trainer_forward_backward(twk_trainer *t, const twk_batch *b, float *logprobs, float *loss);
 /* Number of trainable tensors and the i-th one's name (PEFT names for LoRA,

@@ -92,15 +92,38 @@ def test_dpo_training_raises_the_margin(base_url):
     assert final["margin:mean"] > 1.0 and final["accuracy:mean"] == 1.0
 
 
+def test_server_computes_the_reference(base_url):
+    """Without ref_logprobs the reference is the base model (the adapter off):
+    after training, the value equals the one with ref_logprobs from a fresh
+    adapter (B = 0, so exactly the base model), and the adapter is unchanged."""
+    sc = service_client(base_url, "tml-pref-ref")
+    tc = new_training_client(sc, seed=8)
+    fresh = new_training_client(sc, seed=99)
+    data = _pairs()
+    tc.forward_backward(data, "cross_entropy").result()
+    tc.optim_step(adam(2e-2)).result()
+    before = np.array(tc.forward(data[:1], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist())
+    base = [np.array(o["logprobs"].tolist()) for o in fresh.forward(data, "cross_entropy").result().loss_fn_outputs]
+    implicit = tc.forward(data, "dpo", loss_fn_config={"beta": 0.3}).result().metrics
+    explicit = tc.forward(_with_ref(data, base), "dpo", loss_fn_config={"beta": 0.3}).result().metrics
+    after = np.array(tc.forward(data[:1], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist())
+    print("server reference: margin", implicit["margin:mean"], "vs", explicit["margin:mean"])
+    assert abs(implicit["margin:mean"]) > 1e-3  # the adapter moved the policy off the base
+    assert abs(implicit["loss:sum"] - explicit["loss:sum"]) <= 1e-5 * max(1.0, abs(explicit["loss:sum"]))
+    assert abs(implicit["margin:mean"] - explicit["margin:mean"]) <= 1e-4
+    assert np.abs(before - after).max() == 0.0
+
+
 def test_preference_bad_input(base_url):
     import tinker
     sc = service_client(base_url, "tml-pref-bad")
     tc = new_training_client(sc)
     data = _pairs()
-    with pytest.raises(tinker.RequestFailedError) as err:  # no ref_logprobs
-        tc.forward_backward(data, "dpo").result()
-    assert "ref_logprobs" in str(err.value)
     ref = [np.zeros(len(d.loss_fn_inputs["target_tokens"].tolist())) for d in data]
+    mixed = _with_ref(data, ref)[:2] + data[2:]
+    with pytest.raises(tinker.RequestFailedError) as err:  # ref_logprobs on some datums only
+        tc.forward_backward(mixed, "dpo").result()
+    assert "ref_logprobs" in str(err.value)
     with pytest.raises(tinker.RequestFailedError) as err:  # an odd count
         tc.forward_backward(_with_ref(data, ref)[:3], "dpo").result()
     assert "pairs" in str(err.value)
