@@ -19,7 +19,7 @@ def _reward(tokens):
 
 def _step(tc, loss, step, group=8, max_tokens=6):
     s = tc.save_weights_and_get_sampling_client()
-    sampler = s.result() if hasattr(s, "result") and not hasattr(s, "sample") else s
+    sampler = s.result() if hasattr(s, "result") else s
     data, rewards = [], []
     for pi, prompt in enumerate(PROMPTS):
         params = types.SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=1000 * step + pi, stop=[])
