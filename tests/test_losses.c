@@ -115,6 +115,49 @@ int main(void) {
         fails += !ok;
     }
 
+    /* distillation over top-K against finite differences of a float64 evaluation */
+    for (int kind = 0; kind < 3; kind++) {
+        enum { DN = 5, DK = 4 };
+        float pp[DN * DK], tt[DN * DK], ww[DN], gg[DN * DK];
+        for (int i = 0; i < DN * DK; i++) pp[i] = (float)(-3 * twk_rng_uniform(&r)), tt[i] = (float)(-3 * twk_rng_uniform(&r));
+        for (int i = 0; i < DN; i++) ww[i] = (float)(i == 2 ? 0.0 : 0.5 + twk_rng_uniform(&r));
+        double beta = 0.3, loss = 0;
+        twk_status dst = twk_loss_distill((twk_distill_kind)kind, DN, DK, pp, tt, ww, beta, gg, &loss);
+        double gerr = 0, gscale = 1e-3, ref_loss = 0;
+        for (int i = 0; i < DN * DK; i++) {
+            double h = 1e-4, v[2] = {0, 0};
+            for (int sgn = 0; sgn < 3; sgn++) { /* 0: +h, 1: -h, 2: unperturbed (the value) */
+                double tot = 0;
+                for (int n = 0; n < DN; n++) {
+                    double x[DK], y[DK], zx = 0, zy = 0, l = 0;
+                    for (int k = 0; k < DK; k++) {
+                        int j = n * DK + k;
+                        x[k] = pp[j] + (j == i && sgn < 2 ? (sgn ? -h : h) : 0);
+                        y[k] = tt[j];
+                        zx += exp(x[k]), zy += exp(y[k]);
+                    }
+                    for (int k = 0; k < DK; k++) {
+                        double sa = exp(x[k]) / zx, qb = exp(y[k]) / zy, m = beta * qb + (1 - beta) * sa;
+                        l += kind == 0 ? qb * log(qb / sa) : kind == 1 ? sa * log(sa / qb)
+                                                                        : beta * qb * log(qb / m) + (1 - beta) * sa * log(sa / m);
+                    }
+                    tot += ww[n] * l;
+                }
+                if (sgn < 2) v[sgn] = tot;
+                else ref_loss = tot;
+            }
+            double fd = (v[0] - v[1]) / (2 * h);
+            gerr = fmax(gerr, fabs(gg[i] - fd));
+            gscale = fmax(gscale, fabs(fd));
+        }
+        static const char *const dnames[] = {"distill forward_kl", "distill reverse_kl", "distill jsd"};
+        double lerr = fabs(loss - ref_loss) / fmax(1.0, fabs(ref_loss));
+        int ok = dst == TWK_OK && gerr / gscale <= 1e-5 && lerr <= 1e-6 && gg[2 * DK] == 0.0f;
+        printf("%s %-20s loss %10.6f (float64 %10.6f, err %.1e)  dL/dp err %.1e\n", ok ? "ok  " : "FAIL", dnames[kind], loss,
+               ref_loss, lerr, gerr / gscale);
+        fails += !ok;
+    }
+
     /* missing inputs are refused by name */
     twk_loss_stats st;
     int ok = twk_loss_eval(TWK_LOSS_PPO, N, p, NULL, a, NULL, NULL, NULL, 0, g, &st) == TWK_ERR_INVALID_ARG &&

@@ -115,3 +115,41 @@ twk_status twk_loss_dpo(int n_seqs, const int64_t *offsets, const float *p, cons
     out->accuracy = (double)wins / pairs;
     return TWK_OK;
 }
+
+twk_status twk_loss_distill(twk_distill_kind kind, int64_t n, int K, const float *p, const float *t, const float *w,
+                            double beta, float *dldp, double *loss) {
+    if (!p || !t || !dldp || !loss) return twk_error(TWK_ERR_INVALID_ARG, "distill: NULL argument");
+    if (K < 1 || K > 64) return twk_error(TWK_ERR_INVALID_ARG, "distill: K = %d must be in 1..64", K);
+    if (kind == TWK_DISTILL_JSD && !(beta > 0 && beta < 1))
+        return twk_error(TWK_ERR_INVALID_ARG, "distill: jsd beta %g must be in (0, 1)", beta);
+    *loss = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const float *pi = p + i * K, *ti = t + i * K;
+        double a[64], b[64], s[64], g[64], mp = -INFINITY, mt = -INFINITY, zp = 0, zt = 0;
+        for (int k = 0; k < K; k++) mp = fmax(mp, pi[k]), mt = fmax(mt, ti[k]);
+        for (int k = 0; k < K; k++) zp += exp(pi[k] - mp), zt += exp(ti[k] - mt);
+        double l = 0, gs = 0, wi = w ? w[i] : 1.0;
+        for (int k = 0; k < K; k++) { /* a, b: student / teacher log-probs renormalized over the K tokens */
+            a[k] = pi[k] - mp - log(zp);
+            b[k] = ti[k] - mt - log(zt);
+            s[k] = exp(a[k]);
+            double q = exp(b[k]);
+            if (kind == TWK_DISTILL_FORWARD_KL) {
+                l += q * (b[k] - a[k]);
+                g[k] = -q; /* dL/da */
+            } else if (kind == TWK_DISTILL_REVERSE_KL) {
+                l += s[k] * (a[k] - b[k]);
+                g[k] = s[k] * (a[k] - b[k] + 1.0);
+            } else {
+                double lm = log(beta * q + (1.0 - beta) * s[k]);
+                l += beta * q * (b[k] - lm) + (1.0 - beta) * s[k] * (a[k] - lm);
+                g[k] = (1.0 - beta) * s[k] * (a[k] - lm);
+            }
+            gs += g[k];
+        }
+        for (int k = 0; k < K; k++) dldp[i * K + k] = (float)(wi * (g[k] - s[k] * gs)); /* a = p - logsumexp(p) */
+        *loss += wi * l;
+        if (!isfinite(l)) return twk_error(TWK_ERR_RANGE, "distill: the loss at token %lld is not finite", (long long)i);
+    }
+    return TWK_OK;
+}

@@ -197,6 +197,16 @@ typedef struct twk_dpo_stats {
 twk_status twk_loss_dpo(int n_seqs, const int64_t *offsets, const float *p, const float *ref, const float *w, double beta,
                         int ipo, float *dldp, twk_dpo_stats *out);
 
+/* Distillation against a teacher's top-K: per token, student logprobs p and
+ * teacher logprobs t of the same K tokens, both renormalized over those K;
+ * forward KL(teacher || student), reverse KL(student || teacher), or the
+ * generalized JSD beta KL(t || m) + (1 - beta) KL(s || m), m = beta t + (1 - beta) s.
+ * w: per-token weights (NULL = 1). dldp gets n x K. TWK_ERR_INVALID_ARG for
+ * K outside 1..64 or a jsd beta outside (0, 1). */
+typedef enum twk_distill_kind { TWK_DISTILL_FORWARD_KL, TWK_DISTILL_REVERSE_KL, TWK_DISTILL_JSD } twk_distill_kind;
+twk_status twk_loss_distill(twk_distill_kind kind, int64_t n, int K, const float *p, const float *t, const float *w,
+                            double beta, float *dldp, double *loss);
+
 /* ---- sampling: prefill and decode with a KV cache ---- */
 
 typedef struct twk_sample_params {
