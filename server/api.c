@@ -219,8 +219,11 @@ static int validate_fb(svc *s, const run_state *r, const twk_wire_fb_request *q,
     int vocab = r->base ? twk_model_cfg(r->base->m)->vocab : 0;
     int rl = is_builtin_rl_loss(q->loss_fn);
     int pref = !strcmp(q->loss_fn, "dpo") || !strcmp(q->loss_fn, "ipo"); /* twinkle's extensions */
-    if (strcmp(q->loss_fn, "cross_entropy") && !rl && !pref) {
-        snprintf(err, n, "unknown loss_fn '%s' (cross_entropy, importance_sampling, ppo, cispo, dro, dpo, ipo)",
+    int distill = !strcmp(q->loss_fn, "forward_kl") || !strcmp(q->loss_fn, "reverse_kl") || !strcmp(q->loss_fn, "jsd");
+    if (strcmp(q->loss_fn, "cross_entropy") && !rl && !pref && !distill) {
+        snprintf(err, n,
+                 "unknown loss_fn '%s' (cross_entropy, importance_sampling, ppo, cispo, dro, dpo, ipo, forward_kl, "
+                 "reverse_kl, jsd)",
                  q->loss_fn);
         return 0;
     }
@@ -267,6 +270,25 @@ static int validate_fb(svc *s, const run_state *r, const twk_wire_fb_request *q,
         if (t->ndim == 2) { /* top-K targets (distillation): cross_entropy, one K for the request */
             const twk_wire_tensor *t0 = twk_wire_datum_input(&q->data[0], "target_tokens");
             const twk_wire_tensor *w2 = twk_wire_datum_input(d, "weights");
+            const twk_wire_tensor *tl = twk_wire_datum_input(d, "teacher_logprobs");
+            if (distill && (!tl || tl->dtype != TWK_WIRE_F32 || tl->ndim != 2 || tl->shape[0] != t->shape[0] ||
+                            tl->shape[1] != t->shape[1])) {
+                snprintf(err, n, "data[%d].loss_fn_inputs[teacher_logprobs] is required by loss_fn '%s': float32 "
+                                 "[%lld, %lld] like target_tokens", i, q->loss_fn, (long long)t->shape[0],
+                         (long long)t->shape[1]);
+                return 0;
+            }
+            for (int64_t k = 0; distill && k < tl->n; k++)
+                if (!isfinite(((const float *)tl->data)[k])) {
+                    snprintf(err, n, "data[%d].loss_fn_inputs[teacher_logprobs][%lld] is not finite", i, (long long)k);
+                    return 0;
+                }
+            if (distill && w2 && w2->ndim != 1) {
+                snprintf(err, n, "data[%d].loss_fn_inputs[weights] must be float32 [%lld] (a per-token mask) for "
+                                 "loss_fn '%s'", i, (long long)d->n_tokens, q->loss_fn);
+                return 0;
+            }
+            if (distill) w2 = NULL; /* the per-token mask is checked below */
             if (rl || pref || t->shape[0] != d->n_tokens || t->shape[1] < 1 || t->shape[1] > 64 || !t0 || t0->ndim != 2 ||
                 t0->shape[1] != t->shape[1]) {
                 snprintf(err, n,
@@ -285,6 +307,10 @@ static int validate_fb(svc *s, const run_state *r, const twk_wire_fb_request *q,
                     snprintf(err, n, "data[%d].loss_fn_inputs[weights][%lld] is not finite", i, (long long)k);
                     return 0;
                 }
+        } else if (distill) {
+            snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens] must be 2-D [tokens, K] (the teacher's top-K) for "
+                             "loss_fn '%s'", i, q->loss_fn);
+            return 0;
         } else if (t->ndim != 1) {
             snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens] must be 1-D or 2-D", i);
             return 0;
@@ -332,7 +358,7 @@ static int validate_fb(svc *s, const run_state *r, const twk_wire_fb_request *q,
                     return 0;
                 }
         }
-        const twk_wire_tensor *w = t->ndim == 1 ? twk_wire_datum_input(d, "weights") : NULL;
+        const twk_wire_tensor *w = t->ndim == 1 || distill ? twk_wire_datum_input(d, "weights") : NULL;
         if (w) {
             if (w->dtype != TWK_WIRE_F32 || w->ndim != 1 || w->n != d->n_tokens) {
                 snprintf(err, n, "data[%d].loss_fn_inputs[weights] must be float32 with %lld entries (one per token)", i,

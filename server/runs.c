@@ -179,6 +179,40 @@ static twk_status fb_passes(op *o, const float *weights_all, const int32_t *targ
 }
 
 /* The per-token inputs of an RL loss, gathered over all datums. */
+/* K passes over (N, K) target_tokens, column by column; the weights of column k
+ * come from weights_nk (N x K, all datums) or the datums' (N, K) "weights". */
+static twk_status topk_passes(op *o, int K, const float *weights_nk, int backward, float *lp_k, const int64_t *offsets,
+                              int32_t *buf, float *w, double *loss_sum, double *wsum) {
+    twk_wire_fb_request *q = o->fb;
+    int64_t total = offsets[q->n_data];
+    int32_t *tk = twk_host_alloc((size_t)(total ? total : 1) * 4, "targets");
+    float *wk = twk_host_alloc((size_t)(total ? total : 1) * 4, "weights");
+    float *lp1 = twk_host_alloc((size_t)(total ? total : 1) * 4, "logprobs");
+    twk_status st = tk && wk && lp1 ? TWK_OK : TWK_ERR_OOM;
+    *loss_sum = *wsum = 0;
+    for (int k = 0; st == TWK_OK && k < K; k++) {
+        for (int d = 0; d < q->n_data; d++) {
+            const twk_wire_tensor *tt = twk_wire_datum_input(&q->data[d], "target_tokens");
+            const twk_wire_tensor *ww = twk_wire_datum_input(&q->data[d], "weights");
+            if (ww && ww->ndim != 2) ww = NULL;
+            for (int64_t i = 0; i < q->data[d].n_tokens; i++) {
+                int64_t j = (offsets[d] + i) * K + k;
+                tk[offsets[d] + i] = (int32_t)((const int64_t *)tt->data)[i * K + k];
+                wk[offsets[d] + i] = weights_nk ? weights_nk[j] : ww ? ((const float *)ww->data)[i * K + k] : 1.0f;
+            }
+        }
+        double l = 0, ws = 0;
+        st = fb_passes(o, wk, tk, backward, lp1, offsets, buf, w, &l, &ws);
+        *loss_sum += l;
+        *wsum += ws;
+        for (int64_t i = 0; st == TWK_OK && i < total; i++) lp_k[i * K + k] = lp1[i];
+    }
+    twk_host_free(tk);
+    twk_host_free(wk);
+    twk_host_free(lp1);
+    return st;
+}
+
 static float *gather_input(const twk_wire_fb_request *q, const char *key, int64_t total) {
     float *v = twk_host_alloc((size_t)(total ? total : 1) * 4, key);
     if (!v) return NULL;
@@ -202,6 +236,10 @@ static void run_fb(op *o) {
     for (int i = 0; i < q->n_data; i++) total += q->data[i].n_tokens;
     int kind = twk_loss_kind_from_name(q->loss_fn);
     int pref = !strcmp(q->loss_fn, "dpo") || !strcmp(q->loss_fn, "ipo");
+    int distill = !strcmp(q->loss_fn, "forward_kl") ? TWK_DISTILL_FORWARD_KL
+                  : !strcmp(q->loss_fn, "reverse_kl") ? TWK_DISTILL_REVERSE_KL
+                  : !strcmp(q->loss_fn, "jsd")        ? TWK_DISTILL_JSD
+                                                      : -1;
     twk_dpo_stats ds = {0, 0, 0};
     float *lp_all = twk_host_alloc((size_t)(total ? total : 1) * 4, "logprobs");
     int64_t *offsets = twk_host_alloc((size_t)(q->n_data + 1) * 8, "offsets");
@@ -220,29 +258,35 @@ static void run_fb(op *o) {
     double loss_sum = 0, wsum = 0, ratio_mean = 0, clip_fraction = 0;
     if (kind == TWK_LOSS_CROSS_ENTROPY && K > 0) {
         /* top-K targets: one pass per column k, gradients accumulating: -sum_i sum_k w_ik log p(t_ik) */
-        int32_t *tk = twk_host_alloc((size_t)(total ? total : 1) * 4, "targets");
-        float *wk = twk_host_alloc((size_t)(total ? total : 1) * 4, "weights");
         lp_k = twk_host_alloc((size_t)(total ? total : 1) * (size_t)K * 4, "logprobs");
-        float *lp1 = twk_host_alloc((size_t)(total ? total : 1) * 4, "logprobs");
-        if (!tk || !wk || !lp_k || !lp1) st = TWK_ERR_OOM;
-        for (int k = 0; st == TWK_OK && k < K; k++) {
-            for (int d = 0; d < q->n_data; d++) {
-                const twk_wire_tensor *tt = twk_wire_datum_input(&q->data[d], "target_tokens");
-                const twk_wire_tensor *ww = twk_wire_datum_input(&q->data[d], "weights");
-                for (int64_t i = 0; i < q->data[d].n_tokens; i++) {
-                    tk[offsets[d] + i] = (int32_t)((const int64_t *)tt->data)[i * K + k];
-                    wk[offsets[d] + i] = ww ? ((const float *)ww->data)[i * K + k] : 1.0f;
-                }
-            }
-            double l = 0, ws = 0;
-            st = fb_passes(o, wk, tk, !q->forward_only, lp1, offsets, buf, w, &l, &ws);
-            loss_sum += l;
-            wsum += ws;
-            for (int64_t i = 0; st == TWK_OK && i < total; i++) lp_k[i * K + k] = lp1[i];
+        st = lp_k ? topk_passes(o, K, NULL, !q->forward_only, lp_k, offsets, buf, w, &loss_sum, &wsum) : TWK_ERR_OOM;
+    } else if (distill >= 0) {
+        /* distillation: K forwards for the student's logprobs of the teacher's tokens, the loss
+         * and dL/dp on the host, then K cross-entropy backwards with weights -dL/dp */
+        double unused;
+        lp_k = twk_host_alloc((size_t)(total ? total : 1) * (size_t)K * 4, "logprobs");
+        float *tlp = twk_host_alloc((size_t)(total ? total : 1) * (size_t)K * 4, "teacher logprobs");
+        float *tw = gather_input(q, "weights", total);
+        grad = twk_host_alloc((size_t)(total ? total : 1) * (size_t)K * 4, "loss gradient");
+        st = lp_k && tlp && tw && grad ? topk_passes(o, K, NULL, 0, lp_k, offsets, buf, w, &unused, &unused) : TWK_ERR_OOM;
+        for (int d = 0; st == TWK_OK && d < q->n_data; d++) {
+            const twk_wire_tensor *x = twk_wire_datum_input(&q->data[d], "teacher_logprobs");
+            memcpy(tlp + offsets[d] * K, x->data, (size_t)q->data[d].n_tokens * (size_t)K * 4);
         }
-        twk_host_free(tk);
-        twk_host_free(wk);
-        twk_host_free(lp1);
+        for (int64_t i = 0; st == TWK_OK && i < total; i++)
+            if (isnan(tw[i])) tw[i] = 1.0f;
+        for (int64_t i = 0; st == TWK_OK && i < total; i++) wsum += tw[i];
+        if (st == TWK_OK)
+            st = twk_loss_distill((twk_distill_kind)distill, total, K, lp_k, tlp, tw, config_value(q, "beta", 0.5), grad,
+                                  &loss_sum);
+        if (st == TWK_OK && !q->forward_only) {
+            for (int64_t i = 0; i < total * K; i++) grad[i] = -grad[i];
+            float *lp2 = twk_host_alloc((size_t)(total ? total : 1) * (size_t)K * 4, "logprobs");
+            st = lp2 ? topk_passes(o, K, grad, 1, lp2, offsets, buf, w, &unused, &unused) : TWK_ERR_OOM;
+            twk_host_free(lp2);
+        }
+        twk_host_free(tlp);
+        twk_host_free(tw);
     } else if (pref) {
         /* preference pairs: a forward for p, the pair loss and dL/dp on the
          * host, then a cross-entropy backward with weights -dL/dp */
@@ -323,13 +367,14 @@ static void run_fb(op *o) {
         }
         const char *keys[5] = {"loss:sum", "num_tokens:sum", "weight_sum:sum", "ratio:mean", "clip_fraction:mean"};
         double vals[5] = {loss_sum, (double)total, wsum, ratio_mean, clip_fraction};
-        int nk = kind == TWK_LOSS_CROSS_ENTROPY ? 3 : 5;
+        int nk = kind == TWK_LOSS_CROSS_ENTROPY || distill >= 0 ? 3 : 5;
         if (pref) {
             keys[2] = "pairs:sum", vals[2] = q->n_data / 2;
             keys[3] = "margin:mean", vals[3] = ds.margin_mean;
             keys[4] = "accuracy:mean", vals[4] = ds.accuracy;
             nk = 5;
-        } else if (kind != TWK_LOSS_CROSS_ENTROPY) keys[2] = "advantage_tokens:sum", vals[2] = (double)total;
+        } else if (kind != TWK_LOSS_CROSS_ENTROPY && distill < 0)
+            keys[2] = "advantage_tokens:sum", vals[2] = (double)total;
         if (twk_wire_encode_fb_output(q->n_data, &f, 1, keys, vals, nk, &o->out, &o->out_len) != TWK_OK)
             op_fail(o, 0, "encoding the result failed: %s", twk_last_error());
         o->out_proto = 1;
