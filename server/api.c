@@ -210,7 +210,8 @@ static void h_get_info(svc *s, twk_http_conn *c, const cJSON *b, const char *ten
 /* ---- training ops (futures, in seq_id order) ---- */
 
 static int is_builtin_rl_loss(const char *l) {
-    return !strcmp(l, "importance_sampling") || !strcmp(l, "ppo") || !strcmp(l, "cispo") || !strcmp(l, "dro");
+    return !strcmp(l, "importance_sampling") || !strcmp(l, "ppo") || !strcmp(l, "cispo") || !strcmp(l, "dro") ||
+           !strcmp(l, "grpo") || !strcmp(l, "dapo") || !strcmp(l, "dr_grpo");
 }
 
 /* Checks a decoded forward_backward request against the model; writes the
@@ -222,8 +223,8 @@ static int validate_fb(svc *s, const run_state *r, const twk_wire_fb_request *q,
     int distill = !strcmp(q->loss_fn, "forward_kl") || !strcmp(q->loss_fn, "reverse_kl") || !strcmp(q->loss_fn, "jsd");
     if (strcmp(q->loss_fn, "cross_entropy") && !rl && !pref && !distill) {
         snprintf(err, n,
-                 "unknown loss_fn '%s' (cross_entropy, importance_sampling, ppo, cispo, dro, dpo, ipo, forward_kl, "
-                 "reverse_kl, jsd)",
+                 "unknown loss_fn '%s' (cross_entropy, importance_sampling, ppo, cispo, dro, grpo, dapo, dr_grpo, dpo, "
+                 "ipo, forward_kl, reverse_kl, jsd)",
                  q->loss_fn);
         return 0;
     }

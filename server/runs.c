@@ -230,11 +230,43 @@ static double config_value(const twk_wire_fb_request *q, const char *key, double
     return def;
 }
 
+/* Scales the advantages (all datums) so that a summed ppo loss has the
+ * aggregation agg (see run_fb); tokens count where "weights" (default 1) is
+ * nonzero, and masked tokens get advantage 0. */
+static twk_status aggregate_advantages(const twk_wire_fb_request *q, int agg, const int64_t *offsets, float *adv) {
+    double masked = 0, longest = 0;
+    for (int d = 0; d < q->n_data; d++) {
+        const twk_wire_tensor *wt = twk_wire_datum_input(&q->data[d], "weights");
+        double nd = 0;
+        for (int64_t i = 0; i < q->data[d].n_tokens; i++) nd += !wt || ((const float *)wt->data)[i] != 0.0f;
+        masked += nd;
+        longest = nd > longest ? nd : longest;
+    }
+    double norm = config_value(q, "max_tokens", longest);
+    if (!(norm > 0)) return twk_error(TWK_ERR_INVALID_ARG, "loss_fn_config[max_tokens] = %g must be > 0", norm);
+    for (int d = 0; d < q->n_data; d++) {
+        const twk_wire_tensor *wt = twk_wire_datum_input(&q->data[d], "weights");
+        double nd = 0;
+        for (int64_t i = 0; i < q->data[d].n_tokens; i++) nd += !wt || ((const float *)wt->data)[i] != 0.0f;
+        double c = agg == 1 ? 1.0 / (q->n_data * (nd > 0 ? nd : 1)) : agg == 2 ? 1.0 / (masked > 0 ? masked : 1)
+                                                                               : 1.0 / (q->n_data * norm);
+        for (int64_t i = 0; i < q->data[d].n_tokens; i++)
+            adv[offsets[d] + i] = (!wt || ((const float *)wt->data)[i] != 0.0f) ? (float)(adv[offsets[d] + i] * c) : 0.0f;
+    }
+    return TWK_OK;
+}
+
 static void run_fb(op *o) {
     twk_wire_fb_request *q = o->fb;
     int64_t cap = o->svc->cfg.max_context, total = 0;
     for (int i = 0; i < q->n_data; i++) total += q->data[i].n_tokens;
     int kind = twk_loss_kind_from_name(q->loss_fn);
+    /* the GRPO family: ppo's clipped surrogate with an aggregation over tokens
+     * (1 grpo: per-sequence token mean, then the mean over sequences; 2 dapo: the
+     * mean over all masked tokens; 3 dr_grpo: per-sequence token sum / max_tokens,
+     * then the mean over sequences), applied as a positive scale on the advantages */
+    int agg = !strcmp(q->loss_fn, "grpo") ? 1 : !strcmp(q->loss_fn, "dapo") ? 2 : !strcmp(q->loss_fn, "dr_grpo") ? 3 : 0;
+    if (agg) kind = TWK_LOSS_PPO;
     int pref = !strcmp(q->loss_fn, "dpo") || !strcmp(q->loss_fn, "ipo");
     int distill = !strcmp(q->loss_fn, "forward_kl") ? TWK_DISTILL_FORWARD_KL
                   : !strcmp(q->loss_fn, "reverse_kl") ? TWK_DISTILL_REVERSE_KL
@@ -329,7 +361,8 @@ static void run_fb(op *o) {
         grad = twk_host_alloc((size_t)(total ? total : 1) * 4, "loss gradient");
         if (st == TWK_OK && (!qlp || !adv || !lo || !hi || !grad)) st = TWK_ERR_OOM;
         double lo_def = config_value(q, "clip_low_threshold", kind == TWK_LOSS_CISPO ? 0.0 : 0.8);
-        double hi_def = config_value(q, "clip_high_threshold", kind == TWK_LOSS_CISPO ? 4.0 : 1.2);
+        double hi_def = config_value(q, "clip_high_threshold", kind == TWK_LOSS_CISPO ? 4.0 : agg == 2 ? 1.28 : 1.2);
+        if (agg && st == TWK_OK) st = aggregate_advantages(q, agg, offsets, adv);
         for (int64_t i = 0; st == TWK_OK && i < total; i++) { /* per-datum bounds win over loss_fn_config */
             if (isnan(lo[i])) lo[i] = (float)lo_def;
             if (isnan(hi[i])) hi[i] = (float)hi_def;

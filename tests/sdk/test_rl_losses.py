@@ -108,3 +108,44 @@ def test_top_k_cross_entropy(base_url):
     assert got.shape == (n, K)
     assert np.abs(got - ref).max() <= 1e-5
     assert abs(res.metrics["loss:sum"] - float(-(weights * ref).sum())) <= 1e-4 * max(1.0, abs(float((weights * ref).sum())))
+
+
+@pytest.mark.parametrize("loss", ["grpo", "dapo", "dr_grpo"])
+def test_grpo_family_aggregation(base_url, loss):
+    """ppo's clipped surrogate aggregated over tokens: grpo = mean over sequences of
+    each sequence's token mean; dapo = mean over all masked tokens (clip 0.8 / 1.28);
+    dr_grpo = mean over sequences of token sums / max_tokens. A "weights" mask
+    excludes prompt tokens from the counts. Checked against numpy, and the step
+    against a cross-entropy step with weights -dL/dp."""
+    sc = service_client(base_url, "tml-agg-" + loss)
+    tc = new_training_client(sc, seed=12)
+    tc_ce = new_training_client(sc, seed=12)
+    data, p = _data(tc, 0.3, 8)
+    masks = [np.array([0.0] * (2 + i) + [1.0] * (len(pd) - 2 - i)) for i, pd in enumerate(p)]
+    hi = 1.28 if loss == "dapo" else 1.2
+    config = {"max_tokens": 20.0} if loss == "dr_grpo" else None
+    sent = [types.Datum(model_input=d.model_input, loss_fn_inputs={
+        "target_tokens": d.loss_fn_inputs["target_tokens"], "logprobs": q.tolist(), "advantages": a.tolist(),
+        "weights": m.astype(np.float32).tolist()}) for (d, q, a), m in zip(data, masks)]
+    res = tc.forward_backward(sent, loss, loss_fn_config=config).result()
+    total_masked = sum(m.sum() for m in masks)
+    want, weights = 0.0, []
+    for (d, q, a), pd, m in zip(data, p, masks):
+        c = {"grpo": 1 / (len(data) * m.sum()), "dapo": 1 / total_masked, "dr_grpo": 1 / (len(data) * 20.0)}[loss]
+        a_scaled = (a.astype(np.float32) * np.float32(c)).astype(np.float64) * m
+        l, g = _ref("ppo", pd, q.astype(np.float64), a_scaled, 0.8, hi, 0)
+        want += l
+        weights.append(-g)
+    got = res.metrics["loss:sum"]
+    print(f"{loss}: loss {got:.7f} vs numpy {want:.7f}")
+    assert abs(got - want) <= 1e-5 * max(1.0, abs(want))
+    ce = [types.Datum(model_input=d.model_input, loss_fn_inputs={
+        "target_tokens": d.loss_fn_inputs["target_tokens"], "weights": w.astype(np.float32).tolist()})
+        for (d, _, _), w in zip(data, weights)]
+    tc_ce.forward_backward(ce, "cross_entropy").result()
+    tc.optim_step(adam(1e-2)).result()
+    tc_ce.optim_step(adam(1e-2)).result()
+    probe = [counting_datum(7)]
+    a_lp = np.array(tc.forward(probe, "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist())
+    b_lp = np.array(tc_ce.forward(probe, "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist())
+    assert np.abs(a_lp - b_lp).max() <= 1e-4
