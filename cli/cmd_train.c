@@ -13,9 +13,9 @@
 #include "twinkle/twinkle.h"
 
 typedef struct train_opts {
-    const char *model, *data, *out, *resume, *device;
+    const char *model, *data, *out, *resume, *device, *loss;
     long steps, save_every, batch_tokens, rank, seed;
-    double lr, alpha, weight_decay, grad_clip, beta1, beta2, eps;
+    double lr, dpo_beta, alpha, weight_decay, grad_clip, beta1, beta2, eps;
     int full, train_unembed, no_attn, no_mlp;
 } train_opts;
 
@@ -40,6 +40,10 @@ static void usage(FILE *f) {
             "  --resume DIR         continue from a saved training state (weights + optimizer)\n"
             "  --seed S             LoRA initialisation seed (default 0)\n"
             "  --device SPEC        cpu (default)\n"
+            "  --loss L             cross_entropy (default), dpo or ipo: preference pairs, lines 2i (chosen)\n"
+            "                       and 2i+1 (rejected); weights mask the prompt; the reference is the base\n"
+            "                       model (LoRA only)\n"
+            "  --dpo-beta X         beta of dpo / ipo (default 0.1)\n"
             "\n"
             "The loss of a step is -sum(weights * logprobs) over its tokens (Tinker's semantics);\n"
             "the printed loss is that sum divided by the sum of weights.\n");
@@ -58,7 +62,7 @@ static int num(const char *flag, const char *s, double lo, double hi, double *ou
 
 static int parse(int argc, char **argv, train_opts *o) {
     *o = (train_opts){.out = "train-out", .device = "cpu", .steps = 100, .batch_tokens = 2048, .rank = 32,
-                      .lr = 1e-4, .alpha = 32, .grad_clip = 1.0, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
+                      .lr = 1e-4, .dpo_beta = 0.1, .loss = "cross_entropy", .alpha = 32, .grad_clip = 1.0, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         double v;
@@ -80,6 +84,8 @@ static int parse(int argc, char **argv, train_opts *o) {
         else if (!strcmp(a, "--out")) o->out = val;
         else if (!strcmp(a, "--resume")) o->resume = val;
         else if (!strcmp(a, "--device")) o->device = val;
+        else if (!strcmp(a, "--loss")) o->loss = val;
+        else if (!strcmp(a, "--dpo-beta")) { if (!num(a, val, 1e-6, 1e6, &o->dpo_beta)) return 0; }
         else if (!strcmp(a, "--steps")) { if (!num(a, val, 1, 1e9, &v)) return 0; o->steps = (long)v; }
         else if (!strcmp(a, "--save-every")) { if (!num(a, val, 0, 1e9, &v)) return 0; o->save_every = (long)v; }
         else if (!strcmp(a, "--batch-tokens")) { if (!num(a, val, 2, 1e7, &v)) return 0; o->batch_tokens = (long)v; }
@@ -97,6 +103,14 @@ static int parse(int argc, char **argv, train_opts *o) {
             return 0;
         }
     }
+    if (strcmp(o->loss, "cross_entropy") && strcmp(o->loss, "dpo") && strcmp(o->loss, "ipo")) {
+        fprintf(stderr, "twinkle train: --loss '%s' is not one of cross_entropy, dpo, ipo\n", o->loss);
+        return 0;
+    }
+    if (strcmp(o->loss, "cross_entropy") && o->full) {
+        fprintf(stderr, "twinkle train: --loss %s needs LoRA (its reference is the base model), not --full\n", o->loss);
+        return 0;
+    }
     if (!o->model || !o->data) {
         fprintf(stderr, "twinkle train: --model and --data are required (see --help)\n");
         return 0;
@@ -112,6 +126,39 @@ static void progress(long step, long steps, double loss, double tps, int tty) {
     printf("%s[%s] step %ld/%ld  loss %.4f  %.0f tokens/s%s", tty ? "\r" : "", bar, step, steps, loss, tps,
            tty ? "" : "\n");
     fflush(stdout);
+}
+
+/* One preference step on a packed batch of whole pairs: reference logprobs
+ * from the base model (adapter off), the policy's, the pair loss and dL/dp on
+ * the host, then a cross-entropy backward with weights -dL/dp. */
+static twk_status dpo_step(twk_trainer *t, const twk_packed *pk, int ipo, double beta, double *loss) {
+    const twk_batch *b = &pk->batch;
+    int64_t n = b->n;
+    float *ref = malloc((size_t)n * 4), *p = malloc((size_t)n * 4), *g = malloc((size_t)n * 4);
+    int64_t *off = malloc((size_t)(pk->n_seqs + 1) * 8);
+    twk_status st = ref && p && g && off ? TWK_OK : twk_error(TWK_ERR_OOM, "dpo: out of memory");
+    int ns = 0;
+    for (int64_t i = 0; st == TWK_OK && i < n; i++)
+        if (b->seg_start[i] == i) off[ns++] = i;
+    if (st == TWK_OK) off[ns] = n;
+    if (st == TWK_OK && ns % 2)
+        st = twk_error(TWK_ERR_INVALID_ARG, "dpo: a batch holds %d sequences; raise --batch-tokens so whole pairs fit", ns);
+    if (st == TWK_OK) st = twk_trainer_forward_base(t, b, ref, NULL);
+    if (st == TWK_OK) st = twk_trainer_forward(t, b, p, NULL);
+    twk_dpo_stats ds;
+    if (st == TWK_OK) st = twk_loss_dpo(ns, off, p, ref, b->weights, beta, ipo, g, &ds);
+    if (st == TWK_OK) {
+        for (int64_t i = 0; i < n; i++) g[i] = -g[i];
+        twk_batch gb = *b;
+        gb.weights = g;
+        st = twk_trainer_forward_backward(t, &gb, NULL, NULL);
+        *loss = ds.loss;
+    }
+    free(ref);
+    free(p);
+    free(g);
+    free(off);
+    return st;
 }
 
 int twk_cmd_train(int argc, char **argv) {
@@ -152,16 +199,26 @@ int twk_cmd_train(int argc, char **argv) {
     int64_t cursor = 0;
     for (long s = 0; s < start; s++)
         if (twk_dataset_pack(data, o.batch_tokens, &cursor, &packed) != TWK_OK) goto fail;
+    int pref = strcmp(o.loss, "cross_entropy") != 0;
+    if (pref && twk_dataset_count(data) % 2) {
+        twk_error(TWK_ERR_INVALID_ARG, "--loss %s: %s has %lld lines; pairs (chosen, rejected) need an even count", o.loss,
+                  o.data, (long long)twk_dataset_count(data));
+        goto fail;
+    }
     int tty = isatty(1);
     double t0 = twk_now(), tokens = 0, first = -1, loss_avg = 0;
     for (long s = start + 1; s <= o.steps; s++) {
         if (twk_dataset_pack(data, o.batch_tokens, &cursor, &packed) != TWK_OK) goto fail;
         float loss = 0;
-        if (twk_trainer_forward_backward(t, &packed.batch, NULL, &loss) != TWK_OK) goto fail;
+        if (pref) {
+            double l = 0;
+            if (dpo_step(t, &packed, !strcmp(o.loss, "ipo"), o.dpo_beta, &l) != TWK_OK) goto fail;
+            loss = (float)l;
+        } else if (twk_trainer_forward_backward(t, &packed.batch, NULL, &loss) != TWK_OK) goto fail;
         if (twk_trainer_optim_step(t, &ap, NULL) != TWK_OK) goto fail;
         double wsum = 0;
         for (int64_t i = 0; i < packed.batch.n; i++) wsum += packed.batch.weights[i];
-        loss_avg = wsum != 0 ? loss / wsum : loss;
+        loss_avg = pref ? loss / (packed.n_seqs / 2) : wsum != 0 ? loss / wsum : loss;
         if (first < 0) first = loss_avg;
         tokens += (double)packed.batch.n;
         progress(s, o.steps, loss_avg, tokens / (twk_now() - t0), tty);

@@ -1,7 +1,8 @@
 #!/bin/sh
 # `twinkle train` end to end on the qwen3 parity model: the loss falls, a run
 # resumed from its step-10 state ends bit-identical to an uninterrupted run,
-# the adapter it writes loads back, and bad data is refused naming the line.
+# the adapter it writes loads back, bad data is refused naming the line, and
+# --loss dpo (reference: the base model) drives the pair loss down from log 2.
 set -eu
 TWINKLE=$1
 MODEL=$2
@@ -54,3 +55,21 @@ echo "ok   twinkle sample with the trained adapter: seeded runs repeat"
 if "$TWINKLE" sample --model "$MODEL" --prompt-tokens 5000 > "$DIR/c.log" 2>&1; then fail "an out-of-vocabulary prompt was accepted"; fi
 grep -q "vocabulary" "$DIR/c.log" || fail "the message does not name the vocabulary"
 echo "ok   out-of-vocabulary prompt refused: $(tail -n 1 "$DIR/c.log")"
+
+# DPO: 4 preference pairs (chosen: counting, rejected: random), prompt masked
+awk 'BEGIN { srand(3); for (s = 0; s < 4; s++) { for (side = 0; side < 2; side++) {
+     t = "{\"tokens\": ["; w = "\"weights\": [";
+     for (i = 0; i < 12; i++) { v = i < 4 ? 10 * s + i : (side ? int(rand() * 1000) : 500 + s + i);
+         t = t (i ? ", " : "") v; if (i) w = w (i > 1 ? ", " : "") (i < 4 ? 0 : 1) }
+     print t "], " w "]}" } } }' > "$DIR/pairs.jsonl"
+"$TWINKLE" train --model "$MODEL" --data "$DIR/pairs.jsonl" --loss dpo --dpo-beta 0.5 --batch-tokens 48 --lr 1e-2 \
+    --rank 8 --steps 15 --out "$DIR/d" > "$DIR/d.log" || { cat "$DIR/d.log"; fail "dpo run"; }
+first=$(sed -n 's/^loss \([0-9.]*\) -> \([0-9.]*\).*/\1/p' "$DIR/d.log")
+last=$(sed -n 's/^loss \([0-9.]*\) -> \([0-9.]*\).*/\2/p' "$DIR/d.log")
+awk -v f="$first" 'BEGIN { exit !(f >= 0.6931 && f <= 0.6932) }' || fail "dpo starts at $first, not log 2 (policy = reference)"
+awk -v f="$first" -v l="$last" 'BEGIN { exit !(l * 4 < f) }' || fail "dpo loss $first -> $last did not fall fourfold"
+echo "ok   twinkle train --loss dpo: loss per pair $first (log 2) -> $last"
+head -n 3 "$DIR/pairs.jsonl" > "$DIR/odd.jsonl"
+if "$TWINKLE" train --model "$MODEL" --data "$DIR/odd.jsonl" --loss dpo > "$DIR/c.log" 2>&1; then fail "odd pairs accepted"; fi
+grep -q "even count" "$DIR/c.log" || { cat "$DIR/c.log"; fail "the message does not explain the pairs"; }
+echo "ok   an odd number of preference lines is refused: $(grep "even count" "$DIR/c.log")"
