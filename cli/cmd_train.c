@@ -142,7 +142,7 @@ static twk_status dpo_step(twk_trainer *t, const twk_packed *pk, int ipo, double
         if (b->seg_start[i] == i) off[ns++] = i;
     if (st == TWK_OK) off[ns] = n;
     if (st == TWK_OK && ns % 2)
-        st = twk_error(TWK_ERR_INVALID_ARG, "dpo: a batch holds %d sequences; raise --batch-tokens so whole pairs fit", ns);
+        st = twk_error(TWK_ERR_INVALID_ARG, "dpo: a batch holds %d sequences, not whole pairs", ns);
     if (st == TWK_OK) st = twk_trainer_forward_base(t, b, ref, NULL);
     if (st == TWK_OK) st = twk_trainer_forward(t, b, p, NULL);
     twk_dpo_stats ds;
@@ -195,20 +195,20 @@ int twk_cmd_train(int argc, char **argv) {
            start ? " (resumed)" : "");
     twk_adam_params ap = {(float)o.lr, (float)o.beta1, (float)o.beta2, (float)o.eps, (float)o.weight_decay,
                           (float)o.grad_clip};
-    /* the data position follows from the step: packing is deterministic */
-    int64_t cursor = 0;
-    for (long s = 0; s < start; s++)
-        if (twk_dataset_pack(data, o.batch_tokens, &cursor, &packed) != TWK_OK) goto fail;
     int pref = strcmp(o.loss, "cross_entropy") != 0;
     if (pref && twk_dataset_count(data) % 2) {
         twk_error(TWK_ERR_INVALID_ARG, "--loss %s: %s has %lld lines; pairs (chosen, rejected) need an even count", o.loss,
                   o.data, (long long)twk_dataset_count(data));
         goto fail;
     }
+    /* the data position follows from the step: packing is deterministic */
+    int64_t cursor = 0;
+    for (long s = 0; s < start; s++)
+        if (twk_dataset_pack_groups(data, o.batch_tokens, pref ? 2 : 1, &cursor, &packed) != TWK_OK) goto fail;
     int tty = isatty(1);
     double t0 = twk_now(), tokens = 0, first = -1, loss_avg = 0;
     for (long s = start + 1; s <= o.steps; s++) {
-        if (twk_dataset_pack(data, o.batch_tokens, &cursor, &packed) != TWK_OK) goto fail;
+        if (twk_dataset_pack_groups(data, o.batch_tokens, pref ? 2 : 1, &cursor, &packed) != TWK_OK) goto fail;
         float loss = 0;
         if (pref) {
             double l = 0;

@@ -56,13 +56,14 @@ if "$TWINKLE" sample --model "$MODEL" --prompt-tokens 5000 > "$DIR/c.log" 2>&1; 
 grep -q "vocabulary" "$DIR/c.log" || fail "the message does not name the vocabulary"
 echo "ok   out-of-vocabulary prompt refused: $(tail -n 1 "$DIR/c.log")"
 
-# DPO: 4 preference pairs (chosen: counting, rejected: random), prompt masked
+# DPO: 4 preference pairs (chosen: counting, rejected: random), prompt masked;
+# 40 tokens hold one pair of 22 targets (ungrouped packing would take 3 lines)
 awk 'BEGIN { srand(3); for (s = 0; s < 4; s++) { for (side = 0; side < 2; side++) {
      t = "{\"tokens\": ["; w = "\"weights\": [";
      for (i = 0; i < 12; i++) { v = i < 4 ? 10 * s + i : (side ? int(rand() * 1000) : 500 + s + i);
          t = t (i ? ", " : "") v; if (i) w = w (i > 1 ? ", " : "") (i < 4 ? 0 : 1) }
      print t "], " w "]}" } } }' > "$DIR/pairs.jsonl"
-"$TWINKLE" train --model "$MODEL" --data "$DIR/pairs.jsonl" --loss dpo --dpo-beta 0.5 --batch-tokens 48 --lr 1e-2 \
+"$TWINKLE" train --model "$MODEL" --data "$DIR/pairs.jsonl" --loss dpo --dpo-beta 0.5 --batch-tokens 40 --lr 1e-2 \
     --rank 8 --steps 15 --out "$DIR/d" > "$DIR/d.log" || { cat "$DIR/d.log"; fail "dpo run"; }
 first=$(sed -n 's/^loss \([0-9.]*\) -> \([0-9.]*\).*/\1/p' "$DIR/d.log")
 last=$(sed -n 's/^loss \([0-9.]*\) -> \([0-9.]*\).*/\2/p' "$DIR/d.log")

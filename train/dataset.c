@@ -133,7 +133,13 @@ void twk_packed_free(twk_packed *p) {
 }
 
 twk_status twk_dataset_pack(const twk_dataset *d, int64_t budget, int64_t *cursor, twk_packed *out) {
-    if (!d || !cursor || !out || budget < 1) return twk_error(TWK_ERR_INVALID_ARG, "dataset_pack: bad argument");
+    return twk_dataset_pack_groups(d, budget, 1, cursor, out);
+}
+
+twk_status twk_dataset_pack_groups(const twk_dataset *d, int64_t budget, int group, int64_t *cursor, twk_packed *out) {
+    if (!d || !cursor || !out || budget < 1 || group < 1 || d->n_ex % group)
+        return twk_error(TWK_ERR_INVALID_ARG, "dataset_pack: bad argument (%lld examples in groups of %d)",
+                         d ? (long long)d->n_ex : 0LL, group);
     if (out->cap < budget) {
         twk_packed_free(out);
         out->buf_i32 = twk_host_alloc((size_t)budget * 4 * 4, "packed batch");
@@ -150,11 +156,16 @@ twk_status twk_dataset_pack(const twk_dataset *d, int64_t budget, int64_t *curso
     int n_seqs = 0;
     for (int64_t guard = 0; guard < d->n_ex; guard++) {
         const example *e = &d->ex[*cursor % d->n_ex];
-        int64_t t = e->len - 1;
-        if (t > budget)
-            return twk_error(TWK_ERR_INVALID_ARG, "dataset: example %lld has %lld targets, more than the batch budget %lld",
-                             (long long)(*cursor % d->n_ex), (long long)t, (long long)budget);
-        if (n + t > budget) break;
+        int64_t t = e->len - 1, gt = 0; /* a group starts where *cursor % group == 0 */
+        if (*cursor % group == 0) {
+            for (int k = 0; k < group; k++) gt += d->ex[(*cursor + k) % d->n_ex].len - 1;
+            if (gt > budget)
+                return twk_error(TWK_ERR_INVALID_ARG,
+                                 "dataset: example%s %lld has %lld targets, more than the batch budget %lld",
+                                 group > 1 ? "s from" : "", (long long)(*cursor % d->n_ex), (long long)gt,
+                                 (long long)budget);
+            if (n + gt > budget) break;
+        }
         for (int64_t i = 0; i < t; i++) {
             tok[n + i] = d->tokens[e->off + i];
             tgt[n + i] = d->tokens[e->off + i + 1];

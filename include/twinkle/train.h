@@ -329,6 +329,10 @@ typedef struct twk_packed {
  * the next would exceed `budget` tokens; advances *cursor. An example longer
  * than the budget is TWK_ERR_INVALID_ARG naming it. */
 twk_status twk_dataset_pack(const twk_dataset *d, int64_t budget, int64_t *cursor, twk_packed *out);
+/* The same, packing whole groups of `group` consecutive examples (pairs for
+ * DPO); *cursor stays a multiple of group. TWK_ERR_INVALID_ARG when the count
+ * is not a multiple of group or a group exceeds the budget. */
+twk_status twk_dataset_pack_groups(const twk_dataset *d, int64_t budget, int group, int64_t *cursor, twk_packed *out);
 void twk_packed_free(twk_packed *p);
 
 /* AdamW, configured like Tinker's AdamParams. */
