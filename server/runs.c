@@ -213,6 +213,21 @@ static twk_status topk_passes(op *o, int K, const float *weights_nk, int backwar
     return st;
 }
 
+/* Applies a host-evaluated loss: dldp (one per token, or N x K when K > 0)
+ * is negated in place and backpropagated as cross-entropy weights, which
+ * gives the loss's gradient. */
+static twk_status backward_from_dldp(op *o, int K, float *dldp, const int64_t *offsets, int32_t *buf, float *w) {
+    int64_t n = offsets[o->fb->n_data] * (K > 0 ? K : 1);
+    for (int64_t i = 0; i < n; i++) dldp[i] = -dldp[i];
+    float *lp = twk_host_alloc((size_t)(n ? n : 1) * 4, "logprobs");
+    double unused;
+    twk_status st = !lp                ? TWK_ERR_OOM
+                    : K > 0 ? topk_passes(o, K, dldp, 1, lp, offsets, buf, w, &unused, &unused)
+                            : fb_passes(o, dldp, NULL, 1, lp, offsets, buf, w, &unused, &unused);
+    twk_host_free(lp);
+    return st;
+}
+
 static float *gather_input(const twk_wire_fb_request *q, const char *key, int64_t total) {
     float *v = twk_host_alloc((size_t)(total ? total : 1) * 4, key);
     if (!v) return NULL;
@@ -230,15 +245,20 @@ static double config_value(const twk_wire_fb_request *q, const char *key, double
     return def;
 }
 
+/* Tokens of a datum that count for an aggregation: "weights" (default 1) nonzero. */
+static int64_t counted_tokens(const twk_wire_datum *d) {
+    const twk_wire_tensor *wt = twk_wire_datum_input(d, "weights");
+    int64_t n = 0;
+    for (int64_t i = 0; i < d->n_tokens; i++) n += !wt || ((const float *)wt->data)[i] != 0.0f;
+    return n;
+}
+
 /* Scales the advantages (all datums) so that a summed ppo loss has the
- * aggregation agg (see run_fb); tokens count where "weights" (default 1) is
- * nonzero, and masked tokens get advantage 0. */
+ * aggregation agg (see run_fb); masked tokens get advantage 0. */
 static twk_status aggregate_advantages(const twk_wire_fb_request *q, int agg, const int64_t *offsets, float *adv) {
     double masked = 0, longest = 0;
     for (int d = 0; d < q->n_data; d++) {
-        const twk_wire_tensor *wt = twk_wire_datum_input(&q->data[d], "weights");
-        double nd = 0;
-        for (int64_t i = 0; i < q->data[d].n_tokens; i++) nd += !wt || ((const float *)wt->data)[i] != 0.0f;
+        double nd = (double)counted_tokens(&q->data[d]);
         masked += nd;
         longest = nd > longest ? nd : longest;
     }
@@ -246,8 +266,7 @@ static twk_status aggregate_advantages(const twk_wire_fb_request *q, int agg, co
     if (!(norm > 0)) return twk_error(TWK_ERR_INVALID_ARG, "loss_fn_config[max_tokens] = %g must be > 0", norm);
     for (int d = 0; d < q->n_data; d++) {
         const twk_wire_tensor *wt = twk_wire_datum_input(&q->data[d], "weights");
-        double nd = 0;
-        for (int64_t i = 0; i < q->data[d].n_tokens; i++) nd += !wt || ((const float *)wt->data)[i] != 0.0f;
+        double nd = (double)counted_tokens(&q->data[d]);
         double c = agg == 1 ? 1.0 / (q->n_data * (nd > 0 ? nd : 1)) : agg == 2 ? 1.0 / (masked > 0 ? masked : 1)
                                                                                : 1.0 / (q->n_data * norm);
         for (int64_t i = 0; i < q->data[d].n_tokens; i++)
@@ -311,12 +330,7 @@ static void run_fb(op *o) {
         if (st == TWK_OK)
             st = twk_loss_distill((twk_distill_kind)distill, total, K, lp_k, tlp, tw, config_value(q, "beta", 0.5), grad,
                                   &loss_sum);
-        if (st == TWK_OK && !q->forward_only) {
-            for (int64_t i = 0; i < total * K; i++) grad[i] = -grad[i];
-            float *lp2 = twk_host_alloc((size_t)(total ? total : 1) * (size_t)K * 4, "logprobs");
-            st = lp2 ? topk_passes(o, K, grad, 1, lp2, offsets, buf, w, &unused, &unused) : TWK_ERR_OOM;
-            twk_host_free(lp2);
-        }
+        if (st == TWK_OK && !q->forward_only) st = backward_from_dldp(o, K, grad, offsets, buf, w);
         twk_host_free(tlp);
         twk_host_free(tw);
     } else if (pref) {
@@ -340,12 +354,7 @@ static void run_fb(op *o) {
                               !strcmp(q->loss_fn, "ipo"), grad, &ds);
         if (st == TWK_OK) {
             loss_sum = ds.loss;
-            for (int64_t i = 0; i < total; i++) grad[i] = -grad[i];
-            if (!q->forward_only) {
-                float *lp2 = twk_host_alloc((size_t)(total ? total : 1) * 4, "logprobs");
-                st = lp2 ? fb_passes(o, grad, NULL, 1, lp2, offsets, buf, w, &unused, &unused) : TWK_ERR_OOM;
-                twk_host_free(lp2);
-            }
+            if (!q->forward_only) st = backward_from_dldp(o, 0, grad, offsets, buf, w);
         }
     } else if (kind == TWK_LOSS_CROSS_ENTROPY) {
         st = fb_passes(o, NULL, NULL, !q->forward_only, lp_all, offsets, buf, w, &loss_sum, &wsum);
@@ -375,12 +384,7 @@ static void run_fb(op *o) {
             loss_sum = ls.loss;
             ratio_mean = ls.ratio_mean;
             clip_fraction = ls.clip_fraction;
-            for (int64_t i = 0; i < total; i++) grad[i] = -grad[i];
-            if (!q->forward_only) {
-                float *lp2 = twk_host_alloc((size_t)(total ? total : 1) * 4, "logprobs");
-                st = lp2 ? fb_passes(o, grad, NULL, 1, lp2, offsets, buf, w, &unused, &unused) : TWK_ERR_OOM;
-                twk_host_free(lp2);
-            }
+            if (!q->forward_only) st = backward_from_dldp(o, 0, grad, offsets, buf, w);
         }
     }
     if (st != TWK_OK) {
