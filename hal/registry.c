@@ -42,9 +42,29 @@ static twk_status register_locked(const twk_backend_iface *iface) {
     return TWK_OK;
 }
 
+/* Built-in optional backends (each defined by its folder when built). */
+#ifdef TWK_HAVE_OPENCL
+const twk_backend_iface *twk_opencl_backend(void);
+#endif
+#ifdef TWK_HAVE_VULKAN
+const twk_backend_iface *twk_vulkan_backend(void);
+#endif
+#ifdef TWK_HAVE_CUDA
+const twk_backend_iface *twk_cuda_backend(void);
+#endif
+
 static void register_builtins(void) {
     pthread_mutex_lock(&reg_lock);
     register_locked(twk_cpu_backend());
+#ifdef TWK_HAVE_OPENCL
+    register_locked(twk_opencl_backend());
+#endif
+#ifdef TWK_HAVE_VULKAN
+    register_locked(twk_vulkan_backend());
+#endif
+#ifdef TWK_HAVE_CUDA
+    register_locked(twk_cuda_backend());
+#endif
     pthread_mutex_unlock(&reg_lock);
 }
 

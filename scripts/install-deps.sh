@@ -17,6 +17,15 @@ libprotobuf-c-dev
 protobuf-c-compiler
 libsqlite3-dev
 python3-venv
+ocl-icd-opencl-dev
+opencl-c-headers
+pocl-opencl-icd
+libclblast-dev
+clinfo
+libvulkan-dev
+glslc
+mesa-vulkan-drivers
+vulkan-tools
 "
 
 missing=""

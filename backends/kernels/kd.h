@@ -1,0 +1,72 @@
+/* twinkle — API-neutral kernel launches, shared by the OpenCL and CUDA
+ * backends. Both compile the same kernel sources (kernels/*.cl, written in
+ * the dialect of kd_prelude_*.h) and take the same per-op decisions here:
+ * which kernel, which arguments, which grid. A backend only spells the
+ * launch in its API (clEnqueueNDRangeKernel / cuLaunchKernel) and runs GEMM
+ * through its BLAS library (CLBlast / cuBLAS).
+ *
+ * Sees only hal/ and the op list. */
+#ifndef TWK_KD_H
+#define TWK_KD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "twinkle/hal.h"
+
+#define KD_MAX_ARGS 24
+#define KD_MAX_CALLS 4
+
+typedef enum kd_arg_kind {
+    KD_BUF,  /* a tensor's buffer + element offset: `tensor` = -1 dst, 0.. src index; passed as a pointer
+                argument followed by an i64 element offset (kernels take (GLOBAL T *p, long p_off)) */
+    KD_ERR,  /* the backend's error-word buffer (GLOBAL int *err): kernels store a nonzero code on bad ids */
+    KD_I32,
+    KD_I64,
+    KD_F32,
+} kd_arg_kind;
+
+typedef struct kd_arg {
+    kd_arg_kind kind;
+    int tensor;   /* KD_BUF: -1 = dst, i = src[i] */
+    int32_t i32;
+    int64_t i64;
+    float f32;
+} kd_arg;
+
+/* One kernel launch: a 1-, 2- or 3-D grid of work-groups of `local` items. */
+typedef struct kd_call {
+    const char *kernel; /* the kernel's name in the sources */
+    int nargs;
+    kd_arg args[KD_MAX_ARGS];
+    int dims;
+    size_t global[3]; /* total work items per dim (a multiple of local) */
+    size_t local[3];
+} kd_call;
+
+/* A matrix product the backend hands to its BLAS (row-major, batched with
+ * strides in elements; batch 1 for rank 2). */
+typedef struct kd_gemm {
+    int trans_a, trans_b;
+    int64_t m, n, k, batch;
+    int64_t lda, ldb, ldc;
+    int64_t stride_a, stride_b, stride_c;
+} kd_gemm;
+
+/* The work of one launch at token count n: either *gemm is filled (return
+ * 0, *is_gemm = 1) or up to KD_MAX_CALLS kernel calls, run in order, are
+ * written to calls (returns their count, 0 for a no-op). -1 (error set)
+ * if the op or its dtypes are not supported; the message names the op. */
+int kd_lower(const twk_launch *l, int64_t n, kd_call *calls, kd_gemm *gemm, int *is_gemm);
+
+/* true when kd_lower handles the launch (op, dtypes, ranks); else a reason in why. */
+int kd_supports(const twk_launch *l, char *why, size_t why_len);
+
+/* The kernel sources (all families, without a prelude) as one string. */
+const char *kd_kernel_source(void);
+
+/* Error codes kernels store in the error word; kd_error_message names them. */
+enum { KD_ERR_NONE = 0, KD_ERR_ID_RANGE = 1, KD_ERR_SEGMENT = 2 };
+const char *kd_error_message(int code);
+
+#endif
