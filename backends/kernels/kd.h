@@ -19,8 +19,12 @@
 
 typedef enum kd_arg_kind {
     KD_BUF,  /* a tensor's buffer + element offset: `tensor` = -1 dst, 0.. src index; passed as a pointer
-                argument followed by an i64 element offset (kernels take (GLOBAL T *p, long p_off)) */
-    KD_ERR,  /* the backend's error-word buffer (GLOBAL int *err): kernels store a nonzero code on bad ids */
+                argument followed by an i64 element offset (kernels take (GLOBAL T *p, long p_off)).
+                kd_lower computes the offset: `i64` = desc.offset / sizeof(T), T the kernel's element
+                type (ids of either width are read as int words, so i64 tensors get offset / 4) */
+    KD_ERR,  /* the backend's error words, passed like a buffer: (GLOBAL int *err, long err_off); the
+                backend picks err_off (e.g. one word per launch of the plan) and zeroes the words
+                before a run; kernels store a nonzero KD_ERR_* code at err[err_off] on bad input */
     KD_I32,
     KD_I64,
     KD_F32,
@@ -44,8 +48,10 @@ typedef struct kd_call {
     size_t local[3];
 } kd_call;
 
-/* A matrix product the backend hands to its BLAS (row-major, batched with
- * strides in elements; batch 1 for rank 2). */
+/* A matrix product the backend hands to its BLAS: C = op(A) op(B), row-major,
+ * batched with strides in elements (batch 1 for rank 2). A = src[0], B = src[1],
+ * C = dst; their buffer offsets (desc.offset / 4 elements) are added by the
+ * backend. */
 typedef struct kd_gemm {
     int trans_a, trans_b;
     int64_t m, n, k, batch;

@@ -1,0 +1,107 @@
+/* Elementwise kernels: fill, scale, silu, swiglu and their gradients, add/mul
+ * with b broadcast to a, broadcast and its adjoint sum_to. One work item per
+ * output element (grids are rounded up; items past n return). Broadcast
+ * shapes arrive as 4-D right-aligned dims with strides 0 where broadcast. */
+
+TWK_KERNEL fill_f32(TWK_GLOBAL float *y, long y_off, long n, float v) {
+    long i = TWK_GID(0);
+    if (i < n) y[y_off + i] = v;
+}
+
+/* zeroes n int words (any dtype, by size) */
+TWK_KERNEL zero_words(TWK_GLOBAL int *y, long y_off, long n) {
+    long i = TWK_GID(0);
+    if (i < n) y[y_off + i] = 0;
+}
+
+TWK_KERNEL scale_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *x, long x_off, long n, float s) {
+    long i = TWK_GID(0);
+    if (i < n) y[y_off + i] = x[x_off + i] * s;
+}
+
+TWK_KERNEL silu_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *x, long x_off, long n) {
+    long i = TWK_GID(0);
+    if (i >= n) return;
+    float v = x[x_off + i];
+    y[y_off + i] = v * kd_sigmoid(v);
+}
+
+TWK_KERNEL silu_back_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *x, long x_off,
+                         TWK_GLOBAL const float *dy, long dy_off, long n) {
+    long i = TWK_GID(0);
+    if (i >= n) return;
+    float v = x[x_off + i], s = kd_sigmoid(v);
+    y[y_off + i] = dy[dy_off + i] * s * (1.0f + v * (1.0f - s));
+}
+
+TWK_KERNEL swiglu_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *g, long g_off,
+                      TWK_GLOBAL const float *u, long u_off, long n) {
+    long i = TWK_GID(0);
+    if (i >= n) return;
+    float v = g[g_off + i];
+    y[y_off + i] = v * kd_sigmoid(v) * u[u_off + i];
+}
+
+/* which = 0: d/dgate, 1: d/dup */
+TWK_KERNEL swiglu_back_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *g, long g_off,
+                           TWK_GLOBAL const float *u, long u_off, TWK_GLOBAL const float *dy, long dy_off,
+                           long n, int which) {
+    long i = TWK_GID(0);
+    if (i >= n) return;
+    float v = g[g_off + i], s = kd_sigmoid(v), d = dy[dy_off + i];
+    if (which == 0)
+        y[y_off + i] = d * u[u_off + i] * s * (1.0f + v * (1.0f - s));
+    else
+        y[y_off + i] = d * v * s;
+}
+
+/* y = a op b, b indexed through strides st0..st3 over y's dims (B1, B2, B3
+ * the inner three of the padded 4-D shape); op 0 add, 1 mul */
+TWK_KERNEL binary_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *a, long a_off,
+                      TWK_GLOBAL const float *b, long b_off, long n, long B1, long B2, long B3,
+                      long st0, long st1, long st2, long st3, int op) {
+    long i = TWK_GID(0);
+    if (i >= n) return;
+    long i3 = i % B3, r = i / B3;
+    long i2 = r % B2;
+    r /= B2;
+    long i1 = r % B1, i0 = r / B1;
+    float bv = b[b_off + i0 * st0 + i1 * st1 + i2 * st2 + i3 * st3];
+    float av = a[a_off + i];
+    y[y_off + i] = op == 0 ? av + bv : av * bv;
+}
+
+/* y (dims D0..D3) = x broadcast (strides st) times scale */
+TWK_KERNEL broadcast_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *x, long x_off, long n,
+                         long D1, long D2, long D3, long st0, long st1, long st2, long st3, float scale) {
+    long i = TWK_GID(0);
+    if (i >= n) return;
+    long i3 = i % D3, r = i / D3;
+    long i2 = r % D2;
+    r /= D2;
+    long i1 = r % D1, i0 = r / D1;
+    y[y_off + i] = x[x_off + i0 * st0 + i1 * st1 + i2 * st2 + i3 * st3] * scale;
+}
+
+/* y (dims D0..D3) = x (dims S0..S3) summed over the dims where D is 1 and S
+ * is not, in a fixed order (compensated), one item per output element */
+TWK_KERNEL sum_to_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *x, long x_off, long n,
+                      long D1, long D2, long D3, long S0, long S1, long S2, long S3) {
+    long i = TWK_GID(0);
+    if (i >= n) return;
+    long d3 = i % D3, r = i / D3;
+    long d2 = r % D2;
+    r /= D2;
+    long d1 = r % D1, d0 = r / D1;
+    long t3 = 1, t2 = S3, t1 = S3 * S2, t0 = S3 * S2 * S1; /* src strides */
+    long D0 = n / (D1 * D2 * D3);
+    long n0 = D0 == S0 ? 1 : S0, n1 = D1 == S1 ? 1 : S1, n2 = D2 == S2 ? 1 : S2, n3 = D3 == S3 ? 1 : S3;
+    float s = 0.0f, c = 0.0f;
+    for (long a0 = 0; a0 < n0; a0++)
+        for (long a1 = 0; a1 < n1; a1++)
+            for (long a2 = 0; a2 < n2; a2++) {
+                long base = (n0 == 1 ? d0 : a0) * t0 + (n1 == 1 ? d1 : a1) * t1 + (n2 == 1 ? d2 : a2) * t2;
+                for (long a3 = 0; a3 < n3; a3++) kd_kahan(&s, &c, x[x_off + base + (n3 == 1 ? d3 : a3) * t3]);
+            }
+    y[y_off + i] = s;
+}
