@@ -17,6 +17,7 @@ libprotobuf-c-dev
 protobuf-c-compiler
 libsqlite3-dev
 python3-venv
+python3-torch
 ocl-icd-opencl-dev
 opencl-c-headers
 pocl-opencl-icd

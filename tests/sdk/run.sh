@@ -28,10 +28,16 @@ venv=${TWK_SDK_VENV:-build/venv-sdk}
 python=${TWK_PYTHON:-/usr/bin/python3}
 req=tests/sdk/requirements.txt
 
+# --system-site-packages: torch for forward_backward_custom comes from Debian (python3-torch,
+# installed by scripts/install-deps.sh); PyPI's wheel would pull gigabytes of CUDA libraries
+if [ -x "$venv/bin/python" ] && ! grep -q "include-system-site-packages = true" "$venv/pyvenv.cfg"; then
+    echo "tests/sdk: recreating $venv with system site packages" >&2
+    rm -rf "$venv"
+fi
 if [ ! -x "$venv/bin/python" ]; then
     echo "tests/sdk: creating $venv" >&2
     mkdir -p "$(dirname "$venv")"
-    "$python" -m venv "$venv"
+    "$python" -m venv --system-site-packages "$venv"
 fi
 # install only when requirements.txt changed since the last successful install
 stamp="$venv/.twinkle-sdk-requirements"
