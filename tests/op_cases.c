@@ -1,0 +1,277 @@
+/* The op test case table and its generators (see op_cases.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "op_cases.h"
+
+/* ---- builders and references per op ---- */
+
+static twk_id b_add(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_add(g, in[0], in[1]); }
+static void r_add(const op_case *c, rt *in, rt *y) { (void)c; ref_add(&in[0], &in[1], y); }
+static twk_id b_mul(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_mul(g, in[0], in[1]); }
+static void r_mul(const op_case *c, rt *in, rt *y) { (void)c; ref_mul(&in[0], &in[1], y); }
+static twk_id b_scale(twk_graph *g, const twk_id *in, const op_case *c) { return twk_scale(g, in[0], (float)c->fp[0]); }
+static void r_scale(const op_case *c, rt *in, rt *y) { ref_scale(&in[0], (double)(float)c->fp[0], y); }
+static twk_id b_silu(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_silu(g, in[0]); }
+static void r_silu(const op_case *c, rt *in, rt *y) { (void)c; ref_silu(&in[0], y); }
+static twk_id b_swiglu(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_swiglu(g, in[0], in[1]); }
+static void r_swiglu(const op_case *c, rt *in, rt *y) { (void)c; ref_swiglu(&in[0], &in[1], y); }
+static twk_id b_sum(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_sum(g, in[0]); }
+static void r_sum(const op_case *c, rt *in, rt *y) { (void)c; ref_sum(&in[0], y); }
+static twk_id b_mean(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_mean(g, in[0]); }
+static void r_mean(const op_case *c, rt *in, rt *y) { (void)c; ref_mean(&in[0], y); }
+static twk_id b_wsum(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_weighted_sum(g, in[0], in[1]); }
+static void r_wsum(const op_case *c, rt *in, rt *y) { (void)c; ref_weighted_sum(&in[0], &in[1], y); }
+static twk_id b_matmul(twk_graph *g, const twk_id *in, const op_case *c) { return twk_matmul(g, in[0], in[1], c->ip[0], c->ip[1]); }
+static void r_matmul(const op_case *c, rt *in, rt *y) { ref_matmul(&in[0], &in[1], c->ip[0], c->ip[1], y); }
+static twk_id b_get_rows(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_get_rows(g, in[0], in[1]); }
+static void r_get_rows(const op_case *c, rt *in, rt *y) { (void)c; ref_get_rows(&in[0], &in[1], y); }
+static twk_id b_rmsnorm(twk_graph *g, const twk_id *in, const op_case *c) { return twk_rmsnorm(g, in[0], in[1], (float)c->fp[0]); }
+static void r_rmsnorm(const op_case *c, rt *in, rt *y) { ref_rmsnorm(&in[0], &in[1], (double)(float)c->fp[0], y); }
+static twk_id b_rope(twk_graph *g, const twk_id *in, const op_case *c) {
+    return twk_rope(g, in[0], in[1], c->n_in > 2 ? in[2] : -1, (float)c->fp[0]);
+}
+static void r_rope(const op_case *c, rt *in, rt *y) { ref_rope(&in[0], &in[1], c->n_in > 2 ? &in[2] : NULL, c->fp[0], y); }
+static twk_id b_attn(twk_graph *g, const twk_id *in, const op_case *c) {
+    return twk_attention(g, in[0], in[1], in[2], in[3], (float)c->fp[0]);
+}
+static void r_attn(const op_case *c, rt *in, rt *y) { ref_attention(&in[0], &in[1], &in[2], &in[3], (double)(float)c->fp[0], y); }
+static twk_id b_logprobs(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_logprobs(g, in[0], in[1]); }
+static void r_logprobs(const op_case *c, rt *in, rt *y) { (void)c; ref_logprobs(&in[0], &in[1], y); }
+static twk_id b_permute(twk_graph *g, const twk_id *in, const op_case *c) { return twk_permute(g, in[0], c->ip); }
+static void r_permute(const op_case *c, rt *in, rt *y) { ref_permute(&in[0], c->ip, y); }
+static twk_id b_transpose(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_transpose(g, in[0]); }
+static void r_transpose(const op_case *c, rt *in, rt *y) {
+    (void)c;
+    int perm[4] = {0, 1, 2, 3};
+    perm[in[0].ndim - 2] = in[0].ndim - 1;
+    perm[in[0].ndim - 1] = in[0].ndim - 2;
+    ref_permute(&in[0], perm, y);
+}
+static twk_id b_slice(twk_graph *g, const twk_id *in, const op_case *c) { return twk_slice(g, in[0], c->ip[0], c->ip[1], c->ip[2]); }
+static void r_slice(const op_case *c, rt *in, rt *y) { ref_slice(&in[0], c->ip[0], c->ip[1], y); }
+static twk_id b_concat(twk_graph *g, const twk_id *in, const op_case *c) { return twk_concat(g, in[0], in[1], c->ip[0]); }
+static void r_concat(const op_case *c, rt *in, rt *y) { ref_concat(&in[0], &in[1], c->ip[0], y); }
+static twk_id b_kv_write(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_kv_write(g, in[0], in[1], in[2]); }
+static void r_kv_write(const op_case *c, rt *in, rt *y) { (void)c; ref_kv_write(&in[0], &in[1], &in[2], y); }
+static twk_id b_attn_cache(twk_graph *g, const twk_id *in, const op_case *c) {
+    return twk_attention_cached(g, in[0], in[1], in[2], in[3], in[4], (float)c->fp[0]);
+}
+static void r_attn_cache(const op_case *c, rt *in, rt *y) {
+    ref_attn_cache(&in[0], &in[1], &in[2], &in[3], &in[4], (double)(float)c->fp[0], y);
+}
+static twk_id b_lora_gather(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_lora_gather(g, in[0], in[1], in[2]); }
+static void r_lora_gather(const op_case *c, rt *in, rt *y) { (void)c; ref_lora_gather(&in[0], &in[1], &in[2], y); }
+static twk_id b_reshape(twk_graph *g, const twk_id *in, const op_case *c) {
+    int64_t ne[4] = {c->ip[0], c->ip[1], c->ip[2], c->ip[3]};
+    int nd = 0;
+    while (nd < 4 && ne[nd]) nd++;
+    /* a reshape is a view: follow it by a scale so the output is computed */
+    return twk_scale(g, twk_reshape(g, in[0], nd, ne), 1.0f);
+}
+static void r_reshape(const op_case *c, rt *in, rt *y) { (void)c; ref_copy(&in[0], y); }
+
+#define F32(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_F32, .diff = 1}
+#define F32C(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_F32, .diff = 0}
+#define IDS(lim, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_IDS, .limit = lim}
+#define IDS64(lim, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I64, .gen = G_IDS, .limit = lim}
+#define POS(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_POS}
+#define SEG(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_SEG}
+#define SEGL(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_SEG_LONG}
+#define ROWS(lim, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_ROWS, .limit = lim}
+#define HI(lim, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_HI, .limit = lim}
+#define T_ (-1)
+
+const op_case opc_cases[] = {
+    /* elementwise, with every broadcast form */
+    {"add same 1", 2, {F32(1), F32(1)}, b_add, r_add, 1e-6, 1e-5},
+    {"add same 7x13", 2, {F32(7, 13), F32(7, 13)}, b_add, r_add, 1e-6, 1e-5},
+    {"add bias 37x67+67", 2, {F32(37, 67), F32(67)}, b_add, r_add, 1e-6, 1e-5},
+    {"add scalar 5x3x7+1", 2, {F32(5, 3, 7), F32(1)}, b_add, r_add, 1e-6, 1e-5},
+    {"add mid 5x3x7+3x1", 2, {F32(5, 3, 7), F32(3, 1)}, b_add, r_add, 1e-6, 1e-5},
+    {"add tokens Tx13+13", 2, {F32(T_, 13), F32(13)}, b_add, r_add, 1e-6, 1e-5, .cap = 29},
+    {"mul same 131x257", 2, {F32(131, 257), F32(131, 257)}, b_mul, r_mul, 1e-6, 1e-5},
+    {"mul bias 11x31+31", 2, {F32(11, 31), F32(31)}, b_mul, r_mul, 1e-6, 1e-5},
+    {"mul col 2x3x5+3x1", 2, {F32(2, 3, 5), F32(3, 1)}, b_mul, r_mul, 1e-6, 1e-5},
+    {"scale 1", 1, {F32(1)}, b_scale, r_scale, 1e-6, 1e-5, .fp = {-2.5}},
+    {"scale 17x19", 1, {F32(17, 19)}, b_scale, r_scale, 1e-6, 1e-5, .fp = {0.37}},
+    {"silu 1", 1, {F32(1)}, b_silu, r_silu, 1e-6, 1e-5},
+    {"silu 131x257", 1, {F32(131, 257)}, b_silu, r_silu, 1e-6, 1e-5},
+    {"swiglu 7x13", 2, {F32(7, 13), F32(7, 13)}, b_swiglu, r_swiglu, 1e-6, 1e-5},
+    {"swiglu Tx67", 2, {F32(T_, 67), F32(T_, 67)}, b_swiglu, r_swiglu, 1e-6, 1e-5, .cap = 41},
+    /* reductions */
+    {"sum 1", 1, {F32(1)}, b_sum, r_sum, 1e-6, 1e-5},
+    {"sum 131x257", 1, {F32(131, 257)}, b_sum, r_sum, 1e-6, 1e-5},
+    {"sum Tx7", 1, {F32(T_, 7)}, b_sum, r_sum, 1e-6, 1e-5, .cap = 23},
+    {"mean 13x7", 1, {F32(13, 7)}, b_mean, r_mean, 1e-6, 1e-5},
+    {"mean Tx3", 1, {F32(T_, 3)}, b_mean, r_mean, 1e-6, 1e-5, .cap = 31},
+    {"weighted_sum 1", 2, {F32(1), F32(1)}, b_wsum, r_wsum, 1e-6, 1e-5},
+    {"weighted_sum T", 2, {F32(T_), F32(T_)}, b_wsum, r_wsum, 1e-6, 1e-5, .cap = 97},
+    {"weighted_sum 37x67", 2, {F32(37, 67), F32C(37, 67)}, b_wsum, r_wsum, 1e-6, 1e-5},
+    /* matmul: every transpose, batched, token dims on either side */
+    {"matmul 1x1x1", 2, {F32(1, 1), F32(1, 1)}, b_matmul, r_matmul, 1e-5, 1e-4},
+    {"matmul 1x67 @ (131x67)^T (gemv)", 2, {F32(1, 67), F32(131, 67)}, b_matmul, r_matmul, 1e-5, 1e-4, .ip = {0, 1}},
+    {"matmul 1x37 @ 37x101 (gemv)", 2, {F32(1, 37), F32(37, 101)}, b_matmul, r_matmul, 1e-5, 1e-4},
+    {"matmul (37x1)^T @ 37x19 (gemv)", 2, {F32(37, 1), F32(37, 19)}, b_matmul, r_matmul, 1e-5, 1e-4, .ip = {1, 0}},
+    {"matmul 7x13 @ 13x5", 2, {F32(7, 13), F32(13, 5)}, b_matmul, r_matmul, 1e-5, 1e-4},
+    {"matmul 67x131 @ (37x131)^T", 2, {F32(67, 131), F32(37, 131)}, b_matmul, r_matmul, 1e-5, 1e-4, .ip = {0, 1}},
+    {"matmul (131x67)^T @ 131x37", 2, {F32(131, 67), F32(131, 37)}, b_matmul, r_matmul, 1e-5, 1e-4, .ip = {1, 0}},
+    {"matmul (13x7)^T @ (5x13)^T", 2, {F32(13, 7), F32(5, 13)}, b_matmul, r_matmul, 1e-5, 1e-4, .ip = {1, 1}},
+    {"matmul batched 3x5x7 @ 3x7x11", 2, {F32(3, 5, 7), F32(3, 7, 11)}, b_matmul, r_matmul, 1e-5, 1e-4},
+    {"matmul batched 2x7x5^T @ 2x7x3", 2, {F32(2, 7, 5), F32(2, 7, 3)}, b_matmul, r_matmul, 1e-5, 1e-4, .ip = {1, 0}},
+    {"matmul Tx33 @ (17x33)^T", 2, {F32(T_, 33), F32(17, 33)}, b_matmul, r_matmul, 1e-5, 1e-4, .ip = {0, 1}, .cap = 45},
+    {"matmul (Tx9)^T @ Tx5", 2, {F32(T_, 9), F32(T_, 5)}, b_matmul, r_matmul, 1e-5, 1e-4, .ip = {1, 0}, .cap = 37},
+    /* transformer ops */
+    {"get_rows 1 of 1", 2, {F32(1, 1), IDS(1, 1)}, b_get_rows, r_get_rows, 1e-7, 1e-5},
+    {"get_rows T of 37x13 (repeats)", 2, {F32(37, 13), IDS(37, T_)}, b_get_rows, r_get_rows, 1e-7, 1e-5, .cap = 53},
+    {"get_rows i64 29 of 7x67", 2, {F32(7, 67), IDS64(7, 29)}, b_get_rows, r_get_rows, 1e-7, 1e-5},
+    {"rmsnorm 1x1", 2, {F32(1, 1), F32(1)}, b_rmsnorm, r_rmsnorm, 1e-5, 1e-4, .fp = {1e-6}},
+    {"rmsnorm 13x67", 2, {F32(13, 67), F32(67)}, b_rmsnorm, r_rmsnorm, 1e-5, 1e-4, .fp = {1e-6}},
+    {"rmsnorm Tx3x31 (q-norm shape)", 2, {F32(T_, 3, 31), F32(31)}, b_rmsnorm, r_rmsnorm, 1e-5, 1e-4, .fp = {1e-5}, .cap = 19},
+    /* rope: angles are float32 (as transformers computes them), so positions < 200 keep the
+     * float32 angle error below ~2e-5 */
+    {"rope 1x1x2", 2, {F32(1, 1, 2), POS(1)}, b_rope, r_rope, 1e-4, 1e-4, .fp = {10000}},
+    {"rope Tx3x14", 2, {F32(T_, 3, 14), POS(T_)}, b_rope, r_rope, 1e-4, 1e-4, .fp = {10000}, .cap = 23},
+    {"rope 11x2x64 theta 1e6", 2, {F32(11, 2, 64), POS(11)}, b_rope, r_rope, 1e-4, 1e-4, .fp = {1e6}},
+    {"rope 7x2x6 given inv_freq", 3, {F32(7, 2, 6), POS(7), F32C(3)}, b_rope, r_rope, 1e-4, 1e-4, .fp = {1}},
+    /* attention: GQA, several packed segments */
+    {"attn 1x1x1", 4, {F32(1, 1, 1), F32(1, 1, 1), F32(1, 1, 1), SEG(1)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {1.0}},
+    {"attn Tx4x8 kv2", 4, {F32(T_, 4, 8), F32(T_, 2, 8), F32(T_, 2, 8), SEG(T_)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.35355339}, .cap = 37},
+    {"attn 31x6x5 kv3", 4, {F32(31, 6, 5), F32(31, 3, 5), F32(31, 3, 5), SEG(31)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.5}},
+    {"attn 13x2x67 mha", 4, {F32(13, 2, 67), F32(13, 2, 67), F32(13, 2, 67), SEG(13)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.1}},
+    {"attn 150x4x16 kv1 long segments", 4, {F32(150, 4, 16), F32(150, 1, 16), F32(150, 1, 16), SEGL(150)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.25}},
+    {"attn Tx2x8 long segments", 4, {F32(T_, 2, 8), F32(T_, 2, 8), F32(T_, 2, 8), SEGL(T_)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.3}, .cap = 200},
+    {"logprobs 1x1", 2, {F32(1, 1), IDS(1, 1)}, b_logprobs, r_logprobs, 1e-5, 1e-4},
+    {"logprobs Tx1031", 2, {F32(T_, 1031), IDS(1031, T_)}, b_logprobs, r_logprobs, 1e-5, 1e-4, .cap = 17},
+    {"logprobs 5x7 i64", 2, {F32(5, 7), IDS64(7, 5)}, b_logprobs, r_logprobs, 1e-5, 1e-4},
+    /* decoding with a KV cache (forward only: not differentiable) */
+    {"kv_write 1 row of 1", 3, {F32C(1, 1, 2), F32C(1, 1, 2), ROWS(1, 1)}, b_kv_write, r_kv_write, 0, 1},
+    {"kv_write T rows of 53x3x8", 3, {F32C(53, 3, 8), F32C(T_, 3, 8), ROWS(53, T_)}, b_kv_write, r_kv_write, 0, 1, .cap = 29},
+    {"attn_cache 1x1x1 over 1 row", 5, {F32C(1, 1, 1), F32C(1, 1, 1), F32C(1, 1, 1), IDS(1, 1), HI(1, 1)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {1.0}},
+    {"attn_cache Tx4x16 over 67x2x16", 5, {F32C(T_, 4, 16), F32C(67, 2, 16), F32C(67, 2, 16), IDS(60, T_), HI(67, T_)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {0.25}, .cap = 13},
+    {"attn_cache 5x6x67 over 300x3x67", 5, {F32C(5, 6, 67), F32C(300, 3, 67), F32C(300, 3, 67), IDS(299, 5), HI(300, 5)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {0.12}},
+    {"lora_gather 1x1 over 1x1x1", 3, {F32C(1, 1), F32C(1, 1, 1), IDS(1, 1)}, b_lora_gather, r_lora_gather, 1e-6, 1},
+    {"lora_gather Tx67 over 5x13x67", 3, {F32C(T_, 67), F32C(5, 13, 67), IDS(5, T_)}, b_lora_gather, r_lora_gather, 1e-5, 1, .cap = 19},
+    /* layout */
+    {"reshape 6x35 -> 5x7x6", 1, {F32(6, 35)}, b_reshape, r_reshape, 0, 1e-5, .ip = {5, 7, 6, 0}},
+    {"reshape Tx12 -> Tx3x4", 1, {F32(T_, 12)}, b_reshape, r_reshape, 0, 1e-5, .ip = {-1, 3, 4, 0}, .cap = 11},
+    {"transpose 7x13", 1, {F32(7, 13)}, b_transpose, r_transpose, 0, 1e-5},
+    {"transpose Tx3x5", 1, {F32(T_, 3, 5)}, b_transpose, r_transpose, 0, 1e-5, .cap = 9},
+    {"permute 2x3x5x7 (2,0,3,1)", 1, {F32(2, 3, 5, 7)}, b_permute, r_permute, 0, 1e-5, .ip = {2, 0, 3, 1}},
+    {"permute Tx4x3 (1,0,2)", 1, {F32(T_, 4, 3)}, b_permute, r_permute, 0, 1e-5, .ip = {1, 0, 2}, .cap = 13},
+    {"slice 1 of 1", 1, {F32(1)}, b_slice, r_slice, 0, 1e-5, .ip = {0, 0, 1}},
+    {"slice 7x13 axis1 [3,8)", 1, {F32(7, 13)}, b_slice, r_slice, 0, 1e-5, .ip = {1, 3, 5}},
+    {"slice Tx6x5 axis1 [1,4)", 1, {F32(T_, 6, 5)}, b_slice, r_slice, 0, 1e-5, .ip = {1, 1, 3}, .cap = 7},
+    {"concat 3x5 + 4x5 axis0", 2, {F32(3, 5), F32(4, 5)}, b_concat, r_concat, 0, 1e-5, .ip = {0}},
+    {"concat Tx2x3 + Tx5x3 axis1", 2, {F32(T_, 2, 3), F32(T_, 5, 3)}, b_concat, r_concat, 0, 1e-5, .ip = {1}, .cap = 10},
+};
+
+const int opc_n_cases = (int)(sizeof opc_cases / sizeof opc_cases[0]);
+
+/* ops whose cases above have no token dim: mul, scale, silu */
+const op_case opc_extra_cases[] = {
+    {"mul tokens Tx7+7", 2, {F32(T_, 7), F32(7)}, b_mul, r_mul, 1e-6, 1e-5, .cap = 27},
+    {"scale tokens Tx5", 1, {F32(T_, 5)}, b_scale, r_scale, 1e-6, 1e-5, .fp = {1.75}, .cap = 33},
+    {"silu tokens Tx9", 1, {F32(T_, 9)}, b_silu, r_silu, 1e-6, 1e-5, .cap = 21},
+};
+
+const int opc_n_extra_cases = (int)(sizeof opc_extra_cases / sizeof opc_extra_cases[0]);
+
+/* ---- generators ---- */
+
+int64_t opc_actual(int64_t ne, int64_t n) { return ne < 0 ? -ne * n : ne; }
+
+static void gen_segments(double *d, int64_t n, twk_rng *r, double p_new) {
+    int64_t start = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (i > 0 && twk_rng_uniform(r) < p_new) start = i; /* a new sequence begins */
+        d[i] = (double)start;
+    }
+}
+
+static void generate(const in_spec *s, rt *t, twk_rng *r) {
+    int64_t n = rt_nelem(t);
+    for (int64_t i = 0; i < n; i++) {
+        switch (s->gen) {
+        case G_NORMAL: t->d[i] = (double)(float)twk_rng_normal(r); break;
+        case G_POSITIVE: t->d[i] = (double)(float)(0.5 + twk_rng_uniform(r)); break;
+        case G_IDS: t->d[i] = (double)twk_rng_below(r, s->limit); break;
+        case G_POS: t->d[i] = (double)twk_rng_below(r, 200); break;
+        case G_SEG:
+        case G_SEG_LONG:
+        case G_HI:
+        case G_ROWS: break;
+        }
+    }
+    if (s->gen == G_SEG) gen_segments(t->d, n, r, 0.15);
+    if (s->gen == G_SEG_LONG) gen_segments(t->d, n, r, 0.012); /* segments longer than a 64-query block */
+    if (s->gen == G_ROWS) { /* distinct rows: a shuffled prefix of 0..limit-1 */
+        int64_t *perm = malloc((size_t)s->limit * sizeof(int64_t));
+        for (int64_t i = 0; i < s->limit; i++) perm[i] = i;
+        for (int64_t i = 0; i < n && i < s->limit; i++) {
+            int64_t k = i + twk_rng_below(r, s->limit - i), tmp = perm[i];
+            perm[i] = perm[k];
+            perm[k] = tmp;
+            t->d[i] = (double)perm[i];
+        }
+        free(perm);
+    }
+}
+
+
+twk_id opc_build(const op_case *c, twk_graph *g, int64_t n, twk_rng *r, twk_id *ids, rt *in) {
+    memset(in, 0, sizeof(rt) * (size_t)c->n_in);
+    for (int i = 0; i < c->n_in; i++) {
+        const in_spec *s = &c->in[i];
+        char name[16];
+        snprintf(name, sizeof name, "in%d", i);
+        ids[i] = s->type == TWK_F32 ? (s->diff ? twk_param(g, name, s->ndim, s->ne, true)
+                                               : twk_input(g, name, TWK_F32, s->ndim, s->ne))
+                                    : twk_input(g, name, s->type, s->ndim, s->ne);
+        in[i].ndim = s->ndim;
+        for (int k = 0; k < s->ndim; k++) in[i].ne[k] = opc_actual(s->ne[k], n);
+        in[i].d = calloc((size_t)rt_nelem(&in[i]), sizeof(double));
+        generate(s, &in[i], r);
+    }
+    for (int i = 1; i < c->n_in; i++) /* hi = lo + 1 + a random extent, within the limit */
+        if (c->in[i].gen == G_HI)
+            for (int64_t k = 0; k < rt_nelem(&in[i]); k++) {
+                int64_t lo = (int64_t)in[i - 1].d[k];
+                in[i].d[k] = (double)(lo + 1 + twk_rng_below(r, c->in[i].limit - lo));
+            }
+    return c->build(g, ids, c);
+}
+
+void opc_free_inputs(const op_case *c, rt *in) {
+    for (int i = 0; i < c->n_in; i++) {
+        free(in[i].d);
+        in[i].d = NULL;
+    }
+}
+
+twk_id opc_weight_input(twk_graph *g, twk_id y) {
+    int64_t rne[4] = {0, 0, 0, 0};
+    int ynd = twk_node_shape(g, y, 1, rne);
+    /* R has y's symbolic shape: rebuild it from the node (token dims negative) */
+    int64_t rsym[4] = {1, 1, 1, 1};
+    for (int k = 0; k < (ynd > 0 ? ynd : 0); k++) {
+        int64_t at2[4];
+        twk_node_shape(g, y, 2, at2);
+        rsym[k] = at2[k] != rne[k] ? -rne[k] : rne[k];
+    }
+    return twk_input(g, "R", TWK_F32, ynd > 0 ? ynd : 1, rsym);
+}
+
+void *opc_host_input(const op_case *c, int i, const rt *in, size_t *bytes) {
+    int64_t ne = rt_nelem(&in[i]);
+    void *h = malloc((size_t)(ne > 0 ? ne : 1) * 8);
+    if (!h) return NULL;
+    for (int64_t k = 0; k < ne; k++) {
+        if (c->in[i].type == TWK_F32) ((float *)h)[k] = (float)in[i].d[k];
+        else if (c->in[i].type == TWK_I32) ((int32_t *)h)[k] = (int32_t)in[i].d[k];
+        else ((int64_t *)h)[k] = (int64_t)in[i].d[k];
+    }
+    *bytes = (size_t)ne * twk_dtype_size(c->in[i].type);
+    return h;
+}
