@@ -1,0 +1,38 @@
+/* Decoding with a KV cache: rows of x written into the cache in place, and
+ * the per-row matrix product of several LoRA adapters in one batch.
+ * (Attention over cache rows is attn_fwd_f32 mode 1, in attn.cl.) */
+
+/* cache[rows[t], :] = x[t, :] for x [T, E] (E = H * D); one item per element */
+TWK_KERNEL kv_write_f32(TWK_GLOBAL float *cache, long cache_off, TWK_GLOBAL const float *x, long x_off,
+                        TWK_GLOBAL const int *rows, long rows_off, TWK_GLOBAL int *err, long err_off, long T,
+                        long E, long R, int is64) {
+    long i = TWK_GID(0);
+    if (i >= T * E) return;
+    long t = i / E, e = i % E;
+    long r = kd_id(rows + rows_off, t, is64);
+    if (r < 0 || r >= R) {
+        err[err_off] = KD_ERR_ID_RANGE;
+        return;
+    }
+    cache[cache_off + r * E + e] = x[x_off + i];
+}
+
+/* y[t, n] = w[slot[t], n, :] . x[t, :] for x [T, K], w [S, N, K]; one item per (t, n) */
+TWK_KERNEL lora_gather_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *x, long x_off,
+                           TWK_GLOBAL const float *w, long w_off, TWK_GLOBAL const int *slot, long slot_off,
+                           TWK_GLOBAL int *err, long err_off, long T, long N, long K, long S, int is64) {
+    long i = TWK_GID(0);
+    if (i >= T * N) return;
+    long t = i / N, n = i % N;
+    long sl = kd_id(slot + slot_off, t, is64);
+    if (sl < 0 || sl >= S) {
+        err[err_off] = KD_ERR_ID_RANGE;
+        y[y_off + i] = 0.0f;
+        return;
+    }
+    const TWK_GLOBAL float *wr = w + w_off + (sl * N + n) * K;
+    const TWK_GLOBAL float *xt = x + x_off + t * K;
+    float s = 0.0f;
+    for (long k = 0; k < K; k++) s += wr[k] * xt[k];
+    y[y_off + i] = s;
+}

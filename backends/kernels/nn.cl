@@ -1,0 +1,173 @@
+/* Transformer kernels: embedding gather and its gradient, RMSNorm and its
+ * gradients, RoPE, log-probabilities and their gradient. Ids outside their
+ * range store KD_ERR_ID_RANGE in err[err_off] and the item writes zeros. Row
+ * kernels run one work-group (a power-of-two size <= KD_ROW_LOCAL) per row. */
+
+#define KD_ROW_LOCAL 256
+
+/* y[t, :] = table[ids[t], :]; one item per element of y [T, D] */
+TWK_KERNEL get_rows_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *tab, long tab_off,
+                        TWK_GLOBAL const int *ids, long ids_off, TWK_GLOBAL int *err, long err_off,
+                        long T, long D, long V, int is64) {
+    long i = TWK_GID(0);
+    if (i >= T * D) return;
+    long t = i / D, d = i % D;
+    long id = kd_id(ids + ids_off, t, is64);
+    if (id < 0 || id >= V) {
+        err[err_off] = KD_ERR_ID_RANGE;
+        y[y_off + i] = 0.0f;
+        return;
+    }
+    y[y_off + i] = tab[tab_off + id * D + d];
+}
+
+/* g [V, D] += dy [T, D] scattered by ids: one item per column d walks the
+ * tokens in order (g zeroed before), so repeated ids add deterministically */
+TWK_KERNEL get_rows_back_f32(TWK_GLOBAL float *g, long g_off, TWK_GLOBAL const float *dy, long dy_off,
+                             TWK_GLOBAL const int *ids, long ids_off, TWK_GLOBAL int *err, long err_off,
+                             long T, long D, long V, int is64) {
+    long d = TWK_GID(0);
+    if (d >= D) return;
+    for (long t = 0; t < T; t++) {
+        long id = kd_id(ids + ids_off, t, is64);
+        if (id < 0 || id >= V) {
+            err[err_off] = KD_ERR_ID_RANGE;
+            continue;
+        }
+        g[g_off + id * D + d] += dy[dy_off + t * D + d];
+    }
+}
+
+/* sum of x[r, :]^2 over the row by the group, into part[0] (all items wait) */
+#define KD_ROW_SUMSQ(part, xr, D, lid, L)                                      \
+    {                                                                          \
+        float s_ = 0.0f;                                                       \
+        for (long k_ = (lid); k_ < (D); k_ += (L)) s_ += (xr)[k_] * (xr)[k_];  \
+        part[(lid)] = s_;                                                      \
+        TWK_BARRIER();                                                         \
+        KD_TREE_SUM(part, (lid), (L))                                          \
+    }
+
+/* y = w * x / sqrt(mean(x^2) + eps) over the last dim D, one group per row */
+TWK_KERNEL rmsnorm_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *x, long x_off,
+                       TWK_GLOBAL const float *w, long w_off, long D, float eps) {
+    TWK_LOCAL(float, part, KD_ROW_LOCAL);
+    int lid = TWK_LID(0), L = TWK_LSIZE(0);
+    long r = TWK_GROUP(0);
+    const TWK_GLOBAL float *xr = x + x_off + r * D;
+    KD_ROW_SUMSQ(part, xr, D, lid, L)
+    float rs = 1.0f / sqrt(part[0] / (float)D + eps);
+    for (long k = lid; k < D; k += L) y[y_off + r * D + k] = w[w_off + k] * (xr[k] * rs);
+}
+
+/* dx = dy*w*rs - x * (sum(dy*w*x) * rs^3 / D), one group per row */
+TWK_KERNEL rmsnorm_back_x_f32(TWK_GLOBAL float *dx, long dx_off, TWK_GLOBAL const float *x, long x_off,
+                              TWK_GLOBAL const float *w, long w_off, TWK_GLOBAL const float *dy, long dy_off,
+                              long D, float eps) {
+    TWK_LOCAL(float, part, KD_ROW_LOCAL);
+    int lid = TWK_LID(0), L = TWK_LSIZE(0);
+    long r = TWK_GROUP(0);
+    const TWK_GLOBAL float *xr = x + x_off + r * D;
+    const TWK_GLOBAL float *dr = dy + dy_off + r * D;
+    KD_ROW_SUMSQ(part, xr, D, lid, L)
+    float rs = 1.0f / sqrt(part[0] / (float)D + eps);
+    TWK_BARRIER();
+    float s = 0.0f;
+    for (long k = lid; k < D; k += L) s += dr[k] * w[w_off + k] * xr[k];
+    part[lid] = s;
+    TWK_BARRIER();
+    KD_TREE_SUM(part, lid, L)
+    float kk = part[0] * rs * rs * rs / (float)D;
+    for (long k = lid; k < D; k += L) dx[dx_off + r * D + k] = dr[k] * w[w_off + k] * rs - xr[k] * kk;
+}
+
+/* dw[d] = sum over rows of dy*x*rstd(row): one group per block of L columns;
+ * the group recomputes each row's rstd (a tree per row), then each item adds
+ * its column, rows in order */
+TWK_KERNEL rmsnorm_back_w_f32(TWK_GLOBAL float *dw, long dw_off, TWK_GLOBAL const float *x, long x_off,
+                              TWK_GLOBAL const float *dy, long dy_off, long R, long D, float eps) {
+    TWK_LOCAL(float, part, KD_ROW_LOCAL);
+    int lid = TWK_LID(0), L = TWK_LSIZE(0);
+    long d = TWK_GROUP(0) * L + lid;
+    float s = 0.0f, c = 0.0f;
+    for (long r = 0; r < R; r++) {
+        const TWK_GLOBAL float *xr = x + x_off + r * D;
+        KD_ROW_SUMSQ(part, xr, D, lid, L)
+        float rs = 1.0f / sqrt(part[0] / (float)D + eps);
+        TWK_BARRIER();
+        if (d < D) kd_kahan(&s, &c, dy[dy_off + r * D + d] * xr[d] * rs);
+    }
+    if (d < D) dw[dw_off + d] = s;
+}
+
+/* Rotary embedding, half-rotation layout, on x [T, H, D]; one item per
+ * (t, h, i < D/2). inv_freq from the tensor (has_freq) or theta^(-2i/D) in
+ * float32 as transformers computes it; sign -1 rotates back (the gradient). */
+TWK_KERNEL rope_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *x, long x_off,
+                    TWK_GLOBAL const int *pos, long pos_off, TWK_GLOBAL const float *freq, long freq_off,
+                    long T, long H, long D, float theta, float sign, int has_freq, int is64) {
+    long hd = D / 2;
+    long g = TWK_GID(0);
+    if (g >= T * H * hd) return;
+    long i = g % hd, th = g / hd, t = th / H;
+    float f = has_freq ? freq[freq_off + i] : 1.0f / pow(theta, (float)(2 * i) / (float)D);
+    float ang = (float)kd_id(pos + pos_off, t, is64) * f;
+    float cs = cos(ang), sn = sign * sin(ang);
+    const TWK_GLOBAL float *xr = x + x_off + th * D;
+    TWK_GLOBAL float *yr = y + y_off + th * D;
+    float x1 = xr[i], x2 = xr[i + hd];
+    yr[i] = x1 * cs - x2 * sn;
+    yr[i + hd] = x2 * cs + x1 * sn;
+}
+
+/* y[t] = logits[t, tgt] - logsumexp(logits[t, :]); one group per row */
+TWK_KERNEL logprobs_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *x, long x_off,
+                        TWK_GLOBAL const int *tg, long tg_off, TWK_GLOBAL int *err, long err_off, long V,
+                        int is64) {
+    TWK_LOCAL(float, part, KD_ROW_LOCAL);
+    int lid = TWK_LID(0), L = TWK_LSIZE(0);
+    long r = TWK_GROUP(0);
+    const TWK_GLOBAL float *xr = x + x_off + r * V;
+    float m = KD_NEG_BIG;
+    for (long k = lid; k < V; k += L) m = fmax(m, xr[k]);
+    part[lid] = m;
+    TWK_BARRIER();
+    KD_TREE_MAX(part, lid, L)
+    m = part[0];
+    TWK_BARRIER();
+    float s = 0.0f;
+    for (long k = lid; k < V; k += L) s += exp(xr[k] - m);
+    part[lid] = s;
+    TWK_BARRIER();
+    KD_TREE_SUM(part, lid, L)
+    if (lid == 0) {
+        long t = kd_id(tg + tg_off, r, is64);
+        if (t < 0 || t >= V) {
+            err[err_off] = KD_ERR_ID_RANGE;
+            y[y_off + r] = 0.0f;
+        } else {
+            y[y_off + r] = xr[t] - (m + log(part[0]));
+        }
+    }
+}
+
+/* g[t, :] = dy[t] * (onehot(tgt) - softmax(logits[t, :])), softmax from the
+ * saved log-prob: lse = logits[t, tgt] - lp[t]; one item per element */
+TWK_KERNEL logprobs_back_f32(TWK_GLOBAL float *g, long g_off, TWK_GLOBAL const float *x, long x_off,
+                             TWK_GLOBAL const int *tg, long tg_off, TWK_GLOBAL const float *dy, long dy_off,
+                             TWK_GLOBAL const float *lp, long lp_off, TWK_GLOBAL int *err, long err_off,
+                             long T, long V, int is64) {
+    long i = TWK_GID(0);
+    if (i >= T * V) return;
+    long r = i / V, k = i % V;
+    long t = kd_id(tg + tg_off, r, is64);
+    if (t < 0 || t >= V) {
+        err[err_off] = KD_ERR_ID_RANGE;
+        g[g_off + i] = 0.0f;
+        return;
+    }
+    const TWK_GLOBAL float *xr = x + x_off + r * V;
+    float d = dy[dy_off + r], lse = xr[t] - lp[lp_off + r];
+    float v = -d * exp(xr[k] - lse);
+    g[g_off + i] = k == t ? v + d : v;
+}
