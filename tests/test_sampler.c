@@ -4,7 +4,10 @@
  * equal the training forward's for the same tokens; seeded sampling repeats;
  * at temperature 1 the empirical frequencies of the first token match the
  * softmax (chi-square at significance 0.001); top_k / top_p never emit
- * outside their set; bad parameters are refused by name. */
+ * outside their set; bad parameters are refused by name.
+ *
+ * TWK_TEST_DEVICE=spec runs everything on that device; on a device other
+ * than the CPU the greedy tokens are also compared with the CPU's. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +28,21 @@ static void check(int ok, const char *model, const char *what, double err, doubl
     if (tol > 0) printf(" err %.2e (tol %.0e)", err, tol);
     printf("\n");
     fails += !ok;
+}
+
+/* The device under test: TWK_TEST_DEVICE, "cpu" by default. */
+static const char *test_device(void) {
+    const char *d = getenv("TWK_TEST_DEVICE");
+    return d && *d ? d : "cpu";
+}
+
+/* Opens the device under test; 0 (a failed check naming the device) if it cannot. */
+static int open_device(twk_device **dev, const char *model) {
+    if (twk_device_open(test_device(), dev) == TWK_OK) return 1;
+    char what[200];
+    snprintf(what, sizeof what, "open device %s: %s", test_device(), twk_last_error());
+    check(0, model, what, 0, 0);
+    return 0;
 }
 
 static twk_sample_params greedy(int n) {
@@ -76,6 +94,64 @@ static void greedy_parity(twk_sampler *s, const twk_safetensors *gen, const char
     snprintf(what, sizeof what, "greedy %s: logprobs of the chosen tokens", which);
     check(same && err <= LP_TOL, model, what, err, LP_TOL);
     free(ref_lp);
+}
+
+/* On a device other than the CPU: the greedy tokens of the fixture prompts
+ * (base and with the PEFT adapter) equal the CPU's, logprobs within LP_TOL. */
+static void greedy_vs_cpu(twk_sampler *base, twk_sampler *lora, const char *model_dir, const twk_lora_config *lc,
+                          const char *adapter_dir, const twk_safetensors *gen, const char *model) {
+    twk_device *cpu = NULL;
+    twk_model *m = NULL;
+    twk_sampler *cb = NULL, *cl = NULL;
+    const twk_st_tensor *pt = twk_st_find(gen, "prompt_tokens"), *pl = twk_st_find(gen, "prompt_lens");
+    if (!pt || !pl || twk_device_open("cpu", &cpu) != TWK_OK || twk_model_load(model_dir, cpu, &m) != TWK_OK ||
+        twk_sampler_new(m, NULL, 4, 64, &cb) != TWK_OK || twk_sampler_new(m, lc, 4, 64, &cl) != TWK_OK ||
+        twk_sampler_load_adapter(cl, adapter_dir) != TWK_OK) {
+        check(0, model, "greedy vs cpu: the CPU side", 0, 0);
+        goto out;
+    }
+    const int32_t *prompts = (const int32_t *)(const void *)pt->data, *lens = (const int32_t *)(const void *)pl->data;
+    int same = 1, tokens = 0;
+    double err = 0;
+    for (int which = 0; which < 2; which++) {
+        int64_t off = 0;
+        for (int k = 0; k < (int)pl->nelem; k++) {
+            twk_sample_params p = greedy(16);
+            twk_sampled_seq a, b;
+            if (twk_sampler_generate(which ? lora : base, prompts + off, lens[k], 1, &p, &a) != TWK_OK) {
+                printf("     %s\n", twk_last_error());
+                same = 0;
+                break;
+            }
+            if (twk_sampler_generate(which ? cl : cb, prompts + off, lens[k], 1, &p, &b) != TWK_OK) {
+                printf("     %s\n", twk_last_error());
+                twk_sampled_seq_free(&a);
+                same = 0;
+                break;
+            }
+            for (int64_t i = 0; i < a.n || i < b.n; i++) {
+                if (i >= a.n || i >= b.n || a.tokens[i] != b.tokens[i]) {
+                    if (same) printf("     %s prompt %d: token %lld differs from the CPU's\n", which ? "lora" : "base", k, (long long)i);
+                    same = 0;
+                    break;
+                }
+                err = fmax(err, fabs(a.logprobs[i] - b.logprobs[i]));
+                tokens++;
+            }
+            twk_sampled_seq_free(&a);
+            twk_sampled_seq_free(&b);
+            off += lens[k];
+        }
+    }
+    char what[128];
+    snprintf(what, sizeof what, "greedy on %s equals the CPU (%d tokens, base + lora)", test_device(), tokens);
+    check(same, model, what, 0, 0);
+    check(same && err <= LP_TOL, model, "greedy on the device vs the CPU: logprobs", err, LP_TOL);
+out:
+    twk_sampler_free(cb);
+    twk_sampler_free(cl);
+    twk_model_free(m);
+    twk_device_close(cpu);
 }
 
 /* A sampler with adapter slots: the base model (slot 0) and the PEFT adapter
@@ -229,31 +305,35 @@ static void parity(const char *root, const char *model) {
     lc.train_unembed = cJSON_IsTrue(cJSON_GetObjectItem(lj, "lm_head_targeted"));
     twk_device *dev = NULL;
     twk_model *m = NULL;
-    twk_device_open("cpu", &dev);
+    twk_sampler *base = NULL, *lora = NULL;
+    if (!open_device(&dev, model)) goto out;
     snprintf(path, sizeof path, "%s/%s/model", root, model);
     if (twk_model_load(path, dev, &m) != TWK_OK) {
         check(0, model, twk_last_error(), 0, 0);
         goto out;
     }
-    twk_sampler *base = NULL, *lora = NULL;
     if (twk_sampler_new(m, NULL, 4, 64, &base) != TWK_OK || twk_sampler_new(m, &lc, 4, 64, &lora) != TWK_OK) {
         check(0, model, twk_last_error(), 0, 0);
-        goto out2;
+        goto out;
     }
     snprintf(path, sizeof path, "%s/%s/peft_adapter", root, model);
     if (twk_sampler_load_adapter(lora, path) != TWK_OK) {
         check(0, model, twk_last_error(), 0, 0);
-        goto out2;
+        goto out;
     }
     greedy_parity(base, gen, "base", model);
     greedy_parity(lora, gen, "lora", model);
+    if (strcspn(test_device(), ":") != 3 || strncmp(test_device(), "cpu", 3)) { /* not "cpu" or "cpu:N" */
+        char mdir[700];
+        snprintf(mdir, sizeof mdir, "%s/%s/model", root, model);
+        greedy_vs_cpu(base, lora, mdir, &lc, path, gen, model);
+    }
     slots_parity(m, gen, path, model);
     sampled_vs_forward(m, base, model);
     prompt_scores(base, lora, gen, model);
-out2:
+out:
     twk_sampler_free(base);
     twk_sampler_free(lora);
-out:
     twk_model_free(m);
     twk_device_close(dev);
     cJSON_Delete(js);
@@ -275,9 +355,10 @@ static void statistics(const char *root) {
     snprintf(path, sizeof path, "%s/qwen3/model", root);
     twk_device *dev = NULL;
     twk_model *m = NULL;
-    twk_device_open("cpu", &dev);
+    if (!open_device(&dev, "qwen3")) return;
     if (twk_model_load(path, dev, &m) != TWK_OK) {
         check(0, "qwen3", twk_last_error(), 0, 0);
+        twk_device_close(dev);
         return;
     }
     int V = twk_model_cfg(m)->vocab, P = 4;
@@ -470,7 +551,7 @@ static void statistics(const char *root) {
  * that completes the string's first occurrence in the generated text. */
 static void stop_strings(void) {
     twk_device *dev = NULL;
-    twk_device_open("cpu", &dev);
+    open_device(&dev, "random");
     twk_model_config c = {.arch = TWK_ARCH_QWEN3, .vocab = 512, .hidden = 64, .layers = 2, .heads = 4, .kv_heads = 2,
                           .head_dim = 16, .ffn = 128, .rope_theta = 10000, .rms_eps = 1e-6, .tie_embeddings = 1,
                           .qk_norm = 1, .max_positions = 256};
@@ -479,7 +560,7 @@ static void stop_strings(void) {
     twk_tokenizer *tk = NULL;
     char path[600];
     snprintf(path, sizeof path, "%s/bytelevel/tokenizer.json", TWK_TOKENIZER_DIR);
-    if (twk_model_random(&c, dev, 3, &m) != TWK_OK || twk_sampler_new(m, NULL, 2, 64, &s) != TWK_OK ||
+    if (!dev || twk_model_random(&c, dev, 3, &m) != TWK_OK || twk_sampler_new(m, NULL, 2, 64, &s) != TWK_OK ||
         twk_tokenizer_load(path, &tk) != TWK_OK) {
         check(0, "random", twk_last_error(), 0, 0);
         goto out;
@@ -553,8 +634,8 @@ static void eos_ids(const char *root) {
     }
     twk_device *dev = NULL;
     twk_model *m = NULL;
-    twk_device_open("cpu", &dev);
-    twk_status st = linked ? twk_model_load(dir, dev, &m) : TWK_ERR_IO;
+    open_device(&dev, "qwen3");
+    twk_status st = linked && dev ? twk_model_load(dir, dev, &m) : TWK_ERR_IO;
     int has5 = 0, has7 = 0, n_eos = st == TWK_OK ? twk_model_cfg(m)->n_eos : 0;
     for (int i = 0; i < n_eos; i++) {
         has5 |= twk_model_cfg(m)->eos[i] == 5;
