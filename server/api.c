@@ -211,7 +211,7 @@ static void h_get_info(svc *s, twk_http_conn *c, const cJSON *b, const char *ten
 
 static int is_builtin_rl_loss(const char *l) {
     return !strcmp(l, "importance_sampling") || !strcmp(l, "ppo") || !strcmp(l, "cispo") || !strcmp(l, "dro") ||
-           !strcmp(l, "grpo") || !strcmp(l, "dapo") || !strcmp(l, "dr_grpo");
+           !strcmp(l, "grpo") || !strcmp(l, "dapo") || !strcmp(l, "dr_grpo") || !strcmp(l, "gspo");
 }
 
 /* Checks a decoded forward_backward request against the model; writes the
@@ -223,7 +223,7 @@ static int validate_fb(svc *s, const run_state *r, const twk_wire_fb_request *q,
     int distill = !strcmp(q->loss_fn, "forward_kl") || !strcmp(q->loss_fn, "reverse_kl") || !strcmp(q->loss_fn, "jsd");
     if (strcmp(q->loss_fn, "cross_entropy") && !rl && !pref && !distill) {
         snprintf(err, n,
-                 "unknown loss_fn '%s' (cross_entropy, importance_sampling, ppo, cispo, dro, grpo, dapo, dr_grpo, dpo, "
+                 "unknown loss_fn '%s' (cross_entropy, importance_sampling, ppo, cispo, dro, grpo, dapo, dr_grpo, gspo, dpo, "
                  "ipo, forward_kl, reverse_kl, jsd)",
                  q->loss_fn);
         return 0;
@@ -233,11 +233,17 @@ static int validate_fb(svc *s, const run_state *r, const twk_wire_fb_request *q,
                  q->n_data);
         return 0;
     }
-    for (int i = 0; i < q->n_config; i++)
+    for (int i = 0; i < q->n_config; i++) {
         if (!isfinite(q->config[i].value)) {
             snprintf(err, n, "loss_fn_config[%s] is not finite", q->config[i].key);
             return 0;
         }
+        if (!strcmp(q->config[i].key, "kl_beta") && (!rl || q->config[i].value < 0)) {
+            snprintf(err, n, "loss_fn_config[kl_beta] = %g: a KL-to-reference coefficient >= 0 for the RL losses",
+                     q->config[i].value);
+            return 0;
+        }
+    }
     if (q->n_data < 1) {
         snprintf(err, n, "data is empty");
         return 0;
@@ -332,11 +338,13 @@ static int validate_fb(svc *s, const run_state *r, const twk_wire_fb_request *q,
                 return 0;
             }
         }
-        static const char *const rl_inputs[] = {"logprobs", "advantages", "clip_low_threshold", "clip_high_threshold"};
+        static const char *const rl_inputs[] = {"logprobs", "advantages", "clip_low_threshold", "clip_high_threshold",
+                                                "ref_logprobs"};
         static const char *const pref_inputs[] = {"ref_logprobs"};
         const char *const *needs = rl ? rl_inputs : pref_inputs;
-        int n_needs = rl ? 4 : pref ? 1 : 0, n_required = rl ? 2 : 0;
-        if (pref && !twk_wire_datum_input(d, "ref_logprobs") != !twk_wire_datum_input(&q->data[0], "ref_logprobs")) {
+        int n_needs = rl ? 5 : pref ? 1 : 0, n_required = rl ? 2 : 0;
+        if ((pref || rl) &&
+            !twk_wire_datum_input(d, "ref_logprobs") != !twk_wire_datum_input(&q->data[0], "ref_logprobs")) {
             snprintf(err, n, "data[%d].loss_fn_inputs: ref_logprobs must be given for every datum or for none "
                              "(none: the server computes them from the base model)", i);
             return 0;

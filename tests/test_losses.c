@@ -115,6 +115,81 @@ int main(void) {
         fails += !ok;
     }
 
+    /* GSPO (sequence-level ratio) against finite differences of a float64 evaluation;
+     * the bounds are chosen so that some sequences clip and some do not */
+    {
+        enum { GS = 6, GN = 40 };
+        int64_t off[GS + 1] = {0, 5, 12, 19, 26, 33, 40};
+        float pp[GN], qq[GN], aa[GN], ww[GN], gg[GN];
+        for (int i = 0; i < GN; i++) {
+            pp[i] = (float)(-2 * twk_rng_uniform(&r));
+            qq[i] = (float)(pp[i] + 0.3 * (twk_rng_uniform(&r) - 0.5));
+            ww[i] = (float)(i % 5 ? 1.0 : 0.0);
+        }
+        for (int s = 0; s < GS; s++)
+            for (int64_t i = off[s]; i < off[s + 1]; i++) aa[i] = (float)(s % 2 ? -1.0 : 0.7 + 0.1 * s);
+        double glo = 0.98, ghi = 1.02;
+        twk_loss_stats gs;
+        twk_status gst = twk_loss_gspo(GS, off, pp, qq, aa, ww, glo, ghi, gg, &gs);
+        double gerr = 0, gscale = 1e-3, v[3] = {0, 0, 0};
+        for (int i = 0; i <= GN; i++) { /* i == GN: the unperturbed value */
+            double h = 1e-5;
+            for (int sgn = 0; sgn < 2; sgn++) {
+                double tot = 0;
+                for (int s = 0; s < GS; s++) {
+                    double d = 0, adv = 0, m = 0;
+                    for (int64_t j = off[s]; j < off[s + 1]; j++)
+                        if (ww[j] != 0.0f) d += pp[j] + (j == i ? (sgn ? -h : h) : 0) - (double)qq[j], adv += aa[j], m++;
+                    double rr = exp(d / m), rc = fmin(fmax(rr, glo), ghi);
+                    adv /= m;
+                    tot += -fmin(rr * adv, rc * adv) / GS;
+                }
+                v[sgn] = tot;
+            }
+            if (i == GN) {
+                v[2] = v[0];
+                break;
+            }
+            double fd = (v[0] - v[1]) / (2 * h);
+            gerr = fmax(gerr, fabs(gg[i] - fd));
+            gscale = fmax(gscale, fabs(fd));
+        }
+        double lerr = fabs(gs.loss - v[2]) / fmax(1.0, fabs(v[2]));
+        int ok = gst == TWK_OK && gerr / gscale <= 1e-4 && lerr <= 1e-6 && gs.clip_fraction > 0 && gs.clip_fraction < 1;
+        printf("%s %-20s loss %10.6f (float64 %10.6f, err %.1e)  dL/dp err %.1e  ratio mean %.4f  clipped %.2f\n",
+               ok ? "ok  " : "FAIL", "gspo", gs.loss, v[2], lerr, gerr / gscale, gs.ratio_mean, gs.clip_fraction);
+        fails += !ok;
+    }
+    /* the KL-to-reference penalty (k3 estimator) against finite differences */
+    {
+        enum { KN = 17 };
+        float pp[KN], rf[KN], cc[KN], gg[KN];
+        for (int i = 0; i < KN; i++) {
+            pp[i] = (float)(-2 * twk_rng_uniform(&r));
+            rf[i] = (float)(-2 * twk_rng_uniform(&r));
+            cc[i] = (float)(i % 6 ? 0.1 + twk_rng_uniform(&r) : 0.0);
+            gg[i] = 0.25f; /* added to */
+        }
+        double loss = 1.0, klm = 0, gerr = 0, gscale = 1e-3, ref_loss = 1.0, ref_sum = 0;
+        int counted = 0;
+        twk_status kst = twk_loss_add_kl(KN, pp, rf, cc, gg, &loss, &klm);
+        for (int i = 0; i < KN; i++) {
+            double k3 = exp((double)rf[i] - pp[i]) - ((double)rf[i] - pp[i]) - 1;
+            ref_loss += cc[i] * k3;
+            if (cc[i] != 0.0f) ref_sum += k3, counted++;
+            double h = 1e-5, kp = exp(rf[i] - (pp[i] + h)) - (rf[i] - (pp[i] + h)) - 1,
+                   km = exp(rf[i] - (pp[i] - h)) - (rf[i] - (pp[i] - h)) - 1;
+            double fd = 0.25 + cc[i] * (kp - km) / (2 * h);
+            gerr = fmax(gerr, fabs(gg[i] - fd));
+            gscale = fmax(gscale, fabs(fd));
+        }
+        double lerr = fabs(loss - ref_loss) / fmax(1.0, fabs(ref_loss));
+        int ok = kst == TWK_OK && lerr <= 1e-6 && gerr / gscale <= 1e-5 && fabs(klm - ref_sum / counted) <= 1e-9;
+        printf("%s %-20s loss %10.6f (float64 %10.6f, err %.1e)  dL/dp err %.1e  kl mean %.4f\n", ok ? "ok  " : "FAIL",
+               "kl penalty (k3)", loss, ref_loss, lerr, gerr / gscale, klm);
+        fails += !ok;
+    }
+
     /* distillation over top-K against finite differences of a float64 evaluation */
     for (int kind = 0; kind < 3; kind++) {
         enum { DN = 5, DK = 4 };

@@ -83,6 +83,52 @@ twk_status twk_loss_eval(twk_loss_kind kind, int64_t n, const float *p, const fl
     return TWK_OK;
 }
 
+twk_status twk_loss_gspo(int n_seqs, const int64_t *offsets, const float *p, const float *q, const float *adv,
+                         const float *w, double lo, double hi, float *dldp, twk_loss_stats *out) {
+    if (!offsets || !p || !q || !adv || !dldp || !out) return twk_error(TWK_ERR_INVALID_ARG, "gspo: NULL argument");
+    if (n_seqs < 1) return twk_error(TWK_ERR_INVALID_ARG, "gspo: no sequences");
+    if (!(lo <= hi)) return twk_error(TWK_ERR_INVALID_ARG, "gspo: clip bounds %g > %g", lo, hi);
+    memset(out, 0, sizeof *out);
+    int clipped = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        double dsum = 0, asum = 0, m = 0;
+        for (int64_t i = offsets[s]; i < offsets[s + 1]; i++)
+            if (!w || w[i] != 0.0f) dsum += (double)p[i] - q[i], asum += adv[i], m += 1;
+        double r = m > 0 ? exp(dsum / m) : 1.0, a = m > 0 ? asum / m : 0.0;
+        if (!isfinite(r)) return twk_error(TWK_ERR_RANGE, "gspo: the ratio of sequence %d is not finite", s);
+        double rc = r < lo ? lo : r > hi ? hi : r, g = 0;
+        if (r * a <= rc * a) { /* the unclipped term is the min: gradient through s */
+            out->loss += -r * a / n_seqs;
+            g = m > 0 ? -r * a / (m * n_seqs) : 0;
+        } else {
+            out->loss += -rc * a / n_seqs;
+            clipped++;
+        }
+        out->ratio_mean += r / n_seqs;
+        for (int64_t i = offsets[s]; i < offsets[s + 1]; i++) dldp[i] = (!w || w[i] != 0.0f) ? (float)g : 0.0f;
+    }
+    out->clip_fraction = (double)clipped / n_seqs;
+    return TWK_OK;
+}
+
+twk_status twk_loss_add_kl(int64_t n, const float *p, const float *ref, const float *c, float *dldp, double *loss,
+                           double *kl_mean) {
+    if (!p || !ref || !c || !dldp || !loss || !kl_mean) return twk_error(TWK_ERR_INVALID_ARG, "kl: NULL argument");
+    double sum = 0;
+    int64_t counted = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (c[i] == 0.0f) continue;
+        double d = (double)ref[i] - p[i], e = exp(d), k3 = e - d - 1.0;
+        if (!isfinite(k3)) return twk_error(TWK_ERR_RANGE, "kl: the estimate at token %lld is not finite", (long long)i);
+        *loss += c[i] * k3;
+        dldp[i] = (float)(dldp[i] + c[i] * (1.0 - e));
+        sum += k3;
+        counted++;
+    }
+    *kl_mean = counted ? sum / (double)counted : 0.0;
+    return TWK_OK;
+}
+
 twk_status twk_loss_dpo(int n_seqs, const int64_t *offsets, const float *p, const float *ref, const float *w, double beta,
                         int ipo, float *dldp, twk_dpo_stats *out) {
     if (!offsets || !p || !ref || !dldp || !out) return twk_error(TWK_ERR_INVALID_ARG, "dpo: NULL argument");

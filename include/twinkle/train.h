@@ -185,6 +185,21 @@ twk_status twk_loss_eval(twk_loss_kind kind, int64_t n, const float *p, const fl
                          const float *w, const float *clip_lo, const float *clip_hi, double beta, float *dldp,
                          twk_loss_stats *out);
 
+/* GSPO (sequence-level importance ratio): per sequence i over its masked
+ * tokens (w != 0, NULL = all), s_i = exp(mean_t (p - q)), A_i = the mean
+ * advantage over those tokens; L = (1/N) sum_i -min(s_i A_i, clip(s_i, lo, hi) A_i).
+ * dldp gets dL/dp per token (0 where masked or clipped). Stats: loss, the mean
+ * s_i and the fraction of sequences clipped. TWK_ERR_INVALID_ARG for bounds
+ * with lo > hi; TWK_ERR_RANGE for a non-finite ratio. */
+twk_status twk_loss_gspo(int n_seqs, const int64_t *offsets, const float *p, const float *q, const float *adv,
+                         const float *w, double lo, double hi, float *dldp, twk_loss_stats *out);
+
+/* Adds the k3 estimate of KL(policy || reference) per token, c_t (exp(r - p) - (r - p) - 1),
+ * to *loss and its derivative to dldp, with per-token coefficients c (0 = not counted).
+ * *kl_mean gets the mean estimate over counted tokens. TWK_ERR_RANGE if not finite. */
+twk_status twk_loss_add_kl(int64_t n, const float *p, const float *ref, const float *c, float *dldp, double *loss,
+                           double *kl_mean);
+
 /* Preference losses over pairs of sequences (2i chosen, 2i+1 rejected):
  * h_i = sum_c w (p - ref) - sum_r w (p - ref) over each pair's tokens;
  * sigmoid DPO: L = sum -log sigmoid(beta h); IPO: L = sum (h - 1/(2 beta))^2.

@@ -149,3 +149,124 @@ def test_grpo_family_aggregation(base_url, loss):
     a_lp = np.array(tc.forward(probe, "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist())
     b_lp = np.array(tc_ce.forward(probe, "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist())
     assert np.abs(a_lp - b_lp).max() <= 1e-4
+
+
+def _step_equals_ce(tc, tc_ce, data, weights):
+    ce = [types.Datum(model_input=d.model_input, loss_fn_inputs={
+        "target_tokens": d.loss_fn_inputs["target_tokens"], "weights": w.astype(np.float32).tolist()})
+        for d, w in zip(data, weights)]
+    tc_ce.forward_backward(ce, "cross_entropy").result()
+    tc.optim_step(adam(1e-2)).result()
+    tc_ce.optim_step(adam(1e-2)).result()
+    probe = [counting_datum(7)]
+    a_lp = np.array(tc.forward(probe, "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist())
+    b_lp = np.array(tc_ce.forward(probe, "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist())
+    return np.abs(a_lp - b_lp).max()
+
+
+def test_gspo_sequence_ratio(base_url):
+    """gspo: s_i = exp(mean over the sequence's masked tokens of p - q), one
+    advantage per sequence, -min(s A, clip(s, lo, hi) A) averaged over
+    sequences; bounds from loss_fn_config. Some sequences clip, some do not."""
+    sc = service_client(base_url, "tml-gspo")
+    tc = new_training_client(sc, seed=14)
+    tc_ce = new_training_client(sc, seed=14)
+    base = [counting_datum(d, length=10 + d) for d in range(4)]
+    p = [np.array(o["logprobs"].tolist()) for o in tc.forward(base, "cross_entropy").result().loss_fn_outputs]
+    shifts, advs = [0.05, -0.05, 0.001, -0.08], [1.0, 1.0, -0.5, -1.0]  # ratios e^-0.05.. on both sides
+    masks = [np.array([0.0] * 3 + [1.0] * (len(pd) - 3)) for pd in p]
+    qs = [(pd - s).astype(np.float32) for pd, s in zip(p, shifts)]
+    sent = [types.Datum(model_input=d.model_input, loss_fn_inputs={
+        "target_tokens": d.loss_fn_inputs["target_tokens"], "logprobs": q.tolist(),
+        "advantages": [a] * len(q), "weights": m.astype(np.float32).tolist()})
+        for d, q, a, m in zip(base, qs, advs, masks)]
+    lo, hi = 0.97, 1.02
+    res = tc.forward_backward(sent, "gspo", loss_fn_config={"clip_low_threshold": lo, "clip_high_threshold": hi}).result()
+    want, weights, clipped = 0.0, [], 0
+    n = len(base)
+    for pd, q, a, m in zip(p, qs, advs, masks):
+        s = np.exp(((pd - q.astype(np.float64)) * m).sum() / m.sum())
+        sc_ = np.clip(s, lo, hi)
+        if s * a <= sc_ * a:
+            want += -s * a / n
+            weights.append(s * a * m / (m.sum() * n))  # -dL/dp
+        else:
+            want += -sc_ * a / n
+            weights.append(np.zeros_like(pd))
+            clipped += 1
+    got = res.metrics["loss:sum"]
+    print(f"gspo: loss {got:.7f} vs numpy {want:.7f}, ratio mean {res.metrics['ratio:mean']:.4f}, "
+          f"clipped {res.metrics['clip_fraction:mean']:.2f} (numpy {clipped / n:.2f})")
+    assert 0 < clipped < n
+    assert abs(got - want) <= 1e-5 * max(1.0, abs(want))
+    assert abs(res.metrics["clip_fraction:mean"] - clipped / n) < 1e-9
+    diff = _step_equals_ce(tc, tc_ce, base, weights)
+    print(f"gspo: step vs cross-entropy step, max |dlogprob| {diff:.2e}")
+    assert diff <= 1e-4
+
+
+@pytest.mark.parametrize("given_ref", [True, False])
+def test_grpo_kl_penalty(base_url, given_ref):
+    """grpo with loss_fn_config kl_beta: + kl_beta * sum_t c_t k3(p_t, ref_t), c_t the
+    grpo token weighting, k3 = exp(r - p) - (r - p) - 1. The reference is the
+    per-datum ref_logprobs, or the base model (adapter off) when none are sent."""
+    sc = service_client(base_url, "tml-grpo-kl-%d" % given_ref)
+    tc = new_training_client(sc, seed=15)
+    tc_ce = new_training_client(sc, seed=15)
+    base = [counting_datum(d, length=12) for d in range(3)]
+    # move the adapter off the base model first, so the server's reference differs from p
+    tc.forward_backward(base, "cross_entropy").result()
+    tc.optim_step(adam(2e-2)).result()
+    tc_ce.forward_backward(base, "cross_entropy").result()
+    tc_ce.optim_step(adam(2e-2)).result()
+    p = [np.array(o["logprobs"].tolist()) for o in tc.forward(base, "cross_entropy").result().loss_fn_outputs]
+    fresh = new_training_client(sc, seed=99)  # B = 0: exactly the base model
+    base_lp = [np.array(o["logprobs"].tolist()) for o in fresh.forward(base, "cross_entropy").result().loss_fn_outputs]
+    rng = np.random.default_rng(4)
+    refs = [(pd - 0.2 * rng.standard_normal(len(pd))).astype(np.float32) for pd in p] if given_ref else \
+        [b.astype(np.float32) for b in base_lp]
+    advs = [rng.standard_normal(len(pd)).astype(np.float32) for pd in p]
+    qs = [(pd - 0.1 * rng.standard_normal(len(pd))).astype(np.float32) for pd in p]
+    kl_beta = 0.7
+    sent = []
+    for d, q, a, r in zip(base, qs, advs, refs):
+        inputs = {"target_tokens": d.loss_fn_inputs["target_tokens"], "logprobs": q.tolist(), "advantages": a.tolist()}
+        if given_ref:
+            inputs["ref_logprobs"] = r  # an ndarray: the SDK types only its own keys
+        sent.append(types.Datum(model_input=d.model_input, loss_fn_inputs=inputs))
+    res = tc.forward_backward(sent, "grpo", loss_fn_config={"kl_beta": kl_beta}).result()
+    want, weights, kls = 0.0, [], []
+    for pd, q, a, r in zip(p, qs, advs, refs):
+        c = 1.0 / (len(base) * len(pd))
+        l, g = _ref("ppo", pd, q.astype(np.float64), (a * np.float32(c)).astype(np.float64), 0.8, 1.2, 0)
+        d = r.astype(np.float64) - pd
+        k3 = np.exp(d) - d - 1
+        want += l + kl_beta * c * k3.sum()
+        weights.append(-(g + kl_beta * c * (1 - np.exp(d))))
+        kls.append(k3)
+    kl_mean = np.concatenate(kls).mean()
+    got = res.metrics["loss:sum"]
+    print(f"grpo+kl ({'ref_logprobs' if given_ref else 'base model'}): loss {got:.7f} vs numpy {want:.7f}, "
+          f"kl {res.metrics['kl:mean']:.5f} vs {kl_mean:.5f}")
+    assert kl_mean > 1e-3
+    assert abs(got - want) <= 1e-5 * max(1.0, abs(want))
+    assert abs(res.metrics["kl:mean"] - kl_mean) <= 1e-4 * max(1.0, kl_mean)
+    diff = _step_equals_ce(tc, tc_ce, base, weights)
+    print(f"grpo+kl: step vs cross-entropy step, max |dlogprob| {diff:.2e}")
+    assert diff <= 1e-4
+
+
+def test_kl_beta_refused_where_it_means_nothing(base_url):
+    import tinker
+    sc = service_client(base_url, "tml-kl-bad")
+    tc = new_training_client(sc)
+    with pytest.raises(tinker.RequestFailedError) as err:
+        tc.forward_backward([counting_datum(0)], "cross_entropy", loss_fn_config={"kl_beta": 0.1}).result()
+    assert "kl_beta" in str(err.value)
+    d = counting_datum(0)
+    rl = types.Datum(model_input=d.model_input, loss_fn_inputs={
+        "target_tokens": d.loss_fn_inputs["target_tokens"], "logprobs": [-1.0] * 16, "advantages": [1.0] * 16})
+    with pytest.raises(tinker.RequestFailedError) as err:
+        tc.forward_backward([rl], "grpo", loss_fn_config={"kl_beta": -1.0}).result()
+    assert "kl_beta" in str(err.value)
+    tc.forward_backward([rl], "grpo", loss_fn_config={"kl_beta": 0.1}).result()  # still serving
