@@ -2,7 +2,9 @@
  * (forward + backward + AdamW; rank 16; q,k,v,o,gate,up,down) on a 4-layer
  * model with Qwen3-0.6B's widths at 1024 packed tokens, random weights — and
  * the same step in PyTorch + PEFT on the CPU with the same thread count, in
- * the same run (bench/peer/train_step.py), with the ratio twinkle/PyTorch. */
+ * the same run (bench/peer/train_step.py), with the ratio twinkle/PyTorch.
+ * --device SPEC runs it on another device, --compare SPEC on a second one in
+ * the same run (ratio device/compare), --peak-tflops P adds the MFU. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,59 +19,58 @@ static double peak_rss_mib(void) {
     return (double)ru.ru_maxrss / 1024.0;
 }
 
-int main(int argc, char **argv) {
-    int layers = 4, tokens = 1024, seqs = 4, rank = 16, steps = 3, vocab = 151936;
-    const char *peer = getenv("TWK_PEER_PYTHON"), *device = "cpu";
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--seqs") && i + 1 < argc) seqs = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--rank") && i + 1 < argc) rank = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--vocab") && i + 1 < argc) vocab = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--peer") && i + 1 < argc) peer = argv[++i];
-        else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
-        else {
-            fprintf(stderr,
-                    "usage: bench_train_step [--layers 4] [--tokens 1024] [--seqs 4] [--rank 16] [--steps 3]\n"
-                    "                        [--vocab 151936] [--peer PYTHON] [--device cpu]\n"
-                    "  --peer (or TWK_PEER_PYTHON): a python with torch, transformers and peft; runs\n"
-                    "  bench/peer/train_step.py with the same shapes and thread count and prints the ratio.\n");
-            return 2;
-        }
-    }
-    if (layers < 1 || tokens < seqs || seqs < 1 || tokens % seqs || rank < 1 || steps < 1 || vocab < 2) {
-        fprintf(stderr, "bench_train_step: bad sizes\n");
-        return 2;
-    }
+typedef struct step_shape {
+    int layers, tokens, seqs, rank, steps, vocab;
+} step_shape;
+
+typedef struct step_result {
+    double tps, best, warm, loss;
+    double matmul_params; /* weights a token passes through in matmuls (LoRA included) */
+    double lora_params;
+    int threads;
+    char name[200];
+} step_result;
+
+/* Builds the model and trainer on `spec` and times the step; 0 (message printed) on failure. */
+static int run_step(const char *spec, const step_shape *sh, step_result *res) {
     twk_device *dev = NULL;
-    if (twk_device_open(device, &dev) != TWK_OK) {
-        fprintf(stderr, "%s\n", twk_last_error());
-        return 1;
-    }
+    twk_model *m = NULL;
+    twk_trainer *t = NULL;
+    int32_t *ids = NULL;
+    float *w = NULL;
+    int ok = 0;
+    if (twk_device_open(spec, &dev) != TWK_OK) goto out;
     twk_device_props props;
-    twk_device_backend(dev)->device_props(0, &props);
-    twk_model_config c = {.arch = TWK_ARCH_QWEN3, .vocab = vocab, .hidden = 1024, .layers = layers, .heads = 16,
+    if (twk_device_backend(dev)->device_props(0, &props) != TWK_OK) goto out;
+    res->threads = props.max_threads;
+    snprintf(res->name, sizeof res->name, "%.48s (%.128s)", twk_device_spec(dev), props.name);
+    twk_model_config c = {.arch = TWK_ARCH_QWEN3, .vocab = sh->vocab, .hidden = 1024, .layers = sh->layers, .heads = 16,
                           .kv_heads = 8, .head_dim = 128, .ffn = 3072, .rope_theta = 1e6, .rms_eps = 1e-6,
                           .tie_embeddings = 1, .qk_norm = 1, .max_positions = 40960};
     snprintf(c.arch_name, sizeof c.arch_name, "Qwen3ForCausalLM");
-    twk_model *m = NULL;
-    twk_trainer *t = NULL;
     twk_lora_config lc = twk_lora_default();
-    lc.rank = rank;
+    lc.rank = sh->rank;
     lc.alpha = 32;
-    if (twk_model_random(&c, dev, 1, &m) != TWK_OK || twk_trainer_new(m, &lc, tokens, &t) != TWK_OK) {
-        fprintf(stderr, "%s\n", twk_last_error());
-        return 1;
+    if (twk_model_random(&c, dev, 1, &m) != TWK_OK || twk_trainer_new(m, &lc, sh->tokens, &t) != TWK_OK) goto out;
+    double per_layer = (double)c.hidden * c.heads * c.head_dim * 2 + (double)c.hidden * c.kv_heads * c.head_dim * 2 +
+                       3.0 * c.hidden * c.ffn;
+    res->lora_params = 0;
+    for (int i = 0; i < twk_trainer_param_count(t); i++) {
+        int64_t ne = 0;
+        twk_trainer_param_name(t, i, &ne);
+        res->lora_params += (double)ne;
     }
-    int32_t *ids = malloc((size_t)tokens * 4 * 4);
-    float *w = malloc((size_t)tokens * 4);
+    res->matmul_params = per_layer * c.layers + (double)c.vocab * c.hidden + res->lora_params;
+    int tokens = sh->tokens;
+    ids = malloc((size_t)tokens * 4 * 4);
+    w = malloc((size_t)tokens * 4);
+    if (!ids || !w) goto out;
     int32_t *tgt = ids + tokens, *pos = tgt + tokens, *seg = pos + tokens;
-    int per = tokens / seqs;
+    int per = tokens / sh->seqs;
     srand(3);
     for (int i = 0; i < tokens; i++) {
-        ids[i] = rand() % vocab;
-        tgt[i] = rand() % vocab;
+        ids[i] = rand() % sh->vocab;
+        tgt[i] = rand() % sh->vocab;
         pos[i] = i % per;
         seg[i] = i / per * per;
         w[i] = 1.0f;
@@ -79,29 +80,90 @@ int main(int argc, char **argv) {
     ap.learning_rate = 1e-4f;
     float loss = 0;
     double t0 = twk_now();
-    if (twk_trainer_forward_backward(t, &b, NULL, &loss) != TWK_OK || twk_trainer_optim_step(t, &ap, NULL) != TWK_OK) {
-        fprintf(stderr, "%s\n", twk_last_error());
-        return 1;
-    }
-    double warm = twk_now() - t0, best = 1e30;
-    for (int s = 0; s < steps; s++) {
+    if (twk_trainer_forward_backward(t, &b, NULL, &loss) != TWK_OK || twk_trainer_optim_step(t, &ap, NULL) != TWK_OK)
+        goto out;
+    res->warm = twk_now() - t0;
+    res->best = 1e30;
+    for (int s = 0; s < sh->steps; s++) {
         t0 = twk_now();
-        twk_trainer_forward_backward(t, &b, NULL, &loss);
-        twk_trainer_optim_step(t, &ap, NULL);
+        if (twk_trainer_forward_backward(t, &b, NULL, &loss) != TWK_OK || twk_trainer_optim_step(t, &ap, NULL) != TWK_OK)
+            goto out;
         double dt = twk_now() - t0;
-        if (dt < best) best = dt;
+        if (dt < res->best) res->best = dt;
     }
-    double tps = tokens / best, rss = peak_rss_mib();
-    printf("model: Qwen3 widths (hidden 1024, 16 heads / 8 kv, head_dim 128, ffn 3072, vocab %d), %d layers, "
-           "tied; LoRA rank %d on q,k,v,o,gate,up,down; %d tokens in %d sequences; %d threads\n",
-           vocab, layers, rank, tokens, seqs, props.max_threads);
-    printf("twinkle  %8.1f tokens/s  (best step %.3f s of %d, first %.3f s)  peak RSS %.0f MiB  loss %.3f\n", tps,
-           best, steps, warm, rss, loss);
+    res->tps = tokens / res->best;
+    res->loss = loss;
+    ok = 1;
+out:
+    if (!ok) fprintf(stderr, "bench_train_step: %s: %s\n", spec, twk_last_error());
     twk_trainer_free(t);
     twk_model_free(m);
     twk_device_close(dev);
     free(ids);
     free(w);
+    return ok;
+}
+
+static void print_result(const step_result *r, const step_shape *sh, double peak) {
+    printf("twinkle  %8.1f tokens/s  (best step %.3f s of %d, first %.3f s)  peak RSS %.0f MiB  loss %.3f  on %s\n",
+           r->tps, r->best, sh->steps, r->warm, peak_rss_mib(), r->loss, r->name);
+    if (peak > 0) {
+        double n = r->matmul_params;
+        printf("         MFU %.2f%% (6 N tokens / time / peak; N = %.1fM matmul parameters incl. the unembedding and "
+               "%.2fM LoRA; peak %.4g TFLOP/s); counting 4 N for the frozen base (DESIGN.md 6): %.2f%%\n",
+               100 * 6 * n * r->tps / (peak * 1e12), n * 1e-6, r->lora_params * 1e-6, peak,
+               100 * 4 * n * r->tps / (peak * 1e12));
+    }
+}
+
+int main(int argc, char **argv) {
+    int layers = 4, tokens = 1024, seqs = 4, rank = 16, steps = 3, vocab = 151936;
+    const char *peer = getenv("TWK_PEER_PYTHON"), *device = "cpu", *compare = NULL;
+    double peak = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--seqs") && i + 1 < argc) seqs = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--rank") && i + 1 < argc) rank = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--vocab") && i + 1 < argc) vocab = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--peer") && i + 1 < argc) peer = argv[++i];
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
+        else if (!strcmp(argv[i], "--compare") && i + 1 < argc) compare = argv[++i];
+        else if (!strcmp(argv[i], "--peak-tflops") && i + 1 < argc) peak = atof(argv[++i]);
+        else {
+            fprintf(stderr,
+                    "usage: bench_train_step [--layers 4] [--tokens 1024] [--seqs 4] [--rank 16] [--steps 3]\n"
+                    "                        [--vocab 151936] [--peer PYTHON] [--device cpu] [--compare SPEC]\n"
+                    "                        [--peak-tflops P]\n"
+                    "  --peer (or TWK_PEER_PYTHON): a python with torch, transformers and peft; runs\n"
+                    "  bench/peer/train_step.py with the same shapes and thread count and prints the ratio.\n"
+                    "  --device: where twinkle runs; --compare SPEC: the same step on SPEC too, and the\n"
+                    "  ratio device/SPEC; --peak-tflops P: the device's peak, for the MFU.\n");
+            return 2;
+        }
+    }
+    if (layers < 1 || tokens < seqs || seqs < 1 || tokens % seqs || rank < 1 || steps < 1 || vocab < 2 || peak < 0) {
+        fprintf(stderr, "bench_train_step: bad sizes\n");
+        return 2;
+    }
+    step_shape sh = {layers, tokens, seqs, rank, steps, vocab};
+    step_result r, rcmp;
+    if (!run_step(device, &sh, &r)) return 1;
+    printf("model: Qwen3 widths (hidden 1024, 16 heads / 8 kv, head_dim 128, ffn 3072, vocab %d), %d layers, "
+           "tied; LoRA rank %d on q,k,v,o,gate,up,down; %d tokens in %d sequences; %d threads\n",
+           vocab, layers, rank, tokens, seqs, r.threads);
+    print_result(&r, &sh, peak);
+    if (compare) {
+        if (!run_step(compare, &sh, &rcmp)) return 1;
+        print_result(&rcmp, &sh, 0);
+        printf("ratio %s / %s: %.2f tokens/s\n", device, compare, r.tps / rcmp.tps);
+    }
+    /* one line for scripts (bench/device/run.sh) */
+    printf("SUMMARY bench_train_step device=%s tokens_per_s=%.2f mfu=%.5f compare_tokens_per_s=%.2f\n", device, r.tps,
+           peak > 0 ? 6 * r.matmul_params * r.tps / (peak * 1e12) : 0.0, compare ? rcmp.tps : 0.0);
+    int threads = r.threads;
+    double tps = r.tps, rss = peak_rss_mib();
     if (!peer) {
         printf("peer     skipped (set TWK_PEER_PYTHON or --peer to a python with torch, transformers, peft)\n");
         return 0;
@@ -115,7 +177,7 @@ int main(int argc, char **argv) {
     (void)self;
     snprintf(cmd, sizeof cmd,
              "%s %s --layers %d --tokens %d --seqs %d --rank %d --steps %d --vocab %d --threads %d", peer, script,
-             layers, tokens, seqs, rank, steps, vocab, props.max_threads);
+             layers, tokens, seqs, rank, steps, vocab, threads);
     FILE *f = popen(cmd, "r");
     double ptps = 0, prss = 0;
     char line[512];
