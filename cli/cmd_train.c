@@ -2,6 +2,7 @@
  * a Hugging Face model folder, LoRA or full, with periodic checkpoints and
  * resumption from a saved training state. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,12 +11,14 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "train_losses.h"
 #include "twinkle/twinkle.h"
 
 typedef struct train_opts {
-    const char *model, *data, *out, *resume, *device, *loss;
-    long steps, save_every, batch_tokens, rank, seed;
+    const char *model, *data, *out, *resume, *device, *loss, *teacher, *teacher_adapter;
+    long steps, save_every, batch_tokens, rank, seed, topk;
     double lr, dpo_beta, alpha, weight_decay, grad_clip, beta1, beta2, eps;
+    double clip_lo, clip_hi, kl_beta, max_tokens, distill_beta; /* NaN: the loss's default */
     int full, train_unembed, no_attn, no_mlp;
 } train_opts;
 
@@ -40,13 +43,31 @@ static void usage(FILE *f) {
             "  --resume DIR         continue from a saved training state (weights + optimizer)\n"
             "  --seed S             LoRA initialisation seed (default 0)\n"
             "  --device SPEC        cpu (default)\n"
-            "  --loss L             cross_entropy (default), dpo or ipo: preference pairs, lines 2i (chosen)\n"
-            "                       and 2i+1 (rejected); weights mask the prompt; the reference is the base\n"
-            "                       model (LoRA only)\n"
+            "  --loss L             cross_entropy (default);\n"
+            "                       dpo, ipo: preference pairs, lines 2i (chosen) and 2i+1 (rejected); weights\n"
+            "                       mask the prompt; the reference is the base model (LoRA only);\n"
+            "                       importance_sampling, ppo, cispo, dro, grpo, dapo, dr_grpo, gspo: RL on\n"
+            "                       rollouts: each line adds \"advantages\" (a number or one per token) and\n"
+            "                       optionally \"logprobs\" (the sampler's; absent: on-policy); weights mask;\n"
+            "                       forward_kl, reverse_kl, jsd: distillation from --teacher's top-k\n"
             "  --dpo-beta X         beta of dpo / ipo (default 0.1)\n"
+            "  --clip-low X --clip-high X   RL clip bounds (defaults per loss: ppo 0.8 1.2, ...)\n"
+            "  --kl-beta X          RL: + X * KL(policy || base model), k3 estimate (default 0)\n"
+            "  --max-tokens N       dr_grpo's normaliser (default: the longest sequence)\n"
+            "  --teacher DIR        distillation teacher (a model folder; same vocabulary)\n"
+            "  --teacher-adapter DIR  a PEFT adapter on the teacher\n"
+            "  --topk K             teacher tokens per position (default 8, at most 64)\n"
+            "  --distill-beta X     jsd's beta in (0, 1) (default 0.5)\n"
             "\n"
             "The loss of a step is -sum(weights * logprobs) over its tokens (Tinker's semantics);\n"
             "the printed loss is that sum divided by the sum of weights.\n");
+}
+
+/* forward_kl / reverse_kl / jsd as twk_distill_kind, or -1. */
+static int distill_kind(const char *loss) {
+    return !strcmp(loss, "forward_kl") ? TWK_DISTILL_FORWARD_KL : !strcmp(loss, "reverse_kl") ? TWK_DISTILL_REVERSE_KL
+           : !strcmp(loss, "jsd")      ? TWK_DISTILL_JSD
+                                       : -1;
 }
 
 static int num(const char *flag, const char *s, double lo, double hi, double *out) {
@@ -62,7 +83,8 @@ static int num(const char *flag, const char *s, double lo, double hi, double *ou
 
 static int parse(int argc, char **argv, train_opts *o) {
     *o = (train_opts){.out = "train-out", .device = "cpu", .steps = 100, .batch_tokens = 2048, .rank = 32,
-                      .lr = 1e-4, .dpo_beta = 0.1, .loss = "cross_entropy", .alpha = 32, .grad_clip = 1.0, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
+                      .lr = 1e-4, .dpo_beta = 0.1, .loss = "cross_entropy", .topk = 8, .distill_beta = 0.5,
+                      .clip_lo = NAN, .clip_hi = NAN, .kl_beta = 0, .max_tokens = 0, .alpha = 32, .grad_clip = 1.0, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         double v;
@@ -86,6 +108,14 @@ static int parse(int argc, char **argv, train_opts *o) {
         else if (!strcmp(a, "--device")) o->device = val;
         else if (!strcmp(a, "--loss")) o->loss = val;
         else if (!strcmp(a, "--dpo-beta")) { if (!num(a, val, 1e-6, 1e6, &o->dpo_beta)) return 0; }
+        else if (!strcmp(a, "--clip-low")) { if (!num(a, val, 0, 1e6, &o->clip_lo)) return 0; }
+        else if (!strcmp(a, "--clip-high")) { if (!num(a, val, 0, 1e6, &o->clip_hi)) return 0; }
+        else if (!strcmp(a, "--kl-beta")) { if (!num(a, val, 0, 1e6, &o->kl_beta)) return 0; }
+        else if (!strcmp(a, "--max-tokens")) { if (!num(a, val, 1, 1e9, &o->max_tokens)) return 0; }
+        else if (!strcmp(a, "--teacher")) o->teacher = val;
+        else if (!strcmp(a, "--teacher-adapter")) o->teacher_adapter = val;
+        else if (!strcmp(a, "--topk")) { if (!num(a, val, 1, 64, &v)) return 0; o->topk = (long)v; }
+        else if (!strcmp(a, "--distill-beta")) { if (!num(a, val, 1e-6, 1 - 1e-6, &o->distill_beta)) return 0; }
         else if (!strcmp(a, "--steps")) { if (!num(a, val, 1, 1e9, &v)) return 0; o->steps = (long)v; }
         else if (!strcmp(a, "--save-every")) { if (!num(a, val, 0, 1e9, &v)) return 0; o->save_every = (long)v; }
         else if (!strcmp(a, "--batch-tokens")) { if (!num(a, val, 2, 1e7, &v)) return 0; o->batch_tokens = (long)v; }
@@ -103,12 +133,21 @@ static int parse(int argc, char **argv, train_opts *o) {
             return 0;
         }
     }
-    if (strcmp(o->loss, "cross_entropy") && strcmp(o->loss, "dpo") && strcmp(o->loss, "ipo")) {
-        fprintf(stderr, "twinkle train: --loss '%s' is not one of cross_entropy, dpo, ipo\n", o->loss);
+    twk_rl_spec rl;
+    int is_rl = twk_rl_spec_from_name(o->loss, &rl) == TWK_OK, is_distill = distill_kind(o->loss) >= 0;
+    if (strcmp(o->loss, "cross_entropy") && strcmp(o->loss, "dpo") && strcmp(o->loss, "ipo") && !is_rl && !is_distill) {
+        fprintf(stderr, "twinkle train: --loss '%s' is not one of cross_entropy, dpo, ipo, importance_sampling, ppo, "
+                        "cispo, dro, grpo, dapo, dr_grpo, gspo, forward_kl, reverse_kl, jsd\n", o->loss);
         return 0;
     }
-    if (strcmp(o->loss, "cross_entropy") && o->full) {
-        fprintf(stderr, "twinkle train: --loss %s needs LoRA (its reference is the base model), not --full\n", o->loss);
+    if ((!strcmp(o->loss, "dpo") || !strcmp(o->loss, "ipo") || o->kl_beta > 0) && o->full) {
+        fprintf(stderr, "twinkle train: --loss %s%s needs LoRA (its reference is the base model), not --full\n", o->loss,
+                o->kl_beta > 0 ? " with --kl-beta" : "");
+        return 0;
+    }
+    if (is_distill != (o->teacher != NULL)) {
+        fprintf(stderr, "twinkle train: %s\n", is_distill ? "--loss forward_kl / reverse_kl / jsd needs --teacher DIR"
+                                                          : "--teacher is for --loss forward_kl / reverse_kl / jsd");
         return 0;
     }
     if (!o->model || !o->data) {
@@ -128,39 +167,6 @@ static void progress(long step, long steps, double loss, double tps, int tty) {
     fflush(stdout);
 }
 
-/* One preference step on a packed batch of whole pairs: reference logprobs
- * from the base model (adapter off), the policy's, the pair loss and dL/dp on
- * the host, then a cross-entropy backward with weights -dL/dp. */
-static twk_status dpo_step(twk_trainer *t, const twk_packed *pk, int ipo, double beta, double *loss) {
-    const twk_batch *b = &pk->batch;
-    int64_t n = b->n;
-    float *ref = malloc((size_t)n * 4), *p = malloc((size_t)n * 4), *g = malloc((size_t)n * 4);
-    int64_t *off = malloc((size_t)(pk->n_seqs + 1) * 8);
-    twk_status st = ref && p && g && off ? TWK_OK : twk_error(TWK_ERR_OOM, "dpo: out of memory");
-    int ns = 0;
-    for (int64_t i = 0; st == TWK_OK && i < n; i++)
-        if (b->seg_start[i] == i) off[ns++] = i;
-    if (st == TWK_OK) off[ns] = n;
-    if (st == TWK_OK && ns % 2)
-        st = twk_error(TWK_ERR_INVALID_ARG, "dpo: a batch holds %d sequences, not whole pairs", ns);
-    if (st == TWK_OK) st = twk_trainer_forward_base(t, b, ref, NULL);
-    if (st == TWK_OK) st = twk_trainer_forward(t, b, p, NULL);
-    twk_dpo_stats ds;
-    if (st == TWK_OK) st = twk_loss_dpo(ns, off, p, ref, b->weights, beta, ipo, g, &ds);
-    if (st == TWK_OK) {
-        for (int64_t i = 0; i < n; i++) g[i] = -g[i];
-        twk_batch gb = *b;
-        gb.weights = g;
-        st = twk_trainer_forward_backward(t, &gb, NULL, NULL);
-        *loss = ds.loss;
-    }
-    free(ref);
-    free(p);
-    free(g);
-    free(off);
-    return st;
-}
-
 int twk_cmd_train(int argc, char **argv) {
     train_opts o;
     if (!parse(argc, argv, &o)) return 2;
@@ -168,6 +174,8 @@ int twk_cmd_train(int argc, char **argv) {
     twk_model *model = NULL;
     twk_dataset *data = NULL;
     twk_trainer *t = NULL;
+    twk_model *teacher = NULL;
+    twk_sampler *tsampler = NULL;
     twk_packed packed = {0};
     int rc = 1;
     if (twk_device_open(o.device, &dev) != TWK_OK || twk_model_load(o.model, dev, &model) != TWK_OK ||
@@ -195,7 +203,30 @@ int twk_cmd_train(int argc, char **argv) {
            start ? " (resumed)" : "");
     twk_adam_params ap = {(float)o.lr, (float)o.beta1, (float)o.beta2, (float)o.eps, (float)o.weight_decay,
                           (float)o.grad_clip};
-    int pref = strcmp(o.loss, "cross_entropy") != 0;
+    int pref = !strcmp(o.loss, "dpo") || !strcmp(o.loss, "ipo"), dk = distill_kind(o.loss);
+    twk_rl_spec rl;
+    int is_rl = twk_rl_spec_from_name(o.loss, &rl) == TWK_OK;
+    if (is_rl) {
+        if (!isnan(o.clip_lo)) rl.clip_lo = o.clip_lo;
+        if (!isnan(o.clip_hi)) rl.clip_hi = o.clip_hi;
+        rl.kl_beta = o.kl_beta;
+        rl.max_tokens = o.max_tokens;
+        if (twk_dataset_require(data, "advantages", o.data, o.loss) != TWK_OK) goto fail;
+    }
+    if (dk >= 0) { /* the teacher scores every position of a sequence at once */
+        twk_lora_config tl;
+        if (twk_model_load(o.teacher, dev, &teacher) != TWK_OK) goto fail;
+        if (twk_model_cfg(teacher)->vocab != c->vocab) {
+            twk_error(TWK_ERR_INVALID_ARG, "--teacher %s has vocabulary %d; the student's is %d", o.teacher,
+                      twk_model_cfg(teacher)->vocab, c->vocab);
+            goto fail;
+        }
+        if (o.teacher_adapter && twk_adapter_read_config(o.teacher_adapter, &tl) != TWK_OK) goto fail;
+        if (twk_sampler_new(teacher, o.teacher_adapter ? &tl : NULL, 1, twk_dataset_max_targets(data) + 1, &tsampler) !=
+                TWK_OK ||
+            (o.teacher_adapter && twk_sampler_load_adapter(tsampler, o.teacher_adapter) != TWK_OK))
+            goto fail;
+    }
     if (pref && twk_dataset_count(data) % 2) {
         twk_error(TWK_ERR_INVALID_ARG, "--loss %s: %s has %lld lines; pairs (chosen, rejected) need an even count", o.loss,
                   o.data, (long long)twk_dataset_count(data));
@@ -210,15 +241,25 @@ int twk_cmd_train(int argc, char **argv) {
     for (long s = start + 1; s <= o.steps; s++) {
         if (twk_dataset_pack_groups(data, o.batch_tokens, pref ? 2 : 1, &cursor, &packed) != TWK_OK) goto fail;
         float loss = 0;
-        if (pref) {
-            double l = 0;
-            if (dpo_step(t, &packed, !strcmp(o.loss, "ipo"), o.dpo_beta, &l) != TWK_OK) goto fail;
-            loss = (float)l;
-        } else if (twk_trainer_forward_backward(t, &packed.batch, NULL, &loss) != TWK_OK) goto fail;
-        if (twk_trainer_optim_step(t, &ap, NULL) != TWK_OK) goto fail;
-        double wsum = 0;
+        double l = 0, wsum = 0;
+        twk_loss_stats ls;
         for (int64_t i = 0; i < packed.batch.n; i++) wsum += packed.batch.weights[i];
-        loss_avg = pref ? loss / (packed.n_seqs / 2) : wsum != 0 ? loss / wsum : loss;
+        if (pref) {
+            if (twk_train_dpo_step(t, &packed, !strcmp(o.loss, "ipo"), o.dpo_beta, &l) != TWK_OK) goto fail;
+            loss_avg = l / (packed.n_seqs / 2); /* per pair */
+        } else if (is_rl) {
+            if (twk_train_rl_step(t, &packed, &rl, &l, &ls) != TWK_OK) goto fail;
+            loss_avg = rl.aggregation == TWK_AGG_SUM ? l / (double)packed.batch.n : l; /* per token */
+        } else if (dk >= 0) {
+            if (twk_train_distill_step(t, tsampler, &packed, (twk_distill_kind)dk, (int)o.topk, o.distill_beta, &l) !=
+                TWK_OK)
+                goto fail;
+            loss_avg = wsum != 0 ? l / wsum : l; /* per weighted token */
+        } else {
+            if (twk_trainer_forward_backward(t, &packed.batch, NULL, &loss) != TWK_OK) goto fail;
+            loss_avg = wsum != 0 ? loss / wsum : loss;
+        }
+        if (twk_trainer_optim_step(t, &ap, NULL) != TWK_OK) goto fail;
         if (first < 0) first = loss_avg;
         tokens += (double)packed.batch.n;
         progress(s, o.steps, loss_avg, tokens / (twk_now() - t0), tty);
@@ -239,6 +280,8 @@ fail:
     fprintf(stderr, "%stwinkle train: %s\n", isatty(1) ? "\n" : "", twk_last_error());
 out:
     twk_packed_free(&packed);
+    twk_sampler_free(tsampler);
+    twk_model_free(teacher);
     twk_trainer_free(t);
     twk_dataset_free(data);
     twk_model_free(model);

@@ -245,56 +245,23 @@ static double config_value(const twk_wire_fb_request *q, const char *key, double
     return def;
 }
 
-/* Tokens of a datum that count for an aggregation: "weights" (default 1) nonzero. */
-static int64_t counted_tokens(const twk_wire_datum *d) {
-    const twk_wire_tensor *wt = twk_wire_datum_input(d, "weights");
-    int64_t n = 0;
-    for (int64_t i = 0; i < d->n_tokens; i++) n += !wt || ((const float *)wt->data)[i] != 0.0f;
-    return n;
-}
-
-/* Per-token coefficients of an RL loss's sum (all datums; 0 where the
- * "weights" mask is 0): mode 0 plain sum (1), 1 grpo (1 / (N * tokens of the
- * sequence)), 2 dapo (1 / all masked tokens), 3 dr_grpo (1 / (N * max_tokens)),
- * 4 gspo (1 / (N * tokens of the sequence), its sequence-mean weighting). */
-static twk_status token_coefficients(const twk_wire_fb_request *q, int mode, const int64_t *offsets, float *c) {
-    double masked = 0, longest = 0;
-    for (int d = 0; d < q->n_data; d++) {
-        double nd = (double)counted_tokens(&q->data[d]);
-        masked += nd;
-        longest = nd > longest ? nd : longest;
-    }
-    double norm = config_value(q, "max_tokens", longest);
-    if (mode == 3 && !(norm > 0)) return twk_error(TWK_ERR_INVALID_ARG, "loss_fn_config[max_tokens] = %g must be > 0", norm);
-    for (int d = 0; d < q->n_data; d++) {
-        const twk_wire_tensor *wt = twk_wire_datum_input(&q->data[d], "weights");
-        double nd = (double)counted_tokens(&q->data[d]);
-        double k = mode == 0                 ? 1.0
-                   : mode == 1 || mode == 4 ? 1.0 / (q->n_data * (nd > 0 ? nd : 1))
-                   : mode == 2              ? 1.0 / (masked > 0 ? masked : 1)
-                                            : 1.0 / (q->n_data * norm);
-        for (int64_t i = 0; i < q->data[d].n_tokens; i++)
-            c[offsets[d] + i] = (!wt || ((const float *)wt->data)[i] != 0.0f) ? (float)k : 0.0f;
-    }
-    return TWK_OK;
-}
-
 static void run_fb(op *o) {
     twk_wire_fb_request *q = o->fb;
     int64_t cap = o->svc->cfg.max_context, total = 0;
     for (int i = 0; i < q->n_data; i++) total += q->data[i].n_tokens;
     int kind = twk_loss_kind_from_name(q->loss_fn);
-    /* the GRPO family: ppo's clipped surrogate with an aggregation over tokens
-     * (1 grpo: per-sequence token mean, then the mean over sequences; 2 dapo: the
-     * mean over all masked tokens; 3 dr_grpo: per-sequence token sum / max_tokens,
-     * then the mean over sequences), applied as a positive scale on the advantages */
-    int agg = !strcmp(q->loss_fn, "grpo")      ? 1
-              : !strcmp(q->loss_fn, "dapo")    ? 2
-              : !strcmp(q->loss_fn, "dr_grpo") ? 3
-              : !strcmp(q->loss_fn, "gspo")    ? 4 /* sequence-level ratio (twk_loss_gspo) */
-                                               : 0;
-    if (agg) kind = TWK_LOSS_PPO;
-    double kl_beta = config_value(q, "kl_beta", 0.0), kl_mean = 0;
+    /* the RL losses (Tinker's, the GRPO family, GSPO) share twk_loss_rl */
+    twk_rl_spec rl;
+    int is_rl = twk_rl_spec_from_name(q->loss_fn, &rl) == TWK_OK;
+    if (is_rl) {
+        kind = (int)rl.kind;
+        rl.clip_lo = config_value(q, "clip_low_threshold", rl.clip_lo);
+        rl.clip_hi = config_value(q, "clip_high_threshold", rl.clip_hi);
+        rl.beta = config_value(q, "beta", rl.beta);
+        rl.max_tokens = config_value(q, "max_tokens", 0);
+        rl.kl_beta = config_value(q, "kl_beta", 0);
+    }
+    double kl_mean = 0;
     int pref = !strcmp(q->loss_fn, "dpo") || !strcmp(q->loss_fn, "ipo");
     int distill = !strcmp(q->loss_fn, "forward_kl") ? TWK_DISTILL_FORWARD_KL
                   : !strcmp(q->loss_fn, "reverse_kl") ? TWK_DISTILL_REVERSE_KL
@@ -378,44 +345,28 @@ static void run_fb(op *o) {
         hi = gather_input(q, "clip_high_threshold", total);
         grad = twk_host_alloc((size_t)(total ? total : 1) * 4, "loss gradient");
         if (st == TWK_OK && (!qlp || !adv || !lo || !hi || !grad)) st = TWK_ERR_OOM;
-        double lo_def = config_value(q, "clip_low_threshold", kind == TWK_LOSS_CISPO ? 0.0 : agg == 4 ? 1 - 3e-4 : 0.8);
-        double hi_def = config_value(q, "clip_high_threshold", kind == TWK_LOSS_CISPO ? 4.0 : agg == 2 ? 1.28
-                                                                                      : agg == 4 ? 1 + 4e-4 : 1.2);
-        /* the loss's token weighting: scales the advantages of the GRPO family and the KL penalty */
-        float *coef = twk_host_alloc((size_t)(total ? total : 1) * 4, "token coefficients");
-        if (st == TWK_OK && !coef) st = TWK_ERR_OOM;
-        if (st == TWK_OK) st = token_coefficients(q, agg, offsets, coef);
-        for (int64_t i = 0; st == TWK_OK && agg >= 1 && agg <= 3 && i < total; i++) adv[i] *= coef[i];
-        for (int64_t i = 0; st == TWK_OK && i < total; i++) { /* per-datum bounds win over loss_fn_config */
-            if (isnan(lo[i])) lo[i] = (float)lo_def;
-            if (isnan(hi[i])) hi[i] = (float)hi_def;
-        }
-        twk_loss_stats ls;
-        if (st == TWK_OK && agg == 4) {
-            float *mask = gather_input(q, "weights", total); /* NaN where absent: counted */
-            for (int64_t i = 0; mask && i < total; i++) mask[i] = coef[i] != 0.0f ? 1.0f : 0.0f;
-            st = mask ? twk_loss_gspo(q->n_data, offsets, lp_all, qlp, adv, mask, lo_def, hi_def, grad, &ls) : TWK_ERR_OOM;
-            twk_host_free(mask);
-        } else if (st == TWK_OK)
-            st = twk_loss_eval((twk_loss_kind)kind, total, lp_all, qlp, adv, NULL, lo, hi, config_value(q, "beta", 0.05),
-                               grad, &ls);
-        if (st == TWK_OK && kl_beta > 0) { /* + kl_beta * KL(policy || reference), k3 per token */
-            float *ref = NULL;
+        float *mask = gather_input(q, "weights", total), *ref = NULL; /* mask: NaN where absent = counted */
+        for (int64_t i = 0; mask && i < total; i++)
+            if (isnan(mask[i])) mask[i] = 1.0f;
+        if (st == TWK_OK && rl.kl_beta > 0) { /* the reference: per datum, or the base model (adapter off) */
             if (twk_wire_datum_input(&q->data[0], "ref_logprobs")) {
                 ref = gather_input(q, "ref_logprobs", total);
-            } else { /* the reference is the base model: a forward with the adapter off */
+            } else {
                 ref = twk_host_alloc((size_t)(total ? total : 1) * 4, "reference logprobs");
                 if (ref) st = fb_passes(o, NULL, NULL, 2, ref, offsets, buf, w, &unused, &unused);
             }
-            for (int64_t i = 0; i < total; i++) coef[i] = (float)(coef[i] * kl_beta);
-            if (st == TWK_OK) st = ref ? twk_loss_add_kl(total, lp_all, ref, coef, grad, &ls.loss, &kl_mean) : TWK_ERR_OOM;
-            twk_host_free(ref);
+            if (st == TWK_OK && !ref) st = TWK_ERR_OOM;
         }
-        twk_host_free(coef);
+        twk_loss_stats ls;
+        if (st == TWK_OK)
+            st = mask ? twk_loss_rl(&rl, q->n_data, offsets, lp_all, qlp, adv, mask, lo, hi, ref, grad, &ls) : TWK_ERR_OOM;
+        twk_host_free(mask);
+        twk_host_free(ref);
         if (st == TWK_OK) {
             loss_sum = ls.loss;
             ratio_mean = ls.ratio_mean;
             clip_fraction = ls.clip_fraction;
+            kl_mean = ls.kl_mean;
             if (!q->forward_only) st = backward_from_dldp(o, 0, grad, offsets, buf, w);
         }
     }
@@ -444,7 +395,7 @@ static void run_fb(op *o) {
             nk = 5;
         } else if (kind != TWK_LOSS_CROSS_ENTROPY && distill < 0) {
             keys[2] = "advantage_tokens:sum", vals[2] = (double)total;
-            nk = kl_beta > 0 ? 6 : 5;
+            nk = rl.kl_beta > 0 ? 6 : 5;
         }
         if (twk_wire_encode_fb_output(q->n_data, &f, 1, keys, vals, nk, &o->out, &o->out_len) != TWK_OK)
             op_fail(o, 0, "encoding the result failed: %s", twk_last_error());

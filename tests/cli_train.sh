@@ -2,7 +2,8 @@
 # `twinkle train` end to end on the qwen3 parity model: the loss falls, a run
 # resumed from its step-10 state ends bit-identical to an uninterrupted run,
 # the adapter it writes loads back, bad data is refused naming the line, and
-# --loss dpo (reference: the base model) drives the pair loss down from log 2.
+# --loss dpo (reference: the base model) drives the pair loss down from log 2, distillation from a
+# teacher adapter lowers the reverse KL, and grpo on rollouts moves logprobs the advantages' way.
 set -eu
 TWINKLE=$1
 MODEL=$2
@@ -74,3 +75,44 @@ head -n 3 "$DIR/pairs.jsonl" > "$DIR/odd.jsonl"
 if "$TWINKLE" train --model "$MODEL" --data "$DIR/odd.jsonl" --loss dpo > "$DIR/c.log" 2>&1; then fail "odd pairs accepted"; fi
 grep -q "even count" "$DIR/c.log" || { cat "$DIR/c.log"; fail "the message does not explain the pairs"; }
 echo "ok   an odd number of preference lines is refused: $(grep "even count" "$DIR/c.log")"
+
+# Distillation: the teacher is the base model with the adapter trained above (run a);
+# the student starts at the base model; reverse KL to the teacher's top-4 falls.
+"$TWINKLE" train --model "$MODEL" --data "$DIR/data.jsonl" --loss reverse_kl --teacher "$MODEL" \
+    --teacher-adapter "$DIR/a/final" --topk 4 --batch-tokens 64 --lr 1e-2 --rank 8 --steps 15 --out "$DIR/k" \
+    > "$DIR/k.log" || { cat "$DIR/k.log"; fail "distillation run"; }
+first=$(sed -n 's/^loss \([0-9.]*\) -> \([0-9.]*\).*/\1/p' "$DIR/k.log")
+last=$(sed -n 's/^loss \([0-9.]*\) -> \([0-9.]*\).*/\2/p' "$DIR/k.log")
+awk -v f="$first" -v l="$last" 'BEGIN { exit !(f > 0.05 && l * 3 < f) }' || fail "reverse KL $first -> $last did not fall threefold"
+echo "ok   twinkle train --loss reverse_kl --teacher: KL to the teacher's top-4 $first -> $last nats/token"
+if "$TWINKLE" train --model "$MODEL" --data "$DIR/data.jsonl" --loss jsd > "$DIR/c.log" 2>&1; then fail "jsd without a teacher accepted"; fi
+grep -q "teacher" "$DIR/c.log" || fail "the message does not ask for --teacher"
+
+# RL on rollouts: the sampler's logprobs are the base model's (twinkle score), advantages +1 on
+# the first 6 lines and -1 on the rest, the first 3 tokens masked. grpo (with a KL penalty to the
+# base model) must raise the positive sequences' logprobs and lower the negative ones'.
+"$TWINKLE" score --model "$MODEL" --data "$DIR/data.jsonl" > "$DIR/base.scores" || fail "twinkle score"
+python3 - "$DIR/data.jsonl" "$DIR/base.scores" > "$DIR/rollouts.jsonl" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+scores = [json.loads(l)["logprobs"] for l in open(sys.argv[2])]
+for i, (d, lp) in enumerate(zip(lines, scores)):
+    n = len(d["tokens"])
+    print(json.dumps({"tokens": d["tokens"], "weights": [0.0] * 3 + [1.0] * (n - 4),
+                      "logprobs": lp, "advantages": 1.0 if i < 6 else -1.0}))
+PY
+"$TWINKLE" train --model "$MODEL" --data "$DIR/rollouts.jsonl" --loss grpo --kl-beta 0.05 --batch-tokens 64 --lr 5e-3 \
+    --rank 8 --steps 12 --out "$DIR/r" > "$DIR/r.log" || { cat "$DIR/r.log"; fail "grpo run"; }
+"$TWINKLE" score --model "$MODEL" --adapter "$DIR/r/final" --data "$DIR/data.jsonl" > "$DIR/rl.scores" || fail "score after rl"
+python3 - "$DIR/base.scores" "$DIR/rl.scores" <<'PY' || fail "grpo did not move the sequences the advantages' way"
+import json, sys
+b = [json.loads(l)["logprobs"] for l in open(sys.argv[1])]
+r = [json.loads(l)["logprobs"] for l in open(sys.argv[2])]
+delta = [sum(y - x for x, y in zip(u[3:], v[3:])) / len(u[3:]) for u, v in zip(b, r)]
+pos, neg = sum(delta[:6]) / 6, sum(delta[6:]) / 6
+print(f"ok   twinkle train --loss grpo: mean logprob change {pos:+.3f} (advantage +1) vs {neg:+.3f} (advantage -1)")
+sys.exit(0 if pos > 0.05 and neg < -0.05 else 1)
+PY
+if "$TWINKLE" train --model "$MODEL" --data "$DIR/data.jsonl" --loss ppo --out "$DIR/c" > "$DIR/c.log" 2>&1; then fail "ppo without advantages accepted"; fi
+grep -q "data.jsonl:1: field 'advantages' is required by ppo" "$DIR/c.log" || { cat "$DIR/c.log"; fail "the message does not name the line and field"; }
+echo "ok   rollouts without advantages refused: $(grep advantages "$DIR/c.log")"

@@ -12,19 +12,27 @@
 typedef struct example {
     int64_t off; /* into tokens/weights */
     int64_t len; /* tokens; targets = len - 1 */
+    long line;   /* in the file, for messages */
+    unsigned has; /* bit f: the line gave float field f (fields[]) */
 } example;
+
+/* Optional per-target float fields besides "weights" (RL rollouts). */
+static const char *const fields[] = {"advantages", "logprobs"};
+enum { N_FIELDS = 2 };
 
 struct twk_dataset {
     int32_t *tokens;
     float *weights; /* per token; weights[off] unused */
+    float *extra[N_FIELDS]; /* per token like weights; NaN where a line lacks the field */
     example *ex;
-    int64_t n_ex, n_tok, cap_ex, cap_tok, cap_w, n_targets;
+    int64_t n_ex, n_tok, cap_ex, cap_tok, cap_w, cap_x[N_FIELDS], n_targets;
 };
 
 void twk_dataset_free(twk_dataset *d) {
     if (!d) return;
     twk_host_free(d->tokens);
     twk_host_free(d->weights);
+    for (int f = 0; f < N_FIELDS; f++) twk_host_free(d->extra[f]);
     twk_host_free(d->ex);
     twk_host_free(d);
 }
@@ -88,8 +96,36 @@ static twk_status parse_line(twk_dataset *d, const char *line, const char *path,
             d->weights[d->n_tok + k + shift] = (float)e->valuedouble;
         }
     }
+    unsigned has = 0;
+    for (int f = 0; f < N_FIELDS && st == TWK_OK; f++) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, fields[f]);
+        if (!grow((void **)&d->extra[f], &d->cap_x[f], d->n_tok + n, 4)) {
+            st = TWK_ERR_OOM;
+            break;
+        }
+        for (int k = 0; k < n; k++) d->extra[f][d->n_tok + k] = NAN;
+        if (!x || cJSON_IsNull(x)) continue;
+        has |= 1u << f;
+        if (cJSON_IsNumber(x) && f == 0 && isfinite(x->valuedouble)) { /* one advantage for the whole sequence */
+            for (int k = 1; k < n; k++) d->extra[f][d->n_tok + k] = (float)x->valuedouble;
+            continue;
+        }
+        if (!cJSON_IsArray(x) || (cJSON_GetArraySize(x) != n && cJSON_GetArraySize(x) != n - 1)) {
+            st = twk_error(TWK_ERR_INVALID_ARG, "%s:%ld: field '%s' must be %san array of %d (per token) or %d (per target) numbers",
+                           path, lineno, fields[f], f == 0 ? "a number or " : "", n, n - 1);
+            break;
+        }
+        int shift = cJSON_GetArraySize(x) == n ? 0 : 1, k = 0;
+        for (const cJSON *e = x->child; e; e = e->next, k++) {
+            if (!cJSON_IsNumber(e) || !isfinite(e->valuedouble)) {
+                st = twk_error(TWK_ERR_INVALID_ARG, "%s:%ld: %s[%d] is not a finite number", path, lineno, fields[f], k);
+                break;
+            }
+            d->extra[f][d->n_tok + k + shift] = (float)e->valuedouble;
+        }
+    }
     if (st == TWK_OK) {
-        d->ex[d->n_ex++] = (example){d->n_tok, n};
+        d->ex[d->n_ex++] = (example){d->n_tok, n, lineno, has};
         d->n_tok += n;
         d->n_targets += n - 1;
     }
@@ -125,6 +161,28 @@ twk_status twk_dataset_load_jsonl(const char *path, int vocab, twk_dataset **out
     return TWK_OK;
 }
 
+twk_status twk_dataset_require(const twk_dataset *d, const char *field, const char *path, const char *why) {
+    for (int f = 0; d && f < N_FIELDS; f++)
+        if (!strcmp(fields[f], field)) {
+            for (int64_t i = 0; i < d->n_ex; i++)
+                if (!(d->ex[i].has >> f & 1))
+                    return twk_error(TWK_ERR_INVALID_ARG, "%s:%ld: field '%s' is required by %s", path, d->ex[i].line,
+                                     field, why);
+            return TWK_OK;
+        }
+    return twk_error(TWK_ERR_INVALID_ARG, "dataset: unknown field '%s'", field);
+}
+
+int twk_dataset_has(const twk_dataset *d, const char *field) {
+    for (int f = 0; d && f < N_FIELDS; f++)
+        if (!strcmp(fields[f], field)) {
+            for (int64_t i = 0; i < d->n_ex; i++)
+                if (d->ex[i].has >> f & 1) return 1;
+            return 0;
+        }
+    return 0;
+}
+
 void twk_packed_free(twk_packed *p) {
     if (!p) return;
     twk_host_free(p->buf_i32);
@@ -143,7 +201,7 @@ twk_status twk_dataset_pack_groups(const twk_dataset *d, int64_t budget, int gro
     if (out->cap < budget) {
         twk_packed_free(out);
         out->buf_i32 = twk_host_alloc((size_t)budget * 4 * 4, "packed batch");
-        out->buf_f32 = twk_host_alloc((size_t)budget * 4, "packed batch");
+        out->buf_f32 = twk_host_alloc((size_t)budget * 4 * (1 + N_FIELDS), "packed batch");
         if (!out->buf_i32 || !out->buf_f32) {
             twk_packed_free(out);
             return TWK_ERR_OOM;
@@ -170,6 +228,7 @@ twk_status twk_dataset_pack_groups(const twk_dataset *d, int64_t budget, int gro
             tok[n + i] = d->tokens[e->off + i];
             tgt[n + i] = d->tokens[e->off + i + 1];
             w[n + i] = d->weights[e->off + i + 1];
+            for (int f = 0; f < N_FIELDS; f++) w[(f + 1) * budget + n + i] = d->extra[f][e->off + i + 1];
             pos[n + i] = (int32_t)i;
             seg[n + i] = (int32_t)n;
         }
@@ -179,5 +238,7 @@ twk_status twk_dataset_pack_groups(const twk_dataset *d, int64_t budget, int gro
     }
     out->n_seqs = n_seqs;
     out->batch = (twk_batch){n, tok, tgt, pos, seg, w};
+    out->advantages = w + budget;
+    out->sampler_logprobs = w + 2 * budget;
     return TWK_OK;
 }

@@ -172,6 +172,7 @@ typedef struct twk_loss_stats {
     double loss;          /* the sum over tokens */
     double ratio_mean;    /* mean of exp(p - q) (RL losses) */
     double clip_fraction; /* tokens whose ratio was clipped (ppo, cispo) */
+    double kl_mean;       /* mean k3 estimate of KL to the reference (twk_loss_rl with kl_beta) */
 } twk_loss_stats;
 
 /* The kind named `name` ("ppo", ...), or -1. */
@@ -199,6 +200,37 @@ twk_status twk_loss_gspo(int n_seqs, const int64_t *offsets, const float *p, con
  * *kl_mean gets the mean estimate over counted tokens. TWK_ERR_RANGE if not finite. */
 twk_status twk_loss_add_kl(int64_t n, const float *p, const float *ref, const float *c, float *dldp, double *loss,
                            double *kl_mean);
+
+/* How an RL loss sums over tokens: plain sum (Tinker's losses); GRPO: each
+ * sequence's token mean, then the mean over sequences; DAPO: the mean over all
+ * tokens; Dr. GRPO: token sums / max_tokens, then the mean over sequences;
+ * GSPO: one ratio per sequence (twk_loss_gspo). */
+typedef enum twk_rl_aggregation { TWK_AGG_SUM, TWK_AGG_GRPO, TWK_AGG_DAPO, TWK_AGG_DR_GRPO, TWK_AGG_GSPO } twk_rl_aggregation;
+
+typedef struct twk_rl_spec {
+    twk_loss_kind kind;          /* the per-token surrogate (ppo for the GRPO family) */
+    twk_rl_aggregation aggregation;
+    double clip_lo, clip_hi;     /* where no per-token bound is given */
+    double beta;                 /* dro */
+    double max_tokens;           /* dr_grpo; <= 0: the longest sequence's masked tokens */
+    double kl_beta;              /* > 0: + kl_beta * KL(policy || reference), k3, with the loss's token weighting */
+} twk_rl_spec;
+
+/* The spec of an RL loss by name with its defaults (clip bounds 0.8 / 1.2;
+ * cispo 0 / 4; dapo 0.8 / 1.28; gspo 1 - 3e-4 / 1 + 4e-4); TWK_ERR_INVALID_ARG
+ * listing the names otherwise. */
+twk_status twk_rl_spec_from_name(const char *name, twk_rl_spec *out);
+/* Per-token coefficients of the aggregation (0 where mask is 0; mask NULL = all). */
+twk_status twk_rl_token_coefficients(twk_rl_aggregation agg, int n_seqs, const int64_t *offsets, const float *mask,
+                                     double max_tokens, float *c);
+/* An RL loss over n_seqs sequences (offsets: n_seqs + 1 token offsets): p the
+ * model's logprobs, q the sampler's, adv advantages, mask (NULL = all) which
+ * tokens count for the aggregations, lo / hi per-token clip bounds (NULL or NaN:
+ * the spec's), ref the reference logprobs (needed when kl_beta > 0). dldp gets
+ * dL/dp. Errors: TWK_ERR_INVALID_ARG (a missing input), TWK_ERR_RANGE (not finite). */
+twk_status twk_loss_rl(const twk_rl_spec *spec, int n_seqs, const int64_t *offsets, const float *p, const float *q,
+                       const float *adv, const float *mask, const float *lo, const float *hi, const float *ref,
+                       float *dldp, twk_loss_stats *out);
 
 /* Preference losses over pairs of sequences (2i chosen, 2i+1 rejected):
  * h_i = sum_c w (p - ref) - sum_r w (p - ref) over each pair's tokens;
@@ -315,7 +347,9 @@ twk_status twk_sampler_adapter_from_host(twk_sampler *s, const void *src, size_t
 int twk_sampler_max_seqs(const twk_sampler *s);
 int64_t twk_sampler_max_len(const twk_sampler *s);
 
-/* ---- token data: JSONL, one {"tokens": [...], "weights": [...]} per line ---- */
+/* ---- token data: JSONL, one {"tokens": [...], "weights": [...]} per line ----
+ * RL rollouts add "advantages" (one number for the sequence, or one per token
+ * or per target) and "logprobs" (the sampler's, per token or per target). */
 
 typedef struct twk_dataset twk_dataset;
 
@@ -328,12 +362,19 @@ void twk_dataset_free(twk_dataset *d);
 int64_t twk_dataset_count(const twk_dataset *d);
 /* Total target tokens (sum of len(tokens) - 1). */
 int64_t twk_dataset_tokens(const twk_dataset *d);
+/* TWK_OK when every line has float field `field` ("advantages", "logprobs"); else
+ * TWK_ERR_INVALID_ARG naming path, the first line without it and `why` needs it. */
+twk_status twk_dataset_require(const twk_dataset *d, const char *field, const char *path, const char *why);
+/* 1 when some line has the field. */
+int twk_dataset_has(const twk_dataset *d, const char *field);
 /* Target tokens of the longest example. */
 int64_t twk_dataset_max_targets(const twk_dataset *d);
 
 /* A packed batch that owns its arrays (see twk_batch). */
 typedef struct twk_packed {
     twk_batch batch;
+    const float *advantages;       /* per token of the batch; NaN where the line had none */
+    const float *sampler_logprobs; /* per token; NaN where the line had none */
     int n_seqs;
     int32_t *buf_i32;
     float *buf_f32;
