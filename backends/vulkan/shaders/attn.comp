@@ -1,0 +1,85 @@
+#version 450
+// Attention forward, one work-group per (query t, head h): keys in chunks of
+// WG (one key per thread), online softmax with fixed-tree reductions, each
+// thread owning output dims d = lid, lid + WG, ... (accumulated in y).
+// MODE 0 attn:       keys [seg[t], t]; y = o [T, Hq, D]
+// MODE 1 attn_lse:   keys [seg[t], t]; y = lse [T, Hq]
+// MODE 2 attn_cache: keys [lo[t], hi[t]) of kc, vc [R, Hkv, D]; y = o
+// Bindings: 0 y, 1 q, 2 k, 3 v, 4 seg/lo, 5 hi. p: 0 T, 1 Hq, 2 Hkv, 3 D,
+// 4 key rows (T or R), 6 i64 seg/lo, 7 i64 hi; f[0] scale.
+#include "common.glsl"
+layout(std430, binding = 0) buffer Y { float y[]; };
+layout(std430, binding = 1) buffer Q { float q[]; };
+layout(std430, binding = 2) buffer K { float k[]; };
+layout(std430, binding = 3) buffer V { float v[]; };
+layout(std430, binding = 4) buffer S { uint seg[]; };
+layout(std430, binding = 5) buffer H { uint hiv[]; };
+shared float red[WG];
+shared float pj[WG];
+
+void main() {
+    uint T = uint(pc.p[0]), Hq = uint(pc.p[1]), Hkv = uint(pc.p[2]), D = uint(pc.p[3]);
+    int rows = pc.p[4];
+    uint group = Hq / Hkv, lid = gl_LocalInvocationID.x;
+    float scale = pc.f[0];
+    uint h = gl_WorkGroupID.x, hk = h / group;
+    for (uint t = gl_WorkGroupID.y; t < T; t += gl_NumWorkGroups.y) {
+        int lo, hi;
+        if (MODE == 2) {
+            lo = max(ID_AT(seg, pc.off[4], t, pc.p[6]), 0);
+            hi = min(ID_AT(hiv, pc.off[5], t, pc.p[7]), rows);
+        } else {
+            lo = clamp(ID_AT(seg, pc.off[4], t, pc.p[6]), 0, int(t));
+            hi = int(t) + 1;
+        }
+        uint qb = pc.off[1] + (t * Hq + h) * D, ob = pc.off[0] + (t * Hq + h) * D;
+        if (MODE != 1)
+            for (uint d = lid; d < D; d += WG) y[ob + d] = 0.0;
+        float m = NEG_INF, l = 0.0;
+        for (int j0 = lo; j0 < hi; j0 += int(WG)) {
+            int j = j0 + int(lid);
+            float s = NEG_INF;
+            if (j < hi) {
+                uint kb = pc.off[2] + (uint(j) * Hkv + hk) * D;
+                float acc = 0.0;
+                for (uint d = 0u; d < D; d++) acc = fma(q[qb + d], k[kb + d], acc);
+                s = acc * scale;
+            }
+            red[lid] = s;
+            barrier();
+            for (uint st = WG / 2u; st > 0u; st >>= 1) {
+                if (lid < st) red[lid] = max(red[lid], red[lid + st]);
+                barrier();
+            }
+            float mn = max(m, red[0]);
+            barrier();
+            float p = j < hi ? exp(s - mn) : 0.0;
+            pj[lid] = p;
+            red[lid] = p;
+            barrier();
+            for (uint st = WG / 2u; st > 0u; st >>= 1) {
+                if (lid < st) red[lid] += red[lid + st];
+                barrier();
+            }
+            float alpha = exp(m - mn);
+            l = l * alpha + red[0];
+            if (MODE != 1) {
+                uint nk = uint(min(int(WG), hi - j0));
+                for (uint d = lid; d < D; d += WG) {
+                    float acc = y[ob + d] * alpha;
+                    for (uint jj = 0u; jj < nk; jj++)
+                        acc = fma(pj[jj], v[pc.off[3] + ((uint(j0) + jj) * Hkv + hk) * D + d], acc);
+                    y[ob + d] = acc;
+                }
+            }
+            m = mn;
+            barrier();
+        }
+        if (MODE == 1) {
+            if (lid == 0u) y[pc.off[0] + t * Hq + h] = m + log(l);
+        } else if (l > 0.0) {
+            float inv = 1.0 / l;
+            for (uint d = lid; d < D; d += WG) y[ob + d] *= inv;
+        }
+    }
+}

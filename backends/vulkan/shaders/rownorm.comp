@@ -1,0 +1,92 @@
+#version 450
+// Row-wise ops, one work-group per row with fixed-tree reductions.
+// MODE 0 rmsnorm:        y = w * x * rstd;  (x at 1, w at 2), p: 0 rows, 1 D; f[0] eps
+// MODE 1 rmsnorm_back_x: (x 1, w 2, dy 3)
+// MODE 2 rstd per row into y (scratch), for rmsnorm_back_w
+// MODE 3 rmsnorm_back_w: one thread per column: y[d] = sum_r dy[r,d] x[r,d] rstd[r]
+//                        (x 1, dy 2, rstd 3)
+// MODE 4 logprobs:       y[r] = x[r, tgt[r]] - logsumexp(x[r]); (logits 1, targets 2), p: 0 rows, 1 V, 7 i64
+// MODE 5 logprobs_back:  y[r, i] = dy[r] (onehot - softmax); (logits 1, targets 2, dy 3, logprobs 4)
+#include "common.glsl"
+layout(std430, binding = 0) buffer Y { float y[]; };
+layout(std430, binding = 1) buffer X { float x[]; };
+layout(std430, binding = 2) buffer B2 { float b2[]; };
+layout(std430, binding = 3) buffer B3 { float b3[]; };
+layout(std430, binding = 4) buffer B4 { float b4[]; };
+layout(std430, binding = 2) buffer I2 { uint ids[]; };
+shared float red[WG];
+shared float red2[WG];
+
+float tree_sum(float v, uint lid) {
+    red[lid] = v;
+    barrier();
+    for (uint s = WG / 2u; s > 0u; s >>= 1) {
+        if (lid < s) red[lid] += red[lid + s];
+        barrier();
+    }
+    float r = red[0];
+    barrier();
+    return r;
+}
+
+float tree_max(float v, uint lid) {
+    red[lid] = v;
+    barrier();
+    for (uint s = WG / 2u; s > 0u; s >>= 1) {
+        if (lid < s) red[lid] = max(red[lid], red[lid + s]);
+        barrier();
+    }
+    float r = red[0];
+    barrier();
+    return r;
+}
+
+void main() {
+    uint R = uint(pc.p[0]), D = uint(pc.p[1]), lid = gl_LocalInvocationID.x;
+    float eps = pc.f[0];
+    if (MODE == 3) {
+        for (uint d = gl_GlobalInvocationID.x; d < D; d += GSTRIDE) {
+            float acc = 0.0;
+            for (uint r = 0u; r < R; r++)
+                acc += b2[pc.off[2] + r * D + d] * x[pc.off[1] + r * D + d] * b3[pc.off[3] + r];
+            y[pc.off[0] + d] = acc;
+        }
+        return;
+    }
+    for (uint r = gl_WorkGroupID.x; r < R; r += gl_NumWorkGroups.x) {
+        uint xb = pc.off[1] + r * D;
+        if (MODE <= 2) {
+            float ss = 0.0;
+            for (uint i = lid; i < D; i += WG) ss += x[xb + i] * x[xb + i];
+            float rs = 1.0 / sqrt(tree_sum(ss, lid) / float(D) + eps);
+            if (MODE == 0) {
+                for (uint i = lid; i < D; i += WG) y[pc.off[0] + r * D + i] = b2[pc.off[2] + i] * (x[xb + i] * rs);
+            } else if (MODE == 2) {
+                if (lid == 0u) y[pc.off[0] + r] = rs;
+            } else {
+                uint db = pc.off[3] + r * D;
+                float dt = 0.0;
+                for (uint i = lid; i < D; i += WG) dt += b3[db + i] * b2[pc.off[2] + i] * x[xb + i];
+                float k = tree_sum(dt, lid) * rs * rs * rs / float(D);
+                for (uint i = lid; i < D; i += WG)
+                    y[pc.off[0] + r * D + i] = b3[db + i] * b2[pc.off[2] + i] * rs - x[xb + i] * k;
+            }
+        } else {
+            int tgt = ID_AT(ids, pc.off[2], r, pc.p[7]);
+            bool ok = tgt >= 0 && tgt < int(D);
+            if (MODE == 4) {
+                float m = NEG_INF;
+                for (uint i = lid; i < D; i += WG) m = max(m, x[xb + i]);
+                m = tree_max(m, lid);
+                float s = 0.0;
+                for (uint i = lid; i < D; i += WG) s += exp(x[xb + i] - m);
+                s = tree_sum(s, lid);
+                if (lid == 0u) y[pc.off[0] + r] = ok ? x[xb + uint(tgt)] - (m + log(s)) : 0.0;
+            } else {
+                float lse = ok ? x[xb + uint(tgt)] - b4[pc.off[4] + r] : 0.0, dv = b3[pc.off[3] + r];
+                for (uint i = lid; i < D; i += WG)
+                    y[pc.off[0] + r * D + i] = -dv * exp(x[xb + i] - lse) + (int(i) == tgt ? dv : 0.0);
+            }
+        }
+    }
+}

@@ -1,0 +1,149 @@
+/* Vulkan backend internals: the dlopen'ed function table, the device
+ * context, buffers, pipelines and the per-op lowering into dispatches. */
+#ifndef TWK_VK_INTERNAL_H
+#define TWK_VK_INTERNAL_H
+
+#define VK_NO_PROTOTYPES
+#include <vulkan/vulkan.h>
+
+#include <stdint.h>
+
+#include "twinkle/hal.h"
+
+/* Every Vulkan entry point the backend calls, loaded through
+ * vkGetInstanceProcAddr (the loader is dlopen'ed, never linked). */
+#define VK_INSTANCE_FNS(X)                                                                      \
+    X(vkDestroyInstance) X(vkEnumeratePhysicalDevices) X(vkGetPhysicalDeviceProperties)        \
+    X(vkGetPhysicalDeviceMemoryProperties) X(vkGetPhysicalDeviceQueueFamilyProperties)         \
+    X(vkCreateDevice) X(vkDestroyDevice) X(vkGetDeviceQueue) X(vkCreateBuffer) X(vkDestroyBuffer) \
+    X(vkGetBufferMemoryRequirements) X(vkAllocateMemory) X(vkFreeMemory) X(vkBindBufferMemory) \
+    X(vkMapMemory) X(vkUnmapMemory) X(vkCreateShaderModule) X(vkDestroyShaderModule)          \
+    X(vkCreateDescriptorSetLayout) X(vkDestroyDescriptorSetLayout) X(vkCreatePipelineLayout)  \
+    X(vkDestroyPipelineLayout) X(vkCreateComputePipelines) X(vkDestroyPipeline)               \
+    X(vkCreateDescriptorPool) X(vkDestroyDescriptorPool) X(vkAllocateDescriptorSets)          \
+    X(vkUpdateDescriptorSets) X(vkCreateCommandPool) X(vkDestroyCommandPool)                  \
+    X(vkAllocateCommandBuffers) X(vkFreeCommandBuffers) X(vkBeginCommandBuffer)               \
+    X(vkEndCommandBuffer) X(vkResetCommandBuffer) X(vkCmdBindPipeline)                        \
+    X(vkCmdBindDescriptorSets) X(vkCmdPushConstants) X(vkCmdDispatch) X(vkCmdPipelineBarrier) \
+    X(vkCmdCopyBuffer) X(vkCmdFillBuffer) X(vkCreateFence) X(vkDestroyFence)                  \
+    X(vkWaitForFences) X(vkResetFences) X(vkQueueSubmit) X(vkDeviceWaitIdle)                  \
+    X(vkEnumerateDeviceExtensionProperties)
+
+typedef struct vk_fns {
+    PFN_vkGetInstanceProcAddr vkGetInstanceProcAddr;
+    PFN_vkCreateInstance vkCreateInstance;
+#define VK_FN_FIELD_(f) PFN_##f f;
+    VK_INSTANCE_FNS(VK_FN_FIELD_)
+#undef VK_FN_FIELD_
+} vk_fns;
+
+/* An instance with its entry points; TWK_ERR_UNSUPPORTED (message says why:
+ * no libvulkan.so.1, no driver) when Vulkan is unusable. */
+twk_status vk_instance_new(VkInstance *inst, vk_fns *fns);
+/* Physical devices usable for compute (a queue with compute); count only
+ * when devs is NULL. Returns the count, 0 on failure. */
+int vk_compute_devices(VkInstance inst, const vk_fns *f, VkPhysicalDevice *devs, int max);
+
+typedef struct vk_buffer {
+    struct twk_buffer base; /* first: the HAL reads the size */
+    VkBuffer buf;
+    VkDeviceMemory mem;
+    size_t alloc; /* bytes allocated (>= 4, a multiple of 4) */
+    unsigned char *map; /* persistently mapped when host-visible, else NULL */
+} vk_buffer;
+
+/* The compiled shaders (shaders/<name>.comp), in vk_shaders.c's table. */
+typedef enum vk_shader {
+    VKS_ELTWISE, VKS_BROADCAST, VKS_SUM_TO, VKS_REDUCE, VKS_COPY, VKS_CHECK, VKS_MATMUL,
+    VKS_ROWS, VKS_ROWNORM, VKS_ROPE, VKS_ATTN, VKS_ATTN_BACK, VKS_COUNT
+} vk_shader;
+
+const uint32_t *vk_shader_code(vk_shader s, size_t *bytes);
+const char *vk_shader_name(vk_shader s);
+
+#define VK_NSPEC 9 /* spec constants: 0 threads, 1 mode, 2..8 shader-specific */
+#define VK_NBIND 8 /* tensor bindings; binding 8 is the error word */
+#define VK_MAX_PIPES 128
+
+typedef struct vk_pipe {
+    vk_shader shader;
+    uint32_t spec[VK_NSPEC];
+    VkPipeline pipe;
+} vk_pipe;
+
+typedef struct vk_ctx {
+    vk_fns f;
+    VkInstance inst;
+    VkPhysicalDevice phys;
+    VkPhysicalDeviceProperties props;
+    VkPhysicalDeviceMemoryProperties memprops;
+    VkDevice dev;
+    VkQueue queue;
+    uint32_t queue_family;
+    uint32_t mem_type;       /* for every buffer */
+    int host_visible;        /* mem_type is host-visible + coherent: buffers are mapped */
+    uint32_t staging_type;   /* host-visible + coherent type for staging */
+    VkCommandPool cpool;     /* one-shot transfers */
+    VkFence fence;
+    vk_buffer *staging;      /* grown on demand when !host_visible */
+    vk_buffer *err;          /* the error word */
+    VkDescriptorSetLayout dsl;
+    VkPipelineLayout layout;
+    VkShaderModule modules[VKS_COUNT];
+    vk_pipe pipes[VK_MAX_PIPES];
+    int n_pipes;
+    uint32_t max_groups;     /* maxComputeWorkGroupCount, min over dims used */
+} vk_ctx;
+
+/* Buffers (vk_buffers.c): same failure contract as the iface functions. */
+twk_status vk_buffer_new(vk_ctx *c, size_t bytes, int staging, vk_buffer **out);
+void vk_buffer_destroy(vk_ctx *c, vk_buffer *b);
+twk_status vk_upload(void *ctx, twk_buffer *dst, size_t off, const void *src, size_t bytes);
+twk_status vk_download(void *ctx, const twk_buffer *src, size_t off, void *dst, size_t bytes);
+twk_status vk_copy(void *ctx, twk_buffer *dst, size_t doff, const twk_buffer *src, size_t soff, size_t bytes);
+twk_status vk_memset_zero(void *ctx, twk_buffer *dst, size_t off, size_t bytes);
+/* Submits a recorded command buffer and waits for it; TWK_ERR_BACKEND on failure. */
+twk_status vk_submit_wait(vk_ctx *c, VkCommandBuffer cb);
+
+/* A pipeline for (shader, spec constants), created once per context; NULL
+ * (error set) on failure. */
+VkPipeline vk_pipeline(vk_ctx *c, vk_shader s, const uint32_t spec[VK_NSPEC]);
+
+/* ---- lowering (vk_lower.c) ---- */
+
+/* A binding of a dispatch: a launch tensor or a plan-owned buffer. */
+enum { VKB_NONE = -100, VKB_DST = -1, VKB_SCRATCH = -2, VKB_CONST = -3 };
+
+typedef struct vk_dispatch {
+    vk_shader shader;
+    uint32_t spec[VK_NSPEC];
+    int bind[VK_NBIND];        /* VKB_* or a source index */
+    uint32_t add_off[VK_NBIND]; /* extra words added to the binding's element offset */
+    int32_t p[16];
+    float fp[8];
+    uint32_t groups[3];
+} vk_dispatch;
+
+#define VK_MAX_DISPATCH 4
+
+/* The dispatches of launch `li` at token count n (their number and bindings
+ * do not depend on n). *scratch_bytes gets the plan scratch it needs;
+ * const_off is where its constants (rope's inv_freq) live in the plan's
+ * constant buffer. Returns the count, or -1 with an error naming the op. */
+int vk_lower(const vk_ctx *c, const twk_launch *l, int li, int64_t n, size_t const_off, vk_dispatch *d,
+             size_t *scratch_bytes);
+/* Bytes of plan constants a launch needs (written by vk_write_consts). */
+size_t vk_const_bytes(const twk_launch *l);
+void vk_write_consts(const twk_launch *l, void *dst);
+/* true if the launch has a lowering; else false and a reason. */
+bool vk_supports(const twk_launch *l, char *why, size_t why_len);
+/* The CPU backend's message for launch l's bad ids at token count n, read
+ * back from the device; TWK_ERR_RANGE (generic text if none is found). */
+twk_status vk_range_error(vk_ctx *c, const twk_launch *l, int64_t n);
+
+/* ---- plans (vk_plan.c) ---- */
+twk_status vk_prepare(void *ctx, const twk_hal_plan *plan, void **prepared);
+void vk_release(void *ctx, void *prepared);
+twk_status vk_run(void *ctx, void *prepared, const twk_hal_plan *plan, int64_t n);
+
+#endif
