@@ -1,5 +1,5 @@
 /* twinkle — API-neutral kernel launches, shared by the OpenCL and CUDA
- * backends. Both compile the same kernel sources (kernels/*.cl, written in
+ * backends. Both compile the same kernel sources (kernels/<family>.cl, written in
  * the dialect of kd_prelude_*.h) and take the same per-op decisions here:
  * which kernel, which arguments, which grid. A backend only spells the
  * launch in its API (clEnqueueNDRangeKernel / cuLaunchKernel) and runs GEMM

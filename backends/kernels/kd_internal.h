@@ -1,0 +1,41 @@
+/* kd internals: building kd_call argument lists and grids, shared by the
+ * per-family lowering files. */
+#ifndef TWK_KD_INTERNAL_H
+#define TWK_KD_INTERNAL_H
+
+#include "kd.h"
+
+/* Block sizes the kernels are written for (see the .cl files). */
+#define KD_LOCAL_1D 256  /* elementwise grids */
+#define KD_REDUCE_LOCAL 256
+#define KD_ROW_LOCAL 256 /* the largest row group (nn.cl) */
+#define KD_ATTN_L 64
+#define KD_ATTN_MAXD 512
+
+/* Starts call c of kernel `name` with no arguments. */
+void kd_begin(kd_call *c, const char *name);
+/* Appends tensor t's buffer (-1 dst, i src[i]) and its offset in elements of `elem` bytes. */
+void kd_buf(kd_call *c, const twk_launch *l, int t, size_t elem);
+void kd_err(kd_call *c);
+void kd_i32(kd_call *c, int32_t v);
+void kd_i64(kd_call *c, int64_t v);
+void kd_f32(kd_call *c, float v);
+/* A 1-D grid of `items` work items (rounded up to groups of `local`). */
+void kd_grid_items(kd_call *c, int64_t items, size_t local);
+/* A 1-D grid of `groups` work-groups of `local` items. */
+void kd_grid_groups(kd_call *c, int64_t groups, size_t local);
+/* The power of two >= n, clamped to [32, max]. */
+size_t kd_pow2_local(int64_t n, size_t max);
+
+/* Dims of a desc at token count n, right-aligned into 4 (1 before). */
+void kd_pad4(const twk_tensor_desc *t, int64_t n, int64_t d[4]);
+int64_t kd_dim(const twk_tensor_desc *t, int i, int64_t n);
+int64_t kd_nelem(const twk_tensor_desc *t, int64_t n);
+
+/* Per-family lowering: the number of calls written (0 = nothing to do), or -1. */
+int kd_lower_elementwise(const twk_launch *l, int64_t n, kd_call *calls);
+int kd_lower_layout(const twk_launch *l, int64_t n, kd_call *calls);
+int kd_lower_nn(const twk_launch *l, int64_t n, kd_call *calls);
+int kd_lower_attn(const twk_launch *l, int64_t n, kd_call *calls);
+
+#endif

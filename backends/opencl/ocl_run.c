@@ -1,0 +1,203 @@
+/* Plans on the OpenCL backend: prepare checks every launch lowers and
+ * creates its kernels; run lowers each launch for the token count (kd_lower),
+ * sets the arguments and enqueues it, MATMUL through CLBlast. Work is queued
+ * in order and runs asynchronously; when the plan has launches that check
+ * ids, run waits for the queue and reads the error words (one per launch)
+ * to return TWK_ERR_RANGE naming the first failing op and node. */
+#include <stdio.h>
+#include <string.h>
+
+#include "ocl_internal.h" /* first: it picks the OpenCL API version */
+
+#include <clblast_c.h>
+
+#include "kd.h"
+
+typedef struct ocl_prepared {
+    int n_launches;
+    int checks;   /* some launch takes the error words */
+    cl_mem err;   /* one int per launch */
+    int *err_host;
+} ocl_prepared;
+
+static int calls_check(const kd_call *calls, int n) {
+    for (int c = 0; c < n; c++)
+        for (int a = 0; a < calls[c].nargs; a++)
+            if (calls[c].args[a].kind == KD_ERR) return 1;
+    return 0;
+}
+
+void ocl_release(void *ctx, void *prepared) {
+    (void)ctx;
+    ocl_prepared *pp = prepared;
+    if (!pp) return;
+    if (pp->err) clReleaseMemObject(pp->err);
+    twk_host_free(pp->err_host);
+    twk_host_free(pp);
+}
+
+twk_status ocl_prepare(void *vctx, const twk_hal_plan *plan, void **out) {
+    ocl_ctx *ctx = vctx;
+    ocl_prepared *pp = twk_host_calloc(sizeof *pp, "opencl plan");
+    if (!pp) return TWK_ERR_OOM;
+    pp->n_launches = plan->n_launches;
+    twk_status s = TWK_OK;
+    kd_call calls[KD_MAX_CALLS];
+    kd_gemm gemm;
+    pthread_mutex_lock(&ctx->lock);
+    for (int i = 0; i < plan->n_launches && s == TWK_OK; i++) {
+        int is_gemm = 0;
+        int nc = kd_lower(&plan->launches[i], plan->capacity, calls, &gemm, &is_gemm);
+        if (nc < 0) {
+            s = TWK_ERR_UNSUPPORTED; /* kd_lower set the message */
+            break;
+        }
+        pp->checks |= calls_check(calls, nc);
+        for (int c = 0; c < nc; c++)
+            if (!ocl_kernel(ctx, calls[c].kernel)) {
+                s = TWK_ERR_BACKEND;
+                break;
+            }
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    if (s == TWK_OK && pp->checks) {
+        size_t bytes = (size_t)(plan->n_launches ? plan->n_launches : 1) * sizeof(cl_int);
+        cl_int e;
+        pp->err = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, bytes, NULL, &e);
+        if (e != CL_SUCCESS) s = ocl_fail(e, "error words");
+        else if (!(pp->err_host = twk_host_alloc(bytes, "opencl error words"))) s = TWK_ERR_OOM;
+    }
+    if (s != TWK_OK) {
+        ocl_release(ctx, pp);
+        return s;
+    }
+    *out = pp;
+    return TWK_OK;
+}
+
+static cl_mem mem_of(const twk_tensor_desc *d) { return d->buf ? ((ocl_buffer *)d->buf)->mem : NULL; }
+
+static twk_status run_gemm(ocl_ctx *ctx, const twk_launch *l, const kd_gemm *g) {
+    if (g->m == 0 || g->n == 0 || g->batch == 0) return TWK_OK;
+    cl_mem a = mem_of(&l->src[0]), b = mem_of(&l->src[1]), c = mem_of(&l->dst);
+    size_t ao = l->src[0].offset / 4, bo = l->src[1].offset / 4, co = l->dst.offset / 4;
+    if (g->k == 0) { /* an empty sum: C = 0 */
+        unsigned char zero = 0;
+        cl_int e = clEnqueueFillBuffer(ctx->queue, c, &zero, 1, co * 4, (size_t)(g->m * g->n * g->batch) * 4, 0,
+                                       NULL, NULL);
+        return e == CL_SUCCESS ? TWK_OK : ocl_fail(e, "matmul (k = 0)");
+    }
+    CLBlastTranspose ta = g->trans_a ? CLBlastTransposeYes : CLBlastTransposeNo;
+    CLBlastTranspose tb = g->trans_b ? CLBlastTransposeYes : CLBlastTransposeNo;
+    CLBlastStatusCode st;
+    if (g->batch == 1)
+        st = CLBlastSgemm(CLBlastLayoutRowMajor, ta, tb, (size_t)g->m, (size_t)g->n, (size_t)g->k, 1.0f, a, ao,
+                          (size_t)g->lda, b, bo, (size_t)g->ldb, 0.0f, c, co, (size_t)g->ldc, &ctx->queue, NULL);
+    else
+        st = CLBlastSgemmStridedBatched(CLBlastLayoutRowMajor, ta, tb, (size_t)g->m, (size_t)g->n, (size_t)g->k,
+                                        1.0f, a, ao, (size_t)g->lda, (size_t)g->stride_a, b, bo, (size_t)g->ldb,
+                                        (size_t)g->stride_b, 0.0f, c, co, (size_t)g->ldc, (size_t)g->stride_c,
+                                        (size_t)g->batch, &ctx->queue, NULL);
+    if (st != CLBlastSuccess)
+        return twk_error(TWK_ERR_BACKEND, "opencl: matmul '%s' (%lld x %lld x %lld, batch %lld): CLBlast status %d",
+                         l->name, (long long)g->m, (long long)g->n, (long long)g->k, (long long)g->batch, (int)st);
+    return TWK_OK;
+}
+
+static twk_status enqueue_call(ocl_ctx *ctx, const twk_launch *l, const kd_call *c, cl_mem err, int launch) {
+    cl_kernel k = ocl_kernel(ctx, c->kernel);
+    if (!k) return TWK_ERR_BACKEND;
+    cl_uint ai = 0;
+    cl_int e = CL_SUCCESS;
+    for (int a = 0; a < c->nargs && e == CL_SUCCESS; a++) {
+        const kd_arg *x = &c->args[a];
+        switch (x->kind) {
+        case KD_BUF: {
+            cl_mem m = mem_of(x->tensor < 0 ? &l->dst : &l->src[x->tensor]);
+            cl_long off = x->i64;
+            e = clSetKernelArg(k, ai++, sizeof m, &m);
+            if (e == CL_SUCCESS) e = clSetKernelArg(k, ai++, sizeof off, &off);
+            break;
+        }
+        case KD_ERR: {
+            cl_long off = launch;
+            e = clSetKernelArg(k, ai++, sizeof err, &err);
+            if (e == CL_SUCCESS) e = clSetKernelArg(k, ai++, sizeof off, &off);
+            break;
+        }
+        case KD_I32: {
+            cl_int v = x->i32;
+            e = clSetKernelArg(k, ai++, sizeof v, &v);
+            break;
+        }
+        case KD_I64: {
+            cl_long v = x->i64;
+            e = clSetKernelArg(k, ai++, sizeof v, &v);
+            break;
+        }
+        case KD_F32: {
+            cl_float v = x->f32;
+            e = clSetKernelArg(k, ai++, sizeof v, &v);
+            break;
+        }
+        }
+    }
+    if (e == CL_SUCCESS)
+        e = clEnqueueNDRangeKernel(ctx->queue, k, (cl_uint)c->dims, NULL, c->global, c->local, 0, NULL, NULL);
+    if (e != CL_SUCCESS) {
+        char what[160];
+        snprintf(what, sizeof what, "%s '%s' (kernel %s)", twk_op_name(l->op), l->name, c->kernel);
+        return ocl_fail(e, what);
+    }
+    return TWK_OK;
+}
+
+static twk_status run_locked(ocl_ctx *ctx, ocl_prepared *pp, const twk_hal_plan *plan, int64_t n) {
+    kd_call calls[KD_MAX_CALLS];
+    kd_gemm gemm;
+    cl_int e;
+    if (pp->checks) {
+        cl_int zero = 0;
+        e = clEnqueueFillBuffer(ctx->queue, pp->err, &zero, sizeof zero, 0,
+                                (size_t)plan->n_launches * sizeof(cl_int), 0, NULL, NULL);
+        if (e != CL_SUCCESS) return ocl_fail(e, "clearing the error words");
+    }
+    for (int i = 0; i < plan->n_launches; i++) {
+        const twk_launch *l = &plan->launches[i];
+        int is_gemm = 0;
+        int nc = kd_lower(l, n, calls, &gemm, &is_gemm);
+        if (nc < 0) return TWK_ERR_UNSUPPORTED;
+        twk_status s = TWK_OK;
+        if (is_gemm) s = run_gemm(ctx, l, &gemm);
+        for (int c = 0; c < nc && s == TWK_OK; c++) s = enqueue_call(ctx, l, &calls[c], pp->err, i);
+        if (s != TWK_OK) return s;
+    }
+    if (!pp->checks) return TWK_OK;
+    e = clEnqueueReadBuffer(ctx->queue, pp->err, CL_TRUE, 0, (size_t)plan->n_launches * sizeof(cl_int),
+                            pp->err_host, 0, NULL, NULL);
+    if (e != CL_SUCCESS) return ocl_fail(e, "reading the error words");
+    for (int i = 0; i < plan->n_launches; i++)
+        if (pp->err_host[i] != KD_ERR_NONE) {
+            const twk_launch *l = &plan->launches[i];
+            return twk_error(TWK_ERR_RANGE, "%s '%s': %s (opencl, n = %lld)", twk_op_name(l->op), l->name,
+                             kd_error_message(pp->err_host[i]), (long long)n);
+        }
+    return TWK_OK;
+}
+
+twk_status ocl_run(void *vctx, void *prepared, const twk_hal_plan *plan, int64_t n) {
+    ocl_ctx *ctx = vctx;
+    ocl_prepared *pp = prepared;
+    if (!pp || pp->n_launches != plan->n_launches)
+        return twk_error(TWK_ERR_STATE, "opencl: run: the plan was not prepared on this backend");
+    pthread_mutex_lock(&ctx->lock);
+    twk_status s = run_locked(ctx, pp, plan, n);
+    pthread_mutex_unlock(&ctx->lock);
+    return s;
+}
+
+twk_status ocl_synchronize(void *vctx) {
+    ocl_ctx *ctx = vctx;
+    cl_int e = clFinish(ctx->queue);
+    return e == CL_SUCCESS ? TWK_OK : ocl_fail(e, "clFinish");
+}
