@@ -1,0 +1,255 @@
+/* Checks of the Vulkan backend beyond tests/test_ops: bad ids and segments
+ * name op, node and index (like the CPU); two runs give identical bits; a
+ * transformer-sized block (GEMMs larger than a tile, long attention, a big
+ * vocabulary) agrees with the CPU; more distinct n than the command-buffer
+ * cache holds; the staging-buffer path (TWK_VULKAN_STAGING=1) equals the
+ * mapped one. Exits 0, printing "skip", when there is no Vulkan device. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "twinkle/graph.h"
+
+static int fails;
+
+static void check(int ok, const char *what, const char *detail) {
+    printf("%s %s%s%s\n", ok ? "ok  " : "FAIL", what, detail && *detail ? ": " : "", detail ? detail : "");
+    if (!ok) fails++;
+}
+
+static void range_errors(twk_device *dev) {
+    twk_graph *g = twk_graph_new();
+    int64_t t1[1] = {TWK_T}, q_ne[3] = {TWK_T, 2, 4}, tab[2] = {10, 8}, lg[2] = {TWK_T, 8};
+    twk_id ids = twk_input(g, "ids", TWK_I64, 1, t1);
+    twk_id seg = twk_input(g, "seg", TWK_I32, 1, t1);
+    twk_id tgt = twk_input(g, "tgt", TWK_I32, 1, t1);
+    twk_id e = twk_get_rows(g, twk_param(g, "emb", 2, tab, true), ids);
+    twk_id q = twk_reshape(g, e, 3, q_ne);
+    twk_id y = twk_attention(g, q, q, q, seg, 0.5f);
+    twk_node_set_name(g, y, "self_attn");
+    twk_id lp = twk_logprobs(g, twk_reshape(g, y, 2, lg), tgt);
+    twk_node_set_name(g, lp, "lp");
+    twk_graph_output(g, lp);
+    twk_plan *p = NULL;
+    if (twk_plan_compile(g, dev, 8, NULL, 0, &p) != TWK_OK) {
+        check(0, "compile the error graph", twk_last_error());
+        twk_graph_free(g);
+        return;
+    }
+    int64_t good_ids[8] = {1, 2, 3, 4, 5, 6, 7, 8}, bad_ids[8] = {1, 2, 3, 99, 5, -1, 7, 8};
+    int64_t huge_ids[8] = {1, 2, 3, 4, 5, 6, 7, (int64_t)1 << 40};
+    int32_t good_seg[8] = {0, 0, 0, 3, 3, 5, 5, 5}, bad_seg[8] = {0, 0, 0, 3, 2, 5, 5, 5};
+    int32_t good_tgt[8] = {0, 1, 2, 3, 4, 5, 6, 7}, bad_tgt[8] = {0, 1, 2, 3, 4, 5, 6, 8};
+    twk_plan_write(p, seg, 8, good_seg, sizeof good_seg);
+    twk_plan_write(p, tgt, 8, good_tgt, sizeof good_tgt);
+    twk_plan_write(p, ids, 8, bad_ids, sizeof bad_ids);
+    twk_status st = twk_plan_run(p, 8);
+    check(st == TWK_ERR_RANGE && strstr(twk_last_error(), "get_rows") && strstr(twk_last_error(), "ids[3] = 99") &&
+              strstr(twk_last_error(), "[0, 10)"),
+          "i64 token id 99 of a 10-row table", twk_last_error());
+    twk_plan_write(p, ids, 8, huge_ids, sizeof huge_ids);
+    st = twk_plan_run(p, 8);
+    check(st == TWK_ERR_RANGE && strstr(twk_last_error(), "ids[7] = 1099511627776"), "i64 id 2^40", twk_last_error());
+    twk_plan_write(p, ids, 8, good_ids, sizeof good_ids);
+    twk_plan_write(p, seg, 8, bad_seg, sizeof bad_seg);
+    st = twk_plan_run(p, 8);
+    check(st == TWK_ERR_RANGE && strstr(twk_last_error(), "self_attn") && strstr(twk_last_error(), "seg_start[4] = 2"),
+          "seg_start that goes backwards", twk_last_error());
+    twk_plan_write(p, seg, 8, good_seg, sizeof good_seg);
+    twk_plan_write(p, tgt, 8, bad_tgt, sizeof bad_tgt);
+    st = twk_plan_run(p, 8);
+    check(st == TWK_ERR_RANGE && strstr(twk_last_error(), "logprobs 'lp'") && strstr(twk_last_error(), "targets[7] = 8"),
+          "target 8 of 8 classes", twk_last_error());
+    twk_plan_write(p, tgt, 8, good_tgt, sizeof good_tgt);
+    st = twk_plan_run(p, 8);
+    check(st == TWK_OK, "a good run right after", st == TWK_OK ? "" : twk_last_error());
+    twk_plan_free(p);
+    twk_graph_free(g);
+}
+
+/* A block: rmsnorm -> q/k/v GEMMs -> rope -> attention -> out GEMM ->
+ * logprobs over a big vocabulary, with gradients of every weight. */
+typedef struct block {
+    twk_graph *g;
+    twk_id x, pos, seg, tgt, w[6], out[8];
+    int n_out;
+} block;
+
+enum { D_MODEL = 96, HQ = 6, HKV = 2, HD = 16, VOCAB = 3001 };
+
+static void block_build(block *b) {
+    twk_graph *g = b->g = twk_graph_new();
+    int64_t xs[2] = {TWK_T, D_MODEL}, t1[1] = {TWK_T}, dm[1] = {D_MODEL};
+    int64_t wq[2] = {HQ * HD, D_MODEL}, wk[2] = {HKV * HD, D_MODEL}, wo[2] = {D_MODEL, HQ * HD}, wu[2] = {VOCAB, D_MODEL};
+    int64_t q3[3] = {TWK_T, HQ, HD}, k3[3] = {TWK_T, HKV, HD}, o2[2] = {TWK_T, HQ * HD};
+    b->x = twk_param(g, "x", 2, xs, true);
+    b->pos = twk_input(g, "pos", TWK_I32, 1, t1);
+    b->seg = twk_input(g, "seg", TWK_I32, 1, t1);
+    b->tgt = twk_input(g, "tgt", TWK_I64, 1, t1);
+    b->w[0] = twk_param(g, "norm", 1, dm, true);
+    b->w[1] = twk_param(g, "wq", 2, wq, true);
+    b->w[2] = twk_param(g, "wk", 2, wk, true);
+    b->w[3] = twk_param(g, "wv", 2, wk, true);
+    b->w[4] = twk_param(g, "wo", 2, wo, true);
+    b->w[5] = twk_param(g, "unembed", 2, wu, true);
+    twk_id h = twk_rmsnorm(g, b->x, b->w[0], 1e-6f);
+    twk_id q = twk_rope(g, twk_reshape(g, twk_matmul(g, h, b->w[1], false, true), 3, q3), b->pos, -1, 10000.0f);
+    twk_id k = twk_rope(g, twk_reshape(g, twk_matmul(g, h, b->w[2], false, true), 3, k3), b->pos, -1, 10000.0f);
+    twk_id v = twk_reshape(g, twk_matmul(g, h, b->w[3], false, true), 3, k3);
+    twk_id a = twk_reshape(g, twk_attention(g, q, k, v, b->seg, 0.25f), 2, o2);
+    twk_id o = twk_add(g, b->x, twk_matmul(g, a, b->w[4], false, true));
+    twk_id logits = twk_matmul(g, o, b->w[5], false, true);
+    twk_id lp = twk_logprobs(g, logits, b->tgt);
+    twk_id loss = twk_sum(g, lp);
+    twk_graph_backward(g, loss);
+    b->n_out = 0;
+    b->out[b->n_out++] = lp;
+    b->out[b->n_out++] = twk_graph_grad(g, b->x);
+    for (int i = 0; i < 6; i++) b->out[b->n_out++] = twk_graph_grad(g, b->w[i]);
+    for (int i = 0; i < b->n_out; i++) twk_graph_output(g, b->out[i]);
+}
+
+static int64_t nelem_of(twk_graph *g, twk_id id, int64_t n) {
+    int64_t ne[4];
+    int nd = twk_node_shape(g, id, n, ne), e = 1;
+    for (int i = 0; i < nd; i++) e *= (int)ne[i];
+    return e;
+}
+
+/* Writes deterministic inputs for n tokens. */
+static void block_inputs(block *b, twk_plan *p, int64_t n) {
+    unsigned s = 12345;
+    twk_id params[7] = {b->x, b->w[0], b->w[1], b->w[2], b->w[3], b->w[4], b->w[5]};
+    for (int i = 0; i < 7; i++) {
+        int64_t ne = nelem_of(b->g, params[i], n);
+        float *v = malloc((size_t)ne * 4);
+        for (int64_t k = 0; k < ne; k++) {
+            s = s * 1664525u + 1013904223u;
+            v[k] = ((float)(s >> 8) / 16777216.0f - 0.5f) * (i == 1 ? 2.0f : 0.5f) + (i == 1 ? 1.0f : 0.0f);
+        }
+        twk_plan_write(p, params[i], n, v, (size_t)ne * 4);
+        free(v);
+    }
+    int32_t *pos = malloc((size_t)n * 4), *seg = malloc((size_t)n * 4);
+    int64_t *tgt = malloc((size_t)n * 8), start = 0;
+    for (int64_t t = 0; t < n; t++) {
+        if (t == n / 3 || t == n / 2 + 7) start = t;
+        seg[t] = (int32_t)start;
+        pos[t] = (int32_t)(t - start);
+        tgt[t] = (t * 7919) % VOCAB;
+    }
+    twk_plan_write(p, b->pos, n, pos, (size_t)n * 4);
+    twk_plan_write(p, b->seg, n, seg, (size_t)n * 4);
+    twk_plan_write(p, b->tgt, n, tgt, (size_t)n * 8);
+    free(pos);
+    free(seg);
+    free(tgt);
+}
+
+/* Runs the block at n and returns all outputs concatenated (caller frees). */
+static float *block_run(block *b, twk_plan *p, int64_t n, int64_t *count) {
+    int64_t total = 0;
+    for (int i = 0; i < b->n_out; i++) total += nelem_of(b->g, b->out[i], n);
+    float *all = malloc((size_t)total * 4);
+    block_inputs(b, p, n);
+    if (twk_plan_run(p, n) != TWK_OK) {
+        check(0, "run the block", twk_last_error());
+        free(all);
+        return NULL;
+    }
+    int64_t at = 0;
+    for (int i = 0; i < b->n_out; i++) {
+        int64_t ne = nelem_of(b->g, b->out[i], n);
+        twk_plan_read(p, b->out[i], n, all + at, (size_t)ne * 4);
+        at += ne;
+    }
+    *count = total;
+    return all;
+}
+
+static double rel_err(const float *a, const float *b, int64_t n) {
+    double e = 0, s = 1e-3;
+    for (int64_t i = 0; i < n; i++) {
+        e = fmax(e, fabs((double)a[i] - b[i]));
+        s = fmax(s, fabs((double)b[i]));
+    }
+    return e / s;
+}
+
+static void block_checks(twk_device *vk, twk_device *cpu, twk_device *staged) {
+    block b;
+    block_build(&b);
+    if (twk_graph_status(b.g) != TWK_OK) {
+        check(0, "build the block", twk_graph_error(b.g));
+        return;
+    }
+    const int64_t cap = 150;
+    twk_plan *pv = NULL, *pc = NULL, *ps = NULL;
+    if (twk_plan_compile(b.g, vk, cap, NULL, 0, &pv) != TWK_OK ||
+        twk_plan_compile(b.g, cpu, cap, NULL, 0, &pc) != TWK_OK ||
+        (staged && twk_plan_compile(b.g, staged, cap, NULL, 0, &ps) != TWK_OK)) {
+        check(0, "compile the block", twk_last_error());
+        goto out;
+    }
+    int64_t nv, nc, nv2, ns;
+    float *yv = block_run(&b, pv, cap, &nv), *yc = block_run(&b, pc, cap, &nc);
+    float *yv2 = block_run(&b, pv, cap, &nv2);
+    if (yv && yc && yv2) {
+        char msg[128];
+        double e = rel_err(yv, yc, nv);
+        snprintf(msg, sizeof msg, "max error %.2e relative to the largest value (tol 1e-4)", e);
+        check(e < 1e-4, "block (150 tokens, vocab 3001) vs cpu: logprobs and 7 gradients", msg);
+        check(memcmp(yv, yv2, (size_t)nv * 4) == 0, "two runs give identical bits", "");
+    }
+    if (ps && yv) {
+        float *ys = block_run(&b, ps, cap, &ns);
+        check(ys && memcmp(yv, ys, (size_t)nv * 4) == 0, "staging-buffer path equals the mapped path", "");
+        free(ys);
+    }
+    /* more distinct n than the 8 cached command buffers, then back to n = cap */
+    int ok = 1;
+    for (int64_t n = 1; n <= 12 && ok; n++) {
+        int64_t k1, k2;
+        float *a = block_run(&b, pv, n * 11, &k1), *c = block_run(&b, pc, n * 11, &k2);
+        ok = a && c && rel_err(a, c, k1) < 1e-4;
+        free(a);
+        free(c);
+    }
+    float *yv3 = block_run(&b, pv, cap, &nv2);
+    check(ok && yv3 && yv && memcmp(yv, yv3, (size_t)nv * 4) == 0,
+          "12 run-time counts (cache evictions) agree with cpu; n = cap again is bit-identical", "");
+    free(yv);
+    free(yc);
+    free(yv2);
+    free(yv3);
+out:
+    twk_plan_free(pv);
+    twk_plan_free(pc);
+    twk_plan_free(ps);
+    twk_graph_free(b.g);
+}
+
+int main(void) {
+    const twk_backend_iface *be = twk_backend_find("vulkan");
+    if (!be || be->device_count() == 0) {
+        printf("skip: no Vulkan device (%s)\n", twk_last_error());
+        return 0;
+    }
+    twk_device *vk = NULL, *cpu = NULL, *staged = NULL;
+    if (twk_device_open("vulkan", &vk) != TWK_OK || twk_device_open("cpu", &cpu) != TWK_OK) {
+        printf("FAIL open: %s\n", twk_last_error());
+        return 1;
+    }
+    setenv("TWK_VULKAN_STAGING", "1", 1);
+    if (twk_device_open("vulkan", &staged) != TWK_OK) check(0, "open with staging", twk_last_error());
+    unsetenv("TWK_VULKAN_STAGING");
+    range_errors(vk);
+    if (staged) range_errors(staged);
+    block_checks(vk, cpu, staged);
+    twk_device_close(staged);
+    twk_device_close(vk);
+    twk_device_close(cpu);
+    printf("%d failures\n", fails);
+    return fails ? 1 : 0;
+}
