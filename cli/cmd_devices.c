@@ -13,9 +13,11 @@ int twk_cmd_devices(int argc, char **argv) {
     int nb = twk_backend_count();
     for (int b = 0; b < nb; b++) {
         const twk_backend_iface *be = twk_backend_get(b);
+        twk_clear_error(); /* a backend with no devices may leave the reason */
         int nd = be->device_count();
         if (nd == 0) {
-            printf("%-8s (no devices)\n", be->name);
+            const char *why = twk_last_error();
+            printf("%-8s (no devices%s%s)\n", be->name, why[0] ? ": " : "", why);
             continue;
         }
         for (int d = 0; d < nd; d++) {

@@ -141,10 +141,13 @@ twk_status twk_device_open(const char *spec, twk_device **out) {
     }
     const twk_backend_iface *b = twk_backend_find(name);
     if (!b) return twk_error(TWK_ERR_NOT_FOUND, "device_open: no backend '%s' in this build", name);
+    twk_clear_error(); /* a backend with no devices may leave the reason */
     int count = b->device_count();
-    if (index >= count)
-        return twk_error(TWK_ERR_NOT_FOUND, "device_open: backend '%s' has %d device(s); no index %ld",
-                         name, count, index);
+    if (index >= count) {
+        const char *why = twk_last_error();
+        return twk_error(TWK_ERR_NOT_FOUND, "device_open: backend '%s' has %d device(s); no index %ld%s%s%s",
+                         name, count, index, why[0] ? " (" : "", why, why[0] ? ")" : "");
+    }
     twk_device *d = twk_host_calloc(sizeof *d, "device");
     if (!d) return TWK_ERR_OOM;
     twk_status s = b->open((int)index, &d->ctx);
