@@ -199,3 +199,25 @@ def adam(lr=5e-3):
     from tinker import types
 
     return types.AdamParams(learning_rate=lr, beta1=0.9, beta2=0.95, eps=1e-8)
+
+
+def twin_steps(tc, tc_ce, weights, data, probe=None):
+    """Compares a loss's update with the cross-entropy update whose weights are
+    -dL/dp: tc already holds the loss's gradient; tc_ce (same seed) gets a
+    cross_entropy forward_backward of `data` (Datums, or (model_input,
+    target_tokens) pairs) with `weights` (one array per datum, 1-D or (N, K)).
+    One AdamW step each; returns both clients' logprobs on a probe datum."""
+    import numpy as np
+    from tinker import types
+
+    ce = []
+    for d, w in zip(data, weights):
+        mi, t = (d.model_input, d.loss_fn_inputs["target_tokens"]) if isinstance(d, types.Datum) else (d[0], d[1])
+        ce.append(types.Datum(model_input=mi, loss_fn_inputs={"target_tokens": t,
+                                                              "weights": np.asarray(w, dtype=np.float32)}))
+    tc_ce.forward_backward(ce, "cross_entropy").result()
+    tc.optim_step(adam(1e-2)).result()
+    tc_ce.optim_step(adam(1e-2)).result()
+    probe = probe or [counting_datum(7)]
+    return [np.array(c.forward(probe, "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist())
+            for c in (tc, tc_ce)]

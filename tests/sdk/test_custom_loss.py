@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from tinker import types
 
-from conftest import adam, counting_datum, new_training_client, service_client
+from conftest import adam, counting_datum, new_training_client, service_client, twin_steps
 
 
 def _data():
@@ -51,13 +51,7 @@ def _check_step(tc, tc_ce, data, res, before, label):
     print(f"{label}: loss {got:.7f} vs float64 {want:.7f}; cross {res.metrics['custom/cross:sum']:.3e}")
     assert abs(got - want) <= 1e-5 * max(1.0, abs(want))
     assert "surrogate_loss:sum" in res.metrics
-    ce = [types.Datum(model_input=d.model_input, loss_fn_inputs={
-        "target_tokens": d.loss_fn_inputs["target_tokens"],
-        "weights": (-g).astype(np.float32)}) for d, g in zip(data, grads)]
-    tc_ce.forward_backward(ce, "cross_entropy").result()
-    tc.optim_step(adam(1e-2)).result()
-    tc_ce.optim_step(adam(1e-2)).result()
-    a, b = _probe(tc), _probe(tc_ce)
+    a, b = twin_steps(tc, tc_ce, [-g for g in grads], data)
     moved = np.abs(a - before).max()
     print(f"{label}: step vs cross-entropy step, max |dlogprob| {np.abs(a - b).max():.2e} (moved {moved:.2e})")
     assert moved > 1e-3  # the step did something
@@ -98,13 +92,7 @@ def test_forward_backward_custom_handle(base_url):
           f"mean_lp {res.metrics['custom/mean_lp:mean']:.6f} vs {want_mean:.6f}")
     assert abs(res.metrics["loss:sum"] - want) <= 1e-5 * max(1.0, abs(want))
     assert abs(res.metrics["custom/mean_lp:mean"] - want_mean) <= 1e-5
-    ce = [types.Datum(model_input=d.model_input, loss_fn_inputs={
-        "target_tokens": d.loss_fn_inputs["target_tokens"],
-        "weights": (-2.0 * wi * (pi + 1.0)).astype(np.float32)}) for d, wi, pi in zip(data, w, p)]
-    tc_ce.forward_backward(ce, "cross_entropy").result()
-    tc.optim_step(adam(1e-2)).result()
-    tc_ce.optim_step(adam(1e-2)).result()
-    a, b = _probe(tc), _probe(tc_ce)
+    a, b = twin_steps(tc, tc_ce, [-2.0 * wi * (pi + 1.0) for wi, pi in zip(w, p)], data)
     print(f"handle: step vs cross-entropy step, max |dlogprob| {np.abs(a - b).max():.2e}")
     assert np.abs(a - before).max() > 1e-3
     assert np.abs(a - b).max() <= 1e-4

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from tinker import types
 
-from conftest import adam, counting_datum, make_datum, new_training_client, service_client
+from conftest import adam, counting_datum, make_datum, new_training_client, service_client, twin_steps
 
 
 def _pairs():
@@ -63,14 +63,7 @@ def test_preference_loss_value_and_step(base_url, loss):
     print(f"{loss}: loss {got:.6f} vs float64 {want:.6f}")
     assert abs(got - want) <= 1e-4 * max(1.0, abs(want))
     assert res.metrics["pairs:sum"] == 3
-    ce = [make_datum(d.model_input.to_ints(), d.loss_fn_inputs["target_tokens"].tolist(),
-                     (-g).astype(np.float32).tolist()) for d, g in zip(data, grads)]
-    tc_ce.forward_backward(ce, "cross_entropy").result()
-    tc.optim_step(adam(1e-2)).result()
-    tc_ce.optim_step(adam(1e-2)).result()
-    probe = [counting_datum(7)]
-    a = np.array(tc.forward(probe, "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist())
-    b = np.array(tc_ce.forward(probe, "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist())
+    a, b = twin_steps(tc, tc_ce, [-g for g in grads], data)
     print(f"{loss}: step vs cross-entropy step, max |dlogprob| {np.abs(a - b).max():.2e}")
     assert np.abs(a - b).max() <= 1e-4
 

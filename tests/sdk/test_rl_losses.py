@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from tinker import types
 
-from conftest import adam, counting_datum, new_training_client, service_client
+from conftest import adam, counting_datum, new_training_client, service_client, twin_steps
 
 
 def _data(tc, shift, seed):
@@ -41,6 +41,11 @@ def _ref(loss, p, q, a, lo, hi, beta):
     return -(p * a - 0.5 * beta * (p - q) ** 2).sum(), -(a - beta * (p - q))
 
 
+
+def _step_equals_ce(tc, tc_ce, data, weights):
+    a, b = twin_steps(tc, tc_ce, weights, data)
+    return np.abs(a - b).max()
+
 @pytest.mark.parametrize("loss,lo,hi", [("importance_sampling", 0, 0), ("ppo", 0.8, 1.2), ("cispo", 0.0, 4.0),
                                         ("dro", 0, 0)])
 def test_rl_loss_value_and_step(base_url, loss, lo, hi):
@@ -60,16 +65,7 @@ def test_rl_loss_value_and_step(base_url, loss, lo, hi):
     got_p = [np.array(o["logprobs"].tolist()) for o in res.loss_fn_outputs]
     assert max(np.abs(x - y).max() for x, y in zip(got_p, p)) <= 1e-6
     # the same step as cross-entropy with weights -dL/dp
-    ce = [types.Datum(model_input=d.model_input, loss_fn_inputs={
-        "target_tokens": d.loss_fn_inputs["target_tokens"], "weights": w.astype(np.float32).tolist()})
-        for (d, _, _), w in zip(data, weights)]
-    tc_ce.forward_backward(ce, "cross_entropy").result()
-    tc_rl.optim_step(adam(1e-2)).result()
-    tc_ce.optim_step(adam(1e-2)).result()
-    probe = [counting_datum(7)]
-    a_lp = np.array(tc_rl.forward(probe, "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist())
-    b_lp = np.array(tc_ce.forward(probe, "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist())
-    assert np.abs(a_lp - b_lp).max() <= 1e-4
+    assert _step_equals_ce(tc_rl, tc_ce, [d for d, _, _ in data], weights) <= 1e-4
 
 
 def test_rl_loss_needs_its_inputs(base_url):
@@ -139,29 +135,7 @@ def test_grpo_family_aggregation(base_url, loss):
     got = res.metrics["loss:sum"]
     print(f"{loss}: loss {got:.7f} vs numpy {want:.7f}")
     assert abs(got - want) <= 1e-5 * max(1.0, abs(want))
-    ce = [types.Datum(model_input=d.model_input, loss_fn_inputs={
-        "target_tokens": d.loss_fn_inputs["target_tokens"], "weights": w.astype(np.float32).tolist()})
-        for (d, _, _), w in zip(data, weights)]
-    tc_ce.forward_backward(ce, "cross_entropy").result()
-    tc.optim_step(adam(1e-2)).result()
-    tc_ce.optim_step(adam(1e-2)).result()
-    probe = [counting_datum(7)]
-    a_lp = np.array(tc.forward(probe, "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist())
-    b_lp = np.array(tc_ce.forward(probe, "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist())
-    assert np.abs(a_lp - b_lp).max() <= 1e-4
-
-
-def _step_equals_ce(tc, tc_ce, data, weights):
-    ce = [types.Datum(model_input=d.model_input, loss_fn_inputs={
-        "target_tokens": d.loss_fn_inputs["target_tokens"], "weights": w.astype(np.float32).tolist()})
-        for d, w in zip(data, weights)]
-    tc_ce.forward_backward(ce, "cross_entropy").result()
-    tc.optim_step(adam(1e-2)).result()
-    tc_ce.optim_step(adam(1e-2)).result()
-    probe = [counting_datum(7)]
-    a_lp = np.array(tc.forward(probe, "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist())
-    b_lp = np.array(tc_ce.forward(probe, "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist())
-    return np.abs(a_lp - b_lp).max()
+    assert _step_equals_ce(tc, tc_ce, [d for d, _, _ in data], weights) <= 1e-4
 
 
 def test_gspo_sequence_ratio(base_url):
