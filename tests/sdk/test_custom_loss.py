@@ -11,7 +11,6 @@ Needs torch in the SDK venv (Debian's python3-torch, seen through
 --system-site-packages; see run.sh)."""
 import numpy as np
 import torch
-from tinker import types
 
 from conftest import adam, counting_datum, new_training_client, service_client, twin_steps
 
