@@ -126,6 +126,10 @@ twk_status vk_prepare(void *ctx, const twk_hal_plan *plan, void **out) {
         vk_lower(c, l, i, plan->capacity, pp->const_off[i], d, &sb);
         for (int j = 0; j < pp->first[i + 1] - pp->first[i]; j++) {
             int di = pp->first[i] + j;
+            if (!vk_pipeline(c, d[j].shader, d[j].spec)) { /* created now, so failures surface at compile */
+                vk_release(c, pp);
+                return TWK_ERR_BACKEND;
+            }
             VkDescriptorSetAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
                                               .descriptorPool = pp->dpool, .descriptorSetCount = 1,
                                               .pSetLayouts = &c->dsl};
