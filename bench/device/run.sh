@@ -1,0 +1,241 @@
+#!/bin/bash
+# bench/device/run.sh — the one script for a machine with an NVIDIA GPU (an H200 with CUDA 13 at
+# /usr/local/cuda, no network). It checks the tools, configures a Release build with the CUDA
+# backend (and the Vulkan one when glslc, the Vulkan headers and loader are there), builds with
+# every core, then runs, each step under `timeout` and all within a total budget (default 450 s):
+#
+#   twinkle devices                      what the binary sees
+#   backend_ops on cuda, vulkan          every op vs the CPU backend (NMSE), forward and backward
+#   test_parity on cpu, cuda             the transformers/PEFT fixtures replayed
+#   test_curve on cuda, vulkan           20 LoRA steps, losses vs the CPU's
+#   bench_gemm on cpu, cuda, vulkan      MATMUL GFLOP/s (the GPU runs also time the CPU: ratio)
+#   bench_train_step on cpu, cuda, vulkan  LoRA step tokens/s and MFU
+#
+# and prints ONE table at the end. Writes run.log (everything) and table.txt under $OUT when it
+# is set (else under the build dir). Exit status 0 when every test that ran passed.
+#
+# Missing libraries (OpenBLAS, cJSON, SQLite, protobuf-c, libuv, http-parser, pkg-config, glslc,
+# the Vulkan loader) come from bench/device/sysroot.tar.gz when it is there: make it beforehand on
+# a machine with apt (bench/device/make_sysroot.sh) and carry it along. Nothing is installed.
+#
+# Environment: BUILD_DIR (default build-device), BUDGET_S (450), PEAK_TFLOPS (67: an H200's
+# plain FP32 peak by the datasheet; the engine computes in FP32), JOBS (all cores),
+# SKIP_BUILD=1 (reuse BUILD_DIR), CUDA_HOME (/usr/local/cuda), CUDA=OFF (build without the CUDA
+# backend: a dry run of this script on a machine without one), FORCE_SYSROOT=1 (take the libraries
+# from sysroot.tar.gz even where the machine has them: a test of that path).
+set -u
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${BUILD_DIR:-$root/build-device}
+case $build in /*) ;; *) build=$root/$build ;; esac
+budget=${BUDGET_S:-450}
+peak=${PEAK_TFLOPS:-67}
+jobs=${JOBS:-$(nproc 2>/dev/null || echo 4)}
+cuda_home=${CUDA_HOME:-/usr/local/cuda}
+cuda=${CUDA:-ON}
+outdir=${OUT:-$build}
+mkdir -p "$outdir" "$build"
+log=$outdir/run.log
+table=$outdir/table.txt
+: > "$log"
+start=$SECONDS
+
+say() { echo "$*" | tee -a "$log"; }
+left() { echo $((budget - (SECONDS - start))); }
+
+# step NAME LIMIT_S CMD...: runs CMD under timeout (the smaller of LIMIT_S and the time left, less
+# 15 s kept for the table), its output into the log and into $build/step-NAME.out. Sets step_rc
+# (124: timed out; 125: skipped for lack of time).
+step() {
+    local name=$1 lim=$2
+    shift 2
+    local rest=$(($(left) - 15))
+    [ "$rest" -lt "$lim" ] && lim=$rest
+    if [ "$lim" -lt 5 ]; then
+        say "==== $name: skipped, the time budget is spent"
+        step_rc=125
+        : > "$build/step-$name.out"
+        return
+    fi
+    say "==== $name (timeout ${lim}s): $*"
+    local t0=$SECONDS
+    timeout --kill-after=5 "$lim" "$@" > "$build/step-$name.out" 2>&1
+    step_rc=$?
+    cat "$build/step-$name.out" >> "$log"
+    say "==== $name: exit $step_rc after $((SECONDS - t0)) s"
+}
+
+say "twinkle device run, $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uname -srm), $jobs cores, budget ${budget}s"
+say "repository $root ($(cd "$root" && git rev-parse --short HEAD 2>/dev/null || echo 'no git'))"
+
+# ---- tools and libraries ----------------------------------------------------------------------
+missing=""
+need_tool() { command -v "$1" > /dev/null 2>&1 || missing="$missing $1"; }
+export PATH="$cuda_home/bin:$PATH"
+for t in cmake cc make timeout tar; do need_tool "$t"; done
+if [ -n "$missing" ]; then
+    say "missing tools:$missing — cannot build here"
+    exit 2
+fi
+command -v nvidia-smi > /dev/null 2>&1 && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu: /' | tee -a "$log"
+[ -x "$cuda_home/bin/nvcc" ] && say "nvcc: $("$cuda_home/bin/nvcc" --version | tail -1)" || say "nvcc: not found under $cuda_home (the CUDA backend may still build: it dlopens the driver and cuBLAS)"
+
+have_pc() { command -v pkg-config > /dev/null 2>&1 && pkg-config --exists "$1" 2>/dev/null; }
+have_lib() { ldconfig -p 2>/dev/null | grep -q "$1" || ls /usr/lib/x86_64-linux-gnu/$1* /usr/lib64/$1* /usr/lib/$1* > /dev/null 2>&1; }
+lack=""
+command -v pkg-config > /dev/null 2>&1 || lack="$lack pkg-config"
+for p in openblas libcjson sqlite3 libprotobuf-c libuv; do have_pc "$p" || lack="$lack $p"; done
+command -v protoc-c > /dev/null 2>&1 || lack="$lack protoc-c"
+have_lib libhttp_parser.so || lack="$lack http_parser"
+[ -f /usr/include/http_parser.h ] || lack="$lack http_parser.h"
+vk_lack=""
+command -v glslc > /dev/null 2>&1 || vk_lack="$vk_lack glslc"
+have_lib libvulkan.so || vk_lack="$vk_lack libvulkan"
+[ -f /usr/include/vulkan/vulkan.h ] || vk_lack="$vk_lack vulkan.h"
+
+sysroot_tar=$root/bench/device/sysroot.tar.gz
+[ "${FORCE_SYSROOT:-0}" = 1 ] && [ -z "$lack" ] && lack=" (FORCE_SYSROOT)"
+if [ -n "$lack$vk_lack" ]; then
+    say "not on this machine:$lack$vk_lack"
+    if [ -f "$sysroot_tar" ]; then
+        sr=$build/sysroot
+        rm -rf "$sr" && mkdir -p "$sr" && tar -C "$sr" -xzf "$sysroot_tar"
+        # pkg-config files name /usr: point them into the private prefix
+        find "$sr" -name '*.pc' -exec sed -i "s|=/usr|=$sr/usr|g; s|-I/usr|-I$sr/usr|g; s|-L/usr|-L$sr/usr|g" {} +
+        lib=$sr/usr/lib/x86_64-linux-gnu
+        export PATH="$sr/usr/bin:$PATH"
+        export PKG_CONFIG_PATH="$lib/openblas-pthread/pkgconfig:$lib/pkgconfig:$sr/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+        export CPATH="$sr/usr/include:$sr/usr/include/x86_64-linux-gnu${CPATH:+:$CPATH}"
+        export LIBRARY_PATH="$lib:$lib/openblas-pthread${LIBRARY_PATH:+:$LIBRARY_PATH}"
+        export LD_LIBRARY_PATH="$lib:$lib/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        export CMAKE_PREFIX_PATH="$sr/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+        export VULKAN_SDK="$sr/usr"
+        say "using the packages of $sysroot_tar ($(tr '\n' ' ' < "$sr/PACKAGES" | wc -w) .debs) from $sr"
+        vk_lack=""
+        have_lib libvulkan.so || [ -e "$lib/libvulkan.so.1" ] || vk_lack=" libvulkan"
+    elif [ -n "$lack" ]; then
+        say "and no $sysroot_tar to take them from: run bench/device/make_sysroot.sh on a machine with apt and carry the file"
+        exit 2
+    fi
+fi
+export LD_LIBRARY_PATH="$cuda_home/lib64:/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+vulkan=OFF
+if [ -z "$vk_lack" ]; then
+    vulkan=ON
+    # the NVIDIA ICD where the loader does not look by itself
+    if [ -z "${VK_DRIVER_FILES:-}" ] && ! ls /usr/share/vulkan/icd.d/nvidia* /etc/vulkan/icd.d/nvidia* > /dev/null 2>&1 &&
+        [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
+        export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+    fi
+else
+    say "Vulkan backend off: missing$vk_lack"
+fi
+
+# ---- build ------------------------------------------------------------------------------------
+targets="twinkle_cli backend_ops test_parity test_curve test_ops bench_gemm bench_train_step"
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+    step configure 120 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DTWK_CUDA=$cuda -DTWK_VULKAN=$vulkan \
+        -DCMAKE_CUDA_COMPILER="$cuda_home/bin/nvcc" -DCMAKE_CUDA_ARCHITECTURES=90 -DCUDAToolkit_ROOT="$cuda_home"
+    if [ "$step_rc" != 0 ] && [ "$vulkan" = ON ]; then
+        say "configure failed with Vulkan on; trying once more with it off"
+        vulkan=OFF
+        step configure2 120 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DTWK_CUDA=$cuda -DTWK_VULKAN=OFF \
+            -DCMAKE_CUDA_COMPILER="$cuda_home/bin/nvcc" -DCMAKE_CUDA_ARCHITECTURES=90 -DCUDAToolkit_ROOT="$cuda_home"
+    fi
+    [ "$step_rc" = 0 ] && step build 300 cmake --build "$build" -j"$jobs" --target $targets
+    if [ "$step_rc" != 0 ] && [ "$step_rc" != 124 ] && [ "$vulkan" = ON ]; then
+        say "the build failed with Vulkan on; once more with it off (the CUDA figures matter more)"
+        tail -20 "$build/step-build.out" | tee -a "$log"
+        vulkan=OFF
+        step configure3 120 cmake -S "$root" -B "$build" -DTWK_VULKAN=OFF
+        [ "$step_rc" = 0 ] && step build2 240 cmake --build "$build" -j"$jobs" --target $targets
+    fi
+    build_rc=$step_rc
+else
+    build_rc=0
+fi
+bin=$build
+if [ "$build_rc" != 0 ] || [ ! -x "$bin/twinkle" ]; then
+    say "the build failed (exit $build_rc); the last lines:"
+    tail -30 "$(ls -t "$build"/step-*.out | head -1)" 2>/dev/null | tee -a "$log"
+    { echo "device run $(date -u '+%F %T') UTC: BUILD FAILED (exit $build_rc); see run.log"; } | tee "$table"
+    exit 1
+fi
+
+step devices 30 "$bin/twinkle" devices
+devices_out=$(cat "$build/step-devices.out")
+has_dev() { echo "$devices_out" | grep -q "^$1:0 "; }
+devs=""
+for d in cuda vulkan; do
+    if has_dev "$d"; then devs="$devs $d"; else say "no $d device: $(echo "$devices_out" | grep "^$d" | head -1)"; fi
+done
+
+# ---- tests and benchmarks ---------------------------------------------------------------------
+declare -A ops parity curve gemm gemm_best train mfu ratio_gemm
+fails=0
+# result NAME: "pass", "FAIL", "timeout", "skipped" from step_rc
+verdict() { case $step_rc in 0) echo pass ;; 124 | 137) echo timeout ;; 125) echo skipped ;; *) echo FAIL ;; esac; }
+count_fail() { case $step_rc in 0 | 125) ;; *) fails=$((fails + 1)) ;; esac; }
+
+for d in $devs; do
+    step "backend_ops-$d" 120 env TWK_TEST_DEVICE=$d "$bin/tests/backend_ops"
+    count_fail
+    ops[$d]="$(verdict) $(grep -Eo '^[0-9]+ case runs' "$build/step-backend_ops-$d.out" | cut -d' ' -f1)/$(grep -Eo '[0-9]+ failures$' "$build/step-backend_ops-$d.out" | cut -d' ' -f1)f"
+done
+for d in cpu $(echo "$devs" | grep -o cuda); do
+    step "parity-$d" 90 env TWK_TEST_DEVICE=$d "$bin/tests/test_parity"
+    count_fail
+    parity[$d]="$(verdict) $(grep -c '^ok' "$build/step-parity-$d.out")ok"
+done
+for d in $devs; do
+    step "curve-$d" 60 env TWK_TEST_DEVICE=$d "$bin/tests/test_curve"
+    count_fail
+    curve[$d]="$(verdict) $(grep -Eo 'worst [0-9.e+-]+' "$build/step-curve-$d.out" | cut -d' ' -f2)"
+done
+
+summary() { grep '^SUMMARY' "$1" | tr ' ' '\n' | grep "^$2=" | cut -d= -f2; }
+step gemm-cpu 90 "$bin/bench/bench_gemm" --quick
+count_fail
+gemm[cpu]=$(summary "$build/step-gemm-cpu.out" tflops_geo)
+gemm_best[cpu]=$(summary "$build/step-gemm-cpu.out" tflops_best)
+for d in $devs; do
+    cmp=""
+    [ "$d" = cuda ] && cmp="--compare cpu" # the ratio device/cpu in the same run (the CPU side costs ~10 s)
+    step "gemm-$d" 120 "$bin/bench/bench_gemm" --quick --m 4096 --reps 5 --device $d $cmp --peak-tflops "$peak"
+    count_fail
+    gemm[$d]=$(summary "$build/step-gemm-$d.out" tflops_geo)
+    gemm_best[$d]=$(summary "$build/step-gemm-$d.out" tflops_best)
+    ratio_gemm[$d]=$(summary "$build/step-gemm-$d.out" ratio)
+done
+step train-cpu 120 "$bin/bench/bench_train_step" --layers 4 --tokens 1024 --steps 2
+count_fail
+train[cpu]=$(summary "$build/step-train-cpu.out" tokens_per_s)
+for d in $devs; do
+    step "train-$d" 120 "$bin/bench/bench_train_step" --device $d --layers 4 --tokens 4096 --seqs 8 --steps 5 \
+        --peak-tflops "$peak"
+    count_fail
+    train[$d]=$(summary "$build/step-train-$d.out" tokens_per_s)
+    mfu[$d]=$(summary "$build/step-train-$d.out" mfu)
+done
+
+# ---- the table --------------------------------------------------------------------------------
+{
+    echo "twinkle device run $(date -u '+%F %T') UTC, $(cd "$root" && git rev-parse --short HEAD 2>/dev/null), $((SECONDS - start)) s"
+    echo "$(echo "$devices_out" | grep -E '^(cuda|vulkan):0' | head -2 | tr '\n' ';')"
+    printf '%-7s %-16s %-11s %-14s %-22s %-10s %-12s %-7s\n' device backend_ops parity loss_curve \
+        "GEMM TFLOP/s geo/best" "GEMM x cpu" "step tok/s" "MFU"
+    for d in cpu cuda vulkan; do
+        [ "$d" != cpu ] && ! echo "$devs" | grep -qw $d && {
+            printf '%-7s %s\n' $d "no device (see run.log)"
+            continue
+        }
+        m=${mfu[$d]:-}
+        [ -n "$m" ] && m=$(awk -v m="$m" 'BEGIN { printf "%.1f%%", 100 * m }')
+        printf '%-7s %-16s %-11s %-14s %-22s %-10s %-12s %-7s\n' $d "${ops[$d]:-(reference)}" "${parity[$d]:--}" \
+            "${curve[$d]:--}" "${gemm[$d]:--}/${gemm_best[$d]:--}" "${ratio_gemm[$d]:--}" "${train[$d]:--}" "${m:--}"
+    done
+    echo "backend_ops: verdict runs/failures; parity: checks ok; loss_curve: worst relative step-loss difference"
+    echo "vs the CPU; GEMM: bench_gemm --quick (M=2048 on cpu, 4096 on the GPUs); step: LoRA r16, 4 Qwen3-0.6B"
+    echo "layers, 1024 tokens (cpu) / 4096 (GPUs); MFU = 6 N tokens/s / ${peak} TFLOP/s (PEAK_TFLOPS)"
+    echo "$fails step(s) failed; full output in run.log"
+} | tee "$table" | tee -a "$log"
+[ "$fails" = 0 ]
