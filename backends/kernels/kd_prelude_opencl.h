@@ -4,6 +4,10 @@
 #ifndef TWK_KD_PRELUDE_OPENCL_H
 #define TWK_KD_PRELUDE_OPENCL_H
 
+/* no fused multiply-add contraction: the CPU reference (ISO C) rounds a*b+c twice,
+ * and cancellation-prone gradients (rmsnorm at D = 1) must agree with it */
+#pragma OPENCL FP_CONTRACT OFF
+
 #define TWK_KERNEL __kernel void
 #define TWK_GLOBAL __global
 /* a work-group (shared) array, declared at the top level of a kernel body */
