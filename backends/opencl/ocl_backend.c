@@ -4,11 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ocl_internal.h" /* first: it picks the OpenCL API version */
-
-#include <clblast_c.h>
-
 #include "kd.h"
+#include "ocl_internal.h"
 
 twk_status ocl_prepare(void *ctx, const twk_hal_plan *plan, void **prepared);
 void ocl_release(void *ctx, void *prepared);
@@ -85,6 +82,8 @@ static twk_status ocl_open(int index, void **out) {
     cl_device_id d;
     if (!out) return twk_error(TWK_ERR_INVALID_ARG, "opencl: open: out is NULL");
     if (!ocl_device_at(index, &p, &d)) return no_device(index);
+    const char *why = NULL;
+    if (!ocl_api_load_blas(&why)) return twk_error(TWK_ERR_NOT_FOUND, "opencl: %s; matmul needs it", why);
     ocl_ctx *ctx = twk_host_calloc(sizeof *ctx, "opencl context");
     if (!ctx) return TWK_ERR_OOM;
     pthread_mutex_init(&ctx->lock, NULL);

@@ -15,6 +15,7 @@ static struct {
 static pthread_once_t devs_once = PTHREAD_ONCE_INIT;
 
 static void enumerate(void) {
+    if (!ocl_api_load_cl()) return; /* no libOpenCL: no devices */
     cl_uint np = 0;
     if (clGetPlatformIDs(0, NULL, &np) != CL_SUCCESS || np == 0) return;
     cl_platform_id plats[16];

@@ -3,12 +3,9 @@
 #ifndef TWK_OCL_INTERNAL_H
 #define TWK_OCL_INTERNAL_H
 
-/* OpenCL 1.2 API (clCreateCommandQueue); included before any other CL header */
-#ifndef CL_TARGET_OPENCL_VERSION
-#define CL_TARGET_OPENCL_VERSION 120
-#endif
-#include <CL/cl.h>
 #include <pthread.h>
+
+#include "ocl_api.h" /* the dlopen'ed OpenCL / CLBlast entry points */
 
 #include "twinkle/hal.h"
 

@@ -7,11 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ocl_internal.h" /* first: it picks the OpenCL API version */
-
-#include <clblast_c.h>
-
 #include "kd.h"
+#include "ocl_internal.h"
 
 typedef struct ocl_prepared {
     int n_launches;
