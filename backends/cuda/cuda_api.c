@@ -52,6 +52,13 @@ static void load_driver(void) {
     }
     CU_FUNCS(CU_LOAD_)
 #undef CU_LOAD_
+#define CU_LOAD_OPT_(f)                                                                      \
+    {                                                                                        \
+        void *sym_ = dlsym(h, CU_STR(f));                                                    \
+        memcpy(&api.f, &sym_, sizeof sym_);                                                  \
+    }
+    CU_OPT_FUNCS(CU_LOAD_OPT_)
+#undef CU_LOAD_OPT_
     CUresult r = api.cuInit(0);
     if (r != CUDA_SUCCESS) {
         char b[160];

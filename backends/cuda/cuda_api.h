@@ -45,6 +45,10 @@
     X(cuGraphExecDestroy)           \
     X(cuGraphDestroy)
 
+/* optional: NULL when the driver lacks them */
+#define CU_OPT_FUNCS(X)             \
+    X(cuFuncGetParamInfo) /* 12.4+: lets prepare check argument lists */
+
 #define CUBLAS_FUNCS(X)             \
     X(cublasCreate)                 \
     X(cublasDestroy)                \
@@ -60,6 +64,7 @@
 typedef struct cu_api {
 #define CU_API_MEMBER_(f) __typeof__(&f) f;
     CU_FUNCS(CU_API_MEMBER_)
+    CU_OPT_FUNCS(CU_API_MEMBER_)
     CUBLAS_FUNCS(CU_API_MEMBER_)
 #undef CU_API_MEMBER_
     int driver_version; /* e.g. 13000 */

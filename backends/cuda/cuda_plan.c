@@ -310,6 +310,47 @@ static void release_locked(cuda_ctx *c, cuda_prepared *pp) {
     twk_host_free(pp);
 }
 
+/* The byte size of each parameter launch_call packs for k; returns the count. */
+static int packed_sizes(const kd_call *k, size_t *sizes) {
+    int np = 0;
+    for (int a = 0; a < k->nargs && a < KD_MAX_ARGS; a++) {
+        switch (k->args[a].kind) {
+        case KD_BUF:
+        case KD_ERR:
+            sizes[np++] = sizeof(CUdeviceptr);
+            sizes[np++] = sizeof(int64_t);
+            break;
+        case KD_I32: sizes[np++] = sizeof(int32_t); break;
+        case KD_I64: sizes[np++] = sizeof(int64_t); break;
+        case KD_F32: sizes[np++] = sizeof(float); break;
+        default: sizes[np++] = 0; break;
+        }
+    }
+    return np;
+}
+
+/* Compares the packed argument list with the kernel's parameters (drivers
+ * 12.4+ report them): a mismatch would corrupt the launch, so it fails
+ * prepare with both lists' sizes instead. */
+static twk_status check_params(cuda_ctx *c, CUfunction fn, const twk_launch *l, const kd_call *k) {
+    if (!c->cu->cuFuncGetParamInfo) return TWK_OK;
+    size_t sizes[2 * KD_MAX_ARGS];
+    int np = packed_sizes(k, sizes);
+    for (int i = 0; i <= np; i++) {
+        size_t off = 0, sz = 0;
+        CUresult r = c->cu->cuFuncGetParamInfo(fn, (size_t)i, &off, &sz);
+        if (i == np && r != CUDA_SUCCESS) return TWK_OK; /* no parameter past ours */
+        if (i == np || r != CUDA_SUCCESS || sz != sizes[i]) {
+            char w[200];
+            if (i == np) snprintf(w, sizeof w, "the kernel takes more than the %d parameters kd_lower passes", np);
+            else if (r != CUDA_SUCCESS) snprintf(w, sizeof w, "kd_lower passes %d parameters; the kernel takes %d", np, i);
+            else snprintf(w, sizeof w, "parameter %d is %zu bytes in the kernel, %zu as packed", i, sz, sizes[i]);
+            return twk_error(TWK_ERR_BACKEND, "cuda: %s '%s': kernel %s: %s", twk_op_name(l->op), l->name, k->kernel, w);
+        }
+    }
+    return TWK_OK;
+}
+
 /* Looks up every kernel the plan uses (at capacity and at n = 1, the
  * extremes of kd_lower's choices) so a missing one fails here, not mid-run. */
 static twk_status check_launch(cuda_ctx *c, cuda_prepared *pp, const twk_hal_plan *plan, int i) {
@@ -326,6 +367,7 @@ static twk_status check_launch(cuda_ctx *c, cuda_prepared *pp, const twk_hal_pla
         for (int k = 0; !is_gemm && k < nc && k < KD_MAX_CALLS; k++) {
             CUfunction fn;
             twk_status st = cuda_kernel(c, calls[k].kernel, &fn);
+            if (st == TWK_OK) st = check_params(c, fn, l, &calls[k]);
             if (st != TWK_OK) return st;
             for (int a = 0; a < calls[k].nargs; a++)
                 if (calls[k].args[a].kind == KD_ERR) pp->has_err = true;
