@@ -155,15 +155,6 @@ int kd_supports(const twk_launch *l, char *why, size_t why_len) {
     return 1;
 }
 
-const char *kd_error_message(int code) {
-    switch (code) {
-    case KD_ERR_NONE: return "no error";
-    case KD_ERR_ID_RANGE: return "an id, target, row or slot is outside its table";
-    case KD_ERR_SEGMENT: return "a seg_start is not a segment start (want the previous token's start or the token itself)";
-    default: return "unknown kernel error";
-    }
-}
-
 /* ---- lowering ---- */
 
 static void lower_gemm(const twk_launch *l, int64_t n, kd_gemm *g) {

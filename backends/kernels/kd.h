@@ -75,4 +75,13 @@ const char *kd_kernel_source(void);
 enum { KD_ERR_NONE = 0, KD_ERR_ID_RANGE = 1, KD_ERR_SEGMENT = 2 };
 const char *kd_error_message(int code);
 
+/* For messages after a kernel stored an error code: the sources of l whose
+ * ids the kernels check (a bitmask over src indices; 0 if none). */
+unsigned kd_checked_sources(const twk_launch *l);
+/* Names the first bad id of l at token count n, worded like the CPU backend
+ * ("get_rows 'embed': ids[2] = 7 is outside [0, 5)"), from host copies of
+ * the checked sources (host[i] for each bit i of kd_checked_sources, the
+ * tensor's n-token contents). Writes "" to msg when every id is in range. */
+void kd_error_detail(const twk_launch *l, int64_t n, const void *const *host, char *msg, size_t len);
+
 #endif

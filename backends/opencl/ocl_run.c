@@ -149,6 +149,28 @@ static twk_status enqueue_call(ocl_ctx *ctx, const twk_launch *l, const kd_call 
     return TWK_OK;
 }
 
+/* TWK_ERR_RANGE for launch l whose kernel stored `code`: the first bad id,
+ * found on the host from copies of its id sources, else the code's meaning. */
+static twk_status range_error(ocl_ctx *ctx, const twk_launch *l, int64_t n, int code) {
+    const void *host[TWK_MAX_SRC] = {0};
+    unsigned mask = kd_checked_sources(l);
+    char msg[256] = "";
+    int ok = 1;
+    for (int i = 0; i < l->nsrc && ok; i++) {
+        if (!(mask >> i & 1u)) continue;
+        size_t bytes = (size_t)twk_desc_nelem(&l->src[i], n) * twk_dtype_size(l->src[i].type);
+        void *h = twk_host_alloc(bytes ? bytes : 1, "opencl error ids");
+        host[i] = h;
+        ok = h && clEnqueueReadBuffer(ctx->queue, mem_of(&l->src[i]), CL_TRUE, l->src[i].offset, bytes, h, 0, NULL,
+                                      NULL) == CL_SUCCESS;
+    }
+    if (ok) kd_error_detail(l, n, host, msg, sizeof msg);
+    for (int i = 0; i < TWK_MAX_SRC; i++) twk_host_free((void *)host[i]);
+    if (msg[0]) return twk_error(TWK_ERR_RANGE, "%s", msg);
+    return twk_error(TWK_ERR_RANGE, "%s '%s': %s (opencl, n = %lld)", twk_op_name(l->op), l->name,
+                     kd_error_message(code), (long long)n);
+}
+
 static twk_status run_locked(ocl_ctx *ctx, ocl_prepared *pp, const twk_hal_plan *plan, int64_t n) {
     kd_call calls[KD_MAX_CALLS];
     kd_gemm gemm;
@@ -174,11 +196,7 @@ static twk_status run_locked(ocl_ctx *ctx, ocl_prepared *pp, const twk_hal_plan 
                             pp->err_host, 0, NULL, NULL);
     if (e != CL_SUCCESS) return ocl_fail(e, "reading the error words");
     for (int i = 0; i < plan->n_launches; i++)
-        if (pp->err_host[i] != KD_ERR_NONE) {
-            const twk_launch *l = &plan->launches[i];
-            return twk_error(TWK_ERR_RANGE, "%s '%s': %s (opencl, n = %lld)", twk_op_name(l->op), l->name,
-                             kd_error_message(pp->err_host[i]), (long long)n);
-        }
+        if (pp->err_host[i] != KD_ERR_NONE) return range_error(ctx, &plan->launches[i], n, pp->err_host[i]);
     return TWK_OK;
 }
 
