@@ -13,6 +13,7 @@
  * TWK_CUDA_GRAPHS=0 disables graphs. */
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -283,7 +284,12 @@ static twk_status enqueue_graph(cuda_ctx *c, cuda_prepared *pp, const twk_hal_pl
         CUgraphExec exec = NULL;
         if (capture(c, pp, plan, n, &exec) != TWK_OK) {
             /* e.g. an op cuBLAS cannot capture on this driver: run eagerly
-             * (which reports any real error of the launches themselves) */
+             * (which reports any real error of the launches themselves);
+             * said once per process, since it costs speed, not results */
+            static atomic_int warned;
+            if (!atomic_exchange(&warned, 1))
+                fprintf(stderr, "twinkle: cuda: CUDA graph capture failed (%s); such plans run eagerly\n",
+                        twk_last_error());
             pp->graphs_off = true;
             twk_clear_error();
             return enqueue_all(c, pp, plan, n);

@@ -239,6 +239,12 @@ CUresult cuStreamEndCapture(CUstream s, CUgraph *g) {
     fake_stream *fs = (fake_stream *)s;
     if (!fs->capturing) return CUDA_ERROR_ILLEGAL_STATE;
     fs->capturing = false;
+    if (getenv("FAKE_CUDA_FAIL_CAPTURE")) { /* test the caller's fallback */
+        delete fs->rec;
+        fs->rec = nullptr;
+        *g = nullptr;
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    }
     *g = (CUgraph)fs->rec;
     fs->rec = nullptr;
     return CUDA_SUCCESS;
