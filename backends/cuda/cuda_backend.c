@@ -216,9 +216,8 @@ static twk_status cuda_open(int index, void **out) {
     if (r != CUDA_SUCCESS) {
         char b[200];
         st = twk_error(TWK_ERR_BACKEND,
-                       "cuda: loading the kernels (fatbin for sm_80, sm_90 + PTX, %zu bytes) on sm_%d%d with driver "
-                       "%d.%d failed: %s",
-                       twk_cuda_fatbin_size, attr(cu, dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                       "cuda: loading the kernels (fatbin for %s, %zu bytes) on sm_%d%d with driver %d.%d failed: %s",
+                       twk_cuda_fatbin_archs, twk_cuda_fatbin_size, attr(cu, dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
                        attr(cu, dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR), cu->driver_version / 1000,
                        cu->driver_version % 1000 / 10, cu_errstr(r, b, sizeof b));
         c->module = NULL;

@@ -48,6 +48,7 @@ typedef struct cuda_ctx {
 /* The fatbin built from backends/kernels (generated file). */
 extern const unsigned char twk_cuda_fatbin[];
 extern const size_t twk_cuda_fatbin_size;
+extern const char twk_cuda_fatbin_archs[]; /* "sm_80, sm_90 + compute_90 PTX" */
 
 /* TWK_OK for CUDA_SUCCESS; else TWK_ERR_OOM / TWK_ERR_BACKEND with "cuda: what: ERROR (text)". */
 twk_status cuda_check(const cuda_ctx *c, CUresult r, const char *what);
