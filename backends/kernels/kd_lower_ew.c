@@ -70,6 +70,17 @@ int kd_lower_elementwise(const twk_launch *l, int64_t n, kd_call *calls) {
         return 1;
     }
     case TWK_OP_SUM_TO: {
+        if (ne == 1) { /* down to one value: a work-group reduction, not one item's loop */
+            kd_begin(c, "reduce_sum_f32");
+            kd_buf(c, l, -1, 4);
+            kd_buf(c, l, 0, 4);
+            kd_buf(c, l, 0, 4);
+            kd_i64(c, kd_nelem(&l->src[0], n));
+            kd_i32(c, 0);
+            kd_f32(c, 1.0f);
+            kd_grid_groups(c, 1, KD_REDUCE_LOCAL);
+            return 1;
+        }
         int64_t D[4], S[4];
         kd_pad4(&l->dst, n, D);
         kd_pad4(&l->src[0], n, S);
