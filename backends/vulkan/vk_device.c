@@ -187,6 +187,7 @@ static twk_status vk_open(int index, void **out) {
         return twk_error(TWK_ERR_BACKEND, "vulkan: vkCreateDevice failed (VkResult %d)", (int)r);
     }
     f->vkGetDeviceQueue(c->dev, c->queue_family, 0, &c->queue);
+    c->profile = getenv("TWK_PROFILE") && atoi(getenv("TWK_PROFILE")) > 0;
     c->max_groups = c->props.limits.maxComputeWorkGroupCount[0];
     for (int i = 1; i < 3; i++)
         if (c->props.limits.maxComputeWorkGroupCount[i] < c->max_groups)
@@ -258,6 +259,15 @@ static void vk_close(void *vctx) {
     vk_ctx *c = vctx;
     if (!c) return;
     const vk_fns *f = &c->f;
+    if (c->profile) {
+        double total = 0;
+        for (int i = 0; i < TWK_OP_COUNT; i++) total += c->prof_s[i];
+        fprintf(stderr, "vulkan profile (%.3f s in launches, each submitted alone):\n", total);
+        for (int i = 0; i < TWK_OP_COUNT; i++)
+            if (c->prof_n[i])
+                fprintf(stderr, "  %-16s %8ld launches %9.3f s %5.1f%%\n", twk_op_name((twk_op)i), c->prof_n[i],
+                        c->prof_s[i], 100 * c->prof_s[i] / (total > 0 ? total : 1));
+    }
     if (c->dev) {
         f->vkDeviceWaitIdle(c->dev);
         for (int i = 0; i < c->n_pipes; i++) f->vkDestroyPipeline(c->dev, c->pipes[i].pipe, NULL);

@@ -93,6 +93,9 @@ typedef struct vk_ctx {
     vk_pipe pipes[VK_MAX_PIPES];
     int n_pipes;
     uint32_t max_groups;     /* maxComputeWorkGroupCount, min over dims used */
+    int profile;             /* TWK_PROFILE=1: time each launch, print per-op totals at close */
+    double prof_s[TWK_OP_COUNT];
+    long prof_n[TWK_OP_COUNT];
 } vk_ctx;
 
 /* Buffers (vk_buffers.c): same failure contract as the iface functions. */

@@ -189,17 +189,21 @@ static void barrier(const vk_fns *f, VkCommandBuffer cb, VkPipelineStageFlags sr
     f->vkCmdPipelineBarrier(cb, src, dst, 0, 1, &mb, 0, NULL, 0, NULL);
 }
 
-static twk_status record(vk_ctx *c, vk_prepared *pp, const twk_hal_plan *plan, int64_t n, VkCommandBuffer cb) {
+/* Records launches [l0, l1) into cb; the error word is reset first when l0 == 0. */
+static twk_status record(vk_ctx *c, vk_prepared *pp, const twk_hal_plan *plan, int64_t n, VkCommandBuffer cb, int l0,
+                         int l1) {
     const vk_fns *f = &c->f;
     VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
     if (f->vkBeginCommandBuffer(cb, &bi) != VK_SUCCESS)
         return twk_error(TWK_ERR_BACKEND, "vulkan: cannot begin a command buffer");
-    f->vkCmdFillBuffer(cb, c->err->buf, 0, 16, 0xffffffffu);
-    barrier(f, cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-            VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+    if (l0 == 0) {
+        f->vkCmdFillBuffer(cb, c->err->buf, 0, 16, 0xffffffffu);
+        barrier(f, cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+    }
     VkPipeline bound = VK_NULL_HANDLE;
     vk_dispatch d[VK_MAX_DISPATCH];
-    for (int i = 0; i < plan->n_launches; i++) {
+    for (int i = l0; i < l1; i++) {
         const twk_launch *l = &plan->launches[i];
         size_t sb;
         int k = vk_lower(c, l, i, n, pp->const_off[i], d, &sb);
@@ -242,6 +246,36 @@ static twk_status record(vk_ctx *c, vk_prepared *pp, const twk_hal_plan *plan, i
     return TWK_OK;
 }
 
+static twk_status check_error_word(vk_ctx *c, const twk_hal_plan *plan, int64_t n) {
+    uint32_t err = 0xffffffffu;
+    twk_status st = vk_download(c, &c->err->base, 0, &err, 4);
+    if (st != TWK_OK) return st;
+    if (err != 0xffffffffu && err < (uint32_t)plan->n_launches) return vk_range_error(c, &plan->launches[err], n);
+    return TWK_OK;
+}
+
+/* TWK_PROFILE=1: each launch in its own submission, timed on the host
+ * (per-op totals are printed when the device closes). */
+static twk_status run_profiled(vk_ctx *c, vk_prepared *pp, const twk_hal_plan *plan, int64_t n) {
+    const vk_fns *f = &c->f;
+    VkCommandBufferAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = pp->cpool,
+                                      .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
+    VkCommandBuffer cb;
+    if (f->vkAllocateCommandBuffers(c->dev, &ai, &cb) != VK_SUCCESS)
+        return twk_error(TWK_ERR_BACKEND, "vulkan: cannot allocate a command buffer");
+    twk_status st = TWK_OK;
+    for (int i = 0; i < plan->n_launches && st == TWK_OK; i++) {
+        f->vkResetCommandBuffer(cb, 0);
+        double t0 = twk_now();
+        st = record(c, pp, plan, n, cb, i, i + 1);
+        if (st == TWK_OK) st = vk_submit_wait(c, cb);
+        c->prof_s[plan->launches[i].op] += twk_now() - t0;
+        c->prof_n[plan->launches[i].op]++;
+    }
+    f->vkFreeCommandBuffers(c->dev, pp->cpool, 1, &cb);
+    return st == TWK_OK ? check_error_word(c, plan, n) : st;
+}
+
 twk_status vk_run(void *ctx, void *prepared, const twk_hal_plan *plan, int64_t n) {
     vk_ctx *c = ctx;
     vk_prepared *pp = prepared;
@@ -249,6 +283,7 @@ twk_status vk_run(void *ctx, void *prepared, const twk_hal_plan *plan, int64_t n
     if (n < 1 || n > plan->capacity)
         return twk_error(TWK_ERR_INVALID_ARG, "vulkan: run with n = %lld outside [1, %lld]", (long long)n,
                          (long long)plan->capacity);
+    if (c->profile) return run_profiled(c, pp, plan, n);
     int slot = -1, lru = 0;
     for (int i = 0; i < CB_CACHE; i++) {
         if (pp->cache[i].cb && pp->cache[i].n == n) slot = i;
@@ -266,16 +301,12 @@ twk_status vk_run(void *ctx, void *prepared, const twk_hal_plan *plan, int64_t n
             f->vkResetCommandBuffer(pp->cache[slot].cb, 0);
         }
         pp->cache[slot].n = -1;
-        twk_status st = record(c, pp, plan, n, pp->cache[slot].cb);
+        twk_status st = record(c, pp, plan, n, pp->cache[slot].cb, 0, plan->n_launches);
         if (st != TWK_OK) return st;
         pp->cache[slot].n = n;
     }
     pp->cache[slot].used = ++pp->clock;
     twk_status st = vk_submit_wait(c, pp->cache[slot].cb);
     if (st != TWK_OK) return st;
-    uint32_t err = 0xffffffffu;
-    st = vk_download(c, &c->err->base, 0, &err, 4);
-    if (st != TWK_OK) return st;
-    if (err != 0xffffffffu && err < (uint32_t)plan->n_launches) return vk_range_error(c, &plan->launches[err], n);
-    return TWK_OK;
+    return check_error_word(c, plan, n);
 }
