@@ -22,7 +22,8 @@
 # plain FP32 peak by the datasheet; the engine computes in FP32), JOBS (all cores),
 # SKIP_BUILD=1 (reuse BUILD_DIR), CUDA_HOME (/usr/local/cuda), CUDA=OFF (build without the CUDA
 # backend: a dry run of this script on a machine without one), FORCE_SYSROOT=1 (take the libraries
-# from sysroot.tar.gz even where the machine has them: a test of that path).
+# from sysroot.tar.gz even where the machine has them: a test of that path), and the sizes
+# GEMM_M (4096), TRAIN_LAYERS (4), TRAIN_TOKENS (4096 on the GPUs), CPU_TRAIN_TOKENS (1024).
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build-device}
@@ -32,6 +33,10 @@ peak=${PEAK_TFLOPS:-67}
 jobs=${JOBS:-$(nproc 2>/dev/null || echo 4)}
 cuda_home=${CUDA_HOME:-/usr/local/cuda}
 cuda=${CUDA:-ON}
+gemm_m=${GEMM_M:-4096}
+train_layers=${TRAIN_LAYERS:-4}
+train_tokens=${TRAIN_TOKENS:-4096}
+cpu_train_tokens=${CPU_TRAIN_TOKENS:-1024}
 outdir=${OUT:-$build}
 mkdir -p "$outdir" "$build"
 log=$outdir/run.log
@@ -58,7 +63,10 @@ step() {
     fi
     say "==== $name (timeout ${lim}s): $*"
     local t0=$SECONDS
-    timeout --kill-after=5 "$lim" "$@" > "$build/step-$name.out" 2>&1
+    # line-buffered, so a step killed by its timeout still leaves the lines it printed
+    local lb=""
+    command -v stdbuf > /dev/null 2>&1 && lb="stdbuf -oL -eL"
+    timeout --kill-after=5 "$lim" $lb "$@" > "$build/step-$name.out" 2>&1
     step_rc=$?
     cat "$build/step-$name.out" >> "$log"
     say "==== $name: exit $step_rc after $((SECONDS - t0)) s"
@@ -200,17 +208,17 @@ gemm_best[cpu]=$(summary "$build/step-gemm-cpu.out" tflops_best)
 for d in $devs; do
     cmp=""
     [ "$d" = cuda ] && cmp="--compare cpu" # the ratio device/cpu in the same run (the CPU side costs ~10 s)
-    step "gemm-$d" 120 "$bin/bench/bench_gemm" --quick --m 4096 --reps 5 --device $d $cmp --peak-tflops "$peak"
+    step "gemm-$d" 120 "$bin/bench/bench_gemm" --quick --m "$gemm_m" --reps 5 --device $d $cmp --peak-tflops "$peak"
     count_fail
     gemm[$d]=$(summary "$build/step-gemm-$d.out" tflops_geo)
     gemm_best[$d]=$(summary "$build/step-gemm-$d.out" tflops_best)
     ratio_gemm[$d]=$(summary "$build/step-gemm-$d.out" ratio)
 done
-step train-cpu 120 "$bin/bench/bench_train_step" --layers 4 --tokens 1024 --steps 2
+step train-cpu 120 "$bin/bench/bench_train_step" --layers "$train_layers" --tokens "$cpu_train_tokens" --steps 2
 count_fail
 train[cpu]=$(summary "$build/step-train-cpu.out" tokens_per_s)
 for d in $devs; do
-    step "train-$d" 120 "$bin/bench/bench_train_step" --device $d --layers 4 --tokens 4096 --seqs 8 --steps 5 \
+    step "train-$d" 120 "$bin/bench/bench_train_step" --device $d --layers "$train_layers" --tokens "$train_tokens" --seqs 8 --steps 5 \
         --peak-tflops "$peak"
     count_fail
     train[$d]=$(summary "$build/step-train-$d.out" tokens_per_s)
@@ -234,8 +242,8 @@ done
             "${curve[$d]:--}" "${gemm[$d]:--}/${gemm_best[$d]:--}" "${ratio_gemm[$d]:--}" "${train[$d]:--}" "${m:--}"
     done
     echo "backend_ops: verdict runs/failures; parity: checks ok; loss_curve: worst relative step-loss difference"
-    echo "vs the CPU; GEMM: bench_gemm --quick (M=2048 on cpu, 4096 on the GPUs); step: LoRA r16, 4 Qwen3-0.6B"
-    echo "layers, 1024 tokens (cpu) / 4096 (GPUs); MFU = 6 N tokens/s / ${peak} TFLOP/s (PEAK_TFLOPS)"
+    echo "vs the CPU; GEMM: bench_gemm --quick (M=2048 on cpu, $gemm_m on the GPUs); step: LoRA r16, $train_layers Qwen3-0.6B"
+    echo "layers, $cpu_train_tokens tokens (cpu) / $train_tokens (GPUs); MFU = 6 N tokens/s / ${peak} TFLOP/s (PEAK_TFLOPS)"
     echo "$fails step(s) failed; full output in run.log"
 } | tee "$table" | tee -a "$log"
 [ "$fails" = 0 ]
