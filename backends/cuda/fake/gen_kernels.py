@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Writes fake_kernels.cpp: the shared kernels compiled for the host emulator,
+"""Writes fake_kernels.c: the shared kernels compiled for the host emulator,
 with one trampoline per kernel (unpacks cuLaunchKernel's void** params) and a
-table of parameter sizes. usage: gen_kernels.py <kernels dir> <out.cpp>"""
+table of parameter sizes. usage: gen_kernels.py <kernels dir> <out.c>"""
 import re, sys, os
 kd, out = sys.argv[1], sys.argv[2]
 cm = open(os.path.join(kd, 'kernels.cmake')).read()
@@ -36,9 +36,10 @@ for f in files: o.append('#include "%s"' % os.path.join(kd, f))
 for name, plist, _ in kernels:
     args = ', '.join('*(%s *)p[%d]' % (ty, i) for i, (ty, _) in enumerate(plist))
     o.append('static void tramp_%s(void **p) { %s(%s); }' % (name, name, args))
-o.append('extern "C" const fake_kernel fake_kernels[] = {')
+o.append('const fake_kernel fake_kernels[] = {')
 for name, plist, ul in kernels:
     o.append('    {"%s", tramp_%s, %d, %d, {%s}},' % (name, name, int(ul), len(plist), ', '.join(str(s) for _, s in plist)))
 o.append('    {0, 0, 0, 0, {0}}};')
+if any(len(pl) > 64 for _, pl, _ in kernels): raise SystemExit('more than 64 parameters')
 open(out, 'w').write('\n'.join(o) + '\n')
 print('%d kernels' % len(kernels))
