@@ -81,7 +81,7 @@ need_tool() { command -v "$1" > /dev/null 2>&1 || missing="$missing $1"; }
 export PATH="$cuda_home/bin:$PATH"
 for t in cmake cc make timeout tar; do need_tool "$t"; done
 if [ -n "$missing" ]; then
-    say "missing tools:$missing — cannot build here"
+    say "missing tools:$missing — cannot build here" | tee "$table"
     exit 2
 fi
 command -v nvidia-smi > /dev/null 2>&1 && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu: /' | tee -a "$log"
@@ -122,6 +122,7 @@ if [ -n "$lack$vk_lack" ]; then
         have_lib libvulkan.so || [ -e "$lib/libvulkan.so.1" ] || vk_lack=" libvulkan"
     elif [ -n "$lack" ]; then
         say "and no $sysroot_tar to take them from: run bench/device/make_sysroot.sh on a machine with apt and carry the file"
+        echo "device run: NOT BUILT, missing:$lack (no sysroot.tar.gz); see run.log" > "$table"
         exit 2
     fi
 fi
