@@ -3,6 +3,7 @@
  * Launches with ids get a check.comp dispatch first. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "vk_internal.h"
@@ -289,8 +290,11 @@ int vk_lower(const vk_ctx *c, const twk_launch *l, int li, int64_t n, size_t con
         int64_t batch = r == 3 ? dim(&s[0], 0, n) : 1;
         int64_t M = dim(y, r - 2, n), N = dim(y, r - 1, n);
         int64_t K = ta ? dim(&s[0], r - 2, n) : dim(&s[0], r - 1, n);
-        uint32_t BM = M <= 16 ? 16 : 64, BN = 64, BK = 16, TM = M <= 16 ? 1 : 4, TN = 4;
-        x = start(d, &k, VKS_MATMUL, (BM / TM) * (BN / TN), 0);
+        /* M <= 8 (decoding): one output per thread, no barriers; else 64 x 64
+         * tiles, K in steps of 8, 8 x 8 outputs per thread (64 threads) */
+        int simple = M <= 8;
+        uint32_t BM = 64, BN = 64, BK = 8, TM = 8, TN = 8;
+        x = start(d, &k, VKS_MATMUL, simple ? 64 : (BM / TM) * (BN / TN), simple);
         x->spec[2] = BM;
         x->spec[3] = BN;
         x->spec[4] = BK;
@@ -315,6 +319,10 @@ int vk_lower(const vk_ctx *c, const twk_launch *l, int li, int64_t n, size_t con
         x->groups[0] = (uint32_t)((N + BN - 1) / BN);
         x->groups[1] = groups_for(c, M, BM);
         x->groups[2] = groups_for(c, batch, 1);
+        if (simple) {
+            x->groups[0] = groups_for(c, M * N, 64);
+            x->groups[1] = 1;
+        }
         break;
     }
     case TWK_OP_GET_ROWS:

@@ -19,7 +19,32 @@ layout(std430, binding = 2) buffer Bb { float B[]; };
 shared float As[BK * BM];
 shared float Bs[BK * BN];
 
+// MODE 1: no shared memory or barriers, one output per thread (grid-stride
+// over M*N, batch over z): for matrix-vector products and for devices like
+// lavapipe where work-group barriers cost more than the reuse they buy.
+void simple() {
+    uint M = uint(pc.p[0]), N = uint(pc.p[1]), K = uint(pc.p[2]);
+    uint lda = uint(pc.p[3]), ldb = uint(pc.p[4]), ldc = uint(pc.p[5]);
+    for (uint bz = gl_WorkGroupID.z; bz < uint(pc.p[9]); bz += gl_NumWorkGroups.z) {
+        uint abase = pc.off[1] + bz * uint(pc.p[6]);
+        uint bbase = pc.off[2] + bz * uint(pc.p[7]);
+        uint cbase = pc.off[0] + bz * uint(pc.p[8]);
+        for (uint i = gl_GlobalInvocationID.x; i < M * N; i += GSTRIDE) {
+            uint m = i / N, n = i % N;
+            float acc = 0.0;
+            uint ai = TA != 0 ? abase + m : abase + m * lda, as = TA != 0 ? lda : 1u;
+            uint bi = TB != 0 ? bbase + n * ldb : bbase + n, bs = TB != 0 ? 1u : ldb;
+            for (uint k = 0u; k < K; k++) acc = fma(A[ai + k * as], B[bi + k * bs], acc);
+            C[cbase + m * ldc + n] = acc;
+        }
+    }
+}
+
 void main() {
+    if (MODE == 1) {
+        simple();
+        return;
+    }
     uint M = uint(pc.p[0]), N = uint(pc.p[1]), K = uint(pc.p[2]);
     uint lda = uint(pc.p[3]), ldb = uint(pc.p[4]), ldc = uint(pc.p[5]);
     uint lid = gl_LocalInvocationID.x;
