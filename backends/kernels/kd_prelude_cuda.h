@@ -101,7 +101,7 @@ TWK_FN long convert_long(float x) { return (long)x; }
 TWK_FN float convert_float(int x) { return (float)x; }
 TWK_FN float convert_float(long x) { return (float)x; }
 
-/* 32-bit integer atomics (the error word); 64-bit ones as atom_* */
+/* 32-bit integer atomics (for an error word or a flag) */
 TWK_FN int atomic_cmpxchg(volatile int *p, int cmp, int val) { return atomicCAS((int *)p, cmp, val); }
 TWK_FN int atomic_xchg(volatile int *p, int val) { return atomicExch((int *)p, val); }
 TWK_FN int atomic_add(volatile int *p, int val) { return atomicAdd((int *)p, val); }
