@@ -215,6 +215,15 @@ for d in $devs; do
     gemm_best[$d]=$(summary "$build/step-gemm-$d.out" tflops_best)
     ratio_gemm[$d]=$(summary "$build/step-gemm-$d.out" ratio)
 done
+if echo "$devs" | grep -qw cuda; then
+    # cuBLAS on tensor cores (TWK_CUDA_GEMM, backends/cuda/README.md): rates only; results differ from fp32
+    for mode in tf32 bf16; do
+        step "gemm-cuda-$mode" 60 env TWK_CUDA_GEMM=$mode "$bin/bench/bench_gemm" --quick --m "$gemm_m" --reps 5 --device cuda
+        case $step_rc in 0 | 1) ;; *) count_fail ;; esac # a tolerance MISMATCH is expected here, not a failure
+        gemm[cuda/$mode]=$(summary "$build/step-gemm-cuda-$mode.out" tflops_geo)
+        gemm_best[cuda/$mode]=$(summary "$build/step-gemm-cuda-$mode.out" tflops_best)
+    done
+fi
 step train-cpu 120 "$bin/bench/bench_train_step" --layers "$train_layers" --tokens "$cpu_train_tokens" --steps 2
 count_fail
 train[cpu]=$(summary "$build/step-train-cpu.out" tokens_per_s)
@@ -241,6 +250,10 @@ done
         [ -n "$m" ] && m=$(awk -v m="$m" 'BEGIN { printf "%.1f%%", 100 * m }')
         printf '%-7s %-16s %-11s %-14s %-22s %-10s %-12s %-7s\n' $d "${ops[$d]:-(reference)}" "${parity[$d]:--}" \
             "${curve[$d]:--}" "${gemm[$d]:--}/${gemm_best[$d]:--}" "${ratio_gemm[$d]:--}" "${train[$d]:--}" "${m:--}"
+    done
+    for mode in tf32 bf16; do
+        [ -n "${gemm[cuda/$mode]:-}" ] && printf '%-7s %-16s %-11s %-14s %-22s\n' "cuda" "TWK_CUDA_GEMM=$mode" "" "" \
+            "${gemm[cuda/$mode]}/${gemm_best[cuda/$mode]:--}"
     done
     echo "backend_ops: verdict runs/failures; parity: checks ok; loss_curve: worst relative step-loss difference"
     echo "vs the CPU; GEMM: bench_gemm --quick (M=2048 on cpu, $gemm_m on the GPUs); step: LoRA r16, $train_layers Qwen3-0.6B"
