@@ -330,6 +330,12 @@ int vk_lower(const vk_ctx *c, const twk_launch *l, int li, int64_t n, size_t con
         int back = l->op == TWK_OP_GET_ROWS_BACK;
         int64_t T = dim(&s[1], 0, n), D = dim(y, 1, n), V = back ? dim(y, 0, n) : dim(&s[0], 0, n);
         check_ids(c, d, &k, l, li, 1, T, V, 0);
+        if (back) { /* zero the whole table in parallel; the columns then accumulate */
+            x = start(d, &k, VKS_COPY, 128, 1);
+            x->bind[0] = VKB_DST;
+            x->p[13] = (int32_t)ny;
+            x->groups[0] = groups_for(c, ny, 128);
+        }
         x = start(d, &k, VKS_ROWS, 64, back ? 1 : 0);
         x->bind[0] = VKB_DST;
         x->bind[1] = 0;

@@ -2,8 +2,8 @@
 // Row-indexed ops (ids at binding 2 are i64 when p[7] != 0; bad ids were
 // flagged by check.comp and are skipped here).
 // MODE 0 get_rows:      y[t, d] = tab[id[t], d]; p: 0 T, 1 D, 2 V.
-// MODE 1 get_rows_back: per column d, y[:, d] = 0 then y[id[t], d] += dy[t, d]
-//                       in token order; p: 0 T, 1 D, 2 V.
+// MODE 1 get_rows_back: per column d, y[id[t], d] += dy[t, d] in token order
+//                       (y zeroed by copy.comp first); p: 0 T, 1 D, 2 V.
 // MODE 2 kv_write:      cache[rows[t], e] = x[t, e]; p: 0 T, 1 row, 2 R
 //                       (binding 0 = the cache, binding 1 = x).
 // MODE 3 lora_gather:   y[t, n] = sum_k w[slot[t], n, k] x[t, k]; p: 0 T, 1 N,
@@ -19,7 +19,6 @@ void main() {
     int lim = pc.p[2], w64 = pc.p[7];
     if (MODE == 1) {
         for (uint d = gl_GlobalInvocationID.x; d < D; d += GSTRIDE) {
-            for (uint v = 0u; v < uint(lim); v++) y[pc.off[0] + v * D + d] = 0.0;
             for (uint t = 0u; t < T; t++) {
                 int id = ID_AT(ids, pc.off[2], t, w64);
                 if (id >= 0 && id < lim) y[pc.off[0] + uint(id) * D + d] += x[pc.off[1] + t * D + d];
