@@ -1,8 +1,9 @@
 /* Plans: prepare turns a plan into descriptor sets (one per dispatch, buffers
  * bound whole, or a window when a buffer exceeds maxStorageBufferRange) and a
  * command pool; run(n) records ONE command buffer with every dispatch and
- * the barriers between them (kept for reuse, per n, in a small LRU cache),
- * submits it and waits on the context's fence, then checks the error word. */
+ * a barrier wherever a dispatch touches bytes an earlier one wrote (or
+ * writes bytes an earlier one read), kept for reuse per n in a small LRU
+ * cache; submits it, waits on the context's fence and checks the error word. */
 #include <stdio.h>
 #include <string.h>
 
@@ -189,6 +190,61 @@ static void barrier(const vk_fns *f, VkCommandBuffer cb, VkPipelineStageFlags sr
     f->vkCmdPipelineBarrier(cb, src, dst, 0, 1, &mb, 0, NULL, 0, NULL);
 }
 
+/* Hazard tracking for barriers: byte ranges read and written since the last
+ * barrier; a dispatch that reads what is pending a write, or writes what is
+ * pending a read or write, gets a barrier first. */
+#define MAX_PENDING 64
+
+typedef struct range {
+    const vk_buffer *buf;
+    size_t lo, hi;
+} range;
+
+typedef struct pending {
+    range r[MAX_PENDING], w[MAX_PENDING];
+    int nr, nw;
+} pending;
+
+static int overlaps(const range *a, const range *list, int n) {
+    for (int i = 0; i < n; i++)
+        if (list[i].buf == a->buf && a->lo < list[i].hi && list[i].lo < a->hi) return 1;
+    return 0;
+}
+
+/* The bytes a binding covers at token count n (plan buffers: all of them). */
+static range binding_range(vk_ctx *c, vk_prepared *pp, const twk_launch *l, int b, int64_t n) {
+    range r;
+    size_t off;
+    r.buf = binding_buffer(c, pp, l, b, &off);
+    if (b == VKB_DST || b >= 0) {
+        const twk_tensor_desc *t = b == VKB_DST ? &l->dst : &l->src[b];
+        r.lo = off;
+        r.hi = off + (size_t)twk_desc_nelem(t, n) * twk_dtype_size(t->type);
+    } else {
+        r.lo = 0;
+        r.hi = r.buf ? r.buf->alloc : 0;
+    }
+    return r;
+}
+
+/* Whether dispatch d (binding 0 written, except by check.comp whose only
+ * write is an atomic on the error word) needs a barrier; updates pending. */
+static int needs_barrier(vk_ctx *c, vk_prepared *pp, const twk_launch *l, const vk_dispatch *d, int64_t n,
+                         pending *p) {
+    range rd[VK_NBIND], wr;
+    int nrd = 0, has_w = d->shader != VKS_CHECK, need = 0;
+    wr = binding_range(c, pp, l, d->bind[0], n);
+    for (int b = has_w ? 1 : 0; b < VK_NBIND; b++)
+        if (d->bind[b] != VKB_NONE) rd[nrd++] = binding_range(c, pp, l, d->bind[b], n);
+    for (int i = 0; i < nrd && !need; i++) need = overlaps(&rd[i], p->w, p->nw);
+    if (has_w && !need) need = overlaps(&wr, p->w, p->nw) || overlaps(&wr, p->r, p->nr);
+    if (!need && (p->nr + nrd > MAX_PENDING || p->nw + 1 > MAX_PENDING)) need = 1;
+    if (need) p->nr = p->nw = 0;
+    for (int i = 0; i < nrd; i++) p->r[p->nr++] = rd[i];
+    if (has_w) p->w[p->nw++] = wr;
+    return need;
+}
+
 /* Records launches [l0, l1) into cb; the error word is reset first when l0 == 0. */
 static twk_status record(vk_ctx *c, vk_prepared *pp, const twk_hal_plan *plan, int64_t n, VkCommandBuffer cb, int l0,
                          int l1) {
@@ -203,6 +259,8 @@ static twk_status record(vk_ctx *c, vk_prepared *pp, const twk_hal_plan *plan, i
     }
     VkPipeline bound = VK_NULL_HANDLE;
     vk_dispatch d[VK_MAX_DISPATCH];
+    pending pend;
+    pend.nr = pend.nw = 0;
     for (int i = l0; i < l1; i++) {
         const twk_launch *l = &plan->launches[i];
         size_t sb;
@@ -215,6 +273,9 @@ static twk_status record(vk_ctx *c, vk_prepared *pp, const twk_hal_plan *plan, i
         }
         for (int j = 0; j < k; j++) {
             int di = pp->first[i] + j;
+            if (needs_barrier(c, pp, l, &d[j], n, &pend))
+                barrier(f, cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+                        VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
             VkPipeline p = vk_pipeline(c, d[j].shader, d[j].spec);
             if (!p) {
                 f->vkEndCommandBuffer(cb);
@@ -236,8 +297,6 @@ static twk_status record(vk_ctx *c, vk_prepared *pp, const twk_hal_plan *plan, i
             memcpy(push + 24, d[j].fp, sizeof d[j].fp);
             f->vkCmdPushConstants(cb, c->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof push, push);
             f->vkCmdDispatch(cb, d[j].groups[0], d[j].groups[1], d[j].groups[2]);
-            barrier(f, cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
-                    VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
         }
     }
     barrier(f, cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
