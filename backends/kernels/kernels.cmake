@@ -1,12 +1,14 @@
 # The shared kernel sources and their lowering (kd.h), added to `twinkle` once
 # however many backends include this file. kd_kernel_source() is generated at
 # configure time from the .cl files (cmake re-runs when one changes).
-include_guard(GLOBAL)
 
+# These variables are set in every including scope (before the guard).
 set(KD_DIR ${CMAKE_CURRENT_LIST_DIR})
 set(KD_GEN_DIR ${CMAKE_BINARY_DIR}/kd_gen)
 # order matters: common.cl defines the helpers the others use
 set(KD_CL_FILES common.cl elementwise.cl layout.cl reduce.cl nn.cl attn.cl kvcache.cl)
+
+include_guard(GLOBAL)
 
 # kd_embed_text(<out.c> <function> <files...>): writes a C file defining
 # `const char *<function>(void)` that returns the files' text concatenated.
