@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "vk_internal.h"
 
@@ -132,6 +133,43 @@ static uint64_t device_local_bytes(const VkPhysicalDeviceMemoryProperties *mp) {
     return best;
 }
 
+static int has_extension(const vk_fns *f, VkPhysicalDevice pd, const char *name) {
+    uint32_t n = 0;
+    if (f->vkEnumerateDeviceExtensionProperties(pd, NULL, &n, NULL) != VK_SUCCESS || !n) return 0;
+    VkExtensionProperties *e = twk_host_alloc(n * sizeof *e, "vulkan extensions");
+    if (!e) return 0;
+    int found = 0;
+    if (f->vkEnumerateDeviceExtensionProperties(pd, NULL, &n, e) >= 0)
+        for (uint32_t i = 0; i < n && !found; i++) found = strcmp(e[i].extensionName, name) == 0;
+    twk_host_free(e);
+    return found;
+}
+
+/* SMs (NVIDIA) or CUs (AMD) where the driver reports them, host cores for a
+ * CPU device (lavapipe), else 0. */
+static int compute_units(const vk_fns *f, VkInstance inst, VkPhysicalDevice pd, const VkPhysicalDeviceProperties *p) {
+    if (p->deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        return n > 0 ? (int)n : 0;
+    }
+    PFN_vkGetPhysicalDeviceProperties2 get2 =
+        (PFN_vkGetPhysicalDeviceProperties2)f->vkGetInstanceProcAddr(inst, "vkGetPhysicalDeviceProperties2");
+    if (!get2 || p->apiVersion < VK_API_VERSION_1_1) return 0;
+    if (has_extension(f, pd, VK_NV_SHADER_SM_BUILTINS_EXTENSION_NAME)) {
+        VkPhysicalDeviceShaderSMBuiltinsPropertiesNV sm = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_SM_BUILTINS_PROPERTIES_NV};
+        VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sm};
+        get2(pd, &p2);
+        return (int)sm.shaderSMCount;
+    }
+    if (has_extension(f, pd, VK_AMD_SHADER_CORE_PROPERTIES_EXTENSION_NAME)) {
+        VkPhysicalDeviceShaderCorePropertiesAMD cp = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CORE_PROPERTIES_AMD};
+        VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &cp};
+        get2(pd, &p2);
+        return (int)(cp.shaderEngineCount * cp.shaderArraysPerEngineCount * cp.computeUnitsPerShaderArray);
+    }
+    return 0;
+}
+
 static twk_status vk_device_props(int index, twk_device_props *out) {
     VkInstance inst;
     vk_fns f;
@@ -149,7 +187,7 @@ static twk_status vk_device_props(int index, twk_device_props *out) {
     else if (p.deviceType == VK_PHYSICAL_DEVICE_TYPE_OTHER) kind = "other";
     snprintf(out->kind, sizeof out->kind, "%s", kind);
     out->memory_bytes = device_local_bytes(&mp);
-    out->compute_units = 0; /* core Vulkan does not report it */
+    out->compute_units = compute_units(&f, inst, pd, &p);
     out->max_threads = 0; /* not a CPU backend */
     f.vkDestroyInstance(inst, NULL);
     return TWK_OK;
