@@ -223,12 +223,16 @@ int vk_lower(const vk_ctx *c, const twk_launch *l, int li, int64_t n, size_t con
     case TWK_OP_SUM:
     case TWK_OP_MEAN:
     case TWK_OP_WEIGHTED_SUM:
-        x = start(d, &k, VKS_REDUCE, 256, l->op == TWK_OP_SUM ? 0 : l->op == TWK_OP_MEAN ? 1 : 2);
+    {
+        uint32_t wg = 256; /* a power of two the device allows (Vulkan guarantees 128) */
+        while (wg > c->props.limits.maxComputeWorkGroupInvocations) wg /= 2;
+        x = start(d, &k, VKS_REDUCE, wg, l->op == TWK_OP_SUM ? 0 : l->op == TWK_OP_MEAN ? 1 : 2);
         x->bind[0] = VKB_DST;
         x->bind[1] = 0;
         if (l->op == TWK_OP_WEIGHTED_SUM) x->bind[2] = 1;
         x->p[0] = (int32_t)twk_desc_nelem(&s[0], n);
         break;
+    }
     case TWK_OP_PERMUTE: {
         x = start(d, &k, VKS_COPY, 128, 0);
         const twk_tensor_desc *in = &s[0];
