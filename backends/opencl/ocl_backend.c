@@ -7,11 +7,6 @@
 #include "kd.h"
 #include "ocl_internal.h"
 
-twk_status ocl_prepare(void *ctx, const twk_hal_plan *plan, void **prepared);
-void ocl_release(void *ctx, void *prepared);
-twk_status ocl_run(void *ctx, void *prepared, const twk_hal_plan *plan, int64_t n);
-twk_status ocl_synchronize(void *ctx);
-
 static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
 static int n_open; /* contexts alive; CLBlast's program cache is cleared when the last closes */
 
@@ -209,4 +204,5 @@ static const twk_backend_iface ocl_iface = {
     .synchronize = ocl_synchronize,
 };
 
+/* The OpenCL backend's table (never NULL; with no runtime it lists no devices). */
 const twk_backend_iface *twk_opencl_backend(void) { return &ocl_iface; }

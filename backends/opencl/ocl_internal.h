@@ -47,4 +47,13 @@ twk_status ocl_program_build(ocl_ctx *ctx);
 /* The cl_kernel named `name` (created once per context); NULL with error set. */
 cl_kernel ocl_kernel(ocl_ctx *ctx, const char *name);
 
+/* Plans (ocl_run.c), as the backend table's prepare / release / run /
+ * synchronize. prepare: TWK_ERR_UNSUPPORTED for a launch kd_lower refuses,
+ * TWK_ERR_BACKEND when a kernel cannot be created. run: TWK_ERR_RANGE when a
+ * kernel flagged bad ids, TWK_ERR_BACKEND when OpenCL or CLBlast fails. */
+twk_status ocl_prepare(void *ctx, const twk_hal_plan *plan, void **prepared);
+void ocl_release(void *ctx, void *prepared);
+twk_status ocl_run(void *ctx, void *prepared, const twk_hal_plan *plan, int64_t n);
+twk_status ocl_synchronize(void *ctx);
+
 #endif
