@@ -76,6 +76,9 @@ int vk_compute_devices(VkInstance inst, const vk_fns *f, VkPhysicalDevice *devs,
     int k = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t fam;
+        VkPhysicalDeviceProperties p;
+        f->vkGetPhysicalDeviceProperties(all[i], &p);
+        if (p.apiVersion < VK_API_VERSION_1_1) continue; /* the shaders are SPIR-V 1.3 */
         if (!compute_family(all[i], f, &fam)) continue;
         if (devs && k < max) devs[k] = all[i];
         k++;

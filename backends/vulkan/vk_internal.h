@@ -40,7 +40,7 @@ typedef struct vk_fns {
 /* An instance with its entry points; TWK_ERR_UNSUPPORTED (message says why:
  * no libvulkan.so.1, no driver) when Vulkan is unusable. */
 twk_status vk_instance_new(VkInstance *inst, vk_fns *fns);
-/* Physical devices usable for compute (a queue with compute); count only
+/* Physical devices usable for compute (Vulkan >= 1.1, a compute queue); count only
  * when devs is NULL. Returns the count, 0 on failure. */
 int vk_compute_devices(VkInstance inst, const vk_fns *f, VkPhysicalDevice *devs, int max);
 
