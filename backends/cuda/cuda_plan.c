@@ -404,19 +404,39 @@ static twk_status prepare_locked(cuda_ctx *c, const twk_hal_plan *plan, void **o
     return TWK_OK;
 }
 
+/* TWK_ERR_RANGE for launch l whose kernel stored `code`: the first bad id,
+ * found on the host from copies of its id sources (kd_error_detail, worded
+ * like the CPU backend), else the code's meaning. */
+static twk_status range_error(cuda_ctx *c, const twk_launch *l, int64_t n, int code) {
+    const void *host[TWK_MAX_SRC] = {0};
+    unsigned mask = kd_checked_sources(l);
+    char msg[256] = "";
+    bool ok = true;
+    for (int i = 0; i < l->nsrc && i < TWK_MAX_SRC && ok; i++) {
+        if (!(mask >> i & 1u) || !l->src[i].buf) continue;
+        size_t bytes = (size_t)twk_desc_nelem(&l->src[i], n) * twk_dtype_size(l->src[i].type);
+        void *h = twk_host_alloc(bytes ? bytes : 1, "cuda error ids");
+        host[i] = h;
+        ok = h && c->cu->cuMemcpyDtoHAsync(h, ((const cuda_buffer *)l->src[i].buf)->ptr + l->src[i].offset, bytes,
+                                           c->stream) == CUDA_SUCCESS;
+    }
+    if (ok) ok = c->cu->cuStreamSynchronize(c->stream) == CUDA_SUCCESS;
+    if (ok) kd_error_detail(l, n, host, msg, sizeof msg);
+    for (int i = 0; i < TWK_MAX_SRC; i++) twk_host_free((void *)host[i]);
+    if (msg[0]) return twk_error(TWK_ERR_RANGE, "%s", msg);
+    return twk_error(TWK_ERR_RANGE, "%s '%s': %s (cuda, n = %lld)", twk_op_name(l->op), l->name,
+                     kd_error_message(code), (long long)n);
+}
+
 /* The first launch whose error word is set, as TWK_ERR_RANGE naming it. */
-static twk_status check_errors(cuda_ctx *c, cuda_prepared *pp, const twk_hal_plan *plan) {
+static twk_status check_errors(cuda_ctx *c, cuda_prepared *pp, const twk_hal_plan *plan, int64_t n) {
     size_t bytes = (size_t)pp->n_launches * sizeof(int);
     twk_status st = cuda_check(c, c->cu->cuMemcpyDtoHAsync(pp->err_host, pp->err, bytes, c->stream), "reading the error words");
     twk_status s2 = cuda_check(c, c->cu->cuStreamSynchronize(c->stream), "synchronize");
     if (st != TWK_OK) return st;
     if (s2 != TWK_OK) return s2;
-    for (int i = 0; i < pp->n_launches; i++) {
-        if (!pp->err_host[i]) continue;
-        const twk_launch *l = &plan->launches[i];
-        return twk_error(TWK_ERR_RANGE, "%s '%s': %s (cuda error word %d)", twk_op_name(l->op), l->name,
-                         kd_error_message(pp->err_host[i]), pp->err_host[i]);
-    }
+    for (int i = 0; i < pp->n_launches; i++)
+        if (pp->err_host[i] != KD_ERR_NONE) return range_error(c, &plan->launches[i], n, pp->err_host[i]);
     return TWK_OK;
 }
 
@@ -437,7 +457,7 @@ static twk_status run_locked(cuda_ctx *c, cuda_prepared *pp, const twk_hal_plan 
     if (c->graphs && !pp->graphs_off) st = enqueue_graph(c, pp, plan, n);
     else st = enqueue_all(c, pp, plan, n);
     if (st != TWK_OK) return st;
-    return pp->has_err ? check_errors(c, pp, plan) : TWK_OK;
+    return pp->has_err ? check_errors(c, pp, plan, n) : TWK_OK;
 }
 
 /* ---- entry points: one thread at a time (see cuda_ctx.lock) ---- */
