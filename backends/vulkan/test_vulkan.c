@@ -69,6 +69,54 @@ static void range_errors(twk_device *dev) {
     twk_graph_free(g);
 }
 
+/* Decoding ops: bad cache rows, key ranges and adapter slots. */
+static void decode_errors(twk_device *dev) {
+    twk_graph *g = twk_graph_new();
+    int64_t cs[3] = {5, 1, 4}, xs[3] = {TWK_T, 1, 4}, t1[1] = {TWK_T}, x2[2] = {TWK_T, 4}, ws[3] = {2, 3, 4};
+    twk_id cache = twk_param(g, "cache", 3, cs, false), x = twk_input(g, "x", TWK_F32, 3, xs);
+    twk_id rows = twk_input(g, "rows", TWK_I32, 1, t1), lo = twk_input(g, "lo", TWK_I64, 1, t1);
+    twk_id hi = twk_input(g, "hi", TWK_I32, 1, t1), slot = twk_input(g, "slot", TWK_I64, 1, t1);
+    twk_id kv = twk_kv_write(g, cache, x, rows);
+    twk_node_set_name(g, kv, "kv");
+    twk_id a = twk_attention_cached(g, x, kv, kv, lo, hi, 0.5f);
+    twk_node_set_name(g, a, "ac");
+    twk_id y = twk_lora_gather(g, twk_reshape(g, a, 2, x2), twk_param(g, "w", 3, ws, false), slot);
+    twk_node_set_name(g, y, "lg");
+    twk_graph_output(g, y);
+    twk_plan *p = NULL;
+    if (twk_plan_compile(g, dev, 3, NULL, 0, &p) != TWK_OK) {
+        check(0, "compile the decode graph", twk_last_error());
+        twk_graph_free(g);
+        return;
+    }
+    int32_t good_rows[3] = {0, 1, 2}, bad_rows[3] = {0, 5, 2}, good_hi[3] = {1, 2, 3}, bad_hi[3] = {1, 2, 6};
+    int64_t good_lo[3] = {0, 0, 1}, good_slot[3] = {0, 1, 0}, bad_slot[3] = {0, 1, 2};
+    float xv[12] = {0};
+    twk_plan_write(p, x, 3, xv, sizeof xv);
+    twk_plan_write(p, rows, 3, bad_rows, sizeof bad_rows);
+    twk_plan_write(p, lo, 3, good_lo, sizeof good_lo);
+    twk_plan_write(p, hi, 3, good_hi, sizeof good_hi);
+    twk_plan_write(p, slot, 3, good_slot, sizeof good_slot);
+    twk_status st = twk_plan_run(p, 3);
+    check(st == TWK_ERR_RANGE && strstr(twk_last_error(), "kv_write 'kv': rows[1] = 5 is outside the cache [0, 5)"),
+          "cache row 5 of 5", twk_last_error());
+    twk_plan_write(p, rows, 3, good_rows, sizeof good_rows);
+    twk_plan_write(p, hi, 3, bad_hi, sizeof bad_hi);
+    st = twk_plan_run(p, 3);
+    check(st == TWK_ERR_RANGE && strstr(twk_last_error(), "attn_cache 'ac': rows [1, 6) of query 2"),
+          "key rows [1, 6) of a 5-row cache", twk_last_error());
+    twk_plan_write(p, hi, 3, good_hi, sizeof good_hi);
+    twk_plan_write(p, slot, 3, bad_slot, sizeof bad_slot);
+    st = twk_plan_run(p, 3);
+    check(st == TWK_ERR_RANGE && strstr(twk_last_error(), "lora_gather 'lg': slot[2] = 2 is outside [0, 2)"),
+          "adapter slot 2 of 2", twk_last_error());
+    twk_plan_write(p, slot, 3, good_slot, sizeof good_slot);
+    st = twk_plan_run(p, 3);
+    check(st == TWK_OK, "decoding runs again with good ids", st == TWK_OK ? "" : twk_last_error());
+    twk_plan_free(p);
+    twk_graph_free(g);
+}
+
 /* A block: rmsnorm -> q/k/v GEMMs -> rope -> attention -> out GEMM ->
  * logprobs over a big vocabulary, with gradients of every weight. */
 typedef struct block {
@@ -297,6 +345,7 @@ int main(void) {
     unsetenv("TWK_VULKAN_STAGING");
     range_errors(vk);
     if (staged) range_errors(staged);
+    decode_errors(vk);
     block_checks(vk, cpu, staged);
     big_buffer(vk, cpu);
     twk_device_close(staged);
