@@ -5,7 +5,8 @@
  * and a small set of OpenCL C built-ins; this header gives both their CUDA
  * meaning, so the same source compiles unchanged as OpenCL C and as CUDA.
  * Kernels get C linkage so the host finds them by their source name
- * (cuModuleGetFunction). Indices follow OpenCL: dim 0 is x. */
+ * (cuModuleGetFunction). Indices follow OpenCL: dim 0 is x. FMA contraction
+ * is off as in the OpenCL prelude, by nvcc -fmad=false (backends/cuda). */
 #ifndef TWK_KD_PRELUDE_CUDA_H
 #define TWK_KD_PRELUDE_CUDA_H
 
