@@ -47,7 +47,12 @@
 
 /* optional: NULL when the driver lacks them */
 #define CU_OPT_FUNCS(X)             \
-    X(cuFuncGetParamInfo) /* 12.4+: lets prepare check argument lists */
+    X(cuFuncGetParamInfo) /* 12.4+: lets prepare check argument lists */ \
+    X(cuEventCreate)      /* the events: TWK_PROFILE only */ \
+    X(cuEventRecord)                \
+    X(cuEventSynchronize)           \
+    X(cuEventElapsedTime)           \
+    X(cuEventDestroy)
 
 #define CUBLAS_FUNCS(X)             \
     X(cublasCreate)                 \

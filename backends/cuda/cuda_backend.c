@@ -133,6 +133,8 @@ static twk_status parse_env(cuda_ctx *c) {
     else return twk_error(TWK_ERR_INVALID_ARG, "cuda: TWK_CUDA_GEMM='%s'; want fp32, tf32 or bf16", g);
     const char *gr = getenv("TWK_CUDA_GRAPHS");
     c->graphs = !(gr && !strcmp(gr, "0"));
+    const char *pr = getenv("TWK_PROFILE");
+    c->profile = pr && atoi(pr) > 0;
     return TWK_OK;
 }
 
@@ -140,9 +142,20 @@ static void cuda_close(void *vctx) {
     cuda_ctx *c = vctx;
     if (!c) return;
     const cu_api *cu = c->cu;
+    if (c->profile) {
+        double total = 0;
+        for (int i = 0; i < TWK_OP_COUNT; i++) total += c->prof_s[i];
+        fprintf(stderr, "cuda profile (%.3f s in launches, each timed alone):\n", total);
+        for (int i = 0; i < TWK_OP_COUNT; i++)
+            if (c->prof_n[i])
+                fprintf(stderr, "  %-16s %8ld launches %9.3f s %5.1f%%\n", twk_op_name((twk_op)i), c->prof_n[i],
+                        c->prof_s[i], 100 * c->prof_s[i] / (total > 0 ? total : 1));
+    }
     if (c->cuctx) {
         cu->cuCtxSetCurrent(c->cuctx);
         if (c->stream) cu->cuStreamSynchronize(c->stream);
+        for (int i = 0; i < 2; i++)
+            if (c->ev[i]) cu->cuEventDestroy(c->ev[i]);
         if (c->blas) cu->cublasDestroy(c->blas);
         if (c->blas_ws) cu->cuMemFree(c->blas_ws);
         if (c->module) cu->cuModuleUnload(c->module);
@@ -224,6 +237,15 @@ static twk_status cuda_open(int index, void **out) {
         goto fail;
     }
     open_blas(c);
+    if (c->profile) {
+        bool ok = cu->cuEventCreate && cu->cuEventRecord && cu->cuEventSynchronize && cu->cuEventElapsedTime &&
+                  cu->cuEventDestroy;
+        for (int i = 0; ok && i < 2; i++) ok = cu->cuEventCreate(&c->ev[i], CU_EVENT_DEFAULT) == CUDA_SUCCESS;
+        if (!ok) {
+            fprintf(stderr, "twinkle: cuda: TWK_PROFILE needs the driver's events (12.8+); not profiling\n");
+            c->profile = false;
+        }
+    }
     *out = c;
     return TWK_OK;
 fail:

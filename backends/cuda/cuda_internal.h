@@ -43,6 +43,11 @@ typedef struct cuda_ctx {
     bool graphs; /* TWK_CUDA_GRAPHS != 0 */
     cuda_kfn *kfns;
     int n_kfns, cap_kfns;
+    /* TWK_PROFILE=1: each launch timed alone (eager, events around it), totals per op at close */
+    bool profile;
+    CUevent ev[2];
+    double prof_s[TWK_OP_COUNT];
+    long prof_n[TWK_OP_COUNT];
 } cuda_ctx;
 
 /* The fatbin built from backends/kernels (generated file). */

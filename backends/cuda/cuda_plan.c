@@ -204,7 +204,23 @@ static twk_status run_gemm(cuda_ctx *c, const twk_launch *l, const kd_gemm *g) {
     return TWK_OK;
 }
 
-/* Queues every launch of the plan for token count n on the stream. */
+/* TWK_PROFILE: waits for the launch just queued (between the two events)
+ * and adds its time to its op's total. */
+static twk_status profile_launch(cuda_ctx *c, const twk_launch *l) {
+    const cu_api *cu = c->cu;
+    twk_status st = cuda_check(c, cu->cuEventRecord(c->ev[1], c->stream), "cuEventRecord");
+    if (st == TWK_OK) st = cuda_check(c, cu->cuEventSynchronize(c->ev[1]), "cuEventSynchronize");
+    float ms = 0;
+    if (st == TWK_OK) st = cuda_check(c, cu->cuEventElapsedTime(&ms, c->ev[0], c->ev[1]), "cuEventElapsedTime");
+    if (st == TWK_OK && (int)l->op >= 0 && l->op < TWK_OP_COUNT) {
+        c->prof_s[l->op] += 1e-3 * ms;
+        c->prof_n[l->op]++;
+    }
+    return st;
+}
+
+/* Queues every launch of the plan for token count n on the stream (under
+ * TWK_PROFILE, runs them one at a time). */
 static twk_status enqueue_all(cuda_ctx *c, cuda_prepared *pp, const twk_hal_plan *plan, int64_t n) {
     kd_call calls[KD_MAX_CALLS];
     kd_gemm gemm;
@@ -214,9 +230,11 @@ static twk_status enqueue_all(cuda_ctx *c, cuda_prepared *pp, const twk_hal_plan
         int nc = kd_lower(l, n, calls, &gemm, &is_gemm);
         if (nc < 0) return TWK_ERR_UNSUPPORTED; /* kd_lower set the message */
         twk_status st = TWK_OK;
-        if (is_gemm) st = run_gemm(c, l, &gemm);
+        if (c->profile) st = cuda_check(c, c->cu->cuEventRecord(c->ev[0], c->stream), "cuEventRecord");
+        if (is_gemm && st == TWK_OK) st = run_gemm(c, l, &gemm);
         for (int k = 0; !is_gemm && k < nc && k < KD_MAX_CALLS && st == TWK_OK; k++)
             st = launch_call(c, pp, l, i, &calls[k]);
+        if (c->profile && st == TWK_OK) st = profile_launch(c, l);
         if (st != TWK_OK) return st;
     }
     return TWK_OK;
@@ -454,7 +472,7 @@ static twk_status run_locked(cuda_ctx *c, cuda_prepared *pp, const twk_hal_plan 
                         "clearing the error words");
         if (st != TWK_OK) return st;
     }
-    if (c->graphs && !pp->graphs_off) st = enqueue_graph(c, pp, plan, n);
+    if (c->graphs && !pp->graphs_off && !c->profile) st = enqueue_graph(c, pp, plan, n);
     else st = enqueue_all(c, pp, plan, n);
     if (st != TWK_OK) return st;
     return pp->has_err ? check_errors(c, pp, plan, n) : TWK_OK;

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <ucontext.h>
 
 #include "fake_prelude.h"
@@ -26,7 +27,7 @@ static void fail(const char *what, const char *name) {
 
 /* ---- queued work: run at once, or recorded while a stream captures ---- */
 
-typedef enum { OP_COPY, OP_SET, OP_LAUNCH, OP_GEMM } op_kind;
+typedef enum { OP_COPY, OP_SET, OP_LAUNCH, OP_GEMM, OP_EVENT } op_kind;
 
 typedef struct gemm_args {
     cublasOperation_t ta, tb;
@@ -181,6 +182,12 @@ static void run_op(const fake_op *o) {
     case OP_COPY: memcpy(o->dst, o->src, o->bytes); break;
     case OP_SET: memset(o->dst, o->value, o->bytes); break;
     case OP_GEMM: run_gemm(&o->g); break;
+    case OP_EVENT: {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        *(double *)o->dst = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+        break;
+    }
     case OP_LAUNCH: {
         void *p[64];
         size_t off = 0;
@@ -414,6 +421,29 @@ CUresult cuGraphExecDestroy(CUgraphExec e) {
 }
 CUresult cuGraphDestroy(CUgraph g) {
     list_free((op_list *)(void *)g);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventCreate(CUevent *e, unsigned flags) {
+    (void)flags;
+    *e = (CUevent)calloc(1, sizeof(double));
+    return CUDA_SUCCESS;
+}
+CUresult cuEventRecord(CUevent e, CUstream st) {
+    fake_op o = {.kind = OP_EVENT, .dst = (void *)e};
+    submit(st, &o);
+    return CUDA_SUCCESS;
+}
+CUresult cuEventSynchronize(CUevent e) {
+    (void)e;
+    return CUDA_SUCCESS;
+}
+CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
+    *ms = (float)(1e3 * (*(double *)(void *)b - *(double *)(void *)a));
+    return CUDA_SUCCESS;
+}
+CUresult cuEventDestroy(CUevent e) {
+    free(e);
     return CUDA_SUCCESS;
 }
 
