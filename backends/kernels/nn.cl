@@ -81,21 +81,32 @@ TWK_KERNEL rmsnorm_back_x_f32(TWK_GLOBAL float *dx, long dx_off, TWK_GLOBAL cons
     for (long k = lid; k < D; k += L) dx[dx_off + r * D + k] = dr[k] * w[w_off + k] * rs - xr[k] * kk;
 }
 
-/* dw[d] = sum over rows of dy*x*rstd(row): one group per block of L columns;
- * the group recomputes each row's rstd (a tree per row), then each item adds
- * its column, rows in order */
+/* dw[d] = sum over rows of dy*x*rstd(row): one group per block of L columns
+ * walks the rows L at a time: item l first computes the rstd of row r0 + l
+ * (a sequential sum over D) into local memory, then each item adds its
+ * column over those rows in order (compensated) */
 TWK_KERNEL rmsnorm_back_w_f32(TWK_GLOBAL float *dw, long dw_off, TWK_GLOBAL const float *x, long x_off,
                               TWK_GLOBAL const float *dy, long dy_off, long R, long D, float eps) {
-    TWK_LOCAL(float, part, KD_ROW_LOCAL);
+    TWK_LOCAL(float, rsl, KD_ROW_LOCAL);
     int lid = TWK_LID(0), L = TWK_LSIZE(0);
     long d = TWK_GROUP(0) * L + lid;
     float s = 0.0f, c = 0.0f;
-    for (long r = 0; r < R; r++) {
-        const TWK_GLOBAL float *xr = x + x_off + r * D;
-        KD_ROW_SUMSQ(part, xr, D, lid, L)
-        float rs = 1.0f / sqrt(part[0] / (float)D + eps);
+    for (long r0 = 0; r0 < R; r0 += L) {
+        long r = r0 + lid;
+        if (r < R) {
+            const TWK_GLOBAL float *xr = x + x_off + r * D;
+            float ss = 0.0f;
+            for (long k = 0; k < D; k++) ss += xr[k] * xr[k];
+            rsl[lid] = 1.0f / sqrt(ss / (float)D + eps);
+        }
         TWK_BARRIER();
-        if (d < D) kd_kahan(&s, &c, dy[dy_off + r * D + d] * xr[d] * rs);
+        long nr = R - r0 < L ? R - r0 : L;
+        if (d < D)
+            for (long t = 0; t < nr; t++) {
+                long o = (r0 + t) * D + d;
+                kd_kahan(&s, &c, dy[dy_off + o] * x[x_off + o] * rsl[t]);
+            }
+        TWK_BARRIER();
     }
     if (d < D) dw[dw_off + d] = s;
 }
