@@ -9,7 +9,9 @@
  * replayed with cuGraphLaunch; a few n's are kept per plan (LRU). A count's
  * first run is eager (it loads kernels and lets cuBLAS pick its algorithms
  * outside capture); its second run captures. Any capture failure turns
- * graphs off for that plan (eager from then on, same results).
+ * graphs off for that plan (eager from then on, same results), and so do
+ * many captures that are rarely replayed (token counts cycling through more
+ * values than the cache holds).
  * TWK_CUDA_GRAPHS=0 disables graphs. */
 #include <limits.h>
 #include <pthread.h>
@@ -22,6 +24,7 @@
 
 #define GRAPH_CACHE 4 /* captured n's per plan */
 #define SEEN_CACHE 8  /* n's run once (eagerly), waiting for a second run */
+#define GRAPH_GIVE_UP 16 /* captures after which a plan whose graphs are rarely replayed goes eager */
 
 typedef struct graph_entry {
     int64_t n; /* 0: empty */
@@ -38,7 +41,8 @@ typedef struct cuda_prepared {
     int64_t seen[SEEN_CACHE];
     int seen_next;
     uint64_t tick;
-    bool graphs_off; /* a capture failed: eager from then on */
+    long captures, replays;
+    bool graphs_off; /* a capture failed, or captures did not pay: eager from then on */
 } cuda_prepared;
 
 /* ---- support --------------------------------------------------------------- */
@@ -315,6 +319,11 @@ static twk_status enqueue_graph(cuda_ctx *c, cuda_prepared *pp, const twk_hal_pl
         g = graph_slot(c, pp);
         g->n = n;
         g->exec = exec;
+        /* more token counts in turn than the cache holds: each capture costs more
+         * than the launches it saves, so such a plan runs eagerly */
+        if (++pp->captures >= GRAPH_GIVE_UP && pp->replays < 2 * pp->captures) pp->graphs_off = true;
+    } else {
+        pp->replays++;
     }
     g->used = ++pp->tick;
     return cuda_check(c, cu->cuGraphLaunch(g->exec, c->stream), "cuGraphLaunch");
