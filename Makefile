@@ -25,11 +25,12 @@ demo: build
 test: build
 	cd $(BUILD) && ctest --output-on-failure --timeout 900
 
-# The same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
+# The same suite under AddressSanitizer + UndefinedBehaviorSanitizer (LeakSanitizer ignores
+# leaks inside PoCL / LLVM / CLBlast only: tests/lsan.supp).
 test-sanitize: deps
 	@cmake -S . -B $(BUILD_SAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTWK_SANITIZE=ON >/dev/null
 	@cmake --build $(BUILD_SAN) -j $(JOBS)
-	cd $(BUILD_SAN) && ctest --output-on-failure --timeout 1800
+	cd $(BUILD_SAN) && LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ctest --output-on-failure --timeout 1800
 
 # Benchmarks (not tests): see bench/README.md.
 bench: build

@@ -87,6 +87,7 @@ int vk_compute_devices(VkInstance inst, const vk_fns *f, VkPhysicalDevice *devs,
 }
 
 static int device_count_cached = -1;
+static VkInstance probe_instance; /* never destroyed: see vk_device_count */
 static char no_device_reason[512];
 static pthread_mutex_t count_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -105,7 +106,10 @@ static int vk_device_count(void) {
             if (device_count_cached == 0)
                 snprintf(no_device_reason, sizeof no_device_reason,
                          "vulkan: the driver reports no device with a compute queue");
-            f.vkDestroyInstance(inst, NULL);
+            /* The probe instance lives as long as the process: it keeps the driver loaded, so
+             * later opens do not load it again (Mesa 22's lavapipe leaks a block per load,
+             * which LeakSanitizer reports once the library is gone). */
+            probe_instance = inst;
         }
     }
     int n = device_count_cached;
