@@ -17,7 +17,7 @@ static void usage(FILE *f) {
             "  --top-k K           -1 = off (default)      --top-p P   (0, 1], 1 = off (default)\n"
             "  --seed S            repeatable sampling\n"
             "  --stop 2,7          stop token ids (default: the model's eos_token_id; 'none' = never)\n"
-            "  --device SPEC       cpu (default)\n"
+            "  --device SPEC       cpu (default), opencl[:N], vulkan[:N] or cuda[:N]: see twinkle devices\n"
             "Prints {\"tokens\": [...], \"logprobs\": [...], \"stop_reason\": \"stop\"|\"length\"} per sample;\n"
             "logprobs are log_softmax of the raw logits (temperature 1) at each chosen token.\n");
 }

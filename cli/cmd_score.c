@@ -9,7 +9,7 @@
 #include "twinkle/twinkle.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: twinkle score --model DIR [--adapter DIR] --data FILE.jsonl [--device cpu]\n"
+    fprintf(f, "usage: twinkle score --model DIR [--adapter DIR] --data FILE.jsonl [--device SPEC]\n"
                "  Prints one JSON line {\"logprobs\": [...]} per example {\"tokens\": [...]}: the log-probability\n"
                "  of each token after the first given the ones before it (len(tokens) - 1 values).\n");
 }

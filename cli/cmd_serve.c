@@ -20,7 +20,7 @@ static void usage(FILE *f) {
             "  --data-dir DIR       SQLite store and checkpoints (default ./twinkle-data)\n"
             "  --keys FILE          API keys: lines 'tml-KEY TENANT'. Default: open mode — any tml- key\n"
             "                       is accepted and each distinct key is its own tenant\n"
-            "  --device SPEC        cpu (default)\n"
+            "  --device SPEC        cpu (default), opencl[:N], vulkan[:N] or cuda[:N]: see twinkle devices\n"
             "  --max-lora-rank R    (default 128)   --max-context N   tokens per datum (default 2048)\n"
             "  --max-datums N       per request (default 4096)   --max-body-mb M   (default 64)\n"
             "  --seq-timeout S      fail ops queued behind a seq_id missing this long (default 120)\n"

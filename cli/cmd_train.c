@@ -42,7 +42,7 @@ static void usage(FILE *f) {
             "  --grad-clip X        clip the global gradient norm to X (default 1.0; 0 = off)\n"
             "  --resume DIR         continue from a saved training state (weights + optimizer)\n"
             "  --seed S             LoRA initialisation seed (default 0)\n"
-            "  --device SPEC        cpu (default)\n"
+            "  --device SPEC        cpu (default), opencl[:N], vulkan[:N] or cuda[:N]: see twinkle devices\n"
             "  --loss L             cross_entropy (default);\n"
             "                       dpo, ipo: preference pairs, lines 2i (chosen) and 2i+1 (rejected); weights\n"
             "                       mask the prompt; the reference is the base model (LoRA only);\n"

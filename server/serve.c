@@ -255,8 +255,9 @@ int twk_serve_run(const twk_serve_config *cfg) {
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
     if (!cfg->quiet) {
-        fprintf(stderr, "twinkle serve: listening on http://%s:%d  data %s  auth %s  models:", cfg->host,
-                twk_http_server_port(s->http), cfg->data_dir, twk_auth_open_mode(s->auth) ? "open (any tml- key)" : cfg->keys_file);
+        fprintf(stderr, "twinkle serve: listening on http://%s:%d  device %s  data %s  auth %s  models:", cfg->host,
+                twk_http_server_port(s->http), twk_device_spec(s->dev), cfg->data_dir,
+                twk_auth_open_mode(s->auth) ? "open (any tml- key)" : cfg->keys_file);
         for (int i = 0; i < s->n_models; i++) fprintf(stderr, " %s", s->models[i].name);
         fprintf(stderr, "\n");
     }

@@ -53,27 +53,7 @@ static cpu_kernel kernel_for(twk_op op) {
     }
 }
 
-/* Which source positions hold ids/positions/offsets (i32 or i64). */
-static int is_id_src(twk_op op, int i) {
-    switch (op) {
-    case TWK_OP_GET_ROWS:
-    case TWK_OP_GET_ROWS_BACK:
-    case TWK_OP_ROPE:
-    case TWK_OP_LOGPROBS:
-    case TWK_OP_LOGPROBS_BACK: return i == 1;
-    case TWK_OP_ATTN:
-    case TWK_OP_ATTN_BACK: return i == 3;
-    case TWK_OP_ATTN_LSE: return i == 2;
-    case TWK_OP_KV_WRITE: return i == 2;
-    case TWK_OP_ATTN_CACHE: return i >= 3;
-    case TWK_OP_LORA_GATHER: return i == 2;
-    default: return 0;
-    }
-}
 
-static int is_copy_op(twk_op op) {
-    return op == TWK_OP_PERMUTE || op == TWK_OP_SLICE || op == TWK_OP_SLICE_BACK || op == TWK_OP_CONCAT;
-}
 
 static int cpu_device_count(void) { return 1; }
 
@@ -212,29 +192,7 @@ static bool cpu_supports_op(void *ctx, const twk_launch *l, char *why, size_t wh
         if (why) snprintf(why, why_len, "no cpu kernel for %s", twk_op_name(l->op));
         return false;
     }
-    if (is_copy_op(l->op)) {
-        size_t es = twk_dtype_size(l->dst.type);
-        for (int i = 0; i < l->nsrc; i++)
-            if (twk_dtype_size(l->src[i].type) != es || es == 0) {
-                if (why) snprintf(why, why_len, "source %d dtype %s differs from %s", i,
-                                  twk_dtype_name(l->src[i].type), twk_dtype_name(l->dst.type));
-                return false;
-            }
-        return true;
-    }
-    if (l->dst.type != TWK_F32) {
-        if (why) snprintf(why, why_len, "output dtype %s; cpu computes f32", twk_dtype_name(l->dst.type));
-        return false;
-    }
-    for (int i = 0; i < l->nsrc; i++) {
-        twk_dtype t = l->src[i].type;
-        int ok = is_id_src(l->op, i) ? (t == TWK_I32 || t == TWK_I64) : t == TWK_F32;
-        if (!ok) {
-            if (why) snprintf(why, why_len, "source %d has dtype %s", i, twk_dtype_name(t));
-            return false;
-        }
-    }
-    return true;
+    return twk_launch_dtypes_ok(l, "cpu", why, why_len);
 }
 
 typedef struct cpu_prepared {

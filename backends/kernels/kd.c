@@ -76,27 +76,7 @@ void kd_pad4(const twk_tensor_desc *t, int64_t n, int64_t d[4]) {
 
 /* ---- support ---- */
 
-static int is_copy_op(twk_op op) {
-    return op == TWK_OP_PERMUTE || op == TWK_OP_SLICE || op == TWK_OP_SLICE_BACK || op == TWK_OP_CONCAT;
-}
 
-/* Sources that hold ids, positions, rows or segment starts (i32 or i64). */
-static int is_id_src(twk_op op, int i) {
-    switch (op) {
-    case TWK_OP_GET_ROWS:
-    case TWK_OP_GET_ROWS_BACK:
-    case TWK_OP_ROPE:
-    case TWK_OP_LOGPROBS:
-    case TWK_OP_LOGPROBS_BACK: return i == 1;
-    case TWK_OP_ATTN:
-    case TWK_OP_ATTN_BACK: return i == 3;
-    case TWK_OP_ATTN_LSE: return i == 2;
-    case TWK_OP_KV_WRITE: return i == 2;
-    case TWK_OP_ATTN_CACHE: return i >= 3;
-    case TWK_OP_LORA_GATHER: return i == 2;
-    default: return 0;
-    }
-}
 
 static int has_kernel(twk_op op) {
     switch (op) {
@@ -124,20 +104,10 @@ int kd_supports(const twk_launch *l, char *why, size_t why_len) {
     if (!l) return say(why, why_len, "no launch");
     if (!has_kernel(l->op)) return say(why, why_len, "no kernel for %s (a leaf or a view)", twk_op_name(l->op));
     if (l->dst.ndim < 1 || l->dst.ndim > 4) return say(why, why_len, "rank %d outside 1..4", l->dst.ndim);
-    if (is_copy_op(l->op)) {
-        size_t es = twk_dtype_size(l->dst.type);
-        if (es != 4 && es != 8) return say(why, why_len, "element size %zu bytes", es);
-        for (int i = 0; i < l->nsrc; i++)
-            if (twk_dtype_size(l->src[i].type) != es)
-                return say(why, why_len, "source %d dtype %s differs from %s", i, twk_dtype_name(l->src[i].type), twk_dtype_name(l->dst.type));
-        return 1;
-    }
-    if (l->dst.type != TWK_F32) return say(why, why_len, "output dtype %s; the kernels compute f32", twk_dtype_name(l->dst.type));
-    for (int i = 0; i < l->nsrc; i++) {
-        twk_dtype t = l->src[i].type;
-        int ok = is_id_src(l->op, i) ? (t == TWK_I32 || t == TWK_I64) : t == TWK_F32;
-        if (!ok) return say(why, why_len, "source %d has dtype %s", i, twk_dtype_name(t));
-    }
+    if (twk_op_is_copy(l->op) && twk_dtype_size(l->dst.type) != 4 && twk_dtype_size(l->dst.type) != 8)
+        return say(why, why_len, "element size %zu bytes", twk_dtype_size(l->dst.type));
+    if (!twk_launch_dtypes_ok(l, "the kernels", why, why_len)) return 0;
+    if (twk_op_is_copy(l->op)) return 1;
     if (l->op == TWK_OP_ATTN || l->op == TWK_OP_ATTN_LSE || l->op == TWK_OP_ATTN_BACK ||
         l->op == TWK_OP_ATTN_CACHE) {
         int64_t D = l->src[0].ne[2];

@@ -138,8 +138,6 @@ int vk_lower(const vk_ctx *c, const twk_launch *l, int li, int64_t n, size_t con
 /* Bytes of plan constants a launch needs (written by vk_write_consts). */
 size_t vk_const_bytes(const twk_launch *l);
 void vk_write_consts(const twk_launch *l, void *dst);
-/* Whether source i of op holds ids (i32 or i64), as in the CPU backend. */
-int vk_is_id_src(twk_op op, int i);
 /* true if the launch has a lowering; else false and a reason. */
 bool vk_supports(const twk_launch *l, char *why, size_t why_len);
 /* (vk_errors.c) The CPU backend's message for launch l's bad ids at token

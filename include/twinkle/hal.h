@@ -90,6 +90,15 @@ typedef struct twk_launch {
     float fp[TWK_MAX_PARAMS];
 } twk_launch;
 
+/* Whether source i of op holds indices (ids, positions, rows, segment starts: i32 or i64). */
+bool twk_op_src_is_index(twk_op op, int i);
+/* Whether op only moves elements (permute, slice, slice_back, concat): any dtype of one size. */
+bool twk_op_is_copy(twk_op op);
+/* The dtype rule every backend shares: copies keep the element size; other ops
+ * compute f32 from f32 sources and index sources. false with a reason naming
+ * `backend` in why (may be NULL) otherwise. */
+bool twk_launch_dtypes_ok(const twk_launch *l, const char *backend, char *why, size_t why_len);
+
 /* A compiled plan as the backend receives it: launches in order. */
 typedef struct twk_hal_plan {
     int n_launches;

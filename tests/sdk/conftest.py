@@ -2,7 +2,8 @@
 driven by the official `tinker` SDK (unchanged) and by raw HTTP.
 
 Environment:
-  TWINKLE_BIN   the twinkle binary (default: <repo>/build/twinkle)
+  TWINKLE_BIN       the twinkle binary (default: <repo>/build/twinkle)
+  TWK_SERVE_DEVICE  --device for the shared server (default: the CPU)
 """
 from __future__ import annotations
 
@@ -129,7 +130,8 @@ def start_server(tmp_path):
 def server(tmp_path_factory):
     """One server shared by the tests of a module (open mode, default options)."""
     d = tmp_path_factory.mktemp("serve")
-    s = Server(d / "data", ["--seq-timeout", "30"], log_path=d / "serve.log")
+    device = os.environ.get("TWK_SERVE_DEVICE")  # e.g. opencl: the same suite on another backend
+    s = Server(d / "data", ["--seq-timeout", "30"] + (["--device", device] if device else []), log_path=d / "serve.log")
     yield s
     s.kill()
 
