@@ -195,6 +195,10 @@ static twk_status vk_device_props(int index, twk_device_props *out) {
     snprintf(out->kind, sizeof out->kind, "%s", kind);
     out->memory_bytes = device_local_bytes(&mp);
     out->compute_units = compute_units(&f, inst, pd, &p);
+    vk_coop co;
+    vk_coop_probe(&f, inst, pd, &co);
+    if (co.m) /* the shape TWK_VULKAN_GEMM=fp16 would use */
+        snprintf(out->name, sizeof out->name, "%.96s (coopmat f16 %ux%ux%u)", p.deviceName, co.m, co.n, co.k);
     out->max_threads = 0; /* not a CPU backend */
     f.vkDestroyInstance(inst, NULL);
     return TWK_OK;
@@ -209,9 +213,12 @@ static int find_type(const VkPhysicalDeviceMemoryProperties *mp, VkMemoryPropert
 static void vk_close(void *vctx);
 
 static twk_status vk_open(int index, void **out) {
+    int want_fp16;
+    twk_status st = vk_gemm_mode(&want_fp16);
+    if (st != TWK_OK) return st;
     vk_ctx *c = twk_host_calloc(sizeof *c, "vulkan context");
     if (!c) return TWK_ERR_OOM;
-    twk_status st = pick(index, &c->inst, &c->f, &c->phys);
+    st = pick(index, &c->inst, &c->f, &c->phys);
     if (st != TWK_OK) {
         twk_host_free(c);
         return st;
@@ -220,11 +227,33 @@ static twk_status vk_open(int index, void **out) {
     f->vkGetPhysicalDeviceProperties(c->phys, &c->props);
     f->vkGetPhysicalDeviceMemoryProperties(c->phys, &c->memprops);
     compute_family(c->phys, f, &c->queue_family);
+    vk_coop_probe(f, c->inst, c->phys, &c->coop);
+    c->gemm_fp16 = want_fp16 && c->coop.m;
+    if (want_fp16 && !c->coop.m)
+        fprintf(stderr, "vulkan: TWK_VULKAN_GEMM=fp16 but %s on %s: using the fp32 GEMM\n", c->coop.why,
+                c->props.deviceName);
     float prio = 1.0f;
     VkDeviceQueueCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
                                   .queueFamilyIndex = c->queue_family, .queueCount = 1, .pQueuePriorities = &prio};
     VkDeviceCreateInfo di = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .queueCreateInfoCount = 1,
                              .pQueueCreateInfos = &qi};
+    /* the fp16 GEMM's extensions and features, only when it is asked for and offered */
+    static const char *const coop_exts[] = {VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME,
+                                            VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME,
+                                            VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME};
+    VkPhysicalDeviceVulkanMemoryModelFeaturesKHR mm = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES_KHR, .vulkanMemoryModel = VK_TRUE};
+    VkPhysicalDeviceShaderFloat16Int8FeaturesKHR f16 = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR, .pNext = &mm,
+        .shaderFloat16 = VK_TRUE};
+    VkPhysicalDeviceCooperativeMatrixFeaturesNV cf = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV, .pNext = &f16,
+        .cooperativeMatrix = VK_TRUE};
+    if (c->gemm_fp16) {
+        di.pNext = &cf;
+        di.enabledExtensionCount = 3;
+        di.ppEnabledExtensionNames = coop_exts;
+    }
     VkResult r = f->vkCreateDevice(c->phys, &di, NULL, &c->dev);
     if (r != VK_SUCCESS) {
         f->vkDestroyInstance(c->inst, NULL);

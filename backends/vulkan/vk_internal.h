@@ -55,15 +55,29 @@ typedef struct vk_buffer {
 /* The compiled shaders (shaders/<name>.comp), in vk_shaders.c's table. */
 typedef enum vk_shader {
     VKS_ELTWISE, VKS_BROADCAST, VKS_SUM_TO, VKS_REDUCE, VKS_COPY, VKS_CHECK, VKS_MATMUL,
-    VKS_ROWS, VKS_ROWNORM, VKS_ROPE, VKS_ATTN, VKS_ATTN_BACK, VKS_COUNT
+    VKS_ROWS, VKS_ROWNORM, VKS_ROPE, VKS_ATTN, VKS_ATTN_BACK, VKS_MATMUL_COOPMAT, VKS_COUNT
 } vk_shader;
 
 const uint32_t *vk_shader_code(vk_shader s, size_t *bytes);
 const char *vk_shader_name(vk_shader s);
 
-#define VK_NSPEC 9 /* spec constants: 0 threads, 1 mode, 2..8 shader-specific */
+#define VK_NSPEC 10 /* spec constants: 0 threads, 1 mode, 2..9 shader-specific */
 #define VK_NBIND 8 /* tensor bindings; binding 8 is the error word */
 #define VK_MAX_PIPES 128
+
+/* The cooperative-matrix GEMM a device offers (vk_coopmat.c). */
+typedef struct vk_coop {
+    uint32_t m, n, k;  /* an fp16 x fp16 -> fp32 subgroup shape (VK_NV_cooperative_matrix); 0 when none */
+    uint32_t subgroup; /* subgroupSize: the work-group is 4 subgroups */
+    char why[160];     /* why there is none, when m == 0 */
+} vk_coop;
+
+/* Fills *o with the device's usable shape (16x16x16 preferred) or, with
+ * m == 0, the reason there is none; never fails otherwise. */
+void vk_coop_probe(const vk_fns *f, VkInstance inst, VkPhysicalDevice pd, vk_coop *o);
+/* TWK_VULKAN_GEMM: unset/"fp32" -> *fp16 = 0, "fp16" -> 1; anything else
+ * TWK_ERR_INVALID_ARG with a message. */
+twk_status vk_gemm_mode(int *fp16);
 
 typedef struct vk_pipe {
     vk_shader shader;
@@ -93,6 +107,8 @@ typedef struct vk_ctx {
     vk_pipe pipes[VK_MAX_PIPES];
     int n_pipes;
     uint32_t max_groups;     /* maxComputeWorkGroupCount, min over dims used */
+    vk_coop coop;            /* what the device offers for the fp16 GEMM */
+    int gemm_fp16;           /* TWK_VULKAN_GEMM=fp16 and coop.m: MATMUL runs matmul_coopmat.comp */
     int profile;             /* TWK_PROFILE=1: time each launch, print per-op totals at close */
     double prof_s[TWK_OP_COUNT];
     long prof_n[TWK_OP_COUNT];

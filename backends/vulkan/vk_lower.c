@@ -258,12 +258,28 @@ int vk_lower(const vk_ctx *c, const twk_launch *l, int li, int64_t n, size_t con
          * tiles, K in steps of 8, 8 x 8 outputs per thread (64 threads) */
         int simple = M <= 8;
         uint32_t BM = 64, BN = 64, BK = 8, TM = 8, TN = 8;
-        x = start(d, &k, VKS_MATMUL, simple ? 64 : (BM / TM) * (BN / TN), simple);
-        x->spec[2] = BM;
-        x->spec[3] = BN;
-        x->spec[4] = BK;
-        x->spec[5] = TM;
-        x->spec[6] = TN;
+        if (c->gemm_fp16) {
+            /* TWK_VULKAN_GEMM=fp16: every MATMUL on cooperative matrices. 2 x 2
+             * subgroups, each with 2 x 2 tiles of the device's MM x MN shape; K in
+             * steps of 2 MK (vk_coopmat.c checked the limits for this shape) */
+            simple = 0;
+            BM = 4 * c->coop.m;
+            BN = 4 * c->coop.n;
+            x = start(d, &k, VKS_MATMUL_COOPMAT, 4 * c->coop.subgroup, 0);
+            x->spec[2] = BM;
+            x->spec[3] = BN;
+            x->spec[4] = 2 * c->coop.k;
+            x->spec[5] = c->coop.m;
+            x->spec[6] = c->coop.n;
+            x->spec[9] = c->coop.k;
+        } else {
+            x = start(d, &k, VKS_MATMUL, simple ? 64 : (BM / TM) * (BN / TN), simple);
+            x->spec[2] = BM;
+            x->spec[3] = BN;
+            x->spec[4] = BK;
+            x->spec[5] = TM;
+            x->spec[6] = TN;
+        }
         x->spec[7] = (uint32_t)ta;
         x->spec[8] = (uint32_t)tb;
         x->p[0] = (int32_t)M;

@@ -9,6 +9,7 @@
 #include "spv_copy.h"
 #include "spv_eltwise.h"
 #include "spv_matmul.h"
+#include "spv_matmul_coopmat.h"
 #include "spv_reduce.h"
 #include "spv_rope.h"
 #include "spv_rownorm.h"
@@ -32,6 +33,7 @@ static const struct {
     [VKS_ROPE] = {"rope", spv_rope, sizeof spv_rope},
     [VKS_ATTN] = {"attn", spv_attn, sizeof spv_attn},
     [VKS_ATTN_BACK] = {"attn_back", spv_attn_back, sizeof spv_attn_back},
+    [VKS_MATMUL_COOPMAT] = {"matmul_coopmat", spv_matmul_coopmat, sizeof spv_matmul_coopmat},
 };
 
 const uint32_t *vk_shader_code(vk_shader s, size_t *bytes) {
