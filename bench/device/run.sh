@@ -8,7 +8,8 @@
 #   backend_ops on cuda, vulkan          every op vs the CPU backend (NMSE), forward and backward
 #   test_parity on cpu, cuda             the transformers/PEFT fixtures replayed
 #   test_curve on cuda, vulkan           20 LoRA steps, losses vs the CPU's
-#   bench_gemm on cpu, cuda, vulkan      MATMUL GFLOP/s (the GPU runs also time the CPU: ratio)
+#   bench_gemm on cpu, cuda, vulkan      MATMUL GFLOP/s (the GPU runs also time the CPU: ratio);
+#                                        cuda also with TWK_CUDA_GEMM=tf32, bf16, vulkan with TWK_VULKAN_GEMM=fp16
 #   bench_train_step on cpu, cuda, vulkan  LoRA step tokens/s and MFU
 #
 # and prints ONE table at the end. Writes run.log (everything) and table.txt under $OUT when it
@@ -224,6 +225,21 @@ if echo "$devs" | grep -qw cuda; then
         gemm_best[cuda/$mode]=$(summary "$build/step-gemm-cuda-$mode.out" tflops_best)
     done
 fi
+if echo "$devs" | grep -qw vulkan; then
+    # cooperative matrices, fp16 inputs, fp32 accumulation (TWK_VULKAN_GEMM, backends/vulkan/README.md): rates, and
+    # the worst |engine - BLAS| as a sanity figure; the 1e-3 fp32 tolerance may not hold, as for the cuda rows.
+    # The line "using the fp32 GEMM" in its output means the device lacks VK_NV_cooperative_matrix.
+    step gemm-vulkan-fp16 60 env TWK_VULKAN_GEMM=fp16 "$bin/bench/bench_gemm" --quick --m "$gemm_m" --reps 5 --device vulkan
+    case $step_rc in 0 | 1) ;; *) count_fail ;; esac # a tolerance MISMATCH is expected here, not a failure
+    gemm[vulkan/fp16]=$(summary "$build/step-gemm-vulkan-fp16.out" tflops_geo)
+    gemm_best[vulkan/fp16]=$(summary "$build/step-gemm-vulkan-fp16.out" tflops_best)
+    # the worst max|diff| column of bench_gemm's product lines (absolute, against max|ref| ~ 50-100 with inputs in
+    # [-1, 1]: fp16 rounding should give ~1e-2, inside the 1e-3 x max|ref| tolerance; ~1 or more means a wrong kernel)
+    vk16_diff=$(awk '$4 ~ /^[0-9]+$/ && $6 ~ /x/ { d = $NF == "MISMATCH" ? $(NF - 1) : $NF
+        if (w !~ /nan/ && (d ~ /nan/ || d + 0 > w + 0)) w = d } END { print w }' "$build/step-gemm-vulkan-fp16.out")
+    vk16_diff="worst |diff| ${vk16_diff:--}, within 1e-3: $(summary "$build/step-gemm-vulkan-fp16.out" ok)"
+    grep -q 'using the fp32 GEMM' "$build/step-gemm-vulkan-fp16.out" && vk16_diff="FELL BACK to fp32 (no coopmat)"
+fi
 step train-cpu 120 "$bin/bench/bench_train_step" --layers "$train_layers" --tokens "$cpu_train_tokens" --steps 2
 count_fail
 train[cpu]=$(summary "$build/step-train-cpu.out" tokens_per_s)
@@ -255,6 +271,8 @@ done
         [ -n "${gemm[cuda/$mode]:-}" ] && printf '%-7s %-16s %-11s %-14s %-22s\n' "cuda" "TWK_CUDA_GEMM=$mode" "" "" \
             "${gemm[cuda/$mode]}/${gemm_best[cuda/$mode]:--}"
     done
+    [ -n "${gemm[vulkan/fp16]:-}" ] && printf '%-7s %-16s %-11s %-14s %-22s %s\n' "vulkan" "TWK_VULKAN_GEMM=fp16" "" "" \
+        "${gemm[vulkan/fp16]}/${gemm_best[vulkan/fp16]:--}" "${vk16_diff:--}"
     echo "backend_ops: verdict runs/failures; parity: checks ok; loss_curve: worst relative step-loss difference"
     echo "vs the CPU; GEMM: bench_gemm --quick (M=2048 on cpu, $gemm_m on the GPUs); step: LoRA r16, $train_layers Qwen3-0.6B"
     echo "layers, $cpu_train_tokens tokens (cpu) / $train_tokens (GPUs); MFU = 6 N tokens/s / ${peak} TFLOP/s (PEAK_TFLOPS)"
