@@ -4,7 +4,8 @@
  * vocabulary) agrees with the CPU; more distinct n than the command-buffer
  * cache holds; the staging-buffer path (TWK_VULKAN_STAGING=1) equals the
  * mapped one; tensors deep inside a buffer larger than the device's storage
- * buffer range. Exits 0, printing "skip", when there is no Vulkan device. */
+ * buffer range; TWK_VULKAN_GEMM (bad value, fp16). Exits 0, printing "skip",
+ * when there is no Vulkan device. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -329,6 +330,80 @@ static void big_buffer(twk_device *vk, twk_device *cpu) {
     twk_graph_free(g);
 }
 
+/* TWK_VULKAN_GEMM: a bad value fails device_open with a message; fp16 opens
+ * either way, and its MATMULs (awkward sizes, every transpose, batched) agree
+ * with the CPU within fp16-input rounding where the device has cooperative
+ * matrices ("coopmat" in its props name), bit for bit with fp32 otherwise. */
+static void gemm_modes(const twk_backend_iface *be, twk_device *vk) {
+    setenv("TWK_VULKAN_GEMM", "bogus", 1);
+    twk_device *d = NULL;
+    twk_status st = twk_device_open("vulkan", &d);
+    check(st == TWK_ERR_INVALID_ARG && strstr(twk_last_error(), "TWK_VULKAN_GEMM='bogus'"),
+          "TWK_VULKAN_GEMM=bogus fails device_open", twk_last_error());
+    if (st == TWK_OK) twk_device_close(d);
+    setenv("TWK_VULKAN_GEMM", "fp16", 1);
+    st = twk_device_open("vulkan", &d);
+    unsetenv("TWK_VULKAN_GEMM");
+    if (st != TWK_OK) {
+        check(0, "open with TWK_VULKAN_GEMM=fp16", twk_last_error());
+        return;
+    }
+    twk_device_props props;
+    int coop = be->device_props(0, &props) == TWK_OK && strstr(props.name, "coopmat") != NULL;
+    static const int64_t sz[][4] = {/* batch (0: rank 2), M, N, K */
+                                    {0, 1, 5, 3}, {0, 37, 70, 130}, {0, 130, 33, 17}, {0, 64, 64, 32},
+                                    {0, 200, 129, 300}, {3, 20, 50, 40}};
+    double worst = 0;
+    int ran = 0, bits_equal = 1;
+    for (size_t c = 0; c < sizeof sz / sizeof sz[0]; c++)
+        for (int t = 0; t < 4; t++) {
+            int ta = t & 1, tb = t >> 1, r = sz[c][0] ? 3 : 2;
+            int64_t B = sz[c][0] ? sz[c][0] : 1, M = sz[c][1], N = sz[c][2], K = sz[c][3];
+            if (r == 3 && (ta || tb)) continue; /* batched products are plain */
+            int64_t as[3] = {B, ta ? K : M, ta ? M : K}, bs[3] = {B, tb ? N : K, tb ? K : N};
+            twk_graph *g = twk_graph_new();
+            twk_id a = twk_param(g, "a", r, as + 3 - r, false), b = twk_param(g, "b", r, bs + 3 - r, false);
+            twk_id y = twk_matmul(g, a, b, ta, tb);
+            twk_graph_output(g, y);
+            twk_device *devs[3] = {d, vk, NULL};
+            float *out[3] = {NULL, NULL, NULL};
+            size_t abytes = (size_t)(B * M * K) * 4, bbytes = (size_t)(B * K * N) * 4, ybytes = (size_t)(B * M * N) * 4;
+            float *ha = malloc(abytes), *hb = malloc(bbytes);
+            for (int64_t i = 0; i < B * M * K; i++) ha[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+            for (int64_t i = 0; i < B * K * N; i++) hb[i] = (float)((i * 53) % 89) / 44.0f - 1.0f;
+            twk_device *cpu = NULL;
+            if (twk_device_open("cpu", &cpu) == TWK_OK) devs[2] = cpu;
+            for (int k = 0; k < 3 && devs[k]; k++) {
+                twk_plan *p = NULL;
+                out[k] = malloc(ybytes);
+                if (twk_plan_compile(g, devs[k], 1, NULL, 0, &p) != TWK_OK || twk_plan_write(p, a, 1, ha, abytes) != TWK_OK ||
+                    twk_plan_write(p, b, 1, hb, bbytes) != TWK_OK || twk_plan_run(p, 1) != TWK_OK ||
+                    twk_plan_read(p, y, 1, out[k], ybytes) != TWK_OK) {
+                    check(0, "a matmul with TWK_VULKAN_GEMM=fp16", twk_last_error());
+                    free(out[k]);
+                    out[k] = NULL;
+                }
+                twk_plan_free(p);
+            }
+            if (out[0] && out[1] && out[2]) {
+                ran++;
+                worst = fmax(worst, rel_err(out[0], out[2], B * M * N));
+                bits_equal &= memcmp(out[0], out[1], ybytes) == 0;
+            }
+            for (int k = 0; k < 3; k++) free(out[k]);
+            free(ha);
+            free(hb);
+            twk_device_close(cpu);
+            twk_graph_free(g);
+        }
+    char msg[160];
+    snprintf(msg, sizeof msg, "%d products, worst error %.2e vs cpu (tol %s)%s", ran, worst, coop ? "2e-3" : "1e-5",
+             coop ? "" : ", bit-identical to fp32");
+    check(ran == 21 && (coop ? worst < 2e-3 : worst < 1e-5 && bits_equal),
+          coop ? "TWK_VULKAN_GEMM=fp16 on cooperative matrices" : "TWK_VULKAN_GEMM=fp16 falls back to fp32 here", msg);
+    twk_device_close(d);
+}
+
 int main(void) {
     const twk_backend_iface *be = twk_backend_find("vulkan");
     if (!be || be->device_count() == 0) {
@@ -336,6 +411,7 @@ int main(void) {
         return 0;
     }
     twk_device *vk = NULL, *cpu = NULL, *staged = NULL;
+    unsetenv("TWK_VULKAN_GEMM"); /* the checks below hold the fp32 GEMM to 1e-5; gemm_modes tries fp16 */
     if (twk_device_open("vulkan", &vk) != TWK_OK || twk_device_open("cpu", &cpu) != TWK_OK) {
         printf("FAIL open: %s\n", twk_last_error());
         return 1;
@@ -348,6 +424,7 @@ int main(void) {
     decode_errors(vk);
     block_checks(vk, cpu, staged);
     big_buffer(vk, cpu);
+    gemm_modes(be, vk);
     twk_device_close(staged);
     twk_device_close(vk);
     twk_device_close(cpu);

@@ -6,6 +6,7 @@
 #
 #   twinkle devices                      what the binary sees
 #   backend_ops on cuda, vulkan          every op vs the CPU backend (NMSE), forward and backward
+#   test_vulkan                          the Vulkan backend's checks (TWK_VULKAN_GEMM=fp16 vs the CPU)
 #   test_parity on cpu, cuda             the transformers/PEFT fixtures replayed
 #   test_curve on cuda, vulkan           20 LoRA steps, losses vs the CPU's
 #   bench_gemm on cpu, cuda, vulkan      MATMUL GFLOP/s (the GPU runs also time the CPU: ratio);
@@ -142,6 +143,8 @@ fi
 
 # ---- build ------------------------------------------------------------------------------------
 targets="twinkle_cli backend_ops test_parity test_curve test_ops bench_gemm bench_train_step"
+vk_targets=""
+[ "$vulkan" = ON ] && vk_targets="test_vulkan"
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
     step configure 120 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DTWK_CUDA=$cuda -DTWK_VULKAN=$vulkan \
         -DCMAKE_CUDA_COMPILER="$cuda_home/bin/nvcc" -DCMAKE_CUDA_ARCHITECTURES=90 -DCUDAToolkit_ROOT="$cuda_home"
@@ -151,7 +154,7 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
         step configure2 120 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DTWK_CUDA=$cuda -DTWK_VULKAN=OFF \
             -DCMAKE_CUDA_COMPILER="$cuda_home/bin/nvcc" -DCMAKE_CUDA_ARCHITECTURES=90 -DCUDAToolkit_ROOT="$cuda_home"
     fi
-    [ "$step_rc" = 0 ] && step build 300 cmake --build "$build" -j"$jobs" --target $targets
+    [ "$step_rc" = 0 ] && step build 300 cmake --build "$build" -j"$jobs" --target $targets $vk_targets
     if [ "$step_rc" != 0 ] && [ "$step_rc" != 124 ] && [ "$vulkan" = ON ]; then
         say "the build failed with Vulkan on; once more with it off (the CUDA figures matter more)"
         tail -20 "$build/step-build.out" | tee -a "$log"
@@ -191,6 +194,14 @@ for d in $devs; do
     count_fail
     ops[$d]="$(verdict) $(grep -Eo '^[0-9]+ case runs' "$build/step-backend_ops-$d.out" | cut -d' ' -f1)/$(grep -Eo '[0-9]+ failures$' "$build/step-backend_ops-$d.out" | cut -d' ' -f1)f"
 done
+if echo "$devs" | grep -qw vulkan && [ -x "$bin/backends/vulkan/test_vulkan" ]; then
+    # the Vulkan backend's own checks, among them TWK_VULKAN_GEMM=fp16 on cooperative matrices against the CPU
+    # (awkward sizes, every transpose, batched: the edges bench_gemm's sizes do not reach)
+    step test_vulkan 90 "$bin/backends/vulkan/test_vulkan"
+    count_fail
+    vk_checks="$(verdict) $(grep -c '^ok' "$build/step-test_vulkan.out")ok; $(grep 'TWK_VULKAN_GEMM=fp16' "$build/step-test_vulkan.out" |
+        grep -v '^vulkan:' | head -1 | cut -c1-110)"
+fi
 for d in cpu $(echo "$devs" | grep -o cuda); do
     step "parity-$d" 90 env TWK_TEST_DEVICE=$d "$bin/tests/test_parity"
     count_fail
@@ -273,6 +284,7 @@ done
     done
     [ -n "${gemm[vulkan/fp16]:-}" ] && printf '%-7s %-16s %-11s %-14s %-22s %s\n' "vulkan" "TWK_VULKAN_GEMM=fp16" "" "" \
         "${gemm[vulkan/fp16]}/${gemm_best[vulkan/fp16]:--}" "${vk16_diff:--}"
+    [ -n "${vk_checks:-}" ] && echo "vulkan  test_vulkan: $vk_checks"
     echo "backend_ops: verdict runs/failures; parity: checks ok; loss_curve: worst relative step-loss difference"
     echo "vs the CPU; GEMM: bench_gemm --quick (M=2048 on cpu, $gemm_m on the GPUs); step: LoRA r16, $train_layers Qwen3-0.6B"
     echo "layers, $cpu_train_tokens tokens (cpu) / $train_tokens (GPUs); MFU = 6 N tokens/s / ${peak} TFLOP/s (PEAK_TFLOPS)"
