@@ -5,7 +5,7 @@
 # every core, then runs, each step under `timeout` and all within a total budget (default 450 s):
 #
 #   twinkle devices                      what the binary sees
-#   backend_ops on cuda, vulkan          every op vs the CPU backend (NMSE), forward and backward
+#   backend_ops on cuda, vulkan, opencl  every op vs the CPU backend (NMSE), forward and backward
 #   test_vulkan                          the Vulkan backend's checks (TWK_VULKAN_GEMM=fp16 vs the CPU)
 #   test_parity on cpu, cuda             the transformers/PEFT fixtures replayed
 #   test_curve on cuda, vulkan           20 LoRA steps, losses vs the CPU's
@@ -101,11 +101,15 @@ vk_lack=""
 command -v glslc > /dev/null 2>&1 || vk_lack="$vk_lack glslc"
 have_lib libvulkan.so || vk_lack="$vk_lack libvulkan"
 [ -f /usr/include/vulkan/vulkan.h ] || vk_lack="$vk_lack vulkan.h"
+cl_lack=""
+[ -f /usr/include/CL/cl.h ] || cl_lack="$cl_lack CL/cl.h"
+[ -f /usr/include/clblast_c.h ] || cl_lack="$cl_lack clblast_c.h"
+have_lib libclblast.so || cl_lack="$cl_lack libclblast"
 
 sysroot_tar=$root/bench/device/sysroot.tar.gz
 [ "${FORCE_SYSROOT:-0}" = 1 ] && [ -z "$lack" ] && lack=" (FORCE_SYSROOT)"
-if [ -n "$lack$vk_lack" ]; then
-    say "not on this machine:$lack$vk_lack"
+if [ -n "$lack$vk_lack$cl_lack" ]; then
+    say "not on this machine:$lack$vk_lack$cl_lack"
     if [ -f "$sysroot_tar" ]; then
         sr=$build/sysroot
         rm -rf "$sr" && mkdir -p "$sr" && tar -C "$sr" -xzf "$sysroot_tar"
@@ -122,6 +126,8 @@ if [ -n "$lack$vk_lack" ]; then
         say "using the packages of $sysroot_tar ($(tr '\n' ' ' < "$sr/PACKAGES" | wc -w) .debs) from $sr"
         vk_lack=""
         have_lib libvulkan.so || [ -e "$lib/libvulkan.so.1" ] || vk_lack=" libvulkan"
+        cl_lack=""
+        [ -e "$sr/usr/include/clblast_c.h" ] && [ -e "$lib/libclblast.so.1" ] || cl_lack=" clblast (not in the sysroot)"
     elif [ -n "$lack" ]; then
         say "and no $sysroot_tar to take them from: run bench/device/make_sysroot.sh on a machine with apt and carry the file"
         echo "device run: NOT BUILT, missing:$lack (no sysroot.tar.gz); see run.log" > "$table"
@@ -140,18 +146,30 @@ if [ -z "$vk_lack" ]; then
 else
     say "Vulkan backend off: missing$vk_lack"
 fi
+opencl=OFF
+if [ -z "$cl_lack" ]; then
+    opencl=ON
+    # NVIDIA's OpenCL ICD: the driver ships libnvidia-opencl.so.1; containers often lack its .icd file
+    if [ -z "${OCL_ICD_VENDORS:-}" ] && ! ls /etc/OpenCL/vendors/*.icd > /dev/null 2>&1 &&
+        ldconfig -p 2>/dev/null | grep -q libnvidia-opencl.so.1; then
+        mkdir -p "$build/icd" && echo libnvidia-opencl.so.1 > "$build/icd/nvidia.icd"
+        export OCL_ICD_VENDORS=$build/icd
+    fi
+else
+    say "OpenCL backend off: missing$cl_lack"
+fi
 
 # ---- build ------------------------------------------------------------------------------------
 targets="twinkle_cli backend_ops test_parity test_curve test_ops bench_gemm bench_train_step"
 vk_targets=""
 [ "$vulkan" = ON ] && vk_targets="test_vulkan"
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
-    step configure 120 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DTWK_CUDA=$cuda -DTWK_VULKAN=$vulkan \
+    step configure 120 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DTWK_CUDA=$cuda -DTWK_VULKAN=$vulkan -DTWK_OPENCL=$opencl \
         -DCMAKE_CUDA_COMPILER="$cuda_home/bin/nvcc" -DCMAKE_CUDA_ARCHITECTURES=90 -DCUDAToolkit_ROOT="$cuda_home"
     if [ "$step_rc" != 0 ] && [ "$vulkan" = ON ]; then
         say "configure failed with Vulkan on; trying once more with it off"
         vulkan=OFF
-        step configure2 120 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DTWK_CUDA=$cuda -DTWK_VULKAN=OFF \
+        step configure2 120 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DTWK_CUDA=$cuda -DTWK_VULKAN=OFF -DTWK_OPENCL=$opencl \
             -DCMAKE_CUDA_COMPILER="$cuda_home/bin/nvcc" -DCMAKE_CUDA_ARCHITECTURES=90 -DCUDAToolkit_ROOT="$cuda_home"
     fi
     [ "$step_rc" = 0 ] && step build 300 cmake --build "$build" -j"$jobs" --target $targets $vk_targets
@@ -159,7 +177,7 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
         say "the build failed with Vulkan on; once more with it off (the CUDA figures matter more)"
         tail -20 "$build/step-build.out" | tee -a "$log"
         vulkan=OFF
-        step configure3 120 cmake -S "$root" -B "$build" -DTWK_VULKAN=OFF
+        step configure3 120 cmake -S "$root" -B "$build" -DTWK_VULKAN=OFF -DTWK_OPENCL=$opencl
         [ "$step_rc" = 0 ] && step build2 240 cmake --build "$build" -j"$jobs" --target $targets
     fi
     build_rc=$step_rc
@@ -178,7 +196,7 @@ step devices 30 "$bin/twinkle" devices
 devices_out=$(cat "$build/step-devices.out")
 has_dev() { echo "$devices_out" | grep -q "^$1:0 "; }
 devs=""
-for d in cuda vulkan; do
+for d in cuda vulkan opencl; do
     if has_dev "$d"; then devs="$devs $d"; else say "no $d device: $(echo "$devices_out" | grep "^$d" | head -1)"; fi
 done
 
@@ -265,10 +283,10 @@ done
 # ---- the table --------------------------------------------------------------------------------
 {
     echo "twinkle device run $(date -u '+%F %T') UTC, $(cd "$root" && git rev-parse --short HEAD 2>/dev/null), $((SECONDS - start)) s"
-    echo "$(echo "$devices_out" | grep -E '^(cuda|vulkan):0' | head -2 | tr '\n' ';')"
+    echo "$(echo "$devices_out" | grep -E '^(cuda|vulkan|opencl):0' | head -3 | tr '\n' ';')"
     printf '%-7s %-16s %-11s %-14s %-22s %-10s %-12s %-7s\n' device backend_ops parity loss_curve \
         "GEMM TFLOP/s geo/best" "GEMM x cpu" "step tok/s" "MFU"
-    for d in cpu cuda vulkan; do
+    for d in cpu cuda vulkan opencl; do
         [ "$d" != cpu ] && ! echo "$devs" | grep -qw $d && {
             printf '%-7s %s\n' $d "no device (see run.log)"
             continue
