@@ -222,7 +222,12 @@ int twk_cmd_train(int argc, char **argv) {
             goto fail;
         }
         if (o.teacher_adapter && twk_adapter_read_config(o.teacher_adapter, &tl) != TWK_OK) goto fail;
-        if (twk_sampler_new(teacher, o.teacher_adapter ? &tl : NULL, 1, twk_dataset_max_targets(data) + 1, &tsampler) !=
+        /* the sampler scores max_seqs positions per pass: as many as 1 GiB of KV cache allows, up to 16 */
+        const twk_model_config *tc = twk_model_cfg(teacher);
+        int64_t len = twk_dataset_max_targets(data) + 1;
+        double row_bytes = 8.0 * tc->layers * tc->kv_heads * tc->head_dim; /* k and v, f32 */
+        int seqs = (int)fmin(16.0, fmax(1.0, (double)(1 << 30) / (row_bytes * (double)len)));
+        if (twk_sampler_new(teacher, o.teacher_adapter ? &tl : NULL, seqs, len, &tsampler) !=
                 TWK_OK ||
             (o.teacher_adapter && twk_sampler_load_adapter(tsampler, o.teacher_adapter) != TWK_OK))
             goto fail;
