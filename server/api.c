@@ -565,7 +565,7 @@ static void h_create_from_state(svc *s, twk_http_conn *c, const cJSON *b, const 
     const char *session_id, *path;
     long long model_seq;
     int optimizer = 0;
-    char err[512], run[128], kind[32], name[128], ckid[200];
+    char err[512];
     if (!api_str(b, "session_id", 1, &session_id, err, sizeof err) ||
         !api_int(b, "model_seq_id", 1, 0, 1000000000, 0, &model_seq, err, sizeof err) ||
         !api_str(b, "path", 1, &path, err, sizeof err) || !api_bool(b, "optimizer", 0, &optimizer, err, sizeof err)) {
@@ -573,16 +573,12 @@ static void h_create_from_state(svc *s, twk_http_conn *c, const cJSON *b, const 
         return;
     }
     if (!svc_session_exists(s, c, tenant, session_id)) return;
-    if (!svc_parse_tinker_path(path, run, sizeof run, kind, sizeof kind, name, sizeof name)) {
-        api_error(c, 400, "path '%s' is not tinker://<run>/(weights|sampler_weights)/<name>", path);
-        return;
-    }
-    snprintf(ckid, sizeof ckid, "%s/%s", kind, name);
     twk_store_ckpt ck;
     twk_store_run src;
-    if (twk_store_ckpt_get(s->store, tenant, run, ckid, &ck) != TWK_OK ||
-        twk_store_run_get(s->store, tenant, run, &src) != TWK_OK) {
-        api_error(c, 404, "checkpoint %s not found", path);
+    char kind[32];
+    int status;
+    if (!svc_find_checkpoint(s, tenant, "path", path, &ck, &src, kind, sizeof kind, &status, err, sizeof err)) {
+        api_error(c, status, "%s", err);
         return;
     }
     if (optimizer && strcmp(kind, "weights")) {
@@ -590,21 +586,15 @@ static void h_create_from_state(svc *s, twk_http_conn *c, const cJSON *b, const 
         api_error(c, 400, "%s holds sampler weights only; it has no optimizer state", path);
         return;
     }
-    twk_lora_config lora = twk_lora_default();
-    lora.rank = src.lora_rank;
-    lora.alpha = 32;
-    lora.train_attn = src.train_attn;
-    lora.train_mlp = src.train_mlp;
-    lora.train_unembed = src.train_unembed;
-    lora.seed = (uint64_t)src.seed;
+    twk_lora_config lora = svc_run_lora(&src);
     char base[128];
     snprintf(base, sizeof base, "%s", src.base_model);
     twk_store_run_clear(&src);
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(b, "user_metadata");
     char *meta_json = meta && cJSON_IsObject(meta) ? cJSON_PrintUnformatted(meta) : NULL;
     char create_id[64], model_id[128];
-    int status = svc_create_run(s, tenant, session_id, (int)model_seq, base, &lora, meta_json, create_id, model_id,
-                                err, sizeof err);
+    status = svc_create_run(s, tenant, session_id, (int)model_seq, base, &lora, meta_json, create_id, model_id, err,
+                            sizeof err);
     free(meta_json);
     if (status) {
         api_error(c, status, "%s", err);
@@ -644,38 +634,30 @@ static void h_load(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant)
         return;
     }
     const char *path;
-    char err[256], run[128], kind[32], name[128];
-    int optimizer = 0;
+    char err[256], kind[32];
+    int optimizer = 0, status;
     twk_store_ckpt ck;
     twk_store_run src;
     if (!api_str(b, "path", 1, &path, err, sizeof err) || !api_bool(b, "optimizer", 0, &optimizer, err, sizeof err)) {
         snprintf(o->prefail, sizeof o->prefail, "%s", err);
-    } else if (!svc_parse_tinker_path(path, run, sizeof run, kind, sizeof kind, name, sizeof name)) {
-        snprintf(o->prefail, sizeof o->prefail, "path '%s' is not tinker://<run>/(weights|sampler_weights)/<name>", path);
+    } else if (!svc_find_checkpoint(s, tenant, "path", path, &ck, &src, kind, sizeof kind, &status, err, sizeof err)) {
+        snprintf(o->prefail, sizeof o->prefail, "%s", err);
     } else {
-        char ckid[200];
-        snprintf(ckid, sizeof ckid, "%s/%s", kind, name);
-        if (twk_store_ckpt_get(s->store, tenant, run, ckid, &ck) != TWK_OK) {
-            snprintf(o->prefail, sizeof o->prefail, "checkpoint %s not found", path);
-        } else if (optimizer && strcmp(kind, "weights")) {
+        if (optimizer && strcmp(kind, "weights"))
             snprintf(o->prefail, sizeof o->prefail, "%s holds sampler weights only; it has no optimizer state", path);
-        } else if (twk_store_run_get(s->store, tenant, run, &src) != TWK_OK) {
-            snprintf(o->prefail, sizeof o->prefail, "the run of %s is gone", path);
-        } else {
-            if (!r->base || strcmp(src.base_model, r->base->name))
-                snprintf(o->prefail, sizeof o->prefail, "%s was trained on base model '%s'; model %s uses '%s'", path,
-                         src.base_model, r->id, r->base ? r->base->name : "?");
-            else if (src.lora_rank != r->lora.rank || src.train_attn != r->lora.train_attn ||
-                     src.train_mlp != r->lora.train_mlp || src.train_unembed != r->lora.train_unembed)
-                snprintf(o->prefail, sizeof o->prefail,
-                         "%s has LoRA rank %d (attn %d, mlp %d, unembed %d); model %s has rank %d (attn %d, mlp %d, "
-                         "unembed %d)",
-                         path, src.lora_rank, src.train_attn, src.train_mlp, src.train_unembed, r->id, r->lora.rank,
-                         r->lora.train_attn, r->lora.train_mlp, r->lora.train_unembed);
-            snprintf(o->dir, sizeof o->dir, "%s", ck.path);
-            o->load_optimizer = optimizer;
-            twk_store_run_clear(&src);
-        }
+        else if (!r->base || strcmp(src.base_model, r->base->name))
+            snprintf(o->prefail, sizeof o->prefail, "%s was trained on base model '%s'; model %s uses '%s'", path,
+                     src.base_model, r->id, r->base ? r->base->name : "?");
+        else if (src.lora_rank != r->lora.rank || src.train_attn != r->lora.train_attn ||
+                 src.train_mlp != r->lora.train_mlp || src.train_unembed != r->lora.train_unembed)
+            snprintf(o->prefail, sizeof o->prefail,
+                     "%s has LoRA rank %d (attn %d, mlp %d, unembed %d); model %s has rank %d (attn %d, mlp %d, "
+                     "unembed %d)",
+                     path, src.lora_rank, src.train_attn, src.train_mlp, src.train_unembed, r->id, r->lora.rank,
+                     r->lora.train_attn, r->lora.train_mlp, r->lora.train_unembed);
+        snprintf(o->dir, sizeof o->dir, "%s", ck.path);
+        o->load_optimizer = optimizer;
+        twk_store_run_clear(&src);
     }
     char request_id[64];
     svc_submit_op(s, r, o, request_id);
@@ -698,21 +680,16 @@ static void h_unload(svc *s, twk_http_conn *c, const cJSON *b, const char *tenan
 
 static void h_weights_info(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
     const char *path;
-    char err[256], run[128], kind[32], name[128], ckid[200];
+    char err[256], kind[32];
+    int status;
+    twk_store_ckpt ck;
+    twk_store_run src;
     if (!api_str(b, "tinker_path", 1, &path, err, sizeof err)) {
         api_error(c, 400, "%s", err);
         return;
     }
-    if (!svc_parse_tinker_path(path, run, sizeof run, kind, sizeof kind, name, sizeof name)) {
-        api_error(c, 400, "tinker_path '%s' is not tinker://<run>/(weights|sampler_weights)/<name>", path);
-        return;
-    }
-    snprintf(ckid, sizeof ckid, "%s/%s", kind, name);
-    twk_store_ckpt ck;
-    twk_store_run src;
-    if (twk_store_ckpt_get(s->store, tenant, run, ckid, &ck) != TWK_OK ||
-        twk_store_run_get(s->store, tenant, run, &src) != TWK_OK) {
-        api_error(c, 404, "checkpoint %s not found", path);
+    if (!svc_find_checkpoint(s, tenant, "tinker_path", path, &ck, &src, kind, sizeof kind, &status, err, sizeof err)) {
+        api_error(c, status, "%s", err);
         return;
     }
     cJSON *j = cJSON_CreateObject();

@@ -54,6 +54,39 @@ int svc_parse_tinker_path(const char *path, char *run, size_t run_len, char *kin
     return 1;
 }
 
+int svc_find_checkpoint(svc *s, const char *tenant, const char *field, const char *path, twk_store_ckpt *ck,
+                        twk_store_run *src, char *kind, size_t kind_len, int *status, char *err, size_t err_len) {
+    char run[128], name[128], ckid[200];
+    if (!svc_parse_tinker_path(path, run, sizeof run, kind, kind_len, name, sizeof name)) {
+        *status = 400;
+        snprintf(err, err_len, "%s '%s' is not tinker://<run>/(weights|sampler_weights)/<name>", field, path);
+        return 0;
+    }
+    snprintf(ckid, sizeof ckid, "%s/%s", kind, name);
+    if (twk_store_ckpt_get(s->store, tenant, run, ckid, ck) != TWK_OK) {
+        *status = 404;
+        snprintf(err, err_len, "checkpoint %s not found", path);
+        return 0;
+    }
+    if (twk_store_run_get(s->store, tenant, run, src) != TWK_OK) {
+        *status = 404;
+        snprintf(err, err_len, "the run of checkpoint %s is gone", path);
+        return 0;
+    }
+    return 1;
+}
+
+twk_lora_config svc_run_lora(const twk_store_run *src) {
+    twk_lora_config lc = twk_lora_default();
+    lc.rank = src->lora_rank;
+    lc.alpha = 32;
+    lc.train_attn = src->train_attn;
+    lc.train_mlp = src->train_mlp;
+    lc.train_unembed = src->train_unembed;
+    lc.seed = (uint64_t)src->seed;
+    return lc;
+}
+
 /* ---- run registry ---- */
 
 static run_state *run_new(svc *s, const char *id, const char *tenant) {

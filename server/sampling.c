@@ -673,7 +673,7 @@ static void h_asample(svc *s, twk_http_conn *c, const cJSON *b, const char *tena
 static void h_create_session(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
     const char *session_id, *base = NULL, *path = NULL;
     long long seq;
-    char err[256];
+    char err[512];
     if (!api_str(b, "session_id", 1, &session_id, err, sizeof err) ||
         !api_int(b, "sampling_session_seq_id", 1, 0, 1000000000, 0, &seq, err, sizeof err) ||
         !api_str(b, "base_model", 0, &base, err, sizeof err) || !api_str(b, "model_path", 0, &path, err, sizeof err)) {
@@ -697,17 +697,13 @@ static void h_create_session(svc *s, twk_http_conn *c, const cJSON *b, const cha
             }
             ss = shared_unit(bm) ? new_session(s, tenant, id, bm, bm->shared, 0) : NULL;
         } else {
-            char run[128], kind[32], name[128], ckid[200];
+            char kind[32];
+            int status;
             twk_store_ckpt ck;
             twk_store_run src;
-            if (!svc_parse_tinker_path(path, run, sizeof run, kind, sizeof kind, name, sizeof name)) {
-                api_error(c, 400, "model_path '%s' is not tinker://<run>/(weights|sampler_weights)/<name>", path);
-                return;
-            }
-            snprintf(ckid, sizeof ckid, "%s/%s", kind, name);
-            if (twk_store_ckpt_get(s->store, tenant, run, ckid, &ck) != TWK_OK ||
-                twk_store_run_get(s->store, tenant, run, &src) != TWK_OK) {
-                api_error(c, 404, "checkpoint %s not found", path);
+            if (!svc_find_checkpoint(s, tenant, "model_path", path, &ck, &src, kind, sizeof kind, &status, err,
+                                     sizeof err)) {
+                api_error(c, status, "%s", err);
                 return;
             }
             base_model *bm = svc_find_model(s, src.base_model);
@@ -716,12 +712,7 @@ static void h_create_session(svc *s, twk_http_conn *c, const cJSON *b, const cha
                 api_error(c, 400, "%s was trained on '%s', which this server does not serve now", path, src.base_model);
                 return;
             }
-            twk_lora_config lc = twk_lora_default();
-            lc.rank = src.lora_rank;
-            lc.alpha = 32;
-            lc.train_attn = src.train_attn;
-            lc.train_mlp = src.train_mlp;
-            lc.train_unembed = src.train_unembed;
+            twk_lora_config lc = svc_run_lora(&src);
             ss = adapter_session(s, tenant, id, bm, &lc, ck.path);
             if (ss) snprintf(ss->model_path, sizeof ss->model_path, "%s", path);
             twk_store_run_clear(&src);

@@ -180,6 +180,13 @@ void svc_rm_tree(const char *dir);
 /* tinker://<run>/<kind>/<name> → parts; 0 if malformed. */
 int svc_parse_tinker_path(const char *path, char *run, size_t run_len, char *kind, size_t kind_len, char *name,
                           size_t name_len);
+/* The checkpoint a tinker:// path (request field `field`) names among tenant's, and its run's
+ * record; kind gets "weights" or "sampler_weights". 0 otherwise, with *status 400 (malformed)
+ * or 404 (unknown) and a message in err. After a success the caller clears *src. */
+int svc_find_checkpoint(svc *s, const char *tenant, const char *field, const char *path, twk_store_ckpt *ck,
+                        twk_store_run *src, char *kind, size_t kind_len, int *status, char *err, size_t err_len);
+/* The LoRA shape of a run record (every run is created with alpha 32). */
+twk_lora_config svc_run_lora(const twk_store_run *src);
 /* DATA_DIR/checkpoints/<run>/<kind>/<name> */
 void svc_ckpt_dir(const svc *s, const char *run, const char *kind, const char *name, char *out, size_t len);
 /* A unique id with a prefix ("sess", ...). */
