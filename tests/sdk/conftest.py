@@ -223,3 +223,13 @@ def twin_steps(tc, tc_ce, weights, data, probe=None):
     probe = probe or [counting_datum(7)]
     return [np.array(c.forward(probe, "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist())
             for c in (tc, tc_ce)]
+
+
+def counting_teacher(sc, seed, steps):
+    """A rank-16 training client that has learned to count (cross-entropy on
+    counting data, a quarter of the starts per step)."""
+    tc = new_training_client(sc, rank=16, seed=seed)
+    for step in range(steps):
+        tc.forward_backward([counting_datum(s) for s in range(step % 4, 32, 4)], "cross_entropy").result()
+        tc.optim_step(adam(2e-2)).result()
+    return tc

@@ -7,7 +7,7 @@ to at most half of its starting value."""
 import numpy as np
 from tinker import types
 
-from conftest import adam, counting_datum, new_training_client, service_client
+from conftest import adam, counting_teacher, new_training_client, service_client
 
 PROMPTS = [[100, 101, 102], [110, 111], [120, 121, 122, 123], [105]]
 
@@ -39,10 +39,7 @@ def _rollouts(student, teacher, seed, group=6, max_tokens=6):
 
 def test_on_policy_distillation_reduces_reverse_kl(base_url):
     sc = service_client(base_url, "tml-distill")
-    teacher_tc = new_training_client(sc, rank=16, seed=1)
-    for step in range(20):  # the teacher learns to count
-        teacher_tc.forward_backward([counting_datum(s) for s in range(step % 4, 32, 4)], "cross_entropy").result()
-        teacher_tc.optim_step(adam(2e-2)).result()
+    teacher_tc = counting_teacher(sc, seed=1, steps=20)
     teacher = _sampler(teacher_tc)
     student_tc = new_training_client(sc, rank=16, seed=2)
     curve = []

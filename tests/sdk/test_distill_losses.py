@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from tinker import types
 
-from conftest import adam, counting_datum, new_training_client, service_client
+from conftest import adam, counting_datum, counting_teacher, new_training_client, service_client
 
 K = 4
 
@@ -85,10 +85,7 @@ def test_distill_loss_value_and_step(base_url, kind):
 
 def test_distilling_a_teacher_lowers_the_loss(base_url):
     sc = service_client(base_url, "tml-distill-train")
-    teacher_tc = new_training_client(sc, rank=16, seed=4)
-    for step in range(15):  # the teacher learns to count
-        teacher_tc.forward_backward([counting_datum(s) for s in range(step % 4, 32, 4)], "cross_entropy").result()
-        teacher_tc.optim_step(adam(2e-2)).result()
+    teacher_tc = counting_teacher(sc, seed=4, steps=15)
     data = _topk_data(5, n_datums=4)
     teacher = _student_lp(teacher_tc, data)
     student = new_training_client(sc, rank=16, seed=6)
