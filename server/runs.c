@@ -261,15 +261,37 @@ static twk_status backward_from_dldp(op *o, int K, float *dldp, const int64_t *o
     return st;
 }
 
-static float *gather_input(const twk_wire_fb_request *q, const char *key, int64_t total) {
+/* A per-token float input over all datums; `absent` where a datum lacks it. NULL on OOM. */
+static float *gather_input(const twk_wire_fb_request *q, const char *key, int64_t total, float absent) {
     float *v = twk_host_alloc((size_t)(total ? total : 1) * 4, key);
     if (!v) return NULL;
     int64_t t = 0;
     for (int d = 0; d < q->n_data; d++) {
-        const twk_wire_tensor *x = twk_wire_datum_input(&q->data[d], key);
-        for (int64_t i = 0; i < q->data[d].n_tokens; i++) v[t++] = x ? ((const float *)x->data)[i] : NAN;
+        const twk_wire_datum *dt = &q->data[d];
+        const twk_wire_tensor *x = twk_wire_datum_input(dt, key);
+        for (int64_t i = 0; i < dt->n_tokens; i++) v[t++] = x ? ((const float *)x->data)[i] : absent;
     }
     return v;
+}
+
+/* Reference logprobs for the preference and KL losses: the datums' "ref_logprobs"
+ * (every datum or none, checked by the API), else the base model's (a forward
+ * with the adapter off). NULL with *st set on failure. */
+static float *reference_logprobs(op *o, const int64_t *offsets, int32_t *buf, float *w, twk_status *st) {
+    int64_t total = offsets[o->fb->n_data];
+    if (twk_wire_datum_input(&o->fb->data[0], "ref_logprobs")) {
+        float *ref = gather_input(o->fb, "ref_logprobs", total, NAN);
+        if (!ref) *st = TWK_ERR_OOM;
+        return ref;
+    }
+    float *ref = twk_host_alloc((size_t)(total ? total : 1) * 4, "reference logprobs");
+    double unused;
+    *st = ref ? fb_passes(o, NULL, NULL, 2, ref, offsets, buf, w, &unused, &unused) : TWK_ERR_OOM;
+    if (*st != TWK_OK) {
+        twk_host_free(ref);
+        return NULL;
+    }
+    return ref;
 }
 
 static double config_value(const twk_wire_fb_request *q, const char *key, double def) {
@@ -326,15 +348,13 @@ static void run_fb(op *o) {
         double unused;
         lp_k = twk_host_alloc((size_t)(total ? total : 1) * (size_t)K * 4, "logprobs");
         float *tlp = twk_host_alloc((size_t)(total ? total : 1) * (size_t)K * 4, "teacher logprobs");
-        float *tw = gather_input(q, "weights", total);
+        float *tw = gather_input(q, "weights", total, 1.0f);
         grad = twk_host_alloc((size_t)(total ? total : 1) * (size_t)K * 4, "loss gradient");
         st = lp_k && tlp && tw && grad ? topk_passes(o, K, NULL, 0, lp_k, offsets, buf, w, &unused, &unused) : TWK_ERR_OOM;
         for (int d = 0; st == TWK_OK && d < q->n_data; d++) {
             const twk_wire_tensor *x = twk_wire_datum_input(&q->data[d], "teacher_logprobs");
             memcpy(tlp + offsets[d] * K, x->data, (size_t)q->data[d].n_tokens * (size_t)K * 4);
         }
-        for (int64_t i = 0; st == TWK_OK && i < total; i++)
-            if (isnan(tw[i])) tw[i] = 1.0f;
         for (int64_t i = 0; st == TWK_OK && i < total; i++) wsum += tw[i];
         if (st == TWK_OK)
             st = twk_loss_distill((twk_distill_kind)distill, total, K, lp_k, tlp, tw, config_value(q, "beta", 0.5), grad,
@@ -347,17 +367,10 @@ static void run_fb(op *o) {
          * host, then a cross-entropy backward with weights -dL/dp */
         double unused;
         st = fb_passes(o, NULL, NULL, 0, lp_all, offsets, buf, w, &unused, &wsum);
-        if (twk_wire_datum_input(&q->data[0], "ref_logprobs")) {
-            qlp = gather_input(q, "ref_logprobs", total);
-        } else { /* the reference is the base model: a forward with the adapter off */
-            qlp = twk_host_alloc((size_t)(total ? total : 1) * 4, "reference logprobs");
-            if (st == TWK_OK && qlp) st = fb_passes(o, NULL, NULL, 2, qlp, offsets, buf, w, &unused, &unused);
-        }
-        adv = gather_input(q, "weights", total); /* token mask; NaN where absent */
+        if (st == TWK_OK) qlp = reference_logprobs(o, offsets, buf, w, &st);
+        adv = gather_input(q, "weights", total, 1.0f); /* the token mask */
         grad = twk_host_alloc((size_t)(total ? total : 1) * 4, "loss gradient");
-        if (st == TWK_OK && (!qlp || !adv || !grad)) st = TWK_ERR_OOM;
-        for (int64_t i = 0; st == TWK_OK && i < total; i++)
-            if (isnan(adv[i])) adv[i] = 1.0f;
+        if (st == TWK_OK && (!adv || !grad)) st = TWK_ERR_OOM;
         if (st == TWK_OK)
             st = twk_loss_dpo(q->n_data, offsets, lp_all, qlp, adv, config_value(q, "beta", 0.1),
                               !strcmp(q->loss_fn, "ipo"), grad, &ds);
@@ -372,27 +385,16 @@ static void run_fb(op *o) {
          * cross-entropy backward with weights -dL/dp (same gradient) */
         double unused;
         st = fb_passes(o, NULL, NULL, 0, lp_all, offsets, buf, w, &unused, &wsum);
-        qlp = gather_input(q, "logprobs", total);
-        adv = gather_input(q, "advantages", total);
-        lo = gather_input(q, "clip_low_threshold", total);
-        hi = gather_input(q, "clip_high_threshold", total);
+        qlp = gather_input(q, "logprobs", total, NAN);
+        adv = gather_input(q, "advantages", total, NAN);
+        lo = gather_input(q, "clip_low_threshold", total, NAN); /* NaN: the loss's default */
+        hi = gather_input(q, "clip_high_threshold", total, NAN);
         grad = twk_host_alloc((size_t)(total ? total : 1) * 4, "loss gradient");
-        if (st == TWK_OK && (!qlp || !adv || !lo || !hi || !grad)) st = TWK_ERR_OOM;
-        float *mask = gather_input(q, "weights", total), *ref = NULL; /* mask: NaN where absent = counted */
-        for (int64_t i = 0; mask && i < total; i++)
-            if (isnan(mask[i])) mask[i] = 1.0f;
-        if (st == TWK_OK && rl.kl_beta > 0) { /* the reference: per datum, or the base model (adapter off) */
-            if (twk_wire_datum_input(&q->data[0], "ref_logprobs")) {
-                ref = gather_input(q, "ref_logprobs", total);
-            } else {
-                ref = twk_host_alloc((size_t)(total ? total : 1) * 4, "reference logprobs");
-                if (ref) st = fb_passes(o, NULL, NULL, 2, ref, offsets, buf, w, &unused, &unused);
-            }
-            if (st == TWK_OK && !ref) st = TWK_ERR_OOM;
-        }
+        float *mask = gather_input(q, "weights", total, 1.0f), *ref = NULL;
+        if (st == TWK_OK && (!qlp || !adv || !lo || !hi || !grad || !mask)) st = TWK_ERR_OOM;
+        if (st == TWK_OK && rl.kl_beta > 0) ref = reference_logprobs(o, offsets, buf, w, &st);
         twk_loss_stats ls;
-        if (st == TWK_OK)
-            st = mask ? twk_loss_rl(&rl, q->n_data, offsets, lp_all, qlp, adv, mask, lo, hi, ref, grad, &ls) : TWK_ERR_OOM;
+        if (st == TWK_OK) st = twk_loss_rl(&rl, q->n_data, offsets, lp_all, qlp, adv, mask, lo, hi, ref, grad, &ls);
         twk_host_free(mask);
         twk_host_free(ref);
         if (st == TWK_OK) {

@@ -173,16 +173,6 @@ twk_status twk_dataset_require(const twk_dataset *d, const char *field, const ch
     return twk_error(TWK_ERR_INVALID_ARG, "dataset: unknown field '%s'", field);
 }
 
-int twk_dataset_has(const twk_dataset *d, const char *field) {
-    for (int f = 0; d && f < N_FIELDS; f++)
-        if (!strcmp(fields[f], field)) {
-            for (int64_t i = 0; i < d->n_ex; i++)
-                if (d->ex[i].has >> f & 1) return 1;
-            return 0;
-        }
-    return 0;
-}
-
 void twk_packed_free(twk_packed *p) {
     if (!p) return;
     twk_host_free(p->buf_i32);

@@ -365,8 +365,6 @@ int64_t twk_dataset_tokens(const twk_dataset *d);
 /* TWK_OK when every line has float field `field` ("advantages", "logprobs"); else
  * TWK_ERR_INVALID_ARG naming path, the first line without it and `why` needs it. */
 twk_status twk_dataset_require(const twk_dataset *d, const char *field, const char *path, const char *why);
-/* 1 when some line has the field. */
-int twk_dataset_has(const twk_dataset *d, const char *field);
 /* Target tokens of the longest example. */
 int64_t twk_dataset_max_targets(const twk_dataset *d);
 
