@@ -76,10 +76,9 @@ twk_status twk_loss_rl(const twk_rl_spec *spec, int n_seqs, const int64_t *offse
         h[i] = hi && !isnan(hi[i]) ? hi[i] : (float)spec->clip_hi;
     }
     memset(out, 0, sizeof *out);
-    if (st == TWK_OK && spec->aggregation == TWK_AGG_GSPO) {
-        for (int64_t i = 0; i < n; i++) l[i] = c[i] != 0.0f; /* l as the sequence mask */
-        st = twk_loss_gspo(n_seqs, offsets, p, q, a, l, spec->clip_lo, spec->clip_hi, dldp, out);
-    } else if (st == TWK_OK)
+    if (st == TWK_OK && spec->aggregation == TWK_AGG_GSPO) /* c is 0 exactly on the masked tokens */
+        st = twk_loss_gspo(n_seqs, offsets, p, q, a, c, spec->clip_lo, spec->clip_hi, dldp, out);
+    else if (st == TWK_OK)
         st = twk_loss_eval(spec->kind, n, p, q, a, NULL, l, h, spec->beta, dldp, out);
     if (st == TWK_OK && spec->kl_beta > 0) { /* + kl_beta * sum_t c_t k3_t */
         for (int64_t i = 0; i < n; i++) c[i] = (float)(c[i] * spec->kl_beta);
