@@ -110,7 +110,7 @@ static void print_result(const step_result *r, const step_shape *sh, double peak
     if (peak > 0) {
         double n = r->matmul_params;
         printf("         MFU %.2f%% (6 N tokens / time / peak; N = %.1fM matmul parameters incl. the unembedding and "
-               "%.2fM LoRA; peak %.4g TFLOP/s); counting 4 N for the frozen base (DESIGN.md 6): %.2f%%\n",
+               "%.2fM LoRA; peak %.4g TFLOP/s); counting 4 N (a frozen base has no weight gradients): %.2f%%\n",
                100 * 6 * n * r->tps / (peak * 1e12), n * 1e-6, r->lora_params * 1e-6, peak,
                100 * 4 * n * r->tps / (peak * 1e12));
     }

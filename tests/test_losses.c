@@ -1,5 +1,5 @@
 /* Tinker's losses (train/losses.c): the value against an independent float64
- * evaluation of the formulas in tinker-wire.md §10, and dL/dp against central
+ * evaluation of the formulas in docs/wire.md ("Loss functions"), and dL/dp against central
  * finite differences of that evaluation, on random inputs (ratios on both
  * sides of the clip bounds). Tolerances: value 1e-6 relative, gradient 1e-5. */
 #include <math.h>

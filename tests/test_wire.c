@@ -1,7 +1,7 @@
 /* The Tinker protobuf codec (server/wire.c) against the official SDK
- * (tinker 0.38.0, the venv at /work/venvs/sdk):
- *  (1) the worked example bytes of shared/docs/tinker-wire.md §8.2 decode to
- *      exactly the values the doc states;
+ * (tinker 0.38.0):
+ *  (1) the worked example bytes of docs/wire.md ("Worked example bytes")
+ *      decode to exactly the values the doc states;
  *  (2) requests serialized by the SDK itself (tinker.proto.request_conv on
  *      real tinker.types.Datum objects, then forward_only set and
  *      SerializeToString, as resources/training.py does) decode to the values
@@ -11,7 +11,7 @@
  *  (3) the encoders' output is byte-for-byte the bytes the SDK's protobuf
  *      classes produce for the same message (SerializeToString(deterministic=
  *      True); C callers pass map entries in the same sorted order), and the
- *      §8.2 SampleResponse / ForwardBackwardOutput examples;
+ *      docs/wire.md SampleResponse / ForwardBackwardOutput examples;
  *  (4) round trip through the SDK's decoder: `TWK_WIRE_DUMP=/tmp/c_out.txt
  *      build/tests/test_wire` writes every C output as hex; the snippet at the
  *      end of this file feeds them to tinker.proto.response_conv. Run on
@@ -36,7 +36,7 @@
 #include "twinkle/status.h"
 #include "wire.h"
 
-/* ---- tinker-wire.md §8.2, transcribed from the doc ------------------------ */
+/* ---- docs/wire.md "Worked example bytes", transcribed from the doc ------- */
 
 // 135 bytes: model "sess-1:train:0", seq 1, tokens [1,2,3], target_tokens int64 [2,3,4], weights f32 [0,1,1]
 static const char DOC_FB_REQUEST[] =
@@ -385,7 +385,7 @@ static double config_of(const twk_wire_fb_request *r, const char *key) {
 #define T(...) ((const int32_t[]){__VA_ARGS__})
 #define NT(...) (sizeof((const int32_t[]){__VA_ARGS__}) / sizeof(int32_t))
 
-/* ---- (1) the worked example of tinker-wire.md §8.2 ----------------------- */
+/* ---- (1) the worked example of docs/wire.md ------------------------------ */
 
 static void doc_request(void) {
     twk_wire_fb_request *r = NULL;
@@ -393,7 +393,7 @@ static void doc_request(void) {
     uint8_t *b = unhex(DOC_FB_REQUEST, &n);
     twk_status s = twk_wire_decode_fb_request(b, n, &r);
     free(b);
-    checkf(n == 135 && s == TWK_OK && r, "doc §8.2 ForwardBackwardRequest (135 bytes) decodes%s%s", s ? ": " : "", s ? twk_last_error() : "");
+    checkf(n == 135 && s == TWK_OK && r, "docs/wire.md ForwardBackwardRequest (135 bytes) decodes%s%s", s ? ": " : "", s ? twk_last_error() : "");
     if (!r) return;
     check(!strcmp(r->model_id, "sess-1:train:0") && r->seq_id == 1 && !strcmp(r->loss_fn, "cross_entropy") &&
               r->forward_only == 0 && r->n_config == 0 && r->n_data == 1,
@@ -687,7 +687,7 @@ static void encoders(void) {
     size_t n = 0;
     twk_status s;
 
-    /* §8.2: two datums with logprobs [-1, -2] and [-0.5], loss:sum = 3.5 */
+    /* docs/wire.md: two datums with logprobs [-1, -2] and [-0.5], loss:sum = 3.5 */
     {
         const float lp[] = {-1, -2, -0.5f};
         const int64_t off[] = {0, 2, 3};
@@ -695,7 +695,7 @@ static void encoders(void) {
         const char *keys[] = {"loss:sum"};
         const double vals[] = {3.5};
         s = twk_wire_encode_fb_output(2, &f, 1, keys, vals, 1, &out, &n);
-        same_bytes("fb_output doc §8.2", s, out, n, DOC_FB_OUTPUT);
+        same_bytes("fb_output docs/wire.md", s, out, n, DOC_FB_OUTPUT);
     }
     /* two fields, three metrics (one 0.0: the SDK still writes its value) */
     {
@@ -724,13 +724,13 @@ static void encoders(void) {
         s = twk_wire_encode_fb_output(0, &f, 1, NULL, NULL, 0, &out, &n);
         same_bytes("fb_output with 0 datums", s, out, n, SDK_FBO_EMPTY);
     }
-    /* §8.2 SampleResponse */
+    /* docs/wire.md SampleResponse */
     {
         const int32_t t0[] = {15, 27, 151645}, t1[] = {9, 9};
         const float l0[] = {-0.5f, -1.25f, -0.125f}, l1[] = {-0.25f, -0.75f};
         twk_wire_seq sq[2] = {{0, t0, l0, 3}, {1, t1, l1, 2}};
         s = twk_wire_encode_sample_response(sq, 2, NULL, 0, NULL, NULL, 0, &out, &n);
-        same_bytes("sample_response doc §8.2", s, out, n, DOC_SAMPLE);
+        same_bytes("sample_response docs/wire.md", s, out, n, DOC_SAMPLE);
     }
     {
         const int32_t t0[] = {15, 27, -1, 151645}, t1[] = {3};
@@ -831,7 +831,7 @@ int main(void) {
     return fails ? 1 : 0;
 }
 
-/* ---- reference generators (run with /work/venvs/sdk/bin/python) ---------
+/* ---- reference generators (run with a Python that has tinker 0.38.0) ---
 
 === gen.py ===
 # Reference bytes for tests/test_wire.c, made by the official SDK (tinker 0.38.0):

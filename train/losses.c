@@ -2,7 +2,7 @@
  * current model: each gives the loss (a sum) and dL/dp per token. Training
  * then backpropagates through a cross-entropy pass with weights -dL/dp
  * (the loss -sum w p has exactly that gradient), so every loss runs on the
- * same graph. Formulas: ../shared/docs/tinker-wire.md §10. */
+ * same graph. Formulas: docs/wire.md, "Loss functions". */
 #include <math.h>
 #include <string.h>
 

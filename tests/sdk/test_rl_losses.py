@@ -1,5 +1,5 @@
 """Tinker's RL losses through the SDK (importance_sampling, ppo, cispo, dro):
-loss:sum equals the formula (tinker-wire.md §10) evaluated with numpy on the
+loss:sum equals the formula (docs/wire.md, "Loss functions") evaluated with numpy on the
 returned logprobs, and a step with the RL loss moves the adapter exactly as a
 cross-entropy step whose weights are -dL/dp (computed on the client)."""
 import numpy as np
