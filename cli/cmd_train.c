@@ -190,8 +190,8 @@ int twk_cmd_train(int argc, char **argv) {
     lc.seed = (uint64_t)o.seed;
     if (twk_trainer_new(model, o.full ? NULL : &lc, o.batch_tokens, &t) != TWK_OK) goto fail;
     if (o.resume && twk_trainer_load_state(t, o.resume, 1) != TWK_OK) goto fail;
-    if (mkdir(o.out, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "twinkle train: cannot create %s: %s\n", o.out, strerror(errno));
+    if (twk_mkdir_p(o.out, 0755) != TWK_OK) {
+        fprintf(stderr, "twinkle train: %s\n", twk_last_error());
         goto out;
     }
     const twk_model_config *c = twk_model_cfg(model);

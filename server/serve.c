@@ -41,10 +41,11 @@ twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char
         *used = 0;
         return TWK_OK;
     }
-    if (!val) return twk_error(TWK_ERR_INVALID_ARG, "--%s needs a value", opt);
+    /* a known option without its value says so; an unknown one is "unknown option" */
     double v;
 #define NUM(name, lo, hi, field, type)                                                                  \
     if (!strcmp(opt, name)) {                                                                           \
+        if (!val) return twk_error(TWK_ERR_INVALID_ARG, "--%s needs a value", opt);                     \
         if (!parse_num(val, lo, hi, &v))                                                                \
             return twk_error(TWK_ERR_INVALID_ARG, "--%s wants a number in [%g, %g], got '%s'", opt,     \
                              (double)(lo), (double)(hi), val);                                          \
@@ -56,6 +57,7 @@ twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char
     NUM("max-context", 2, 1 << 20, max_context, int64_t)
     NUM("max-datums", 1, 1 << 20, max_datums, int64_t)
     if (!strcmp(opt, "max-body-mb")) {
+        if (!val) return twk_error(TWK_ERR_INVALID_ARG, "--%s needs a value", opt);
         if (!parse_num(val, 1, 4096, &v))
             return twk_error(TWK_ERR_INVALID_ARG, "--%s wants a number in [1, 4096], got '%s'", opt, val);
         c->max_body_bytes = (size_t)(v * 1048576.0);
@@ -73,11 +75,13 @@ twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char
     };
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
         if (!strcmp(opt, strs[i].name)) {
+            if (!val) return twk_error(TWK_ERR_INVALID_ARG, "--%s needs a value", opt);
             if (strlen(val) >= strs[i].len) return twk_error(TWK_ERR_INVALID_ARG, "--%s: value too long", opt);
             snprintf(strs[i].dst, strs[i].len, "%s", val);
             return TWK_OK;
         }
     if (!strcmp(opt, "model")) {
+        if (!val) return twk_error(TWK_ERR_INVALID_ARG, "--%s needs a value", opt);
         if (c->n_models == TWK_MAX_BASE_MODELS)
             return twk_error(TWK_ERR_INVALID_ARG, "--model: at most %d models", TWK_MAX_BASE_MODELS);
         twk_serve_model_spec *m = &c->models[c->n_models];

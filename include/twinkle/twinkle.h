@@ -8,5 +8,6 @@
 #include "twinkle/train.h"
 #include "twinkle/tokenizer.h"
 #include "twinkle/rng.h"
+#include "twinkle/fs.h"
 #define TWK_VERSION "0.1.0"
 #endif

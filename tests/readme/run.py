@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Runs every example command of README.md, so the README cannot drift from the code.
+
+    python3 tests/readme/run.py TWINKLE_BIN [--venv DIR]
+
+The commands are read from README.md's ```sh and ```python blocks each time (a new example is
+run without touching this file); placeholders are mapped to test fixtures:
+  path/to/<anything>       a small fixture model (tests/parity/fixtures/qwen3|llama/model)
+  train.jsonl, eval.jsonl  JSONL written here (tokens, weights, advantages)
+  runs/..., keys.txt, serve.conf, /srv/twinkle   files and folders in a temporary folder
+  `...` in `twinkle train ...`   the arguments of the README's first train command
+  [--opt X]                 the optional part is used
+  step counts               shortened (--steps 4, --save-every 2, runs/a/step-50 -> step-2)
+`twinkle serve` commands must start, print their port and answer /api/v1/healthz; the Python block (the
+official SDK) runs against `twinkle serve` on the built-in model; every other command must exit 0.
+The two setup commands (`make demo`, `make test`) are the suite itself and scripts/demo.sh, which
+tests/CMakeLists.txt runs as its own test (readme_demo). Exit status: the number of failures.
+"""
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FIXTURES = os.path.join(ROOT, "tests", "parity", "fixtures")
+
+
+def blocks(text, lang):
+    """The bodies of the fenced blocks of one language, in order."""
+    return re.findall(r"^```" + lang + r"\n(.*?)^```", text, re.S | re.M)
+
+
+def commands(block):
+    """Shell commands of a block: continuation lines joined, comments dropped."""
+    joined = re.sub(r"\\\n\s*", " ", block)
+    out = []
+    for line in joined.splitlines():
+        line = re.sub(r"\s+#.*$", "", line).strip()
+        if line and not line.startswith("#"):
+            out.append(line)
+    return out
+
+
+def write_data(tmp):
+    """train.jsonl (SFT + RL fields, an even number of lines for DPO pairs) and eval.jsonl."""
+    rows = []
+    for i in range(8):
+        toks = [(7 * i + 3 * j) % 997 + 1 for j in range(12)]
+        rows.append({"tokens": toks, "advantages": 1.0 if i % 2 == 0 else -1.0})
+    for name in ("train.jsonl", "eval.jsonl"):
+        with open(os.path.join(tmp, name), "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+
+
+def substitute(cmd, tmp, binary, first_train):
+    cmd = cmd.replace("./build/twinkle", binary)
+    cmd = re.sub(r"\[(--[a-z-]+(?: [^\]]+)?)\]", r"\1", cmd)  # optional parts are used
+    if " train ..." in cmd and first_train:
+        cmd = cmd.replace(" train ...", " train " + first_train)
+    cmd = re.sub(r"path/to/Llama[^ ]*", os.path.join(FIXTURES, "llama", "model"), cmd)
+    cmd = re.sub(r"path/to/[^ =]+", os.path.join(FIXTURES, "qwen3", "model"), cmd)
+    cmd = cmd.replace("--adapter DIR", "--adapter runs/a/final")
+    cmd = re.sub(r"--steps N\b", "--steps 3", cmd)
+    cmd = re.sub(r"--seed S\b", "--seed 1", cmd)
+    cmd = re.sub(r"--steps \d+", "--steps 4", cmd)
+    cmd = re.sub(r"--save-every \d+", "--save-every 2", cmd)
+    cmd = re.sub(r"step-\d+", "step-2", cmd)
+    cmd = cmd.replace("/srv/twinkle", os.path.join(tmp, "srv"))
+    args = shlex.split(cmd)
+    for i, a in enumerate(args):
+        if a in ("train.jsonl", "eval.jsonl", "keys.txt", "serve.conf") or a.startswith("runs/"):
+            args[i] = os.path.join(tmp, a)
+    return args
+
+
+def wait_port(proc, log_path, timeout=60):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            return None
+        with open(log_path) as f:
+            m = re.search(r"^port (\d+)$", f.read(), re.M)
+        if m:
+            return int(m.group(1))
+        time.sleep(0.1)
+    return None
+
+
+def start_server(args, cwd, tmp, tag):
+    if "--port" in args:
+        args[args.index("--port") + 1] = "0"
+    else:
+        args += ["--port", "0"]
+    log = os.path.join(tmp, f"serve-{tag}.log")
+    proc = subprocess.Popen(args, cwd=cwd, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    return proc, wait_port(proc, log), log
+
+
+def stop_server(proc):
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def run_serve(args, tmp, tag):
+    proc, port, log = start_server(args, tmp, tmp, tag)
+    if port is None:
+        stop_server(proc)
+        return f"did not report a port:\n{open(log).read()[-2000:]}"
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/healthz", timeout=10) as r:
+            if r.status != 200:
+                return f"/healthz answered {r.status}"
+    except Exception as e:  # noqa: BLE001 - any failure is the test's failure
+        return f"/healthz failed: {e}"
+    finally:
+        stop_server(proc)
+    return None
+
+
+def run_python(snippet, binary, tmp, venv):
+    proc, port, log = start_server([binary, "serve", "--data-dir", os.path.join(tmp, "py-data")], tmp, tmp, "py")
+    if port is None:
+        stop_server(proc)
+        return f"server did not start:\n{open(log).read()[-2000:]}"
+    code = snippet.replace("http://127.0.0.1:8000", f"http://127.0.0.1:{port}")
+    path = os.path.join(tmp, "snippet.py")
+    with open(path, "w") as f:
+        f.write(code)
+    python = os.path.join(venv, "bin", "python")
+    r = subprocess.run([python, path], cwd=tmp, capture_output=True, text=True, timeout=300)
+    stop_server(proc)
+    print(r.stdout, end="")
+    if r.returncode != 0:
+        return f"exit {r.returncode}:\n{r.stderr[-3000:]}"
+    return None
+
+
+def main():
+    binary = os.path.abspath(sys.argv[1])
+    venv = sys.argv[sys.argv.index("--venv") + 1] if "--venv" in sys.argv else os.path.join(ROOT, "build", "venv-sdk")
+    text = open(os.path.join(ROOT, "README.md")).read()
+    tmp = tempfile.mkdtemp(prefix="twk-readme-")
+    write_data(tmp)
+    with open(os.path.join(tmp, "keys.txt"), "w") as f:
+        f.write("tml-readme-key alice\n")
+    with open(os.path.join(tmp, "serve.conf"), "w") as f:
+        f.write(f"data-dir = {os.path.join(tmp, 'conf-data')}\nport = 0\n")
+    failures, ran, first_train = 0, 0, None
+    for block in blocks(text, "sh"):
+        for cmd in commands(block):
+            if not cmd.startswith("./build/twinkle"):
+                print(f"readme: not run here: {cmd}")  # make/setup lines: the suite and readme_demo
+                continue
+            if first_train is None and " train " in cmd and "..." not in cmd:
+                first_train = cmd.split(" train ", 1)[1]
+            args = substitute(cmd, tmp, binary, first_train)
+            t0 = time.time()
+            if args[1] == "serve":
+                err = run_serve(args, tmp, ran)
+            else:
+                r = subprocess.run(args, cwd=tmp, capture_output=True, text=True, timeout=600)
+                err = None if r.returncode == 0 else f"exit {r.returncode}:\n{(r.stdout + r.stderr)[-3000:]}"
+            ran += 1
+            status = "ok" if err is None else "FAILED"
+            print(f"readme: {status} ({time.time() - t0:.1f} s): {shlex.join(args)}")
+            if err:
+                print(err)
+                failures += 1
+    for snippet in blocks(text, "python"):
+        err = run_python(snippet, binary, tmp, venv)
+        ran += 1
+        print(f"readme: {'ok' if err is None else 'FAILED'}: the Python example (official SDK)")
+        if err:
+            print(err)
+            failures += 1
+    print(f"readme: {ran} examples run, {failures} failed")
+    if ran == 0:
+        return 1
+    return failures
+
+
+if __name__ == "__main__":
+    sys.exit(main())
