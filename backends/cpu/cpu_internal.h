@@ -4,7 +4,7 @@
 
 #include <stdint.h>
 
-#include "twinkle/hal.h"
+#include "twk_backend.h"
 
 typedef struct cpu_pool cpu_pool;
 

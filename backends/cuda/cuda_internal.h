@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "twinkle/hal.h"
+#include "twk_backend.h"
 
 #include "cuda_api.h"
 
