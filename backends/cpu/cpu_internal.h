@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "twk_backend.h"
+#include "twinkle/log.h"
 
 typedef struct cpu_pool cpu_pool;
 

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "twk_backend.h"
+#include "twinkle/log.h"
 
 #include "cuda_api.h"
 

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "twk_backend.h"
+#include "twinkle/log.h"
 
 /* Every Vulkan entry point the backend calls, loaded through
  * vkGetInstanceProcAddr (the loader is dlopen'ed, never linked). */
