@@ -1,0 +1,18 @@
+#!/bin/sh
+# examples/embed against the INSTALLED library only: installs the build tree into a temporary
+# prefix, copies the example out of the source tree, builds it with pkg-config from that prefix and
+# runs it (LoRA loss must fall below a tenth, the greedy sample must continue the cycle).
+# usage: embed.sh BUILD_DIR EXAMPLE_DIR [extra CFLAGS/LDFLAGS, e.g. the sanitizer's]
+set -eu
+build=$1 example=$2 extra=${3:-}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
+cp "$example/embed.c" "$example/Makefile" "$tmp/"
+pcdir=$(dirname "$(find "$tmp/prefix" -name twinkle.pc)")
+cflags=$(PKG_CONFIG_PATH=$pcdir pkg-config --cflags twinkle)
+case "$cflags" in *"$(cd "$example/../.." && pwd)"*) echo "FAIL pkg-config points into the source tree: $cflags"; exit 1;; esac
+PKG_CONFIG_PATH=$pcdir make -s -C "$tmp" CFLAGS="-O2 $extra" LDFLAGS="$extra"
+echo "built against $(PKG_CONFIG_PATH=$pcdir pkg-config --modversion twinkle) in $pcdir:"
+ldd "$tmp/embed" | grep twinkle
+"$tmp/embed"
