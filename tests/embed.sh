@@ -1,13 +1,19 @@
 #!/bin/sh
 # examples/embed against the INSTALLED library only: installs the build tree into a temporary
 # prefix, copies the example out of the source tree, builds it with pkg-config from that prefix and
-# runs it (LoRA loss must fall below a tenth, the greedy sample must continue the cycle).
+# runs it (LoRA loss must fall below a tenth, the greedy sample must continue the cycle). Also: the
+# shared library exports nothing but the public API.
 # usage: embed.sh BUILD_DIR EXAMPLE_DIR [extra CFLAGS/LDFLAGS, e.g. the sanitizer's]
 set -eu
 build=$1 example=$2 extra=${3:-}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
+# the shared library exports the public API only (TWK_API; the backend interface stays hidden)
+so=$(find "$tmp/prefix" -name 'libtwinkle.so' | head -n 1)
+leaked=$(nm -D --defined-only "$so" | awk '$3 !~ /^twk_/ || $3 ~ /^twk_(backend_register|backend_unregister|cpu_backend|device_backend|device_ctx|launch_dtypes_ok)$/ {print $3}')
+if [ -n "$leaked" ]; then echo "FAIL libtwinkle.so exports non-public symbols: $leaked"; exit 1; fi
+echo "libtwinkle.so exports $(nm -D --defined-only "$so" | wc -l) symbols, all public twk_ API"
 cp "$example/embed.c" "$example/Makefile" "$tmp/"
 pcdir=$(dirname "$(find "$tmp/prefix" -name twinkle.pc)")
 cflags=$(PKG_CONFIG_PATH=$pcdir pkg-config --cflags twinkle)
