@@ -2,7 +2,7 @@
 # examples/embed against the INSTALLED library only: installs the build tree into a temporary
 # prefix, copies the example out of the source tree, builds it with pkg-config from that prefix and
 # runs it (LoRA loss must fall below a tenth, the greedy sample must continue the cycle). Also: the
-# shared library exports nothing but the public API.
+# shared library exports nothing but the public API, and the headers compile as C++.
 # usage: embed.sh BUILD_DIR EXAMPLE_DIR [extra CFLAGS/LDFLAGS, e.g. the sanitizer's]
 set -eu
 build=$1 example=$2 extra=${3:-}
@@ -22,3 +22,10 @@ PKG_CONFIG_PATH=$pcdir make -s -C "$tmp" CFLAGS="-O2 $extra" LDFLAGS="$extra"
 echo "built against $(PKG_CONFIG_PATH=$pcdir pkg-config --modversion twinkle) in $pcdir:"
 ldd "$tmp/embed" | grep twinkle
 "$tmp/embed"
+# the public headers also compile as C++ (extern "C", no C-only constructs) and link by C names
+if command -v c++ >/dev/null 2>&1; then
+    printf '#include <twinkle/twinkle.h>\nint main() { return twk_api_version() == TWK_API_VERSION ? 0 : 1; }\n' >"$tmp/cpp.cc"
+    c++ -std=c++17 -Wall -Wextra -Werror $cflags $extra "$tmp/cpp.cc" -o "$tmp/cpp" \
+        -Wl,-rpath,"$(PKG_CONFIG_PATH=$pcdir pkg-config --variable=libdir twinkle)" $(PKG_CONFIG_PATH=$pcdir pkg-config --libs twinkle)
+    "$tmp/cpp" && echo "ok: the public headers compile and link as C++"
+fi

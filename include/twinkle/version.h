@@ -18,8 +18,9 @@
 #define TWK_VERSION_STR_(x) #x
 #define TWK_VERSION_STR(x) TWK_VERSION_STR_(x)
 /* "0.2.0" */
-#define TWK_VERSION \
-    TWK_VERSION_STR(TWK_API_VERSION_MAJOR) "." TWK_VERSION_STR(TWK_API_VERSION_MINOR) "." TWK_VERSION_STR(TWK_API_VERSION_PATCH)
+#define TWK_VERSION                                                                   \
+    TWK_VERSION_STR(TWK_API_VERSION_MAJOR) "." TWK_VERSION_STR(TWK_API_VERSION_MINOR) "." \
+    TWK_VERSION_STR(TWK_API_VERSION_PATCH)
 
 #ifdef __cplusplus
 extern "C" {
