@@ -13,7 +13,17 @@ cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
 so=$(find "$tmp/prefix" -name 'libtwinkle.so' | head -n 1)
 leaked=$(nm -D --defined-only "$so" | awk '$3 !~ /^twk_/ || $3 ~ /^twk_(backend_register|backend_unregister|cpu_backend|device_backend|device_ctx|launch_dtypes_ok)$/ {print $3}')
 if [ -n "$leaked" ]; then echo "FAIL libtwinkle.so exports non-public symbols: $leaked"; exit 1; fi
-echo "libtwinkle.so exports $(nm -D --defined-only "$so" | wc -l) symbols, all public twk_ API"
+# and every function the installed headers declare (a header without TWK_API_BEGIN/END would be hidden)
+inc=$(dirname "$(find "$tmp/prefix" -name twinkle.h)")
+exported=$(nm -D --defined-only "$so" | awk '{print $3}')
+inline=$(grep -h 'static inline' "$inc"/*.h | grep -o 'twk_[a-z0-9_]*(' | tr -d '(' | sort -u)
+for f in $(grep -ho 'twk_[a-z0-9_]*(' "$inc"/*.h | tr -d '(' | sort -u); do
+    if ! echo "$inline" | grep -qx "$f" && ! echo "$exported" | grep -qx "$f"; then
+        echo "FAIL libtwinkle.so does not export $f, declared in $(grep -l "$f(" "$inc"/*.h | xargs -n1 basename | tr '\n' ' ')"
+        exit 1
+    fi
+done
+echo "libtwinkle.so exports $(echo "$exported" | wc -l) symbols: every function the headers declare, nothing else"
 cp "$example/embed.c" "$example/Makefile" "$tmp/"
 pcdir=$(dirname "$(find "$tmp/prefix" -name twinkle.pc)")
 cflags=$(PKG_CONFIG_PATH=$pcdir pkg-config --cflags twinkle)
