@@ -12,6 +12,7 @@
 
 #include "bench_util.h"
 #include "twinkle/twinkle.h"
+#include "twk_backend.h" /* the backend interface: tables, launches */
 
 /* The three products a training step does with one weight W[N, K]. */
 typedef enum { PASS_FWD = 0, PASS_DGRAD, PASS_WGRAD, PASS_COUNT } pass_kind;

@@ -9,6 +9,7 @@
 
 #include "bench_util.h"
 #include "twinkle/twinkle.h"
+#include "twk_backend.h" /* the backend interface: tables, launches */
 
 #define SCALE_BY 0.5f
 

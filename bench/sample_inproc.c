@@ -18,6 +18,7 @@
 #include <sys/resource.h>
 
 #include "twinkle/twinkle.h"
+#include "twk_backend.h" /* the backend interface: tables, launches */
 
 static double peak_rss_mib(void) {
     struct rusage ru;

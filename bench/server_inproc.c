@@ -20,6 +20,7 @@
 
 #include "bench_util.h"
 #include "twinkle/twinkle.h"
+#include "twk_backend.h" /* the backend interface: tables, launches */
 
 static double cpu_s(void) {
     struct timespec ts;

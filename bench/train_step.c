@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "twinkle/twinkle.h"
+#include "twk_backend.h" /* the backend interface: tables, launches */
 
 static double peak_rss_mib(void) {
     struct rusage ru;

@@ -3,6 +3,7 @@
 #define TWK_GRAPH_INTERNAL_H
 
 #include "twinkle/graph.h"
+#include "twk_backend.h" /* graph lowers to launches: the backend interface */
 
 #define TWK_NODE_TRAINABLE 1u
 #define TWK_NODE_OUTPUT 2u

@@ -2,7 +2,7 @@
  * indices, which ops only move bytes, and what each op may be given. */
 #include <stdio.h>
 
-#include "twinkle/hal.h"
+#include "twk_backend.h"
 
 bool twk_op_src_is_index(twk_op op, int i) {
     switch (op) {

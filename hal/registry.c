@@ -5,13 +5,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "twinkle/hal.h"
+#include "twk_backend.h"
 
 #define TWK_MAX_BACKENDS 16
 
 struct twk_device {
     const twk_backend_iface *iface;
     void *ctx;
+    int index;
     char spec[48];
 };
 
@@ -156,6 +157,7 @@ twk_status twk_device_open(const char *spec, twk_device **out) {
         return s;
     }
     d->iface = b;
+    d->index = (int)index;
     snprintf(d->spec, sizeof d->spec, "%s:%ld", name, index);
     *out = d;
     return TWK_OK;
@@ -224,4 +226,20 @@ twk_status twk_buffer_zero(twk_device *dev, twk_buffer *dst, size_t off, size_t 
 twk_status twk_device_synchronize(twk_device *dev) {
     if (!dev) return twk_error(TWK_ERR_INVALID_ARG, "device_synchronize: NULL device");
     return dev->iface->synchronize(dev->ctx);
+}
+
+const char *twk_backend_name(const twk_backend_iface *b) { return b ? b->name : ""; }
+
+int twk_backend_device_count(const twk_backend_iface *b) { return b ? b->device_count() : 0; }
+
+twk_status twk_backend_device_props(const twk_backend_iface *b, int index, twk_device_props *out) {
+    if (!b || !out) return twk_error(TWK_ERR_INVALID_ARG, "backend_device_props: NULL argument");
+    if (index < 0 || index >= b->device_count())
+        return twk_error(TWK_ERR_INVALID_ARG, "backend_device_props: %s has no device %d", b->name, index);
+    return b->device_props(index, out);
+}
+
+twk_status twk_device_get_props(const twk_device *dev, twk_device_props *out) {
+    if (!dev) return twk_error(TWK_ERR_INVALID_ARG, "device_get_props: NULL device");
+    return twk_backend_device_props(dev->iface, dev->index, out);
 }

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "op_cases.h"
+#include "twk_backend.h" /* the backend interface: tables, launches */
 
 /* NMSE tolerances by op family (the case name's first word). Float32
  * rounding in another summation order gives ~1e-14 on short sums and

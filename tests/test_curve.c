@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "twinkle/twinkle.h"
+#include "twk_backend.h" /* the backend interface: tables, launches */
 
 #define STEPS 20
 #define REL_TOL 1e-4

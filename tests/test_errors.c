@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "twinkle/twinkle.h"
+#include "twk_backend.h" /* the backend interface: tables, launches */
 
 static int fails;
 

@@ -1,11 +1,22 @@
 /* HAL: the registry (built-in cpu, register/unregister, incomplete tables and
- * duplicates refused), device properties, and buffer round trips. */
+ * duplicates refused), device properties (through the table and the public
+ * accessors), buffer round trips, the log hook and the API version. */
 #include <stdio.h>
 #include <string.h>
 
 #include "twinkle/twinkle.h"
+#include "twk_backend.h" /* the backend interface: tables, launches */
 
 static int fails;
+
+/* The log hook's last message, level and count. */
+static char logged[256];
+static int logged_level = -1, n_logged;
+static void capture(twk_log_level level, const char *msg, void *user) {
+    snprintf(logged, sizeof logged, "%s", msg);
+    logged_level = (int)level;
+    n_logged += *(int *)user;
+}
 
 static void check(int cond, const char *what) {
     printf("%s %s%s%s\n", cond ? "ok  " : "FAIL", what, cond ? "" : ": ", cond ? "" : twk_last_error());
@@ -20,6 +31,12 @@ int main(void) {
           "cpu:0 has properties");
     printf("     cpu:0 = %s, %d units, %d threads, %.1f GiB\n", props.name, props.compute_units,
            props.max_threads, (double)props.memory_bytes / (1 << 30));
+
+    twk_device_props pub;
+    check(!strcmp(twk_backend_name(cpu), "cpu") && twk_backend_device_count(cpu) == 1 &&
+              twk_backend_device_props(cpu, 0, &pub) == TWK_OK && !strcmp(pub.name, props.name) &&
+              twk_backend_device_props(cpu, 1, &pub) == TWK_ERR_INVALID_ARG && !strcmp(twk_backend_name(NULL), ""),
+          "the public accessors agree with the table; device 1 of the cpu is refused");
 
     twk_backend_iface copy = *cpu;
     check(twk_backend_register(&copy) == TWK_ERR_INVALID_ARG && strstr(twk_last_error(), "already"),
@@ -36,6 +53,8 @@ int main(void) {
     twk_device *dev = NULL;
     check(twk_device_open(NULL, &dev) == TWK_OK && strcmp(twk_device_spec(dev), "cpu:0") == 0,
           "the default device is cpu:0");
+    memset(&pub, 0, sizeof pub);
+    check(twk_device_get_props(dev, &pub) == TWK_OK && !strcmp(pub.name, props.name), "an opened device's properties");
     twk_buffer *a = NULL, *b = NULL;
     check(twk_buffer_alloc(dev, 64, &a) == TWK_OK && twk_buffer_alloc(dev, 64, &b) == TWK_OK &&
               twk_buffer_size(a) == 64,
@@ -53,6 +72,20 @@ int main(void) {
     twk_buffer_free(dev, a);
     twk_buffer_free(dev, b);
     twk_device_close(dev);
+    int one = 1;
+    twk_set_log_fn(TWK_LOG_WARN, capture, &one);
+    twk_log(TWK_LOG_INFO, "below the level");
+    check(n_logged == 0, "the log hook drops messages below its level");
+    twk_log(TWK_LOG_WARN, "backend %s: %d\n", "x", 7);
+    check(n_logged == 1 && logged_level == TWK_LOG_WARN && !strcmp(logged, "backend x: 7"),
+          "the log hook gets a warning as one line without its newline");
+    twk_set_log_fn(TWK_LOG_OFF, capture, &one);
+    twk_log(TWK_LOG_ERROR, "off");
+    check(n_logged == 1, "TWK_LOG_OFF passes nothing on");
+    twk_set_log_fn(TWK_LOG_INFO, NULL, NULL); /* the default: stderr */
+    check(twk_api_version() == TWK_API_VERSION && !strcmp(twk_version_string(), TWK_VERSION) &&
+              twk_api_version() / 10000 == TWK_API_VERSION_MAJOR,
+          "the library's API version is the header's");
     for (int s = TWK_OK; s <= TWK_ERR_STATE; s++)
         if (!strcmp(twk_status_name((twk_status)s), "unknown")) fails++;
     check(1, "every status has a name");

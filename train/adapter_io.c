@@ -11,7 +11,7 @@
 #include <cJSON.h>
 
 #include "safetensors.h"
-#include "twinkle/train.h"
+#include "twinkle/trainer.h"
 
 static const char *const module_names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                            "up_proj", "down_proj", "lm_head"};

@@ -7,7 +7,8 @@
 
 #include <cJSON.h>
 
-#include "twinkle/train.h"
+#include "twinkle/data.h"
+#include "twinkle/hal.h"
 
 typedef struct example {
     int64_t off; /* into tokens/weights */

@@ -2,7 +2,7 @@
 #ifndef TWK_HF_CONFIG_H
 #define TWK_HF_CONFIG_H
 
-#include "twinkle/train.h"
+#include "twinkle/model.h"
 
 /* Parses `path` (a config.json). Any architecture outside the family, or a
  * field whose value would change the math and is not implemented, is

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "twinkle/rng.h"
-#include "twinkle/train.h"
+#include "twinkle/model.h"
 
 enum { P_EMB, P_N1, P_WQ, P_WK, P_WV, P_WO, P_N2, P_WG, P_WU, P_WD, P_NF, P_COUNT };
 

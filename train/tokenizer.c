@@ -840,7 +840,7 @@ int32_t twk_tokenizer_token_id(const twk_tokenizer *t, const char *s, size_t len
     return model_find(t, s, len);
 }
 
-int twk_tokenizer_is_special(const twk_tokenizer *t, int32_t id) {
+bool twk_tokenizer_is_special(const twk_tokenizer *t, int32_t id) {
     return has_token(t, id) && (t->ent[id].flags & ENT_SKIP);
 }
 
@@ -1005,7 +1005,7 @@ static const plist *run_chain(const twk_tokenizer *t, plist *p, plist *tmp, int 
     return in;
 }
 
-twk_status twk_tokenizer_decode(const twk_tokenizer *t, const int32_t *ids, int64_t n, int skip_special, char **out,
+twk_status twk_tokenizer_decode(const twk_tokenizer *t, const int32_t *ids, int64_t n, bool skip_special, char **out,
                                 size_t *len) {
     if (!t || !out || n < 0 || (n > 0 && !ids))
         return twk_error(TWK_ERR_INVALID_ARG, "twk_tokenizer_decode: NULL tokenizer/ids/out or negative count");

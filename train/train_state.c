@@ -142,7 +142,7 @@ static twk_status load_optimizer(twk_trainer *t, const char *dir) {
     return st;
 }
 
-twk_status twk_trainer_load_state(twk_trainer *t, const char *dir, int with_optimizer) {
+twk_status twk_trainer_load_state(twk_trainer *t, const char *dir, bool with_optimizer) {
     if (!t || !dir) return twk_error(TWK_ERR_INVALID_ARG, "load_state: NULL argument");
     twk_status st = t->lora ? twk_adapter_load(t, dir) : load_full(t, dir);
     if (st != TWK_OK) return st;

@@ -119,10 +119,10 @@ static void cpu_close(void *vctx) {
     if (ctx->profile) {
         double total = 0;
         for (int i = 0; i < TWK_OP_COUNT; i++) total += ctx->prof_s[i];
-        fprintf(stderr, "cpu profile (%.3f s in kernels):\n", total);
+        twk_log(TWK_LOG_INFO, "cpu profile (%.3f s in kernels):", total);
         for (int i = 0; i < TWK_OP_COUNT; i++)
             if (ctx->prof_n[i])
-                fprintf(stderr, "  %-16s %8ld launches %9.3f s %5.1f%%\n", twk_op_name((twk_op)i), ctx->prof_n[i],
+                twk_log(TWK_LOG_INFO, "  %-16s %8ld launches %9.3f s %5.1f%%", twk_op_name((twk_op)i), ctx->prof_n[i],
                         ctx->prof_s[i], 100 * ctx->prof_s[i] / (total > 0 ? total : 1));
     }
     cpu_pool_free(ctx->pool);

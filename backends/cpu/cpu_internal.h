@@ -4,7 +4,8 @@
 
 #include <stdint.h>
 
-#include "twinkle/hal.h"
+#include "twk_backend.h"
+#include "twinkle/log.h"
 
 typedef struct cpu_pool cpu_pool;
 

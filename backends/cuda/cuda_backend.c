@@ -145,10 +145,10 @@ static void cuda_close(void *vctx) {
     if (c->profile) {
         double total = 0;
         for (int i = 0; i < TWK_OP_COUNT; i++) total += c->prof_s[i];
-        fprintf(stderr, "cuda profile (%.3f s in launches, each timed alone):\n", total);
+        twk_log(TWK_LOG_INFO, "cuda profile (%.3f s in launches, each timed alone):", total);
         for (int i = 0; i < TWK_OP_COUNT; i++)
             if (c->prof_n[i])
-                fprintf(stderr, "  %-16s %8ld launches %9.3f s %5.1f%%\n", twk_op_name((twk_op)i), c->prof_n[i],
+                twk_log(TWK_LOG_INFO, "  %-16s %8ld launches %9.3f s %5.1f%%", twk_op_name((twk_op)i), c->prof_n[i],
                         c->prof_s[i], 100 * c->prof_s[i] / (total > 0 ? total : 1));
     }
     if (c->cuctx) {
@@ -242,7 +242,7 @@ static twk_status cuda_open(int index, void **out) {
                   cu->cuEventDestroy;
         for (int i = 0; ok && i < 2; i++) ok = cu->cuEventCreate(&c->ev[i], CU_EVENT_DEFAULT) == CUDA_SUCCESS;
         if (!ok) {
-            fprintf(stderr, "twinkle: cuda: TWK_PROFILE needs the driver's events (12.8+); not profiling\n");
+            twk_log(TWK_LOG_WARN, "twinkle: cuda: TWK_PROFILE needs the driver's events (12.8+); not profiling");
             c->profile = false;
         }
     }

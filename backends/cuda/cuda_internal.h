@@ -8,7 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "twinkle/hal.h"
+#include "twk_backend.h"
+#include "twinkle/log.h"
 
 #include "cuda_api.h"
 

@@ -310,7 +310,7 @@ static twk_status enqueue_graph(cuda_ctx *c, cuda_prepared *pp, const twk_hal_pl
              * said once per process, since it costs speed, not results */
             static atomic_int warned;
             if (!atomic_exchange(&warned, 1))
-                fprintf(stderr, "twinkle: cuda: CUDA graph capture failed (%s); such plans run eagerly\n",
+                twk_log(TWK_LOG_WARN, "twinkle: cuda: CUDA graph capture failed (%s); such plans run eagerly",
                         twk_last_error());
             pp->graphs_off = true;
             twk_clear_error();

@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "twinkle/hal.h"
+#include "twk_backend.h"
 
 #define KD_MAX_ARGS 24
 #define KD_MAX_CALLS 4

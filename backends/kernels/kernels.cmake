@@ -1,4 +1,4 @@
-# The shared kernel sources and their lowering (kd.h), added to `twinkle` once
+# The shared kernel sources and their lowering (kd.h): the library twk_kd, made once
 # however many backends include this file. kd_kernel_source() is generated at
 # configure time from the .cl files (cmake re-runs when one changes).
 
@@ -35,6 +35,7 @@ foreach(f ${KD_CL_FILES})
 endforeach()
 kd_embed_text(${KD_GEN_DIR}/kd_source.c kd_kernel_source ${kd_cl_paths})
 
-target_sources(twinkle PRIVATE ${KD_DIR}/kd.c ${KD_DIR}/kd_errors.c ${KD_DIR}/kd_lower_ew.c ${KD_DIR}/kd_lower_nn.c
+add_library(twk_kd STATIC ${KD_DIR}/kd.c ${KD_DIR}/kd_errors.c ${KD_DIR}/kd_lower_ew.c ${KD_DIR}/kd_lower_nn.c
   ${KD_GEN_DIR}/kd_source.c)
-target_include_directories(twinkle PRIVATE ${KD_DIR})
+target_include_directories(twk_kd PUBLIC ${KD_DIR})
+target_link_libraries(twk_kd PUBLIC twk_headers twk_backend_api PRIVATE twk_hal m)

@@ -7,7 +7,7 @@
 
 #include "ocl_api.h" /* the dlopen'ed OpenCL / CLBlast entry points */
 
-#include "twinkle/hal.h"
+#include "twk_backend.h"
 
 typedef struct ocl_buffer {
     struct twk_buffer base; /* first: the HAL reads the size */

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "twinkle/graph.h"
+#include "twk_backend.h" /* the backend interface: tables, launches */
 
 static int fails;
 

@@ -230,7 +230,7 @@ static twk_status vk_open(int index, void **out) {
     vk_coop_probe(f, c->inst, c->phys, &c->coop);
     c->gemm_fp16 = want_fp16 && c->coop.m;
     if (want_fp16 && !c->coop.m)
-        fprintf(stderr, "vulkan: TWK_VULKAN_GEMM=fp16 but %s on %s: using the fp32 GEMM\n", c->coop.why,
+        twk_log(TWK_LOG_WARN, "vulkan: TWK_VULKAN_GEMM=fp16 but %s on %s: using the fp32 GEMM", c->coop.why,
                 c->props.deviceName);
     float prio = 1.0f;
     VkDeviceQueueCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
@@ -336,10 +336,10 @@ static void vk_close(void *vctx) {
     if (c->profile) {
         double total = 0;
         for (int i = 0; i < TWK_OP_COUNT; i++) total += c->prof_s[i];
-        fprintf(stderr, "vulkan profile (%.3f s in launches, each submitted alone):\n", total);
+        twk_log(TWK_LOG_INFO, "vulkan profile (%.3f s in launches, each submitted alone):", total);
         for (int i = 0; i < TWK_OP_COUNT; i++)
             if (c->prof_n[i])
-                fprintf(stderr, "  %-16s %8ld launches %9.3f s %5.1f%%\n", twk_op_name((twk_op)i), c->prof_n[i],
+                twk_log(TWK_LOG_INFO, "  %-16s %8ld launches %9.3f s %5.1f%%", twk_op_name((twk_op)i), c->prof_n[i],
                         c->prof_s[i], 100 * c->prof_s[i] / (total > 0 ? total : 1));
     }
     if (c->dev) {

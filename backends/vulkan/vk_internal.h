@@ -8,7 +8,8 @@
 
 #include <stdint.h>
 
-#include "twinkle/hal.h"
+#include "twk_backend.h"
+#include "twinkle/log.h"
 
 /* Every Vulkan entry point the backend calls, loaded through
  * vkGetInstanceProcAddr (the loader is dlopen'ed, never linked). */

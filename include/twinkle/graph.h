@@ -14,11 +14,17 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "twinkle/export.h"
 #include "twinkle/hal.h"
+
+/* Thread-safety: a twk_graph is built by one thread at a time; once built, it may be
+ * compiled from several threads (compiling only reads it). A twk_plan belongs to one
+ * thread at a time, like the device it runs on. */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+TWK_API_BEGIN
 
 typedef int32_t twk_id;
 typedef struct twk_graph twk_graph;
@@ -174,6 +180,7 @@ bool twk_plan_placement(const twk_plan *p, twk_id id, size_t *offset, size_t *by
  * TWK_OK or TWK_ERR_STATE naming the pair. */
 twk_status twk_plan_validate_memory(const twk_plan *p);
 
+TWK_API_END
 #ifdef __cplusplus
 }
 #endif

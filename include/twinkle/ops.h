@@ -6,6 +6,8 @@
 #ifndef TWINKLE_OPS_H
 #define TWINKLE_OPS_H
 
+#include "twinkle/export.h"
+
 #define TWK_OP_LIST(X)                                                        \
     /* leaves: no kernel; their storage is bound or planned */               \
     X(INPUT,          "input",          0)                                    \
@@ -50,6 +52,11 @@
     X(ATTN_CACHE,     "attn_cache",     5)  /* (q [T,Hq,D], kc, vc [R,Hkv,D], lo [T], hi [T]) */ \
     X(LORA_GATHER,    "lora_gather",    3)  /* (x [T,K], w [S,N,K], slot [T]) -> [T,N]: w[slot[t]] x[t] */
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+TWK_API_BEGIN
+
 typedef enum twk_op {
 #define TWK_OP_ENUM_(e, s, n) TWK_OP_##e,
     TWK_OP_LIST(TWK_OP_ENUM_)
@@ -59,5 +66,10 @@ typedef enum twk_op {
 
 /* The op's lower-case name ("matmul"); "?" for an out-of-range value. */
 const char *twk_op_name(twk_op op);
+
+TWK_API_END
+#ifdef __cplusplus
+}
+#endif
 
 #endif

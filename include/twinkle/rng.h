@@ -1,11 +1,17 @@
 /* twinkle — a small deterministic random generator (splitmix64 seeding a
  * xoshiro256** stream), shared by initialisation, tests and benchmarks so the
- * same seed gives the same numbers everywhere. */
+ * same seed gives the same numbers everywhere. Header-only.
+ *
+ * Thread-safety: a twk_rng is plain state; use one per thread. */
 #ifndef TWINKLE_RNG_H
 #define TWINKLE_RNG_H
 
 #include <math.h>
 #include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef struct twk_rng {
     uint64_t s[4];
@@ -47,4 +53,7 @@ static inline double twk_rng_normal(twk_rng *r) {
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
+#ifdef __cplusplus
+}
+#endif
 #endif

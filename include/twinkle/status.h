@@ -4,9 +4,15 @@
 
 #include <stdarg.h>
 
+#include "twinkle/export.h"
+
+/* Thread-safety: every function here may be called from any thread; the last-error
+ * message is per thread. */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+TWK_API_BEGIN
 
 typedef enum twk_status {
     TWK_OK = 0,
@@ -37,6 +43,7 @@ twk_status twk_verror(twk_status code, const char *fmt, va_list ap);
 /* Clears this thread's last error message. */
 void twk_clear_error(void);
 
+TWK_API_END
 #ifdef __cplusplus
 }
 #endif

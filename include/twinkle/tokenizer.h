@@ -21,14 +21,24 @@
  * per byte of a <0xNN> run that is not valid UTF-8). twinkle returns the raw bytes, so
  * a stop string can be found across tokens that each hold part of a character, and
  * the caller decides what to do with a partial character. Where the library's output
- * is valid UTF-8, twinkle's bytes are identical to it. */
+ * is valid UTF-8, twinkle's bytes are identical to it.
+ *
+ * Thread-safety: a loaded twk_tokenizer is immutable; any number of threads may use it
+ * at once. */
 #ifndef TWK_TOKENIZER_H
 #define TWK_TOKENIZER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "twinkle/export.h"
 #include "twinkle/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+TWK_API_BEGIN
 
 typedef struct twk_tokenizer twk_tokenizer;
 
@@ -48,14 +58,14 @@ int32_t twk_tokenizer_size(const twk_tokenizer *t);
  * then the model vocab's raw string, e.g. "Ġthe" or "▁the"), or -1. */
 int32_t twk_tokenizer_token_id(const twk_tokenizer *t, const char *s, size_t len);
 
-/* Nonzero when `id` is dropped by decode with skip_special (see above). */
-int twk_tokenizer_is_special(const twk_tokenizer *t, int32_t id);
+/* Whether `id` is dropped by decode with skip_special (see above). */
+bool twk_tokenizer_is_special(const twk_tokenizer *t, int32_t id);
 
 /* UTF-8 bytes of the decoded ids (malloc'd, NUL-terminated; *len without the NUL; the
  * bytes may contain NUL and, for ids that split a character, invalid UTF-8). Ids without
  * a token (holes, negative, or >= size) are TWK_ERR_INVALID_ARG naming the position.
  * skip_special: drop added tokens marked special. `len` may be NULL. */
-twk_status twk_tokenizer_decode(const twk_tokenizer *t, const int32_t *ids, int64_t n, int skip_special, char **out,
+twk_status twk_tokenizer_decode(const twk_tokenizer *t, const int32_t *ids, int64_t n, bool skip_special, char **out,
                                 size_t *len);
 
 /* The bytes token `id` contributes when decoded after other tokens, for incremental
@@ -79,4 +89,8 @@ twk_status twk_tokenizer_decode(const twk_tokenizer *t, const int32_t *ids, int6
  * the last token, which token_bytes cannot know about and does not do. */
 int twk_tokenizer_token_bytes(const twk_tokenizer *t, int32_t id, char *buf, int cap);
 
+TWK_API_END
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -1,0 +1,106 @@
+/* twinkle — models: Hugging Face Llama / Qwen2 / Qwen3 folders (or random
+ * weights of a config), and the tiny one-block LM of the demo.
+ *
+ * Thread-safety: a twk_model is not changed by training (adapters and trained
+ * copies live in trainers) and may be shared by several trainers and samplers;
+ * all of them run work on the model's device, so calls on them must not
+ * overlap (one thread at a time per device). A twk_tiny_lm belongs to one
+ * thread at a time. */
+#ifndef TWINKLE_MODEL_H
+#define TWINKLE_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "twinkle/export.h"
+#include "twinkle/graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+TWK_API_BEGIN
+
+typedef struct twk_tiny_lm_config {
+    int vocab;      /* tokens */
+    int dim;        /* model width */
+    int heads;      /* query heads */
+    int kv_heads;   /* key/value heads (grouped-query when < heads) */
+    int head_dim;
+    int ffn;        /* SwiGLU hidden width */
+    int n_seqs;     /* sequences to memorise, packed into one batch */
+    int seq_len;    /* average length; lengths vary by +-25% */
+    float lr;       /* Adam learning rate */
+    uint64_t seed;  /* data and initialisation */
+} twk_tiny_lm_config;
+
+/* A small default configuration (runs in well under a second per step). */
+twk_tiny_lm_config twk_tiny_lm_default(void);
+
+typedef struct twk_tiny_lm twk_tiny_lm;
+
+/* Builds the model, its training graph and plan on `dev`. On failure returns
+ * an error (message set) and *out is NULL. */
+twk_status twk_tiny_lm_new(const twk_tiny_lm_config *cfg, twk_device *dev, twk_tiny_lm **out);
+void twk_tiny_lm_free(twk_tiny_lm *m);
+/* One step: forward, backward, Adam. *loss = mean next-token cross-entropy
+ * before the update. */
+twk_status twk_tiny_lm_step(twk_tiny_lm *m, float *loss);
+/* Tokens in the packed batch. */
+int64_t twk_tiny_lm_tokens(const twk_tiny_lm *m);
+/* The compiled training plan (forward + backward), owned by the model. */
+const twk_plan *twk_tiny_lm_plan(const twk_tiny_lm *m);
+/* The compiled plan's statistics. */
+void twk_tiny_lm_stats(const twk_tiny_lm *m, twk_plan_stats *out);
+
+/* ---- Hugging Face models (Llama / Qwen2 / Qwen3) ---- */
+
+typedef enum twk_arch { TWK_ARCH_LLAMA, TWK_ARCH_QWEN2, TWK_ARCH_QWEN3 } twk_arch;
+typedef enum twk_rope_type { TWK_ROPE_DEFAULT, TWK_ROPE_LLAMA3 } twk_rope_type;
+
+typedef struct twk_model_config {
+    twk_arch arch;
+    char arch_name[64];
+    int vocab, hidden, layers, heads, kv_heads, head_dim, ffn;
+    double rope_theta, rms_eps;
+    twk_rope_type rope_type;
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_pos;
+    int max_positions;
+    bool tie_embeddings;
+    bool attn_bias; /* q/k/v biases (Qwen2; Llama with attention_bias) */
+    bool o_bias;    /* o_proj bias (Llama with attention_bias) */
+    bool qk_norm;   /* Qwen3's q_norm / k_norm */
+    int eos[8], n_eos;
+} twk_model_config;
+
+typedef struct twk_model twk_model;
+
+/* Loads a Hugging Face model folder (config.json + model.safetensors or a
+ * sharded index) onto `dev`, weights converted to f32. Errors name the file,
+ * field or tensor; *out is NULL then. */
+twk_status twk_model_load(const char *dir, twk_device *dev, twk_model **out);
+void twk_model_free(twk_model *m);
+/* A model with random weights (normal, std 0.02; norms 1) for `cfg`, for
+ * benchmarks and tests; cfg is validated like a config.json. */
+twk_status twk_model_random(const twk_model_config *cfg, twk_device *dev, uint64_t seed, twk_model **out);
+const twk_model_config *twk_model_cfg(const twk_model *m);
+
+/* The built-in model "twinkle/tiny-qwen3" (TWK_BUILTIN_MODEL_NAME): Qwen3, vocab
+ * 512, hidden 128, 2 layers, random weights from a fixed seed, no tokenizer;
+ * `twinkle serve` without --model serves it. Its config, and the model on `dev`
+ * (an error from twk_model_random otherwise; *out is NULL then). */
+#define TWK_BUILTIN_MODEL_NAME "twinkle/tiny-qwen3"
+void twk_model_builtin_config(twk_model_config *out);
+twk_status twk_model_builtin(twk_device *dev, twk_model **out);
+/* Writes the model as a Hugging Face folder (config.json + model.safetensors,
+ * f32) that twk_model_load and transformers read; files are atomic. */
+twk_status twk_model_save(const twk_model *m, const char *dir);
+/* Copies the base weight named `name` (Hugging Face name; "lm_head.weight" of
+ * a tied model is the embedding) to dst; TWK_ERR_NOT_FOUND or
+ * TWK_ERR_INVALID_ARG (wrong element count) otherwise. */
+twk_status twk_model_get_weight(const twk_model *m, const char *name, float *dst, int64_t nelem);
+
+TWK_API_END
+#ifdef __cplusplus
+}
+#endif
+#endif
