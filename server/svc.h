@@ -41,6 +41,7 @@ typedef struct op {
     struct svc *svc;
     /* inputs */
     twk_wire_fb_request *fb;   /* OP_FB */
+    twk_loss_spec loss;        /* OP_FB: the loss (registry entry and config), set by validation */
     twk_adam_params adam;      /* OP_OPTIM */
     char name[128];            /* OP_SAVE*: checkpoint name */
     int overwrite;

@@ -25,6 +25,39 @@ static double ref_token(twk_loss_kind k, double p, double q, double a, double w,
     return 0;
 }
 
+/* The registry: names unique and found, every loss reads target_tokens,
+ * unknown names and config keys refused naming the alternatives, defaults
+ * as documented. Returns the failures. */
+static int check_registry(void) {
+    int bad = 0;
+    for (int i = 0; i < twk_loss_count(); i++) {
+        const twk_loss_def *d = twk_loss_at(i);
+        int ok = twk_loss_find(d->name) == d && twk_loss_input_find(d, "target_tokens") && d->n_metrics >= 3 &&
+                 d->n_metrics <= TWK_LOSS_MAX_METRICS && !strcmp(d->metrics[0], "loss:sum") && d->group >= 1;
+        if (!ok) printf("FAIL registry entry %s\n", d->name);
+        bad += !ok;
+    }
+    twk_loss_spec s;
+    int ok = twk_loss_spec_init("no_such_loss", &s) == TWK_ERR_INVALID_ARG && strstr(twk_last_error(), "no_such_loss") &&
+             strstr(twk_last_error(), "gspo");
+    printf("%s an unknown loss is refused listing the losses: %s\n", ok ? "ok  " : "FAIL", twk_last_error());
+    bad += !ok;
+    ok = twk_loss_spec_init("cross_entropy", &s) == TWK_OK && twk_loss_spec_set(&s, "kl_beta", 0.1) == TWK_ERR_INVALID_ARG &&
+         strstr(twk_last_error(), "kl_beta");
+    printf("%s a config key the loss does not take is refused: %s\n", ok ? "ok  " : "FAIL", twk_last_error());
+    bad += !ok;
+    ok = twk_loss_spec_init("grpo", &s) == TWK_OK && twk_loss_spec_set(&s, "kl_beta", -1) == TWK_ERR_INVALID_ARG &&
+         twk_loss_spec_set(&s, "kl_beta", 0.25) == TWK_OK && s.config[TWK_CFG_KL_BETA] == 0.25;
+    printf("%s kl_beta < 0 refused, 0.25 taken\n", ok ? "ok  " : "FAIL");
+    bad += !ok;
+    ok = twk_loss_spec_init("gspo", &s) == TWK_OK && s.config[TWK_CFG_CLIP_LOW] == 1 - 3e-4 &&
+         s.config[TWK_CFG_CLIP_HIGH] == 1 + 4e-4 && twk_loss_spec_init("dpo", &s) == TWK_OK &&
+         s.config[TWK_CFG_BETA] == 0.1 && s.def->group == 2;
+    printf("%s defaults: gspo clip 1 - 3e-4 / 1 + 4e-4, dpo beta 0.1 in pairs\n", ok ? "ok  " : "FAIL");
+    bad += !ok;
+    return bad;
+}
+
 int main(void) {
     const char *names[] = {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro"};
     twk_rng r;
@@ -41,7 +74,7 @@ int main(void) {
         }
         double beta = 0.05;
         twk_loss_stats st;
-        if (twk_loss_kind_from_name(names[k]) != k ||
+        if (!twk_loss_find(names[k]) || twk_loss_find(names[k])->variant != k ||
             twk_loss_eval((twk_loss_kind)k, N, p, q, a, w, lo, hi, beta, g, &st) != TWK_OK) {
             printf("FAIL %s: %s\n", names[k], twk_last_error());
             fails++;
@@ -239,6 +272,7 @@ int main(void) {
              strstr(twk_last_error(), "logprobs");
     printf("%s ppo without the sampler's logprobs is refused: %s\n", ok ? "ok  " : "FAIL", twk_last_error());
     fails += !ok;
+    fails += check_registry();
     printf("%d failures\n", fails);
     return fails ? 1 : 0;
 }

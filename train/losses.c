@@ -8,13 +8,6 @@
 
 #include "twinkle/train.h"
 
-int twk_loss_kind_from_name(const char *name) {
-    static const char *const names[] = {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro"};
-    for (int i = 0; name && i < 5; i++)
-        if (!strcmp(name, names[i])) return i;
-    return -1;
-}
-
 twk_status twk_loss_eval(twk_loss_kind kind, int64_t n, const float *p, const float *q, const float *adv,
                          const float *w, const float *clip_lo, const float *clip_hi, double beta, float *dldp,
                          twk_loss_stats *out) {
