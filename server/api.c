@@ -328,6 +328,14 @@ static int fb_check_inputs(const twk_wire_fb_request *q, const twk_loss_def *los
     const twk_wire_datum *d = &q->data[i];
     const twk_wire_tensor *t = twk_wire_datum_input(d, "target_tokens");
     int64_t K = t->ndim == 2 ? t->shape[1] : 0;
+    for (int j = 0; j < d->n_inputs; j++) /* never silently ignored: a key the loss does not read */
+        if (!twk_loss_input_find(loss, d->inputs[j].key)) {
+            char keys[256];
+            twk_loss_input_keys(loss, keys, sizeof keys);
+            snprintf(err, n, "data[%d].loss_fn_inputs[%s]: loss_fn '%s' does not read this key (it reads: %s)", i,
+                     d->inputs[j].key, q->loss_fn, keys);
+            return 0;
+        }
     for (int j = 0; j < loss->n_inputs; j++) {
         const twk_loss_input_def *in = &loss->inputs[j];
         const char *key = twk_loss_input_key(in->id);

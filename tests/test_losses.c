@@ -21,6 +21,7 @@ static double ref_token(twk_loss_kind k, double p, double q, double a, double w,
     case TWK_LOSS_PPO: return -fmin(r * a, fmin(fmax(r, lo), hi) * a);
     case TWK_LOSS_CISPO: return -fmin(fmax(r, lo), hi) * p * a; /* value; the gradient treats the clip as a constant */
     case TWK_LOSS_DRO: return -(p * a - 0.5 * beta * (p - q) * (p - q));
+    case TWK_LOSS_STABLE_REINFORCE: return -fmin(r, hi) * p * a; /* value; the truncated weight is a constant */
     }
     return 0;
 }
@@ -59,18 +60,19 @@ static int check_registry(void) {
 }
 
 int main(void) {
-    const char *names[] = {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro"};
+    const char *names[] = {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "stable_reinforce"};
     twk_rng r;
     twk_rng_seed(&r, 7);
     float p[N], q[N], a[N], w[N], lo[N], hi[N], g[N];
-    for (int k = 0; k < 5; k++) {
+    for (int k = 0; k < 6; k++) {
         for (int i = 0; i < N; i++) {
             q[i] = (float)(-3 * twk_rng_uniform(&r));
             p[i] = q[i] + (float)(0.6 * twk_rng_normal(&r)); /* ratios spread across the bounds */
             a[i] = (float)twk_rng_normal(&r);
             w[i] = (float)(2 * twk_rng_uniform(&r) - 0.5); /* some negative weights */
             lo[i] = k == TWK_LOSS_CISPO ? 0.0f : 0.8f;
-            hi[i] = k == TWK_LOSS_CISPO ? (i % 2 ? 4.0f : 1.3f) : (i % 3 ? 1.2f : 1.5f);
+            hi[i] = k == TWK_LOSS_CISPO ? (i % 2 ? 4.0f : 1.3f) : k == TWK_LOSS_STABLE_REINFORCE ? (i % 2 ? 2.0f : 1.1f)
+                                                                                           : (i % 3 ? 1.2f : 1.5f);
         }
         double beta = 0.05;
         twk_loss_stats st;
@@ -85,8 +87,8 @@ int main(void) {
         for (int i = 0; i < N; i++) {
             ref += ref_token((twk_loss_kind)k, p[i], q[i], a[i], w[i], lo[i], hi[i], beta);
             double h = 1e-6, fd;
-            if (k == TWK_LOSS_CISPO) { /* stop-gradient on the clipped ratio */
-                double rc = fmin(fmax(exp((double)p[i] - q[i]), lo[i]), hi[i]);
+            if (k == TWK_LOSS_CISPO || k == TWK_LOSS_STABLE_REINFORCE) { /* stop-gradient on the clipped ratio */
+                double rc = fmin(k == TWK_LOSS_CISPO ? fmax(exp((double)p[i] - q[i]), lo[i]) : exp((double)p[i] - q[i]), hi[i]);
                 fd = -rc * a[i];
                 clipped += rc != exp((double)p[i] - q[i]);
             } else {
@@ -102,7 +104,7 @@ int main(void) {
         printf("%s %-20s loss %10.4f (ref %10.4f, rel err %.1e)  dL/dp err %.1e  ratio mean %.3f  clipped %.2f\n",
                ok ? "ok  " : "FAIL", names[k], st.loss, ref, verr, gerr / gscale, st.ratio_mean, st.clip_fraction);
         fails += !ok;
-        if (k == TWK_LOSS_PPO || k == TWK_LOSS_CISPO) {
+        if (k == TWK_LOSS_PPO || k == TWK_LOSS_CISPO || k == TWK_LOSS_STABLE_REINFORCE) {
             int both = st.clip_fraction > 0.05 && st.clip_fraction < 0.95;
             printf("%s %-20s inputs exercise both sides of the clip (%.2f clipped)\n", both ? "ok  " : "FAIL", names[k],
                    st.clip_fraction);

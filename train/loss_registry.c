@@ -22,6 +22,14 @@
     7, {IN_TARGETS_1D, IN_MASK, {TWK_IN_LOGPROBS, F32, TWK_SHAPE_TOKENS, 1, 0, NONE},                                    \
         {TWK_IN_ADVANTAGES, F32, TWK_SHAPE_TOKENS, 1, 0, NONE}, {TWK_IN_CLIP_LOW, F32, TWK_SHAPE_TOKENS, 0, 0, NONE},    \
         {TWK_IN_CLIP_HIGH, F32, TWK_SHAPE_TOKENS, 0, 0, NONE}, IN_REF}
+#define GSPO_INPUTS                                                                                                      \
+    8, {IN_TARGETS_1D, IN_MASK, {TWK_IN_LOGPROBS, F32, TWK_SHAPE_TOKENS, 1, 0, NONE},                                    \
+        {TWK_IN_ADVANTAGES, F32, TWK_SHAPE_TOKENS, 1, 0, NONE}, {TWK_IN_CLIP_LOW, F32, TWK_SHAPE_TOKENS, 0, 0, NONE},    \
+        {TWK_IN_CLIP_HIGH, F32, TWK_SHAPE_TOKENS, 0, 0, NONE}, IN_REF,                                                  \
+        {TWK_IN_SEQUENCE_RATIO_MASK, F32, TWK_SHAPE_TOKENS, 0, 0, NONE}}
+#define SR_INPUTS                                                                                                        \
+    4, {IN_TARGETS_1D, {TWK_IN_LOGPROBS, F32, TWK_SHAPE_TOKENS, 0, 0, NONE},                                           \
+        {TWK_IN_ADVANTAGES, F32, TWK_SHAPE_TOKENS, 1, 0, NONE}, {TWK_IN_RECORDED_LOGPROBS, F32, TWK_SHAPE_TOKENS, 0, 0, NONE}}
 #define PREF_INPUTS 3, {IN_TARGETS_1D, IN_MASK, IN_REF}
 #define DISTILL_INPUTS                                                                                                   \
     3, {{TWK_IN_TARGET_TOKENS, I64, TWK_SHAPE_TOKENS_K, 1, 0, 0}, IN_MASK,                                              \
@@ -34,28 +42,30 @@
 #define PREF_METRICS 5, {"loss:sum", "num_tokens:sum", "pairs:sum", "margin:mean", "accuracy:mean"}
 
 static const twk_loss_def registry[] = {
-    {"cross_entropy", TWK_FAMILY_CE, TWK_LOSS_CROSS_ENTROPY, 0, 1, CE_INPUTS, {NONE, NONE, NONE, NONE, NONE}, CE_METRICS},
-    {"importance_sampling", TWK_FAMILY_RL, TWK_LOSS_IMPORTANCE_SAMPLING, TWK_AGG_SUM, 1, RL_INPUTS, RL_CONFIG(0.8, 1.2),
+    {"cross_entropy", TWK_FAMILY_CE, TWK_LOSS_CROSS_ENTROPY, 0, 1, 0, CE_INPUTS, {NONE, NONE, NONE, NONE, NONE}, CE_METRICS},
+    {"importance_sampling", TWK_FAMILY_RL, TWK_LOSS_IMPORTANCE_SAMPLING, TWK_AGG_SUM, 1, 0, RL_INPUTS, RL_CONFIG(0.8, 1.2),
      RL_METRICS},
-    {"ppo", TWK_FAMILY_RL, TWK_LOSS_PPO, TWK_AGG_SUM, 1, RL_INPUTS, RL_CONFIG(0.8, 1.2), RL_METRICS},
-    {"cispo", TWK_FAMILY_RL, TWK_LOSS_CISPO, TWK_AGG_SUM, 1, RL_INPUTS, RL_CONFIG(0.0, 4.0), RL_METRICS},
-    {"dro", TWK_FAMILY_RL, TWK_LOSS_DRO, TWK_AGG_SUM, 1, RL_INPUTS, RL_CONFIG(0.8, 1.2), RL_METRICS},
-    {"grpo", TWK_FAMILY_RL, TWK_LOSS_PPO, TWK_AGG_GRPO, 1, RL_INPUTS, RL_CONFIG(0.8, 1.2), RL_METRICS},
-    {"dapo", TWK_FAMILY_RL, TWK_LOSS_PPO, TWK_AGG_DAPO, 1, RL_INPUTS, RL_CONFIG(0.8, 1.28), RL_METRICS},
-    {"dr_grpo", TWK_FAMILY_RL, TWK_LOSS_PPO, TWK_AGG_DR_GRPO, 1, RL_INPUTS, RL_CONFIG(0.8, 1.2), RL_METRICS},
-    {"gspo", TWK_FAMILY_RL, TWK_LOSS_PPO, TWK_AGG_GSPO, 1, RL_INPUTS, RL_CONFIG(1 - 3e-4, 1 + 4e-4), RL_METRICS},
-    {"dpo", TWK_FAMILY_PREF, 0, 0, 2, PREF_INPUTS, {NONE, NONE, 0.1, NONE, NONE}, PREF_METRICS},
-    {"ipo", TWK_FAMILY_PREF, 1, 0, 2, PREF_INPUTS, {NONE, NONE, 0.1, NONE, NONE}, PREF_METRICS},
-    {"forward_kl", TWK_FAMILY_DISTILL, TWK_DISTILL_FORWARD_KL, 0, 1, DISTILL_INPUTS, {NONE, NONE, 0.5, NONE, NONE},
+    {"ppo", TWK_FAMILY_RL, TWK_LOSS_PPO, TWK_AGG_SUM, 1, 0, RL_INPUTS, RL_CONFIG(0.8, 1.2), RL_METRICS},
+    {"cispo", TWK_FAMILY_RL, TWK_LOSS_CISPO, TWK_AGG_SUM, 1, 0, RL_INPUTS, RL_CONFIG(0.0, 4.0), RL_METRICS},
+    {"dro", TWK_FAMILY_RL, TWK_LOSS_DRO, TWK_AGG_SUM, 1, 0, RL_INPUTS, RL_CONFIG(0.8, 1.2), RL_METRICS},
+    {"grpo", TWK_FAMILY_RL, TWK_LOSS_PPO, TWK_AGG_GRPO, 1, 0, RL_INPUTS, RL_CONFIG(0.8, 1.2), RL_METRICS},
+    {"dapo", TWK_FAMILY_RL, TWK_LOSS_PPO, TWK_AGG_DAPO, 1, 0, RL_INPUTS, RL_CONFIG(0.8, 1.28), RL_METRICS},
+    {"dr_grpo", TWK_FAMILY_RL, TWK_LOSS_PPO, TWK_AGG_DR_GRPO, 1, 0, RL_INPUTS, RL_CONFIG(0.8, 1.2), RL_METRICS},
+    {"gspo", TWK_FAMILY_RL, TWK_LOSS_PPO, TWK_AGG_GSPO, 1, 0, GSPO_INPUTS, RL_CONFIG(1 - 3e-4, 1 + 4e-4), RL_METRICS},
+    {"stable_reinforce", TWK_FAMILY_RL, TWK_LOSS_STABLE_REINFORCE, TWK_AGG_SUM, 1, 1, SR_INPUTS,
+     {NONE, 2.0, NONE, NONE, NONE}, 5, {"loss:sum", "num_tokens:sum", "advantage_tokens:sum", "ratio:mean", "clip_fraction:mean"}},
+    {"dpo", TWK_FAMILY_PREF, 0, 0, 2, 0, PREF_INPUTS, {NONE, NONE, 0.1, NONE, NONE}, PREF_METRICS},
+    {"ipo", TWK_FAMILY_PREF, 1, 0, 2, 0, PREF_INPUTS, {NONE, NONE, 0.1, NONE, NONE}, PREF_METRICS},
+    {"forward_kl", TWK_FAMILY_DISTILL, TWK_DISTILL_FORWARD_KL, 0, 1, 0, DISTILL_INPUTS, {NONE, NONE, 0.5, NONE, NONE},
      CE_METRICS},
-    {"reverse_kl", TWK_FAMILY_DISTILL, TWK_DISTILL_REVERSE_KL, 0, 1, DISTILL_INPUTS, {NONE, NONE, 0.5, NONE, NONE},
+    {"reverse_kl", TWK_FAMILY_DISTILL, TWK_DISTILL_REVERSE_KL, 0, 1, 0, DISTILL_INPUTS, {NONE, NONE, 0.5, NONE, NONE},
      CE_METRICS},
-    {"jsd", TWK_FAMILY_DISTILL, TWK_DISTILL_JSD, 0, 1, DISTILL_INPUTS, {NONE, NONE, 0.5, NONE, NONE}, CE_METRICS},
+    {"jsd", TWK_FAMILY_DISTILL, TWK_DISTILL_JSD, 0, 1, 0, DISTILL_INPUTS, {NONE, NONE, 0.5, NONE, NONE}, CE_METRICS},
 };
 
 static const char *const input_keys[TWK_IN_COUNT] = {
     "target_tokens", "weights", "logprobs", "advantages", "clip_low_threshold", "clip_high_threshold", "ref_logprobs",
-    "teacher_logprobs"};
+    "teacher_logprobs", "sequence_ratio_mask", "recorded_logprobs"};
 static const char *const config_keys[TWK_CFG_COUNT] = {"clip_low_threshold", "clip_high_threshold", "beta", "max_tokens",
                                                        "kl_beta"};
 

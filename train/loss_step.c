@@ -130,20 +130,33 @@ static twk_status step_ce(step_ctx *c, int backward, float *lp, twk_loss_result 
     return st;
 }
 
-/* RL: Tinker's surrogates, the GRPO family and GSPO (twk_loss_rl). Where the
- * sampler's logprobs are NaN the model's own are used (on-policy, ratio 1). */
+/* The token mask of an RL loss: the weights (1 where absent); for GSPO the
+ * sequence_ratio_mask where given wins (*owned set when built); NULL on OOM. */
+static const float *rl_mask(step_ctx *c, float **owned) {
+    const float *srm = c->b->in[TWK_IN_SEQUENCE_RATIO_MASK], *w = c->b->in[TWK_IN_WEIGHTS];
+    if (!srm) return weights_or_ones(c, owned);
+    *owned = twk_host_alloc((size_t)(c->total ? c->total : 1) * sizeof(float), "sequence ratio mask");
+    for (int64_t i = 0; *owned && i < c->total; i++) (*owned)[i] = !isnan(srm[i]) ? srm[i] : w ? w[i] : 1.0f;
+    return *owned;
+}
+
+/* RL: Tinker's surrogates, the GRPO family, GSPO and stable_reinforce
+ * (twk_loss_rl). Where the sampler's logprobs are NaN the model's own are
+ * used (on-policy, ratio 1); stable_reinforce takes them from the recording. */
 static twk_status step_rl(step_ctx *c, const twk_loss_spec *s, int backward, float *p, twk_loss_result *r) {
     const twk_loss_batch *b = c->b;
     int64_t n = c->total;
     double unused = 0, wsum = 0;
-    twk_rl_spec rl = {(twk_loss_kind)s->def->variant, (twk_rl_aggregation)s->def->aggregation,
-                      s->config[TWK_CFG_CLIP_LOW], s->config[TWK_CFG_CLIP_HIGH], s->config[TWK_CFG_BETA],
-                      s->config[TWK_CFG_MAX_TOKENS], s->config[TWK_CFG_KL_BETA]};
+    const double *cfg = s->config; /* NaN: a key the loss does not take */
+    twk_rl_spec rl = {(twk_loss_kind)s->def->variant, (twk_rl_aggregation)s->def->aggregation, cfg[TWK_CFG_CLIP_LOW],
+                      cfg[TWK_CFG_CLIP_HIGH], cfg[TWK_CFG_BETA], isnan(cfg[TWK_CFG_MAX_TOKENS]) ? 0 : cfg[TWK_CFG_MAX_TOKENS],
+                      isnan(cfg[TWK_CFG_KL_BETA]) ? 0 : cfg[TWK_CFG_KL_BETA]};
     float *q = twk_host_alloc((size_t)(n ? n : 1) * sizeof(float), "sampler logprobs");
     float *g = twk_host_alloc((size_t)(n ? n : 1) * sizeof(float), "loss gradient");
     float *mask_own = NULL, *ref_own = NULL;
-    const float *mask = weights_or_ones(c, &mask_own), *ref = NULL;
+    const float *mask = rl_mask(c, &mask_own), *ref = NULL;
     const float *adv = b->in[TWK_IN_ADVANTAGES], *sq = b->in[TWK_IN_LOGPROBS];
+    if (s->def->provenance) sq = b->in[TWK_IN_RECORDED_LOGPROBS]; /* the sampler's, as recorded; NaN off the sampled tokens */
     twk_status st = q && g && mask ? TWK_OK : twk_error(TWK_ERR_OOM, "loss step: out of memory");
     if (st == TWK_OK && !adv) st = twk_error(TWK_ERR_INVALID_ARG, "%s needs advantages", s->def->name);
     if (st == TWK_OK) st = passes(c, PASS_FORWARD, NULL, NULL, p, &unused, &wsum);

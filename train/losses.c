@@ -57,6 +57,14 @@ twk_status twk_loss_eval(twk_loss_kind kind, int64_t n, const float *p, const fl
             ratio_sum += r;
             break;
         }
+        case TWK_LOSS_STABLE_REINFORCE: { /* L = -sg(min(r, hi)) p A: the weight truncated above, a constant in p */
+            double r = exp(pi - q[i]), hi = clip_hi ? clip_hi[i] : 2.0, rc = r > hi ? hi : r;
+            if (rc != r) clipped++;
+            loss += -rc * pi * adv[i];
+            g = -rc * adv[i];
+            ratio_sum += r;
+            break;
+        }
         case TWK_LOSS_DRO: { /* L = -(p A - beta/2 (p - q)^2) */
             double d = pi - q[i];
             loss += -(pi * adv[i] - 0.5 * beta * d * d);

@@ -28,6 +28,10 @@ typedef enum twk_loss_input_id {
     TWK_IN_CLIP_HIGH,
     TWK_IN_REF_LOGPROBS,     /* float32: the reference's logprobs (dpo, the KL penalty) */
     TWK_IN_TEACHER_LOGPROBS, /* float32 [N, K]: the teacher's logprobs of the K targets */
+    TWK_IN_SEQUENCE_RATIO_MASK, /* float32: GSPO, the tokens of the sequence ratio (else weights decide) */
+    TWK_IN_RECORDED_LOGPROBS,   /* float32: stable_reinforce, the sampler's logprobs recorded at sampling time
+                                   (NaN off the sampled tokens); filled by the service from the datum's
+                                   provenance, never sent by a user */
     TWK_IN_COUNT
 } twk_loss_input_id;
 
@@ -73,6 +77,7 @@ typedef struct twk_loss_def {
     int variant;        /* RL: twk_loss_kind; preference: 1 = ipo; distillation: twk_distill_kind */
     int aggregation;    /* RL: twk_rl_aggregation */
     int group;          /* datums per group: 2 for preference pairs, else 1 */
+    int provenance;     /* 1: every datum names the sampled sequences behind its targets (loss_fn_input_spans) */
     int n_inputs;
     twk_loss_input_def inputs[TWK_LOSS_MAX_INPUTS];
     double config[TWK_CFG_COUNT]; /* defaults; NaN: the loss takes no such key */
@@ -148,7 +153,8 @@ typedef enum twk_loss_kind {
     TWK_LOSS_IMPORTANCE_SAMPLING, /* -exp(p - q) A */
     TWK_LOSS_PPO,               /* -min(r A, clip(r, lo, hi) A), r = exp(p - q); defaults 0.8 / 1.2 */
     TWK_LOSS_CISPO,             /* -sg(clip(r, lo, hi)) p A; defaults 0.0 / 4.0 */
-    TWK_LOSS_DRO                /* -(p A - beta/2 (p - q)^2) */
+    TWK_LOSS_DRO,               /* -(p A - beta/2 (p - q)^2) */
+    TWK_LOSS_STABLE_REINFORCE   /* -sg(min(r, hi)) p A: REINFORCE with a truncated importance weight; default hi 2 */
 } twk_loss_kind;
 
 typedef struct twk_loss_stats {
