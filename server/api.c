@@ -329,7 +329,11 @@ static int fb_check_inputs(const twk_wire_fb_request *q, const twk_loss_def *los
     const twk_wire_tensor *t = twk_wire_datum_input(d, "target_tokens");
     int64_t K = t->ndim == 2 ? t->shape[1] : 0;
     for (int j = 0; j < d->n_inputs; j++) /* never silently ignored: a key the loss does not read */
-        if (!twk_loss_input_find(loss, d->inputs[j].key)) {
+        if (!strcmp(d->inputs[j].key, twk_loss_input_key(TWK_IN_RECORDED_LOGPROBS))) {
+            snprintf(err, n, "data[%d].loss_fn_inputs[%s] is filled by the server from the sampled sequences the "
+                             "datum's provenance names; do not send it", i, d->inputs[j].key);
+            return 0;
+        } else if (!twk_loss_input_find(loss, d->inputs[j].key)) {
             char keys[256];
             twk_loss_input_keys(loss, keys, sizeof keys);
             snprintf(err, n, "data[%d].loss_fn_inputs[%s]: loss_fn '%s' does not read this key (it reads: %s)", i,
@@ -366,14 +370,123 @@ static int fb_check_inputs(const twk_wire_fb_request *q, const twk_loss_def *los
     return 1;
 }
 
+/* Checks one provenance field of datum i (which = 0: model_input_spans over
+ * its tokens; 1: loss_fn_input_spans over its targets): the spans tile the
+ * field, each names a sequence this run's session sampled with
+ * record_stability_info and that has not expired, and the tokens equal the
+ * recorded ones (targets: the sampled ones; prompt targets are placeholders). lp (which = 1) gets the recorded logprobs of sampled
+ * positions (NaN elsewhere). */
+static int fb_check_spans(svc *s, const run_state *r, const twk_wire_datum *d, int i, int which, float *lp, char *err,
+                          size_t n) {
+    static const char *const field[2] = {"model_input_spans", "loss_fn_input_spans"};
+    const twk_wire_tensor *t = twk_wire_datum_input(d, "target_tokens");
+    int64_t N = d->n_tokens, pos = 0;
+    int32_t *tok = twk_host_alloc((size_t)N * sizeof(int32_t), "provenance tokens");
+    int ok = tok != NULL;
+    if (!ok) snprintf(err, n, "out of memory checking data[%d].%s", i, field[which]);
+    for (int j = 0; ok && j < d->n_spans[which]; j++) {
+        const twk_wire_span *sp = &d->spans[which][j];
+        const char *kind = sp->sampled ? "sampled" : "prompt";
+        char other[160] = "";
+        int64_t avail = 0;
+        if (sp->length > N - pos) {
+            snprintf(err, n, "data[%d].%s cover more than the datum's %lld positions", i, field[which], (long long)N);
+            ok = 0;
+            break;
+        }
+        twk_stab_found f = twk_stab_get(s->stab, r->tenant, r->session_id, sp->sequence_id, sp->sampled, sp->offset,
+                                        sp->length, tok + pos, sp->sampled && lp ? lp + pos : NULL, &avail, other,
+                                        sizeof other);
+        if (f != TWK_STAB_OK) {
+            if (f == TWK_STAB_OTHER_SESSION)
+                snprintf(err, n, "data[%d].%s[%d]: sequence '%s' was sampled in session '%s', not in this run's session "
+                                 "'%s'; a training request can only name sequences sampled in its own session",
+                         i, field[which], j, sp->sequence_id, other, r->session_id);
+            else
+                snprintf(err, n, "data[%d].%s[%d]: sequence '%s' is %s (sample with record_stability_info=True; a "
+                                 "recorded sequence stays usable for %g s after its last use)",
+                         i, field[which], j, sp->sequence_id, f == TWK_STAB_EXPIRED ? "expired" : "not recorded here",
+                         s->cfg.stability_ttl_s);
+            ok = 0;
+            break;
+        }
+        if (sp->offset + sp->length > avail) {
+            snprintf(err, n, "data[%d].%s[%d]: [%lld, %lld) is past the %lld %s tokens of sequence '%s'", i, field[which], j,
+                     (long long)sp->offset, (long long)(sp->offset + sp->length), (long long)avail, kind, sp->sequence_id);
+            ok = 0;
+            break;
+        }
+        /* targets under a prompt span are placeholders (the cookbook pads them with 0): only sampled ones are checked */
+        for (int64_t k = pos; ok && (!which || sp->sampled) && k < pos + sp->length; k++) {
+            int64_t want = which ? ((const int64_t *)t->data)[k] : d->tokens[k];
+            if (tok[k] != want) {
+                snprintf(err, n, "data[%d].%s[%d]: position %lld is token %lld, but %s token %lld of sequence '%s' is %d", i,
+                         field[which], j, (long long)k, (long long)want, kind, (long long)(sp->offset + k - pos),
+                         sp->sequence_id, tok[k]);
+                ok = 0;
+            }
+        }
+        pos += sp->length;
+    }
+    if (ok && pos != N) {
+        snprintf(err, n, "data[%d].%s cover %lld positions; the datum has %lld", i, field[which], (long long)pos,
+                 (long long)N);
+        ok = 0;
+    }
+    twk_host_free(tok);
+    return ok;
+}
+
+/* A loss with provenance (stable_reinforce): every datum names its sampled
+ * sequences; advantages only on sampled tokens; the client's logprobs, where
+ * given, equal the recorded ones; the recorded logprobs become the datum's
+ * recorded_logprobs input (NaN off the sampled tokens). */
+static int fb_check_provenance(svc *s, const run_state *r, twk_wire_fb_request *q, int i, char *err, size_t n) {
+    twk_wire_datum *d = &q->data[i];
+    if (!d->n_spans[1] && d->n_tokens) {
+        snprintf(err, n, "data[%d]: loss_fn '%s' needs loss_fn_input_spans naming the sampled sequence behind each "
+                         "target (Datum.with_provenance)", i, q->loss_fn);
+        return 0;
+    }
+    float *lp = malloc((size_t)d->n_tokens * sizeof(float)); /* freed with the request (twk_wire_fb_request_free) */
+    twk_wire_input *grown = lp ? realloc(d->inputs, (size_t)(d->n_inputs + 1) * sizeof *d->inputs) : NULL;
+    char *key = grown ? strdup(twk_loss_input_key(TWK_IN_RECORDED_LOGPROBS)) : NULL;
+    if (grown) d->inputs = grown;
+    if (!key) {
+        free(lp);
+        snprintf(err, n, "out of memory checking data[%d]'s provenance", i);
+        return 0;
+    }
+    for (int64_t k = 0; k < d->n_tokens; k++) lp[k] = NAN;
+    int ok = (!d->n_spans[0] || fb_check_spans(s, r, d, i, 0, NULL, err, n)) && fb_check_spans(s, r, d, i, 1, lp, err, n);
+    const twk_wire_tensor *adv = twk_wire_datum_input(d, "advantages"), *clp = twk_wire_datum_input(d, "logprobs");
+    for (int64_t k = 0; ok && k < d->n_tokens; k++) {
+        float a = ((const float *)adv->data)[k], c = clp ? ((const float *)clp->data)[k] : lp[k];
+        if (isnan(lp[k]) && a != 0.0f) {
+            snprintf(err, n, "data[%d].loss_fn_inputs[advantages][%lld] = %g: loss_fn '%s' takes advantages only on "
+                             "sampled tokens (a loss_fn_input_spans sampled_tokens span); this position is a prompt token",
+                     i, (long long)k, a, q->loss_fn);
+            ok = 0;
+        } else if (!isnan(lp[k]) && !(fabsf(c - lp[k]) <= 1e-4f * fmaxf(1.0f, fabsf(lp[k])))) {
+            snprintf(err, n, "data[%d].loss_fn_inputs[logprobs][%lld] = %g, but the sampler recorded %g for that token", i,
+                     (long long)k, c, lp[k]);
+            ok = 0;
+        }
+    }
+    twk_wire_tensor t = {TWK_WIRE_F32, 1, {d->n_tokens, 0}, d->n_tokens, lp};
+    d->inputs[d->n_inputs++] = (twk_wire_input){key, t}; /* owned by the request from here on */
+    return ok;
+}
+
 /* Checks a decoded forward_backward request against the loss registry and
  * the model; sets *loss; writes the first problem into err, or returns 1. */
-static int validate_fb(svc *s, const run_state *r, const twk_wire_fb_request *q, twk_loss_spec *loss, char *err, size_t n) {
+static int validate_fb(svc *s, const run_state *r, twk_wire_fb_request *q, twk_loss_spec *loss, char *err, size_t n) {
     int vocab = r->base ? twk_model_cfg(r->base->m)->vocab : 0;
     if (!fb_check_loss(q, loss, err, n) || !fb_check_size(s, q, err, n)) return 0;
     for (int i = 0; i < q->n_data; i++)
         if (!fb_check_tokens(s, i, &q->data[i], vocab, err, n) || !fb_check_targets(q, loss->def, i, vocab, err, n) ||
-            !fb_check_inputs(q, loss->def, i, err, n))
+            !fb_check_inputs(q, loss->def, i, err, n) ||
+            (loss->def->provenance && !fb_check_provenance(s, r, q, i, err, n)))
             return 0;
     return 1;
 }

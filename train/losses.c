@@ -59,7 +59,7 @@ twk_status twk_loss_eval(twk_loss_kind kind, int64_t n, const float *p, const fl
         }
         case TWK_LOSS_STABLE_REINFORCE: { /* L = -sg(min(r, hi)) p A: the weight truncated above, a constant in p */
             double r = exp(pi - q[i]), hi = clip_hi ? clip_hi[i] : 2.0, rc = r > hi ? hi : r;
-            if (rc != r) clipped++;
+            if (rc != r && adv[i] != 0) clipped++; /* a truncation that changes the loss (prompt tokens have A = 0) */
             loss += -rc * pi * adv[i];
             g = -rc * adv[i];
             ratio_sum += r;
