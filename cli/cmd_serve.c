@@ -24,6 +24,8 @@ static void usage(FILE *f) {
             "  --max-lora-rank R    (default 128)   --max-context N   tokens per datum (default 2048)\n"
             "  --max-datums N       per request (default 4096)   --max-body-mb M   (default 64)\n"
             "  --seq-timeout S      fail ops queued behind a seq_id missing this long (default 120)\n"
+            "  --stability-ttl S    stable_reinforce: a sequence sampled with record_stability_info stays\n"
+            "                       usable this long after its last use (default 86400: one day)\n"
             "  --poll-timeout S     long-poll hold of retrieve_future (default 25)\n"
             "  --fwdbwd-chunk-len N datums per forward_backward request the SDK sends (default 1024)\n"
             "  --config FILE        the same options as 'key = value' lines (model may repeat)\n"

@@ -11,14 +11,15 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "train_losses.h"
+#include "train_step.h"
 #include "twinkle/twinkle.h"
 
 typedef struct train_opts {
     const char *model, *data, *out, *resume, *device, *loss, *teacher, *teacher_adapter;
     long steps, save_every, batch_tokens, rank, seed, topk;
-    double lr, dpo_beta, alpha, weight_decay, grad_clip, beta1, beta2, eps;
-    double clip_lo, clip_hi, kl_beta, max_tokens, distill_beta; /* NaN: the loss's default */
+    double lr, alpha, weight_decay, grad_clip, beta1, beta2, eps;
+    double dpo_beta, clip_lo, clip_hi, kl_beta, max_tokens, distill_beta; /* NaN: the loss's default */
+    twk_loss_spec spec; /* --loss with the flags above */
     int full, train_unembed, no_attn, no_mlp;
 } train_opts;
 
@@ -63,13 +64,6 @@ static void usage(FILE *f) {
             "the printed loss is that sum divided by the sum of weights.\n");
 }
 
-/* forward_kl / reverse_kl / jsd as twk_distill_kind, or -1. */
-static int distill_kind(const char *loss) {
-    return !strcmp(loss, "forward_kl") ? TWK_DISTILL_FORWARD_KL : !strcmp(loss, "reverse_kl") ? TWK_DISTILL_REVERSE_KL
-           : !strcmp(loss, "jsd")      ? TWK_DISTILL_JSD
-                                       : -1;
-}
-
 static int num(const char *flag, const char *s, double lo, double hi, double *out) {
     char *end = NULL;
     double v = strtod(s, &end);
@@ -81,10 +75,33 @@ static int num(const char *flag, const char *s, double lo, double hi, double *ou
     return 1;
 }
 
+/* --loss and its flags as a loss spec (train/'s registry); 0 with the reason printed. */
+static int loss_spec(train_opts *o) {
+    if (twk_loss_spec_init(o->loss, &o->spec) != TWK_OK) {
+        fprintf(stderr, "twinkle train: --loss: %s\n", twk_last_error());
+        return 0;
+    }
+    twk_loss_family fam = o->spec.def->family;
+    if ((!isnan(o->dpo_beta) && fam != TWK_FAMILY_PREF) || (!isnan(o->distill_beta) && fam != TWK_FAMILY_DISTILL)) {
+        fprintf(stderr, "twinkle train: --%s-beta is not for --loss %s\n", isnan(o->dpo_beta) ? "distill" : "dpo", o->loss);
+        return 0;
+    }
+    const struct { double v; twk_loss_config_id id; const char *flag; } flags[] = {
+        {o->clip_lo, TWK_CFG_CLIP_LOW, "--clip-low"}, {o->clip_hi, TWK_CFG_CLIP_HIGH, "--clip-high"},
+        {o->kl_beta, TWK_CFG_KL_BETA, "--kl-beta"},   {o->max_tokens, TWK_CFG_MAX_TOKENS, "--max-tokens"},
+        {o->dpo_beta, TWK_CFG_BETA, "--dpo-beta"},    {o->distill_beta, TWK_CFG_BETA, "--distill-beta"}};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+        if (!isnan(flags[i].v) && twk_loss_spec_set(&o->spec, twk_loss_config_key(flags[i].id), flags[i].v) != TWK_OK) {
+            fprintf(stderr, "twinkle train: %s: %s\n", flags[i].flag, twk_last_error());
+            return 0;
+        }
+    return 1;
+}
+
 static int parse(int argc, char **argv, train_opts *o) {
     *o = (train_opts){.out = "train-out", .device = "cpu", .steps = 100, .batch_tokens = 2048, .rank = 32,
-                      .lr = 1e-4, .dpo_beta = 0.1, .loss = "cross_entropy", .topk = 8, .distill_beta = 0.5,
-                      .clip_lo = NAN, .clip_hi = NAN, .kl_beta = 0, .max_tokens = 0, .alpha = 32, .grad_clip = 1.0, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
+                      .lr = 1e-4, .dpo_beta = NAN, .loss = "cross_entropy", .topk = 8, .distill_beta = NAN,
+                      .clip_lo = NAN, .clip_hi = NAN, .kl_beta = NAN, .max_tokens = NAN, .alpha = 32, .grad_clip = 1.0, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         double v;
@@ -133,20 +150,16 @@ static int parse(int argc, char **argv, train_opts *o) {
             return 0;
         }
     }
-    twk_rl_spec rl;
-    int is_rl = twk_rl_spec_from_name(o->loss, &rl) == TWK_OK, is_distill = distill_kind(o->loss) >= 0;
-    if (strcmp(o->loss, "cross_entropy") && strcmp(o->loss, "dpo") && strcmp(o->loss, "ipo") && !is_rl && !is_distill) {
-        fprintf(stderr, "twinkle train: --loss '%s' is not one of cross_entropy, dpo, ipo, importance_sampling, ppo, "
-                        "cispo, dro, grpo, dapo, dr_grpo, gspo, forward_kl, reverse_kl, jsd\n", o->loss);
-        return 0;
-    }
-    if ((!strcmp(o->loss, "dpo") || !strcmp(o->loss, "ipo") || o->kl_beta > 0) && o->full) {
+    if (!loss_spec(o)) return 0;
+    twk_loss_family fam = o->spec.def->family;
+    double kl = o->spec.config[TWK_CFG_KL_BETA];
+    if ((fam == TWK_FAMILY_PREF || kl > 0) && o->full) {
         fprintf(stderr, "twinkle train: --loss %s%s needs LoRA (its reference is the base model), not --full\n", o->loss,
-                o->kl_beta > 0 ? " with --kl-beta" : "");
+                kl > 0 ? " with --kl-beta" : "");
         return 0;
     }
-    if (is_distill != (o->teacher != NULL)) {
-        fprintf(stderr, "twinkle train: %s\n", is_distill ? "--loss forward_kl / reverse_kl / jsd needs --teacher DIR"
+    if ((fam == TWK_FAMILY_DISTILL) != (o->teacher != NULL)) {
+        fprintf(stderr, "twinkle train: %s\n", fam == TWK_FAMILY_DISTILL ? "--loss forward_kl / reverse_kl / jsd needs --teacher DIR"
                                                           : "--teacher is for --loss forward_kl / reverse_kl / jsd");
         return 0;
     }
@@ -203,17 +216,10 @@ int twk_cmd_train(int argc, char **argv) {
            start ? " (resumed)" : "");
     twk_adam_params ap = {(float)o.lr, (float)o.beta1, (float)o.beta2, (float)o.eps, (float)o.weight_decay,
                           (float)o.grad_clip};
-    int pref = !strcmp(o.loss, "dpo") || !strcmp(o.loss, "ipo"), dk = distill_kind(o.loss);
-    twk_rl_spec rl;
-    int is_rl = twk_rl_spec_from_name(o.loss, &rl) == TWK_OK;
-    if (is_rl) {
-        if (!isnan(o.clip_lo)) rl.clip_lo = o.clip_lo;
-        if (!isnan(o.clip_hi)) rl.clip_hi = o.clip_hi;
-        rl.kl_beta = o.kl_beta;
-        rl.max_tokens = o.max_tokens;
-        if (twk_dataset_require(data, "advantages", o.data, o.loss) != TWK_OK) goto fail;
-    }
-    if (dk >= 0) { /* the teacher scores every position of a sequence at once */
+    twk_loss_family fam = o.spec.def->family;
+    int group = o.spec.def->group;
+    if (fam == TWK_FAMILY_RL && twk_dataset_require(data, "advantages", o.data, o.loss) != TWK_OK) goto fail;
+    if (fam == TWK_FAMILY_DISTILL) { /* the teacher scores every position of a sequence at once */
         twk_lora_config tl;
         if (twk_model_load(o.teacher, dev, &teacher) != TWK_OK) goto fail;
         if (twk_model_cfg(teacher)->vocab != c->vocab) {
@@ -232,7 +238,7 @@ int twk_cmd_train(int argc, char **argv) {
             (o.teacher_adapter && twk_sampler_load_adapter(tsampler, o.teacher_adapter) != TWK_OK))
             goto fail;
     }
-    if (pref && twk_dataset_count(data) % 2) {
+    if (twk_dataset_count(data) % group) {
         twk_error(TWK_ERR_INVALID_ARG, "--loss %s: %s has %lld lines; pairs (chosen, rejected) need an even count", o.loss,
                   o.data, (long long)twk_dataset_count(data));
         goto fail;
@@ -240,30 +246,14 @@ int twk_cmd_train(int argc, char **argv) {
     /* the data position follows from the step: packing is deterministic */
     int64_t cursor = 0;
     for (long s = 0; s < start; s++)
-        if (twk_dataset_pack_groups(data, o.batch_tokens, pref ? 2 : 1, &cursor, &packed) != TWK_OK) goto fail;
+        if (twk_dataset_pack_groups(data, o.batch_tokens, group, &cursor, &packed) != TWK_OK) goto fail;
     int tty = isatty(1);
     double t0 = twk_now(), tokens = 0, first = -1, loss_avg = 0;
     for (long s = start + 1; s <= o.steps; s++) {
-        if (twk_dataset_pack_groups(data, o.batch_tokens, pref ? 2 : 1, &cursor, &packed) != TWK_OK) goto fail;
-        float loss = 0;
-        double l = 0, wsum = 0;
-        twk_loss_stats ls;
-        for (int64_t i = 0; i < packed.batch.n; i++) wsum += packed.batch.weights[i];
-        if (pref) {
-            if (twk_train_dpo_step(t, &packed, !strcmp(o.loss, "ipo"), o.dpo_beta, &l) != TWK_OK) goto fail;
-            loss_avg = l / (packed.n_seqs / 2); /* per pair */
-        } else if (is_rl) {
-            if (twk_train_rl_step(t, &packed, &rl, &l, &ls) != TWK_OK) goto fail;
-            loss_avg = rl.aggregation == TWK_AGG_SUM ? l / (double)packed.batch.n : l; /* per token */
-        } else if (dk >= 0) {
-            if (twk_train_distill_step(t, tsampler, &packed, (twk_distill_kind)dk, (int)o.topk, o.distill_beta, &l) !=
-                TWK_OK)
-                goto fail;
-            loss_avg = wsum != 0 ? l / wsum : l; /* per weighted token */
-        } else {
-            if (twk_trainer_forward_backward(t, &packed.batch, NULL, &loss) != TWK_OK) goto fail;
-            loss_avg = wsum != 0 ? loss / wsum : loss;
-        }
+        if (twk_dataset_pack_groups(data, o.batch_tokens, group, &cursor, &packed) != TWK_OK) goto fail;
+        twk_loss_result res;
+        if (twk_train_step(t, &o.spec, &packed, tsampler, (int)o.topk, &res) != TWK_OK) goto fail;
+        loss_avg = res.mean;
         if (twk_trainer_optim_step(t, &ap, NULL) != TWK_OK) goto fail;
         if (first < 0) first = loss_avg;
         tokens += (double)packed.batch.n;

@@ -209,41 +209,29 @@ static void h_get_info(svc *s, twk_http_conn *c, const cJSON *b, const char *ten
 
 /* ---- training ops (futures, in seq_id order) ---- */
 
-static int is_builtin_rl_loss(const char *l) {
-    return !strcmp(l, "importance_sampling") || !strcmp(l, "ppo") || !strcmp(l, "cispo") || !strcmp(l, "dro") ||
-           !strcmp(l, "grpo") || !strcmp(l, "dapo") || !strcmp(l, "dr_grpo") || !strcmp(l, "gspo");
-}
+/* forward_backward validation, in steps: the loss and its config against the
+ * registry, the data's size, then each datum's tokens, targets and inputs.
+ * Each writes the first problem (naming the field) into err and returns 0. */
 
-/* Checks a decoded forward_backward request against the model; writes the
- * first problem (naming the field) into err, or returns 1. */
-static int validate_fb(svc *s, const run_state *r, const twk_wire_fb_request *q, char *err, size_t n) {
-    int vocab = r->base ? twk_model_cfg(r->base->m)->vocab : 0;
-    int rl = is_builtin_rl_loss(q->loss_fn);
-    int pref = !strcmp(q->loss_fn, "dpo") || !strcmp(q->loss_fn, "ipo"); /* twinkle's extensions */
-    int distill = !strcmp(q->loss_fn, "forward_kl") || !strcmp(q->loss_fn, "reverse_kl") || !strcmp(q->loss_fn, "jsd");
-    if (strcmp(q->loss_fn, "cross_entropy") && !rl && !pref && !distill) {
-        snprintf(err, n,
-                 "unknown loss_fn '%s' (cross_entropy, importance_sampling, ppo, cispo, dro, grpo, dapo, dr_grpo, gspo, dpo, "
-                 "ipo, forward_kl, reverse_kl, jsd)",
-                 q->loss_fn);
+static int fb_check_loss(const twk_wire_fb_request *q, twk_loss_spec *loss, char *err, size_t n) {
+    if (twk_loss_spec_init(q->loss_fn, loss) != TWK_OK) {
+        snprintf(err, n, "loss_fn: %s", twk_last_error());
         return 0;
     }
-    if (pref && q->n_data % 2) {
+    for (int i = 0; i < q->n_config; i++)
+        if (twk_loss_spec_set(loss, q->config[i].key, q->config[i].value) != TWK_OK) {
+            snprintf(err, n, "%s", twk_last_error());
+            return 0;
+        }
+    if (q->n_data % loss->def->group) {
         snprintf(err, n, "loss_fn '%s' takes pairs (chosen, rejected): data has %d datums, an odd count", q->loss_fn,
                  q->n_data);
         return 0;
     }
-    for (int i = 0; i < q->n_config; i++) {
-        if (!isfinite(q->config[i].value)) {
-            snprintf(err, n, "loss_fn_config[%s] is not finite", q->config[i].key);
-            return 0;
-        }
-        if (!strcmp(q->config[i].key, "kl_beta") && (!rl || q->config[i].value < 0)) {
-            snprintf(err, n, "loss_fn_config[kl_beta] = %g: a KL-to-reference coefficient >= 0 for the RL losses",
-                     q->config[i].value);
-            return 0;
-        }
-    }
+    return 1;
+}
+
+static int fb_check_size(svc *s, const twk_wire_fb_request *q, char *err, size_t n) {
     if (q->n_data < 1) {
         snprintf(err, n, "data is empty");
         return 0;
@@ -252,135 +240,254 @@ static int validate_fb(svc *s, const run_state *r, const twk_wire_fb_request *q,
         snprintf(err, n, "data has %d datums; the limit is %lld per request", q->n_data, (long long)s->cfg.max_datums);
         return 0;
     }
-    for (int i = 0; i < q->n_data; i++) {
-        const twk_wire_datum *d = &q->data[i];
-        if (d->n_tokens > s->cfg.max_context) {
-            snprintf(err, n, "data[%d].model_input has %lld tokens; the context limit is %lld", i, (long long)d->n_tokens,
-                     (long long)s->cfg.max_context);
+    return 1;
+}
+
+static int fb_check_tokens(svc *s, int i, const twk_wire_datum *d, int vocab, char *err, size_t n) {
+    if (d->n_tokens > s->cfg.max_context) {
+        snprintf(err, n, "data[%d].model_input has %lld tokens; the context limit is %lld", i, (long long)d->n_tokens,
+                 (long long)s->cfg.max_context);
+        return 0;
+    }
+    for (int64_t k = 0; k < d->n_tokens; k++)
+        if (d->tokens[k] < 0 || d->tokens[k] >= vocab) {
+            snprintf(err, n, "data[%d].model_input.tokens[%lld] = %d is outside the vocabulary [0, %d)", i, (long long)k,
+                     d->tokens[k], vocab);
             return 0;
         }
-        for (int64_t k = 0; k < d->n_tokens; k++)
-            if (d->tokens[k] < 0 || d->tokens[k] >= vocab) {
-                snprintf(err, n, "data[%d].model_input.tokens[%lld] = %d is outside the vocabulary [0, %d)", i,
-                         (long long)k, d->tokens[k], vocab);
-                return 0;
-            }
-        const twk_wire_tensor *t = twk_wire_datum_input(d, "target_tokens");
-        if (!t) {
-            snprintf(err, n, "data[%d].loss_fn_inputs: target_tokens is required", i);
+    return 1;
+}
+
+/* Whether tensor x has the shape `rule` asks for a datum of N tokens and top-K width K (0: 1-D targets). */
+static int fb_shape_ok(const twk_wire_tensor *x, twk_loss_shape rule, int64_t N, int64_t K) {
+    if (rule == TWK_SHAPE_TOKENS || (rule == TWK_SHAPE_TOKENS_OR_K && K == 0)) return x->ndim == 1 && x->n == N;
+    return x->ndim == 2 && x->shape[0] == N && x->shape[1] == K;
+}
+
+static void fb_shape_text(twk_loss_shape rule, int64_t N, int64_t K, char *out, size_t n) {
+    if (rule == TWK_SHAPE_TOKENS || (rule == TWK_SHAPE_TOKENS_OR_K && K == 0)) snprintf(out, n, "[%lld] (one per token)", (long long)N);
+    else snprintf(out, n, "[%lld, %lld] like target_tokens", (long long)N, (long long)K);
+}
+
+/* target_tokens: int64, its rank by the loss's rule (top-K: 1 <= K <= 64, one K per request), in the vocabulary. */
+static int fb_check_targets(const twk_wire_fb_request *q, const twk_loss_def *loss, int i, int vocab, char *err,
+                            size_t n) {
+    const twk_wire_datum *d = &q->data[i];
+    const twk_wire_tensor *t = twk_wire_datum_input(d, "target_tokens"), *t0 = twk_wire_datum_input(&q->data[0], "target_tokens");
+    twk_loss_shape rule = twk_loss_input_find(loss, "target_tokens")->shape;
+    if (!t) {
+        snprintf(err, n, "data[%d].loss_fn_inputs: target_tokens is required", i);
+        return 0;
+    }
+    if (t->dtype != TWK_WIRE_I64) {
+        snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens] must be int64", i);
+        return 0;
+    }
+    if (t->ndim == 2 && rule == TWK_SHAPE_TOKENS) {
+        snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens] is 2-D (top-K targets): loss_fn '%s' takes [%lld]; "
+                         "top-K targets need cross_entropy or a distillation loss", i, q->loss_fn, (long long)d->n_tokens);
+        return 0;
+    }
+    if (t->ndim != 2 && rule == TWK_SHAPE_TOKENS_K) {
+        snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens] must be 2-D [tokens, K] (the teacher's top-K) for "
+                         "loss_fn '%s'", i, q->loss_fn);
+        return 0;
+    }
+    if (t->ndim != 1 && t->ndim != 2) {
+        snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens] must be 1-D or 2-D", i);
+        return 0;
+    }
+    if (!t0 || t0->ndim != t->ndim) {
+        snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens]: 1-D and 2-D targets are mixed", i);
+        return 0;
+    }
+    if (t->ndim == 2 && (t->shape[0] != d->n_tokens || t->shape[1] < 1 || t->shape[1] > 64 || t0->shape[1] != t->shape[1])) {
+        snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens] is 2-D: it needs shape [%lld, K] with 1 <= K <= 64, "
+                         "and the same K in every datum", i, (long long)d->n_tokens);
+        return 0;
+    }
+    if (t->ndim == 1 && t->n != d->n_tokens) {
+        snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens] has %lld entries; model_input has %lld tokens", i,
+                 (long long)t->n, (long long)d->n_tokens);
+        return 0;
+    }
+    for (int64_t k = 0; k < t->n; k++) {
+        int64_t v = ((const int64_t *)t->data)[k];
+        if (v < 0 || v >= vocab) {
+            snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens][%lld] = %lld is outside the vocabulary [0, %d)", i,
+                     (long long)k, (long long)v, vocab);
             return 0;
-        }
-        if (t->dtype != TWK_WIRE_I64) {
-            snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens] must be int64", i);
-            return 0;
-        }
-        if (t->ndim == 2) { /* top-K targets (distillation): cross_entropy, one K for the request */
-            const twk_wire_tensor *t0 = twk_wire_datum_input(&q->data[0], "target_tokens");
-            const twk_wire_tensor *w2 = twk_wire_datum_input(d, "weights");
-            const twk_wire_tensor *tl = twk_wire_datum_input(d, "teacher_logprobs");
-            if (distill && (!tl || tl->dtype != TWK_WIRE_F32 || tl->ndim != 2 || tl->shape[0] != t->shape[0] ||
-                            tl->shape[1] != t->shape[1])) {
-                snprintf(err, n, "data[%d].loss_fn_inputs[teacher_logprobs] is required by loss_fn '%s': float32 "
-                                 "[%lld, %lld] like target_tokens", i, q->loss_fn, (long long)t->shape[0],
-                         (long long)t->shape[1]);
-                return 0;
-            }
-            for (int64_t k = 0; distill && k < tl->n; k++)
-                if (!isfinite(((const float *)tl->data)[k])) {
-                    snprintf(err, n, "data[%d].loss_fn_inputs[teacher_logprobs][%lld] is not finite", i, (long long)k);
-                    return 0;
-                }
-            if (distill && w2 && w2->ndim != 1) {
-                snprintf(err, n, "data[%d].loss_fn_inputs[weights] must be float32 [%lld] (a per-token mask) for "
-                                 "loss_fn '%s'", i, (long long)d->n_tokens, q->loss_fn);
-                return 0;
-            }
-            if (distill) w2 = NULL; /* the per-token mask is checked below */
-            if (rl || pref || t->shape[0] != d->n_tokens || t->shape[1] < 1 || t->shape[1] > 64 || !t0 || t0->ndim != 2 ||
-                t0->shape[1] != t->shape[1]) {
-                snprintf(err, n,
-                         "data[%d].loss_fn_inputs[target_tokens] is 2-D: it needs cross_entropy, shape [%lld, K] with "
-                         "1 <= K <= 64, and the same K in every datum",
-                         i, (long long)d->n_tokens);
-                return 0;
-            }
-            if (w2 && (w2->dtype != TWK_WIRE_F32 || w2->ndim != 2 || w2->shape[0] != t->shape[0] || w2->shape[1] != t->shape[1])) {
-                snprintf(err, n, "data[%d].loss_fn_inputs[weights] must be float32 [%lld, %lld] like target_tokens", i,
-                         (long long)t->shape[0], (long long)t->shape[1]);
-                return 0;
-            }
-            for (int64_t k = 0; w2 && k < w2->n; k++)
-                if (!isfinite(((const float *)w2->data)[k])) {
-                    snprintf(err, n, "data[%d].loss_fn_inputs[weights][%lld] is not finite", i, (long long)k);
-                    return 0;
-                }
-        } else if (distill) {
-            snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens] must be 2-D [tokens, K] (the teacher's top-K) for "
-                             "loss_fn '%s'", i, q->loss_fn);
-            return 0;
-        } else if (t->ndim != 1) {
-            snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens] must be 1-D or 2-D", i);
-            return 0;
-        } else if (twk_wire_datum_input(&q->data[0], "target_tokens")->ndim != 1) {
-            snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens]: 1-D and 2-D targets are mixed", i);
-            return 0;
-        }
-        if (t->ndim == 1 && t->n != d->n_tokens) {
-            snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens] has %lld entries; model_input has %lld tokens", i,
-                     (long long)t->n, (long long)d->n_tokens);
-            return 0;
-        }
-        for (int64_t k = 0; k < t->n; k++) {
-            int64_t v = ((const int64_t *)t->data)[k];
-            if (v < 0 || v >= vocab) {
-                snprintf(err, n, "data[%d].loss_fn_inputs[target_tokens][%lld] = %lld is outside the vocabulary [0, %d)", i,
-                         (long long)k, (long long)v, vocab);
-                return 0;
-            }
-        }
-        static const char *const rl_inputs[] = {"logprobs", "advantages", "clip_low_threshold", "clip_high_threshold",
-                                                "ref_logprobs"};
-        static const char *const pref_inputs[] = {"ref_logprobs"};
-        const char *const *needs = rl ? rl_inputs : pref_inputs;
-        int n_needs = rl ? 5 : pref ? 1 : 0, n_required = rl ? 2 : 0;
-        if ((pref || rl) &&
-            !twk_wire_datum_input(d, "ref_logprobs") != !twk_wire_datum_input(&q->data[0], "ref_logprobs")) {
-            snprintf(err, n, "data[%d].loss_fn_inputs: ref_logprobs must be given for every datum or for none "
-                             "(none: the server computes them from the base model)", i);
-            return 0;
-        }
-        for (int k = 0; k < n_needs; k++) {
-            const twk_wire_tensor *x = twk_wire_datum_input(d, needs[k]);
-            if (!x && k < n_required) {
-                snprintf(err, n, "data[%d].loss_fn_inputs: %s is required by loss_fn '%s'", i, needs[k], q->loss_fn);
-                return 0;
-            }
-            if (!x) continue;
-            if (x->dtype != TWK_WIRE_F32 || x->ndim != 1 || x->n != d->n_tokens) {
-                snprintf(err, n, "data[%d].loss_fn_inputs[%s] must be float32 with %lld entries (one per token)", i,
-                         needs[k], (long long)d->n_tokens);
-                return 0;
-            }
-            for (int64_t j = 0; j < x->n; j++)
-                if (!isfinite(((const float *)x->data)[j])) {
-                    snprintf(err, n, "data[%d].loss_fn_inputs[%s][%lld] is not finite", i, needs[k], (long long)j);
-                    return 0;
-                }
-        }
-        const twk_wire_tensor *w = t->ndim == 1 || distill ? twk_wire_datum_input(d, "weights") : NULL;
-        if (w) {
-            if (w->dtype != TWK_WIRE_F32 || w->ndim != 1 || w->n != d->n_tokens) {
-                snprintf(err, n, "data[%d].loss_fn_inputs[weights] must be float32 with %lld entries (one per token)", i,
-                         (long long)d->n_tokens);
-                return 0;
-            }
-            for (int64_t k = 0; k < w->n; k++)
-                if (!isfinite(((const float *)w->data)[k])) {
-                    snprintf(err, n, "data[%d].loss_fn_inputs[weights][%lld] is not finite", i, (long long)k);
-                    return 0;
-                }
         }
     }
+    return 1;
+}
+
+/* The float inputs the loss reads: present where required (and in every datum
+ * or none where the registry says so), float32 of the rule's shape, finite. */
+static int fb_check_inputs(const twk_wire_fb_request *q, const twk_loss_def *loss, int i, char *err, size_t n) {
+    const twk_wire_datum *d = &q->data[i];
+    const twk_wire_tensor *t = twk_wire_datum_input(d, "target_tokens");
+    int64_t K = t->ndim == 2 ? t->shape[1] : 0;
+    for (int j = 0; j < d->n_inputs; j++) /* never silently ignored: a key the loss does not read */
+        if (!strcmp(d->inputs[j].key, twk_loss_input_key(TWK_IN_RECORDED_LOGPROBS))) {
+            snprintf(err, n, "data[%d].loss_fn_inputs[%s] is filled by the server from the sampled sequences the "
+                             "datum's provenance names; do not send it", i, d->inputs[j].key);
+            return 0;
+        } else if (!twk_loss_input_find(loss, d->inputs[j].key)) {
+            char keys[256];
+            twk_loss_input_keys(loss, keys, sizeof keys);
+            snprintf(err, n, "data[%d].loss_fn_inputs[%s]: loss_fn '%s' does not read this key (it reads: %s)", i,
+                     d->inputs[j].key, q->loss_fn, keys);
+            return 0;
+        }
+    for (int j = 0; j < loss->n_inputs; j++) {
+        const twk_loss_input_def *in = &loss->inputs[j];
+        const char *key = twk_loss_input_key(in->id);
+        if (in->dtype != TWK_LOSS_F32) continue;
+        const twk_wire_tensor *x = twk_wire_datum_input(d, key);
+        if (!x && in->required) {
+            snprintf(err, n, "data[%d].loss_fn_inputs: %s is required by loss_fn '%s'", i, key, q->loss_fn);
+            return 0;
+        }
+        if (in->all_or_none && !x != !twk_wire_datum_input(&q->data[0], key)) {
+            snprintf(err, n, "data[%d].loss_fn_inputs: %s must be given for every datum or for none "
+                             "(none: the server computes them from the base model)", i, key);
+            return 0;
+        }
+        if (!x) continue;
+        if (x->dtype != TWK_WIRE_F32 || !fb_shape_ok(x, in->shape, d->n_tokens, K)) {
+            char shape[96];
+            fb_shape_text(in->shape, d->n_tokens, K, shape, sizeof shape);
+            snprintf(err, n, "data[%d].loss_fn_inputs[%s] must be float32 %s for loss_fn '%s'", i, key, shape, q->loss_fn);
+            return 0;
+        }
+        for (int64_t k = 0; k < x->n; k++)
+            if (!isfinite(((const float *)x->data)[k])) {
+                snprintf(err, n, "data[%d].loss_fn_inputs[%s][%lld] is not finite", i, key, (long long)k);
+                return 0;
+            }
+    }
+    return 1;
+}
+
+/* Checks one provenance field of datum i (which = 0: model_input_spans over
+ * its tokens; 1: loss_fn_input_spans over its targets): the spans tile the
+ * field, each names a sequence this run's session sampled with
+ * record_stability_info and that has not expired, and the tokens equal the
+ * recorded ones (targets: the sampled ones; prompt targets are placeholders). lp (which = 1) gets the recorded logprobs of sampled
+ * positions (NaN elsewhere). */
+static int fb_check_spans(svc *s, const run_state *r, const twk_wire_datum *d, int i, int which, float *lp, char *err,
+                          size_t n) {
+    static const char *const field[2] = {"model_input_spans", "loss_fn_input_spans"};
+    const twk_wire_tensor *t = twk_wire_datum_input(d, "target_tokens");
+    int64_t N = d->n_tokens, pos = 0;
+    int32_t *tok = twk_host_alloc((size_t)N * sizeof(int32_t), "provenance tokens");
+    int ok = tok != NULL;
+    if (!ok) snprintf(err, n, "out of memory checking data[%d].%s", i, field[which]);
+    for (int j = 0; ok && j < d->n_spans[which]; j++) {
+        const twk_wire_span *sp = &d->spans[which][j];
+        const char *kind = sp->sampled ? "sampled" : "prompt";
+        char other[160] = "";
+        int64_t avail = 0;
+        if (sp->length > N - pos) {
+            snprintf(err, n, "data[%d].%s cover more than the datum's %lld positions", i, field[which], (long long)N);
+            ok = 0;
+            break;
+        }
+        twk_stab_found f = twk_stab_get(s->stab, r->tenant, r->session_id, sp->sequence_id, sp->sampled, sp->offset,
+                                        sp->length, tok + pos, sp->sampled && lp ? lp + pos : NULL, &avail, other,
+                                        sizeof other);
+        if (f != TWK_STAB_OK) {
+            if (f == TWK_STAB_OTHER_SESSION)
+                snprintf(err, n, "data[%d].%s[%d]: sequence '%s' was sampled in session '%s', not in this run's session "
+                                 "'%s'; a training request can only name sequences sampled in its own session",
+                         i, field[which], j, sp->sequence_id, other, r->session_id);
+            else
+                snprintf(err, n, "data[%d].%s[%d]: sequence '%s' is %s (sample with record_stability_info=True; a "
+                                 "recorded sequence stays usable for %g s after its last use)",
+                         i, field[which], j, sp->sequence_id, f == TWK_STAB_EXPIRED ? "expired" : "not recorded here",
+                         s->cfg.stability_ttl_s);
+            ok = 0;
+            break;
+        }
+        if (sp->offset + sp->length > avail) {
+            snprintf(err, n, "data[%d].%s[%d]: [%lld, %lld) is past the %lld %s tokens of sequence '%s'", i, field[which], j,
+                     (long long)sp->offset, (long long)(sp->offset + sp->length), (long long)avail, kind, sp->sequence_id);
+            ok = 0;
+            break;
+        }
+        /* targets under a prompt span are placeholders (the cookbook pads them with 0): only sampled ones are checked */
+        for (int64_t k = pos; ok && (!which || sp->sampled) && k < pos + sp->length; k++) {
+            int64_t want = which ? ((const int64_t *)t->data)[k] : d->tokens[k];
+            if (tok[k] != want) {
+                snprintf(err, n, "data[%d].%s[%d]: position %lld is token %lld, but %s token %lld of sequence '%s' is %d", i,
+                         field[which], j, (long long)k, (long long)want, kind, (long long)(sp->offset + k - pos),
+                         sp->sequence_id, tok[k]);
+                ok = 0;
+            }
+        }
+        pos += sp->length;
+    }
+    if (ok && pos != N) {
+        snprintf(err, n, "data[%d].%s cover %lld positions; the datum has %lld", i, field[which], (long long)pos,
+                 (long long)N);
+        ok = 0;
+    }
+    twk_host_free(tok);
+    return ok;
+}
+
+/* A loss with provenance (stable_reinforce): every datum names its sampled
+ * sequences; advantages only on sampled tokens; the client's logprobs, where
+ * given, equal the recorded ones; the recorded logprobs become the datum's
+ * recorded_logprobs input (NaN off the sampled tokens). */
+static int fb_check_provenance(svc *s, const run_state *r, twk_wire_fb_request *q, int i, char *err, size_t n) {
+    twk_wire_datum *d = &q->data[i];
+    if (!d->n_spans[1] && d->n_tokens) {
+        snprintf(err, n, "data[%d]: loss_fn '%s' needs loss_fn_input_spans naming the sampled sequence behind each "
+                         "target (Datum.with_provenance)", i, q->loss_fn);
+        return 0;
+    }
+    float *lp = malloc((size_t)d->n_tokens * sizeof(float)); /* freed with the request (twk_wire_fb_request_free) */
+    twk_wire_input *grown = lp ? realloc(d->inputs, (size_t)(d->n_inputs + 1) * sizeof *d->inputs) : NULL;
+    char *key = grown ? strdup(twk_loss_input_key(TWK_IN_RECORDED_LOGPROBS)) : NULL;
+    if (grown) d->inputs = grown;
+    if (!key) {
+        free(lp);
+        snprintf(err, n, "out of memory checking data[%d]'s provenance", i);
+        return 0;
+    }
+    for (int64_t k = 0; k < d->n_tokens; k++) lp[k] = NAN;
+    int ok = (!d->n_spans[0] || fb_check_spans(s, r, d, i, 0, NULL, err, n)) && fb_check_spans(s, r, d, i, 1, lp, err, n);
+    const twk_wire_tensor *adv = twk_wire_datum_input(d, "advantages"), *clp = twk_wire_datum_input(d, "logprobs");
+    for (int64_t k = 0; ok && k < d->n_tokens; k++) {
+        float a = ((const float *)adv->data)[k], c = clp ? ((const float *)clp->data)[k] : lp[k];
+        if (isnan(lp[k]) && a != 0.0f) {
+            snprintf(err, n, "data[%d].loss_fn_inputs[advantages][%lld] = %g: loss_fn '%s' takes advantages only on "
+                             "sampled tokens (a loss_fn_input_spans sampled_tokens span); this position is a prompt token",
+                     i, (long long)k, a, q->loss_fn);
+            ok = 0;
+        } else if (!isnan(lp[k]) && !(fabsf(c - lp[k]) <= 1e-4f * fmaxf(1.0f, fabsf(lp[k])))) {
+            snprintf(err, n, "data[%d].loss_fn_inputs[logprobs][%lld] = %g, but the sampler recorded %g for that token", i,
+                     (long long)k, c, lp[k]);
+            ok = 0;
+        }
+    }
+    twk_wire_tensor t = {TWK_WIRE_F32, 1, {d->n_tokens, 0}, d->n_tokens, lp};
+    d->inputs[d->n_inputs++] = (twk_wire_input){key, t}; /* owned by the request from here on */
+    return ok;
+}
+
+/* Checks a decoded forward_backward request against the loss registry and
+ * the model; sets *loss; writes the first problem into err, or returns 1. */
+static int validate_fb(svc *s, const run_state *r, twk_wire_fb_request *q, twk_loss_spec *loss, char *err, size_t n) {
+    int vocab = r->base ? twk_model_cfg(r->base->m)->vocab : 0;
+    if (!fb_check_loss(q, loss, err, n) || !fb_check_size(s, q, err, n)) return 0;
+    for (int i = 0; i < q->n_data; i++)
+        if (!fb_check_tokens(s, i, &q->data[i], vocab, err, n) || !fb_check_targets(q, loss->def, i, vocab, err, n) ||
+            !fb_check_inputs(q, loss->def, i, err, n) ||
+            (loss->def->provenance && !fb_check_provenance(s, r, q, i, err, n)))
+            return 0;
     return 1;
 }
 
@@ -468,7 +575,7 @@ static void h_forward_backward(svc *s, twk_http_conn *c, const twk_http_req *req
         return;
     }
     o->fb = q;
-    if (!validate_fb(s, r, q, o->prefail, sizeof o->prefail) && !o->prefail[0])
+    if (!validate_fb(s, r, q, &o->loss, o->prefail, sizeof o->prefail) && !o->prefail[0])
         snprintf(o->prefail, sizeof o->prefail, "invalid request");
     char request_id[64];
     svc_submit_op(s, r, o, request_id);

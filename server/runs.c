@@ -170,284 +170,109 @@ static void run_create(op *o) {
     set_json(o, j);
 }
 
-/* The passes of one request: whole datums packed into passes of at most
- * --max-context tokens. backward: 0 forward, 1 forward and backward, 2 a
- * forward of the base model (adapter off). weights_all (one per token, all datums) replaces the
- * datums' "weights" when given; backward adds gradients. Logprobs of every
- * token go to lp_all; the cross-entropy loss -sum w p to *loss. */
-static twk_status fb_passes(op *o, const float *weights_all, const int32_t *targets_all, int backward, float *lp_all,
-                            const int64_t *offsets, int32_t *buf, float *w, double *loss_sum, double *wsum) {
-    twk_wire_fb_request *q = o->fb;
-    int64_t cap = o->svc->cfg.max_context;
-    *loss_sum = *wsum = 0;
-    for (int d0 = 0; d0 < q->n_data;) {
-        int64_t n = 0;
-        int d1 = d0;
-        while (d1 < q->n_data && n + q->data[d1].n_tokens <= cap) n += q->data[d1++].n_tokens;
-        int32_t *tok = buf, *tgt = buf + cap, *pos = buf + 2 * cap, *seg = buf + 3 * cap;
-        int64_t t = 0;
-        for (int d = d0; d < d1; d++) {
-            const twk_wire_datum *dt = &q->data[d];
-            const twk_wire_tensor *tt = twk_wire_datum_input(dt, "target_tokens");
-            const twk_wire_tensor *wt = twk_wire_datum_input(dt, "weights");
-            for (int64_t i = 0; i < dt->n_tokens; i++, t++) {
-                tok[t] = dt->tokens[i];
-                tgt[t] = targets_all ? targets_all[offsets[d] + i] : (int32_t)((const int64_t *)tt->data)[i];
-                w[t] = weights_all ? weights_all[offsets[d] + i] : wt ? ((const float *)wt->data)[i] : 1.0f;
-                pos[t] = (int32_t)i;
-                seg[t] = (int32_t)(t - i);
-                *wsum += w[t];
-            }
-        }
-        twk_batch b = {n, tok, tgt, pos, seg, w};
-        float loss = 0;
-        twk_status st = backward == 1   ? twk_trainer_forward_backward(o->run->trainer, &b, lp_all + offsets[d0], &loss)
-                        : backward == 2 ? twk_trainer_forward_base(o->run->trainer, &b, lp_all + offsets[d0], &loss)
-                                        : twk_trainer_forward(o->run->trainer, &b, lp_all + offsets[d0], &loss);
-        if (st != TWK_OK) return st;
-        *loss_sum += loss;
-        d0 = d1;
+/* ---- forward_backward: decode into a loss batch, run the loss step, encode ---- */
+
+/* The request as a loss batch: datums as sequences, targets as int32, each
+ * input the loss reads dense over all tokens (the registry's `absent` value
+ * where a datum lacks it; NULL where every datum does). Arrays are owned by
+ * the batch; fb_batch_free releases them. 0 on OOM. */
+typedef struct fb_batch {
+    twk_loss_batch b;
+    int64_t *offsets;
+    int32_t *tokens, *targets;
+    float *in[TWK_IN_COUNT];
+} fb_batch;
+
+static void fb_batch_free(fb_batch *fb) {
+    twk_host_free(fb->offsets);
+    twk_host_free(fb->tokens);
+    twk_host_free(fb->targets);
+    for (int i = 0; i < TWK_IN_COUNT; i++) twk_host_free(fb->in[i]);
+}
+
+/* One float input of the loss over all datums; NULL (and *oom 0) when no datum gives it. */
+static float *fb_gather_input(const twk_wire_fb_request *q, const twk_loss_input_def *def, const int64_t *offsets,
+                              int K, int *oom) {
+    const char *key = twk_loss_input_key(def->id);
+    int any = 0;
+    for (int d = 0; d < q->n_data && !any; d++) any = twk_wire_datum_input(&q->data[d], key) != NULL;
+    if (!any) return NULL;
+    int64_t per = def->shape == TWK_SHAPE_TOKENS ? 1 : K > 0 ? K : 1, n = offsets[q->n_data] * per;
+    float *v = twk_host_alloc((size_t)(n ? n : 1) * sizeof(float), key);
+    if (!v) {
+        *oom = 1;
+        return NULL;
     }
-    return TWK_OK;
-}
-
-/* The per-token inputs of an RL loss, gathered over all datums. */
-/* K passes over (N, K) target_tokens, column by column; the weights of column k
- * come from weights_nk (N x K, all datums) or the datums' (N, K) "weights". */
-static twk_status topk_passes(op *o, int K, const float *weights_nk, int backward, float *lp_k, const int64_t *offsets,
-                              int32_t *buf, float *w, double *loss_sum, double *wsum) {
-    twk_wire_fb_request *q = o->fb;
-    int64_t total = offsets[q->n_data];
-    int32_t *tk = twk_host_alloc((size_t)(total ? total : 1) * 4, "targets");
-    float *wk = twk_host_alloc((size_t)(total ? total : 1) * 4, "weights");
-    float *lp1 = twk_host_alloc((size_t)(total ? total : 1) * 4, "logprobs");
-    twk_status st = tk && wk && lp1 ? TWK_OK : TWK_ERR_OOM;
-    *loss_sum = *wsum = 0;
-    for (int k = 0; st == TWK_OK && k < K; k++) {
-        for (int d = 0; d < q->n_data; d++) {
-            const twk_wire_tensor *tt = twk_wire_datum_input(&q->data[d], "target_tokens");
-            const twk_wire_tensor *ww = twk_wire_datum_input(&q->data[d], "weights");
-            if (ww && ww->ndim != 2) ww = NULL;
-            for (int64_t i = 0; i < q->data[d].n_tokens; i++) {
-                int64_t j = (offsets[d] + i) * K + k;
-                tk[offsets[d] + i] = (int32_t)((const int64_t *)tt->data)[i * K + k];
-                wk[offsets[d] + i] = weights_nk ? weights_nk[j] : ww ? ((const float *)ww->data)[i * K + k] : 1.0f;
-            }
-        }
-        double l = 0, ws = 0;
-        st = fb_passes(o, wk, tk, backward, lp1, offsets, buf, w, &l, &ws);
-        *loss_sum += l;
-        *wsum += ws;
-        for (int64_t i = 0; st == TWK_OK && i < total; i++) lp_k[i * K + k] = lp1[i];
-    }
-    twk_host_free(tk);
-    twk_host_free(wk);
-    twk_host_free(lp1);
-    return st;
-}
-
-/* Applies a host-evaluated loss: dldp (one per token, or N x K when K > 0)
- * is negated in place and backpropagated as cross-entropy weights, which
- * gives the loss's gradient. */
-static twk_status backward_from_dldp(op *o, int K, float *dldp, const int64_t *offsets, int32_t *buf, float *w) {
-    int64_t n = offsets[o->fb->n_data] * (K > 0 ? K : 1);
-    for (int64_t i = 0; i < n; i++) dldp[i] = -dldp[i];
-    float *lp = twk_host_alloc((size_t)(n ? n : 1) * 4, "logprobs");
-    double unused;
-    twk_status st = !lp                ? TWK_ERR_OOM
-                    : K > 0 ? topk_passes(o, K, dldp, 1, lp, offsets, buf, w, &unused, &unused)
-                            : fb_passes(o, dldp, NULL, 1, lp, offsets, buf, w, &unused, &unused);
-    twk_host_free(lp);
-    return st;
-}
-
-/* A per-token float input over all datums; `absent` where a datum lacks it. NULL on OOM. */
-static float *gather_input(const twk_wire_fb_request *q, const char *key, int64_t total, float absent) {
-    float *v = twk_host_alloc((size_t)(total ? total : 1) * 4, key);
-    if (!v) return NULL;
-    int64_t t = 0;
     for (int d = 0; d < q->n_data; d++) {
-        const twk_wire_datum *dt = &q->data[d];
-        const twk_wire_tensor *x = twk_wire_datum_input(dt, key);
-        for (int64_t i = 0; i < dt->n_tokens; i++) v[t++] = x ? ((const float *)x->data)[i] : absent;
+        const twk_wire_tensor *x = twk_wire_datum_input(&q->data[d], key);
+        int64_t m = q->data[d].n_tokens * per;
+        for (int64_t i = 0; i < m; i++) v[offsets[d] * per + i] = x ? ((const float *)x->data)[i] : def->absent;
     }
     return v;
 }
 
-/* Reference logprobs for the preference and KL losses: the datums' "ref_logprobs"
- * (every datum or none, checked by the API), else the base model's (a forward
- * with the adapter off). NULL with *st set on failure. */
-static float *reference_logprobs(op *o, const int64_t *offsets, int32_t *buf, float *w, twk_status *st) {
-    int64_t total = offsets[o->fb->n_data];
-    if (twk_wire_datum_input(&o->fb->data[0], "ref_logprobs")) {
-        float *ref = gather_input(o->fb, "ref_logprobs", total, NAN);
-        if (!ref) *st = TWK_ERR_OOM;
-        return ref;
+static int fb_gather(const twk_wire_fb_request *q, const twk_loss_def *loss, fb_batch *fb) {
+    memset(fb, 0, sizeof *fb);
+    const twk_wire_tensor *t0 = twk_wire_datum_input(&q->data[0], "target_tokens");
+    int K = t0 && t0->ndim == 2 ? (int)t0->shape[1] : 0;
+    fb->offsets = twk_host_alloc((size_t)(q->n_data + 1) * sizeof(int64_t), "offsets");
+    if (!fb->offsets) return 0;
+    fb->offsets[0] = 0;
+    for (int d = 0; d < q->n_data; d++) fb->offsets[d + 1] = fb->offsets[d] + q->data[d].n_tokens;
+    int64_t total = fb->offsets[q->n_data], nk = total * (K > 0 ? K : 1);
+    fb->tokens = twk_host_alloc((size_t)(total ? total : 1) * sizeof(int32_t), "tokens");
+    fb->targets = twk_host_alloc((size_t)(nk ? nk : 1) * sizeof(int32_t), "targets");
+    if (!fb->tokens || !fb->targets) return 0;
+    for (int d = 0; d < q->n_data; d++) {
+        const twk_wire_tensor *tt = twk_wire_datum_input(&q->data[d], "target_tokens");
+        int64_t per = K > 0 ? K : 1;
+        memcpy(fb->tokens + fb->offsets[d], q->data[d].tokens, (size_t)q->data[d].n_tokens * sizeof(int32_t));
+        for (int64_t i = 0; i < q->data[d].n_tokens * per; i++)
+            fb->targets[fb->offsets[d] * per + i] = (int32_t)((const int64_t *)tt->data)[i];
     }
-    float *ref = twk_host_alloc((size_t)(total ? total : 1) * 4, "reference logprobs");
-    double unused;
-    *st = ref ? fb_passes(o, NULL, NULL, 2, ref, offsets, buf, w, &unused, &unused) : TWK_ERR_OOM;
-    if (*st != TWK_OK) {
-        twk_host_free(ref);
-        return NULL;
-    }
-    return ref;
+    int oom = 0;
+    for (int i = 0; i < loss->n_inputs; i++)
+        if (loss->inputs[i].dtype == TWK_LOSS_F32)
+            fb->in[loss->inputs[i].id] = fb_gather_input(q, &loss->inputs[i], fb->offsets, K, &oom);
+    if (oom) return 0;
+    fb->b = (twk_loss_batch){q->n_data, fb->offsets, fb->tokens, K, fb->targets, {0}};
+    for (int i = 0; i < TWK_IN_COUNT; i++) fb->b.in[i] = fb->in[i];
+    return 1;
 }
 
-static double config_value(const twk_wire_fb_request *q, const char *key, double def) {
-    for (int i = 0; i < q->n_config; i++)
-        if (!strcmp(q->config[i].key, key)) return q->config[i].value;
-    return def;
+/* The ForwardBackwardOutput: logprobs per datum ([N] or [N, K]) and the loss's metrics. */
+static void fb_encode(op *o, const fb_batch *fb, const float *lp, const twk_loss_result *res) {
+    int K = fb->b.k, n_data = fb->b.n_seqs;
+    int64_t *offk = twk_host_alloc((size_t)(n_data + 1) * sizeof(int64_t), "offsets");
+    if (!offk) {
+        op_fail(o, 0, "out of memory");
+        return;
+    }
+    for (int d = 0; d <= n_data; d++) offk[d] = fb->offsets[d] * (K > 0 ? K : 1);
+    twk_wire_field f = {"logprobs", K, lp, offk};
+    if (twk_wire_encode_fb_output(n_data, &f, 1, res->keys, res->values, res->n_metrics, &o->out, &o->out_len) != TWK_OK)
+        op_fail(o, 0, "encoding the result failed: %s", twk_last_error());
+    o->out_proto = 1;
+    twk_host_free(offk);
 }
 
 static void run_fb(op *o) {
-    twk_wire_fb_request *q = o->fb;
-    int64_t cap = o->svc->cfg.max_context, total = 0;
-    for (int i = 0; i < q->n_data; i++) total += q->data[i].n_tokens;
-    int kind = twk_loss_kind_from_name(q->loss_fn);
-    /* the RL losses (Tinker's, the GRPO family, GSPO) share twk_loss_rl */
-    twk_rl_spec rl;
-    int is_rl = twk_rl_spec_from_name(q->loss_fn, &rl) == TWK_OK;
-    if (is_rl) {
-        kind = (int)rl.kind;
-        rl.clip_lo = config_value(q, "clip_low_threshold", rl.clip_lo);
-        rl.clip_hi = config_value(q, "clip_high_threshold", rl.clip_hi);
-        rl.beta = config_value(q, "beta", rl.beta);
-        rl.max_tokens = config_value(q, "max_tokens", 0);
-        rl.kl_beta = config_value(q, "kl_beta", 0);
+    fb_batch fb;
+    if (!fb_gather(o->fb, o->loss.def, &fb)) {
+        op_fail(o, 0, "out of memory for a batch of %d datums", o->fb->n_data);
+        fb_batch_free(&fb);
+        return;
     }
-    double kl_mean = 0;
-    int pref = !strcmp(q->loss_fn, "dpo") || !strcmp(q->loss_fn, "ipo");
-    int distill = !strcmp(q->loss_fn, "forward_kl") ? TWK_DISTILL_FORWARD_KL
-                  : !strcmp(q->loss_fn, "reverse_kl") ? TWK_DISTILL_REVERSE_KL
-                  : !strcmp(q->loss_fn, "jsd")        ? TWK_DISTILL_JSD
-                                                      : -1;
-    twk_dpo_stats ds = {0, 0, 0};
-    float *lp_all = twk_host_alloc((size_t)(total ? total : 1) * 4, "logprobs");
-    int64_t *offsets = twk_host_alloc((size_t)(q->n_data + 1) * 8, "offsets");
-    int32_t *buf = twk_host_alloc((size_t)cap * 4 * 4, "batch");
-    float *w = twk_host_alloc((size_t)cap * 4, "batch weights");
-    float *qlp = NULL, *adv = NULL, *lo = NULL, *hi = NULL, *grad = NULL, *lp_k = NULL;
-    twk_status st = TWK_OK;
-    const twk_wire_tensor *t0 = twk_wire_datum_input(&q->data[0], "target_tokens");
-    int K = t0 && t0->ndim == 2 ? (int)t0->shape[1] : 0;
-    if (!lp_all || !offsets || !buf || !w) {
-        op_fail(o, 0, "out of memory for a batch of %lld tokens", (long long)total);
-        goto out;
-    }
-    offsets[0] = 0;
-    for (int i = 0; i < q->n_data; i++) offsets[i + 1] = offsets[i] + q->data[i].n_tokens;
-    double loss_sum = 0, wsum = 0, ratio_mean = 0, clip_fraction = 0;
-    if (kind == TWK_LOSS_CROSS_ENTROPY && K > 0) {
-        /* top-K targets: one pass per column k, gradients accumulating: -sum_i sum_k w_ik log p(t_ik) */
-        lp_k = twk_host_alloc((size_t)(total ? total : 1) * (size_t)K * 4, "logprobs");
-        st = lp_k ? topk_passes(o, K, NULL, !q->forward_only, lp_k, offsets, buf, w, &loss_sum, &wsum) : TWK_ERR_OOM;
-    } else if (distill >= 0) {
-        /* distillation: K forwards for the student's logprobs of the teacher's tokens, the loss
-         * and dL/dp on the host, then K cross-entropy backwards with weights -dL/dp */
-        double unused;
-        lp_k = twk_host_alloc((size_t)(total ? total : 1) * (size_t)K * 4, "logprobs");
-        float *tlp = twk_host_alloc((size_t)(total ? total : 1) * (size_t)K * 4, "teacher logprobs");
-        float *tw = gather_input(q, "weights", total, 1.0f);
-        grad = twk_host_alloc((size_t)(total ? total : 1) * (size_t)K * 4, "loss gradient");
-        st = lp_k && tlp && tw && grad ? topk_passes(o, K, NULL, 0, lp_k, offsets, buf, w, &unused, &unused) : TWK_ERR_OOM;
-        for (int d = 0; st == TWK_OK && d < q->n_data; d++) {
-            const twk_wire_tensor *x = twk_wire_datum_input(&q->data[d], "teacher_logprobs");
-            memcpy(tlp + offsets[d] * K, x->data, (size_t)q->data[d].n_tokens * (size_t)K * 4);
-        }
-        for (int64_t i = 0; st == TWK_OK && i < total; i++) wsum += tw[i];
-        if (st == TWK_OK)
-            st = twk_loss_distill((twk_distill_kind)distill, total, K, lp_k, tlp, tw, config_value(q, "beta", 0.5), grad,
-                                  &loss_sum);
-        if (st == TWK_OK && !q->forward_only) st = backward_from_dldp(o, K, grad, offsets, buf, w);
-        twk_host_free(tlp);
-        twk_host_free(tw);
-    } else if (pref) {
-        /* preference pairs: a forward for p, the pair loss and dL/dp on the
-         * host, then a cross-entropy backward with weights -dL/dp */
-        double unused;
-        st = fb_passes(o, NULL, NULL, 0, lp_all, offsets, buf, w, &unused, &wsum);
-        if (st == TWK_OK) qlp = reference_logprobs(o, offsets, buf, w, &st);
-        adv = gather_input(q, "weights", total, 1.0f); /* the token mask */
-        grad = twk_host_alloc((size_t)(total ? total : 1) * 4, "loss gradient");
-        if (st == TWK_OK && (!adv || !grad)) st = TWK_ERR_OOM;
-        if (st == TWK_OK)
-            st = twk_loss_dpo(q->n_data, offsets, lp_all, qlp, adv, config_value(q, "beta", 0.1),
-                              !strcmp(q->loss_fn, "ipo"), grad, &ds);
-        if (st == TWK_OK) {
-            loss_sum = ds.loss;
-            if (!q->forward_only) st = backward_from_dldp(o, 0, grad, offsets, buf, w);
-        }
-    } else if (kind == TWK_LOSS_CROSS_ENTROPY) {
-        st = fb_passes(o, NULL, NULL, !q->forward_only, lp_all, offsets, buf, w, &loss_sum, &wsum);
-    } else {
-        /* RL losses: a forward for p, the loss and dL/dp on the host, then a
-         * cross-entropy backward with weights -dL/dp (same gradient) */
-        double unused;
-        st = fb_passes(o, NULL, NULL, 0, lp_all, offsets, buf, w, &unused, &wsum);
-        qlp = gather_input(q, "logprobs", total, NAN);
-        adv = gather_input(q, "advantages", total, NAN);
-        lo = gather_input(q, "clip_low_threshold", total, NAN); /* NaN: the loss's default */
-        hi = gather_input(q, "clip_high_threshold", total, NAN);
-        grad = twk_host_alloc((size_t)(total ? total : 1) * 4, "loss gradient");
-        float *mask = gather_input(q, "weights", total, 1.0f), *ref = NULL;
-        if (st == TWK_OK && (!qlp || !adv || !lo || !hi || !grad || !mask)) st = TWK_ERR_OOM;
-        if (st == TWK_OK && rl.kl_beta > 0) ref = reference_logprobs(o, offsets, buf, w, &st);
-        twk_loss_stats ls;
-        if (st == TWK_OK) st = twk_loss_rl(&rl, q->n_data, offsets, lp_all, qlp, adv, mask, lo, hi, ref, grad, &ls);
-        twk_host_free(mask);
-        twk_host_free(ref);
-        if (st == TWK_OK) {
-            loss_sum = ls.loss;
-            ratio_mean = ls.ratio_mean;
-            clip_fraction = ls.clip_fraction;
-            kl_mean = ls.kl_mean;
-            if (!q->forward_only) st = backward_from_dldp(o, 0, grad, offsets, buf, w);
-        }
-    }
-    if (st != TWK_OK) {
-        op_fail(o, st == TWK_ERR_RANGE || st == TWK_ERR_INVALID_ARG, "%s", twk_last_error());
-        goto out;
-    }
-    {
-        int64_t *offk = NULL;
-        if (K > 0) { /* (N, K) logprobs per datum */
-            offk = twk_host_alloc((size_t)(q->n_data + 1) * 8, "offsets");
-            for (int d = 0; offk && d <= q->n_data; d++) offk[d] = offsets[d] * K;
-        }
-        twk_wire_field f = {"logprobs", K, K > 0 ? lp_k : lp_all, K > 0 ? offk : offsets};
-        if (K > 0 && !offk) {
-            op_fail(o, 0, "out of memory");
-            goto out;
-        }
-        const char *keys[6] = {"loss:sum", "num_tokens:sum", "weight_sum:sum", "ratio:mean", "clip_fraction:mean", "kl:mean"};
-        double vals[6] = {loss_sum, (double)total, wsum, ratio_mean, clip_fraction, kl_mean};
-        int nk = kind == TWK_LOSS_CROSS_ENTROPY || distill >= 0 ? 3 : 5;
-        if (pref) {
-            keys[2] = "pairs:sum", vals[2] = q->n_data / 2;
-            keys[3] = "margin:mean", vals[3] = ds.margin_mean;
-            keys[4] = "accuracy:mean", vals[4] = ds.accuracy;
-            nk = 5;
-        } else if (kind != TWK_LOSS_CROSS_ENTROPY && distill < 0) {
-            keys[2] = "advantage_tokens:sum", vals[2] = (double)total;
-            nk = rl.kl_beta > 0 ? 6 : 5;
-        }
-        if (twk_wire_encode_fb_output(q->n_data, &f, 1, keys, vals, nk, &o->out, &o->out_len) != TWK_OK)
-            op_fail(o, 0, "encoding the result failed: %s", twk_last_error());
-        o->out_proto = 1;
-        twk_host_free(offk);
-    }
-out:
-    twk_host_free(lp_k);
-    twk_host_free(lp_all);
-    twk_host_free(offsets);
-    twk_host_free(buf);
-    twk_host_free(w);
-    twk_host_free(qlp);
-    twk_host_free(adv);
-    twk_host_free(lo);
-    twk_host_free(hi);
-    twk_host_free(grad);
+    int64_t nk = fb.offsets[fb.b.n_seqs] * (fb.b.k > 0 ? fb.b.k : 1);
+    float *lp = twk_host_alloc((size_t)(nk ? nk : 1) * sizeof(float), "logprobs");
+    twk_loss_result res;
+    twk_status st = lp ? twk_loss_step(o->run->trainer, &o->loss, &fb.b, !o->fb->forward_only, lp, &res) : TWK_ERR_OOM;
+    if (st != TWK_OK)
+        op_fail(o, st == TWK_ERR_RANGE || st == TWK_ERR_INVALID_ARG, "%s", lp ? twk_last_error() : "out of memory");
+    else
+        fb_encode(o, &fb, lp, &res);
+    twk_host_free(lp);
+    fb_batch_free(&fb);
 }
 
 static void run_optim(op *o) {

@@ -245,6 +245,7 @@ typedef struct sample_job {
     char stop_str[MAX_STOP_STRINGS][MAX_STOP_STRING_LEN + 1];
     const char *stop_ptr[MAX_STOP_STRINGS];
     int prompt_logprobs, topk;
+    int record; /* record_stability_info: keep each sequence for stable_reinforce */
     int64_t last_n; /* prompt_logprobs_last_n: score only the last N prompt tokens (0 = all) */
     char prefail[512];
     /* results (worker) */
@@ -253,6 +254,22 @@ typedef struct sample_job {
     uint8_t *out;
     size_t out_len;
 } sample_job;
+
+/* record_stability_info: each sequence under its id ("<request_id>:<i>", as
+ * asample answered), owned by the client session that made the sampler. */
+static twk_status record_stability(sample_job *sj, const twk_sampled_seq *res) {
+    char session[160], seq_id[96];
+    snprintf(session, sizeof session, "%s", sj->ss->id);
+    char *cut = strstr(session, ":sample:");
+    if (cut) *cut = 0;
+    for (int i = 0; i < sj->num_samples; i++) {
+        snprintf(seq_id, sizeof seq_id, "%s:%d", sj->request_id, i);
+        twk_stab_seq q = {sj->prompt, sj->n_prompt, res[i].tokens, res[i].logprobs, res[i].n};
+        if (!twk_stab_record(sj->s->stab, sj->ss->tenant, session, seq_id, &q))
+            return twk_error(TWK_ERR_OOM, "out of memory recording stability information");
+    }
+    return TWK_OK;
+}
 
 /* Encodes one finished request (or records why it failed). */
 static void finish_request(sample_job *sj, twk_sampled_seq *res, twk_status st) {
@@ -289,6 +306,7 @@ static void finish_request(sample_job *sj, twk_sampled_seq *res, twk_status st) 
                                                  sj->topk > 0 ? tid : NULL, sj->topk > 0 ? tlp : NULL, sj->topk, &sj->out,
                                                  &sj->out_len);
     }
+    if (st == TWK_OK && sj->record) st = record_stability(sj, res);
     if (st == TWK_OK) sj->ok = 1;
     else if (!sj->err[0]) {
         snprintf(sj->err, sizeof sj->err, "%s", twk_last_error());
@@ -457,6 +475,7 @@ static void parse_sample(svc *s, const cJSON *b, sample_job *sj) {
     const cJSON *chunks = cJSON_GetObjectItemCaseSensitive(prompt, "chunks");
     if (!api_int(b, "num_samples", 0, 1, MAX_NUM_SAMPLES, 1, &ns, err, sizeof err) ||
         !api_bool(b, "prompt_logprobs", 0, &sj->prompt_logprobs, err, sizeof err) ||
+        !api_bool(b, "record_stability_info", 0, &sj->record, err, sizeof err) ||
         !api_int(b, "topk_prompt_logprobs", 0, 0, 64, 0, &tk, err, sizeof err) ||
         !api_int(b, "topk_sample_logprobs", 0, 0, 1 << 20, 0, &tsl, err, sizeof err) ||
         !api_int(b, "prompt_alt_tokens_k", 0, 0, 1 << 20, 0, &alt, err, sizeof err)) {
@@ -680,8 +699,8 @@ static void h_create_session(svc *s, twk_http_conn *c, const cJSON *b, const cha
         api_error(c, 400, "%s", err);
         return;
     }
-    if ((!base) == (!path)) {
-        api_error(c, 400, "give exactly one of base_model and model_path");
+    if (!base && !path) {
+        api_error(c, 400, "give base_model or model_path (or both: the checkpoint's base model must be base_model)");
         return;
     }
     if (!svc_session_exists(s, c, tenant, session_id)) return;
@@ -689,7 +708,7 @@ static void h_create_session(svc *s, twk_http_conn *c, const cJSON *b, const cha
     snprintf(id, sizeof id, "%s:sample:%lld", session_id, seq);
     sampler_session *ss = svc_find_sampler(s, tenant, id);
     if (!ss) {
-        if (base) {
+        if (!path) {
             base_model *bm = svc_find_model(s, base);
             if (!bm) {
                 api_error(c, 400, "base_model '%s' is not served here (see get_server_capabilities)", base);
@@ -704,6 +723,12 @@ static void h_create_session(svc *s, twk_http_conn *c, const cJSON *b, const cha
             if (!svc_find_checkpoint(s, tenant, "model_path", path, &ck, &src, kind, sizeof kind, &status, err,
                                      sizeof err)) {
                 api_error(c, status, "%s", err);
+                return;
+            }
+            if (base && strcmp(base, src.base_model)) { /* both named: they must agree */
+                api_error(c, 400, "model_path %s was trained on base model '%s', not base_model '%s'", path, src.base_model,
+                          base);
+                twk_store_run_clear(&src);
                 return;
             }
             base_model *bm = svc_find_model(s, src.base_model);

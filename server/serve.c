@@ -21,6 +21,7 @@ void twk_serve_config_default(twk_serve_config *c) {
     c->max_datums = 4096;
     c->max_body_bytes = 64u << 20;
     c->seq_timeout_s = 120;
+    c->stability_ttl_s = 86400;
     c->poll_timeout_s = 25;
     c->fwdbwd_chunk_len = 1024;
 }
@@ -64,6 +65,7 @@ twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char
         return TWK_OK;
     }
     NUM("seq-timeout", 1, 86400, seq_timeout_s, double)
+    NUM("stability-ttl", 1, 1e7, stability_ttl_s, double)
     NUM("poll-timeout", 0.05, 40, poll_timeout_s, double)
     NUM("fwdbwd-chunk-len", 1, 1 << 20, fwdbwd_chunk_len, int)
 #undef NUM
@@ -232,6 +234,8 @@ int twk_serve_run(const twk_serve_config *cfg) {
     if (st == TWK_OK) st = twk_auth_load(cfg->keys_file, &s->auth);
     if (st == TWK_OK) st = twk_device_open(cfg->device, &s->dev);
     if (st == TWK_OK) st = load_models(s);
+    if (st == TWK_OK && !(s->stab = twk_stab_new(cfg->stability_ttl_s, STAB_MAX_RECORDS)))
+        st = twk_error(TWK_ERR_OOM, "out of memory for the stability records");
     if (st != TWK_OK) {
         fprintf(stderr, "twinkle serve: %s\n", twk_last_error());
         goto out;
@@ -279,6 +283,7 @@ out:
     twk_device_close(s->dev);
     twk_auth_free(s->auth);
     twk_store_close(s->store);
+    twk_stab_free(s->stab);
     uv_loop_close(&loop);
     free(s);
     return rc;

@@ -33,6 +33,7 @@ typedef struct twk_serve_config {
     int64_t max_datums;       /* per request; default 4096 */
     size_t max_body_bytes;    /* default 64 MiB */
     double seq_timeout_s;     /* a missing seq_id fails its successors after this; default 120 */
+    double stability_ttl_s;   /* stable_reinforce: a recorded sequence is usable this long after its last use; default 86400 */
     double poll_timeout_s;    /* long-poll hold; default 25 */
     int fwdbwd_chunk_len;     /* datums per forward_backward request the SDK may send; default 1024 */
     int quiet;

@@ -14,6 +14,7 @@
 #include "futures.h"
 #include "http.h"
 #include "service.h"
+#include "stability.h"
 #include "store.h"
 #include "wire.h"
 #include "worker.h"
@@ -41,6 +42,7 @@ typedef struct op {
     struct svc *svc;
     /* inputs */
     twk_wire_fb_request *fb;   /* OP_FB */
+    twk_loss_spec loss;        /* OP_FB: the loss (registry entry and config), set by validation */
     twk_adam_params adam;      /* OP_OPTIM */
     char name[128];            /* OP_SAVE*: checkpoint name */
     int overwrite;
@@ -112,6 +114,7 @@ typedef struct sampler_session {
 } sampler_session;
 
 #define DEDUPE_RING 512
+#define STAB_MAX_RECORDS 65536 /* recorded sequences kept at most (least recently used go first) */
 
 struct run_state {
     char id[128];
@@ -140,6 +143,7 @@ typedef struct svc {
     twk_worker *worker;
     twk_futures *futures;
     twk_store *store;
+    twk_stab *stab;            /* sequences sampled with record_stability_info (stable_reinforce) */
     twk_auth *auth;
     twk_device *dev;
     base_model models[TWK_MAX_BASE_MODELS];

@@ -414,6 +414,35 @@ static twk_status conv_tensor(const TinkerPublic__Tensor *t, const char *path, t
     return TWK_OK;
 }
 
+/* Provenance spans of one datum field (model_input_spans: which = 0, loss_fn_input_spans: 1). */
+static twk_status conv_spans(TinkerPublic__ProvenanceSpan *const *in, size_t n, int i, int which, twk_wire_datum *d) {
+    static const char *const field[2] = {"model_input_spans", "loss_fn_input_spans"};
+    if (n > INT_MAX) return twk_error(INVALID, "data[%d].%s: too many spans", i, field[which]);
+    if (!n) return TWK_OK;
+    d->spans[which] = calloc(n, sizeof *d->spans[which]);
+    if (!d->spans[which]) return twk_error(TWK_ERR_OOM, "data[%d].%s: out of memory", i, field[which]);
+    for (size_t j = 0; j < n; j++) {
+        const TinkerPublic__ProvenanceSpan *sp = in[j];
+        const char *id = NULL;
+        int64_t off = 0, len = 0;
+        int sampled = sp->span_case == TINKER_PUBLIC__PROVENANCE_SPAN__SPAN_SAMPLED_TOKENS;
+        if (sampled) id = sp->sampled_tokens->sequence_id, off = sp->sampled_tokens->offset, len = sp->sampled_tokens->length;
+        else if (sp->span_case == TINKER_PUBLIC__PROVENANCE_SPAN__SPAN_PROMPT_TOKENS)
+            id = sp->prompt_tokens->sequence_id, off = sp->prompt_tokens->offset, len = sp->prompt_tokens->length;
+        else return twk_error(INVALID, "data[%d].%s[%zu]: empty span (neither prompt_tokens nor sampled_tokens)", i, field[which], j);
+        if (!id || !*id || off < 0 || len < 0)
+            return twk_error(INVALID, "data[%d].%s[%zu]: needs a sequence_id, offset >= 0 and length >= 0", i,
+                             field[which], j);
+        twk_wire_span *o = &d->spans[which][d->n_spans[which]++];
+        o->sampled = sampled;
+        o->offset = off;
+        o->length = len;
+        o->sequence_id = dup_str(id);
+        if (!o->sequence_id) return twk_error(TWK_ERR_OOM, "data[%d].%s: out of memory", i, field[which]);
+    }
+    return TWK_OK;
+}
+
 static twk_status conv_datum(const TinkerPublic__Datum *m, int i, twk_wire_datum *d, int64_t *sparse_left) {
     char path[160], kb[72];
     int64_t total = 0;
@@ -474,7 +503,8 @@ static twk_status conv_datum(const TinkerPublic__Datum *m, int i, twk_wire_datum
         d->inputs[k].t = t;
         d->n_inputs++;
     }
-    return TWK_OK;
+    twk_status s = conv_spans(m->model_input_spans, m->n_model_input_spans, i, 0, d);
+    return s == TWK_OK ? conv_spans(m->loss_fn_input_spans, m->n_loss_fn_input_spans, i, 1, d) : s;
 }
 
 static twk_status put_config(twk_wire_fb_request *r, const char *key, double v, const char *field) {
@@ -576,6 +606,10 @@ void twk_wire_fb_request_free(twk_wire_fb_request *r) {
         for (int k = 0; d->inputs && k < d->n_inputs; k++) {
             free(d->inputs[k].key);
             free(d->inputs[k].t.data);
+        }
+        for (int w = 0; w < 2; w++) {
+            for (int k = 0; d->spans[w] && k < d->n_spans[w]; k++) free(d->spans[w][k].sequence_id);
+            free(d->spans[w]);
         }
         free(d->inputs);
         free(d->tokens);

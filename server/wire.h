@@ -26,11 +26,21 @@ typedef struct twk_wire_input {
     twk_wire_tensor t;
 } twk_wire_input;
 
+/* A provenance span: positions [offset, offset + length) of a sampled
+ * sequence's prompt (sampled = 0) or of its sampled tokens (sampled = 1). */
+typedef struct twk_wire_span {
+    int sampled;
+    char *sequence_id;
+    int64_t offset, length;
+} twk_wire_span;
+
 typedef struct twk_wire_datum {
     int32_t *tokens;       /* model_input: all encoded_text chunks concatenated */
     int64_t n_tokens;
     twk_wire_input *inputs;
     int n_inputs;
+    twk_wire_span *spans[2]; /* provenance of model_input (0) and of loss_fn_inputs (1), tiling them in order */
+    int n_spans[2];
 } twk_wire_datum;
 
 typedef struct twk_wire_config {

@@ -1,8 +1,9 @@
 /* loss_curve: a 20-step LoRA training run (forward + backward + AdamW on one
  * packed batch) on the CPU and on each available device; the per-step losses
- * must agree within 1e-4 relative. Prints the curves side by side. The model
- * is the qwen3 parity fixture (tests/parity/fixtures/qwen3/model) when it is
- * there, else a random tiny Qwen3. On the CPU the loss must also fall.
+ * must agree within 1e-4 relative. Each step runs through train/'s loss step
+ * (twk_loss_step, cross_entropy), as the service and `twinkle train` do.
+ * Prints the curves side by side. The model is the qwen3 parity fixture
+ * (tests/parity/fixtures/qwen3/model) when it is there, else a random tiny Qwen3. On the CPU the loss must also fall.
  *
  * usage: test_curve [MODEL_DIR]   TWK_TEST_DEVICE=spec compares only that device */
 #include <math.h>
@@ -56,7 +57,7 @@ static int run_curve(const char *spec, const char *dir, float *losses) {
     lc.seed = 11;
     const int n = SEQS * SEQ_LEN, vocab = twk_model_cfg(m)->vocab;
     if (twk_trainer_new(m, &lc, n, &t) != TWK_OK) goto fail;
-    int32_t tok[SEQS * SEQ_LEN], tgt[SEQS * SEQ_LEN], pos[SEQS * SEQ_LEN], seg[SEQS * SEQ_LEN];
+    int32_t tok[SEQS * SEQ_LEN], tgt[SEQS * SEQ_LEN];
     float w[SEQS * SEQ_LEN];
     twk_rng r;
     twk_rng_seed(&r, 2026);
@@ -67,19 +68,25 @@ static int run_curve(const char *spec, const char *dir, float *losses) {
             tok[k] = cur;
             cur = (int32_t)twk_rng_below(&r, vocab);
             tgt[k] = cur;
-            pos[k] = i;
-            seg[k] = s * SEQ_LEN;
             w[k] = 1.0f / n;
         }
     }
-    twk_batch b = {n, tok, tgt, pos, seg, w};
+    /* the step as every caller runs it: train/'s loss step with the cross_entropy spec */
+    int64_t off[SEQS + 1];
+    for (int s = 0; s <= SEQS; s++) off[s] = (int64_t)s * SEQ_LEN;
+    twk_loss_batch b = {SEQS, off, tok, 0, tgt, {0}};
+    b.in[TWK_IN_WEIGHTS] = w;
+    twk_loss_spec ce;
+    twk_loss_result res;
     twk_adam_params ap = twk_adam_default();
     ap.learning_rate = 5e-3f;
     ap.grad_clip_norm = 1.0f;
-    for (int s = 0; s < STEPS; s++)
-        if (twk_trainer_forward_backward(t, &b, NULL, &losses[s]) != TWK_OK ||
-            twk_trainer_optim_step(t, &ap, NULL) != TWK_OK)
+    if (twk_loss_spec_init("cross_entropy", &ce) != TWK_OK) goto fail;
+    for (int s = 0; s < STEPS; s++) {
+        if (twk_loss_step(t, &ce, &b, 1, NULL, &res) != TWK_OK || twk_trainer_optim_step(t, &ap, NULL) != TWK_OK)
             goto fail;
+        losses[s] = (float)res.loss; /* the trainer's float loss, exactly */
+    }
     ok = 1;
 fail:
     if (!ok) printf("FAIL %s: %s\n", spec, twk_last_error());

@@ -21,27 +21,62 @@ static double ref_token(twk_loss_kind k, double p, double q, double a, double w,
     case TWK_LOSS_PPO: return -fmin(r * a, fmin(fmax(r, lo), hi) * a);
     case TWK_LOSS_CISPO: return -fmin(fmax(r, lo), hi) * p * a; /* value; the gradient treats the clip as a constant */
     case TWK_LOSS_DRO: return -(p * a - 0.5 * beta * (p - q) * (p - q));
+    case TWK_LOSS_STABLE_REINFORCE: return -fmin(r, hi) * p * a; /* value; the truncated weight is a constant */
     }
     return 0;
 }
 
+/* The registry: names unique and found, every loss reads target_tokens,
+ * unknown names and config keys refused naming the alternatives, defaults
+ * as documented. Returns the failures. */
+static int check_registry(void) {
+    int bad = 0;
+    for (int i = 0; i < twk_loss_count(); i++) {
+        const twk_loss_def *d = twk_loss_at(i);
+        int ok = twk_loss_find(d->name) == d && twk_loss_input_find(d, "target_tokens") && d->n_metrics >= 3 &&
+                 d->n_metrics <= TWK_LOSS_MAX_METRICS && !strcmp(d->metrics[0], "loss:sum") && d->group >= 1;
+        if (!ok) printf("FAIL registry entry %s\n", d->name);
+        bad += !ok;
+    }
+    twk_loss_spec s;
+    int ok = twk_loss_spec_init("no_such_loss", &s) == TWK_ERR_INVALID_ARG && strstr(twk_last_error(), "no_such_loss") &&
+             strstr(twk_last_error(), "gspo");
+    printf("%s an unknown loss is refused listing the losses: %s\n", ok ? "ok  " : "FAIL", twk_last_error());
+    bad += !ok;
+    ok = twk_loss_spec_init("cross_entropy", &s) == TWK_OK && twk_loss_spec_set(&s, "kl_beta", 0.1) == TWK_ERR_INVALID_ARG &&
+         strstr(twk_last_error(), "kl_beta");
+    printf("%s a config key the loss does not take is refused: %s\n", ok ? "ok  " : "FAIL", twk_last_error());
+    bad += !ok;
+    ok = twk_loss_spec_init("grpo", &s) == TWK_OK && twk_loss_spec_set(&s, "kl_beta", -1) == TWK_ERR_INVALID_ARG &&
+         twk_loss_spec_set(&s, "kl_beta", 0.25) == TWK_OK && s.config[TWK_CFG_KL_BETA] == 0.25;
+    printf("%s kl_beta < 0 refused, 0.25 taken\n", ok ? "ok  " : "FAIL");
+    bad += !ok;
+    ok = twk_loss_spec_init("gspo", &s) == TWK_OK && s.config[TWK_CFG_CLIP_LOW] == 1 - 3e-4 &&
+         s.config[TWK_CFG_CLIP_HIGH] == 1 + 4e-4 && twk_loss_spec_init("dpo", &s) == TWK_OK &&
+         s.config[TWK_CFG_BETA] == 0.1 && s.def->group == 2;
+    printf("%s defaults: gspo clip 1 - 3e-4 / 1 + 4e-4, dpo beta 0.1 in pairs\n", ok ? "ok  " : "FAIL");
+    bad += !ok;
+    return bad;
+}
+
 int main(void) {
-    const char *names[] = {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro"};
+    const char *names[] = {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "stable_reinforce"};
     twk_rng r;
     twk_rng_seed(&r, 7);
     float p[N], q[N], a[N], w[N], lo[N], hi[N], g[N];
-    for (int k = 0; k < 5; k++) {
+    for (int k = 0; k < 6; k++) {
         for (int i = 0; i < N; i++) {
             q[i] = (float)(-3 * twk_rng_uniform(&r));
             p[i] = q[i] + (float)(0.6 * twk_rng_normal(&r)); /* ratios spread across the bounds */
             a[i] = (float)twk_rng_normal(&r);
             w[i] = (float)(2 * twk_rng_uniform(&r) - 0.5); /* some negative weights */
             lo[i] = k == TWK_LOSS_CISPO ? 0.0f : 0.8f;
-            hi[i] = k == TWK_LOSS_CISPO ? (i % 2 ? 4.0f : 1.3f) : (i % 3 ? 1.2f : 1.5f);
+            hi[i] = k == TWK_LOSS_CISPO ? (i % 2 ? 4.0f : 1.3f) : k == TWK_LOSS_STABLE_REINFORCE ? (i % 2 ? 2.0f : 1.1f)
+                                                                                           : (i % 3 ? 1.2f : 1.5f);
         }
         double beta = 0.05;
         twk_loss_stats st;
-        if (twk_loss_kind_from_name(names[k]) != k ||
+        if (!twk_loss_find(names[k]) || twk_loss_find(names[k])->variant != k ||
             twk_loss_eval((twk_loss_kind)k, N, p, q, a, w, lo, hi, beta, g, &st) != TWK_OK) {
             printf("FAIL %s: %s\n", names[k], twk_last_error());
             fails++;
@@ -52,8 +87,8 @@ int main(void) {
         for (int i = 0; i < N; i++) {
             ref += ref_token((twk_loss_kind)k, p[i], q[i], a[i], w[i], lo[i], hi[i], beta);
             double h = 1e-6, fd;
-            if (k == TWK_LOSS_CISPO) { /* stop-gradient on the clipped ratio */
-                double rc = fmin(fmax(exp((double)p[i] - q[i]), lo[i]), hi[i]);
+            if (k == TWK_LOSS_CISPO || k == TWK_LOSS_STABLE_REINFORCE) { /* stop-gradient on the clipped ratio */
+                double rc = fmin(k == TWK_LOSS_CISPO ? fmax(exp((double)p[i] - q[i]), lo[i]) : exp((double)p[i] - q[i]), hi[i]);
                 fd = -rc * a[i];
                 clipped += rc != exp((double)p[i] - q[i]);
             } else {
@@ -69,7 +104,7 @@ int main(void) {
         printf("%s %-20s loss %10.4f (ref %10.4f, rel err %.1e)  dL/dp err %.1e  ratio mean %.3f  clipped %.2f\n",
                ok ? "ok  " : "FAIL", names[k], st.loss, ref, verr, gerr / gscale, st.ratio_mean, st.clip_fraction);
         fails += !ok;
-        if (k == TWK_LOSS_PPO || k == TWK_LOSS_CISPO) {
+        if (k == TWK_LOSS_PPO || k == TWK_LOSS_CISPO || k == TWK_LOSS_STABLE_REINFORCE) {
             int both = st.clip_fraction > 0.05 && st.clip_fraction < 0.95;
             printf("%s %-20s inputs exercise both sides of the clip (%.2f clipped)\n", both ? "ok  " : "FAIL", names[k],
                    st.clip_fraction);
@@ -239,6 +274,7 @@ int main(void) {
              strstr(twk_last_error(), "logprobs");
     printf("%s ppo without the sampler's logprobs is refused: %s\n", ok ? "ok  " : "FAIL", twk_last_error());
     fails += !ok;
+    fails += check_registry();
     printf("%d failures\n", fails);
     return fails ? 1 : 0;
 }

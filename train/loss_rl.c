@@ -7,31 +7,6 @@
 
 #include "twinkle/train.h"
 
-twk_status twk_rl_spec_from_name(const char *name, twk_rl_spec *out) {
-    static const struct {
-        const char *name;
-        twk_loss_kind kind;
-        twk_rl_aggregation agg;
-        double lo, hi;
-    } table[] = {
-        {"importance_sampling", TWK_LOSS_IMPORTANCE_SAMPLING, TWK_AGG_SUM, 0.8, 1.2},
-        {"ppo", TWK_LOSS_PPO, TWK_AGG_SUM, 0.8, 1.2},
-        {"cispo", TWK_LOSS_CISPO, TWK_AGG_SUM, 0.0, 4.0},
-        {"dro", TWK_LOSS_DRO, TWK_AGG_SUM, 0.8, 1.2},
-        {"grpo", TWK_LOSS_PPO, TWK_AGG_GRPO, 0.8, 1.2},
-        {"dapo", TWK_LOSS_PPO, TWK_AGG_DAPO, 0.8, 1.28},
-        {"dr_grpo", TWK_LOSS_PPO, TWK_AGG_DR_GRPO, 0.8, 1.2},
-        {"gspo", TWK_LOSS_PPO, TWK_AGG_GSPO, 1 - 3e-4, 1 + 4e-4},
-    };
-    for (size_t i = 0; name && i < sizeof table / sizeof table[0]; i++)
-        if (!strcmp(name, table[i].name)) {
-            *out = (twk_rl_spec){table[i].kind, table[i].agg, table[i].lo, table[i].hi, 0.05, 0, 0};
-            return TWK_OK;
-        }
-    return twk_error(TWK_ERR_INVALID_ARG, "'%s' is not an RL loss (importance_sampling, ppo, cispo, dro, grpo, dapo, "
-                                          "dr_grpo, gspo)", name ? name : "(null)");
-}
-
 twk_status twk_rl_token_coefficients(twk_rl_aggregation agg, int n_seqs, const int64_t *offsets, const float *mask,
                                      double max_tokens, float *c) {
     double masked = 0, longest = 0;

@@ -8,13 +8,6 @@
 
 #include "twinkle/train.h"
 
-int twk_loss_kind_from_name(const char *name) {
-    static const char *const names[] = {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro"};
-    for (int i = 0; name && i < 5; i++)
-        if (!strcmp(name, names[i])) return i;
-    return -1;
-}
-
 twk_status twk_loss_eval(twk_loss_kind kind, int64_t n, const float *p, const float *q, const float *adv,
                          const float *w, const float *clip_lo, const float *clip_hi, double beta, float *dldp,
                          twk_loss_stats *out) {
@@ -59,6 +52,14 @@ twk_status twk_loss_eval(twk_loss_kind kind, int64_t n, const float *p, const fl
             double r = exp(pi - q[i]), lo = clip_lo ? clip_lo[i] : 0.0, hi = clip_hi ? clip_hi[i] : 4.0;
             double rc = r < lo ? lo : r > hi ? hi : r;
             if (rc != r) clipped++;
+            loss += -rc * pi * adv[i];
+            g = -rc * adv[i];
+            ratio_sum += r;
+            break;
+        }
+        case TWK_LOSS_STABLE_REINFORCE: { /* L = -sg(min(r, hi)) p A: the weight truncated above, a constant in p */
+            double r = exp(pi - q[i]), hi = clip_hi ? clip_hi[i] : 2.0, rc = r > hi ? hi : r;
+            if (rc != r && adv[i] != 0) clipped++; /* a truncation that changes the loss (prompt tokens have A = 0) */
             loss += -rc * pi * adv[i];
             g = -rc * adv[i];
             ratio_sum += r;

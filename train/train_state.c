@@ -11,6 +11,7 @@
 #include "trainer_internal.h"
 
 int64_t twk_trainer_step(const twk_trainer *t) { return t ? t->step : 0; }
+int64_t twk_trainer_capacity(const twk_trainer *t) { return t ? t->capacity : 0; }
 
 static twk_status save_full(twk_trainer *t, const char *dir) {
     twk_st_entry *e = calloc((size_t)t->n_tp, sizeof *e);

@@ -1,8 +1,7 @@
-/* twinkle — losses as functions of per-token logprobs: Tinker's built-in
- * losses, the RL family, preference (DPO / IPO) and distillation losses.
- *
- * Thread-safety: every function here is pure (inputs to outputs) and may be
- * called from any thread. */
+/* twinkle — losses: the registry of every loss a trainer can be trained with
+ * (name, inputs, config keys, metrics), the one entry point that runs a loss
+ * step on a trainer, and the host formulas behind it. A new loss is one
+ * registry entry (train/loss_registry.c) plus its formula. */
 #ifndef TWINKLE_LOSSES_H
 #define TWINKLE_LOSSES_H
 
@@ -12,19 +11,155 @@
 #include "twinkle/export.h"
 #include "twinkle/status.h"
 
+/* Thread-safety: the registry is read-only and the host formulas are pure (any thread);
+ * twk_loss_step uses its trainer, so one trainer takes one step at a time. */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 TWK_API_BEGIN
 
-/* ---- Tinker's built-in losses, as functions of the per-token logprobs ---- */
+typedef struct twk_trainer twk_trainer;
+
+/* ---- the registry ---- */
+
+/* Every per-token input a loss may read, by id; the registry names them. */
+typedef enum twk_loss_input_id {
+    TWK_IN_TARGET_TOKENS,    /* int64: the next tokens ([N], or [N, K]: top-K targets) */
+    TWK_IN_WEIGHTS,          /* float32: cross-entropy weights, or the token mask of the other losses */
+    TWK_IN_LOGPROBS,         /* float32: the sampler's logprobs of the targets */
+    TWK_IN_ADVANTAGES,       /* float32 */
+    TWK_IN_CLIP_LOW,         /* float32: per-token clip bounds (ppo, cispo, ...) */
+    TWK_IN_CLIP_HIGH,
+    TWK_IN_REF_LOGPROBS,     /* float32: the reference's logprobs (dpo, the KL penalty) */
+    TWK_IN_TEACHER_LOGPROBS, /* float32 [N, K]: the teacher's logprobs of the K targets */
+    TWK_IN_SEQUENCE_RATIO_MASK, /* float32: GSPO, the tokens of the sequence ratio (else weights decide) */
+    TWK_IN_RECORDED_LOGPROBS,   /* float32: stable_reinforce, the sampler's logprobs recorded at sampling time
+                                   (NaN off the sampled tokens); filled by the service from the datum's
+                                   provenance, never sent by a user */
+    TWK_IN_COUNT
+} twk_loss_input_id;
+
+/* The shape rule of an input, for a datum of N tokens. */
+typedef enum twk_loss_shape {
+    TWK_SHAPE_TOKENS,       /* [N] */
+    TWK_SHAPE_TOKENS_K,     /* [N, K], K = target_tokens' second dimension, 1 <= K <= 64 */
+    TWK_SHAPE_TOKENS_OR_K   /* [N] or [N, K]: the same rank as target_tokens (one K per request) */
+} twk_loss_shape;
+
+typedef enum twk_loss_dtype { TWK_LOSS_F32, TWK_LOSS_I64 } twk_loss_dtype;
+
+typedef struct twk_loss_input_def {
+    twk_loss_input_id id;
+    twk_loss_dtype dtype;
+    twk_loss_shape shape;
+    int required;     /* every datum gives it */
+    int all_or_none;  /* every datum or none (ref_logprobs: none = the base model's) */
+    float absent;     /* the value of each token of a datum without it; NaN: the loss's default */
+} twk_loss_input_def;
+
+/* How a loss runs: a cross-entropy pass, or a forward, the loss and dL/dp on
+ * the host (twk_loss_rl / twk_loss_dpo / twk_loss_distill), then a
+ * cross-entropy backward with weights -dL/dp. */
+typedef enum twk_loss_family { TWK_FAMILY_CE, TWK_FAMILY_RL, TWK_FAMILY_PREF, TWK_FAMILY_DISTILL } twk_loss_family;
+
+/* Numeric loss_fn_config keys. */
+typedef enum twk_loss_config_id {
+    TWK_CFG_CLIP_LOW,   /* clip_low_threshold */
+    TWK_CFG_CLIP_HIGH,  /* clip_high_threshold */
+    TWK_CFG_BETA,       /* beta: dro's penalty, dpo's temperature, jsd's mixture */
+    TWK_CFG_MAX_TOKENS, /* max_tokens: dr_grpo's normaliser (0: the longest sequence) */
+    TWK_CFG_KL_BETA,    /* kl_beta: + kl_beta * KL(policy || reference) (>= 0) */
+    TWK_CFG_COUNT
+} twk_loss_config_id;
+
+#define TWK_LOSS_MAX_INPUTS 8
+#define TWK_LOSS_MAX_METRICS 6
+
+typedef struct twk_loss_def {
+    const char *name;
+    twk_loss_family family;
+    int variant;        /* RL: twk_loss_kind; preference: 1 = ipo; distillation: twk_distill_kind */
+    int aggregation;    /* RL: twk_rl_aggregation */
+    int group;          /* datums per group: 2 for preference pairs, else 1 */
+    int provenance;     /* 1: every datum names the sampled sequences behind its targets (loss_fn_input_spans) */
+    int n_inputs;
+    twk_loss_input_def inputs[TWK_LOSS_MAX_INPUTS];
+    double config[TWK_CFG_COUNT]; /* defaults; NaN: the loss takes no such key */
+    int n_metrics;      /* reported in this order; kl:mean only with kl_beta > 0 */
+    const char *metrics[TWK_LOSS_MAX_METRICS];
+} twk_loss_def;
+
+/* The registry: twk_loss_count() entries. */
+int twk_loss_count(void);
+const twk_loss_def *twk_loss_at(int i);
+/* The loss named `name`, or NULL. */
+const twk_loss_def *twk_loss_find(const char *name);
+/* The wire key of an input ("target_tokens", ...) and of a config entry. */
+const char *twk_loss_input_key(twk_loss_input_id id);
+const char *twk_loss_config_key(twk_loss_config_id id);
+/* The loss's definition of the input named `key`, or NULL when the loss does not read it. */
+const twk_loss_input_def *twk_loss_input_find(const twk_loss_def *d, const char *key);
+/* "a, b, c": every loss name, or the input keys / config keys of loss d. */
+void twk_loss_names(char *out, size_t len);
+void twk_loss_input_keys(const twk_loss_def *d, char *out, size_t len);
+void twk_loss_config_keys(const twk_loss_def *d, char *out, size_t len);
+
+/* A loss with its configuration. */
+typedef struct twk_loss_spec {
+    const twk_loss_def *def;
+    double config[TWK_CFG_COUNT]; /* the defaults, overridden by twk_loss_spec_set */
+} twk_loss_spec;
+
+/* The spec of the loss `name` with its defaults. TWK_ERR_INVALID_ARG
+ * ("unknown loss 'x' (names...)") when there is no such loss. */
+twk_status twk_loss_spec_init(const char *name, twk_loss_spec *out);
+/* Sets config `key`. TWK_ERR_INVALID_ARG naming the key when the loss takes
+ * no such key (listing those it takes) or the value is out of range. */
+twk_status twk_loss_spec_set(twk_loss_spec *s, const char *key, double value);
+
+/* ---- the step ---- */
+
+/* n_seqs sequences laid end to end (offsets: n_seqs + 1 token offsets, N =
+ * offsets[n_seqs]); k = 0: targets [N], k >= 1: top-K targets [N, k]. in[id]:
+ * the input, dense over all tokens ([N] or [N, k] by the registry's shape),
+ * or NULL where no sequence gives it. A missing optional input takes the
+ * registry's `absent` value. */
+typedef struct twk_loss_batch {
+    int n_seqs;
+    const int64_t *offsets;
+    const int32_t *tokens;
+    int k;
+    const int32_t *targets;
+    const float *in[TWK_IN_COUNT];
+} twk_loss_batch;
+
+typedef struct twk_loss_result {
+    double loss;                          /* the loss (a sum, Tinker's convention) */
+    double mean;                          /* the loss per weighted token / per pair / per token, for display */
+    int n_metrics;
+    const char *keys[TWK_LOSS_MAX_METRICS]; /* "loss:sum", ... (the registry's) */
+    double values[TWK_LOSS_MAX_METRICS];
+} twk_loss_result;
+
+/* One step of loss `spec` on batch b: passes of whole sequences up to the
+ * trainer's capacity; with backward, the loss's gradient is added to the
+ * trainer's accumulated gradients. logprobs (N x max(k, 1) floats, or NULL)
+ * gets the model's logprobs of the targets. TWK_ERR_INVALID_ARG /
+ * TWK_ERR_RANGE for inputs the loss cannot use (naming them); other codes
+ * from the trainer. */
+twk_status twk_loss_step(twk_trainer *t, const twk_loss_spec *spec, const twk_loss_batch *b, int backward,
+                         float *logprobs, twk_loss_result *res);
+
+/* ---- the formulas: loss and dL/dp on the host, from per-token logprobs ---- */
 
 typedef enum twk_loss_kind {
     TWK_LOSS_CROSS_ENTROPY = 0, /* -w p */
     TWK_LOSS_IMPORTANCE_SAMPLING, /* -exp(p - q) A */
     TWK_LOSS_PPO,               /* -min(r A, clip(r, lo, hi) A), r = exp(p - q); defaults 0.8 / 1.2 */
     TWK_LOSS_CISPO,             /* -sg(clip(r, lo, hi)) p A; defaults 0.0 / 4.0 */
-    TWK_LOSS_DRO                /* -(p A - beta/2 (p - q)^2) */
+    TWK_LOSS_DRO,               /* -(p A - beta/2 (p - q)^2) */
+    TWK_LOSS_STABLE_REINFORCE   /* -sg(min(r, hi)) p A: REINFORCE with a truncated importance weight; default hi 2 */
 } twk_loss_kind;
 
 typedef struct twk_loss_stats {
@@ -34,8 +169,6 @@ typedef struct twk_loss_stats {
     double kl_mean;       /* mean k3 estimate of KL to the reference (twk_loss_rl with kl_beta) */
 } twk_loss_stats;
 
-/* The kind named `name` ("ppo", ...), or -1. */
-int twk_loss_kind_from_name(const char *name);
 /* Loss and dL/dp for n tokens. p: the model's logprobs; q: the sampler's;
  * adv: advantages; w: cross-entropy weights (NULL = 1); clip_lo / clip_hi:
  * per-token bounds or NULL for the defaults; beta for dro. Training uses
@@ -75,10 +208,6 @@ typedef struct twk_rl_spec {
     double kl_beta;              /* > 0: + kl_beta * KL(policy || reference), k3, with the loss's token weighting */
 } twk_rl_spec;
 
-/* The spec of an RL loss by name with its defaults (clip bounds 0.8 / 1.2;
- * cispo 0 / 4; dapo 0.8 / 1.28; gspo 1 - 3e-4 / 1 + 4e-4); TWK_ERR_INVALID_ARG
- * listing the names otherwise. */
-twk_status twk_rl_spec_from_name(const char *name, twk_rl_spec *out);
 /* Per-token coefficients of the aggregation (0 where mask is 0; mask NULL = all). */
 twk_status twk_rl_token_coefficients(twk_rl_aggregation agg, int n_seqs, const int64_t *offsets, const float *mask,
                                      double max_tokens, float *c);

@@ -83,6 +83,8 @@ twk_status twk_trainer_save_state(twk_trainer *t, const char *dir, const char *b
 twk_status twk_trainer_load_state(twk_trainer *t, const char *dir, bool with_optimizer);
 /* Optimizer steps taken (restored by load_state with the optimizer). */
 int64_t twk_trainer_step(const twk_trainer *t);
+/* The most tokens one pass of the trainer holds (its compiled capacity). */
+int64_t twk_trainer_capacity(const twk_trainer *t);
 
 /* AdamW, configured like Tinker's AdamParams. */
 typedef struct twk_adam_params {

@@ -7,6 +7,7 @@
 #   TWINKLE_BIN    the twinkle binary (default build/twinkle, relative to the repo root)
 #   TWK_SDK_VENV   the virtual environment to create/use (default build/venv-sdk)
 #   TWK_PYTHON     the Python that creates the venv (default /usr/bin/python3, >= 3.11)
+#   TWK_SDK_EXTRA_REQUIREMENTS  a requirements file also installed, with --no-deps (tests/cookbook/run.sh)
 # Exits with pytest's status.
 set -eu
 
@@ -44,6 +45,16 @@ stamp="$venv/.twinkle-sdk-requirements"
 if ! cmp -s "$req" "$stamp" 2>/dev/null; then
     "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$req"
     cp "$req" "$stamp"
+fi
+
+# extra requirements installed without their dependencies (tests/cookbook/run.sh: the cookbook)
+extra=${TWK_SDK_EXTRA_REQUIREMENTS:-}
+if [ -n "$extra" ]; then
+    estamp="$venv/.twinkle-extra-$(basename "$(dirname "$extra")")"
+    if ! cmp -s "$extra" "$estamp" 2>/dev/null; then
+        "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$extra"
+        cp "$extra" "$estamp"
+    fi
 fi
 
 if [ ! -x "$TWINKLE_BIN" ]; then

@@ -138,22 +138,33 @@ def test_grpo_family_aggregation(base_url, loss):
     assert _step_equals_ce(tc, tc_ce, [d for d, _, _ in data], weights) <= 1e-4
 
 
-def test_gspo_sequence_ratio(base_url):
+@pytest.mark.parametrize("mask_by", ["weights", "sequence_ratio_mask", "both"])
+def test_gspo_sequence_ratio(base_url, mask_by):
     """gspo: s_i = exp(mean over the sequence's masked tokens of p - q), one
     advantage per sequence, -min(s A, clip(s, lo, hi) A) averaged over
-    sequences; bounds from loss_fn_config. Some sequences clip, some do not."""
-    sc = service_client(base_url, "tml-gspo")
+    sequences; bounds from loss_fn_config. Some sequences clip, some do not.
+    The mask is `sequence_ratio_mask` when given (with weights all 1 in "both"),
+    else `weights`; prompt positions carry sampler logprob 0 (as the cookbook
+    pads them), so a mask that were ignored would change the ratio."""
+    sc = service_client(base_url, "tml-gspo-" + mask_by)
     tc = new_training_client(sc, seed=14)
     tc_ce = new_training_client(sc, seed=14)
     base = [counting_datum(d, length=10 + d) for d in range(4)]
     p = [np.array(o["logprobs"].tolist()) for o in tc.forward(base, "cross_entropy").result().loss_fn_outputs]
     shifts, advs = [0.05, -0.05, 0.001, -0.08], [1.0, 1.0, -0.5, -1.0]  # ratios e^-0.05.. on both sides
     masks = [np.array([0.0] * 3 + [1.0] * (len(pd) - 3)) for pd in p]
-    qs = [(pd - s).astype(np.float32) for pd, s in zip(p, shifts)]
-    sent = [types.Datum(model_input=d.model_input, loss_fn_inputs={
-        "target_tokens": d.loss_fn_inputs["target_tokens"], "logprobs": q.tolist(),
-        "advantages": [a] * len(q), "weights": m.astype(np.float32).tolist()})
-        for d, q, a, m in zip(base, qs, advs, masks)]
+    qs = [np.where(m > 0, pd - s, 0.0).astype(np.float32) for pd, s, m in zip(p, shifts, masks)]
+
+    def inputs(d, q, a, m):
+        x = {"target_tokens": d.loss_fn_inputs["target_tokens"], "logprobs": q.tolist(), "advantages": [a] * len(q)}
+        if mask_by != "sequence_ratio_mask":
+            x["weights"] = (m if mask_by == "weights" else np.ones_like(m)).astype(np.float32).tolist()
+        if mask_by != "weights":
+            x["sequence_ratio_mask"] = np.asarray(m, dtype=np.float32)  # not typed by the SDK: a numpy array
+        return x
+
+    sent = [types.Datum(model_input=d.model_input, loss_fn_inputs=inputs(d, q, a, m))
+            for d, q, a, m in zip(base, qs, advs, masks)]
     lo, hi = 0.97, 1.02
     res = tc.forward_backward(sent, "gspo", loss_fn_config={"clip_low_threshold": lo, "clip_high_threshold": hi}).result()
     want, weights, clipped = 0.0, [], 0
@@ -169,7 +180,7 @@ def test_gspo_sequence_ratio(base_url):
             weights.append(np.zeros_like(pd))
             clipped += 1
     got = res.metrics["loss:sum"]
-    print(f"gspo: loss {got:.7f} vs numpy {want:.7f}, ratio mean {res.metrics['ratio:mean']:.4f}, "
+    print(f"gspo ({mask_by}): loss {got:.7f} vs numpy {want:.7f}, ratio mean {res.metrics['ratio:mean']:.4f}, "
           f"clipped {res.metrics['clip_fraction:mean']:.2f} (numpy {clipped / n:.2f})")
     assert 0 < clipped < n
     assert abs(got - want) <= 1e-5 * max(1.0, abs(want))
@@ -244,3 +255,28 @@ def test_kl_beta_refused_where_it_means_nothing(base_url):
         tc.forward_backward([rl], "grpo", loss_fn_config={"kl_beta": -1.0}).result()
     assert "kl_beta" in str(err.value)
     tc.forward_backward([rl], "grpo", loss_fn_config={"kl_beta": 0.1}).result()  # still serving
+
+
+def test_unread_input_key_refused(base_url):
+    """A loss_fn_inputs key the chosen loss does not read is a user error naming
+    the key and the keys that loss reads (the registry's), never ignored."""
+    import tinker
+
+    sc = service_client(base_url, "tml-unread")
+    tc = new_training_client(sc, seed=3)
+    d = counting_datum(0)
+    n = len(d.loss_fn_inputs["target_tokens"].tolist())
+    bad = types.Datum(model_input=d.model_input, loss_fn_inputs={
+        "target_tokens": d.loss_fn_inputs["target_tokens"], "logprobs": [-1.0] * n, "advantages": [1.0] * n,
+        "mask": np.ones(n, dtype=np.float32)})
+    with pytest.raises(tinker.RequestFailedError) as err:
+        tc.forward_backward([bad], "importance_sampling").result()
+    msg = str(err.value)
+    print(msg)
+    assert "mask" in msg and "importance_sampling" in msg and "advantages" in msg and "weights" in msg
+    gspo_only = types.Datum(model_input=d.model_input, loss_fn_inputs={
+        "target_tokens": d.loss_fn_inputs["target_tokens"], "sequence_ratio_mask": np.ones(n, dtype=np.float32)})
+    with pytest.raises(tinker.RequestFailedError) as err:
+        tc.forward_backward([gspo_only], "cross_entropy").result()
+    assert "sequence_ratio_mask" in str(err.value)
+    tc.forward_backward([d], "cross_entropy").result()  # the client still works

@@ -533,3 +533,23 @@ def test_snapshot_samplers_do_not_grow_memory_without_bound(start_server):
     # snapshots share the base model's slotted sampler (a host copy of the adapter each), or,
     # for large ranks, own samplers of which at most 4 stay alive: either way the growth is bounded
     assert later <= max(2 * first, 16.0), f"RSS after each snapshot (MiB): {[round(x) for x in rss]}"
+
+
+def test_checkpoint_sampler_with_its_base_model_named(ctx):
+    """create_sampling_client(model_path=..., base_model=...) as the cookbook sends it: the
+    checkpoint is loaded (its logprobs, not the base model's); a base_model other than the
+    checkpoint's is refused with a 400 naming both."""
+    sc, tc = ctx["sc"], ctx["tc"]
+    sp = tc.save_weights_for_sampler("named-both").result(timeout=60).path
+    ref = fwd_logprobs(tc, PROMPT)
+    samp = resolve(sc.create_sampling_client(model_path=sp, base_model=BASE_MODEL))
+    lp = samp.compute_logprobs(mi(PROMPT)).result(timeout=60)
+    print(f"checkpoint sampler with base_model named: max |logprob - training forward| {worst(lp[1:], ref):.2e}")
+    assert lp[0] is None and worst(lp[1:], ref) <= TOL
+    st, js, _ = raw(ctx["server"].port, "GET", f"/api/v1/samplers/{samp._sampling_session_id}")
+    assert st == 200 and js["model_path"] == sp and js["base_model"] == BASE_MODEL, js
+    with pytest.raises(Exception) as e:
+        resolve(sc.create_sampling_client(model_path=sp, base_model="Qwen/Qwen3-8B"), timeout=30)
+    msg = str(e.value)
+    print(msg)
+    assert "Qwen/Qwen3-8B" in msg and BASE_MODEL in msg
