@@ -35,10 +35,11 @@ typedef enum op_kind { OP_CREATE, OP_FB, OP_OPTIM, OP_SAVE, OP_SAVE_SAMPLER, OP_
 
 typedef struct op {
     op_kind kind;
-    int32_t seq;
+    int64_t seq;               /* int64: seq_id 2147483647 is valid and its successor must not wrap */
     char request_id[64];
     run_state *run;
     struct svc *svc;
+    size_t body_bytes;         /* the request body's size (held while the op waits ahead of its seq order) */
     /* inputs */
     twk_wire_fb_request *fb;   /* OP_FB */
     twk_adam_params adam;      /* OP_OPTIM */
@@ -124,11 +125,12 @@ struct run_state {
     int unloaded;
     char create_request[64];
     char load_request[64];     /* created by load_weights (create_training_client_from_state) */
-    int32_t next_seq;
+    int64_t next_seq;
     op *pending;               /* arrived ahead of next_seq, sorted by seq */
+    size_t early_bytes;        /* held by pending: body bytes + sizeof(op) each (--max-early-mb-run) */
     double gap_since;          /* loop time when ops started waiting on a gap */
     double last_touch;         /* wall time of the last last_request update in the store */
-    int32_t ring_seq[DEDUPE_RING];
+    int64_t ring_seq[DEDUPE_RING];
     char ring_req[DEDUPE_RING][64];
     run_state *next;
 };
@@ -166,11 +168,13 @@ int svc_create_run(svc *s, const char *tenant, const char *session_id, int model
                    const twk_lora_config *lora, const char *user_metadata_json, char *request_id, char *model_id,
                    char *err, size_t err_len);
 /* Queues an op in seq order (dedupe on seq: *request_id gets the original
- * id). Takes ownership of o. */
-void svc_submit_op(svc *s, run_state *r, op *o, char *request_id);
+ * id). Takes ownership of o. Returns 0, or 429 with a message naming the
+ * limit in err (o freed, nothing queued) when holding o ahead of the run's
+ * seq order would pass --max-early-mb-run or the tenant's --max-early-mb-tenant. */
+int svc_submit_op(svc *s, run_state *r, op *o, char *request_id, char *err, size_t err_len);
 /* Runs an op outside the seq order (after what is already dispatched). */
 void svc_dispatch_now(svc *s, run_state *r, op *o, char *request_id);
-op *svc_op_new(svc *s, run_state *r, op_kind kind, int32_t seq);
+op *svc_op_new(svc *s, run_state *r, op_kind kind, int64_t seq);
 void svc_op_free(op *o);
 /* Fails ops stuck behind a missing seq_id longer than the configured timeout. */
 void svc_check_gaps(svc *s);
