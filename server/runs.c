@@ -19,6 +19,11 @@ static double wall_now(void) { return (double)time(NULL); }
 
 void svc_new_id(svc *s, const char *prefix, char *out, size_t len) {
     s->id_counter++;
+    char hex[40];
+    if (twk_random_hex(hex, 8) == 0) {
+        snprintf(out, len, "%s-%s", prefix, hex);
+        return;
+    }
     unsigned long long r = uv_hrtime() * 0x9e3779b97f4a7c15ull ^ (s->id_counter * 0xbf58476d1ce4e5b9ull);
     snprintf(out, len, "%s-%08llx%04llx", prefix, (r >> 24) & 0xffffffffull, s->id_counter & 0xffff);
 }

@@ -248,7 +248,8 @@ int twk_serve_run(const twk_serve_config *cfg) {
         fprintf(stderr, "twinkle serve: %s\n", twk_last_error());
         goto out;
     }
-    s->futures = twk_futures_new(&loop, cfg->poll_timeout_s);
+    twk_futures_limits fl = {cfg->poll_timeout_s, cfg->result_keep_s, cfg->result_ttl_s, cfg->max_result_bytes_tenant};
+    s->futures = twk_futures_new(&loop, &fl);
     s->worker = twk_worker_start(&loop);
     twk_http_limits lim = twk_http_limits_default();
     lim.max_body_bytes = cfg->max_body_bytes;
