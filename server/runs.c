@@ -514,8 +514,8 @@ static int mkdirs(const char *path) {
     return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
-/* Writes into a temporary sibling folder, then renames it into place: a
- * crash leaves either no checkpoint or a complete one. */
+/* Writes into a temporary sibling folder, then publishes it (svc_ckpt_publish):
+ * a crash leaves either the old checkpoint or the new one, complete. */
 static void run_save(op *o) {
     if (o->snapshot) { /* unnamed save_weights_for_sampler: snapshot the adapter into a sampler, no disk write */
         twk_status cap = svc_snapshot_capture(o->snapshot, o->run->trainer);
@@ -555,21 +555,10 @@ static void run_save(op *o) {
         op_fail(o, 1, "checkpoint '%s' exists (pass overwrite=True to replace it)", o->name);
         return;
     }
-    if (existed && rename(o->dir, old) != 0) {
-        op_fail(o, 0, "cannot replace %s: %s", o->dir, strerror(errno));
+    if (svc_ckpt_publish(tmp, o->dir, old, existed, o->err, sizeof o->err) != 0) {
+        op_fail(o, 0, "%.700s", o->err);
         svc_rm_tree(tmp);
         return;
-    }
-    if (rename(tmp, o->dir) != 0) {
-        op_fail(o, 0, "cannot publish %s: %s", o->dir, strerror(errno));
-        svc_rm_tree(tmp);
-        return;
-    }
-    if (existed) svc_rm_tree(old);
-    int fd = open(parent, O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
     }
     o->size_bytes = dir_size(o->dir);
     cJSON *j = cJSON_CreateObject();
@@ -646,7 +635,10 @@ static void record_checkpoint(op *o) {
 static void op_done(twk_job *j) {
     op *o = j->arg;
     svc *s = o->svc;
-    if (o->st == TWK_OK && (o->kind == OP_SAVE || o->kind == OP_SAVE_SAMPLER) && !o->snapshot) record_checkpoint(o);
+    if (o->st == TWK_OK && (o->kind == OP_SAVE || o->kind == OP_SAVE_SAMPLER) && !o->snapshot) {
+        record_checkpoint(o);
+        svc_crash_point(o->overwrite ? "overwrite" : "save", "recorded");
+    }
     if (o->st == TWK_OK && o->kind == OP_CREATE) {
         twk_store_run_touch(s->store, o->run->id, wall_now());
     }

@@ -196,6 +196,20 @@ void svc_ckpt_dir(const svc *s, const char *run, const char *kind, const char *n
 /* A unique id with a prefix ("sess", ...). */
 void svc_new_id(svc *s, const char *prefix, char *out, size_t len);
 
+/* ---- ckpt_fs.c ---- */
+/* Fault injection: _exit(86)s when the environment's TWK_CRASH_AT is "<mode>:<step>" (mode "save" or
+ * "overwrite"); inert otherwise. */
+void svc_crash_point(const char *mode, const char *step);
+/* Publishes the written folder tmp as dir (existed: dir holds the checkpoint it replaces; old: the
+ * name to park it under where RENAME_EXCHANGE is unavailable): fsyncs, swaps, fsyncs the folders
+ * above, removes the replaced one. -1 with a message in err; a crash at any point leaves dir
+ * holding the old or the new checkpoint, or (a first save) absent, plus leftovers svc_ckpt_recover handles. */
+int svc_ckpt_publish(const char *tmp, const char *dir, const char *old, int existed, char *err, size_t err_len);
+/* Start-up: puts back a replaced checkpoint whose replacement never arrived (.old-*), removes
+ * interrupted saves (.tmp-*), replaced copies and folders published but never recorded in the
+ * store; logs one line for each. */
+void svc_ckpt_recover(svc *s);
+
 /* ---- sampling.c ---- */
 sampler_session *svc_find_sampler(svc *s, const char *tenant, const char *id);
 /* A session for the snapshot of a run's adapter (unnamed save_weights_for_sampler). */
