@@ -717,6 +717,7 @@ static void h_retrieve(svc *s, twk_http_conn *c, const cJSON *b, const char *ten
 
 void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     svc *s = user;
+    twk_log_context(NULL, req->path);
     const char *p = strstr(req->path, "/api/v1/");
     if (!p) {
         api_error(c, 404, "no such endpoint: %s %s", req->method, req->path);
@@ -729,10 +730,12 @@ void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
         return;
     }
     char tenant[64];
+    twk_log_context(NULL, route);
     if (!twk_auth_tenant(s->auth, twk_http_header_get(req, "X-API-Key"), tenant)) {
         api_error(c, 401, "invalid or missing API key (send X-API-Key: tml-...)");
         return;
     }
+    twk_log_context(tenant, route);
     if (get || !strcmp(req->method, "DELETE") || !strcmp(req->method, "PUT") ||
         (post && (!strncmp(route, "training_runs/", 14) || !strncmp(route, "sessions/", 9)))) {
         api_rest(s, c, req, tenant, route);

@@ -1,6 +1,8 @@
 /* Helpers for the JSON endpoints. */
 #include "api_util.h"
 
+#include "log.h"
+
 #include <ctype.h>
 #include <math.h>
 #include <stdarg.h>
@@ -15,6 +17,7 @@ void api_error(twk_http_conn *c, int status, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    twk_log_failure(NULL, twk_log_tenant(), twk_log_route(), status, NULL, msg);
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "error", msg);
     cJSON_AddStringToObject(j, "detail", msg);
@@ -28,6 +31,7 @@ void api_ok(twk_http_conn *c, cJSON *j) {
     char *s = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     if (!s) {
+        twk_log_failure(NULL, twk_log_tenant(), twk_log_route(), 500, NULL, "out of memory");
         twk_http_respond_json(c, 500, "{\"error\":\"out of memory\"}");
         return;
     }

@@ -9,6 +9,8 @@
 
 #include <cJSON.h>
 
+#include "log.h"
+
 typedef struct waiter waiter;
 
 typedef struct tenant_use tenant_use;
@@ -16,7 +18,8 @@ typedef struct tenant_use tenant_use;
 typedef struct future {
     char id[64];
     char tenant[64];
-    int state; /* 0 pending, 1 done, 2 failed */
+    char route[48];      /* the endpoint that created it (for the failure log) */
+    int state; /* 0 pending, 1 done, 2 failed, 3 dropped (--max-results-mb-tenant) */
     char content_type[48];
     unsigned char *body;
     size_t len;
@@ -142,6 +145,8 @@ static void enforce_bytes(twk_futures *f, tenant_use *u) {
         set_body(x, b, strlen(msg));
         snprintf(x->content_type, sizeof x->content_type, "application/json");
         x->state = 3; /* failed: dropped */
+        twk_log_failure(x->id, x->tenant, x->route, 0, "user",
+                        "result dropped: the tenant's unretrieved results passed --max-results-mb-tenant");
     }
 }
 
@@ -263,6 +268,7 @@ void twk_futures_create(twk_futures *f, const char *tenant, char *id) {
         return;
     }
     snprintf(x->id, sizeof x->id, "req-%s", hex);
+    snprintf(x->route, sizeof x->route, "%s", twk_log_route());
     snprintf(x->tenant, sizeof x->tenant, "%s", tenant);
     unsigned h = hash(x->id);
     x->next = f->buckets[h];
@@ -312,6 +318,7 @@ void twk_futures_complete(twk_futures *f, const char *id, const char *content_ty
 void twk_futures_fail(twk_futures *f, const char *id, const char *category, const char *message) {
     future *x = find(f, id);
     if (!x || x->state) return;
+    twk_log_failure(x->id, x->tenant, x->route, 0, category, message);
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "error", message);
     cJSON_AddStringToObject(j, "category", category);
@@ -328,6 +335,7 @@ void twk_futures_fail(twk_futures *f, const char *id, const char *category, cons
 void twk_futures_poll(twk_futures *f, twk_http_conn *c, const char *tenant, const char *id) {
     future *x = id ? find(f, id) : NULL;
     if (!x || strcmp(x->tenant, tenant)) {
+        twk_log_failure(id, tenant, twk_log_route(), 404, NULL, "unknown request_id");
         twk_http_respond_json(c, 404, "{\"error\":\"unknown request_id\"}");
         return;
     }
@@ -337,6 +345,7 @@ void twk_futures_poll(twk_futures *f, twk_http_conn *c, const char *tenant, cons
     }
     waiter *w = calloc(1, sizeof *w);
     if (!w) {
+        twk_log_failure(id, tenant, twk_log_route(), 503, NULL, "out of memory");
         twk_http_respond_json(c, 503, "{\"error\":\"out of memory\"}");
         return;
     }

@@ -249,6 +249,7 @@ int twk_serve_run(const twk_serve_config *cfg) {
         goto out;
     }
     twk_futures_limits fl = {cfg->poll_timeout_s, cfg->result_keep_s, cfg->result_ttl_s, cfg->max_result_bytes_tenant};
+    twk_log_quiet(cfg->quiet);
     svc_ckpt_recover(s);
     s->futures = twk_futures_new(&loop, &fl);
     s->worker = twk_worker_start(&loop);

@@ -13,6 +13,7 @@
 #include "auth.h"
 #include "futures.h"
 #include "http.h"
+#include "log.h"
 #include "service.h"
 #include "store.h"
 #include "wire.h"
