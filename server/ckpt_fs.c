@@ -14,12 +14,7 @@
 #include "svc.h"
 
 void svc_crash_point(const char *mode, const char *step) {
-    static const char *want = NULL;
-    static int read_env = 0;
-    if (!read_env) { /* first call comes from the worker before any other thread reads the environment */
-        want = getenv("TWK_CRASH_AT");
-        read_env = 1;
-    }
+    const char *want = getenv("TWK_CRASH_AT"); /* nobody sets the environment after start-up */
     if (!want || !*want) return;
     char here[96];
     snprintf(here, sizeof here, "%s:%s", mode, step);
@@ -109,8 +104,7 @@ int svc_ckpt_publish(const char *tmp, const char *dir, const char *old, int exis
         svc_crash_point(mode, "old-aside");
         if (sync_path(parent, 1) != 0 || rename(tmp, dir) != 0) {
             int e = errno;
-            if (rename(old, dir) != 0) { /* leave it to start-up recovery */
-            }
+            rename(old, dir); /* if this fails too, start-up recovery puts .old-* back */
             snprintf(err, err_len, "cannot publish %s: %s", dir, strerror(e));
             return -1;
         }

@@ -2,6 +2,7 @@
 #include "futures.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,13 +115,20 @@ static void drop(twk_futures *f, future *x) {
 static void gc_tick(uv_timer_t *t) {
     twk_futures *f = t->data;
     double now = now_s(f);
+    int dropped = 0;
     for (future *x = f->oldest, *next; x; x = next) {
         next = x->newer;
         if (x->waiters) continue;
         if ((x->retrieved_at > 0 && now - x->retrieved_at >= f->lim.keep_after_retrieval_s) ||
-            now - x->finished_at >= f->lim.ttl_s)
+            now - x->finished_at >= f->lim.ttl_s) {
             drop(f, x);
+            dropped++;
+        }
     }
+#ifdef __GLIBC__
+    /* hand the freed pages back (glibc keeps a peak's worth of free memory in its arenas otherwise) */
+    if (dropped && !f->pending) malloc_trim(0);
+#endif
 }
 
 /* Keeps a tenant's result bytes within --max-results-mb-tenant: retrieved
