@@ -56,7 +56,7 @@ static int jfail(jscan *s, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    snprintf(s->err, s->err_len, "request body: %s", what);
+    snprintf(s->err, s->err_len, "request body is not valid JSON: %s", what);
     return 0;
 }
 
@@ -226,7 +226,7 @@ int api_json_check(const unsigned char *p, size_t n, char *err, size_t err_len) 
     if (!jvalue(&s)) return 0;
     jws(&s);
     if (s.p != s.end) {
-        snprintf(err, err_len, "request body: unexpected data after the JSON object at offset %zu", (size_t)(s.p - p));
+        snprintf(err, err_len, "request body is not valid JSON: unexpected data after the JSON object at offset %zu", (size_t)(s.p - p));
         return 0;
     }
     return 1;
