@@ -28,6 +28,13 @@ static void usage(FILE *f) {
             "                       usable this long after its last use (default 86400: one day)\n"
             "  --poll-timeout S     long-poll hold of retrieve_future (default 25)\n"
             "  --fwdbwd-chunk-len N datums per forward_backward request the SDK sends (default 1024)\n"
+            "buffering limits (per tenant = over all its runs / futures):\n"
+            "  --max-early-mb-run M     ops held ahead of a run's seq order, MiB; 429 past it (default 256)\n"
+            "  --max-early-mb-tenant M  the same over all runs of a tenant (default 1024)\n"
+            "  --max-results-mb-tenant M finished results not yet retrieved, per tenant; past it the oldest\n"
+            "                       are dropped (their futures fail naming this limit) (default 256)\n"
+            "  --result-keep S      a retrieved result is kept S seconds for re-polls, then freed (default 120)\n"
+            "  --result-ttl S       an unretrieved result is kept S seconds (default 3600)\n"
             "  --config FILE        the same options as 'key = value' lines (model may repeat)\n"
             "  --quiet              no log lines\n",
             TWK_DEFAULT_MODEL_NAME);

@@ -31,6 +31,14 @@ static void future_reply(twk_http_conn *c, const char *request_id, const char *m
     api_ok(c, j);
 }
 
+/* Queues o in its run's seq order and answers with its future, or 429 past the buffering limits. */
+static void submit_reply(svc *s, twk_http_conn *c, run_state *r, op *o) {
+    char request_id[64], err[512];
+    int status = svc_submit_op(s, r, o, request_id, err, sizeof err);
+    if (status) api_error(c, status, "%s", err);
+    else future_reply(c, request_id, r->id);
+}
+
 /* ---- client and session endpoints ---- */
 
 static void h_client_config(svc *s, twk_http_conn *c) {
@@ -557,9 +565,8 @@ static void h_forward_backward(svc *s, twk_http_conn *c, const twk_http_req *req
             return;
         }
         snprintf(o->prefail, sizeof o->prefail, "%s", why);
-        char request_id[64];
-        svc_submit_op(s, r, o, request_id);
-        future_reply(c, request_id, r->id);
+        o->body_bytes = req->body_len;
+        submit_reply(s, c, r, o);
         return;
     }
     run_state *r = svc_find_run(s, tenant, q->model_id);
@@ -575,11 +582,10 @@ static void h_forward_backward(svc *s, twk_http_conn *c, const twk_http_req *req
         return;
     }
     o->fb = q;
+    o->body_bytes = req->body_len;
     if (!validate_fb(s, r, q, &o->loss, o->prefail, sizeof o->prefail) && !o->prefail[0])
         snprintf(o->prefail, sizeof o->prefail, "invalid request");
-    char request_id[64];
-    svc_submit_op(s, r, o, request_id);
-    future_reply(c, request_id, r->id);
+    submit_reply(s, c, r, o);
 }
 
 static void h_optim_step(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
@@ -610,9 +616,7 @@ static void h_optim_step(svc *s, twk_http_conn *c, const cJSON *b, const char *t
     } else {
         o->adam = (twk_adam_params){(float)lr, (float)b1, (float)b2, (float)eps, (float)wd, (float)clip};
     }
-    char request_id[64];
-    svc_submit_op(s, r, o, request_id);
-    future_reply(c, request_id, r->id);
+    submit_reply(s, c, r, o);
 }
 
 static void h_save(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant, int sampler) {
@@ -660,9 +664,7 @@ static void h_save(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant,
         o->ttl_seconds = ttl;
         svc_ckpt_dir(s, r->id, sampler ? "sampler_weights" : "weights", name, o->dir, sizeof o->dir);
     }
-    char request_id[64];
-    svc_submit_op(s, r, o, request_id);
-    future_reply(c, request_id, r->id);
+    submit_reply(s, c, r, o);
 }
 
 /* load_weights without a model_id: create_training_client_from_state. A new
@@ -766,9 +768,7 @@ static void h_load(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant)
         o->load_optimizer = optimizer;
         twk_store_run_clear(&src);
     }
-    char request_id[64];
-    svc_submit_op(s, r, o, request_id);
-    future_reply(c, request_id, r->id);
+    submit_reply(s, c, r, o);
 }
 
 static void h_unload(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
@@ -824,6 +824,7 @@ static void h_retrieve(svc *s, twk_http_conn *c, const cJSON *b, const char *ten
 
 void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     svc *s = user;
+    twk_log_context(NULL, req->path);
     const char *p = strstr(req->path, "/api/v1/");
     if (!p) {
         api_error(c, 404, "no such endpoint: %s %s", req->method, req->path);
@@ -836,10 +837,12 @@ void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
         return;
     }
     char tenant[64];
+    twk_log_context(NULL, route);
     if (!twk_auth_tenant(s->auth, twk_http_header_get(req, "X-API-Key"), tenant)) {
         api_error(c, 401, "invalid or missing API key (send X-API-Key: tml-...)");
         return;
     }
+    twk_log_context(tenant, route);
     if (get || !strcmp(req->method, "DELETE") || !strcmp(req->method, "PUT") ||
         (post && (!strncmp(route, "training_runs/", 14) || !strncmp(route, "sessions/", 9)))) {
         api_rest(s, c, req, tenant, route);

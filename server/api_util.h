@@ -9,7 +9,12 @@
 
 #include "http.h"
 
-/* Parses the body as a JSON object; on failure answers 400 and returns NULL. */
+#define API_JSON_MAX_DEPTH 64
+/* 1 if p[0..n) is one strict JSON object (RFC 8259: nothing after it, valid UTF-8, no \u0000 or
+ * unpaired surrogates in strings, at most API_JSON_MAX_DEPTH levels of nesting); else 0 with a
+ * message naming the problem and the innermost field in err. */
+int api_json_check(const unsigned char *p, size_t n, char *err, size_t err_len);
+/* Parses the body as a JSON object (api_json_check first); on failure answers 400 and returns NULL. */
 cJSON *api_body(twk_http_conn *c, const twk_http_req *req);
 /* Answers `status` with {"error": msg, "detail": msg}. */
 void api_error(twk_http_conn *c, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -1,25 +1,43 @@
 /* The futures table and parked long polls. */
 #include "futures.h"
 
+#include <errno.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include <cJSON.h>
 
+#include "log.h"
+
 typedef struct waiter waiter;
+
+typedef struct tenant_use tenant_use;
 
 typedef struct future {
     char id[64];
     char tenant[64];
-    int state; /* 0 pending, 1 done, 2 failed */
+    char route[48];      /* the endpoint that created it (for the failure log) */
+    int state; /* 0 pending, 1 done, 2 failed, 3 dropped (--max-results-mb-tenant) */
     char content_type[48];
     unsigned char *body;
     size_t len;
     double finished_at;
+    double retrieved_at; /* 0 until a final answer was sent */
+    tenant_use *use;
     waiter *waiters;
-    struct future *next; /* hash chain */
+    struct future *next;             /* hash chain */
+    struct future *older, *newer;    /* finished futures, in the order they finished */
 } future;
+
+/* Result bytes a tenant's finished futures hold (--max-results-mb-tenant). */
+struct tenant_use {
+    char tenant[64];
+    size_t bytes;
+    tenant_use *next;
+};
 
 struct waiter {
     twk_futures *f;
@@ -30,14 +48,13 @@ struct waiter {
 };
 
 #define N_BUCKETS 4096
-#define KEEP_RESULTS_S 3600.0
 
 struct twk_futures {
     uv_loop_t *loop;
-    double poll_timeout_s;
+    twk_futures_limits lim;
     future *buckets[N_BUCKETS];
-    unsigned long long counter;
-    unsigned long long salt;
+    future *oldest, *newest; /* finished futures */
+    tenant_use *uses;
     int pending, finished;
     uv_timer_t gc;
 };
@@ -56,35 +73,106 @@ static future *find(twk_futures *f, const char *id) {
 
 static double now_s(twk_futures *f) { return (double)uv_now(f->loop) / 1000.0; }
 
-/* Drops finished results older than KEEP_RESULTS_S. */
+static tenant_use *use_of(twk_futures *f, const char *tenant) {
+    for (tenant_use *u = f->uses; u; u = u->next)
+        if (!strcmp(u->tenant, tenant)) return u;
+    tenant_use *u = calloc(1, sizeof *u);
+    if (!u) return NULL;
+    snprintf(u->tenant, sizeof u->tenant, "%s", tenant);
+    u->next = f->uses;
+    f->uses = u;
+    return u;
+}
+
+/* Sets a finished future's body, keeping its tenant's byte count. */
+static void set_body(future *x, unsigned char *body, size_t len) {
+    if (x->use) x->use->bytes -= x->len;
+    free(x->body);
+    x->body = body;
+    x->len = body ? len : 0;
+    if (x->use) x->use->bytes += x->len;
+}
+
+/* Frees a finished future without waiters. */
+static void drop(twk_futures *f, future *x) {
+    future **pp = &f->buckets[hash(x->id)];
+    while (*pp && *pp != x) pp = &(*pp)->next;
+    if (*pp) *pp = x->next;
+    if (x->older) x->older->newer = x->newer;
+    else f->oldest = x->newer;
+    if (x->newer) x->newer->older = x->older;
+    else f->newest = x->older;
+    set_body(x, NULL, 0);
+    free(x);
+    f->finished--;
+}
+
+/* Frees results retrieved more than --result-keep ago (the SDK re-polls a
+ * request id only when the answer to a poll was lost: it retries after a
+ * connection error with a backoff of 1, 2, 4, ... s, capped at 30 s, and its
+ * HTTP timeout per poll is 45 s; after a received result or error it never
+ * polls that id again) and results nobody retrieved within --result-ttl. */
 static void gc_tick(uv_timer_t *t) {
     twk_futures *f = t->data;
     double now = now_s(f);
-    for (int b = 0; b < N_BUCKETS; b++) {
-        future **pp = &f->buckets[b];
-        while (*pp) {
-            future *x = *pp;
-            if (x->state && !x->waiters && now - x->finished_at > KEEP_RESULTS_S) {
-                *pp = x->next;
-                free(x->body);
-                free(x);
-                f->finished--;
-            } else {
-                pp = &x->next;
-            }
+    int dropped = 0;
+    for (future *x = f->oldest, *next; x; x = next) {
+        next = x->newer;
+        if (x->waiters) continue;
+        if ((x->retrieved_at > 0 && now - x->retrieved_at >= f->lim.keep_after_retrieval_s) ||
+            now - x->finished_at >= f->lim.ttl_s) {
+            drop(f, x);
+            dropped++;
         }
+    }
+#ifdef __GLIBC__
+    /* hand the freed pages back (glibc keeps a peak's worth of free memory in its arenas otherwise) */
+    if (dropped && !f->pending) malloc_trim(0);
+#endif
+}
+
+/* Keeps a tenant's result bytes within --max-results-mb-tenant: retrieved
+ * results are freed first, then the oldest unretrieved ones are replaced by
+ * an error naming the limit. */
+static void enforce_bytes(twk_futures *f, tenant_use *u) {
+    if (!u) return;
+    for (future *x = f->oldest, *next; x && u->bytes > f->lim.max_bytes_tenant; x = next) {
+        next = x->newer;
+        if (x->use == u && x->retrieved_at > 0 && !x->waiters) drop(f, x);
+    }
+    for (future *x = f->oldest; x && u->bytes > f->lim.max_bytes_tenant; x = x->newer) {
+        if (x->use != u || x->state == 3) continue;
+        char msg[400];
+        snprintf(msg, sizeof msg,
+                 "{\"error\":\"the result (%zu bytes) was dropped: this tenant's finished results not yet "
+                 "retrieved passed the server's --max-results-mb-tenant limit of %.0f MiB; retrieve results "
+                 "sooner\",\"category\":\"user\"}",
+                 x->len, (double)f->lim.max_bytes_tenant / 1048576.0);
+        unsigned char *b = (unsigned char *)strdup(msg);
+        if (!b) return;
+        set_body(x, b, strlen(msg));
+        snprintf(x->content_type, sizeof x->content_type, "application/json");
+        x->state = 3; /* failed: dropped */
+        twk_log_failure(x->id, x->tenant, x->route, 0, "user",
+                        "result dropped: the tenant's unretrieved results passed --max-results-mb-tenant");
     }
 }
 
-twk_futures *twk_futures_new(uv_loop_t *loop, double poll_timeout_s) {
+twk_futures_limits twk_futures_limits_default(void) {
+    twk_futures_limits l = {25.0, 120.0, 3600.0, (size_t)256 << 20};
+    return l;
+}
+
+twk_futures *twk_futures_new(uv_loop_t *loop, const twk_futures_limits *lim) {
     twk_futures *f = calloc(1, sizeof *f);
     if (!f) return NULL;
     f->loop = loop;
-    f->poll_timeout_s = poll_timeout_s > 0 ? poll_timeout_s : 25.0;
-    f->salt = (unsigned long long)uv_hrtime() ^ ((unsigned long long)(uintptr_t)f << 16);
+    f->lim = *lim;
+    double every = f->lim.keep_after_retrieval_s / 4;
+    every = every < 1 ? 1 : every > 30 ? 30 : every;
     uv_timer_init(loop, &f->gc);
     f->gc.data = f;
-    uv_timer_start(&f->gc, gc_tick, 60000, 60000);
+    uv_timer_start(&f->gc, gc_tick, (uint64_t)(every * 1000), (uint64_t)(every * 1000));
     return f;
 }
 
@@ -105,7 +193,9 @@ static void drop_waiter(waiter *w) {
     uv_close((uv_handle_t *)&w->timer, waiter_closed);
 }
 
-static void answer(twk_http_conn *c, const future *x) {
+/* Sends a finished future's result; from now on it is kept only --result-keep. */
+static void answer(twk_futures *f, twk_http_conn *c, future *x) {
+    if (x->retrieved_at == 0) x->retrieved_at = now_s(f);
     if (x->state == 1)
         twk_http_respond(c, 200, x->content_type, x->body, x->len, NULL);
     else
@@ -156,18 +246,37 @@ void twk_futures_free(twk_futures *f) {
             x = next;
         }
     }
+    while (f->uses) {
+        tenant_use *u = f->uses;
+        f->uses = u->next;
+        free(u);
+    }
     uv_close((uv_handle_t *)&f->gc, gc_closed); /* frees f once libuv is done with the timer */
+}
+
+int twk_random_hex(char *out, int n_bytes) {
+    unsigned char b[32];
+    if (n_bytes > 32) n_bytes = 32;
+    for (int got = 0; got < n_bytes;) {
+        ssize_t k = getrandom(b + got, (size_t)(n_bytes - got), 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return -1;
+        got += (int)k;
+    }
+    for (int i = 0; i < n_bytes; i++) snprintf(out + 2 * i, 3, "%02x", b[i]);
+    return 0;
 }
 
 void twk_futures_create(twk_futures *f, const char *tenant, char *id) {
     future *x = calloc(1, sizeof *x);
-    if (!x) {
-        snprintf(id, 64, "req-oom");
+    char hex[40];
+    if (!x || twk_random_hex(hex, 16) != 0) {
+        free(x);
+        snprintf(id, 64, "req-unavailable"); /* unknown to every poll: answers 404 */
         return;
     }
-    f->counter++;
-    snprintf(x->id, sizeof x->id, "req-%llx-%llu", (f->salt * 0x9e3779b97f4a7c15ull + f->counter) >> 20,
-             f->counter);
+    snprintf(x->id, sizeof x->id, "req-%s", hex);
+    snprintf(x->route, sizeof x->route, "%s", twk_log_route());
     snprintf(x->tenant, sizeof x->tenant, "%s", tenant);
     unsigned h = hash(x->id);
     x->next = f->buckets[h];
@@ -180,13 +289,19 @@ static void finish(twk_futures *f, future *x) {
     x->finished_at = now_s(f);
     f->pending--;
     f->finished++;
+    x->older = f->newest;
+    if (f->newest) f->newest->newer = x;
+    else f->oldest = x;
+    f->newest = x;
+    x->use = use_of(f, x->tenant);
+    if (x->use) x->use->bytes += x->len;
     while (x->waiters) {
         waiter *w = x->waiters;
         twk_http_conn *c = w->conn;
         w->conn = NULL;
         if (c) {
             twk_http_set_abandon(c, NULL, NULL);
-            answer(c, x);
+            answer(f, c, x);
         }
         drop_waiter(w);
     }
@@ -205,11 +320,13 @@ void twk_futures_complete(twk_futures *f, const char *id, const char *content_ty
     snprintf(x->content_type, sizeof x->content_type, "%s", content_type);
     x->state = 1;
     finish(f, x);
+    enforce_bytes(f, x->use);
 }
 
 void twk_futures_fail(twk_futures *f, const char *id, const char *category, const char *message) {
     future *x = find(f, id);
     if (!x || x->state) return;
+    twk_log_failure(x->id, x->tenant, x->route, 0, category, message);
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "error", message);
     cJSON_AddStringToObject(j, "category", category);
@@ -220,20 +337,23 @@ void twk_futures_fail(twk_futures *f, const char *id, const char *category, cons
     snprintf(x->content_type, sizeof x->content_type, "application/json");
     x->state = 2;
     finish(f, x);
+    enforce_bytes(f, x->use);
 }
 
 void twk_futures_poll(twk_futures *f, twk_http_conn *c, const char *tenant, const char *id) {
     future *x = id ? find(f, id) : NULL;
     if (!x || strcmp(x->tenant, tenant)) {
+        twk_log_failure(id, tenant, twk_log_route(), 404, NULL, "unknown request_id");
         twk_http_respond_json(c, 404, "{\"error\":\"unknown request_id\"}");
         return;
     }
     if (x->state) {
-        answer(c, x);
+        answer(f, c, x);
         return;
     }
     waiter *w = calloc(1, sizeof *w);
     if (!w) {
+        twk_log_failure(id, tenant, twk_log_route(), 503, NULL, "out of memory");
         twk_http_respond_json(c, 503, "{\"error\":\"out of memory\"}");
         return;
     }
@@ -244,11 +364,17 @@ void twk_futures_poll(twk_futures *f, twk_http_conn *c, const char *tenant, cons
     x->waiters = w;
     uv_timer_init(f->loop, &w->timer);
     w->timer.data = w;
-    uv_timer_start(&w->timer, poll_timeout, (uint64_t)(f->poll_timeout_s * 1000), 0);
+    uv_timer_start(&w->timer, poll_timeout, (uint64_t)(f->lim.poll_timeout_s * 1000), 0);
     twk_http_set_abandon(c, poll_abandoned, w);
 }
 
 void twk_futures_counts(const twk_futures *f, int *pending, int *finished) {
     if (pending) *pending = f->pending;
     if (finished) *finished = f->finished;
+}
+
+size_t twk_futures_bytes(const twk_futures *f) {
+    size_t n = 0;
+    for (const tenant_use *u = f->uses; u; u = u->next) n += u->bytes;
+    return n;
 }

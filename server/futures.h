@@ -14,11 +14,24 @@
 
 typedef struct twk_futures twk_futures;
 
-twk_futures *twk_futures_new(uv_loop_t *loop, double poll_timeout_s);
+typedef struct twk_futures_limits {
+    double poll_timeout_s;          /* long-poll hold (default 25) */
+    double keep_after_retrieval_s;  /* a result answered to a poll is freed this long after (default 120) */
+    double ttl_s;                   /* a result never retrieved is freed this long after it finished (default 3600) */
+    size_t max_bytes_tenant;        /* finished results held per tenant (default 256 MiB); past it retrieved
+                                     * results go first, then the oldest unretrieved become an error naming it */
+} twk_futures_limits;
+
+twk_futures_limits twk_futures_limits_default(void);
+/* NULL on out of memory. */
+twk_futures *twk_futures_new(uv_loop_t *loop, const twk_futures_limits *lim);
 /* Answers every parked poll with try_again and frees everything. */
 void twk_futures_free(twk_futures *f);
 
-/* A new pending future owned by `tenant`; writes its id ("req-…") to id[64]. */
+/* Writes 2 * n_bytes (<= 32) hex digits of getrandom(2) to out; -1 if the kernel's CSPRNG fails. */
+int twk_random_hex(char *out, int n_bytes);
+/* A new pending future owned by `tenant`; writes its id ("req-" + 32 random hex
+ * digits, unguessable) to id[64] ("req-unavailable", unknown to polls, on failure). */
 void twk_futures_create(twk_futures *f, const char *tenant, char *id);
 /* Completes with a body (copied) of the given content type. */
 void twk_futures_complete(twk_futures *f, const char *id, const char *content_type, const void *body, size_t len);
@@ -29,7 +42,8 @@ void twk_futures_fail(twk_futures *f, const char *id, const char *category, cons
  * of another tenant, or an unknown id, is 404. */
 void twk_futures_poll(twk_futures *f, twk_http_conn *c, const char *tenant, const char *id);
 
-/* Futures pending / finished (for logs and tests). */
+/* Futures pending / finished, and the result bytes held (for logs and tests). */
 void twk_futures_counts(const twk_futures *f, int *pending, int *finished);
+size_t twk_futures_bytes(const twk_futures *f);
 
 #endif

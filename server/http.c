@@ -25,6 +25,7 @@
  * so a handler that parks without an abandon callback never responds through
  * a dangling pointer while the server runs. */
 #include "http.h"
+#include "log.h"
 
 #include <errno.h>
 #include <http_parser.h>
@@ -477,6 +478,7 @@ static void json_escape_into(char *out, size_t cap, const char *s) {
  * Connection: close, then shutdown and linger. */
 static void conn_send_error(twk_http_conn *c, int status, const char *msg) {
     char esc[512], json[600];
+    twk_log_failure(NULL, NULL, NULL, status, NULL, msg);
     json_escape_into(esc, sizeof esc, msg);
     int n = snprintf(json, sizeof json, "{\"error\":\"%s\"}", esc);
     c->is_head = 0;

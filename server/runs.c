@@ -19,6 +19,11 @@ static double wall_now(void) { return (double)time(NULL); }
 
 void svc_new_id(svc *s, const char *prefix, char *out, size_t len) {
     s->id_counter++;
+    char hex[40];
+    if (twk_random_hex(hex, 8) == 0) {
+        snprintf(out, len, "%s-%s", prefix, hex);
+        return;
+    }
     unsigned long long r = uv_hrtime() * 0x9e3779b97f4a7c15ull ^ (s->id_counter * 0xbf58476d1ce4e5b9ull);
     snprintf(out, len, "%s-%08llx%04llx", prefix, (r >> 24) & 0xffffffffull, s->id_counter & 0xffff);
 }
@@ -118,7 +123,7 @@ run_state *svc_find_run(svc *s, const char *tenant, const char *id) {
     return r;
 }
 
-op *svc_op_new(svc *s, run_state *r, op_kind kind, int32_t seq) {
+op *svc_op_new(svc *s, run_state *r, op_kind kind, int64_t seq) {
     op *o = calloc(1, sizeof *o);
     if (!o) return NULL;
     o->kind = kind;
@@ -334,8 +339,8 @@ static int mkdirs(const char *path) {
     return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
-/* Writes into a temporary sibling folder, then renames it into place: a
- * crash leaves either no checkpoint or a complete one. */
+/* Writes into a temporary sibling folder, then publishes it (svc_ckpt_publish):
+ * a crash leaves either the old checkpoint or the new one, complete. */
 static void run_save(op *o) {
     if (o->snapshot) { /* unnamed save_weights_for_sampler: snapshot the adapter into a sampler, no disk write */
         twk_status cap = svc_snapshot_capture(o->snapshot, o->run->trainer);
@@ -375,21 +380,10 @@ static void run_save(op *o) {
         op_fail(o, 1, "checkpoint '%s' exists (pass overwrite=True to replace it)", o->name);
         return;
     }
-    if (existed && rename(o->dir, old) != 0) {
-        op_fail(o, 0, "cannot replace %s: %s", o->dir, strerror(errno));
+    if (svc_ckpt_publish(tmp, o->dir, old, existed, o->err, sizeof o->err) != 0) {
+        op_fail(o, 0, "%.700s", o->err);
         svc_rm_tree(tmp);
         return;
-    }
-    if (rename(tmp, o->dir) != 0) {
-        op_fail(o, 0, "cannot publish %s: %s", o->dir, strerror(errno));
-        svc_rm_tree(tmp);
-        return;
-    }
-    if (existed) svc_rm_tree(old);
-    int fd = open(parent, O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
     }
     o->size_bytes = dir_size(o->dir);
     cJSON *j = cJSON_CreateObject();
@@ -466,7 +460,10 @@ static void record_checkpoint(op *o) {
 static void op_done(twk_job *j) {
     op *o = j->arg;
     svc *s = o->svc;
-    if (o->st == TWK_OK && (o->kind == OP_SAVE || o->kind == OP_SAVE_SAMPLER) && !o->snapshot) record_checkpoint(o);
+    if (o->st == TWK_OK && (o->kind == OP_SAVE || o->kind == OP_SAVE_SAMPLER) && !o->snapshot) {
+        record_checkpoint(o);
+        svc_crash_point(o->overwrite ? "overwrite" : "save", "recorded");
+    }
     if (o->st == TWK_OK && o->kind == OP_CREATE) {
         twk_store_run_touch(s->store, o->run->id, wall_now());
     }
@@ -560,31 +557,67 @@ void svc_dispatch_now(svc *s, run_state *r, op *o, char *request_id) {
     dispatch(s, o);
 }
 
-static void ring_put(run_state *r, int32_t seq, const char *req) {
-    int i = (int)((uint32_t)seq % DEDUPE_RING);
+static void ring_put(run_state *r, int64_t seq, const char *req) {
+    int i = (int)((uint64_t)seq % DEDUPE_RING);
     r->ring_seq[i] = seq;
     snprintf(r->ring_req[i], sizeof r->ring_req[i], "%s", req);
 }
 
-static const char *ring_get(const run_state *r, int32_t seq) {
-    int i = (int)((uint32_t)seq % DEDUPE_RING);
+static const char *ring_get(const run_state *r, int64_t seq) {
+    int i = (int)((uint64_t)seq % DEDUPE_RING);
     return r->ring_seq[i] == seq ? r->ring_req[i] : NULL;
 }
 
-void svc_submit_op(svc *s, run_state *r, op *o, char *request_id) {
+static size_t op_held_bytes(const op *o) { return sizeof *o + o->body_bytes; }
+
+/* Bytes held ahead of the seq order by all runs of a tenant. */
+static size_t tenant_early_bytes(const svc *s, const char *tenant) {
+    size_t n = 0;
+    for (const run_state *r = s->runs; r; r = r->next)
+        if (!strcmp(r->tenant, tenant)) n += r->early_bytes;
+    return n;
+}
+
+/* Takes the head of r->pending off the queue. */
+static op *pending_pop(run_state *r) {
+    op *h = r->pending;
+    r->pending = h->next;
+    r->early_bytes -= op_held_bytes(h);
+    return h;
+}
+
+int svc_submit_op(svc *s, run_state *r, op *o, char *request_id, char *err, size_t err_len) {
     /* a resubmitted (model_id, seq_id) gets its original future */
     const char *seen = ring_get(r, o->seq);
     if (seen) {
         snprintf(request_id, 64, "%s", seen);
         svc_op_free(o);
-        return;
+        return 0;
     }
     if (o->seq < r->next_seq) {
         /* older than anything remembered: answer with a failed future */
         twk_futures_create(s->futures, r->tenant, request_id);
         twk_futures_fail(s->futures, request_id, "user", "seq_id is older than the run's current position");
         svc_op_free(o);
-        return;
+        return 0;
+    }
+    size_t held = op_held_bytes(o);
+    if (o->seq > r->next_seq) { /* it would wait for seq_id next_seq: bounded */
+        const char *which = NULL;
+        size_t limit = 0;
+        if (r->early_bytes + held > s->cfg.max_early_bytes_run)
+            which = "--max-early-mb-run", limit = s->cfg.max_early_bytes_run;
+        else if (tenant_early_bytes(s, r->tenant) + held > s->cfg.max_early_bytes_tenant)
+            which = "--max-early-mb-tenant", limit = s->cfg.max_early_bytes_tenant;
+        if (which) {
+            snprintf(err, err_len,
+                     "seq_id %lld of model %s is ahead of seq_id %lld, and holding it (%zu bytes) would pass the "
+                     "server's %s limit of %.0f MiB buffered ahead of the seq order; send the missing seq_ids first "
+                     "or retry later",
+                     (long long)o->seq, r->id, (long long)r->next_seq, held, which, (double)limit / 1048576.0);
+            svc_op_free(o);
+            return 429;
+        }
     }
     twk_futures_create(s->futures, r->tenant, request_id);
     snprintf(o->request_id, sizeof o->request_id, "%s", request_id);
@@ -593,26 +626,26 @@ void svc_submit_op(svc *s, run_state *r, op *o, char *request_id) {
     while (*pp && (*pp)->seq < o->seq) pp = &(*pp)->next;
     o->next = *pp;
     *pp = o;
+    r->early_bytes += held;
     while (r->pending && r->pending->seq == r->next_seq) {
-        op *h = r->pending;
-        r->pending = h->next;
+        op *h = pending_pop(r);
         r->next_seq++;
         dispatch(s, h);
     }
     r->gap_since = r->pending ? (r->gap_since > 0 ? r->gap_since : (double)uv_now(s->loop) / 1000.0) : 0;
+    return 0;
 }
 
 void svc_check_gaps(svc *s) {
     double now = (double)uv_now(s->loop) / 1000.0;
     for (run_state *r = s->runs; r; r = r->next) {
         if (!r->pending || now - r->gap_since < s->cfg.seq_timeout_s) continue;
-        int32_t missing = r->next_seq;
+        long long missing = (long long)r->next_seq;
         while (r->pending) {
-            op *h = r->pending;
-            r->pending = h->next;
+            op *h = pending_pop(r);
             char msg[256];
             snprintf(msg, sizeof msg,
-                     "seq_id %d of model %s never arrived within %.0f s; failing the operations queued after it",
+                     "seq_id %lld of model %s never arrived within %.0f s; failing the operations queued after it",
                      missing, r->id, s->cfg.seq_timeout_s);
             twk_futures_fail(s->futures, h->request_id, "user", msg);
             if (h->seq >= r->next_seq) r->next_seq = h->seq + 1;
@@ -626,11 +659,7 @@ void svc_free_runs(svc *s) {
     run_state *r = s->runs;
     while (r) {
         run_state *next = r->next;
-        while (r->pending) {
-            op *h = r->pending;
-            r->pending = h->next;
-            svc_op_free(h);
-        }
+        while (r->pending) svc_op_free(pending_pop(r));
         twk_trainer_free(r->trainer);
         free(r);
         r = next;

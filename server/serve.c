@@ -24,6 +24,11 @@ void twk_serve_config_default(twk_serve_config *c) {
     c->stability_ttl_s = 86400;
     c->poll_timeout_s = 25;
     c->fwdbwd_chunk_len = 1024;
+    c->max_early_bytes_run = 256u << 20;
+    c->max_early_bytes_tenant = (size_t)1 << 30;
+    c->max_result_bytes_tenant = 256u << 20;
+    c->result_keep_s = 120;
+    c->result_ttl_s = 3600;
 }
 
 static int parse_num(const char *s, double lo, double hi, double *out) {
@@ -57,17 +62,28 @@ twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char
     NUM("max-lora-rank", 1, 4096, max_lora_rank, int)
     NUM("max-context", 2, 1 << 20, max_context, int64_t)
     NUM("max-datums", 1, 1 << 20, max_datums, int64_t)
-    if (!strcmp(opt, "max-body-mb")) {
-        if (!val) return twk_error(TWK_ERR_INVALID_ARG, "--%s needs a value", opt);
-        if (!parse_num(val, 1, 4096, &v))
-            return twk_error(TWK_ERR_INVALID_ARG, "--%s wants a number in [1, 4096], got '%s'", opt, val);
-        c->max_body_bytes = (size_t)(v * 1048576.0);
-        return TWK_OK;
-    }
+    struct { const char *name; size_t *dst; double lo, hi; } mbs[] = {
+        {"max-body-mb", &c->max_body_bytes, 1, 4096},
+        /* buffering limits */
+        {"max-early-mb-run", &c->max_early_bytes_run, 0.01, 1 << 20},
+        {"max-early-mb-tenant", &c->max_early_bytes_tenant, 0.01, 1 << 20},
+        {"max-results-mb-tenant", &c->max_result_bytes_tenant, 0.01, 1 << 20},
+    };
+    for (size_t i = 0; i < sizeof mbs / sizeof mbs[0]; i++)
+        if (!strcmp(opt, mbs[i].name)) {
+            if (!val) return twk_error(TWK_ERR_INVALID_ARG, "--%s needs a value", opt);
+            if (!parse_num(val, mbs[i].lo, mbs[i].hi, &v))
+                return twk_error(TWK_ERR_INVALID_ARG, "--%s wants a number in [%g, %g], got '%s'", opt, mbs[i].lo,
+                                 mbs[i].hi, val);
+            *mbs[i].dst = (size_t)(v * 1048576.0);
+            return TWK_OK;
+        }
     NUM("seq-timeout", 1, 86400, seq_timeout_s, double)
     NUM("stability-ttl", 1, 1e7, stability_ttl_s, double)
     NUM("poll-timeout", 0.05, 40, poll_timeout_s, double)
     NUM("fwdbwd-chunk-len", 1, 1 << 20, fwdbwd_chunk_len, int)
+    NUM("result-keep", 1, 86400, result_keep_s, double)
+    NUM("result-ttl", 1, 30 * 86400, result_ttl_s, double)
 #undef NUM
     struct { const char *name; char *dst; size_t len; } strs[] = {
         {"host", c->host, sizeof c->host},
@@ -240,7 +256,10 @@ int twk_serve_run(const twk_serve_config *cfg) {
         fprintf(stderr, "twinkle serve: %s\n", twk_last_error());
         goto out;
     }
-    s->futures = twk_futures_new(&loop, cfg->poll_timeout_s);
+    twk_futures_limits fl = {cfg->poll_timeout_s, cfg->result_keep_s, cfg->result_ttl_s, cfg->max_result_bytes_tenant};
+    twk_log_quiet(cfg->quiet);
+    svc_ckpt_recover(s);
+    s->futures = twk_futures_new(&loop, &fl);
     s->worker = twk_worker_start(&loop);
     twk_http_limits lim = twk_http_limits_default();
     lim.max_body_bytes = cfg->max_body_bytes;

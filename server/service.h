@@ -36,6 +36,12 @@ typedef struct twk_serve_config {
     double stability_ttl_s;   /* stable_reinforce: a recorded sequence is usable this long after its last use; default 86400 */
     double poll_timeout_s;    /* long-poll hold; default 25 */
     int fwdbwd_chunk_len;     /* datums per forward_backward request the SDK may send; default 1024 */
+    /* buffering limits */
+    size_t max_early_bytes_run;    /* ops held ahead of a run's seq order: request bytes + overhead; 429 past it; default 256 MiB */
+    size_t max_early_bytes_tenant; /* the same over all runs of a tenant; default 1 GiB */
+    size_t max_result_bytes_tenant; /* finished, unretrieved future results per tenant; oldest dropped past it; default 256 MiB */
+    double result_keep_s;     /* a retrieved result stays this long for re-polls; default 120 */
+    double result_ttl_s;      /* an unretrieved result stays this long; default 3600 */
     int quiet;
 } twk_serve_config;
 

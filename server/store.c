@@ -50,6 +50,7 @@ enum {
     ST_CK_LIST,
     ST_CK_TTL,
     ST_CK_PUBLIC,
+    ST_CK_LISTED,
     ST_COUNT
 };
 
@@ -91,6 +92,7 @@ static const char *const stmt_sql[ST_COUNT] = {
                    "ORDER BY created DESC, run_id ASC, checkpoint_id ASC LIMIT ?3 OFFSET ?4",
     [ST_CK_TTL] = "UPDATE checkpoints SET expires_at = ?4 WHERE tenant = ?1 AND run_id = ?2 AND checkpoint_id = ?3",
     [ST_CK_PUBLIC] = "UPDATE checkpoints SET is_public = ?4 WHERE tenant = ?1 AND run_id = ?2 AND checkpoint_id = ?3",
+    [ST_CK_LISTED] = "SELECT COUNT(*) FROM checkpoints WHERE run_id = ?1 AND checkpoint_id = ?2",
 };
 
 /* Constant DDL (no user data), run once at open inside a write transaction. */
@@ -969,4 +971,16 @@ twk_status twk_store_ckpt_list(twk_store *s, const char *tenant, const char *run
         *total = 0;
     }
     return status;
+}
+
+twk_status twk_store_ckpt_listed(twk_store *s, const char *run_id, const char *checkpoint_id, int *listed) {
+    const char *op = "checkpoint listed";
+    sqlite3_stmt *st;
+    TRY(stmt_get(s, ST_CK_LISTED, op, &st));
+    BIND(bind_text(s, st, 1, run_id, op));
+    BIND(bind_text(s, st, 2, checkpoint_id, op));
+    int n = 0;
+    TRY(count_rows(s, st, op, &n));
+    *listed = n > 0;
+    return TWK_OK;
 }

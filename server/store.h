@@ -90,6 +90,9 @@ twk_status twk_store_ckpt_upsert(twk_store *s, const twk_store_ckpt *c);
 twk_status twk_store_ckpt_get(twk_store *s, const char *tenant, const char *run_id, const char *checkpoint_id,
                               twk_store_ckpt *out);
 twk_status twk_store_ckpt_delete(twk_store *s, const char *tenant, const char *run_id, const char *checkpoint_id);
+/* *listed = 1 if any tenant's row (run_id, checkpoint_id) exists (start-up
+ * recovery, which sees folders, not tenants). */
+twk_status twk_store_ckpt_listed(twk_store *s, const char *run_id, const char *checkpoint_id, int *listed);
 /* Checkpoints of one run (run_id) or of the whole tenant (run_id NULL),
  * newest first. *out: n_out records (twk_host_free the array). */
 twk_status twk_store_ckpt_list(twk_store *s, const char *tenant, const char *run_id, int limit, int offset,

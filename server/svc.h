@@ -13,6 +13,7 @@
 #include "auth.h"
 #include "futures.h"
 #include "http.h"
+#include "log.h"
 #include "service.h"
 #include "stability.h"
 #include "store.h"
@@ -36,10 +37,11 @@ typedef enum op_kind { OP_CREATE, OP_FB, OP_OPTIM, OP_SAVE, OP_SAVE_SAMPLER, OP_
 
 typedef struct op {
     op_kind kind;
-    int32_t seq;
+    int64_t seq;               /* int64: seq_id 2147483647 is valid and its successor must not wrap */
     char request_id[64];
     run_state *run;
     struct svc *svc;
+    size_t body_bytes;         /* the request body's size (held while the op waits ahead of its seq order) */
     /* inputs */
     twk_wire_fb_request *fb;   /* OP_FB */
     twk_loss_spec loss;        /* OP_FB: the loss (registry entry and config), set by validation */
@@ -127,11 +129,12 @@ struct run_state {
     int unloaded;
     char create_request[64];
     char load_request[64];     /* created by load_weights (create_training_client_from_state) */
-    int32_t next_seq;
+    int64_t next_seq;
     op *pending;               /* arrived ahead of next_seq, sorted by seq */
+    size_t early_bytes;        /* held by pending: body bytes + sizeof(op) each (--max-early-mb-run) */
     double gap_since;          /* loop time when ops started waiting on a gap */
     double last_touch;         /* wall time of the last last_request update in the store */
-    int32_t ring_seq[DEDUPE_RING];
+    int64_t ring_seq[DEDUPE_RING];
     char ring_req[DEDUPE_RING][64];
     run_state *next;
 };
@@ -170,11 +173,13 @@ int svc_create_run(svc *s, const char *tenant, const char *session_id, int model
                    const twk_lora_config *lora, const char *user_metadata_json, char *request_id, char *model_id,
                    char *err, size_t err_len);
 /* Queues an op in seq order (dedupe on seq: *request_id gets the original
- * id). Takes ownership of o. */
-void svc_submit_op(svc *s, run_state *r, op *o, char *request_id);
+ * id). Takes ownership of o. Returns 0, or 429 with a message naming the
+ * limit in err (o freed, nothing queued) when holding o ahead of the run's
+ * seq order would pass --max-early-mb-run or the tenant's --max-early-mb-tenant. */
+int svc_submit_op(svc *s, run_state *r, op *o, char *request_id, char *err, size_t err_len);
 /* Runs an op outside the seq order (after what is already dispatched). */
 void svc_dispatch_now(svc *s, run_state *r, op *o, char *request_id);
-op *svc_op_new(svc *s, run_state *r, op_kind kind, int32_t seq);
+op *svc_op_new(svc *s, run_state *r, op_kind kind, int64_t seq);
 void svc_op_free(op *o);
 /* Fails ops stuck behind a missing seq_id longer than the configured timeout. */
 void svc_check_gaps(svc *s);
@@ -195,6 +200,20 @@ twk_lora_config svc_run_lora(const twk_store_run *src);
 void svc_ckpt_dir(const svc *s, const char *run, const char *kind, const char *name, char *out, size_t len);
 /* A unique id with a prefix ("sess", ...). */
 void svc_new_id(svc *s, const char *prefix, char *out, size_t len);
+
+/* ---- ckpt_fs.c ---- */
+/* Fault injection: _exit(86)s when the environment's TWK_CRASH_AT is "<mode>:<step>" (mode "save" or
+ * "overwrite"); inert otherwise. */
+void svc_crash_point(const char *mode, const char *step);
+/* Publishes the written folder tmp as dir (existed: dir holds the checkpoint it replaces; old: the
+ * name to park it under where RENAME_EXCHANGE is unavailable): fsyncs, swaps, fsyncs the folders
+ * above, removes the replaced one. -1 with a message in err; a crash at any point leaves dir
+ * holding the old or the new checkpoint, or (a first save) absent, plus leftovers svc_ckpt_recover handles. */
+int svc_ckpt_publish(const char *tmp, const char *dir, const char *old, int existed, char *err, size_t err_len);
+/* Start-up: puts back a replaced checkpoint whose replacement never arrived (.old-*), removes
+ * interrupted saves (.tmp-*), replaced copies and folders published but never recorded in the
+ * store; logs one line for each. */
+void svc_ckpt_recover(svc *s);
 
 /* ---- sampling.c ---- */
 sampler_session *svc_find_sampler(svc *s, const char *tenant, const char *id);
