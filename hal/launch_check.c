@@ -1,32 +1,12 @@
-/* The dtype rules of a launch that every backend shares: which sources hold
- * indices, which ops only move bytes, and what each op may be given. */
+/* The dtype rule of a launch that every backend shares, read from the op
+ * table: copies keep the element size, index sources are i32/i64, the rest f32. */
 #include <stdio.h>
 
 #include "twinkle/hal.h"
 
-bool twk_op_src_is_index(twk_op op, int i) {
-    switch (op) {
-    case TWK_OP_GET_ROWS:
-    case TWK_OP_GET_ROWS_BACK:
-    case TWK_OP_ROPE:
-    case TWK_OP_LOGPROBS:
-    case TWK_OP_LOGPROBS_BACK: return i == 1;
-    case TWK_OP_ATTN:
-    case TWK_OP_ATTN_BACK: return i == 3;
-    case TWK_OP_ATTN_LSE: return i == 2;
-    case TWK_OP_KV_WRITE: return i == 2;
-    case TWK_OP_ATTN_CACHE: return i >= 3;
-    case TWK_OP_LORA_GATHER: return i == 2;
-    default: return false;
-    }
-}
-
-bool twk_op_is_copy(twk_op op) {
-    return op == TWK_OP_PERMUTE || op == TWK_OP_SLICE || op == TWK_OP_SLICE_BACK || op == TWK_OP_CONCAT;
-}
-
 bool twk_launch_dtypes_ok(const twk_launch *l, const char *backend, char *why, size_t why_len) {
-    if (twk_op_is_copy(l->op)) {
+    const twk_op_traits *op = twk_op_info(l->op);
+    if (op->kind == TWK_OPK_COPY) {
         size_t es = twk_dtype_size(l->dst.type);
         for (int i = 0; i < l->nsrc; i++)
             if (twk_dtype_size(l->src[i].type) != es || es == 0) {
@@ -42,7 +22,7 @@ bool twk_launch_dtypes_ok(const twk_launch *l, const char *backend, char *why, s
     }
     for (int i = 0; i < l->nsrc; i++) {
         twk_dtype t = l->src[i].type;
-        bool ok = twk_op_src_is_index(l->op, i) ? (t == TWK_I32 || t == TWK_I64) : t == TWK_F32;
+        bool ok = (op->index >> i & 1) ? (t == TWK_I32 || t == TWK_I64) : t == TWK_F32;
         if (!ok) {
             if (why) snprintf(why, why_len, "source %d has dtype %s", i, twk_dtype_name(t));
             return false;

@@ -1,11 +1,19 @@
 /* HAL: the registry (built-in cpu, register/unregister, incomplete tables and
- * duplicates refused), device properties, and buffer round trips. */
+ * duplicates refused), device properties, buffer round trips, the op table,
+ * and every built backend's kernel table against the CPU's (a missing kernel
+ * fails unless the backend declares why it lacks it). */
 #include <stdio.h>
 #include <string.h>
 
 #include "twinkle/twinkle.h"
 
 static int fails;
+
+/* A backend whose kernel table misses ADD and declares MUL unsupported. */
+static int gappy_op_kernel(twk_op op, const char **why) {
+    *why = op == TWK_OP_MUL ? "declared: a test backend" : NULL;
+    return op != TWK_OP_ADD && op != TWK_OP_MUL;
+}
 
 static void check(int cond, const char *what) {
     printf("%s %s%s%s\n", cond ? "ok  " : "FAIL", what, cond ? "" : ": ", cond ? "" : twk_last_error());
@@ -58,6 +66,33 @@ int main(void) {
     check(1, "every status has a name");
     check(!strcmp(twk_op_name(TWK_OP_MATMUL), "matmul") && !strcmp(twk_op_name(TWK_OP_COUNT), "?"),
           "op names come from the op list");
+    /* the op table: a row per op, kinds consistent with the kernels */
+    int rows_ok = 1;
+    for (int op = 0; op < TWK_OP_COUNT; op++) {
+        const twk_op_traits *t = twk_op_info((twk_op)op);
+        const char *why = NULL;
+        rows_ok &= t->name && strcmp(t->name, "?") != 0 && (t->checked & ~t->index) == 0;
+        rows_ok &= twk_op_has_kernel((twk_op)op) == (cpu->op_kernel((twk_op)op, &why) != 0);
+        rows_ok &= t->kind != TWK_OPK_MAP || (t->nsrc == 1 && twk_op_info(t->back)->nsrc == 2);
+    }
+    check(rows_ok, "op table: named rows, checked ids are ids, the CPU runs exactly the ops that need a kernel, "
+                   "every map has a (x, dy) gradient op");
+    for (int i = 0; i < twk_backend_count(); i++) {
+        const twk_backend_iface *be = twk_backend_get(i);
+        char missing[300], declared[300], what[800];
+        int n = twk_backend_missing_kernels(be, missing, sizeof missing, declared, sizeof declared);
+        snprintf(what, sizeof what, "backend %s has a kernel for every op the cpu runs%s%s%s%s", be->name,
+                 n ? "; missing:" : "", missing, declared[0] ? "; declared unsupported:" : "", declared);
+        check(n == 0, what);
+    }
+    twk_backend_iface gappy = *cpu;
+    gappy.name = "gappy";
+    gappy.op_kernel = gappy_op_kernel;
+    char missing[256], declared[256];
+    int n = twk_backend_missing_kernels(&gappy, missing, sizeof missing, declared, sizeof declared);
+    printf("     gappy: missing%s; declared%s\n", missing, declared);
+    check(n == 1 && !strcmp(missing, " add") && strstr(declared, "mul (declared: a test backend)"),
+          "a missing kernel is found; a declared one is only listed");
     printf("%d failures\n", fails);
     return fails ? 1 : 0;
 }

@@ -14,21 +14,7 @@ const char *kd_error_message(int code) {
     }
 }
 
-unsigned kd_checked_sources(const twk_launch *l) {
-    switch (l->op) {
-    case TWK_OP_GET_ROWS:
-    case TWK_OP_GET_ROWS_BACK:
-    case TWK_OP_LOGPROBS:
-    case TWK_OP_LOGPROBS_BACK: return 1u << 1;
-    case TWK_OP_ATTN:
-    case TWK_OP_ATTN_BACK: return 1u << 3;
-    case TWK_OP_ATTN_LSE:
-    case TWK_OP_KV_WRITE:
-    case TWK_OP_LORA_GATHER: return 1u << 2;
-    case TWK_OP_ATTN_CACHE: return 1u << 3 | 1u << 4;
-    default: return 0;
-    }
-}
+unsigned kd_checked_sources(const twk_launch *l) { return twk_op_info(l->op)->checked; }
 
 static int64_t id_at(const twk_launch *l, int src, const void *p, int64_t i) {
     return l->src[src].type == TWK_I64 ? ((const int64_t *)p)[i] : ((const int32_t *)p)[i];

@@ -35,6 +35,6 @@ foreach(f ${KD_CL_FILES})
 endforeach()
 kd_embed_text(${KD_GEN_DIR}/kd_source.c kd_kernel_source ${kd_cl_paths})
 
-target_sources(twinkle PRIVATE ${KD_DIR}/kd.c ${KD_DIR}/kd_errors.c ${KD_DIR}/kd_lower_ew.c ${KD_DIR}/kd_lower_nn.c
+target_sources(twinkle PRIVATE ${KD_DIR}/kd.c ${KD_DIR}/kd_args.c ${KD_DIR}/kd_errors.c ${KD_DIR}/kd_lower_ew.c ${KD_DIR}/kd_lower_nn.c
   ${KD_GEN_DIR}/kd_source.c)
 target_include_directories(twinkle PRIVATE ${KD_DIR})

@@ -19,7 +19,7 @@ twk_status vk_range_error(vk_ctx *c, const twk_launch *l, int64_t n) {
     const twk_tensor_desc *s = l->src;
     int src = -1;
     for (int i = 0; i < l->nsrc; i++)
-        if (twk_op_src_is_index(l->op, i)) {
+        if (twk_op_info(l->op)->checked >> i & 1) {
             src = i;
             break;
         }
