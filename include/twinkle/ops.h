@@ -49,6 +49,8 @@ extern "C" {
     X(SILU_BACK,      "silu_back",      2, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, TRANSCENDENTAL) /* (x, dy) */ \
     X(SWIGLU,         "swiglu",         2, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, TRANSCENDENTAL) /* silu(gate) * up */ \
     X(SWIGLU_BACK,    "swiglu_back",    3, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, TRANSCENDENTAL) /* (gate, up, dy); iparam 0: d/dgate, 1: d/dup */ \
+    X(GELU,           "gelu",           1, MAP,     0,                    0,                    TWK_SRC_ALL, GELU_BACK, TRANSCENDENTAL) /* tanh approximation (gelu_pytorch_tanh) */ \
+    X(GELU_BACK,      "gelu_back",      2, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, TRANSCENDENTAL) /* (x, dy) */ \
     /* reductions */                                                                                            \
     X(SUM,            "sum",            1, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, ACCUM) /* all elements -> [1] */ \
     X(MEAN,           "mean",           1, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, ACCUM) /* all elements -> [1] */ \
