@@ -20,14 +20,14 @@ size_t twk_dtype_size(twk_dtype t) {
 }
 
 static const twk_op_traits op_table[] = {
-#define TWK_OP_ROW_(e, name, nsrc, kind, index, checked, diff, back, tol) \
-    {name, nsrc, TWK_OPK_##kind, index, checked, diff, TWK_OP_##back, TWK_TOL_##tol},
+#define TWK_OP_ROW_(e, name, nsrc, kind, index, checked, diff, back, tol, ids) \
+    {name, nsrc, TWK_OPK_##kind, index, checked, diff, TWK_OP_##back, TWK_TOL_##tol, ids},
     TWK_OP_LIST(TWK_OP_ROW_)
 #undef TWK_OP_ROW_
 };
 _Static_assert(sizeof op_table / sizeof op_table[0] == TWK_OP_COUNT, "one row per op");
 
-static const twk_op_traits no_op = {"?", 0, TWK_OPK_LEAF, 0, 0, 0, TWK_OP_NONE, TWK_TOL_EXACT};
+static const twk_op_traits no_op = {"?", 0, TWK_OPK_LEAF, 0, 0, 0, TWK_OP_NONE, TWK_TOL_EXACT, TWK_NO_IDS};
 
 const twk_op_traits *twk_op_info(twk_op op) {
     return (int)op < 0 || op >= TWK_OP_COUNT ? &no_op : &op_table[op];

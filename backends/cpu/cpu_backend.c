@@ -216,6 +216,15 @@ static void resolve(cpu_tensor *t, const twk_tensor_desc *d, int64_t n) {
     }
 }
 
+/* Bad ids (the op table's IDS rule) as TWK_ERR_RANGE before the kernel runs. */
+static twk_status check_ids(const cpu_call *c, int64_t n) {
+    if (!twk_op_info(c->l->op)->checked) return TWK_OK;
+    const void *host[TWK_MAX_SRC] = {0};
+    for (int k = 0; k < c->l->nsrc; k++) host[k] = c->src[k].data;
+    char msg[256];
+    return twk_launch_bad_id(c->l, n, host, msg, sizeof msg) ? twk_error(TWK_ERR_RANGE, "%s", msg) : TWK_OK;
+}
+
 static twk_status cpu_run(void *vctx, void *prepared, const twk_hal_plan *plan, int64_t n) {
     cpu_ctx *ctx = vctx;
     cpu_prepared *pp = prepared;
@@ -227,9 +236,11 @@ static twk_status cpu_run(void *vctx, void *prepared, const twk_hal_plan *plan, 
         c.l = l;
         resolve(&c.dst, &l->dst, n);
         for (int k = 0; k < l->nsrc; k++) resolve(&c.src[k], &l->src[k], n);
+        twk_status st = check_ids(&c, n);
+        if (st != TWK_OK) return st;
         struct timespec t0, t1;
         if (ctx->profile) clock_gettime(CLOCK_MONOTONIC, &t0);
-        twk_status st = pp->kernels[i](&c);
+        st = pp->kernels[i](&c);
         if (st != TWK_OK) return st;
         if (ctx->profile) {
             clock_gettime(CLOCK_MONOTONIC, &t1);

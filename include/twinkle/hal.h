@@ -95,6 +95,13 @@ typedef struct twk_launch {
  * `backend` in why (may be NULL) otherwise. */
 bool twk_launch_dtypes_ok(const twk_launch *l, const char *backend, char *why, size_t why_len);
 
+/* The first bad id of launch l at token count n, worded alike on every backend
+ * ("get_rows 'embed': ids[2] = 7 is outside [0, 5)"), by the op table's IDS
+ * rule, from host copies of the checked sources (host[i] for each bit i of the
+ * op's `checked` mask: the tensor's n-token contents; others may be NULL).
+ * true and the message in msg when one is bad; false and "" otherwise. */
+bool twk_launch_bad_id(const twk_launch *l, int64_t n, const void *const *host, char *msg, size_t len);
+
 /* A compiled plan as the backend receives it: launches in order. */
 typedef struct twk_hal_plan {
     int n_launches;
