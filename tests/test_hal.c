@@ -72,10 +72,11 @@ int main(void) {
         const twk_op_traits *t = twk_op_info((twk_op)op);
         const char *why = NULL;
         rows_ok &= t->name && strcmp(t->name, "?") != 0 && (t->checked & ~t->index) == 0;
+        rows_ok &= (t->checked != 0) == (t->ids.check != TWK_IDS_NONE);
         rows_ok &= twk_op_has_kernel((twk_op)op) == (cpu->op_kernel((twk_op)op, &why) != 0);
         rows_ok &= t->kind != TWK_OPK_MAP || (t->nsrc == 1 && twk_op_info(t->back)->nsrc == 2);
     }
-    check(rows_ok, "op table: named rows, checked ids are ids, the CPU runs exactly the ops that need a kernel, "
+    check(rows_ok, "op table: named rows, checked ids are ids and have an id rule, the CPU runs exactly the ops that need a kernel, "
                    "every map has a (x, dy) gradient op");
     for (int i = 0; i < twk_backend_count(); i++) {
         const twk_backend_iface *be = twk_backend_get(i);
