@@ -50,22 +50,6 @@ static uint32_t groups_for(const vk_ctx *c, int64_t items, uint32_t per_group) {
     return (uint32_t)g;
 }
 
-/* A check.comp dispatch over the `count` ids of source `src`. */
-static void check_ids(const vk_ctx *c, vk_dispatch *d, int *k, const twk_launch *l, int li, int src, int64_t count,
-                      int64_t limit, int mode) {
-    vk_dispatch *x = start(d, k, VKS_CHECK, 64, mode);
-    x->bind[1] = src;
-    x->p[0] = (int32_t)count;
-    x->p[1] = (int32_t)(limit > INT32_MAX ? INT32_MAX : limit);
-    x->p[2] = l->src[src].type == TWK_I64;
-    x->p[4] = li;
-    if (mode == 2) {
-        x->bind[2] = src + 1;
-        x->p[3] = l->src[src + 1].type == TWK_I64;
-    }
-    x->groups[0] = groups_for(c, count, 64);
-}
-
 static void copy_box(vk_dispatch *x, const int64_t box[4], const int64_t sst[4], const int64_t dst_st[4], int es) {
     int64_t n = 1;
     for (int i = 0; i < 4; i++) {
@@ -312,7 +296,6 @@ static int lower_get_rows(vk_low *w) {
     int64_t n = w->n;
     int back = l->op == TWK_OP_GET_ROWS_BACK;
     int64_t T = dim(&w->s[1], 0, n), D = dim(w->y, 1, n), V = back ? dim(w->y, 0, n) : dim(&w->s[0], 0, n);
-    check_ids(w->c, w->d, &w->k, l, w->li, 1, T, V, 0);
     vk_dispatch *x;
     if (back) { /* zero the whole table in parallel; the columns then accumulate */
         x = next(w, VKS_COPY, 128, 1);
@@ -336,7 +319,6 @@ static int lower_kv_write(vk_low *w) {
     const twk_tensor_desc *s = w->s;
     int64_t n = w->n;
     int64_t T = dim(&s[1], 0, n), row = dim(&s[1], 1, n) * dim(&s[1], 2, n), R = dim(w->y, 0, n);
-    check_ids(w->c, w->d, &w->k, w->l, w->li, 2, T, R, 0);
     vk_dispatch *x = next(w, VKS_ROWS, 64, w->mode);
     x->bind[0] = VKB_DST;
     x->bind[1] = 1;
@@ -353,7 +335,6 @@ static int lower_lora_gather(vk_low *w) {
     const twk_tensor_desc *s = w->s;
     int64_t n = w->n;
     int64_t T = dim(&s[0], 0, n), K = dim(&s[0], 1, n), S = dim(&s[1], 0, n), N = dim(&s[1], 1, n);
-    check_ids(w->c, w->d, &w->k, w->l, w->li, 2, T, S, 0);
     vk_dispatch *x = next(w, VKS_ROWS, 64, w->mode);
     x->bind[0] = VKB_DST;
     x->bind[1] = 0;
@@ -429,7 +410,6 @@ static int lower_rope(vk_low *w) {
 /* logprobs and its gradient: a work-group per token row */
 static int lower_logprobs(vk_low *w) {
     int64_t T = dim(&w->s[0], 0, w->n), V = dim(&w->s[0], 1, w->n);
-    check_ids(w->c, w->d, &w->k, w->l, w->li, 1, T, V, 0);
     vk_dispatch *x = next(w, VKS_ROWNORM, 128, w->mode);
     x->bind[0] = VKB_DST;
     for (int i = 0; i < w->l->nsrc; i++) x->bind[1 + i] = i;
@@ -448,8 +428,6 @@ static int lower_attn(vk_low *w) {
     int segi = l->op == TWK_OP_ATTN_LSE ? 2 : 3;
     int64_t T = dim(&s[0], 0, n), Hq = dim(&s[0], 1, n), D = dim(&s[0], 2, n), Hkv = dim(&s[1], 1, n);
     int64_t rows = l->op == TWK_OP_ATTN_CACHE ? dim(&s[1], 0, n) : T;
-    if (l->op == TWK_OP_ATTN_CACHE) check_ids(w->c, w->d, &w->k, l, w->li, 3, T, rows, 2);
-    else check_ids(w->c, w->d, &w->k, l, w->li, segi, T, T, 1);
     vk_dispatch *x;
     if (l->op == TWK_OP_ATTN_BACK) {
         x = next(w, VKS_ATTN_BACK, 64, l->ip[0]);
@@ -480,6 +458,29 @@ static int lower_attn(vk_low *w) {
     x->groups[0] = (uint32_t)(kv_groups ? Hkv : Hq);
     x->groups[1] = groups_for(w->c, T, 1);
     return 0;
+}
+
+/* A check.comp dispatch over the launch's checked ids, by the op table's IDS
+ * rule (MODE 0 ranges, 1 segment starts, 2 row ranges from two sources),
+ * before its own dispatches. */
+static void check_ids(vk_low *w) {
+    const twk_op_traits *op = twk_op_info(w->l->op);
+    if (op->ids.check == TWK_IDS_NONE || !op->checked) return;
+    int src = __builtin_ctz(op->checked), mode = (int)op->ids.check - TWK_IDS_RANGE;
+    const twk_tensor_desc *b = op->ids.bound_src < 0 ? w->y : &w->s[op->ids.bound_src];
+    int64_t count = twk_desc_nelem(&w->s[src], w->n);
+    int64_t limit = op->ids.check == TWK_IDS_SEGMENTS ? count : dim(b, op->ids.bound_dim, w->n);
+    vk_dispatch *x = next(w, VKS_CHECK, 64, mode);
+    x->bind[1] = src;
+    x->p[0] = (int32_t)count;
+    x->p[1] = (int32_t)(limit > INT32_MAX ? INT32_MAX : limit);
+    x->p[2] = w->s[src].type == TWK_I64;
+    x->p[4] = w->li;
+    if (op->ids.check == TWK_IDS_ROWS) {
+        x->bind[2] = src + 1;
+        x->p[3] = w->s[src + 1].type == TWK_I64;
+    }
+    x->groups[0] = groups_for(w->c, count, 64);
 }
 
 /* ---- the table ---- */
@@ -572,6 +573,7 @@ int vk_lower(const vk_ctx *c, const twk_launch *l, int li, int64_t n, size_t con
     int big = w.ny > INT32_MAX;
     for (int i = 0; i < l->nsrc; i++) big |= twk_desc_nelem(&l->src[i], n) > INT32_MAX;
     w.mode = e->mode;
+    if (!big) check_ids(&w);
     int r = big ? VK_TOO_BIG : e->lower(&w);
     if (r == VK_TOO_BIG) {
         twk_error(TWK_ERR_UNSUPPORTED, "vulkan: %s '%s' is too large for 32-bit shader indexing", twk_op_name(l->op),
