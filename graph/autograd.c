@@ -28,178 +28,261 @@ static twk_id raw(twk_graph *g, twk_op op, twk_id like, int nsrc, const twk_id *
     return twk_graph_push(g, &n);
 }
 
-static int differentiable_src(const twk_node *n, int i) {
-    switch (n->op) {
-    case TWK_OP_GET_ROWS: return i == 0;
-    case TWK_OP_ROPE: return i == 0; /* pos and inv_freq are not differentiated */
-    case TWK_OP_ATTN: return i < 3;
-    case TWK_OP_LOGPROBS: return i == 0;
-    case TWK_OP_GET_ROWS_BACK: return i == 0;
-    case TWK_OP_KV_WRITE:
-    case TWK_OP_ATTN_CACHE:
-    case TWK_OP_LORA_GATHER: return 0;
-    default: return 1;
-    }
-}
+static int differentiable_src(const twk_node *n, int i) { return twk_op_info(n->op)->diff >> i & 1; }
 
 static void accumulate(twk_graph *g, twk_id *grads, twk_id target, twk_id contrib) {
     if (contrib < 0) return;
     grads[target] = grads[target] < 0 ? contrib : twk_add(g, grads[target], contrib);
 }
 
-/* Appends the gradient contributions of node `id` (whose gradient is gy). */
-static int backward_node(twk_graph *g, twk_id id, twk_id gy, const unsigned char *need,
-                         twk_id *grads) {
-    twk_node n = g->nodes[id]; /* copy: pushes may move the array */
+/* One node's backward step: the node (a copy: pushes may move the array), its
+ * gradient gy, and the contributions c[i] a rule appends for its sources. */
+typedef struct grad_step {
+    twk_graph *g;
+    twk_id id;
+    twk_node n;
+    twk_id gy;
+    const unsigned char *need;
     twk_id c[TWK_MAX_SRC];
-    for (int i = 0; i < TWK_MAX_SRC; i++) c[i] = -1;
-    const twk_id *s = n.src;
-#define NEED(i) (need[s[i]] && differentiable_src(&n, i))
+} grad_step;
 
-    switch (n.op) {
-    case TWK_OP_INPUT:
-    case TWK_OP_PARAM:
-    case TWK_OP_FILL:
-        return 1;
-    case TWK_OP_RESHAPE: {
-        const twk_node *x = &g->nodes[s[0]];
-        int64_t ne[TWK_MAX_DIMS];
-        for (int i = 0; i < x->ndim; i++) ne[i] = (x->dyn >> i & 1) ? -x->ne[i] : x->ne[i];
-        c[0] = twk_reshape(g, gy, x->ndim, ne);
-        break;
-    }
-    case TWK_OP_PERMUTE: {
-        int inv[TWK_MAX_DIMS];
-        for (int i = 0; i < n.ndim; i++) inv[n.ip[i]] = i;
-        c[0] = twk_permute(g, gy, inv);
-        break;
-    }
-    case TWK_OP_SLICE:
-        c[0] = twk_slice_back(g, gy, n.ip[0], n.ip[1], g->nodes[s[0]].ne[n.ip[0]]);
-        break;
-    case TWK_OP_SLICE_BACK:
-        c[0] = twk_slice(g, gy, n.ip[0], n.ip[1], g->nodes[s[0]].ne[n.ip[0]]);
-        break;
-    case TWK_OP_CONCAT: {
-        int64_t la = g->nodes[s[0]].ne[n.ip[0]], lb = g->nodes[s[1]].ne[n.ip[0]];
-        if (NEED(0)) c[0] = twk_slice(g, gy, n.ip[0], 0, la);
-        if (NEED(1)) c[1] = twk_slice(g, gy, n.ip[0], la, lb);
-        break;
-    }
-    case TWK_OP_BROADCAST:
-        if (n.ip[0]) return 0; /* the mean's gradient itself is not differentiated */
-        c[0] = twk_sum_to_like(g, gy, s[0]);
-        break;
-    case TWK_OP_SUM_TO:
-        c[0] = twk_broadcast_like(g, gy, s[0], 0);
-        break;
-    case TWK_OP_ADD:
-        if (NEED(0)) c[0] = gy;
-        if (NEED(1)) c[1] = twk_same_shape(&g->nodes[s[1]], &n) ? gy : twk_sum_to_like(g, gy, s[1]);
-        break;
-    case TWK_OP_MUL:
-        if (NEED(0)) c[0] = twk_mul(g, gy, s[1]);
-        if (NEED(1)) {
-            twk_id t = twk_mul(g, gy, s[0]);
-            c[1] = twk_same_shape(&g->nodes[s[1]], &n) ? t : twk_sum_to_like(g, t, s[1]);
-        }
-        break;
-    case TWK_OP_SCALE:
-        c[0] = twk_scale(g, gy, n.fp[0]);
-        break;
-    case TWK_OP_SILU:
-        c[0] = twk_silu_back(g, s[0], gy);
-        break;
-    case TWK_OP_SWIGLU:
-        if (NEED(0)) c[0] = twk_swiglu_back(g, s[0], s[1], gy, 0);
-        if (NEED(1)) c[1] = twk_swiglu_back(g, s[0], s[1], gy, 1);
-        break;
-    case TWK_OP_SUM:
-        c[0] = twk_broadcast_like(g, gy, s[0], 0);
-        break;
-    case TWK_OP_MEAN:
-        c[0] = twk_broadcast_like(g, gy, s[0], 1);
-        break;
-    case TWK_OP_WEIGHTED_SUM:
-        if (NEED(0)) c[0] = twk_mul(g, s[1], gy);
-        if (NEED(1)) c[1] = twk_mul(g, s[0], gy);
-        break;
-    case TWK_OP_MATMUL: {
-        int ta = n.ip[0], tb = n.ip[1];
-        if (NEED(0))
-            c[0] = ta ? twk_matmul(g, s[1], gy, tb, true) : twk_matmul(g, gy, s[1], false, !tb);
-        if (NEED(1))
-            c[1] = tb ? twk_matmul(g, gy, s[0], true, ta) : twk_matmul(g, s[0], gy, !ta, false);
-        break;
-    }
-    case TWK_OP_GET_ROWS:
-        if (g->nodes[s[0]].dyn) {
-            twk_graph_fail(g, TWK_ERR_UNSUPPORTED, "backward: get_rows from a per-token table (node %d) has no gradient rule", id);
-            return 0;
-        }
-        c[0] = twk_get_rows_back(g, gy, s[1], g->nodes[s[0]].ne[0]);
-        break;
-    case TWK_OP_RMSNORM: {
-        if (NEED(0)) {
-            twk_id src3[3] = {s[0], s[1], gy};
-            c[0] = raw(g, TWK_OP_RMSNORM_BACK_X, s[0], 3, src3, n.ip, n.fp);
-        }
-        if (NEED(1)) {
-            twk_id src2[2] = {s[0], gy};
-            c[1] = raw(g, TWK_OP_RMSNORM_BACK_W, s[1], 2, src2, n.ip, n.fp);
-        }
-        break;
-    }
-    case TWK_OP_ROPE: {
-        twk_id src3[3] = {gy, s[1], n.nsrc > 2 ? s[2] : -1};
-        int32_t ip[TWK_MAX_PARAMS] = {0};
-        ip[0] = !n.ip[0]; /* the inverse rotation */
-        c[0] = raw(g, TWK_OP_ROPE, s[0], n.nsrc, src3, ip, n.fp);
-        break;
-    }
-    case TWK_OP_ATTN: {
-        twk_id lse_src[3] = {s[0], s[1], s[3]};
-        twk_node lshape;
-        memset(&lshape, 0, sizeof lshape);
-        /* lse is [T, Hq]: build it from q's shape */
-        const twk_node *q = &g->nodes[s[0]];
-        lshape.op = TWK_OP_ATTN_LSE;
-        lshape.type = TWK_F32;
-        lshape.ndim = 2;
-        lshape.ne[0] = q->ne[0];
-        lshape.ne[1] = q->ne[1];
-        lshape.dyn = q->dyn & 1;
-        lshape.nsrc = 3;
-        memcpy(lshape.src, lse_src, sizeof lse_src);
-        lshape.fp[0] = n.fp[0];
-        twk_id lse = twk_graph_push(g, &lshape);
-        if (lse < 0) return 0;
-        for (int w = 0; w < 3; w++) {
-            if (!NEED(w)) continue;
-            twk_id src7[7] = {s[0], s[1], s[2], s[3], id, gy, lse};
-            int32_t ip[TWK_MAX_PARAMS] = {0};
-            ip[0] = w;
-            c[w] = raw(g, TWK_OP_ATTN_BACK, s[w], 7, src7, ip, n.fp);
-        }
-        break;
-    }
-    case TWK_OP_LOGPROBS: {
-        /* the forward's logprobs give the log-sum-exp back without a pass over V */
-        twk_id src4[4] = {s[0], s[1], gy, id};
-        c[0] = raw(g, TWK_OP_LOGPROBS_BACK, s[0], 4, src4, NULL, NULL);
-        break;
-    }
-    case TWK_OP_GET_ROWS_BACK:
-        c[0] = twk_get_rows(g, gy, s[1]);
-        break;
-    default:
-        twk_graph_fail(g, TWK_ERR_UNSUPPORTED, "backward: op %s has no gradient rule (node %d '%s')",
-                       twk_op_name(n.op), id, n.name);
+/* Whether source i wants a gradient (a trainable param reaches it and the op differentiates it). */
+static int wants(const grad_step *st, int i) { return st->need[st->n.src[i]] && differentiable_src(&st->n, i); }
+
+/* A gradient rule: fills st->c; 0 when it failed (graph error set). */
+typedef int (*grad_rule)(grad_step *st);
+
+/* ---- layout: the inverse move ---- */
+
+static int grad_reshape(grad_step *st) {
+    const twk_node *x = &st->g->nodes[st->n.src[0]];
+    int64_t ne[TWK_MAX_DIMS];
+    for (int i = 0; i < x->ndim; i++) ne[i] = (x->dyn >> i & 1) ? -x->ne[i] : x->ne[i];
+    st->c[0] = twk_reshape(st->g, st->gy, x->ndim, ne);
+    return 1;
+}
+
+static int grad_permute(grad_step *st) {
+    int inv[TWK_MAX_DIMS];
+    for (int i = 0; i < st->n.ndim; i++) inv[st->n.ip[i]] = i;
+    st->c[0] = twk_permute(st->g, st->gy, inv);
+    return 1;
+}
+
+static int grad_slice(grad_step *st) {
+    const twk_node *n = &st->n;
+    int64_t full = st->g->nodes[n->src[0]].ne[n->ip[0]];
+    st->c[0] = n->op == TWK_OP_SLICE ? twk_slice_back(st->g, st->gy, n->ip[0], n->ip[1], full)
+                                     : twk_slice(st->g, st->gy, n->ip[0], n->ip[1], full);
+    return 1;
+}
+
+static int grad_concat(grad_step *st) {
+    const twk_node *n = &st->n;
+    int64_t la = st->g->nodes[n->src[0]].ne[n->ip[0]], lb = st->g->nodes[n->src[1]].ne[n->ip[0]];
+    if (wants(st, 0)) st->c[0] = twk_slice(st->g, st->gy, n->ip[0], 0, la);
+    if (wants(st, 1)) st->c[1] = twk_slice(st->g, st->gy, n->ip[0], la, lb);
+    return 1;
+}
+
+/* ---- broadcasts and reductions: each other's adjoint ---- */
+
+static int grad_broadcast(grad_step *st) {
+    if (st->n.ip[0]) return 0; /* the mean's gradient itself is not differentiated */
+    st->c[0] = twk_sum_to_like(st->g, st->gy, st->n.src[0]);
+    return 1;
+}
+
+static int grad_sum_to(grad_step *st) {
+    st->c[0] = twk_broadcast_like(st->g, st->gy, st->n.src[0], 0);
+    return 1;
+}
+
+static int grad_sum(grad_step *st) {
+    st->c[0] = twk_broadcast_like(st->g, st->gy, st->n.src[0], st->n.op == TWK_OP_MEAN);
+    return 1;
+}
+
+static int grad_weighted_sum(grad_step *st) {
+    const twk_id *s = st->n.src;
+    if (wants(st, 0)) st->c[0] = twk_mul(st->g, s[1], st->gy);
+    if (wants(st, 1)) st->c[1] = twk_mul(st->g, s[0], st->gy);
+    return 1;
+}
+
+/* ---- elementwise ---- */
+
+/* b's gradient summed down to b's shape where it was broadcast. */
+static twk_id to_b_shape(grad_step *st, twk_id t) {
+    const twk_id b = st->n.src[1];
+    return twk_same_shape(&st->g->nodes[b], &st->n) ? t : twk_sum_to_like(st->g, t, b);
+}
+
+static int grad_add(grad_step *st) {
+    if (wants(st, 0)) st->c[0] = st->gy;
+    if (wants(st, 1)) st->c[1] = to_b_shape(st, st->gy);
+    return 1;
+}
+
+static int grad_mul(grad_step *st) {
+    const twk_id *s = st->n.src;
+    if (wants(st, 0)) st->c[0] = twk_mul(st->g, st->gy, s[1]);
+    if (wants(st, 1)) st->c[1] = to_b_shape(st, twk_mul(st->g, st->gy, s[0]));
+    return 1;
+}
+
+static int grad_scale(grad_step *st) {
+    st->c[0] = twk_scale(st->g, st->gy, st->n.fp[0]);
+    return 1;
+}
+
+static int grad_swiglu(grad_step *st) {
+    const twk_id *s = st->n.src;
+    for (int w = 0; w < 2; w++)
+        if (wants(st, w)) st->c[w] = twk_swiglu_back(st->g, s[0], s[1], st->gy, w);
+    return 1;
+}
+
+/* ---- linear algebra ---- */
+
+static int grad_matmul(grad_step *st) {
+    twk_graph *g = st->g;
+    const twk_id *s = st->n.src;
+    twk_id gy = st->gy;
+    int ta = st->n.ip[0], tb = st->n.ip[1];
+    if (wants(st, 0)) st->c[0] = ta ? twk_matmul(g, s[1], gy, tb, true) : twk_matmul(g, gy, s[1], false, !tb);
+    if (wants(st, 1)) st->c[1] = tb ? twk_matmul(g, gy, s[0], true, ta) : twk_matmul(g, s[0], gy, !ta, false);
+    return 1;
+}
+
+/* ---- transformer ---- */
+
+static int grad_get_rows(grad_step *st) {
+    const twk_node *table = &st->g->nodes[st->n.src[0]];
+    if (table->dyn) {
+        twk_graph_fail(st->g, TWK_ERR_UNSUPPORTED, "backward: get_rows from a per-token table (node %d) has no gradient rule",
+                       st->id);
         return 0;
     }
-    for (int i = 0; i < n.nsrc; i++)
-        if (NEED(i)) accumulate(g, grads, s[i], c[i]);
-#undef NEED
+    st->c[0] = twk_get_rows_back(st->g, st->gy, st->n.src[1], table->ne[0]);
+    return 1;
+}
+
+static int grad_get_rows_back(grad_step *st) {
+    st->c[0] = twk_get_rows(st->g, st->gy, st->n.src[1]);
+    return 1;
+}
+
+static int grad_rmsnorm(grad_step *st) {
+    const twk_node *n = &st->n;
+    const twk_id *s = n->src;
+    if (wants(st, 0)) {
+        twk_id src3[3] = {s[0], s[1], st->gy};
+        st->c[0] = raw(st->g, TWK_OP_RMSNORM_BACK_X, s[0], 3, src3, n->ip, n->fp);
+    }
+    if (wants(st, 1)) {
+        twk_id src2[2] = {s[0], st->gy};
+        st->c[1] = raw(st->g, TWK_OP_RMSNORM_BACK_W, s[1], 2, src2, n->ip, n->fp);
+    }
+    return 1;
+}
+
+static int grad_rope(grad_step *st) {
+    const twk_node *n = &st->n;
+    twk_id src3[3] = {st->gy, n->src[1], n->nsrc > 2 ? n->src[2] : -1};
+    int32_t ip[TWK_MAX_PARAMS] = {0};
+    ip[0] = !n->ip[0]; /* the inverse rotation */
+    st->c[0] = raw(st->g, TWK_OP_ROPE, n->src[0], n->nsrc, src3, ip, n->fp);
+    return 1;
+}
+
+/* attention's log-sum-exp per (token, query head): [T, Hq], from q's shape */
+static twk_id attn_lse(grad_step *st) {
+    const twk_id *s = st->n.src;
+    const twk_node *q = &st->g->nodes[s[0]];
+    twk_node lshape;
+    memset(&lshape, 0, sizeof lshape);
+    lshape.op = TWK_OP_ATTN_LSE;
+    lshape.type = TWK_F32;
+    lshape.ndim = 2;
+    lshape.ne[0] = q->ne[0];
+    lshape.ne[1] = q->ne[1];
+    lshape.dyn = q->dyn & 1;
+    lshape.nsrc = 3;
+    lshape.src[0] = s[0];
+    lshape.src[1] = s[1];
+    lshape.src[2] = s[3];
+    lshape.fp[0] = st->n.fp[0];
+    return twk_graph_push(st->g, &lshape);
+}
+
+static int grad_attn(grad_step *st) {
+    const twk_id *s = st->n.src;
+    twk_id lse = attn_lse(st);
+    if (lse < 0) return 0;
+    for (int w = 0; w < 3; w++) {
+        if (!wants(st, w)) continue;
+        twk_id src7[7] = {s[0], s[1], s[2], s[3], st->id, st->gy, lse};
+        int32_t ip[TWK_MAX_PARAMS] = {0};
+        ip[0] = w;
+        st->c[w] = raw(st->g, TWK_OP_ATTN_BACK, s[w], 7, src7, ip, st->n.fp);
+    }
+    return 1;
+}
+
+static int grad_logprobs(grad_step *st) {
+    /* the forward's logprobs give the log-sum-exp back without a pass over V */
+    const twk_id *s = st->n.src;
+    twk_id src4[4] = {s[0], s[1], st->gy, st->id};
+    st->c[0] = raw(st->g, TWK_OP_LOGPROBS_BACK, s[0], 4, src4, NULL, NULL);
+    return 1;
+}
+
+/* The rules of the ops that are not MAPs (a MAP's rule is its BACK op). */
+static const grad_rule rules[TWK_OP_COUNT] = {
+    [TWK_OP_RESHAPE] = grad_reshape,
+    [TWK_OP_PERMUTE] = grad_permute,
+    [TWK_OP_SLICE] = grad_slice,
+    [TWK_OP_SLICE_BACK] = grad_slice,
+    [TWK_OP_CONCAT] = grad_concat,
+    [TWK_OP_BROADCAST] = grad_broadcast,
+    [TWK_OP_SUM_TO] = grad_sum_to,
+    [TWK_OP_ADD] = grad_add,
+    [TWK_OP_MUL] = grad_mul,
+    [TWK_OP_SCALE] = grad_scale,
+    [TWK_OP_SWIGLU] = grad_swiglu,
+    [TWK_OP_SUM] = grad_sum,
+    [TWK_OP_MEAN] = grad_sum,
+    [TWK_OP_WEIGHTED_SUM] = grad_weighted_sum,
+    [TWK_OP_MATMUL] = grad_matmul,
+    [TWK_OP_GET_ROWS] = grad_get_rows,
+    [TWK_OP_GET_ROWS_BACK] = grad_get_rows_back,
+    [TWK_OP_RMSNORM] = grad_rmsnorm,
+    [TWK_OP_ROPE] = grad_rope,
+    [TWK_OP_ATTN] = grad_attn,
+    [TWK_OP_LOGPROBS] = grad_logprobs,
+};
+_Static_assert(sizeof rules / sizeof rules[0] == TWK_OP_COUNT, "one entry per op");
+
+static int grad_map(grad_step *st) {
+    st->c[0] = twk_map_back(st->g, st->n.op, st->n.src[0], st->gy);
+    return 1;
+}
+
+/* Appends the gradient contributions of node `id` (whose gradient is gy). */
+static int backward_node(twk_graph *g, twk_id id, twk_id gy, const unsigned char *need, twk_id *grads) {
+    grad_step st = {.g = g, .id = id, .n = g->nodes[id], .gy = gy, .need = need};
+    for (int i = 0; i < TWK_MAX_SRC; i++) st.c[i] = -1;
+    if (st.n.nsrc == 0) return 1; /* a leaf or a fill */
+    grad_rule rule = twk_op_info(st.n.op)->kind == TWK_OPK_MAP ? grad_map : rules[st.n.op];
+    if (!rule) {
+        twk_graph_fail(g, TWK_ERR_UNSUPPORTED, "backward: op %s has no gradient rule (node %d '%s')",
+                       twk_op_name(st.n.op), id, st.n.name);
+        return 0;
+    }
+    if (!rule(&st)) return 0;
+    for (int i = 0; i < st.n.nsrc; i++)
+        if (wants(&st, i)) accumulate(g, grads, st.n.src[i], st.c[i]);
     return g->status == TWK_OK;
 }
 

@@ -312,7 +312,13 @@ static twk_id unary(twk_graph *g, twk_op op, twk_id x, float f0) {
 }
 
 twk_id twk_scale(twk_graph *g, twk_id x, float s) { return unary(g, TWK_OP_SCALE, x, s); }
-twk_id twk_silu(twk_graph *g, twk_id x) { return unary(g, TWK_OP_SILU, x, 0); }
+twk_id twk_silu(twk_graph *g, twk_id x) { return twk_map(g, TWK_OP_SILU, x); }
+
+twk_id twk_map(twk_graph *g, twk_op op, twk_id x) {
+    if (g && twk_op_info(op)->kind != TWK_OPK_MAP)
+        return twk_graph_fail(g, TWK_ERR_INVALID_ARG, "map: op %s is not an elementwise map", twk_op_name(op));
+    return unary(g, op, x, 0);
+}
 
 /* An op over several same-shape f32 tensors, output of the first's shape. */
 static twk_id same_shape_op(twk_graph *g, twk_op op, int nsrc, const twk_id *src, int32_t ip0) {
@@ -343,9 +349,9 @@ twk_id twk_swiglu(twk_graph *g, twk_id gate, twk_id up) {
     return same_shape_op(g, TWK_OP_SWIGLU, 2, s, 0);
 }
 
-twk_id twk_silu_back(twk_graph *g, twk_id x, twk_id dy) {
+twk_id twk_map_back(twk_graph *g, twk_op map, twk_id x, twk_id dy) {
     twk_id s[2] = {x, dy};
-    return same_shape_op(g, TWK_OP_SILU_BACK, 2, s, 0);
+    return same_shape_op(g, twk_op_info(map)->back, 2, s, 0);
 }
 
 twk_id twk_swiglu_back(twk_graph *g, twk_id gate, twk_id up, twk_id dy, int which) {

@@ -47,7 +47,8 @@ int twk_same_shape(const twk_node *a, const twk_node *b);
 twk_id twk_slice_back(twk_graph *g, twk_id x, int axis, int64_t start, int64_t full);
 twk_id twk_broadcast_like(twk_graph *g, twk_id x, twk_id like, int mean_scale);
 twk_id twk_sum_to_like(twk_graph *g, twk_id x, twk_id like);
-twk_id twk_silu_back(twk_graph *g, twk_id x, twk_id dy);
+/* dx of a MAP op: its table's BACK op applied to (x, dy). */
+twk_id twk_map_back(twk_graph *g, twk_op map, twk_id x, twk_id dy);
 twk_id twk_swiglu_back(twk_graph *g, twk_id gate, twk_id up, twk_id dy, int which);
 twk_id twk_get_rows_back(twk_graph *g, twk_id dy, twk_id ids, int64_t vocab);
 #endif

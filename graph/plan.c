@@ -130,28 +130,16 @@ static twk_status plan_memory(twk_plan *p, size_t *peak_out) {
     return TWK_OK;
 }
 
-static int is_leaf(twk_op op) { return op == TWK_OP_INPUT || op == TWK_OP_PARAM; }
+static twk_op_kind kind_of(const twk_node *nd) { return twk_op_info(nd->op)->kind; }
 
-twk_status twk_plan_compile(const twk_graph *g, twk_device *dev, int64_t capacity,
-                            const twk_binding *binds, int n_binds, twk_plan **out) {
-    if (!out) return twk_error(TWK_ERR_INVALID_ARG, "plan_compile: out is NULL");
-    *out = NULL;
-    if (!g || !dev) return twk_error(TWK_ERR_INVALID_ARG, "plan_compile: graph or device is NULL");
-    if (g->status != TWK_OK) return twk_error(g->status, "plan_compile: graph has an error: %s", g->error);
-    if (capacity < 1) return twk_error(TWK_ERR_INVALID_ARG, "plan_compile: capacity %lld < 1", (long long)capacity);
-    if (n_binds < 0 || (n_binds && !binds))
-        return twk_error(TWK_ERR_INVALID_ARG, "plan_compile: bad bindings (%d)", n_binds);
+static twk_status compile_fail(twk_plan *p, twk_status st) {
+    twk_plan_free(p);
+    return st;
+}
 
-    const twk_backend_iface *be = twk_device_backend(dev);
-    twk_plan *p = twk_host_calloc(sizeof *p, "plan");
-    if (!p) return TWK_ERR_OOM;
-    p->dev = dev;
-    p->capacity = capacity;
-    p->n_nodes = g->n;
-    p->slots = twk_host_calloc((size_t)g->n * sizeof *p->slots + 1, "plan slots");
-    if (!p->slots) goto oom;
-
-    /* dead-node removal: keep what an output needs */
+/* Dead-node removal: marks SLOT_ARENA every node an output needs (the rest
+ * stay SLOT_DEAD); the number of outputs. */
+static int mark_live(const twk_graph *g, twk_plan *p) {
     int n_out = 0;
     for (int i = g->n - 1; i >= 0; i--) {
         const twk_node *nd = &g->nodes[i];
@@ -162,13 +150,12 @@ twk_status twk_plan_compile(const twk_graph *g, twk_device *dev, int64_t capacit
         if (p->slots[i].kind == SLOT_DEAD) continue;
         for (int k = 0; k < nd->nsrc; k++) p->slots[nd->src[k]].kind = SLOT_ARENA;
     }
-    if (!n_out) {
-        twk_plan_free(p);
-        return twk_error(TWK_ERR_INVALID_ARG, "plan_compile: the graph has no outputs (twk_graph_output)");
-    }
+    return n_out;
+}
 
-    /* storage classes and shapes */
-    int n_launch = 0;
+/* Storage classes and shapes from the op kinds: leaves, views (reshape, and
+ * in-place writers, which share their target's storage), arena tensors. */
+static void classify_slots(const twk_graph *g, twk_plan *p) {
     for (int i = 0; i < g->n; i++) {
         slot *s = &p->slots[i];
         const twk_node *nd = &g->nodes[i];
@@ -177,56 +164,56 @@ twk_status twk_plan_compile(const twk_graph *g, twk_device *dev, int64_t capacit
         s->ndim = nd->ndim;
         s->dyn = nd->dyn;
         memcpy(s->ne, nd->ne, sizeof s->ne);
-        s->bytes = bytes_at(nd, capacity);
+        s->bytes = bytes_at(nd, p->capacity);
         s->first = s->last = -1;
         if (s->kind == SLOT_DEAD) continue;
-        if (is_leaf(nd->op)) s->kind = SLOT_LEAF;
-        else if (nd->op == TWK_OP_RESHAPE) {
+        twk_op_kind k = kind_of(nd);
+        if (k == TWK_OPK_LEAF) s->kind = SLOT_LEAF;
+        else if (k == TWK_OPK_VIEW || k == TWK_OPK_INPLACE) {
             s->kind = SLOT_VIEW;
             s->root = p->slots[nd->src[0]].root;
-        } else if (nd->op == TWK_OP_KV_WRITE) { /* writes its cache in place */
-            s->kind = SLOT_VIEW;
-            s->root = p->slots[nd->src[0]].root;
-            n_launch++;
-        } else n_launch++;
+        }
     }
+}
+
+/* Caller-owned storage for bound tensors; an error names a bad binding. */
+static twk_status bind_tensors(const twk_graph *g, twk_plan *p, const twk_binding *binds, int n_binds) {
     for (int b = 0; b < n_binds; b++) {
         twk_id id = binds[b].id;
-        if (id < 0 || id >= g->n) {
-            twk_plan_free(p);
+        if (id < 0 || id >= g->n)
             return twk_error(TWK_ERR_INVALID_ARG, "plan_compile: binding %d names no tensor (%d)", b, id);
-        }
         slot *s = &p->slots[id];
         if (s->kind == SLOT_DEAD) continue; /* bound but unused: fine */
-        if (s->kind == SLOT_VIEW) {
-            twk_plan_free(p);
+        if (s->kind == SLOT_VIEW)
             return twk_error(TWK_ERR_INVALID_ARG, "plan_compile: cannot bind reshape view '%s' (%d); bind its source",
                              g->nodes[id].name, id);
-        }
         if (!binds[b].buf || binds[b].offset > twk_buffer_size(binds[b].buf) ||
-            s->bytes > twk_buffer_size(binds[b].buf) - binds[b].offset) {
-            twk_plan_free(p);
+            s->bytes > twk_buffer_size(binds[b].buf) - binds[b].offset)
             return twk_error(TWK_ERR_INVALID_ARG,
                              "plan_compile: binding for '%s' (%d) needs %zu bytes at offset %zu; buffer has %zu",
                              g->nodes[id].name, id, s->bytes, binds[b].offset, twk_buffer_size(binds[b].buf));
-        }
         s->kind = SLOT_BOUND;
         s->buf = binds[b].buf;
         s->offset = binds[b].offset;
     }
+    return TWK_OK;
+}
 
-    /* launches, with liveness */
-    p->launches = twk_host_calloc((size_t)(n_launch ? n_launch : 1) * sizeof *p->launches, "plan launches");
-    p->launch_node = twk_host_calloc((size_t)(n_launch ? n_launch : 1) * sizeof *p->launch_node, "plan launches");
-    p->names = twk_host_calloc((size_t)(n_launch ? n_launch : 1) * sizeof *p->names, "plan names");
-    if (!p->launches || !p->launch_node || !p->names) goto oom;
+/* The launches in graph order (every live node whose op has a kernel), with
+ * each arena tensor's live range [first, last]; their count, -1 when out of memory. */
+static int order_launches(const twk_graph *g, twk_plan *p) {
+    int n_launch = 0;
+    for (int i = 0; i < g->n; i++) n_launch += p->slots[i].kind != SLOT_DEAD && twk_op_has_kernel(g->nodes[i].op);
+    size_t cap = (size_t)(n_launch ? n_launch : 1);
+    p->launches = twk_host_calloc(cap * sizeof *p->launches, "plan launches");
+    p->launch_node = twk_host_calloc(cap * sizeof *p->launch_node, "plan launches");
+    p->names = twk_host_calloc(cap * sizeof *p->names, "plan names");
+    if (!p->launches || !p->launch_node || !p->names) return -1;
     int li = 0;
     for (int i = 0; i < g->n; i++) {
         slot *s = &p->slots[i];
         const twk_node *nd = &g->nodes[i];
-        if (s->kind == SLOT_DEAD || s->kind == SLOT_LEAF) continue;
-        if (s->kind == SLOT_VIEW && nd->op != TWK_OP_KV_WRITE) continue;
-        if (is_leaf(nd->op)) continue; /* a bound leaf */
+        if (s->kind == SLOT_DEAD || !twk_op_has_kernel(nd->op)) continue;
         p->launch_node[li] = i;
         if (s->kind == SLOT_ARENA) s->first = li;
         for (int k = 0; k < nd->nsrc; k++) {
@@ -235,39 +222,68 @@ twk_status twk_plan_compile(const twk_graph *g, twk_device *dev, int64_t capacit
         }
         li++;
     }
-    n_launch = li;
-    for (int i = 0; i < g->n; i++) {
+    for (int i = 0; i < g->n; i++) { /* outputs live to the end */
         slot *s = &p->slots[i];
         if (s->kind == SLOT_DEAD) continue;
         slot *r = &p->slots[s->root];
-        if ((g->nodes[i].flags & TWK_NODE_OUTPUT) && r->kind == SLOT_ARENA) r->last = n_launch;
+        if ((g->nodes[i].flags & TWK_NODE_OUTPUT) && r->kind == SLOT_ARENA) r->last = li;
         if (s->kind == SLOT_ARENA && s->last < s->first) s->last = s->first;
     }
+    return li;
+}
 
+/* An in-place writer must write into storage that outlives the run. */
+static twk_status check_in_place(const twk_graph *g, const twk_plan *p) {
     for (int i = 0; i < g->n; i++)
-        if (p->slots[i].kind != SLOT_DEAD && g->nodes[i].op == TWK_OP_KV_WRITE) {
+        if (p->slots[i].kind != SLOT_DEAD && kind_of(&g->nodes[i]) == TWK_OPK_INPLACE) {
             const slot *r = &p->slots[p->slots[i].root];
-            if (r->kind != SLOT_LEAF && r->kind != SLOT_BOUND) {
-                twk_plan_free(p);
+            if (r->kind != SLOT_LEAF && r->kind != SLOT_BOUND)
                 return twk_error(TWK_ERR_INVALID_ARG,
-                                 "plan_compile: kv_write node %d must write into a parameter or bound tensor", i);
-            }
+                                 "plan_compile: %s node %d must write into a parameter or bound tensor",
+                                 twk_op_name(g->nodes[i].op), i);
         }
+    return TWK_OK;
+}
 
-    /* memory: arena for intermediates, one buffer for unbound leaves */
-    size_t naive = 0, leaf_bytes = 0, peak = 0;
-    for (int i = 0; i < g->n; i++) {
+/* Offsets of the unbound leaves in one buffer; the naive (unshared) arena size. */
+static void place_leaves(twk_plan *p, size_t *leaf_bytes, size_t *naive) {
+    *leaf_bytes = *naive = 0;
+    for (int i = 0; i < p->n_nodes; i++) {
         slot *s = &p->slots[i];
-        if (s->kind == SLOT_ARENA) naive += align_up(s->bytes, ARENA_ALIGN);
+        if (s->kind == SLOT_ARENA) *naive += align_up(s->bytes, ARENA_ALIGN);
         if (s->kind == SLOT_LEAF) {
-            s->offset = leaf_bytes;
-            leaf_bytes += align_up(s->bytes, ARENA_ALIGN);
+            s->offset = *leaf_bytes;
+            *leaf_bytes += align_up(s->bytes, ARENA_ALIGN);
         }
     }
-    twk_status st = plan_memory(p, &peak);
-    if (st != TWK_OK) goto fail;
+}
 
-    /* launches as the backend sees them; check support before allocating */
+/* The backend's refusal of launch l, naming op, node and shapes. */
+static twk_status unsupported(const twk_graph *g, const twk_plan *p, const twk_backend_iface *be, int l,
+                              const char *why) {
+    const twk_node *nd = &g->nodes[p->launch_node[l]];
+    char shapes[512], b[96];
+    size_t used = (size_t)snprintf(shapes, sizeof shapes, "dst %s", twk_shape_str(nd, b, sizeof b));
+    for (int k = 0; k < nd->nsrc && used < sizeof shapes; k++)
+        used += (size_t)snprintf(shapes + used, sizeof shapes - used, ", src%d %s", k,
+                                 twk_shape_str(&g->nodes[nd->src[k]], b, sizeof b));
+    return twk_error(TWK_ERR_UNSUPPORTED, "plan_compile: backend '%s' does not support op %s ('%s'; %s)%s%s",
+                     be->name, twk_op_name(nd->op), p->names[l], shapes, why[0] ? ": " : "", why);
+}
+
+/* The tensor descriptions of every launch (buffers as far as known). */
+static void describe_buffers(const twk_graph *g, twk_plan *p, int n_launch) {
+    for (int l = 0; l < n_launch; l++) {
+        twk_id id = p->launch_node[l];
+        fill_desc(p, id, &p->launches[l].dst);
+        for (int k = 0; k < g->nodes[id].nsrc; k++) fill_desc(p, g->nodes[id].src[k], &p->launches[l].src[k]);
+    }
+}
+
+/* Launches as the backend sees them; each checked with supports_op before anything is allocated. */
+static twk_status describe_launches(const twk_graph *g, twk_plan *p, int n_launch) {
+    const twk_backend_iface *be = twk_device_backend(p->dev);
+    describe_buffers(g, p, n_launch);
     for (int l = 0; l < n_launch; l++) {
         twk_id id = p->launch_node[l];
         const twk_node *nd = &g->nodes[id];
@@ -279,47 +295,71 @@ twk_status twk_plan_compile(const twk_graph *g, twk_device *dev, int64_t capacit
         L->nsrc = nd->nsrc;
         memcpy(L->ip, nd->ip, sizeof L->ip);
         memcpy(L->fp, nd->fp, sizeof L->fp);
-        fill_desc(p, id, &L->dst);
-        for (int k = 0; k < nd->nsrc; k++) fill_desc(p, nd->src[k], &L->src[k]);
         char why[256] = "";
-        if (!be->supports_op(twk_device_ctx(dev), L, why, sizeof why)) {
-            char shapes[512];
-            size_t used = 0;
-            char b[96];
-            used += (size_t)snprintf(shapes, sizeof shapes, "dst %s", twk_shape_str(nd, b, sizeof b));
-            for (int k = 0; k < nd->nsrc && used < sizeof shapes; k++)
-                used += (size_t)snprintf(shapes + used, sizeof shapes - used, ", src%d %s", k,
-                                         twk_shape_str(&g->nodes[nd->src[k]], b, sizeof b));
-            st = twk_error(TWK_ERR_UNSUPPORTED, "plan_compile: backend '%s' does not support op %s ('%s'; %s)%s%s",
-                           be->name, twk_op_name(nd->op), p->names[l], shapes, why[0] ? ": " : "", why);
-            goto fail;
-        }
+        if (!be->supports_op(twk_device_ctx(p->dev), L, why, sizeof why)) return unsupported(g, p, be, l, why);
     }
-    if (peak) {
-        st = twk_buffer_alloc(dev, peak, &p->arena);
-        if (st != TWK_OK) goto fail;
-    }
-    if (leaf_bytes) {
-        st = twk_buffer_alloc(dev, leaf_bytes, &p->leaves);
-        if (st != TWK_OK) goto fail;
-        st = twk_buffer_zero(dev, p->leaves, 0, leaf_bytes);
-        if (st != TWK_OK) goto fail;
-    }
-    for (int i = 0; i < g->n; i++) {
+    return TWK_OK;
+}
+
+/* The arena and the leaves' buffer (zeroed), then every slot's buffer. */
+static twk_status allocate(twk_plan *p, size_t peak, size_t leaf_bytes) {
+    twk_status st = TWK_OK;
+    if (peak) st = twk_buffer_alloc(p->dev, peak, &p->arena);
+    if (st == TWK_OK && leaf_bytes) st = twk_buffer_alloc(p->dev, leaf_bytes, &p->leaves);
+    if (st == TWK_OK && leaf_bytes) st = twk_buffer_zero(p->dev, p->leaves, 0, leaf_bytes);
+    if (st != TWK_OK) return st;
+    for (int i = 0; i < p->n_nodes; i++) {
         slot *s = &p->slots[i];
         if (s->kind == SLOT_ARENA) s->buf = p->arena;
         if (s->kind == SLOT_LEAF) s->buf = p->leaves;
     }
-    for (int l = 0; l < n_launch; l++) { /* buffers are known now */
-        twk_id id = p->launch_node[l];
-        fill_desc(p, id, &p->launches[l].dst);
-        for (int k = 0; k < g->nodes[id].nsrc; k++) fill_desc(p, g->nodes[id].src[k], &p->launches[l].src[k]);
-    }
+    return TWK_OK;
+}
+
+static twk_status check_compile_args(const twk_graph *g, twk_device *dev, int64_t capacity, const twk_binding *binds,
+                                     int n_binds, twk_plan **out) {
+    if (!out) return twk_error(TWK_ERR_INVALID_ARG, "plan_compile: out is NULL");
+    *out = NULL;
+    if (!g || !dev) return twk_error(TWK_ERR_INVALID_ARG, "plan_compile: graph or device is NULL");
+    if (g->status != TWK_OK) return twk_error(g->status, "plan_compile: graph has an error: %s", g->error);
+    if (capacity < 1) return twk_error(TWK_ERR_INVALID_ARG, "plan_compile: capacity %lld < 1", (long long)capacity);
+    if (n_binds < 0 || (n_binds && !binds))
+        return twk_error(TWK_ERR_INVALID_ARG, "plan_compile: bad bindings (%d)", n_binds);
+    return TWK_OK;
+}
+
+twk_status twk_plan_compile(const twk_graph *g, twk_device *dev, int64_t capacity,
+                            const twk_binding *binds, int n_binds, twk_plan **out) {
+    twk_status st = check_compile_args(g, dev, capacity, binds, n_binds, out);
+    if (st != TWK_OK) return st;
+    twk_plan *p = twk_host_calloc(sizeof *p, "plan");
+    if (!p) return TWK_ERR_OOM;
+    p->dev = dev;
+    p->capacity = capacity;
+    p->n_nodes = g->n;
+    p->slots = twk_host_calloc((size_t)g->n * sizeof *p->slots + 1, "plan slots");
+    if (!p->slots) return compile_fail(p, TWK_ERR_OOM);
+
+    if (!mark_live(g, p))
+        return compile_fail(p, twk_error(TWK_ERR_INVALID_ARG, "plan_compile: the graph has no outputs (twk_graph_output)"));
+    classify_slots(g, p);
+    if ((st = bind_tensors(g, p, binds, n_binds)) != TWK_OK) return compile_fail(p, st);
+    int n_launch = order_launches(g, p);
+    if (n_launch < 0) return compile_fail(p, TWK_ERR_OOM);
+    if ((st = check_in_place(g, p)) != TWK_OK) return compile_fail(p, st);
+
+    size_t naive, leaf_bytes, peak = 0;
+    place_leaves(p, &leaf_bytes, &naive);
+    if ((st = plan_memory(p, &peak)) != TWK_OK) return compile_fail(p, st);
+    if ((st = describe_launches(g, p, n_launch)) != TWK_OK) return compile_fail(p, st);
+    if ((st = allocate(p, peak, leaf_bytes)) != TWK_OK) return compile_fail(p, st);
+    describe_buffers(g, p, n_launch); /* buffers are known now */
+
+    const twk_backend_iface *be = twk_device_backend(dev);
     p->hal.n_launches = n_launch;
     p->hal.launches = p->launches;
     p->hal.capacity = capacity;
-    st = be->prepare(twk_device_ctx(dev), &p->hal, &p->prepared);
-    if (st != TWK_OK) goto fail;
+    if ((st = be->prepare(twk_device_ctx(dev), &p->hal, &p->prepared)) != TWK_OK) return compile_fail(p, st);
 
     p->stats.n_nodes_graph = g->n;
     p->stats.n_launches = n_launch;
@@ -328,11 +368,6 @@ twk_status twk_plan_compile(const twk_graph *g, twk_device *dev, int64_t capacit
     p->stats.leaf_bytes = leaf_bytes;
     *out = p;
     return TWK_OK;
-oom:
-    st = TWK_ERR_OOM;
-fail:
-    twk_plan_free(p);
-    return st;
 }
 
 static twk_status io_check(twk_plan *p, twk_id id, int64_t n, size_t bytes, const char *what,

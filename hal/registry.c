@@ -24,7 +24,7 @@ static pthread_once_t builtin_once = PTHREAD_ONCE_INIT;
 static bool iface_complete(const twk_backend_iface *b) {
     return b->name && b->device_count && b->device_props && b->open && b->close &&
            b->buffer_alloc && b->buffer_free && b->upload && b->download && b->copy &&
-           b->memset_zero && b->supports_op && b->prepare && b->release && b->run &&
+           b->memset_zero && b->supports_op && b->op_kernel && b->prepare && b->release && b->run &&
            b->synchronize;
 }
 
@@ -41,6 +41,34 @@ static twk_status register_locked(const twk_backend_iface *iface) {
                          TWK_MAX_BACKENDS);
     backends[n_backends++] = iface;
     return TWK_OK;
+}
+
+/* Appends " name" to buf (truncating quietly). */
+static void list_add(char *buf, size_t len, size_t *used, const char *fmt, const char *a, const char *b) {
+    if (!buf || *used >= len) return;
+    int k = snprintf(buf + *used, len - *used, fmt, a, b);
+    if (k > 0) *used += (size_t)k;
+}
+
+int twk_backend_missing_kernels(const twk_backend_iface *b, char *msg, size_t len, char *note, size_t note_len) {
+    const twk_backend_iface *cpu = twk_cpu_backend();
+    size_t used = 0, nused = 0;
+    int missing = 0;
+    if (msg && len) msg[0] = 0;
+    if (note && note_len) note[0] = 0;
+    for (int op = 0; op < TWK_OP_COUNT; op++) {
+        const char *why = NULL;
+        if (!twk_op_has_kernel((twk_op)op) || !cpu->op_kernel((twk_op)op, &why)) continue;
+        why = NULL;
+        if (b->op_kernel((twk_op)op, &why)) continue;
+        if (why) {
+            list_add(note, note_len, &nused, " %s (%s)", twk_op_name((twk_op)op), why);
+            continue;
+        }
+        missing++;
+        list_add(msg, len, &used, " %s%s", twk_op_name((twk_op)op), "");
+    }
+    return missing;
 }
 
 /* Built-in optional backends (each defined by its folder when built). */

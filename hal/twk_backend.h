@@ -26,7 +26,7 @@
 #include "twinkle/hal.h"
 #include "twinkle/ops.h"
 
-#define TWK_BACKEND_ABI_VERSION 1
+#define TWK_BACKEND_ABI_VERSION 2
 
 #ifdef __cplusplus
 extern "C" {
@@ -78,14 +78,17 @@ typedef struct twk_launch {
     float fp[TWK_MAX_PARAMS];
 } twk_launch;
 
-/* Whether source i of op holds indices (ids, positions, rows, segment starts: i32 or i64). */
-bool twk_op_src_is_index(twk_op op, int i);
-/* Whether op only moves elements (permute, slice, slice_back, concat): any dtype of one size. */
-bool twk_op_is_copy(twk_op op);
 /* The dtype rule every backend shares: copies keep the element size; other ops
  * compute f32 from f32 sources and index sources. false with a reason naming
  * `backend` in why (may be NULL) otherwise. */
 bool twk_launch_dtypes_ok(const twk_launch *l, const char *backend, char *why, size_t why_len);
+
+/* The first bad id of launch l at token count n, worded alike on every backend
+ * ("get_rows 'embed': ids[2] = 7 is outside [0, 5)"), by the op table's IDS
+ * rule, from host copies of the checked sources (host[i] for each bit i of the
+ * op's `checked` mask: the tensor's n-token contents; others may be NULL).
+ * true and the message in msg when one is bad; false and "" otherwise. */
+bool twk_launch_bad_id(const twk_launch *l, int64_t n, const void *const *host, char *msg, size_t len);
 
 /* A compiled plan as the backend receives it: launches in order. */
 struct twk_hal_plan {
@@ -115,6 +118,10 @@ struct twk_backend_iface {
     /* true if the backend runs this launch (op, dtypes, ranks); else false and,
      * if why != NULL, a reason in why[why_len]. */
     bool (*supports_op)(void *ctx, const twk_launch *l, char *why, size_t why_len);
+    /* The backend's kernel table: 1 when it has a kernel for op; else 0 and *why
+     * = the reason it declares for not running op (its table's entry), or NULL
+     * when the op is simply missing (twk_backend_missing_kernels finds those). */
+    int (*op_kernel)(twk_op op, const char **why);
     /* Turns a plan into native objects once; *prepared is passed to run. */
     twk_status (*prepare)(void *ctx, const twk_hal_plan *plan, void **prepared);
     void (*release)(void *ctx, void *prepared);
@@ -129,6 +136,12 @@ struct twk_backend_iface {
 twk_status twk_backend_register(const twk_backend_iface *iface);
 /* Removes a backend registered by name; TWK_ERR_NOT_FOUND if none. */
 twk_status twk_backend_unregister(const char *name);
+
+/* The ops that need a kernel (twk_op_has_kernel), that the CPU backend runs,
+ * and that b neither runs nor declares unsupported: their count, their names
+ * listed in msg (may be NULL). A backend's declared reasons are listed too,
+ * after "declared:", in note (may be NULL). */
+int twk_backend_missing_kernels(const twk_backend_iface *b, char *msg, size_t len, char *note, size_t note_len);
 
 /* An opened device's backend table and context. */
 const twk_backend_iface *twk_device_backend(const twk_device *dev);

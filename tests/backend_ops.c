@@ -7,7 +7,7 @@
  *
  *     NMSE = sum (x - ref)^2 / sum ref^2      (ref: the CPU's result)
  *
- * against a tolerance per op family. Cases with token dims run at capacity
+ * against the tolerance of the op's class (the op table's TOL column). Cases with token dims run at capacity
  * and at a smaller run-time count. One line per (case, device) with the
  * measured NMSEs; a skip line for each backend that is not built or has no
  * device. When no device other than the CPU is present, the CPU is compared
@@ -29,38 +29,17 @@
 #include "op_cases.h"
 #include "twk_backend.h" /* the backend interface: tables, launches */
 
-/* NMSE tolerances by op family (the case name's first word). Float32
- * rounding in another summation order gives ~1e-14 on short sums and
- * ~1e-12 on long ones; a wrong element or a TF32 GEMM gives 1e-7 and more. */
-typedef struct tol_entry {
-    const char *op;
-    double fwd, bwd;
-} tol_entry;
-
-static const tol_entry tols[] = {
-    /* copies and single roundings: equal up to summation order in backward accumulations */
-    {"add", 1e-12, 1e-12},       {"mul", 1e-12, 1e-12},       {"scale", 1e-12, 1e-12},
-    {"reshape", 1e-12, 1e-12},   {"transpose", 1e-12, 1e-12}, {"permute", 1e-12, 1e-12},
-    {"slice", 1e-12, 1e-12},     {"concat", 1e-12, 1e-12},    {"get_rows", 1e-12, 1e-12},
-    {"kv_write", 1e-12, 1e-12},
-    /* transcendental elementwise (exp in another library) */
-    {"silu", 1e-10, 1e-10},      {"swiglu", 1e-10, 1e-10},
-    /* reductions and accumulations */
-    {"sum", 1e-9, 1e-9},         {"mean", 1e-9, 1e-9},        {"weighted_sum", 1e-9, 1e-9},
-    {"matmul", 1e-9, 1e-9},      {"lora_gather", 1e-9, 1e-9}, {"rmsnorm", 1e-9, 1e-9},
-    {"rope", 1e-9, 1e-9},        {"attn", 1e-9, 1e-9},        {"attn_cache", 1e-9, 1e-9},
-    {"logprobs", 1e-9, 1e-9},
+/* NMSE tolerances by the tolerance class of the case's op (the op table's
+ * TOL column; the case's op is its output node's). Float32 rounding in
+ * another summation order gives ~1e-14 on short sums and ~1e-12 on long ones;
+ * a wrong element or a TF32 GEMM gives 1e-7 and more. */
+static const double tol_nmse[] = {
+    [TWK_TOL_EXACT] = 1e-12,          /* copies and single roundings: equal up to summation order in backward */
+    [TWK_TOL_TRANSCENDENTAL] = 1e-10, /* exp / tanh in another library */
+    [TWK_TOL_ACCUM] = 1e-9,           /* reductions and accumulations */
 };
 
-static void tolerances(const op_case *c, double *fwd, double *bwd) {
-    size_t len = strcspn(c->name, " ");
-    *fwd = *bwd = 1e-9;
-    for (size_t i = 0; i < sizeof tols / sizeof tols[0]; i++)
-        if (strlen(tols[i].op) == len && !strncmp(tols[i].op, c->name, len)) {
-            *fwd = tols[i].fwd;
-            *bwd = tols[i].bwd;
-        }
-}
+static void tolerances(twk_op op, double *fwd, double *bwd) { *fwd = *bwd = tol_nmse[twk_op_info(op)->tol]; }
 
 /* sum (x - ref)^2 / sum ref^2; when ref is all zeros, sum x^2 (0 if both are). NaN/Inf in x give NaN. */
 static double nmse(const float *x, const float *ref, int64_t n) {
@@ -186,7 +165,7 @@ static int compare_case(const op_case *c, twk_device *cpu, twk_device *dev, int6
         !run_on(pd, c, n, ids, in, Rid, R, ny, y, grads, od, who))
         goto done;
     double ftol, btol;
-    tolerances(c, &ftol, &btol);
+    tolerances(twk_node_op(g, y), &ftol, &btol);
     if (exact) ftol = btol = 0;
     fails = 0;
     char line[512];
@@ -250,7 +229,7 @@ static int run_device(twk_device *cpu, twk_device *dev, const char *only, int ex
         char missing[512] = "";
         int len = 0, kinds = 0;
         for (int op = 0; op < TWK_OP_COUNT; op++) {
-            if (op == TWK_OP_INPUT || op == TWK_OP_PARAM || op == TWK_OP_RESHAPE) continue; /* no launch */
+            if (!twk_op_has_kernel((twk_op)op)) continue; /* no launch */
             if (cov.launched[op]) kinds++;
             else if (len < (int)sizeof missing - 32)
                 len += snprintf(missing + len, sizeof missing - (size_t)len, " %s", twk_op_name((twk_op)op));

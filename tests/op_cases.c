@@ -1,4 +1,5 @@
 /* The op test case table and its generators (see op_cases.h). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,16 @@ static twk_id b_scale(twk_graph *g, const twk_id *in, const op_case *c) { return
 static void r_scale(const op_case *c, rt *in, rt *y) { ref_scale(&in[0], (double)(float)c->fp[0], y); }
 static twk_id b_silu(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_silu(g, in[0]); }
 static void r_silu(const op_case *c, rt *in, rt *y) { (void)c; ref_silu(&in[0], y); }
+static twk_id b_gelu(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_map(g, TWK_OP_GELU, in[0]); }
+/* float64 GELU as PyTorch writes gelu(approximate="tanh"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+static void r_gelu(const op_case *c, rt *in, rt *y) {
+    (void)c;
+    const double k = sqrt(2.0 / 3.14159265358979323846);
+    for (int64_t i = 0; i < rt_nelem(&in[0]); i++) {
+        double x = in[0].d[i];
+        y->d[i] = 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
+    }
+}
 static twk_id b_swiglu(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_swiglu(g, in[0], in[1]); }
 static void r_swiglu(const op_case *c, rt *in, rt *y) { (void)c; ref_swiglu(&in[0], &in[1], y); }
 static twk_id b_sum(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_sum(g, in[0]); }
@@ -98,6 +109,9 @@ const op_case opc_cases[] = {
     {"scale 17x19", 1, {F32(17, 19)}, b_scale, r_scale, 1e-6, 1e-5, .fp = {0.37}},
     {"silu 1", 1, {F32(1)}, b_silu, r_silu, 1e-6, 1e-5},
     {"silu 131x257", 1, {F32(131, 257)}, b_silu, r_silu, 1e-6, 1e-5},
+    {"gelu 1", 1, {F32(1)}, b_gelu, r_gelu, 1e-6, 1e-5},
+    {"gelu 131x257", 1, {F32(131, 257)}, b_gelu, r_gelu, 1e-6, 1e-5},
+    {"gelu Tx67", 1, {F32(T_, 67)}, b_gelu, r_gelu, 1e-6, 1e-5, .cap = 29},
     {"swiglu 7x13", 2, {F32(7, 13), F32(7, 13)}, b_swiglu, r_swiglu, 1e-6, 1e-5},
     {"swiglu Tx67", 2, {F32(T_, 67), F32(T_, 67)}, b_swiglu, r_swiglu, 1e-6, 1e-5, .cap = 41},
     /* reductions */

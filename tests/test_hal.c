@@ -1,6 +1,8 @@
 /* HAL: the registry (built-in cpu, register/unregister, incomplete tables and
  * duplicates refused), device properties (through the table and the public
- * accessors), buffer round trips, the log hook and the API version. */
+ * accessors), buffer round trips, the log hook and the API version, the op table,
+ * and every built backend's kernel table against the CPU's (a missing kernel
+ * fails unless the backend declares why it lacks it). */
 #include <stdio.h>
 #include <string.h>
 
@@ -16,6 +18,12 @@ static void capture(twk_log_level level, const char *msg, void *user) {
     snprintf(logged, sizeof logged, "%s", msg);
     logged_level = (int)level;
     n_logged += *(int *)user;
+}
+
+/* A backend whose kernel table misses ADD and declares MUL unsupported. */
+static int gappy_op_kernel(twk_op op, const char **why) {
+    *why = op == TWK_OP_MUL ? "declared: a test backend" : NULL;
+    return op != TWK_OP_ADD && op != TWK_OP_MUL;
 }
 
 static void check(int cond, const char *what) {
@@ -91,6 +99,34 @@ int main(void) {
     check(1, "every status has a name");
     check(!strcmp(twk_op_name(TWK_OP_MATMUL), "matmul") && !strcmp(twk_op_name(TWK_OP_COUNT), "?"),
           "op names come from the op list");
+    /* the op table: a row per op, kinds consistent with the kernels */
+    int rows_ok = 1;
+    for (int op = 0; op < TWK_OP_COUNT; op++) {
+        const twk_op_traits *t = twk_op_info((twk_op)op);
+        const char *why = NULL;
+        rows_ok &= t->name && strcmp(t->name, "?") != 0 && (t->checked & ~t->index) == 0;
+        rows_ok &= (t->checked != 0) == (t->ids.check != TWK_IDS_NONE);
+        rows_ok &= twk_op_has_kernel((twk_op)op) == (cpu->op_kernel((twk_op)op, &why) != 0);
+        rows_ok &= t->kind != TWK_OPK_MAP || (t->nsrc == 1 && twk_op_info(t->back)->nsrc == 2);
+    }
+    check(rows_ok, "op table: named rows, checked ids are ids and have an id rule, the CPU runs exactly the ops that need a kernel, "
+                   "every map has a (x, dy) gradient op");
+    for (int i = 0; i < twk_backend_count(); i++) {
+        const twk_backend_iface *be = twk_backend_get(i);
+        char missing[300], declared[300], what[800];
+        int n = twk_backend_missing_kernels(be, missing, sizeof missing, declared, sizeof declared);
+        snprintf(what, sizeof what, "backend %s has a kernel for every op the cpu runs%s%s%s%s", be->name,
+                 n ? "; missing:" : "", missing, declared[0] ? "; declared unsupported:" : "", declared);
+        check(n == 0, what);
+    }
+    twk_backend_iface gappy = *cpu;
+    gappy.name = "gappy";
+    gappy.op_kernel = gappy_op_kernel;
+    char missing[256], declared[256];
+    int n = twk_backend_missing_kernels(&gappy, missing, sizeof missing, declared, sizeof declared);
+    printf("     gappy: missing%s; declared%s\n", missing, declared);
+    check(n == 1 && !strcmp(missing, " add") && strstr(declared, "mul (declared: a test backend)"),
+          "a missing kernel is found; a declared one is only listed");
     printf("%d failures\n", fails);
     return fails ? 1 : 0;
 }

@@ -15,45 +15,21 @@ typedef struct cpu_buffer {
     unsigned char *data;
 } cpu_buffer;
 
-static cpu_kernel kernel_for(twk_op op) {
-    switch (op) {
-    case TWK_OP_FILL: return cpu_fill;
-    case TWK_OP_PERMUTE: return cpu_permute;
-    case TWK_OP_SLICE: return cpu_slice;
-    case TWK_OP_SLICE_BACK: return cpu_slice_back;
-    case TWK_OP_CONCAT: return cpu_concat;
-    case TWK_OP_BROADCAST: return cpu_broadcast;
-    case TWK_OP_SUM_TO: return cpu_sum_to;
-    case TWK_OP_ADD: return cpu_add;
-    case TWK_OP_MUL: return cpu_mul;
-    case TWK_OP_SCALE: return cpu_scale;
-    case TWK_OP_SILU: return cpu_silu;
-    case TWK_OP_SILU_BACK: return cpu_silu_back;
-    case TWK_OP_SWIGLU: return cpu_swiglu;
-    case TWK_OP_SWIGLU_BACK: return cpu_swiglu_back;
-    case TWK_OP_SUM: return cpu_sum;
-    case TWK_OP_MEAN: return cpu_mean;
-    case TWK_OP_WEIGHTED_SUM: return cpu_weighted_sum;
-    case TWK_OP_MATMUL: return cpu_matmul;
-    case TWK_OP_GET_ROWS: return cpu_get_rows;
-    case TWK_OP_GET_ROWS_BACK: return cpu_get_rows_back;
-    case TWK_OP_RMSNORM: return cpu_rmsnorm;
-    case TWK_OP_RMSNORM_BACK_X: return cpu_rmsnorm_back_x;
-    case TWK_OP_RMSNORM_BACK_W: return cpu_rmsnorm_back_w;
-    case TWK_OP_ROPE: return cpu_rope;
-    case TWK_OP_ATTN: return cpu_attn;
-    case TWK_OP_ATTN_LSE: return cpu_attn_lse;
-    case TWK_OP_ATTN_BACK: return cpu_attn_back;
-    case TWK_OP_LOGPROBS: return cpu_logprobs;
-    case TWK_OP_LOGPROBS_BACK: return cpu_logprobs_back;
-    case TWK_OP_KV_WRITE: return cpu_kv_write;
-    case TWK_OP_ATTN_CACHE: return cpu_attn_cache;
-    case TWK_OP_LORA_GATHER: return cpu_lora_gather;
-    default: return NULL;
-    }
+/* The dispatch table: one kernel per op that needs one (CPU_KERNELS). */
+static const cpu_kernel kernels[TWK_OP_COUNT] = {
+#define CPU_ENTRY_(op, fn) [TWK_OP_##op] = fn,
+    CPU_KERNELS(CPU_ENTRY_)
+#undef CPU_ENTRY_
+};
+_Static_assert(sizeof kernels / sizeof kernels[0] == TWK_OP_COUNT, "one entry per op");
+
+static cpu_kernel kernel_for(twk_op op) { return (int)op >= 0 && op < TWK_OP_COUNT ? kernels[op] : NULL; }
+
+/* The CPU declares nothing unsupported: it is the reference every op has. */
+static int cpu_op_kernel(twk_op op, const char **why) {
+    *why = NULL;
+    return kernel_for(op) != NULL;
 }
-
-
 
 static int cpu_device_count(void) { return 1; }
 
@@ -240,6 +216,15 @@ static void resolve(cpu_tensor *t, const twk_tensor_desc *d, int64_t n) {
     }
 }
 
+/* Bad ids (the op table's IDS rule) as TWK_ERR_RANGE before the kernel runs. */
+static twk_status check_ids(const cpu_call *c, int64_t n) {
+    if (!twk_op_info(c->l->op)->checked) return TWK_OK;
+    const void *host[TWK_MAX_SRC] = {0};
+    for (int k = 0; k < c->l->nsrc; k++) host[k] = c->src[k].data;
+    char msg[256];
+    return twk_launch_bad_id(c->l, n, host, msg, sizeof msg) ? twk_error(TWK_ERR_RANGE, "%s", msg) : TWK_OK;
+}
+
 static twk_status cpu_run(void *vctx, void *prepared, const twk_hal_plan *plan, int64_t n) {
     cpu_ctx *ctx = vctx;
     cpu_prepared *pp = prepared;
@@ -251,9 +236,11 @@ static twk_status cpu_run(void *vctx, void *prepared, const twk_hal_plan *plan, 
         c.l = l;
         resolve(&c.dst, &l->dst, n);
         for (int k = 0; k < l->nsrc; k++) resolve(&c.src[k], &l->src[k], n);
+        twk_status st = check_ids(&c, n);
+        if (st != TWK_OK) return st;
         struct timespec t0, t1;
         if (ctx->profile) clock_gettime(CLOCK_MONOTONIC, &t0);
-        twk_status st = pp->kernels[i](&c);
+        st = pp->kernels[i](&c);
         if (st != TWK_OK) return st;
         if (ctx->profile) {
             clock_gettime(CLOCK_MONOTONIC, &t1);
@@ -282,6 +269,7 @@ static const twk_backend_iface cpu_iface = {
     .copy = cpu_copy,
     .memset_zero = cpu_memset_zero,
     .supports_op = cpu_supports_op,
+    .op_kernel = cpu_op_kernel,
     .prepare = cpu_prepare,
     .release = cpu_release,
     .run = cpu_run,

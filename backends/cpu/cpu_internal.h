@@ -1,4 +1,4 @@
-/* CPU backend internals: the thread pool, scratch memory and kernel table. */
+/* CPU backend internals: the thread pool, scratch memory and the kernel list. */
 #ifndef TWK_CPU_INTERNAL_H
 #define TWK_CPU_INTERNAL_H
 
@@ -55,39 +55,23 @@ typedef struct cpu_call {
 
 typedef twk_status (*cpu_kernel)(const cpu_call *c);
 
-/* Kernels, one per op (grouped by family in kern_*.c). */
-twk_status cpu_fill(const cpu_call *c);
-twk_status cpu_permute(const cpu_call *c);
-twk_status cpu_slice(const cpu_call *c);
-twk_status cpu_slice_back(const cpu_call *c);
-twk_status cpu_concat(const cpu_call *c);
-twk_status cpu_broadcast(const cpu_call *c);
-twk_status cpu_sum_to(const cpu_call *c);
-twk_status cpu_add(const cpu_call *c);
-twk_status cpu_mul(const cpu_call *c);
-twk_status cpu_scale(const cpu_call *c);
-twk_status cpu_silu(const cpu_call *c);
-twk_status cpu_silu_back(const cpu_call *c);
-twk_status cpu_swiglu(const cpu_call *c);
-twk_status cpu_swiglu_back(const cpu_call *c);
-twk_status cpu_sum(const cpu_call *c);
-twk_status cpu_mean(const cpu_call *c);
-twk_status cpu_weighted_sum(const cpu_call *c);
-twk_status cpu_matmul(const cpu_call *c);
-twk_status cpu_get_rows(const cpu_call *c);
-twk_status cpu_get_rows_back(const cpu_call *c);
-twk_status cpu_rmsnorm(const cpu_call *c);
-twk_status cpu_rmsnorm_back_x(const cpu_call *c);
-twk_status cpu_rmsnorm_back_w(const cpu_call *c);
-twk_status cpu_rope(const cpu_call *c);
-twk_status cpu_attn(const cpu_call *c);
-twk_status cpu_attn_lse(const cpu_call *c);
-twk_status cpu_attn_back(const cpu_call *c);
-twk_status cpu_logprobs(const cpu_call *c);
-twk_status cpu_logprobs_back(const cpu_call *c);
-twk_status cpu_kv_write(const cpu_call *c);
-twk_status cpu_attn_cache(const cpu_call *c);
-twk_status cpu_lora_gather(const cpu_call *c);
+/* Every CPU kernel: X(OP, function), defined by family in kern_*.c.
+ * cpu_backend.c builds its [TWK_OP_COUNT] dispatch table from this list. */
+#define CPU_KERNELS(X)                                                                                   \
+    X(FILL, cpu_fill) X(PERMUTE, cpu_permute) X(SLICE, cpu_slice) X(SLICE_BACK, cpu_slice_back)         \
+    X(CONCAT, cpu_concat) X(BROADCAST, cpu_broadcast) X(SUM_TO, cpu_sum_to) X(ADD, cpu_add)             \
+    X(MUL, cpu_mul) X(SCALE, cpu_scale) X(SILU, cpu_silu) X(SILU_BACK, cpu_silu_back)                   \
+    X(SWIGLU, cpu_swiglu) X(SWIGLU_BACK, cpu_swiglu_back) X(SUM, cpu_sum) X(MEAN, cpu_mean)             \
+    X(WEIGHTED_SUM, cpu_weighted_sum) X(MATMUL, cpu_matmul) X(GET_ROWS, cpu_get_rows)                   \
+    X(GET_ROWS_BACK, cpu_get_rows_back) X(RMSNORM, cpu_rmsnorm) X(RMSNORM_BACK_X, cpu_rmsnorm_back_x)   \
+    X(RMSNORM_BACK_W, cpu_rmsnorm_back_w) X(ROPE, cpu_rope) X(ATTN, cpu_attn) X(ATTN_LSE, cpu_attn_lse) \
+    X(ATTN_BACK, cpu_attn_back) X(LOGPROBS, cpu_logprobs) X(LOGPROBS_BACK, cpu_logprobs_back)           \
+    X(KV_WRITE, cpu_kv_write) X(ATTN_CACHE, cpu_attn_cache) X(LORA_GATHER, cpu_lora_gather)               \
+    X(GELU, cpu_gelu) X(GELU_BACK, cpu_gelu_back)
+
+#define CPU_DECLARE_(op, fn) twk_status fn(const cpu_call *c);
+CPU_KERNELS(CPU_DECLARE_)
+#undef CPU_DECLARE_
 
 /* Reads id i of an i32/i64 tensor. */
 static inline int64_t cpu_id_at(const cpu_tensor *t, int64_t i) {

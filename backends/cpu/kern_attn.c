@@ -23,22 +23,6 @@ static inline float dot(const float *a, const float *b, int64_t n) {
     return s;
 }
 
-/* Segments must be contiguous runs: seg[0] = 0 and each seg[i] is either the
- * previous token's start or i itself. */
-static twk_status check_segments(const cpu_call *c, const cpu_tensor *seg) {
-    int64_t prev = 0;
-    for (int64_t i = 0; i < seg->nelem; i++) {
-        int64_t s = cpu_id_at(seg, i);
-        if (s < 0 || s > i || (s != prev && s != i))
-            return twk_error(TWK_ERR_RANGE,
-                             "%s '%s': seg_start[%lld] = %lld is not a segment start (want %lld or %lld)",
-                             twk_op_name(c->l->op), c->l->name, (long long)i, (long long)s,
-                             (long long)prev, (long long)i);
-        prev = s;
-    }
-    return TWK_OK;
-}
-
 typedef struct attn_shape {
     int64_t T, Hq, Hkv, D, group;
     float scale;
@@ -139,8 +123,6 @@ static void fwd_block(const cpu_call *c, const attn_shape *a, int64_t s, int64_t
 }
 
 twk_status cpu_attn(const cpu_call *c) {
-    twk_status st = check_segments(c, &c->src[3]);
-    if (st != TWK_OK) return st;
     attn_shape a;
     shape_of(&a, c, 3);
     return for_blocks(c, &a, fwd_block);
@@ -155,8 +137,6 @@ static void lse_block(const cpu_call *c, const attn_shape *a, int64_t s, int64_t
 }
 
 twk_status cpu_attn_lse(const cpu_call *c) {
-    twk_status st = check_segments(c, &c->src[2]);
-    if (st != TWK_OK) return st;
     attn_shape a;
     shape_of(&a, c, 2);
     return for_blocks(c, &a, lse_block);
@@ -198,8 +178,6 @@ static void back_block(const cpu_call *c, const attn_shape *a, int64_t s, int64_
 }
 
 twk_status cpu_attn_back(const cpu_call *c) {
-    twk_status st = check_segments(c, &c->src[3]);
-    if (st != TWK_OK) return st;
     attn_shape a;
     shape_of(&a, c, 3);
     if (c->l->ip[0] != 0) memset(c->dst.data, 0, (size_t)c->dst.nelem * sizeof(float)); /* dK, dV accumulate */

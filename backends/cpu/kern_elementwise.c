@@ -1,4 +1,5 @@
-/* Elementwise kernels and the broadcast / sum-to pair. */
+/* Elementwise kernels (fill, scale, silu, gelu, swiglu and their gradients)
+ * and the broadcast / sum-to pair. */
 #include <math.h>
 #include <string.h>
 
@@ -105,6 +106,28 @@ static void silu_back_range(void *arg, int64_t b, int64_t e) {
     }
 }
 
+/* GELU, tanh approximation: 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)
+ * (the sigmoid form has no cancellation for negative x). */
+#define GELU_2C 1.5957691216057308f /* 2 sqrt(2/pi) */
+static inline float gelu_2u(float x) { return GELU_2C * (x + 0.044715f * x * x * x); }
+
+static void gelu_range(void *arg, int64_t b, int64_t e) {
+    const cpu_call *c = ((map_job *)arg)->c;
+    const float *x = c->src[0].data;
+    float *y = c->dst.data;
+    for (int64_t i = b; i < e; i++) y[i] = x[i] * sigmoidf_(gelu_2u(x[i]));
+}
+
+static void gelu_back_range(void *arg, int64_t b, int64_t e) {
+    const cpu_call *c = ((map_job *)arg)->c;
+    const float *x = c->src[0].data, *dy = c->src[1].data;
+    float *y = c->dst.data;
+    for (int64_t i = b; i < e; i++) {
+        float v = x[i], s = sigmoidf_(gelu_2u(v));
+        y[i] = dy[i] * (s + v * s * (1.0f - s) * GELU_2C * (1.0f + 0.134145f * v * v));
+    }
+}
+
 static void swiglu_range(void *arg, int64_t b, int64_t e) {
     const cpu_call *c = ((map_job *)arg)->c;
     const float *g = c->src[0].data, *u = c->src[1].data;
@@ -137,6 +160,8 @@ twk_status cpu_scale(const cpu_call *c) { return map(c, scale_range); }
 twk_status cpu_silu(const cpu_call *c) { return map(c, silu_range); }
 twk_status cpu_silu_back(const cpu_call *c) { return map(c, silu_back_range); }
 twk_status cpu_swiglu(const cpu_call *c) { return map(c, swiglu_range); }
+twk_status cpu_gelu(const cpu_call *c) { return map(c, gelu_range); }
+twk_status cpu_gelu_back(const cpu_call *c) { return map(c, gelu_back_range); }
 twk_status cpu_swiglu_back(const cpu_call *c) { return map(c, swiglu_back_range); }
 
 /* ---- broadcast and its adjoint ---- */

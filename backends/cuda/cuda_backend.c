@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cuda_internal.h"
+#include "kd.h"
 
 /* cuBLAS's workspace: the size NVIDIA recommends for Hopper; needed so GEMMs
  * inside CUDA-graph capture never allocate. */
@@ -381,6 +382,7 @@ static const twk_backend_iface cuda_iface = {
     .copy = cuda_copy,
     .memset_zero = cuda_memset_zero,
     .supports_op = cuda_supports_op,
+    .op_kernel = kd_op_kernel,
     .prepare = cuda_prepare,
     .release = cuda_release,
     .run = cuda_run,

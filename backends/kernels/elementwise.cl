@@ -1,4 +1,4 @@
-/* Elementwise kernels: fill, scale, silu, swiglu and their gradients, add/mul
+/* Elementwise kernels: fill, scale, silu, gelu, swiglu and their gradients, add/mul
  * with b broadcast to a, broadcast and its adjoint sum_to. One work item per
  * output element (grids are rounded up; items past n return). Broadcast
  * shapes arrive as 4-D right-aligned dims with strides 0 where broadcast. */
@@ -32,6 +32,24 @@ TWK_KERNEL silu_back_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float
     if (i >= n) return;
     float v = x[x_off + i], s = kd_sigmoid(v);
     y[y_off + i] = dy[dy_off + i] * s * (1.0f + v * (1.0f - s));
+}
+
+/* GELU, tanh approximation: x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3) */
+TWK_FN float kd_gelu_2u(float x) { return 1.5957691216057308f * (x + 0.044715f * x * x * x); }
+
+TWK_KERNEL gelu_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *x, long x_off, long n) {
+    long i = TWK_GID(0);
+    if (i >= n) return;
+    float v = x[x_off + i];
+    y[y_off + i] = v * kd_sigmoid(kd_gelu_2u(v));
+}
+
+TWK_KERNEL gelu_back_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *x, long x_off,
+                         TWK_GLOBAL const float *dy, long dy_off, long n) {
+    long i = TWK_GID(0);
+    if (i >= n) return;
+    float v = x[x_off + i], s = kd_sigmoid(kd_gelu_2u(v));
+    y[y_off + i] = dy[dy_off + i] * (s + v * s * (1.0f - s) * 1.5957691216057308f * (1.0f + 0.134145f * v * v));
 }
 
 TWK_KERNEL swiglu_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *g, long g_off,

@@ -1,92 +1,69 @@
-/* kd: which ops the shared kernels run (kd_supports), the per-op dispatch of
- * kd_lower, GEMM descriptions for the BLAS, and the argument/grid builders. */
+/* kd: the kernel table (one entry per op: its lowering, or why the kernels
+ * do not run it), which launches the shared kernels run (kd_supports), GEMM
+ * descriptions for the BLAS, and kd_lower's dispatch through the table. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "kd_internal.h"
 
-void kd_begin(kd_call *c, const char *name) {
-    memset(c, 0, sizeof *c);
-    c->kernel = name;
-}
+/* One op's entry: `lower` writes its calls (given `kernel`, for the lowerings
+ * several ops share); `gemm` hands it to the backend's BLAS; `unsupported`
+ * says why the kernels do not run an op that has a CPU kernel. */
+typedef struct kd_entry {
+    kd_lower_fn lower;
+    const char *kernel;
+    int gemm;
+    const char *unsupported;
+} kd_entry;
 
-static kd_arg *next_arg(kd_call *c) {
-    /* the kernels' signatures are fixed and below KD_MAX_ARGS; clamp defensively */
-    if (c->nargs >= KD_MAX_ARGS) return &c->args[KD_MAX_ARGS - 1];
-    kd_arg *a = &c->args[c->nargs++];
-    memset(a, 0, sizeof *a);
-    return a;
-}
+static const kd_entry table[TWK_OP_COUNT] = {
+    [TWK_OP_FILL] = {kd_lower_map_f, "fill_f32"},
+    [TWK_OP_PERMUTE] = {kd_lower_permute, "permute_words"},
+    [TWK_OP_SLICE] = {kd_lower_slice, "copy_axis_words"},
+    [TWK_OP_SLICE_BACK] = {kd_lower_slice_back, "copy_axis_words"},
+    [TWK_OP_CONCAT] = {kd_lower_concat, "copy_axis_words"},
+    [TWK_OP_BROADCAST] = {kd_lower_broadcast, "broadcast_f32"},
+    [TWK_OP_SUM_TO] = {kd_lower_sum_to, "sum_to_f32"},
+    [TWK_OP_ADD] = {kd_lower_binary, "binary_f32"},
+    [TWK_OP_MUL] = {kd_lower_binary, "binary_f32"},
+    [TWK_OP_SCALE] = {kd_lower_map_f, "scale_f32"},
+    [TWK_OP_SILU] = {kd_lower_map, "silu_f32"},
+    [TWK_OP_SILU_BACK] = {kd_lower_map, "silu_back_f32"},
+    [TWK_OP_SWIGLU] = {kd_lower_map, "swiglu_f32"},
+    [TWK_OP_SWIGLU_BACK] = {kd_lower_map_i, "swiglu_back_f32"},
+    [TWK_OP_GELU] = {kd_lower_map, "gelu_f32"},
+    [TWK_OP_GELU_BACK] = {kd_lower_map, "gelu_back_f32"},
+    [TWK_OP_SUM] = {kd_lower_reduce, "reduce_sum_f32"},
+    [TWK_OP_MEAN] = {kd_lower_reduce, "reduce_sum_f32"},
+    [TWK_OP_WEIGHTED_SUM] = {kd_lower_reduce, "reduce_sum_f32"},
+    [TWK_OP_MATMUL] = {.gemm = 1},
+    [TWK_OP_GET_ROWS] = {kd_lower_get_rows, "get_rows_f32"},
+    [TWK_OP_GET_ROWS_BACK] = {kd_lower_get_rows_back, "get_rows_back_f32"},
+    [TWK_OP_RMSNORM] = {kd_lower_rmsnorm, "rmsnorm_f32"},
+    [TWK_OP_RMSNORM_BACK_X] = {kd_lower_rmsnorm, "rmsnorm_back_x_f32"},
+    [TWK_OP_RMSNORM_BACK_W] = {kd_lower_rmsnorm_back_w, "rmsnorm_back_w_f32"},
+    [TWK_OP_ROPE] = {kd_lower_rope, "rope_f32"},
+    [TWK_OP_ATTN] = {kd_lower_attn_fwd, "attn_fwd_f32"},
+    [TWK_OP_ATTN_LSE] = {kd_lower_attn_fwd, "attn_fwd_f32"},
+    [TWK_OP_ATTN_BACK] = {kd_lower_attn_back, NULL},
+    [TWK_OP_LOGPROBS] = {kd_lower_logprobs, "logprobs_f32"},
+    [TWK_OP_LOGPROBS_BACK] = {kd_lower_logprobs_back, "logprobs_back_f32"},
+    [TWK_OP_KV_WRITE] = {kd_lower_kv_write, "kv_write_f32"},
+    [TWK_OP_ATTN_CACHE] = {kd_lower_attn_fwd, "attn_fwd_f32"},
+    [TWK_OP_LORA_GATHER] = {kd_lower_lora_gather, "lora_gather_f32"},
+};
+_Static_assert(sizeof table / sizeof table[0] == TWK_OP_COUNT, "one entry per op");
 
-void kd_buf(kd_call *c, const twk_launch *l, int t, size_t elem) {
-    kd_arg *a = next_arg(c);
-    const twk_tensor_desc *d = t < 0 ? &l->dst : &l->src[t];
-    a->kind = KD_BUF;
-    a->tensor = t;
-    a->i64 = (int64_t)(d->offset / elem);
-}
+static const kd_entry *entry(twk_op op) { return (int)op >= 0 && op < TWK_OP_COUNT ? &table[op] : NULL; }
 
-void kd_err(kd_call *c) { next_arg(c)->kind = KD_ERR; }
-
-void kd_i32(kd_call *c, int32_t v) {
-    kd_arg *a = next_arg(c);
-    a->kind = KD_I32;
-    a->i32 = v;
-}
-
-void kd_i64(kd_call *c, int64_t v) {
-    kd_arg *a = next_arg(c);
-    a->kind = KD_I64;
-    a->i64 = v;
-}
-
-void kd_f32(kd_call *c, float v) {
-    kd_arg *a = next_arg(c);
-    a->kind = KD_F32;
-    a->f32 = v;
-}
-
-void kd_grid_items(kd_call *c, int64_t items, size_t local) {
-    size_t groups = (size_t)((items + (int64_t)local - 1) / (int64_t)local);
-    kd_grid_groups(c, (int64_t)(groups ? groups : 1), local);
-}
-
-void kd_grid_groups(kd_call *c, int64_t groups, size_t local) {
-    c->dims = 1;
-    c->local[0] = local;
-    c->global[0] = (size_t)groups * local;
-    c->local[1] = c->local[2] = c->global[1] = c->global[2] = 1;
-}
-
-size_t kd_pow2_local(int64_t n, size_t max) {
-    size_t p = 32;
-    while (p < max && (int64_t)p < n) p *= 2;
-    return p;
-}
-
-int64_t kd_dim(const twk_tensor_desc *t, int i, int64_t n) { return twk_desc_dim(t, i, n); }
-
-int64_t kd_nelem(const twk_tensor_desc *t, int64_t n) { return twk_desc_nelem(t, n); }
-
-void kd_pad4(const twk_tensor_desc *t, int64_t n, int64_t d[4]) {
-    int off = 4 - t->ndim;
-    for (int i = 0; i < 4; i++) d[i] = i < off ? 1 : twk_desc_dim(t, i - off, n);
+int kd_op_kernel(twk_op op, const char **why) {
+    const kd_entry *e = entry(op);
+    *why = e ? e->unsupported : NULL;
+    return e && (e->lower || e->gemm);
 }
 
 /* ---- support ---- */
-
-
-
-static int has_kernel(twk_op op) {
-    switch (op) {
-    case TWK_OP_INPUT:
-    case TWK_OP_PARAM:
-    case TWK_OP_RESHAPE:
-    case TWK_OP_COUNT: return 0;
-    default: return (int)op >= 0 && op < TWK_OP_COUNT;
-    }
-}
 
 /* Writes a reason to why (if given); returns 0 (not supported). */
 static int say(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -100,14 +77,8 @@ static int say(char *why, size_t len, const char *fmt, ...) {
     return 0;
 }
 
-int kd_supports(const twk_launch *l, char *why, size_t why_len) {
-    if (!l) return say(why, why_len, "no launch");
-    if (!has_kernel(l->op)) return say(why, why_len, "no kernel for %s (a leaf or a view)", twk_op_name(l->op));
-    if (l->dst.ndim < 1 || l->dst.ndim > 4) return say(why, why_len, "rank %d outside 1..4", l->dst.ndim);
-    if (twk_op_is_copy(l->op) && twk_dtype_size(l->dst.type) != 4 && twk_dtype_size(l->dst.type) != 8)
-        return say(why, why_len, "element size %zu bytes", twk_dtype_size(l->dst.type));
-    if (!twk_launch_dtypes_ok(l, "the kernels", why, why_len)) return 0;
-    if (twk_op_is_copy(l->op)) return 1;
+/* The kernels' limits on attention (head size, head grouping) and GEMM ranks. */
+static int shapes_ok(const twk_launch *l, char *why, size_t why_len) {
     if (l->op == TWK_OP_ATTN || l->op == TWK_OP_ATTN_LSE || l->op == TWK_OP_ATTN_BACK ||
         l->op == TWK_OP_ATTN_CACHE) {
         int64_t D = l->src[0].ne[2];
@@ -123,6 +94,20 @@ int kd_supports(const twk_launch *l, char *why, size_t why_len) {
             return say(why, why_len, "matmul of ranks %d and %d", r, l->src[1].ndim);
     }
     return 1;
+}
+
+int kd_supports(const twk_launch *l, char *why, size_t why_len) {
+    if (!l) return say(why, why_len, "no launch");
+    const char *reason = NULL;
+    if (!kd_op_kernel(l->op, &reason))
+        return say(why, why_len, "no kernel for %s (%s)", twk_op_name(l->op),
+                   reason ? reason : twk_op_has_kernel(l->op) ? "missing from the kernel table" : "a leaf or a view");
+    if (l->dst.ndim < 1 || l->dst.ndim > 4) return say(why, why_len, "rank %d outside 1..4", l->dst.ndim);
+    int copy = twk_op_info(l->op)->kind == TWK_OPK_COPY;
+    if (copy && twk_dtype_size(l->dst.type) != 4 && twk_dtype_size(l->dst.type) != 8)
+        return say(why, why_len, "element size %zu bytes", twk_dtype_size(l->dst.type));
+    if (!twk_launch_dtypes_ok(l, "the kernels", why, why_len)) return 0;
+    return copy || shapes_ok(l, why, why_len);
 }
 
 /* ---- lowering ---- */
@@ -153,31 +138,12 @@ int kd_lower(const twk_launch *l, int64_t n, kd_call *calls, kd_gemm *gemm, int 
                   l && l->name ? l->name : "", why);
         return -1;
     }
-    if (l->op == TWK_OP_MATMUL) {
+    const kd_entry *e = entry(l->op);
+    if (e->gemm) {
         lower_gemm(l, n, gemm);
         if (is_gemm) *is_gemm = 1;
         return 0;
     }
     if (kd_nelem(&l->dst, n) == 0) return 0;
-    switch (l->op) {
-    case TWK_OP_PERMUTE:
-    case TWK_OP_SLICE:
-    case TWK_OP_SLICE_BACK:
-    case TWK_OP_CONCAT: return kd_lower_layout(l, n, calls);
-    case TWK_OP_ATTN:
-    case TWK_OP_ATTN_LSE:
-    case TWK_OP_ATTN_BACK:
-    case TWK_OP_ATTN_CACHE: return kd_lower_attn(l, n, calls);
-    case TWK_OP_GET_ROWS:
-    case TWK_OP_GET_ROWS_BACK:
-    case TWK_OP_RMSNORM:
-    case TWK_OP_RMSNORM_BACK_X:
-    case TWK_OP_RMSNORM_BACK_W:
-    case TWK_OP_ROPE:
-    case TWK_OP_LOGPROBS:
-    case TWK_OP_LOGPROBS_BACK:
-    case TWK_OP_KV_WRITE:
-    case TWK_OP_LORA_GATHER: return kd_lower_nn(l, n, calls);
-    default: return kd_lower_elementwise(l, n, calls);
-    }
+    return e->lower(l, n, calls, e->kernel);
 }

@@ -1,5 +1,5 @@
-/* kd internals: building kd_call argument lists and grids, shared by the
- * per-family lowering files. */
+/* kd internals: the kd_call builders (kd_args.c) the per-op lowerings use
+ * (kd_lower_*.c), and those lowerings, which kd.c's table names. */
 #ifndef TWK_KD_INTERNAL_H
 #define TWK_KD_INTERNAL_H
 
@@ -32,10 +32,35 @@ void kd_pad4(const twk_tensor_desc *t, int64_t n, int64_t d[4]);
 int64_t kd_dim(const twk_tensor_desc *t, int i, int64_t n);
 int64_t kd_nelem(const twk_tensor_desc *t, int64_t n);
 
-/* Per-family lowering: the number of calls written (0 = nothing to do), or -1. */
-int kd_lower_elementwise(const twk_launch *l, int64_t n, kd_call *calls);
-int kd_lower_layout(const twk_launch *l, int64_t n, kd_call *calls);
-int kd_lower_nn(const twk_launch *l, int64_t n, kd_call *calls);
-int kd_lower_attn(const twk_launch *l, int64_t n, kd_call *calls);
+/* A lowering: writes the calls of launch l at token count n (`kernel` is
+ * its table entry's kernel name); their number (0 = nothing to do), or -1
+ * with an error. kd.c's table names one per op. */
+typedef int (*kd_lower_fn)(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+
+/* kd_lower_ew.c: maps (y, sources..., n [, fparam 0 | iparam 0]), add/mul,
+ * broadcast, sum_to, reductions, layout. */
+int kd_lower_map(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_map_f(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_map_i(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_binary(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_broadcast(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_sum_to(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_reduce(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_permute(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_slice(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_slice_back(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_concat(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+/* kd_lower_nn.c: transformer ops, the KV cache, attention. */
+int kd_lower_get_rows(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_get_rows_back(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_rmsnorm(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_rmsnorm_back_w(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_rope(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_logprobs(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_logprobs_back(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_kv_write(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_lora_gather(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_attn_fwd(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_attn_back(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 
 #endif

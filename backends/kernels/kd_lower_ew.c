@@ -1,5 +1,5 @@
-/* Lowering of the elementwise, reduction and layout ops (elementwise.cl,
- * reduce.cl, layout.cl). */
+/* Lowerings of the elementwise, reduction and layout ops (elementwise.cl,
+ * reduce.cl, layout.cl), one per op or per group of ops (kd.c's table). */
 #include "kd_internal.h"
 
 /* Strides (elements) of a padded shape s read by a bigger shape; 0 where s is 1. */
@@ -29,87 +29,79 @@ static void shape_args(kd_call *c, const int64_t D[4], const int64_t st[4]) {
     for (int i = 0; i < 4; i++) kd_i64(c, st[i]);
 }
 
-int kd_lower_elementwise(const twk_launch *l, int64_t n, kd_call *calls) {
-    kd_call *c = &calls[0];
-    int64_t ne = kd_nelem(&l->dst, n);
-    switch (l->op) {
-    case TWK_OP_FILL:
-        map_call(l, n, c, "fill_f32", 0);
-        kd_f32(c, l->fp[0]);
-        return 1;
-    case TWK_OP_SCALE:
-        map_call(l, n, c, "scale_f32", 1);
-        kd_f32(c, l->fp[0]);
-        return 1;
-    case TWK_OP_SILU: return map_call(l, n, c, "silu_f32", 1);
-    case TWK_OP_SILU_BACK: return map_call(l, n, c, "silu_back_f32", 2);
-    case TWK_OP_SWIGLU: return map_call(l, n, c, "swiglu_f32", 2);
-    case TWK_OP_SWIGLU_BACK:
-        map_call(l, n, c, "swiglu_back_f32", 3);
-        kd_i32(c, l->ip[0]);
-        return 1;
-    case TWK_OP_ADD:
-    case TWK_OP_MUL: {
-        int64_t B[4], S[4], st[4];
-        kd_pad4(&l->dst, n, B);
-        kd_pad4(&l->src[1], n, S);
-        bcast_strides(S, st);
-        map_call(l, n, c, "binary_f32", 2);
-        shape_args(c, B, st);
-        kd_i32(c, l->op == TWK_OP_ADD ? 0 : 1);
-        return 1;
-    }
-    case TWK_OP_BROADCAST: {
-        int64_t D[4], S[4], st[4];
-        kd_pad4(&l->dst, n, D);
-        kd_pad4(&l->src[0], n, S);
-        bcast_strides(S, st);
-        map_call(l, n, c, "broadcast_f32", 1);
-        shape_args(c, D, st);
-        kd_f32(c, l->ip[0] ? (float)(1.0 / (double)ne) : 1.0f); /* ip[0]: the mean's gradient */
-        return 1;
-    }
-    case TWK_OP_SUM_TO: {
-        if (ne == 1) { /* down to one value: a work-group reduction, not one item's loop */
-            kd_begin(c, "reduce_sum_f32");
-            kd_buf(c, l, -1, 4);
-            kd_buf(c, l, 0, 4);
-            kd_buf(c, l, 0, 4);
-            kd_i64(c, kd_nelem(&l->src[0], n));
-            kd_i32(c, 0);
-            kd_f32(c, 1.0f);
-            kd_grid_groups(c, 1, KD_REDUCE_LOCAL);
-            return 1;
-        }
-        int64_t D[4], S[4];
-        kd_pad4(&l->dst, n, D);
-        kd_pad4(&l->src[0], n, S);
-        map_call(l, n, c, "sum_to_f32", 1);
-        kd_i64(c, D[1]);
-        kd_i64(c, D[2]);
-        kd_i64(c, D[3]);
-        for (int i = 0; i < 4; i++) kd_i64(c, S[i]);
-        return 1;
-    }
-    case TWK_OP_SUM:
-    case TWK_OP_MEAN:
-    case TWK_OP_WEIGHTED_SUM: {
-        int64_t nx = kd_nelem(&l->src[0], n);
-        int w_on = l->op == TWK_OP_WEIGHTED_SUM;
-        kd_begin(c, "reduce_sum_f32");
-        kd_buf(c, l, -1, 4);
-        kd_buf(c, l, 0, 4);
-        kd_buf(c, l, w_on ? 1 : 0, 4);
-        kd_i64(c, nx);
-        kd_i32(c, w_on);
-        kd_f32(c, l->op == TWK_OP_MEAN ? (float)(1.0 / (double)nx) : 1.0f);
-        kd_grid_groups(c, 1, KD_REDUCE_LOCAL);
-        return 1;
-    }
-    default: break;
-    }
-    twk_error(TWK_ERR_UNSUPPORTED, "kd: no lowering for op %s", twk_op_name(l->op));
-    return -1;
+int kd_lower_map(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
+    return map_call(l, n, calls, kernel, l->nsrc);
+}
+
+/* a map with fparam 0 last (fill's value, scale's factor) */
+int kd_lower_map_f(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
+    map_call(l, n, calls, kernel, l->nsrc);
+    kd_f32(calls, l->fp[0]);
+    return 1;
+}
+
+/* a map with iparam 0 last (swiglu_back's which) */
+int kd_lower_map_i(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
+    map_call(l, n, calls, kernel, l->nsrc);
+    kd_i32(calls, l->ip[0]);
+    return 1;
+}
+
+/* add / mul: b read through broadcast strides */
+int kd_lower_binary(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
+    int64_t B[4], S[4], st[4];
+    kd_pad4(&l->dst, n, B);
+    kd_pad4(&l->src[1], n, S);
+    bcast_strides(S, st);
+    map_call(l, n, calls, kernel, 2);
+    shape_args(calls, B, st);
+    kd_i32(calls, l->op == TWK_OP_ADD ? 0 : 1);
+    return 1;
+}
+
+int kd_lower_broadcast(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
+    int64_t D[4], S[4], st[4], ne = kd_nelem(&l->dst, n);
+    kd_pad4(&l->dst, n, D);
+    kd_pad4(&l->src[0], n, S);
+    bcast_strides(S, st);
+    map_call(l, n, calls, kernel, 1);
+    shape_args(calls, D, st);
+    kd_f32(calls, l->ip[0] ? (float)(1.0 / (double)ne) : 1.0f); /* ip[0]: the mean's gradient */
+    return 1;
+}
+
+/* reduce_sum_f32 over x (times w when given) into one value, times scale */
+static int reduce_call(const twk_launch *l, int64_t n, kd_call *c, int w_on, float scale) {
+    kd_begin(c, "reduce_sum_f32");
+    kd_buf(c, l, -1, 4);
+    kd_buf(c, l, 0, 4);
+    kd_buf(c, l, w_on ? 1 : 0, 4);
+    kd_i64(c, kd_nelem(&l->src[0], n));
+    kd_i32(c, w_on);
+    kd_f32(c, scale);
+    kd_grid_groups(c, 1, KD_REDUCE_LOCAL);
+    return 1;
+}
+
+int kd_lower_sum_to(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
+    /* down to one value: a work-group reduction, not one item's loop */
+    if (kd_nelem(&l->dst, n) == 1) return reduce_call(l, n, calls, 0, 1.0f);
+    int64_t D[4], S[4];
+    kd_pad4(&l->dst, n, D);
+    kd_pad4(&l->src[0], n, S);
+    map_call(l, n, calls, kernel, 1);
+    kd_i64(calls, D[1]);
+    kd_i64(calls, D[2]);
+    kd_i64(calls, D[3]);
+    for (int i = 0; i < 4; i++) kd_i64(calls, S[i]);
+    return 1;
+}
+
+/* sum, mean, weighted_sum */
+int kd_lower_reduce(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
+    (void)kernel;
+    int64_t nx = kd_nelem(&l->src[0], n);
+    return reduce_call(l, n, calls, l->op == TWK_OP_WEIGHTED_SUM, l->op == TWK_OP_MEAN ? (float)(1.0 / (double)nx) : 1.0f);
 }
 
 /* ---- layout: elements move as w int words ---- */
@@ -134,60 +126,64 @@ static void copy_axis(const twk_launch *l, int64_t n, kd_call *c, int src, int a
     kd_grid_items(c, items, KD_LOCAL_1D);
 }
 
-int kd_lower_layout(const twk_launch *l, int64_t n, kd_call *calls) {
-    int64_t w = (int64_t)(twk_dtype_size(l->dst.type) / 4);
-    int axis = l->ip[0];
-    int k = 0;
-    switch (l->op) {
-    case TWK_OP_PERMUTE: {
-        const twk_tensor_desc *x = &l->src[0];
-        int nd = x->ndim, off = 4 - nd;
-        int64_t in_st[TWK_MAX_DIMS], O[4], st[4];
-        in_st[nd - 1] = 1;
-        for (int i = nd - 2; i >= 0; i--) in_st[i] = in_st[i + 1] * kd_dim(x, i + 1, n);
-        for (int i = 0; i < 4; i++) {
-            if (i < off) {
-                O[i] = 1;
-                st[i] = 0;
-            } else {
-                int p = l->ip[i - off];
-                O[i] = kd_dim(x, p, n);
-                st[i] = in_st[p];
-            }
+/* Elements of the dst's dtype as int words. */
+static int64_t words(const twk_launch *l) { return (int64_t)(twk_dtype_size(l->dst.type) / 4); }
+
+int kd_lower_permute(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
+    const twk_tensor_desc *x = &l->src[0];
+    int nd = x->ndim, off = 4 - nd;
+    int64_t in_st[TWK_MAX_DIMS], O[4], st[4];
+    in_st[nd - 1] = 1;
+    for (int i = nd - 2; i >= 0; i--) in_st[i] = in_st[i + 1] * kd_dim(x, i + 1, n);
+    for (int i = 0; i < 4; i++) {
+        if (i < off) {
+            O[i] = 1;
+            st[i] = 0;
+        } else {
+            int p = l->ip[i - off];
+            O[i] = kd_dim(x, p, n);
+            st[i] = in_st[p];
         }
-        int64_t ne = kd_nelem(&l->dst, n);
-        kd_call *c = &calls[0];
-        kd_begin(c, "permute_words");
-        kd_buf(c, l, -1, 4);
-        kd_buf(c, l, 0, 4);
-        kd_i64(c, ne);
-        shape_args(c, O, st);
-        kd_i32(c, (int32_t)w);
-        kd_grid_items(c, ne, KD_LOCAL_1D);
-        return 1;
     }
-    case TWK_OP_SLICE:
-        copy_axis(l, n, &calls[0], 0, axis, l->ip[1], 0, kd_dim(&l->dst, axis, n), w);
-        return 1;
-    case TWK_OP_SLICE_BACK: {
-        int64_t words = kd_nelem(&l->dst, n) * w;
-        kd_call *c = &calls[k++];
-        kd_begin(c, "zero_words");
-        kd_buf(c, l, -1, 4);
-        kd_i64(c, words);
-        kd_grid_items(c, words, KD_LOCAL_1D);
-        int64_t len = kd_dim(&l->src[0], axis, n);
-        if (len > 0) copy_axis(l, n, &calls[k++], 0, axis, 0, l->ip[1], len, w);
-        return k;
-    }
-    case TWK_OP_CONCAT: {
-        int64_t la = kd_dim(&l->src[0], axis, n), lb = kd_dim(&l->src[1], axis, n);
-        if (la > 0) copy_axis(l, n, &calls[k++], 0, axis, 0, 0, la, w);
-        if (lb > 0) copy_axis(l, n, &calls[k++], 1, axis, 0, la, lb, w);
-        return k;
-    }
-    default: break;
-    }
-    twk_error(TWK_ERR_UNSUPPORTED, "kd: no layout lowering for op %s", twk_op_name(l->op));
-    return -1;
+    int64_t ne = kd_nelem(&l->dst, n);
+    kd_call *c = &calls[0];
+    kd_begin(c, kernel);
+    kd_buf(c, l, -1, 4);
+    kd_buf(c, l, 0, 4);
+    kd_i64(c, ne);
+    shape_args(c, O, st);
+    kd_i32(c, (int32_t)words(l));
+    kd_grid_items(c, ne, KD_LOCAL_1D);
+    return 1;
+}
+
+int kd_lower_slice(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
+    (void)kernel;
+    int axis = l->ip[0];
+    copy_axis(l, n, &calls[0], 0, axis, l->ip[1], 0, kd_dim(&l->dst, axis, n), words(l));
+    return 1;
+}
+
+/* zeros, then the source at ip[1] along the axis */
+int kd_lower_slice_back(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
+    (void)kernel;
+    int axis = l->ip[0], k = 0;
+    int64_t w = words(l), total = kd_nelem(&l->dst, n) * w;
+    kd_call *c = &calls[k++];
+    kd_begin(c, "zero_words");
+    kd_buf(c, l, -1, 4);
+    kd_i64(c, total);
+    kd_grid_items(c, total, KD_LOCAL_1D);
+    int64_t len = kd_dim(&l->src[0], axis, n);
+    if (len > 0) copy_axis(l, n, &calls[k++], 0, axis, 0, l->ip[1], len, w);
+    return k;
+}
+
+int kd_lower_concat(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
+    (void)kernel;
+    int axis = l->ip[0], k = 0;
+    int64_t w = words(l), la = kd_dim(&l->src[0], axis, n), lb = kd_dim(&l->src[1], axis, n);
+    if (la > 0) copy_axis(l, n, &calls[k++], 0, axis, 0, 0, la, w);
+    if (lb > 0) copy_axis(l, n, &calls[k++], 1, axis, 0, la, lb, w);
+    return k;
 }

@@ -198,6 +198,7 @@ static const twk_backend_iface ocl_iface = {
     .copy = ocl_copy,
     .memset_zero = ocl_memset_zero,
     .supports_op = ocl_supports_op,
+    .op_kernel = kd_op_kernel,
     .prepare = ocl_prepare,
     .release = ocl_release,
     .run = ocl_run,

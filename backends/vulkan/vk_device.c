@@ -432,6 +432,7 @@ static const twk_backend_iface vk_iface = {
     .copy = vk_copy,
     .memset_zero = vk_memset_zero,
     .supports_op = vk_supports_op,
+    .op_kernel = vk_op_kernel,
     .prepare = vk_prepare,
     .release = vk_release,
     .run = vk_run,

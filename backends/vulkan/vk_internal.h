@@ -155,6 +155,9 @@ int vk_lower(const vk_ctx *c, const twk_launch *l, int li, int64_t n, size_t con
 /* Bytes of plan constants a launch needs (written by vk_write_consts). */
 size_t vk_const_bytes(const twk_launch *l);
 void vk_write_consts(const twk_launch *l, void *dst);
+/* The lowering table's entry for op: 1 when Vulkan runs it; else 0 and *why =
+ * the declared reason, or NULL when it is missing. */
+int vk_op_kernel(twk_op op, const char **why);
 /* true if the launch has a lowering; else false and a reason. */
 bool vk_supports(const twk_launch *l, char *why, size_t why_len);
 /* (vk_errors.c) The CPU backend's message for launch l's bad ids at token

@@ -1,35 +1,13 @@
 /* Per-op lowering: each launch becomes 1-3 dispatches of the shaders in
- * shaders/ (pipeline = shader + spec constants, sizes in push constants).
- * Launches with ids get a check.comp dispatch first. */
+ * shaders/ (pipeline = shader + spec constants, sizes in push constants),
+ * through a table with one entry per op (its lowering and the shader's MODE,
+ * or why Vulkan does not run it). Launches with ids get a check.comp
+ * dispatch first. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "vk_internal.h"
-
-
-
-static int has_lowering(twk_op op) {
-    return op != TWK_OP_INPUT && op != TWK_OP_PARAM && op != TWK_OP_RESHAPE && op < TWK_OP_COUNT;
-}
-
-bool vk_supports(const twk_launch *l, char *why, size_t why_len) {
-    if (!has_lowering(l->op)) {
-        if (why) snprintf(why, why_len, "no vulkan kernel for %s", twk_op_name(l->op));
-        return false;
-    }
-    if (l->dst.ndim > 4 || l->dst.ndim < 1) {
-        if (why) snprintf(why, why_len, "rank %d", l->dst.ndim);
-        return false;
-    }
-    if (!twk_launch_dtypes_ok(l, "vulkan", why, why_len)) return false;
-    if (twk_op_is_copy(l->op)) return true;
-    if (l->op == TWK_OP_MATMUL && l->src[0].ndim != 2 && l->src[0].ndim != 3) {
-        if (why) snprintf(why, why_len, "matmul of rank %d", l->src[0].ndim);
-        return false;
-    }
-    return true;
-}
 
 /* ---- helpers ---- */
 
@@ -72,22 +50,6 @@ static uint32_t groups_for(const vk_ctx *c, int64_t items, uint32_t per_group) {
     return (uint32_t)g;
 }
 
-/* A check.comp dispatch over the `count` ids of source `src`. */
-static void check_ids(const vk_ctx *c, vk_dispatch *d, int *k, const twk_launch *l, int li, int src, int64_t count,
-                      int64_t limit, int mode) {
-    vk_dispatch *x = start(d, k, VKS_CHECK, 64, mode);
-    x->bind[1] = src;
-    x->p[0] = (int32_t)count;
-    x->p[1] = (int32_t)(limit > INT32_MAX ? INT32_MAX : limit);
-    x->p[2] = l->src[src].type == TWK_I64;
-    x->p[4] = li;
-    if (mode == 2) {
-        x->bind[2] = src + 1;
-        x->p[3] = l->src[src + 1].type == TWK_I64;
-    }
-    x->groups[0] = groups_for(c, count, 64);
-}
-
 static void copy_box(vk_dispatch *x, const int64_t box[4], const int64_t sst[4], const int64_t dst_st[4], int es) {
     int64_t n = 1;
     for (int i = 0; i < 4; i++) {
@@ -114,363 +76,511 @@ void vk_write_consts(const twk_launch *l, void *dst) {
     }
 }
 
-/* ---- lowering ---- */
+/* ---- lowering: one function per op or group of ops ---- */
+
+/* One launch being lowered: its dispatches d[0..k), the plan scratch it
+ * needs, and the MODE its table entry gives the shader. */
+typedef struct vk_low {
+    const vk_ctx *c;
+    const twk_launch *l;
+    const twk_tensor_desc *y, *s;
+    int li;
+    int64_t n, ny;
+    size_t const_off;
+    vk_dispatch *d;
+    int k;
+    size_t scratch;
+    int mode;
+} vk_low;
+
+/* A lowering: 0 when done, VK_TOO_BIG when a size exceeds 32-bit shader
+ * indexing or the grid, -1 with the error set otherwise. */
+typedef int (*vk_lower_fn)(vk_low *w);
+#define VK_TOO_BIG 1
+
+static vk_dispatch *next(vk_low *w, vk_shader s, uint32_t wg, int mode) { return start(w->d, &w->k, s, wg, mode); }
+
+/* fill, scale and the same-shape maps (eltwise.comp, MODE from the table) */
+static int lower_eltwise(vk_low *w) {
+    const twk_launch *l = w->l;
+    int mode = l->op == TWK_OP_SWIGLU_BACK ? w->mode + (l->ip[0] != 0) : w->mode;
+    vk_dispatch *x = next(w, VKS_ELTWISE, 128, mode);
+    x->bind[0] = VKB_DST;
+    for (int i = 0; i < l->nsrc && i < 3; i++) x->bind[1 + i] = i;
+    x->p[0] = (int32_t)w->ny;
+    x->fp[0] = l->fp[0];
+    x->groups[0] = groups_for(w->c, w->ny, 128);
+    return 0;
+}
+
+/* add, mul, broadcast (broadcast.comp) */
+static int lower_broadcast(vk_low *w) {
+    const twk_launch *l = w->l;
+    int bc = l->op == TWK_OP_BROADCAST;
+    vk_dispatch *x = next(w, VKS_BROADCAST, 128, w->mode);
+    int64_t D[4], S[4];
+    pad4(w->y, w->n, D);
+    pad4(bc ? &w->s[0] : &w->s[1], w->n, S);
+    int32_t st[4];
+    bcast_strides(S, st);
+    for (int i = 0; i < 4; i++) {
+        x->p[i] = (int32_t)D[i];
+        x->p[4 + i] = st[i];
+    }
+    x->p[8] = (int32_t)w->ny;
+    x->bind[0] = VKB_DST;
+    x->bind[1] = 0;
+    x->bind[2] = bc ? 0 : 1;
+    x->fp[0] = bc && l->ip[0] ? (float)(1.0 / (double)w->ny) : 1.0f;
+    x->groups[0] = groups_for(w->c, w->ny, 128);
+    return 0;
+}
+
+static int lower_sum_to(vk_low *w) {
+    vk_dispatch *x = next(w, VKS_SUM_TO, 64, w->mode);
+    int64_t D[4], S[4];
+    pad4(w->y, w->n, D);
+    pad4(&w->s[0], w->n, S);
+    for (int i = 0; i < 4; i++) {
+        x->p[i] = (int32_t)D[i];
+        x->p[4 + i] = (int32_t)S[i];
+    }
+    x->p[8] = (int32_t)w->ny;
+    x->bind[0] = VKB_DST;
+    x->bind[1] = 0;
+    x->groups[0] = groups_for(w->c, w->ny, 64);
+    return 0;
+}
+
+/* sum, mean, weighted_sum: one work-group */
+static int lower_reduce(vk_low *w) {
+    uint32_t wg = 256; /* a power of two the device allows (Vulkan guarantees 128) */
+    while (wg > w->c->props.limits.maxComputeWorkGroupInvocations) wg /= 2;
+    vk_dispatch *x = next(w, VKS_REDUCE, wg, w->mode);
+    x->bind[0] = VKB_DST;
+    x->bind[1] = 0;
+    if (w->l->op == TWK_OP_WEIGHTED_SUM) x->bind[2] = 1;
+    x->p[0] = (int32_t)twk_desc_nelem(&w->s[0], w->n);
+    return 0;
+}
+
+static int lower_permute(vk_low *w) {
+    const twk_launch *l = w->l;
+    int64_t n = w->n;
+    vk_dispatch *x = next(w, VKS_COPY, 128, 0);
+    const twk_tensor_desc *in = &w->s[0];
+    int nd = in->ndim, off = 4 - nd;
+    int64_t in_st[TWK_MAX_DIMS], box[4], sst[4], dst_st[4];
+    in_st[nd - 1] = 1;
+    for (int i = nd - 2; i >= 0; i--) in_st[i] = in_st[i + 1] * dim(in, i + 1, n);
+    for (int i = 0; i < 4; i++) {
+        int p = i < off ? -1 : l->ip[i - off];
+        if (p < 0 || p >= nd) {
+            box[i] = 1;
+            sst[i] = 0;
+        } else {
+            box[i] = dim(in, p, n);
+            sst[i] = in_st[p];
+        }
+    }
+    dst_st[3] = 1;
+    for (int i = 2; i >= 0; i--) dst_st[i] = dst_st[i + 1] * box[i + 1];
+    copy_box(x, box, sst, dst_st, (int)(twk_dtype_size(w->y->type) / 4));
+    x->bind[0] = VKB_DST;
+    x->bind[1] = 0;
+    x->groups[0] = groups_for(w->c, w->ny, 128);
+    return 0;
+}
+
+/* slice, slice_back (zeros first), concat: strided copies along one axis */
+static int lower_axis_copy(vk_low *w) {
+    const twk_launch *l = w->l;
+    const twk_tensor_desc *y = w->y, *s = w->s;
+    int64_t n = w->n;
+    int axis = l->ip[0], es = (int)(twk_dtype_size(y->type) / 4);
+    int64_t outer = 1;
+    for (int i = 0; i < axis; i++) outer *= dim(y, i, n);
+    int64_t inner = inner_of(y, axis + 1, n), yax = dim(y, axis, n);
+    vk_dispatch *x;
+    if (l->op == TWK_OP_SLICE_BACK) {
+        x = next(w, VKS_COPY, 128, 1);
+        x->bind[0] = VKB_DST;
+        x->p[13] = (int32_t)(w->ny * es);
+        x->groups[0] = groups_for(w->c, w->ny * es, 128);
+    }
+    for (int part = 0; part < (l->op == TWK_OP_CONCAT ? 2 : 1); part++) {
+        const twk_tensor_desc *src = &s[part];
+        int64_t sax = dim(src, axis, n);
+        int64_t len = l->op == TWK_OP_SLICE ? yax : sax;
+        int64_t src_start = l->op == TWK_OP_SLICE ? l->ip[1] : 0;
+        int64_t dst_start = l->op == TWK_OP_SLICE_BACK ? l->ip[1] : part ? dim(&s[0], axis, n) : 0;
+        int64_t box[4] = {1, outer, len, inner}, sst[4] = {0, sax * inner, inner, 1},
+                dst_st[4] = {0, yax * inner, inner, 1};
+        x = next(w, VKS_COPY, 128, 0);
+        copy_box(x, box, sst, dst_st, es);
+        x->bind[0] = VKB_DST;
+        x->bind[1] = part;
+        x->add_off[0] = (uint32_t)(dst_start * inner * es);
+        x->add_off[1] = (uint32_t)(src_start * inner * es);
+        x->groups[0] = groups_for(w->c, outer * len * inner, 128);
+    }
+    return 0;
+}
+
+/* the GEMM shader's tiles: cooperative matrices (TWK_VULKAN_GEMM=fp16) or
+ * 64 x 64 tiles, K in steps of 8, 8 x 8 outputs per thread (64 threads);
+ * M <= 8 (decoding): one output per thread, no barriers */
+static vk_dispatch *matmul_pipeline(vk_low *w, int64_t M, int *simple, uint32_t *BM, uint32_t *BN) {
+    const vk_ctx *c = w->c;
+    vk_dispatch *x;
+    *simple = M <= 8;
+    *BM = 64;
+    *BN = 64;
+    if (c->gemm_fp16) {
+        /* 2 x 2 subgroups, each with 2 x 2 tiles of the device's MM x MN shape; K in
+         * steps of 2 MK (vk_coopmat.c checked the limits for this shape) */
+        *simple = 0;
+        *BM = 4 * c->coop.m;
+        *BN = 4 * c->coop.n;
+        x = next(w, VKS_MATMUL_COOPMAT, 4 * c->coop.subgroup, 0);
+        x->spec[2] = *BM;
+        x->spec[3] = *BN;
+        x->spec[4] = 2 * c->coop.k;
+        x->spec[5] = c->coop.m;
+        x->spec[6] = c->coop.n;
+        x->spec[9] = c->coop.k;
+        return x;
+    }
+    uint32_t BK = 8, TM = 8, TN = 8;
+    x = next(w, VKS_MATMUL, *simple ? 64 : (*BM / TM) * (*BN / TN), *simple);
+    x->spec[2] = *BM;
+    x->spec[3] = *BN;
+    x->spec[4] = BK;
+    x->spec[5] = TM;
+    x->spec[6] = TN;
+    return x;
+}
+
+static int lower_matmul(vk_low *w) {
+    const twk_launch *l = w->l;
+    const twk_tensor_desc *y = w->y, *s = w->s;
+    int64_t n = w->n;
+    int r = s[0].ndim, ta = l->ip[0] != 0, tb = l->ip[1] != 0;
+    int64_t batch = r == 3 ? dim(&s[0], 0, n) : 1;
+    int64_t M = dim(y, r - 2, n), N = dim(y, r - 1, n);
+    int64_t K = ta ? dim(&s[0], r - 2, n) : dim(&s[0], r - 1, n);
+    int simple;
+    uint32_t BM, BN;
+    vk_dispatch *x = matmul_pipeline(w, M, &simple, &BM, &BN);
+    x->spec[7] = (uint32_t)ta;
+    x->spec[8] = (uint32_t)tb;
+    int64_t p[10] = {M, N, K, dim(&s[0], r - 1, n), dim(&s[1], r - 1, n), N, M * K, K * N, M * N, batch};
+    for (int i = 0; i < 10; i++) x->p[i] = (int32_t)p[i];
+    x->bind[0] = VKB_DST;
+    x->bind[1] = 0;
+    x->bind[2] = 1;
+    if ((N + BN - 1) / BN > (int64_t)w->c->max_groups) return VK_TOO_BIG;
+    x->groups[0] = (uint32_t)((N + BN - 1) / BN);
+    x->groups[1] = groups_for(w->c, M, BM);
+    x->groups[2] = groups_for(w->c, batch, 1);
+    if (simple) {
+        x->groups[0] = groups_for(w->c, M * N, 64);
+        x->groups[1] = 1;
+    }
+    return 0;
+}
+
+/* get_rows and its gradient (rows.comp; the gradient zeroes the table first) */
+static int lower_get_rows(vk_low *w) {
+    const twk_launch *l = w->l;
+    int64_t n = w->n;
+    int back = l->op == TWK_OP_GET_ROWS_BACK;
+    int64_t T = dim(&w->s[1], 0, n), D = dim(w->y, 1, n), V = back ? dim(w->y, 0, n) : dim(&w->s[0], 0, n);
+    vk_dispatch *x;
+    if (back) { /* zero the whole table in parallel; the columns then accumulate */
+        x = next(w, VKS_COPY, 128, 1);
+        x->bind[0] = VKB_DST;
+        x->p[13] = (int32_t)w->ny;
+        x->groups[0] = groups_for(w->c, w->ny, 128);
+    }
+    x = next(w, VKS_ROWS, 64, w->mode);
+    x->bind[0] = VKB_DST;
+    x->bind[1] = 0;
+    x->bind[2] = 1;
+    x->p[0] = (int32_t)T;
+    x->p[1] = (int32_t)D;
+    x->p[2] = (int32_t)V;
+    x->p[7] = w->s[1].type == TWK_I64;
+    x->groups[0] = groups_for(w->c, back ? D : T * D, 64);
+    return 0;
+}
+
+static int lower_kv_write(vk_low *w) {
+    const twk_tensor_desc *s = w->s;
+    int64_t n = w->n;
+    int64_t T = dim(&s[1], 0, n), row = dim(&s[1], 1, n) * dim(&s[1], 2, n), R = dim(w->y, 0, n);
+    vk_dispatch *x = next(w, VKS_ROWS, 64, w->mode);
+    x->bind[0] = VKB_DST;
+    x->bind[1] = 1;
+    x->bind[2] = 2;
+    x->p[0] = (int32_t)T;
+    x->p[1] = (int32_t)row;
+    x->p[2] = (int32_t)R;
+    x->p[7] = s[2].type == TWK_I64;
+    x->groups[0] = groups_for(w->c, T * row, 64);
+    return 0;
+}
+
+static int lower_lora_gather(vk_low *w) {
+    const twk_tensor_desc *s = w->s;
+    int64_t n = w->n;
+    int64_t T = dim(&s[0], 0, n), K = dim(&s[0], 1, n), S = dim(&s[1], 0, n), N = dim(&s[1], 1, n);
+    vk_dispatch *x = next(w, VKS_ROWS, 64, w->mode);
+    x->bind[0] = VKB_DST;
+    x->bind[1] = 0;
+    x->bind[2] = 2;
+    x->bind[3] = 1;
+    x->p[0] = (int32_t)T;
+    x->p[1] = (int32_t)N;
+    x->p[2] = (int32_t)S;
+    x->p[3] = (int32_t)K;
+    x->p[7] = s[2].type == TWK_I64;
+    x->groups[0] = groups_for(w->c, T * N, 64);
+    return 0;
+}
+
+/* rmsnorm, rmsnorm_back_x: a work-group per row (rownorm.comp) */
+static int lower_rownorm(vk_low *w) {
+    int64_t D = dim(w->y, w->y->ndim - 1, w->n), R = w->ny / (D ? D : 1);
+    vk_dispatch *x = next(w, VKS_ROWNORM, 128, w->mode);
+    x->bind[0] = VKB_DST;
+    for (int i = 0; i < w->l->nsrc; i++) x->bind[1 + i] = i;
+    x->p[0] = (int32_t)R;
+    x->p[1] = (int32_t)D;
+    x->fp[0] = w->l->fp[0];
+    x->groups[0] = groups_for(w->c, R, 1);
+    return 0;
+}
+
+/* per-row rstd into the plan scratch, then column sums in a fixed order */
+static int lower_rmsnorm_back_w(vk_low *w) {
+    int64_t D = dim(w->y, 0, w->n), R = twk_desc_nelem(&w->s[0], w->n) / (D ? D : 1);
+    vk_dispatch *x = next(w, VKS_ROWNORM, 128, w->mode);
+    x->bind[0] = VKB_SCRATCH;
+    x->bind[1] = 0;
+    x->p[0] = (int32_t)R;
+    x->p[1] = (int32_t)D;
+    x->fp[0] = w->l->fp[0];
+    x->groups[0] = groups_for(w->c, R, 1);
+    x = next(w, VKS_ROWNORM, 64, w->mode + 1);
+    x->bind[0] = VKB_DST;
+    x->bind[1] = 0;
+    x->bind[2] = 1;
+    x->bind[3] = VKB_SCRATCH;
+    x->p[0] = (int32_t)R;
+    x->p[1] = (int32_t)D;
+    x->groups[0] = groups_for(w->c, D, 64);
+    w->scratch = (size_t)R * 4;
+    return 0;
+}
+
+static int lower_rope(vk_low *w) {
+    const twk_launch *l = w->l;
+    int64_t n = w->n;
+    int64_t T = dim(w->y, 0, n), H = dim(w->y, 1, n), D = dim(w->y, 2, n);
+    vk_dispatch *x = next(w, VKS_ROPE, 64, w->mode);
+    x->bind[0] = VKB_DST;
+    x->bind[1] = 0;
+    x->bind[2] = 1;
+    if (l->nsrc > 2) {
+        x->bind[3] = 2;
+    } else {
+        x->bind[3] = VKB_CONST;
+        x->add_off[3] = (uint32_t)(w->const_off / 4);
+    }
+    x->p[0] = (int32_t)T;
+    x->p[1] = (int32_t)H;
+    x->p[2] = (int32_t)D;
+    x->p[7] = w->s[1].type == TWK_I64;
+    x->fp[0] = l->ip[0] ? -1.0f : 1.0f;
+    x->groups[0] = groups_for(w->c, T * H * (D / 2), 64);
+    return 0;
+}
+
+/* logprobs and its gradient: a work-group per token row */
+static int lower_logprobs(vk_low *w) {
+    int64_t T = dim(&w->s[0], 0, w->n), V = dim(&w->s[0], 1, w->n);
+    vk_dispatch *x = next(w, VKS_ROWNORM, 128, w->mode);
+    x->bind[0] = VKB_DST;
+    for (int i = 0; i < w->l->nsrc; i++) x->bind[1 + i] = i;
+    x->p[0] = (int32_t)T;
+    x->p[1] = (int32_t)V;
+    x->p[7] = w->s[1].type == TWK_I64;
+    x->groups[0] = groups_for(w->c, T, 1);
+    return 0;
+}
+
+/* attn, attn_lse, attn_cache (attn.comp) and attn_back (attn_back.comp) */
+static int lower_attn(vk_low *w) {
+    const twk_launch *l = w->l;
+    const twk_tensor_desc *s = w->s;
+    int64_t n = w->n;
+    int segi = l->op == TWK_OP_ATTN_LSE ? 2 : 3;
+    int64_t T = dim(&s[0], 0, n), Hq = dim(&s[0], 1, n), D = dim(&s[0], 2, n), Hkv = dim(&s[1], 1, n);
+    int64_t rows = l->op == TWK_OP_ATTN_CACHE ? dim(&s[1], 0, n) : T;
+    vk_dispatch *x;
+    if (l->op == TWK_OP_ATTN_BACK) {
+        x = next(w, VKS_ATTN_BACK, 64, l->ip[0]);
+        for (int i = 0; i < 7; i++) x->bind[1 + i] = i;
+    } else {
+        x = next(w, VKS_ATTN, 64, w->mode);
+        x->bind[1] = 0;
+        x->bind[2] = 1;
+        if (l->op != TWK_OP_ATTN_LSE) x->bind[3] = 2;
+        x->bind[4] = segi;
+        if (l->op == TWK_OP_ATTN_CACHE) {
+            x->bind[5] = 4;
+            x->p[7] = s[4].type == TWK_I64;
+        }
+    }
+    x->bind[0] = VKB_DST;
+    int64_t p[5] = {T, Hq, Hkv, D, rows};
+    for (int i = 0; i < 5; i++) x->p[i] = (int32_t)p[i];
+    x->p[6] = s[segi].type == TWK_I64;
+    x->fp[0] = l->fp[0];
+    if (Hkv < 1 || Hq % Hkv) {
+        twk_error(TWK_ERR_SHAPE, "vulkan: %s '%s': %lld query heads over %lld kv heads", twk_op_name(l->op), l->name,
+                  (long long)Hq, (long long)Hkv);
+        return -1;
+    }
+    int kv_groups = l->op == TWK_OP_ATTN_BACK && l->ip[0] != 0;
+    if ((kv_groups ? Hkv : Hq) > (int64_t)w->c->max_groups) return VK_TOO_BIG;
+    x->groups[0] = (uint32_t)(kv_groups ? Hkv : Hq);
+    x->groups[1] = groups_for(w->c, T, 1);
+    return 0;
+}
+
+/* A check.comp dispatch over the launch's checked ids, by the op table's IDS
+ * rule (MODE 0 ranges, 1 segment starts, 2 row ranges from two sources),
+ * before its own dispatches. */
+static void check_ids(vk_low *w) {
+    const twk_op_traits *op = twk_op_info(w->l->op);
+    if (op->ids.check == TWK_IDS_NONE || !op->checked) return;
+    int src = __builtin_ctz(op->checked), mode = (int)op->ids.check - TWK_IDS_RANGE;
+    const twk_tensor_desc *b = op->ids.bound_src < 0 ? w->y : &w->s[op->ids.bound_src];
+    int64_t count = twk_desc_nelem(&w->s[src], w->n);
+    int64_t limit = op->ids.check == TWK_IDS_SEGMENTS ? count : dim(b, op->ids.bound_dim, w->n);
+    vk_dispatch *x = next(w, VKS_CHECK, 64, mode);
+    x->bind[1] = src;
+    x->p[0] = (int32_t)count;
+    x->p[1] = (int32_t)(limit > INT32_MAX ? INT32_MAX : limit);
+    x->p[2] = w->s[src].type == TWK_I64;
+    x->p[4] = w->li;
+    if (op->ids.check == TWK_IDS_ROWS) {
+        x->bind[2] = src + 1;
+        x->p[3] = w->s[src + 1].type == TWK_I64;
+    }
+    x->groups[0] = groups_for(w->c, count, 64);
+}
+
+/* ---- the table ---- */
+
+/* One op's entry: its lowering and the MODE spec constant it gives its
+ * shader (see the shader's header comment), or why Vulkan does not run an
+ * op that has a CPU kernel. */
+typedef struct vk_entry {
+    vk_lower_fn lower;
+    int mode;
+    const char *unsupported;
+} vk_entry;
+
+static const vk_entry table[TWK_OP_COUNT] = {
+    [TWK_OP_FILL] = {lower_eltwise, 0},
+    [TWK_OP_PERMUTE] = {lower_permute, 0},
+    [TWK_OP_SLICE] = {lower_axis_copy, 0},
+    [TWK_OP_SLICE_BACK] = {lower_axis_copy, 0},
+    [TWK_OP_CONCAT] = {lower_axis_copy, 0},
+    [TWK_OP_BROADCAST] = {lower_broadcast, 2},
+    [TWK_OP_SUM_TO] = {lower_sum_to, 0},
+    [TWK_OP_ADD] = {lower_broadcast, 0},
+    [TWK_OP_MUL] = {lower_broadcast, 1},
+    [TWK_OP_SCALE] = {lower_eltwise, 1},
+    [TWK_OP_SILU] = {lower_eltwise, 2},
+    [TWK_OP_SILU_BACK] = {lower_eltwise, 3},
+    [TWK_OP_SWIGLU] = {lower_eltwise, 4},
+    [TWK_OP_SWIGLU_BACK] = {lower_eltwise, 5}, /* 5 d/dgate, 6 d/dup */
+    [TWK_OP_GELU] = {lower_eltwise, 7},
+    [TWK_OP_GELU_BACK] = {lower_eltwise, 8},
+    [TWK_OP_SUM] = {lower_reduce, 0},
+    [TWK_OP_MEAN] = {lower_reduce, 1},
+    [TWK_OP_WEIGHTED_SUM] = {lower_reduce, 2},
+    [TWK_OP_MATMUL] = {lower_matmul, 0},
+    [TWK_OP_GET_ROWS] = {lower_get_rows, 0},
+    [TWK_OP_GET_ROWS_BACK] = {lower_get_rows, 1},
+    [TWK_OP_RMSNORM] = {lower_rownorm, 0},
+    [TWK_OP_RMSNORM_BACK_X] = {lower_rownorm, 1},
+    [TWK_OP_RMSNORM_BACK_W] = {lower_rmsnorm_back_w, 2}, /* 2 rstd, 3 column sums */
+    [TWK_OP_ROPE] = {lower_rope, 0},
+    [TWK_OP_ATTN] = {lower_attn, 0},
+    [TWK_OP_ATTN_LSE] = {lower_attn, 1},
+    [TWK_OP_ATTN_BACK] = {lower_attn, 0}, /* MODE = iparam 0 (which) */
+    [TWK_OP_LOGPROBS] = {lower_logprobs, 4},
+    [TWK_OP_LOGPROBS_BACK] = {lower_logprobs, 5},
+    [TWK_OP_KV_WRITE] = {lower_kv_write, 2},
+    [TWK_OP_ATTN_CACHE] = {lower_attn, 2},
+    [TWK_OP_LORA_GATHER] = {lower_lora_gather, 3},
+};
+_Static_assert(sizeof table / sizeof table[0] == TWK_OP_COUNT, "one entry per op");
+
+static const vk_entry *entry(twk_op op) { return (int)op >= 0 && op < TWK_OP_COUNT ? &table[op] : NULL; }
+
+int vk_op_kernel(twk_op op, const char **why) {
+    const vk_entry *e = entry(op);
+    *why = e ? e->unsupported : NULL;
+    return e && e->lower;
+}
+
+bool vk_supports(const twk_launch *l, char *why, size_t why_len) {
+    const char *reason = NULL;
+    if (!vk_op_kernel(l->op, &reason)) {
+        if (why) snprintf(why, why_len, "no vulkan kernel for %s%s%s", twk_op_name(l->op), reason ? ": " : "",
+                          reason ? reason : "");
+        return false;
+    }
+    if (l->dst.ndim > 4 || l->dst.ndim < 1) {
+        if (why) snprintf(why, why_len, "rank %d", l->dst.ndim);
+        return false;
+    }
+    if (!twk_launch_dtypes_ok(l, "vulkan", why, why_len)) return false;
+    if (twk_op_info(l->op)->kind == TWK_OPK_COPY) return true;
+    if (l->op == TWK_OP_MATMUL && l->src[0].ndim != 2 && l->src[0].ndim != 3) {
+        if (why) snprintf(why, why_len, "matmul of rank %d", l->src[0].ndim);
+        return false;
+    }
+    return true;
+}
 
 int vk_lower(const vk_ctx *c, const twk_launch *l, int li, int64_t n, size_t const_off, vk_dispatch *d,
              size_t *scratch_bytes) {
-    int k = 0;
-    vk_dispatch *x;
-    const twk_tensor_desc *y = &l->dst, *s = l->src;
-    int64_t ny = twk_desc_nelem(y, n);
+    vk_low w = {.c = c, .l = l, .y = &l->dst, .s = l->src, .li = li, .n = n, .ny = twk_desc_nelem(&l->dst, n),
+                .const_off = const_off, .d = d};
     *scratch_bytes = 0;
-    for (int i = 0; i < l->nsrc; i++)
-        if (twk_desc_nelem(&s[i], n) > INT32_MAX) goto too_big;
-    if (ny > INT32_MAX) goto too_big;
-    switch (l->op) {
-    case TWK_OP_FILL:
-    case TWK_OP_SCALE:
-    case TWK_OP_SILU:
-    case TWK_OP_SILU_BACK:
-    case TWK_OP_SWIGLU:
-    case TWK_OP_SWIGLU_BACK: {
-        int mode = l->op == TWK_OP_FILL ? 0 : l->op == TWK_OP_SCALE ? 1 : l->op == TWK_OP_SILU ? 2
-                 : l->op == TWK_OP_SILU_BACK ? 3 : l->op == TWK_OP_SWIGLU ? 4 : (l->ip[0] == 0 ? 5 : 6);
-        x = start(d, &k, VKS_ELTWISE, 128, mode);
-        x->bind[0] = VKB_DST;
-        for (int i = 0; i < l->nsrc && i < 3; i++) x->bind[1 + i] = i;
-        x->p[0] = (int32_t)ny;
-        x->fp[0] = l->fp[0];
-        x->groups[0] = groups_for(c, ny, 128);
-        break;
-    }
-    case TWK_OP_ADD:
-    case TWK_OP_MUL:
-    case TWK_OP_BROADCAST: {
-        int bc = l->op == TWK_OP_BROADCAST;
-        x = start(d, &k, VKS_BROADCAST, 128, l->op == TWK_OP_ADD ? 0 : l->op == TWK_OP_MUL ? 1 : 2);
-        int64_t D[4], S[4];
-        pad4(y, n, D);
-        pad4(bc ? &s[0] : &s[1], n, S);
-        int32_t st[4];
-        bcast_strides(S, st);
-        for (int i = 0; i < 4; i++) {
-            x->p[i] = (int32_t)D[i];
-            x->p[4 + i] = st[i];
-        }
-        x->p[8] = (int32_t)ny;
-        x->bind[0] = VKB_DST;
-        x->bind[1] = 0;
-        x->bind[2] = bc ? 0 : 1;
-        x->fp[0] = bc && l->ip[0] ? (float)(1.0 / (double)ny) : 1.0f;
-        x->groups[0] = groups_for(c, ny, 128);
-        break;
-    }
-    case TWK_OP_SUM_TO: {
-        x = start(d, &k, VKS_SUM_TO, 64, 0);
-        int64_t D[4], S[4];
-        pad4(y, n, D);
-        pad4(&s[0], n, S);
-        for (int i = 0; i < 4; i++) {
-            x->p[i] = (int32_t)D[i];
-            x->p[4 + i] = (int32_t)S[i];
-        }
-        x->p[8] = (int32_t)ny;
-        x->bind[0] = VKB_DST;
-        x->bind[1] = 0;
-        x->groups[0] = groups_for(c, ny, 64);
-        break;
-    }
-    case TWK_OP_SUM:
-    case TWK_OP_MEAN:
-    case TWK_OP_WEIGHTED_SUM:
-    {
-        uint32_t wg = 256; /* a power of two the device allows (Vulkan guarantees 128) */
-        while (wg > c->props.limits.maxComputeWorkGroupInvocations) wg /= 2;
-        x = start(d, &k, VKS_REDUCE, wg, l->op == TWK_OP_SUM ? 0 : l->op == TWK_OP_MEAN ? 1 : 2);
-        x->bind[0] = VKB_DST;
-        x->bind[1] = 0;
-        if (l->op == TWK_OP_WEIGHTED_SUM) x->bind[2] = 1;
-        x->p[0] = (int32_t)twk_desc_nelem(&s[0], n);
-        break;
-    }
-    case TWK_OP_PERMUTE: {
-        x = start(d, &k, VKS_COPY, 128, 0);
-        const twk_tensor_desc *in = &s[0];
-        int nd = in->ndim, off = 4 - nd;
-        int64_t in_st[TWK_MAX_DIMS], box[4], sst[4], dst_st[4];
-        in_st[nd - 1] = 1;
-        for (int i = nd - 2; i >= 0; i--) in_st[i] = in_st[i + 1] * dim(in, i + 1, n);
-        for (int i = 0; i < 4; i++) {
-            int p = i < off ? -1 : l->ip[i - off];
-            if (p < 0 || p >= nd) {
-                box[i] = 1;
-                sst[i] = 0;
-            } else {
-                box[i] = dim(in, p, n);
-                sst[i] = in_st[p];
-            }
-        }
-        dst_st[3] = 1;
-        for (int i = 2; i >= 0; i--) dst_st[i] = dst_st[i + 1] * box[i + 1];
-        copy_box(x, box, sst, dst_st, (int)(twk_dtype_size(y->type) / 4));
-        x->bind[0] = VKB_DST;
-        x->bind[1] = 0;
-        x->groups[0] = groups_for(c, ny, 128);
-        break;
-    }
-    case TWK_OP_SLICE:
-    case TWK_OP_SLICE_BACK:
-    case TWK_OP_CONCAT: {
-        int axis = l->ip[0], es = (int)(twk_dtype_size(y->type) / 4);
-        int64_t outer = 1;
-        for (int i = 0; i < axis; i++) outer *= dim(y, i, n);
-        int64_t inner = inner_of(y, axis + 1, n), yax = dim(y, axis, n);
-        if (l->op == TWK_OP_SLICE_BACK) {
-            x = start(d, &k, VKS_COPY, 128, 1);
-            x->bind[0] = VKB_DST;
-            x->p[13] = (int32_t)(ny * es);
-            x->groups[0] = groups_for(c, ny * es, 128);
-        }
-        for (int part = 0; part < (l->op == TWK_OP_CONCAT ? 2 : 1); part++) {
-            const twk_tensor_desc *src = &s[part];
-            int64_t sax = dim(src, axis, n);
-            int64_t len = l->op == TWK_OP_SLICE ? yax : sax;
-            int64_t src_start = l->op == TWK_OP_SLICE ? l->ip[1] : 0;
-            int64_t dst_start = l->op == TWK_OP_SLICE_BACK ? l->ip[1] : part ? dim(&s[0], axis, n) : 0;
-            int64_t box[4] = {1, outer, len, inner}, sst[4] = {0, sax * inner, inner, 1},
-                    dst_st[4] = {0, yax * inner, inner, 1};
-            x = start(d, &k, VKS_COPY, 128, 0);
-            copy_box(x, box, sst, dst_st, es);
-            x->bind[0] = VKB_DST;
-            x->bind[1] = part;
-            x->add_off[0] = (uint32_t)(dst_start * inner * es);
-            x->add_off[1] = (uint32_t)(src_start * inner * es);
-            x->groups[0] = groups_for(c, outer * len * inner, 128);
-        }
-        break;
-    }
-    case TWK_OP_MATMUL: {
-        int r = s[0].ndim, ta = l->ip[0] != 0, tb = l->ip[1] != 0;
-        int64_t batch = r == 3 ? dim(&s[0], 0, n) : 1;
-        int64_t M = dim(y, r - 2, n), N = dim(y, r - 1, n);
-        int64_t K = ta ? dim(&s[0], r - 2, n) : dim(&s[0], r - 1, n);
-        /* M <= 8 (decoding): one output per thread, no barriers; else 64 x 64
-         * tiles, K in steps of 8, 8 x 8 outputs per thread (64 threads) */
-        int simple = M <= 8;
-        uint32_t BM = 64, BN = 64, BK = 8, TM = 8, TN = 8;
-        if (c->gemm_fp16) {
-            /* TWK_VULKAN_GEMM=fp16: every MATMUL on cooperative matrices. 2 x 2
-             * subgroups, each with 2 x 2 tiles of the device's MM x MN shape; K in
-             * steps of 2 MK (vk_coopmat.c checked the limits for this shape) */
-            simple = 0;
-            BM = 4 * c->coop.m;
-            BN = 4 * c->coop.n;
-            x = start(d, &k, VKS_MATMUL_COOPMAT, 4 * c->coop.subgroup, 0);
-            x->spec[2] = BM;
-            x->spec[3] = BN;
-            x->spec[4] = 2 * c->coop.k;
-            x->spec[5] = c->coop.m;
-            x->spec[6] = c->coop.n;
-            x->spec[9] = c->coop.k;
-        } else {
-            x = start(d, &k, VKS_MATMUL, simple ? 64 : (BM / TM) * (BN / TN), simple);
-            x->spec[2] = BM;
-            x->spec[3] = BN;
-            x->spec[4] = BK;
-            x->spec[5] = TM;
-            x->spec[6] = TN;
-        }
-        x->spec[7] = (uint32_t)ta;
-        x->spec[8] = (uint32_t)tb;
-        x->p[0] = (int32_t)M;
-        x->p[1] = (int32_t)N;
-        x->p[2] = (int32_t)K;
-        x->p[3] = (int32_t)dim(&s[0], r - 1, n);
-        x->p[4] = (int32_t)dim(&s[1], r - 1, n);
-        x->p[5] = (int32_t)N;
-        x->p[6] = (int32_t)(M * K);
-        x->p[7] = (int32_t)(K * N);
-        x->p[8] = (int32_t)(M * N);
-        x->p[9] = (int32_t)batch;
-        x->bind[0] = VKB_DST;
-        x->bind[1] = 0;
-        x->bind[2] = 1;
-        if ((N + BN - 1) / BN > (int64_t)c->max_groups) goto too_big;
-        x->groups[0] = (uint32_t)((N + BN - 1) / BN);
-        x->groups[1] = groups_for(c, M, BM);
-        x->groups[2] = groups_for(c, batch, 1);
-        if (simple) {
-            x->groups[0] = groups_for(c, M * N, 64);
-            x->groups[1] = 1;
-        }
-        break;
-    }
-    case TWK_OP_GET_ROWS:
-    case TWK_OP_GET_ROWS_BACK: {
-        int back = l->op == TWK_OP_GET_ROWS_BACK;
-        int64_t T = dim(&s[1], 0, n), D = dim(y, 1, n), V = back ? dim(y, 0, n) : dim(&s[0], 0, n);
-        check_ids(c, d, &k, l, li, 1, T, V, 0);
-        if (back) { /* zero the whole table in parallel; the columns then accumulate */
-            x = start(d, &k, VKS_COPY, 128, 1);
-            x->bind[0] = VKB_DST;
-            x->p[13] = (int32_t)ny;
-            x->groups[0] = groups_for(c, ny, 128);
-        }
-        x = start(d, &k, VKS_ROWS, 64, back ? 1 : 0);
-        x->bind[0] = VKB_DST;
-        x->bind[1] = 0;
-        x->bind[2] = 1;
-        x->p[0] = (int32_t)T;
-        x->p[1] = (int32_t)D;
-        x->p[2] = (int32_t)V;
-        x->p[7] = s[1].type == TWK_I64;
-        x->groups[0] = groups_for(c, back ? D : T * D, 64);
-        break;
-    }
-    case TWK_OP_KV_WRITE: {
-        int64_t T = dim(&s[1], 0, n), row = dim(&s[1], 1, n) * dim(&s[1], 2, n), R = dim(y, 0, n);
-        check_ids(c, d, &k, l, li, 2, T, R, 0);
-        x = start(d, &k, VKS_ROWS, 64, 2);
-        x->bind[0] = VKB_DST;
-        x->bind[1] = 1;
-        x->bind[2] = 2;
-        x->p[0] = (int32_t)T;
-        x->p[1] = (int32_t)row;
-        x->p[2] = (int32_t)R;
-        x->p[7] = s[2].type == TWK_I64;
-        x->groups[0] = groups_for(c, T * row, 64);
-        break;
-    }
-    case TWK_OP_LORA_GATHER: {
-        int64_t T = dim(&s[0], 0, n), K = dim(&s[0], 1, n), S = dim(&s[1], 0, n), N = dim(&s[1], 1, n);
-        check_ids(c, d, &k, l, li, 2, T, S, 0);
-        x = start(d, &k, VKS_ROWS, 64, 3);
-        x->bind[0] = VKB_DST;
-        x->bind[1] = 0;
-        x->bind[2] = 2;
-        x->bind[3] = 1;
-        x->p[0] = (int32_t)T;
-        x->p[1] = (int32_t)N;
-        x->p[2] = (int32_t)S;
-        x->p[3] = (int32_t)K;
-        x->p[7] = s[2].type == TWK_I64;
-        x->groups[0] = groups_for(c, T * N, 64);
-        break;
-    }
-    case TWK_OP_RMSNORM:
-    case TWK_OP_RMSNORM_BACK_X: {
-        int64_t D = dim(y, y->ndim - 1, n), R = ny / (D ? D : 1);
-        x = start(d, &k, VKS_ROWNORM, 128, l->op == TWK_OP_RMSNORM ? 0 : 1);
-        x->bind[0] = VKB_DST;
-        for (int i = 0; i < l->nsrc; i++) x->bind[1 + i] = i;
-        x->p[0] = (int32_t)R;
-        x->p[1] = (int32_t)D;
-        x->fp[0] = l->fp[0];
-        x->groups[0] = groups_for(c, R, 1);
-        break;
-    }
-    case TWK_OP_RMSNORM_BACK_W: {
-        int64_t D = dim(y, 0, n), R = twk_desc_nelem(&s[0], n) / (D ? D : 1);
-        x = start(d, &k, VKS_ROWNORM, 128, 2);
-        x->bind[0] = VKB_SCRATCH;
-        x->bind[1] = 0;
-        x->p[0] = (int32_t)R;
-        x->p[1] = (int32_t)D;
-        x->fp[0] = l->fp[0];
-        x->groups[0] = groups_for(c, R, 1);
-        x = start(d, &k, VKS_ROWNORM, 64, 3);
-        x->bind[0] = VKB_DST;
-        x->bind[1] = 0;
-        x->bind[2] = 1;
-        x->bind[3] = VKB_SCRATCH;
-        x->p[0] = (int32_t)R;
-        x->p[1] = (int32_t)D;
-        x->groups[0] = groups_for(c, D, 64);
-        *scratch_bytes = (size_t)R * 4;
-        break;
-    }
-    case TWK_OP_ROPE: {
-        int64_t T = dim(y, 0, n), H = dim(y, 1, n), D = dim(y, 2, n);
-        x = start(d, &k, VKS_ROPE, 64, 0);
-        x->bind[0] = VKB_DST;
-        x->bind[1] = 0;
-        x->bind[2] = 1;
-        if (l->nsrc > 2) {
-            x->bind[3] = 2;
-        } else {
-            x->bind[3] = VKB_CONST;
-            x->add_off[3] = (uint32_t)(const_off / 4);
-        }
-        x->p[0] = (int32_t)T;
-        x->p[1] = (int32_t)H;
-        x->p[2] = (int32_t)D;
-        x->p[7] = s[1].type == TWK_I64;
-        x->fp[0] = l->ip[0] ? -1.0f : 1.0f;
-        x->groups[0] = groups_for(c, T * H * (D / 2), 64);
-        break;
-    }
-    case TWK_OP_LOGPROBS:
-    case TWK_OP_LOGPROBS_BACK: {
-        int64_t T = dim(&s[0], 0, n), V = dim(&s[0], 1, n);
-        check_ids(c, d, &k, l, li, 1, T, V, 0);
-        x = start(d, &k, VKS_ROWNORM, 128, l->op == TWK_OP_LOGPROBS ? 4 : 5);
-        x->bind[0] = VKB_DST;
-        for (int i = 0; i < l->nsrc; i++) x->bind[1 + i] = i;
-        x->p[0] = (int32_t)T;
-        x->p[1] = (int32_t)V;
-        x->p[7] = s[1].type == TWK_I64;
-        x->groups[0] = groups_for(c, T, 1);
-        break;
-    }
-    case TWK_OP_ATTN:
-    case TWK_OP_ATTN_LSE:
-    case TWK_OP_ATTN_BACK:
-    case TWK_OP_ATTN_CACHE: {
-        int segi = l->op == TWK_OP_ATTN_LSE ? 2 : 3;
-        int64_t T = dim(&s[0], 0, n), Hq = dim(&s[0], 1, n), D = dim(&s[0], 2, n), Hkv = dim(&s[1], 1, n);
-        int64_t rows = l->op == TWK_OP_ATTN_CACHE ? dim(&s[1], 0, n) : T;
-        if (l->op == TWK_OP_ATTN_CACHE) check_ids(c, d, &k, l, li, 3, T, rows, 2);
-        else check_ids(c, d, &k, l, li, segi, T, T, 1);
-        if (l->op == TWK_OP_ATTN_BACK) {
-            x = start(d, &k, VKS_ATTN_BACK, 64, l->ip[0]);
-            for (int i = 0; i < 7; i++) x->bind[1 + i] = i;
-        } else {
-            x = start(d, &k, VKS_ATTN, 64, l->op == TWK_OP_ATTN ? 0 : l->op == TWK_OP_ATTN_LSE ? 1 : 2);
-            x->bind[1] = 0;
-            x->bind[2] = 1;
-            if (l->op != TWK_OP_ATTN_LSE) x->bind[3] = 2;
-            x->bind[4] = segi;
-            if (l->op == TWK_OP_ATTN_CACHE) {
-                x->bind[5] = 4;
-                x->p[7] = s[4].type == TWK_I64;
-            }
-        }
-        x->bind[0] = VKB_DST;
-        x->p[0] = (int32_t)T;
-        x->p[1] = (int32_t)Hq;
-        x->p[2] = (int32_t)Hkv;
-        x->p[3] = (int32_t)D;
-        x->p[4] = (int32_t)rows;
-        x->p[6] = s[segi].type == TWK_I64;
-        x->fp[0] = l->fp[0];
-        if (Hkv < 1 || Hq % Hkv) {
-            twk_error(TWK_ERR_SHAPE, "vulkan: %s '%s': %lld query heads over %lld kv heads", twk_op_name(l->op),
-                      l->name, (long long)Hq, (long long)Hkv);
-            return -1;
-        }
-        int kv_groups = l->op == TWK_OP_ATTN_BACK && l->ip[0] != 0;
-        if ((kv_groups ? Hkv : Hq) > (int64_t)c->max_groups) goto too_big;
-        x->groups[0] = (uint32_t)(kv_groups ? Hkv : Hq);
-        x->groups[1] = groups_for(c, T, 1);
-        break;
-    }
-    default:
+    const vk_entry *e = entry(l->op);
+    if (!e || !e->lower) {
         twk_error(TWK_ERR_UNSUPPORTED, "vulkan: no kernel for op %s ('%s')", twk_op_name(l->op), l->name);
         return -1;
     }
-    return k;
-too_big:
-    twk_error(TWK_ERR_UNSUPPORTED, "vulkan: %s '%s' is too large for 32-bit shader indexing", twk_op_name(l->op),
-              l->name);
-    return -1;
+    int big = w.ny > INT32_MAX;
+    for (int i = 0; i < l->nsrc; i++) big |= twk_desc_nelem(&l->src[i], n) > INT32_MAX;
+    w.mode = e->mode;
+    if (!big) check_ids(&w);
+    int r = big ? VK_TOO_BIG : e->lower(&w);
+    if (r == VK_TOO_BIG) {
+        twk_error(TWK_ERR_UNSUPPORTED, "vulkan: %s '%s' is too large for 32-bit shader indexing", twk_op_name(l->op),
+                  l->name);
+        return -1;
+    }
+    if (r < 0) return -1;
+    *scratch_bytes = w.scratch;
+    return w.k;
 }

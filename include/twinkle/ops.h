@@ -1,71 +1,149 @@
-/* twinkle — the op list: the one place every op is named.
+/* twinkle — the op table: the one place every op is named and described.
  *
  * Owned by graph/; included by hal/ and every backend (a backend sees only
- * hal/ and this list). Each entry: X(ENUM, "name", n_src).
- * n_src is the number of required sources; -1 means variable (see graph.h). */
+ * hal/ and this table). Each row:
+ *
+ *   X(ENUM, "name", nsrc, KIND, index, checked, diff, BACK, TOL, IDS)
+ *
+ *   nsrc     required sources; -1 means variable (see graph.h)
+ *   KIND     how the plan stores the output and whether a kernel runs (twk_op_kind)
+ *   index    sources holding indices (i32 or i64), as a mask of TWK_SRC(i)
+ *   checked  the index sources whose values kernels range-check (positions are not)
+ *   diff     sources gradients flow to (autograd); TWK_SRC_ALL for every source
+ *   BACK     for a MAP: the op computing dx from (x, dy); NONE otherwise
+ *   TOL      tolerance class of the op's results across backends (twk_op_tol)
+ *   IDS      how the checked sources are checked and what bounds them (twk_op_ids), for
+ *            the one wording of bad-id errors every backend shares (twk_launch_bad_id)
+ *
+ * Every fact about an op that more than one layer needs is a column here;
+ * code reads it through twk_op_info() instead of switching on op kinds. */
 #ifndef TWINKLE_OPS_H
 #define TWINKLE_OPS_H
 
+#include <stdbool.h>
+
 #include "twinkle/export.h"
 
-#define TWK_OP_LIST(X)                                                        \
-    /* leaves: no kernel; their storage is bound or planned */               \
-    X(INPUT,          "input",          0)                                    \
-    X(PARAM,          "param",          0)                                    \
-    X(FILL,           "fill",           0)  /* every element = fparam[0]  */ \
-    /* layout (RESHAPE is a view; the others copy) */                        \
-    X(RESHAPE,        "reshape",        1)                                    \
-    X(PERMUTE,        "permute",        1)  /* iparams = axis order */       \
-    X(SLICE,          "slice",          1)  /* axis, start */                \
-    X(SLICE_BACK,     "slice_back",     1)  /* zeros with src at axis/start */\
-    X(CONCAT,         "concat",         2)  /* along axis */                 \
-    X(BROADCAST,      "broadcast",      1)  /* src broadcast to dst shape */ \
-    X(SUM_TO,         "sum_to",         1)  /* sum src down to dst shape */  \
-    /* elementwise */                                                        \
-    X(ADD,            "add",            2)  /* b broadcasts to a */          \
-    X(MUL,            "mul",            2)  /* b broadcasts to a */          \
-    X(SCALE,          "scale",          1)  /* x * fparam[0] */              \
-    X(SILU,           "silu",           1)                                    \
-    X(SILU_BACK,      "silu_back",      2)  /* (x, dy) */                    \
-    X(SWIGLU,         "swiglu",         2)  /* silu(gate) * up */            \
-    X(SWIGLU_BACK,    "swiglu_back",    3)  /* (gate, up, dy); iparam 0: d/dgate, 1: d/dup */ \
-    /* reductions */                                                         \
-    X(SUM,            "sum",            1)  /* all elements -> [1] */        \
-    X(MEAN,           "mean",           1)  /* all elements -> [1] */        \
-    X(WEIGHTED_SUM,   "weighted_sum",   2)  /* sum(x * w) -> [1] */          \
-    /* linear algebra */                                                     \
-    X(MATMUL,         "matmul",         2)  /* iparams: trans_a, trans_b */  \
-    /* transformer */                                                        \
-    X(GET_ROWS,       "get_rows",       2)  /* (table [V,D], ids [T]) */     \
-    X(GET_ROWS_BACK,  "get_rows_back",  2)  /* (dy [T,D], ids [T]) -> [V,D] */\
-    X(RMSNORM,        "rmsnorm",        2)  /* (x, w); fparam eps */          \
-    X(RMSNORM_BACK_X, "rmsnorm_back_x", 3)  /* (x, w, dy) */                  \
-    X(RMSNORM_BACK_W, "rmsnorm_back_w", 2)  /* (x, dy) -> [D]; fparam eps */  \
-    X(ROPE,           "rope",           -1) /* (x [T,H,D], pos [T] [, inv_freq [D/2]]) */ \
-    X(ATTN,           "attn",           4)  /* (q, k, v, seg_start) */       \
-    X(ATTN_LSE,       "attn_lse",       3)  /* (q, k, seg_start) -> [T,Hq] */ \
-    X(ATTN_BACK,      "attn_back",      7)  /* (q,k,v,seg,o,dO,lse); iparam 0: which */ \
-    X(LOGPROBS,       "logprobs",       2)  /* (logits [T,V], targets [T]) -> [T] */ \
-    X(LOGPROBS_BACK,  "logprobs_back",  4)  /* (logits, targets, dy, logprobs) -> [T,V] */ \
-    /* decoding with a KV cache (no gradients) */                            \
-    X(KV_WRITE,       "kv_write",       3)  /* (cache [R,H,D], x [T,H,D], rows [T]): in place */ \
-    X(ATTN_CACHE,     "attn_cache",     5)  /* (q [T,Hq,D], kc, vc [R,Hkv,D], lo [T], hi [T]) */ \
-    X(LORA_GATHER,    "lora_gather",    3)  /* (x [T,K], w [S,N,K], slot [T]) -> [T,N]: w[slot[t]] x[t] */
+/* Thread-safety: the op table is read-only; every function here may be called from any thread. */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 TWK_API_BEGIN
 
+#define TWK_SRC(i) (1u << (i))
+#define TWK_SRC_ALL 0xffu
+/* IDS: TWK_IDS(check, "name", "range name", bound source (-1 the output), bound dim) */
+#define TWK_IDS(check, what, in, src, dim) {TWK_IDS_##check, what, in, src, dim}
+#define TWK_NO_IDS {TWK_IDS_NONE, "", "", 0, 0}
+
+/* clang-format off */
+#define TWK_OP_LIST(X)                                                                                          \
+    /* leaves: no kernel; their storage is bound or planned */                                                  \
+    X(INPUT,          "input",          0, LEAF,    0,                    0,                    0,           NONE, EXACT, TWK_NO_IDS) \
+    X(PARAM,          "param",          0, LEAF,    0,                    0,                    0,           NONE, EXACT, TWK_NO_IDS) \
+    X(FILL,           "fill",           0, COMPUTE, 0,                    0,                    0,           NONE, EXACT, TWK_NO_IDS) /* every element = fparam[0] */ \
+    /* layout (RESHAPE is a view; the others copy) */                                                           \
+    X(RESHAPE,        "reshape",        1, VIEW,    0,                    0,                    TWK_SRC_ALL, NONE, EXACT, TWK_NO_IDS) \
+    X(PERMUTE,        "permute",        1, COPY,    0,                    0,                    TWK_SRC_ALL, NONE, EXACT, TWK_NO_IDS) /* iparams = axis order */ \
+    X(SLICE,          "slice",          1, COPY,    0,                    0,                    TWK_SRC_ALL, NONE, EXACT, TWK_NO_IDS) /* axis, start */ \
+    X(SLICE_BACK,     "slice_back",     1, COPY,    0,                    0,                    TWK_SRC_ALL, NONE, EXACT, TWK_NO_IDS) /* zeros with src at axis/start */ \
+    X(CONCAT,         "concat",         2, COPY,    0,                    0,                    TWK_SRC_ALL, NONE, EXACT, TWK_NO_IDS) /* along axis */ \
+    X(BROADCAST,      "broadcast",      1, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, EXACT, TWK_NO_IDS) /* src broadcast to dst shape */ \
+    X(SUM_TO,         "sum_to",         1, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, ACCUM, TWK_NO_IDS) /* sum src down to dst shape */ \
+    /* elementwise */                                                                                           \
+    X(ADD,            "add",            2, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, EXACT, TWK_NO_IDS) /* b broadcasts to a */ \
+    X(MUL,            "mul",            2, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, EXACT, TWK_NO_IDS) /* b broadcasts to a */ \
+    X(SCALE,          "scale",          1, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, EXACT, TWK_NO_IDS) /* x * fparam[0] */ \
+    X(SILU,           "silu",           1, MAP,     0,                    0,                    TWK_SRC_ALL, SILU_BACK, TRANSCENDENTAL, TWK_NO_IDS) \
+    X(SILU_BACK,      "silu_back",      2, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, TRANSCENDENTAL, TWK_NO_IDS) /* (x, dy) */ \
+    X(SWIGLU,         "swiglu",         2, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, TRANSCENDENTAL, TWK_NO_IDS) /* silu(gate) * up */ \
+    X(SWIGLU_BACK,    "swiglu_back",    3, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, TRANSCENDENTAL, TWK_NO_IDS) /* (gate, up, dy); iparam 0: d/dgate, 1: d/dup */ \
+    X(GELU,           "gelu",           1, MAP,     0,                    0,                    TWK_SRC_ALL, GELU_BACK, TRANSCENDENTAL, TWK_NO_IDS) /* tanh approximation (gelu_pytorch_tanh) */ \
+    X(GELU_BACK,      "gelu_back",      2, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, TRANSCENDENTAL, TWK_NO_IDS) /* (x, dy) */ \
+    /* reductions */                                                                                            \
+    X(SUM,            "sum",            1, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, ACCUM, TWK_NO_IDS) /* all elements -> [1] */ \
+    X(MEAN,           "mean",           1, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, ACCUM, TWK_NO_IDS) /* all elements -> [1] */ \
+    X(WEIGHTED_SUM,   "weighted_sum",   2, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, ACCUM, TWK_NO_IDS) /* sum(x * w) -> [1] */ \
+    /* linear algebra */                                                                                        \
+    X(MATMUL,         "matmul",         2, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, ACCUM, TWK_NO_IDS) /* iparams: trans_a, trans_b */ \
+    /* transformer */                                                                                           \
+    X(GET_ROWS,       "get_rows",       2, COMPUTE, TWK_SRC(1),           TWK_SRC(1),           TWK_SRC(0),  NONE, EXACT, TWK_IDS(RANGE, "ids", "", 0, 0)) /* (table [V,D], ids [T]) */ \
+    X(GET_ROWS_BACK,  "get_rows_back",  2, COMPUTE, TWK_SRC(1),           TWK_SRC(1),           TWK_SRC(0),  NONE, ACCUM, TWK_IDS(RANGE, "ids", "", -1, 0)) /* (dy [T,D], ids [T]) -> [V,D] */ \
+    X(RMSNORM,        "rmsnorm",        2, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, ACCUM, TWK_NO_IDS) /* (x, w); fparam eps */ \
+    X(RMSNORM_BACK_X, "rmsnorm_back_x", 3, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, ACCUM, TWK_NO_IDS) /* (x, w, dy) */ \
+    X(RMSNORM_BACK_W, "rmsnorm_back_w", 2, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, ACCUM, TWK_NO_IDS) /* (x, dy) -> [D]; fparam eps */ \
+    X(ROPE,           "rope",          -1, COMPUTE, TWK_SRC(1),           0,                    TWK_SRC(0),  NONE, ACCUM, TWK_NO_IDS) /* (x [T,H,D], pos [T] [, inv_freq [D/2]]) */ \
+    X(ATTN,           "attn",           4, COMPUTE, TWK_SRC(3),           TWK_SRC(3),           TWK_SRC(0) | TWK_SRC(1) | TWK_SRC(2), NONE, ACCUM, TWK_IDS(SEGMENTS, "seg_start", "", 0, 0)) /* (q, k, v, seg_start) */ \
+    X(ATTN_LSE,       "attn_lse",       3, COMPUTE, TWK_SRC(2),           TWK_SRC(2),           TWK_SRC_ALL, NONE, ACCUM, TWK_IDS(SEGMENTS, "seg_start", "", 0, 0)) /* (q, k, seg_start) -> [T,Hq] */ \
+    X(ATTN_BACK,      "attn_back",      7, COMPUTE, TWK_SRC(3),           TWK_SRC(3),           TWK_SRC_ALL, NONE, ACCUM, TWK_IDS(SEGMENTS, "seg_start", "", 0, 0)) /* (q,k,v,seg,o,dO,lse); iparam 0: which */ \
+    X(LOGPROBS,       "logprobs",       2, COMPUTE, TWK_SRC(1),           TWK_SRC(1),           TWK_SRC(0),  NONE, ACCUM, TWK_IDS(RANGE, "targets", "", 0, 1)) /* (logits [T,V], targets [T]) -> [T] */ \
+    X(LOGPROBS_BACK,  "logprobs_back",  4, COMPUTE, TWK_SRC(1),           TWK_SRC(1),           TWK_SRC_ALL, NONE, ACCUM, TWK_IDS(RANGE, "targets", "", 0, 1)) /* (logits, targets, dy, logprobs) -> [T,V] */ \
+    /* decoding with a KV cache (no gradients) */                                                               \
+    X(KV_WRITE,       "kv_write",       3, INPLACE, TWK_SRC(2),           TWK_SRC(2),           0,           NONE, EXACT, TWK_IDS(RANGE, "rows", "the cache ", -1, 0)) /* (cache [R,H,D], x [T,H,D], rows [T]) */ \
+    X(ATTN_CACHE,     "attn_cache",     5, COMPUTE, TWK_SRC(3) | TWK_SRC(4), TWK_SRC(3) | TWK_SRC(4), 0,     NONE, ACCUM, TWK_IDS(ROWS, "rows", "", 1, 0)) /* (q [T,Hq,D], kc, vc [R,Hkv,D], lo [T], hi [T]) */ \
+    X(LORA_GATHER,    "lora_gather",    3, COMPUTE, TWK_SRC(2),           TWK_SRC(2),           0,           NONE, ACCUM, TWK_IDS(RANGE, "slot", "", 1, 0)) /* (x [T,K], w [S,N,K], slot [T]) -> [T,N]: w[slot[t]] x[t] */
+/* clang-format on */
+
 typedef enum twk_op {
-#define TWK_OP_ENUM_(e, s, n) TWK_OP_##e,
+#define TWK_OP_ENUM_(e, ...) TWK_OP_##e,
     TWK_OP_LIST(TWK_OP_ENUM_)
 #undef TWK_OP_ENUM_
-    TWK_OP_COUNT
+    TWK_OP_COUNT,
+    TWK_OP_NONE = TWK_OP_COUNT /* "no op" in the BACK column */
 } twk_op;
 
+/* How an op's output is stored and whether a backend runs a kernel for it. */
+typedef enum twk_op_kind {
+    TWK_OPK_LEAF,    /* no kernel: storage bound by the caller or planned (input, param) */
+    TWK_OPK_VIEW,    /* no kernel: aliases source 0's storage (reshape) */
+    TWK_OPK_COPY,    /* a kernel that only moves elements: any dtype of one size */
+    TWK_OPK_INPLACE, /* a kernel that writes into source 0's storage (kv_write) */
+    TWK_OPK_MAP,     /* y = f(x) elementwise on f32, no parameters; dx = BACK(x, dy) */
+    TWK_OPK_COMPUTE, /* any other kernel: f32 from f32 and index sources */
+} twk_op_kind;
+
+/* How closely two backends agree on an op (backend_ops' NMSE tolerances). */
+typedef enum twk_op_tol {
+    TWK_TOL_EXACT,          /* copies and single roundings */
+    TWK_TOL_TRANSCENDENTAL, /* exp / tanh from another math library */
+    TWK_TOL_ACCUM,          /* sums in another order (reductions, GEMM, attention) */
+} twk_op_tol;
+
+/* How kernels check an op's checked index sources (the IDS column). */
+typedef enum twk_id_check {
+    TWK_IDS_NONE,
+    TWK_IDS_RANGE,    /* each id in [0, bound) */
+    TWK_IDS_SEGMENTS, /* segment starts: each is the previous token's start or the token itself */
+    TWK_IDS_ROWS,     /* (lo, hi) from two sources: a non-empty row range inside [0, bound) */
+} twk_id_check;
+
+typedef struct twk_op_ids {
+    twk_id_check check;
+    const char *what;   /* the ids' name in messages ("ids", "targets", "rows", "slot", "seg_start") */
+    const char *in;     /* words before the range ("the cache ") */
+    signed char bound_src, bound_dim; /* the bound: dim bound_dim of source bound_src (-1: the output) */
+} twk_op_ids;
+
+/* One row of the op table. */
+typedef struct twk_op_traits {
+    const char *name;
+    int nsrc;          /* required sources; -1 variable */
+    twk_op_kind kind;
+    unsigned index;    /* bit i: source i holds indices */
+    unsigned checked;  /* bit i: index source i is range-checked by kernels */
+    unsigned diff;     /* bit i: gradients flow to source i */
+    twk_op back;       /* MAP: the gradient op (x, dy) -> dx; else TWK_OP_NONE */
+    twk_op_tol tol;
+    twk_op_ids ids;    /* checked sources: the first set bit of `checked` (ROWS: it and the next) */
+} twk_op_traits;
+
+/* The op's row; a row named "?" (no sources, kind LEAF) for an out-of-range value. */
+const twk_op_traits *twk_op_info(twk_op op);
 /* The op's lower-case name ("matmul"); "?" for an out-of-range value. */
 const char *twk_op_name(twk_op op);
+/* Whether a backend runs a kernel for op (every kind but LEAF and VIEW). */
+bool twk_op_has_kernel(twk_op op);
 
 TWK_API_END
 #ifdef __cplusplus
