@@ -31,7 +31,7 @@ def main():
         tok = PreTrainedTokenizerFast(tokenizer_file=TOK, bos_token=bos, eos_token=eos)
         for c in convs:
             kw = {k: v for k, v in c.items() if k not in ("name", "messages", "tools", "add_generation_prompt")}
-            rec = {"template": name, "conversation": c["name"]}
+            rec = {"template": name, "conversation": c["name"], "bos_token": bos, "eos_token": eos}
             try:
                 text = tok.apply_chat_template(c["messages"], tools=c.get("tools"), chat_template=src, tokenize=False,
                                                add_generation_prompt=c["add_generation_prompt"], **kw)
