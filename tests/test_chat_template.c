@@ -114,7 +114,7 @@ static void fixtures(void) {
             uint8_t *m3 = NULL;
             size_t n3 = 0;
             if (u && twk_chat_render_mask(u, req, TWK_TRAIN_ON_ASSISTANT, &o3, &n3, &m3) == TWK_OK && n3 == n2 &&
-                memcmp(o3, o2, n2) == 0 && !strstr(req, "tool_calls")) {
+                memcmp(o3, o2, n2) == 0) {
                 heur++;
                 bool eq = memcmp(m3, ref, n2) == 0;
                 heur_ok += eq;
@@ -135,7 +135,7 @@ static void fixtures(void) {
            "untagged assistant masks equal to the tagged spans %d/%d\n",
            total, identical, errors_ok, span_ok, span_sets, heur_ok, heur);
     CHECK(total >= 60 && identical + errors_ok == total, "not every rendering matched");
-    CHECK(heur >= 5, "too few mask comparisons (%d)", heur);
+    CHECK(heur >= 20, "too few mask comparisons (%d)", heur);
     cJSON_Delete(convs);
     cJSON_Delete(exp);
     free(ct);

@@ -18,7 +18,7 @@ SPECIAL = {"qwen2.5": (None, "<|im_end|>"), "qwen3": (None, "<|im_end|>"),
 
 
 def family(name):
-    return name.split(".gen")[0].replace(".jinja", "")
+    return name.replace(".gen.jinja", ".jinja").replace(".jinja", "")
 
 
 def main():
