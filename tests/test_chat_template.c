@@ -198,6 +198,8 @@ static void negatives(void) {
     expect_error("{% set x %}block{% endset %}", NULL, TWK_ERR_UNSUPPORTED, "line 1", "block set");
     expect_error("{% for x in y recursive %}{% endfor %}", NULL, TWK_ERR_UNSUPPORTED, "line 1", "recursive");
     expect_error("{{ '%s' % 1.5 }}", NULL, TWK_ERR_UNSUPPORTED, "line 1", "'%'");
+    expect_error("{{ 'a b c'.split(' ', 1) }}", NULL, TWK_ERR_UNSUPPORTED, "line 1", "maxsplit");
+    expect_error("{{ [3, 1] | sort }}", NULL, TWK_ERR_UNSUPPORTED, "line 1", "sort");
     expect_error("x\n{% if true %}\nno end", NULL, TWK_ERR_INVALID_ARG, "line 2", "never closed");
     expect_error("{{ raise_exception('custom failure') }}", NULL, TWK_ERR_INVALID_ARG, "custom failure", NULL);
     expect_error("{{ messages[0].content.x.y }}", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
@@ -237,8 +239,44 @@ static void negatives(void) {
     }
 }
 
+/* Every prefix of every fixture template (and of a few bytes after it cut) parses and renders or
+ * fails with a message; none crashes (the sanitizer build runs this too). */
+static void prefixes(void) {
+    static const char *names[] = {"qwen2.5.jinja", "qwen3.jinja", "llama3.1.jinja", "llama3.2.jinja", "mistral-v3.jinja"};
+    const char *req = "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":\"u\"},"
+                      "{\"role\":\"assistant\",\"content\":\"a\"}],\"add_generation_prompt\":true}";
+    int tried = 0, failed_with_message = 0;
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/templates/%s", TWK_CHAT_DIR, names[k]);
+        char *src = slurp(path);
+        if (!src) continue;
+        size_t n = strlen(src);
+        for (size_t cut = 0; cut < n; cut += 5) {
+            char saved = src[cut];
+            src[cut] = 0;
+            twk_chat_template *t = NULL;
+            twk_clear_error();
+            twk_status st = twk_chat_template_new(src, "<s>", "</s>", &t);
+            char *out = NULL;
+            if (!st) st = twk_chat_render(t, req, &out, NULL);
+            tried++;
+            if (st) {
+                failed_with_message += twk_last_error()[0] != 0;
+                CHECK(twk_last_error()[0], "%s cut at %zu: failed without a message", names[k], cut);
+            }
+            free(out);
+            twk_chat_template_free(t);
+            src[cut] = saved;
+        }
+        free(src);
+    }
+    printf("prefixes: %d cut templates, %d refused with a message, none crashed\n", tried, failed_with_message);
+}
+
 int main(void) {
     fixtures();
+    prefixes();
     modes();
     negatives();
     if (failures) {

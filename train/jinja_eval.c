@@ -292,8 +292,10 @@ static twk_status call_method(cx *c, int line, jj_val self, const char *m, args 
         *out = B(r);
         return TWK_OK;
     }
-    if (strcmp(m, "split") == 0) return split(c, line, self, a0 ? a0 : arg(a, 99, "sep"), out);
-    if (strcmp(m, "rsplit") == 0 && !a1) return split(c, line, self, a0, out);
+    if (strcmp(m, "split") == 0 || strcmp(m, "rsplit") == 0) {
+        if (a1 || arg(a, 99, "maxsplit")) return rerr(TWK_ERR_UNSUPPORTED, line, "unsupported construct: %s with maxsplit", m);
+        return split(c, line, self, a0 ? a0 : arg(a, 99, "sep"), out);
+    }
     if (strcmp(m, "strip") == 0 || strcmp(m, "lstrip") == 0 || strcmp(m, "rstrip") == 0) {
         *out = strip(c, self, a0, m[0] != 'r', m[0] != 'l');
         return TWK_OK;
@@ -465,7 +467,7 @@ static twk_status filter(cx *c, const jj_expr *e, jj_val v, jj_val *out) {
         *out = use ? (a0 ? *a0 : S(c, "")) : v;
         return TWK_OK;
     }
-    if (strcmp(f, "abs") == 0 || strcmp(f, "int") == 0 || strcmp(f, "float") == 0 || strcmp(f, "round") == 0) {
+    if (strcmp(f, "abs") == 0 || strcmp(f, "int") == 0 || strcmp(f, "float") == 0) {
         double d = 0;
         if (v.kind == JJ_INT) d = (double)v.u.i;
         else if (v.kind == JJ_FLOAT) d = v.u.f;
@@ -475,7 +477,7 @@ static twk_status filter(cx *c, const jj_expr *e, jj_val v, jj_val *out) {
         if (f[0] == 'a') *out = v.kind == JJ_FLOAT ? (jj_val){.kind = JJ_FLOAT, .u.f = d < 0 ? -d : d} : I(d < 0 ? -(int64_t)d : (int64_t)d);
         else if (f[0] == 'i') *out = I((int64_t)d);
         else if (f[0] == 'f') *out = (jj_val){.kind = JJ_FLOAT, .u.f = d};
-        else return rerr(TWK_ERR_UNSUPPORTED, line, "unsupported construct: filter 'round'");
+        else *out = v; /* not reached: 'round' is refused by the parser */
         return TWK_OK;
     }
     if (strcmp(f, "replace") == 0) {

@@ -222,8 +222,8 @@ static twk_status parse_unary(ps *p, jj_expr **out, bool with_filter);
 
 static const char *FILTERS[] = {"tojson", "trim", "length", "count", "string", "first", "last", "list", "join",
                                 "selectattr", "rejectattr", "select", "reject", "items", "upper", "lower", "default",
-                                "d", "int", "float", "abs", "capitalize", "replace", "map", "unique", "sort",
-                                "dictsort", "title", "round", "wordcount", "safe", "e", "escape", "indent", NULL};
+                                "d", "int", "float", "abs", "capitalize", "replace", "map", "unique", "title",
+                                "safe", NULL};
 static const char *TESTS[] = {"defined", "undefined", "none", "string", "mapping", "iterable", "sequence", "number",
                               "integer", "float", "boolean", "true", "false", "equalto", "eq", "==", "ne", "!=",
                               "odd", "even", "in", "sameas", "lower", "upper", "callable", "divisibleby", NULL};
