@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cJSON.h>
 
@@ -274,7 +275,45 @@ static void prefixes(void) {
     printf("prefixes: %d cut templates, %d refused with a message, none crashed\n", tried, failed_with_message);
 }
 
+/* tokenizer_config.json: a string template with AddedToken-object bos / eos, a list of named
+ * templates (the "default" one), and a file without chat_template. */
+static void load_config(void) {
+    char dir[] = "/tmp/twk_chat_XXXXXX";
+    if (!mkdtemp(dir)) { CHECK(0, "mkdtemp"); return; }
+    char path[256];
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    const char *cfgs[] = {
+        "{\"bos_token\": {\"content\": \"<B>\", \"lstrip\": false}, \"eos_token\": \"<E>\","
+        " \"chat_template\": \"{{ bos_token }}{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}\"}",
+        "{\"eos_token\": \"<E>\", \"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"},"
+        " {\"name\": \"default\", \"template\": \"{{ bos_token is defined }}{{ messages[0].content }}\"}]}",
+        "{\"eos_token\": \"<E>\"}"};
+    const char *want[] = {"<B>hi<E>", "Falsehi", NULL};
+    for (int i = 0; i < 3; i++) {
+        FILE *f = fopen(path, "w");
+        if (!f) { CHECK(0, "write %s", path); break; }
+        fputs(cfgs[i], f);
+        fclose(f);
+        twk_chat_template *t = NULL;
+        twk_status st = twk_chat_template_load(dir, &t);
+        if (!want[i]) {
+            CHECK(st == TWK_ERR_NOT_FOUND && strstr(twk_last_error(), "chat_template"), "config %d: %s", i, twk_last_error());
+            continue;
+        }
+        char *out = NULL;
+        if (!st) st = twk_chat_render(t, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", &out, NULL);
+        CHECK(st == TWK_OK && strcmp(out, want[i]) == 0, "config %d: got [%s] (%s)", i, out ? out : "", twk_last_error());
+        free(out);
+        twk_chat_template_free(t);
+    }
+    remove(path);
+    rmdir(dir);
+    twk_chat_template *t = NULL;
+    CHECK(twk_chat_template_load("/nonexistent/dir", &t) == TWK_ERR_IO, "missing file: %s", twk_last_error());
+}
+
 int main(void) {
+    load_config();
     fixtures();
     prefixes();
     modes();
