@@ -204,7 +204,7 @@ static void negatives(void) {
     expect_error("x\n{% if true %}\nno end", NULL, TWK_ERR_INVALID_ARG, "line 2", "never closed");
     expect_error("{{ raise_exception('custom failure') }}", NULL, TWK_ERR_INVALID_ARG, "custom failure", NULL);
     expect_error("{{ messages[0].content.x.y }}", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
-                 TWK_ERR_INVALID_ARG, "line 1", "undefined");
+                 TWK_ERR_INVALID_ARG, "line 1", "'str object' has no attribute 'x'");
     expect_error("{{ x }}", "{\"messages\":[{\"role\":\"user\"", TWK_ERR_INVALID_ARG, "request", "offset");
     expect_error("{{ x }}", "{\"message\":[]}", TWK_ERR_INVALID_ARG, "messages", NULL);
     /* things the subset does: checked against hand-derived Python results */

@@ -35,6 +35,19 @@ static const char *kind_name(jj_val v) {
 }
 
 static jj_val S(cx *c, const char *s) { return jj_str(c->a, s, strlen(s)); }
+
+/* An undefined value carrying Jinja's message for it ("'x' is undefined", "'dict object' has no
+ * attribute 'y'"), reported when the value is used. */
+static jj_val undef_msg(cx *c, const char *fmt, const char *a, const char *b) {
+    char m[256];
+    snprintf(m, sizeof m, fmt, a, b);
+    jj_val v = S(c, m);
+    if (v.kind != JJ_STR) return (jj_val){.kind = JJ_UNDEF}; /* out of memory: undefined without a message */
+    v.kind = JJ_UNDEF;
+    return v;
+}
+
+static const char *undef_text(jj_val v) { return v.u.str.s ? v.u.str.s : "value is undefined"; }
 static jj_val B(bool b) { return (jj_val){.kind = JJ_BOOL, .u.b = b}; }
 static jj_val I(int64_t i) { return (jj_val){.kind = JJ_INT, .u.i = i}; }
 static jj_val UNDEF = {.kind = JJ_UNDEF};
@@ -91,9 +104,9 @@ static twk_status method_val(cx *c, int line, jj_val obj, const char *name, jj_v
 
 static twk_status getattr_(cx *c, int line, jj_val obj, const char *name, jj_val *out) {
     if (obj.kind == JJ_UNDEF)
-        return rerr(TWK_ERR_INVALID_ARG, line, "'%s' is undefined (reading attribute '%s')", obj.u.str.s ? obj.u.str.s : "value", name);
+        return rerr(TWK_ERR_INVALID_ARG, line, "%s (reading attribute '%s')", undef_text(obj), name);
     if (has_method(obj, name)) return method_val(c, line, obj, name, out);
-    *out = UNDEF;
+    *out = undef_msg(c, "'%s object' has no attribute '%s'", kind_name(obj), name);
     if (obj.kind == JJ_DICT || obj.kind == JJ_NS) {
         jj_val *v = jj_dict_get(obj.u.dict, name, strlen(name));
         if (v) *out = *v;
@@ -115,8 +128,14 @@ static size_t *cp_offsets(cx *c, jj_val s, size_t *ncp) {
 }
 
 static twk_status getitem(cx *c, int line, jj_val obj, jj_val key, jj_val *out) {
-    if (obj.kind == JJ_UNDEF) return rerr(TWK_ERR_INVALID_ARG, line, "'%s' is undefined (subscripted)", obj.u.str.s ? obj.u.str.s : "value");
-    *out = UNDEF;
+    if (obj.kind == JJ_UNDEF) return rerr(TWK_ERR_INVALID_ARG, line, "%s (subscripted)", undef_text(obj));
+    if (key.kind == JJ_STR) *out = undef_msg(c, "'%s object' has no attribute '%s'", kind_name(obj), key.u.str.s);
+    else {
+        jj_buf kb = {0};
+        jj_to_str(&kb, key, 1);
+        *out = undef_msg(c, "'%s object' has no element %s", kind_name(obj), kb.p ? kb.p : "?");
+        free(kb.p);
+    }
     if (obj.kind == JJ_DICT || obj.kind == JJ_NS) {
         for (size_t i = 0; i < obj.u.dict->n; i++)
             if (jj_equal(obj.u.dict->k[i], key)) { *out = obj.u.dict->v[i]; return TWK_OK; }
@@ -149,7 +168,7 @@ static jj_val lookup(cx *c, const char *name) {
     static const char *globals[] = {"raise_exception", "namespace", "strftime_now", "dict", "range", NULL};
     for (const char **g = globals; *g; g++)
         if (strcmp(*g, name) == 0) return (jj_val){.kind = JJ_FUNC, .u.str = {*g, strlen(*g)}};
-    return (jj_val){.kind = JJ_UNDEF, .u.str = {name, strlen(name)}};
+    return undef_msg(c, "'%s' is undefined%s", name, "");
 }
 
 /* ---- evaluation ---- */
@@ -628,7 +647,7 @@ static twk_status binop(cx *c, int line, const char *op, jj_val l, jj_val r, jj_
     }
     if (l.kind == JJ_UNDEF || r.kind == JJ_UNDEF) {
         jj_val u = l.kind == JJ_UNDEF ? l : r;
-        return rerr(TWK_ERR_INVALID_ARG, line, "'%s' is undefined (operand of '%s')", u.u.str.s ? u.u.str.s : "value", op);
+        return rerr(TWK_ERR_INVALID_ARG, line, "%s (operand of '%s')", undef_text(u), op);
     }
     double x = 0, y = 0;
     bool xi = false, yi = false;
@@ -767,7 +786,7 @@ static twk_status eval(cx *c, const jj_expr *e, jj_val *out) {
         TRY(eval_args(c, e, &ar));
         if (a.kind == JJ_METHOD) return call_method(c, e->line, *a.u.m.self, a.u.m.name, &ar, out);
         if (a.kind == JJ_FUNC) return call_func(c, e->line, a.u.str.s, &ar, out);
-        if (a.kind == JJ_UNDEF) return rerr(TWK_ERR_INVALID_ARG, e->line, "'%s' is undefined (called)", a.u.str.s ? a.u.str.s : "value");
+        if (a.kind == JJ_UNDEF) return rerr(TWK_ERR_INVALID_ARG, e->line, "%s (called)", undef_text(a));
         return rerr(TWK_ERR_INVALID_ARG, e->line, "'%s' object is not callable", kind_name(a));
     }
     case E_FILTER: TRY(eval(c, e->a, &a)); return filter(c, e, a, out);
