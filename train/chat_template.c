@@ -214,14 +214,22 @@ twk_status twk_chat_render_mask(const twk_chat_template *t, const char *request_
         for (size_t i = 0; i < o.nspans; i++)
             if (o.spans[i][1] > o.spans[i][0]) { sp[ns][0] = o.spans[i][0]; sp[ns++][1] = o.spans[i][1]; }
     } else {
+        size_t *lohi = calloc(2 * msgs->n + 1, sizeof(size_t)); /* first byte, last byte + 1 of each message */
+        if (!lohi) {
+            free(sp);
+            st = twk_error(TWK_ERR_OOM, "chat template: out of memory");
+            goto done;
+        }
+        for (size_t k = 0; k < msgs->n; k++) lohi[2 * k] = n;
+        for (size_t i = 0; i < n; i++) {
+            int32_t k = o.owner[i];
+            if (k < 0) continue;
+            if (lohi[2 * k] == n) lohi[2 * k] = i;
+            lohi[2 * k + 1] = i + 1;
+        }
         for (size_t k = 0; k < msgs->n; k++) {
             if (!is_assistant(&msgs->v[k])) continue;
-            size_t lo = n, hi = 0;
-            for (size_t i = 0; i < n; i++)
-                if (o.owner[i] == (int32_t)k) {
-                    if (lo == n) lo = i;
-                    hi = i + 1;
-                }
+            size_t lo = lohi[2 * k], hi = lohi[2 * k + 1];
             if (lo >= hi) continue;
             size_t h = 0;
             while (h < gn && lo + h < hi && o.text.p[lo + h] == gp[h]) h++;
@@ -233,11 +241,16 @@ twk_status twk_chat_render_mask(const twk_chat_template *t, const char *request_
             }
             if (lo + h < end) { sp[ns][0] = (int64_t)(lo + h); sp[ns++][1] = (int64_t)end; }
         }
+        free(lohi);
     }
+    /* last: the spans written for the message of the last span (generation blocks may be several
+     * per message), or the last span alone when it was written outside the messages loop */
+    int32_t last_owner = ns ? o.owner[sp[ns - 1][0]] : -1;
     if (mode == TWK_TRAIN_ON_ALL) memset(mk, 1, n);
     else
-        for (size_t s = mode == TWK_TRAIN_ON_LAST && ns ? ns - 1 : 0; s < ns; s++)
-            memset(mk + sp[s][0], 1, (size_t)(sp[s][1] - sp[s][0]));
+        for (size_t s = 0; s < ns; s++)
+            if (mode == TWK_TRAIN_ON_ASSISTANT || s == ns - 1 || (last_owner >= 0 && o.owner[sp[s][0]] == last_owner))
+                memset(mk + sp[s][0], 1, (size_t)(sp[s][1] - sp[s][0]));
     free(sp);
     *out = o.text.p;
     if (len) *len = n;

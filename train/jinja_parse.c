@@ -9,7 +9,7 @@
 typedef enum { T_TEXT, T_VBEGIN, T_VEND, T_BBEGIN, T_BEND, T_NAME, T_STR, T_INT, T_FLOAT, T_OP, T_EOF } tk_kind;
 typedef struct tok { tk_kind k; int line; const char *s; size_t n; jj_val v; } tok;
 typedef struct lx { jj_arena *a; tok *t; size_t n, cap; } lx;
-typedef struct ps { jj_arena *a; tok *t; size_t i, n; bool has_generation; } ps;
+typedef struct ps { jj_arena *a; tok *t; size_t i, n; bool has_generation; int depth; } ps;
 
 static twk_status perr(twk_status code, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static twk_status perr(twk_status code, int line, const char *fmt, ...) {
@@ -60,7 +60,6 @@ static twk_status unescape(jj_arena *a, const char *s, size_t n, int line, jj_va
         case '\'': o[k++] = '\''; break;
         case '"': o[k++] = '"'; break;
         case '\n': break;
-        case '0': o[k++] = 0; break;
         default:
             if (strchr("xuUN01234567abfv", e))
                 return perr(TWK_ERR_UNSUPPORTED, line, "unsupported construct: string escape '\\%c'", e);
@@ -563,7 +562,11 @@ static twk_status parse_andor(ps *p, jj_expr **out, bool is_or) {
 }
 
 static twk_status parse_expr(ps *p, jj_expr **out, bool condexpr) {
-    TRY(parse_andor(p, out, true));
+    if (p->depth >= 100) return perr(TWK_ERR_UNSUPPORTED, cur(p)->line, "unsupported construct: expressions nested more than 100 deep");
+    p->depth++;
+    twk_status st = parse_andor(p, out, true);
+    p->depth--;
+    if (st) return st;
     while (condexpr && is_name(cur(p), "if")) {
         int line = cur(p)->line;
         p->i++;
@@ -756,11 +759,17 @@ twk_status jj_parse(const char *src, size_t n, jj_template **out) {
     lx l = {t->arena, NULL, 0, 0};
     twk_status st = copy ? TWK_OK : twk_error(TWK_ERR_OOM, "chat template: out of memory");
     if (!st) {
-        memcpy(copy, src, n);
-        st = lex(t->arena, copy, n, &l);
+        size_t k = 0; /* Jinja's newline normalization: \r\n and \r become \n */
+        for (size_t i = 0; i < n; i++) {
+            if (src[i] == '\r') {
+                copy[k++] = '\n';
+                if (i + 1 < n && src[i + 1] == '\n') i++;
+            } else copy[k++] = src[i];
+        }
+        st = lex(t->arena, copy, k, &l);
     }
     if (!st) {
-        ps p = {t->arena, l.t, 0, l.n, false};
+        ps p = {t->arena, l.t, 0, l.n, false, 0};
         st = parse_body(&p, &t->body, NULL, NULL, 0);
         t->has_generation = p.has_generation;
     }

@@ -1,4 +1,5 @@
 /* Values of the chat-template Jinja subset: arena, Python str/repr, json.dumps / json.loads. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -476,6 +477,7 @@ static twk_status jp_value(jp *p, jj_val *out, int depth) {
     memcpy(t, p->s + p->i, j - p->i);
     t[j - p->i] = 0;
     char *end;
+    errno = 0;
     if (isf) {
         out->kind = JJ_FLOAT;
         out->u.f = strtod(t, &end);
@@ -484,6 +486,7 @@ static twk_status jp_value(jp *p, jj_val *out, int depth) {
         out->u.i = strtoll(t, &end, 10);
     }
     if (*end) return jp_err(p, "bad number");
+    if (!isf && errno == ERANGE) return jp_err(p, "integer out of the 64-bit range");
     p->i = j;
     return TWK_OK;
 }
