@@ -212,6 +212,8 @@ static void negatives(void) {
     expect_error("{{ '%s' % 1.5 }}", NULL, TWK_ERR_UNSUPPORTED, "line 1", "'%'");
     expect_error("{{ 'a b c'.split(' ', 1) }}", NULL, TWK_ERR_UNSUPPORTED, "line 1", "maxsplit");
     expect_error("{{ [3, 1] | sort }}", NULL, TWK_ERR_UNSUPPORTED, "line 1", "sort");
+    expect_error("{{ messages[0].content.upper() }}", "{\"messages\":[{\"content\":\"\u00e9t\u00e9\"}]}",
+                 TWK_ERR_UNSUPPORTED, "line 1", "non-ASCII");
     expect_error("x\n{% if true %}\nno end", NULL, TWK_ERR_INVALID_ARG, "line 2", "never closed");
     expect_error("{{ raise_exception('custom failure') }}", NULL, TWK_ERR_INVALID_ARG, "custom failure", NULL);
     expect_error("{{ messages[0].content.x.y }}", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
@@ -238,6 +240,8 @@ static void negatives(void) {
          NULL, "3"},
         {"  {% if true %}\n  x\n  {%- endif %}\n{# c #}\ny {{- ' z' }} ", NULL, "  xy z "},
         {"{% if true %}\r\nx\r\n{% endif %}\r\ny {{ 'a\r\nb' }}\r\n", NULL, "x\ny a\nb"},
+        {"{{ v }}", "{\"messages\":[],\"v\":[\"a\\u00a0b\",\"\u00e9\",\"x\\u2028\",\"\\u0085\",\"\\ue000\",\"it's\"]}",
+         "['a\\xa0b', '\u00e9', 'x\\u2028', '\\x85', '\\ue000', \"it's\"]"},
         {"{{ 'a' ~ 1 ~ none }}{{ 7 // 2 }}{{ -7 // 2 }}{{ -7 % 3 }}{{ 'b' if false }}{{ 'c' if 0 else 'd' }}", NULL, "a1None3-42d"},
         {"{{ messages | selectattr('role', 'equalto', 'user') | map(attribute='content') | join('+') }}",
          "{\"messages\":[{\"role\":\"user\",\"content\":\"u1\"},{\"role\":\"assistant\",\"content\":\"a\",\"x\":null},"

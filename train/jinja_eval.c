@@ -316,9 +316,19 @@ static twk_status call_method(cx *c, int line, jj_val self, const char *m, args 
         return split(c, line, self, a0 ? a0 : arg(a, 99, "sep"), out);
     }
     if (strcmp(m, "strip") == 0 || strcmp(m, "lstrip") == 0 || strcmp(m, "rstrip") == 0) {
+        if (a0 && a0->kind == JJ_STR)
+            for (size_t i = 0; i < a0->u.str.n; i++)
+                if ((unsigned char)a0->u.str.s[i] >= 0x80)
+                    return rerr(TWK_ERR_UNSUPPORTED, line, "unsupported construct: %s() of non-ASCII characters", m);
         *out = strip(c, self, a0, m[0] != 'r', m[0] != 'l');
         return TWK_OK;
     }
+    bool ascii = true;
+    for (size_t i = 0; i < n; i++) ascii = ascii && (unsigned char)p[i] < 0x80;
+    static const char *ascii_only[] = {"upper", "lower", "capitalize", "title", "isdigit", "isalpha", NULL};
+    for (const char **q = ascii_only; *q && !ascii; q++)
+        if (strcmp(m, *q) == 0) /* case mapping and classes are ASCII here: refuse rather than differ */
+            return rerr(TWK_ERR_UNSUPPORTED, line, "unsupported construct: %s() of non-ASCII text", m);
     if (strcmp(m, "upper") == 0 || strcmp(m, "lower") == 0 || strcmp(m, "capitalize") == 0 || strcmp(m, "title") == 0) {
         jj_val r = jj_str(c->a, p, n);
         char *q = (char *)r.u.str.s;

@@ -210,19 +210,42 @@ static void put_float(jj_buf *b, double f, bool json) {
     jj_buf_puts(b, out);
 }
 
+static uint32_t dec(const char *s, size_t n, size_t *len);
+
+/* Code points Python's str.isprintable() rejects, beyond ASCII: C1 controls, the Zs / Zl / Zp
+ * separators other than the space, common format characters (Cf) and private use (Co). */
+static bool unprintable(uint32_t c) {
+    return (c >= 0x80 && c <= 0xA0) || c == 0xAD || c == 0x1680 || (c >= 0x2000 && c <= 0x200F) ||
+           (c >= 0x2028 && c <= 0x202F) || (c >= 0x205F && c <= 0x2064) || (c >= 0x2066 && c <= 0x206F) ||
+           c == 0x3000 || c == 0xFEFF || (c >= 0xFFF9 && c <= 0xFFFB) || (c >= 0xE000 && c <= 0xF8FF) ||
+           c >= 0xF0000 || c == 0x061C || c == 0x180E;
+}
+
 static void put_repr_str(jj_buf *b, const char *s, size_t n) {
     bool sq = memchr(s, '\'', n) != NULL, dq = memchr(s, '"', n) != NULL;
     char q = sq && !dq ? '"' : '\'';
     jj_buf_put(b, &q, 1);
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n;) {
         unsigned char c = (unsigned char)s[i];
-        char t[8];
+        char t[16];
+        size_t l = 1;
         if (c == '\\' || c == (unsigned char)q) { t[0] = '\\'; t[1] = (char)c; jj_buf_put(b, t, 2); }
         else if (c == '\n') jj_buf_puts(b, "\\n");
         else if (c == '\r') jj_buf_puts(b, "\\r");
         else if (c == '\t') jj_buf_puts(b, "\\t");
         else if (c < 0x20 || c == 0x7f) { snprintf(t, sizeof t, "\\x%02x", c); jj_buf_puts(b, t); }
-        else jj_buf_put(b, (const char *)&c, 1);
+        else if (c < 0x80) jj_buf_put(b, (const char *)&c, 1);
+        else {
+            uint32_t cp = dec(s + i, n - i, &l);
+            if (!unprintable(cp)) jj_buf_put(b, s + i, l);
+            else {
+                if (cp <= 0xFF) snprintf(t, sizeof t, "\\x%02x", cp);
+                else if (cp <= 0xFFFF) snprintf(t, sizeof t, "\\u%04x", cp);
+                else snprintf(t, sizeof t, "\\U%08x", cp);
+                jj_buf_puts(b, t);
+            }
+        }
+        i += l;
     }
     jj_buf_put(b, &q, 1);
 }
