@@ -3,6 +3,7 @@
  * (tests/chat/expected.json, made by tests/chat/make_fixtures.py), the same errors where the
  * template raises, loss masks equal to transformers' {% generation %} spans, and unsupported
  * constructs refused naming the line. */
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -335,7 +336,41 @@ static void load_config(void) {
     CHECK(twk_chat_template_load("/nonexistent/dir", &t) == TWK_ERR_IO, "missing file: %s", twk_last_error());
 }
 
+/* Threads rendering with one template at once get the single-threaded result. */
+typedef struct job { const twk_chat_template *t; const char *req, *want; int bad; } job;
+static void *render_many(void *arg) {
+    job *j = arg;
+    for (int i = 0; i < 200; i++) {
+        char *out = NULL;
+        if (twk_chat_render(j->t, j->req, &out, NULL) != TWK_OK || strcmp(out, j->want) != 0) j->bad++;
+        free(out);
+    }
+    return NULL;
+}
+
+static void threads(void) {
+    twk_chat_template *t = load("qwen3.jinja", NULL, "<|im_end|>");
+    if (!t) return;
+    const char *req = "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\","
+                      "\"reasoning_content\":\"r\",\"content\":\"a\"}],\"add_generation_prompt\":false}";
+    char *want = NULL;
+    CHECK(twk_chat_render(t, req, &want, NULL) == TWK_OK, "threads: %s", twk_last_error());
+    job jobs[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (job){t, req, want, 0};
+        pthread_create(&th[i], NULL, render_many, &jobs[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        CHECK(jobs[i].bad == 0, "thread %d: %d renderings differ", i, jobs[i].bad);
+    }
+    free(want);
+    twk_chat_template_free(t);
+}
+
 int main(void) {
+    threads();
     load_config();
     fixtures();
     prefixes();
