@@ -309,10 +309,11 @@ static void load_config(void) {
     const char *cfgs[] = {
         "{\"bos_token\": {\"content\": \"<B>\", \"lstrip\": false}, \"eos_token\": \"<E>\","
         " \"chat_template\": \"{{ bos_token }}{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}\"}",
-        "{\"eos_token\": \"<E>\", \"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"},"
-        " {\"name\": \"default\", \"template\": \"{{ bos_token is defined }}{{ messages[0].content }}\"}]}",
+        "{\"eos_token\": \"<E>\", \"pad_token\": \"<P>\", \"unk_token\": {\"content\": \"<U>\"},"
+        " \"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"}, {\"name\": \"default\","
+        " \"template\": \"{{ bos_token is defined }}{{ messages[0].content }}{{ pad_token }}{{ unk_token }}\"}]}",
         "{\"eos_token\": \"<E>\"}"};
-    const char *want[] = {"<B>hi<E>", "Falsehi", NULL};
+    const char *want[] = {"<B>hi<E>", "Falsehi<P><U>", NULL};
     for (int i = 0; i < 3; i++) {
         FILE *f = fopen(path, "w");
         if (!f) { CHECK(0, "write %s", path); break; }

@@ -12,9 +12,14 @@
 #include "twinkle/chat.h"
 #include "twinkle/hal.h"
 
+/* transformers' special_tokens_map: the named special tokens every template sees */
+static const char *const SPECIAL[] = {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+                                      "mask_token"};
+enum { NSPECIAL = sizeof SPECIAL / sizeof SPECIAL[0] };
+
 struct twk_chat_template {
     jj_template *tmpl;
-    char *bos, *eos;
+    char *special[NSPECIAL]; /* NULL: not set; [1] is the eos token (end of turn for the mask) */
 };
 
 twk_status twk_train_on_parse(const char *s, twk_train_on *out) {
@@ -35,18 +40,17 @@ static char *dup_or_null(const char *s) {
     return d;
 }
 
-twk_status twk_chat_template_new(const char *source, const char *bos_token, const char *eos_token,
-                                 twk_chat_template **out) {
+/* A template with the special tokens tokens[0..NSPECIAL) (entries may be NULL). */
+static twk_status template_new(const char *source, const char *const *tokens, twk_chat_template **out) {
     if (!source || !out) return twk_error(TWK_ERR_INVALID_ARG, "twk_chat_template_new: NULL argument");
     *out = NULL;
     twk_chat_template *t = calloc(1, sizeof *t);
     if (!t) return twk_error(TWK_ERR_OOM, "chat template: out of memory");
-    t->bos = dup_or_null(bos_token);
-    t->eos = dup_or_null(eos_token);
-    if ((bos_token && !t->bos) || (eos_token && !t->eos)) {
-        twk_chat_template_free(t);
-        return twk_error(TWK_ERR_OOM, "chat template: out of memory");
-    }
+    for (int i = 0; i < NSPECIAL; i++)
+        if (tokens[i] && !(t->special[i] = dup_or_null(tokens[i]))) {
+            twk_chat_template_free(t);
+            return twk_error(TWK_ERR_OOM, "chat template: out of memory");
+        }
     twk_status st = jj_parse(source, strlen(source), &t->tmpl);
     if (st) {
         twk_chat_template_free(t);
@@ -56,11 +60,16 @@ twk_status twk_chat_template_new(const char *source, const char *bos_token, cons
     return TWK_OK;
 }
 
+twk_status twk_chat_template_new(const char *source, const char *bos_token, const char *eos_token,
+                                 twk_chat_template **out) {
+    const char *tokens[NSPECIAL] = {bos_token, eos_token};
+    return template_new(source, tokens, out);
+}
+
 void twk_chat_template_free(twk_chat_template *t) {
     if (!t) return;
     jj_template_free(t->tmpl);
-    free(t->bos);
-    free(t->eos);
+    for (int i = 0; i < NSPECIAL; i++) free(t->special[i]);
     free(t);
 }
 
@@ -99,9 +108,11 @@ twk_status twk_chat_template_load(const char *path, twk_chat_template **out) {
     twk_status st;
     if (!src)
         st = twk_error(TWK_ERR_NOT_FOUND, "%s: no field 'chat_template' (a string, or a list with a \"default\" entry)", file);
-    else
-        st = twk_chat_template_new(src, token_str(cJSON_GetObjectItemCaseSensitive(j, "bos_token")),
-                                   token_str(cJSON_GetObjectItemCaseSensitive(j, "eos_token")), out);
+    else {
+        const char *tokens[NSPECIAL];
+        for (int i = 0; i < NSPECIAL; i++) tokens[i] = token_str(cJSON_GetObjectItemCaseSensitive(j, SPECIAL[i]));
+        st = template_new(src, tokens, out);
+    }
     cJSON_Delete(j);
     return st;
 }
@@ -144,8 +155,8 @@ static twk_status render(const twk_chat_template *t, jj_arena *a, const char *re
     jj_dict *vars = jj_dict_new(a);
     if (!vars) return twk_error(TWK_ERR_OOM, "chat template: out of memory");
     bool ok = true;
-    if (t->bos) ok = ok && jj_dict_set(a, vars, S(a, "bos_token"), S(a, t->bos));
-    if (t->eos) ok = ok && jj_dict_set(a, vars, S(a, "eos_token"), S(a, t->eos));
+    for (int i = 0; i < NSPECIAL; i++)
+        if (t->special[i]) ok = ok && jj_dict_set(a, vars, S(a, SPECIAL[i]), S(a, t->special[i]));
     ok = ok && jj_dict_set(a, vars, S(a, "tools"), (jj_val){.kind = JJ_NONE});
     ok = ok && jj_dict_set(a, vars, S(a, "documents"), (jj_val){.kind = JJ_NONE});
     ok = ok && jj_dict_set(a, vars, S(a, "add_generation_prompt"), (jj_val){.kind = JJ_BOOL, .u.b = false});
@@ -234,10 +245,11 @@ twk_status twk_chat_render_mask(const twk_chat_template *t, const char *request_
             size_t h = 0;
             while (h < gn && lo + h < hi && o.text.p[lo + h] == gp[h]) h++;
             size_t end = hi;
-            if (t->eos && *t->eos) {
-                size_t el = strlen(t->eos);
+            const char *eos = t->special[1];
+            if (eos && *eos) {
+                size_t el = strlen(eos);
                 for (size_t i = hi; i >= lo + h + el; i--)
-                    if (memcmp(o.text.p + i - el, t->eos, el) == 0) { end = i; break; }
+                    if (memcmp(o.text.p + i - el, eos, el) == 0) { end = i; break; }
             }
             if (lo + h < end) { sp[ns][0] = (int64_t)(lo + h); sp[ns++][1] = (int64_t)end; }
         }

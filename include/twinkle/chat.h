@@ -34,8 +34,10 @@ typedef enum twk_train_on {
 /* "all" | "assistant" | "last"; TWK_ERR_INVALID_ARG naming the value otherwise. */
 twk_status twk_train_on_parse(const char *s, twk_train_on *out);
 
-/* Loads `chat_template`, `bos_token` and `eos_token` from DIR/tokenizer_config.json (or the file
- * `path`). A list of named templates takes the one named "default". Errors: TWK_ERR_IO,
+/* Loads `chat_template` and the named special tokens (bos_token, eos_token, unk_token, sep_token,
+ * pad_token, cls_token, mask_token: transformers' special_tokens_map, given to the template) from
+ * DIR/tokenizer_config.json (or the file `path`). A list of named templates takes the one named
+ * "default". Errors: TWK_ERR_IO,
  * TWK_ERR_NOT_FOUND (no chat_template), TWK_ERR_INVALID_ARG / TWK_ERR_UNSUPPORTED (the template,
  * naming its line), TWK_ERR_OOM. */
 twk_status twk_chat_template_load(const char *path, twk_chat_template **out);
