@@ -181,6 +181,24 @@ static void modes(void) {
         free(out);
         free(mask);
     }
+    twk_chat_template_free(t);
+    /* Qwen3 without thinking: the generation prompt ends in an empty think block that earlier turns
+     * lack; content beginning with '<' still starts the span */
+    t = load("qwen3.jinja", NULL, "<|im_end|>");
+    if (!t) return;
+    const char *req3 = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":"
+                       "\"<b>x</b>\"},{\"role\":\"user\",\"content\":\"c\"},{\"role\":\"assistant\",\"content\":\"y\"}],"
+                       "\"enable_thinking\":false}";
+    char *out = NULL;
+    uint8_t *mask = NULL;
+    size_t n = 0;
+    CHECK(twk_chat_render_mask(t, req3, TWK_TRAIN_ON_ASSISTANT, &out, &n, &mask) == TWK_OK, "qwen3: %s", twk_last_error());
+    const char *b = out ? strstr(out, "<b>x</b><|im_end|>") : NULL;
+    const char *y = out ? strstr(out, "<think>\n\n</think>\n\ny<|im_end|>") : NULL;
+    CHECK(b && y && mask[b - out] && !mask[b - out - 1] && mask[b - out + 17] && !mask[b - out + 18], "qwen3: first span");
+    CHECK(y && !mask[y - out] && mask[y - out + 19] && mask[y - out + 29] && !mask[y - out + 30], "qwen3: last span");
+    free(out);
+    free(mask);
     twk_train_on mo;
     CHECK(twk_train_on_parse("last", &mo) == TWK_OK && mo == TWK_TRAIN_ON_LAST, "parse last");
     CHECK(twk_train_on_parse("some", &mo) == TWK_ERR_INVALID_ARG && strstr(twk_last_error(), "some"), "parse bad");

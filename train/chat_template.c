@@ -242,8 +242,12 @@ twk_status twk_chat_render_mask(const twk_chat_template *t, const char *request_
             if (!is_assistant(&msgs->v[k])) continue;
             size_t lo = lohi[2 * k], hi = lohi[2 * k + 1];
             if (lo >= hi) continue;
+            /* the header: the longest prefix shared with the generation prompt; short of the whole
+             * prompt it is cut back to its last newline (content may begin like the prompt's tail) */
             size_t h = 0;
             while (h < gn && lo + h < hi && o.text.p[lo + h] == gp[h]) h++;
+            if (h < gn)
+                while (h > 0 && gp[h - 1] != '\n') h--;
             size_t end = hi;
             const char *eos = t->special[1];
             if (eos && *eos) {

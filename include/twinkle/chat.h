@@ -60,7 +60,8 @@ twk_status twk_chat_render(const twk_chat_template *t, const char *request_json,
 /* Renders like twk_chat_render and gives a malloc'd mask of *len bytes: 1 where the byte carries
  * loss weight under `mode`. Assistant spans are the template's {% generation %} blocks when it
  * has any; otherwise, for each assistant message, the bytes its loop iteration wrote, less the
- * leading part shared with the generation prompt (the header, e.g. "<|im_start|>assistant\n"),
+ * leading part shared with the generation prompt (the header, e.g. "<|im_start|>assistant\n";
+ * short of the whole prompt, cut back to its last newline),
  * ending after the last eos_token in them (the end-of-turn token; what follows, e.g. "\n", is
  * not trained). See train/README.md. Errors as twk_chat_render. */
 twk_status twk_chat_render_mask(const twk_chat_template *t, const char *request_json, twk_train_on mode, char **out,
