@@ -13,8 +13,8 @@
 #include "twinkle/hal.h"
 
 /* transformers' special_tokens_map: the named special tokens every template sees */
-static const char *const SPECIAL[] = {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
-                                      "mask_token"};
+static const char *const SPECIAL[] = {"bos_token", "eos_token", "unk_token", "sep_token",
+                                      "pad_token", "cls_token", "mask_token"};
 enum { NSPECIAL = sizeof SPECIAL / sizeof SPECIAL[0] };
 
 struct twk_chat_template {
@@ -101,13 +101,16 @@ twk_status twk_chat_template_load(const char *path, twk_chat_template **out) {
     else if (cJSON_IsArray(ct)) {
         const cJSON *e;
         cJSON_ArrayForEach(e, ct) {
-            const cJSON *n = cJSON_GetObjectItemCaseSensitive(e, "name"), *tt = cJSON_GetObjectItemCaseSensitive(e, "template");
-            if (cJSON_IsString(n) && strcmp(n->valuestring, "default") == 0 && cJSON_IsString(tt)) src = tt->valuestring;
+            const cJSON *n = cJSON_GetObjectItemCaseSensitive(e, "name"),
+                        *tt = cJSON_GetObjectItemCaseSensitive(e, "template");
+            if (cJSON_IsString(n) && strcmp(n->valuestring, "default") == 0 && cJSON_IsString(tt))
+                src = tt->valuestring;
         }
     }
     twk_status st;
     if (!src)
-        st = twk_error(TWK_ERR_NOT_FOUND, "%s: no field 'chat_template' (a string, or a list with a \"default\" entry)", file);
+        st = twk_error(TWK_ERR_NOT_FOUND, "%s: no field 'chat_template' (a string, or a list with a \"default\" entry)",
+                       file);
     else {
         const char *tokens[NSPECIAL];
         for (int i = 0; i < NSPECIAL; i++) tokens[i] = token_str(cJSON_GetObjectItemCaseSensitive(j, SPECIAL[i]));
@@ -223,7 +226,10 @@ twk_status twk_chat_render_mask(const twk_chat_template *t, const char *request_
     size_t ns = 0;
     if (jj_template_has_generation(t->tmpl)) {
         for (size_t i = 0; i < o.nspans; i++)
-            if (o.spans[i][1] > o.spans[i][0]) { sp[ns][0] = o.spans[i][0]; sp[ns++][1] = o.spans[i][1]; }
+            if (o.spans[i][1] > o.spans[i][0]) {
+                sp[ns][0] = o.spans[i][0];
+                sp[ns++][1] = o.spans[i][1];
+            }
     } else {
         size_t *lohi = calloc(2 * msgs->n + 1, sizeof(size_t)); /* first byte, last byte + 1 of each message */
         if (!lohi) {
@@ -253,9 +259,15 @@ twk_status twk_chat_render_mask(const twk_chat_template *t, const char *request_
             if (eos && *eos) {
                 size_t el = strlen(eos);
                 for (size_t i = hi; i >= lo + h + el; i--)
-                    if (memcmp(o.text.p + i - el, eos, el) == 0) { end = i; break; }
+                    if (memcmp(o.text.p + i - el, eos, el) == 0) {
+                        end = i;
+                        break;
+                    }
             }
-            if (lo + h < end) { sp[ns][0] = (int64_t)(lo + h); sp[ns++][1] = (int64_t)end; }
+            if (lo + h < end) {
+                sp[ns][0] = (int64_t)(lo + h);
+                sp[ns++][1] = (int64_t)end;
+            }
         }
         free(lohi);
     }

@@ -19,7 +19,17 @@ typedef struct jj_list jj_list;
 typedef struct jj_dict jj_dict;
 
 typedef enum jj_kind {
-    JJ_UNDEF, JJ_NONE, JJ_BOOL, JJ_INT, JJ_FLOAT, JJ_STR, JJ_LIST, JJ_DICT, JJ_NS, JJ_METHOD, JJ_FUNC
+    JJ_UNDEF,
+    JJ_NONE,
+    JJ_BOOL,
+    JJ_INT,
+    JJ_FLOAT,
+    JJ_STR,
+    JJ_LIST,
+    JJ_DICT,
+    JJ_NS,
+    JJ_METHOD,
+    JJ_FUNC
 } jj_kind;
 
 typedef struct jj_val {
@@ -28,15 +38,27 @@ typedef struct jj_val {
         bool b;
         int64_t i;
         double f;
-        struct { const char *s; size_t n; } str; /* JJ_STR, JJ_FUNC (name), JJ_UNDEF (name or NULL) */
+        struct {
+            const char *s;
+            size_t n;
+        } str; /* JJ_STR, JJ_FUNC (name), JJ_UNDEF (Jinja's message for it, or NULL) */
         jj_list *list;
         jj_dict *dict; /* JJ_DICT, JJ_NS */
-        struct { struct jj_val *self; const char *name; } m;
+        struct {
+            struct jj_val *self;
+            const char *name;
+        } m;
     } u;
 } jj_val;
 
-struct jj_list { size_t n, cap; jj_val *v; };
-struct jj_dict { size_t n, cap; jj_val *k, *v; };
+struct jj_list {
+    size_t n, cap;
+    jj_val *v;
+};
+struct jj_dict {
+    size_t n, cap;
+    jj_val *k, *v;
+};
 
 /* Arena: every value of one render lives here and goes with jj_arena_free. */
 jj_arena *jj_arena_new(void);
@@ -54,7 +76,11 @@ bool jj_truthy(jj_val v);
 bool jj_equal(jj_val a, jj_val b); /* Python == */
 
 /* Dynamic byte buffer. */
-typedef struct jj_buf { char *p; size_t n, cap; bool oom; } jj_buf;
+typedef struct jj_buf {
+    char *p;
+    size_t n, cap;
+    bool oom;
+} jj_buf;
 void jj_buf_put(jj_buf *b, const char *s, size_t n);
 void jj_buf_puts(jj_buf *b, const char *s);
 

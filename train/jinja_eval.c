@@ -26,11 +26,16 @@ static twk_status rerr(twk_status code, int line, const char *fmt, ...) {
     va_end(ap);
     return twk_error(code, "chat template line %d: %s", line, msg);
 }
-#define TRY(x) do { twk_status st_ = (x); if (st_) return st_; } while (0)
+#define TRY(x)                                                                                                         \
+    do {                                                                                                               \
+        twk_status st_ = (x);                                                                                          \
+        if (st_) return st_;                                                                                           \
+    } while (0)
 #define OOM(line) rerr(TWK_ERR_OOM, line, "out of memory")
 
 static const char *kind_name(jj_val v) {
-    static const char *n[] = {"Undefined", "NoneType", "bool", "int", "float", "str", "list", "dict", "Namespace", "method", "function"};
+    static const char *n[] = {"Undefined", "NoneType", "bool",      "int",    "float",   "str",
+                              "list",      "dict",     "Namespace", "method", "function"};
     return n[v.kind];
 }
 
@@ -59,10 +64,16 @@ static jj_val buf_val(cx *c, jj_buf *b) {
 }
 
 static twk_status to_s(cx *c, int line, jj_val v, jj_val *out) {
-    if (v.kind == JJ_STR) { *out = v; return TWK_OK; }
+    if (v.kind == JJ_STR) {
+        *out = v;
+        return TWK_OK;
+    }
     jj_buf b = {0};
     jj_to_str(&b, v, 0);
-    if (b.oom) { free(b.p); return OOM(line); }
+    if (b.oom) {
+        free(b.p);
+        return OOM(line);
+    }
     *out = buf_val(c, &b);
     return TWK_OK;
 }
@@ -76,7 +87,10 @@ static void emit(cx *c, const char *s, size_t n) {
         size_t nc = o->owner_cap ? o->owner_cap : 256;
         while (nc < at + n) nc *= 2;
         int32_t *q = realloc(o->owner, nc * sizeof(int32_t));
-        if (!q) { o->text.oom = true; return; }
+        if (!q) {
+            o->text.oom = true;
+            return;
+        }
         o->owner = q;
         o->owner_cap = nc;
     }
@@ -85,8 +99,9 @@ static void emit(cx *c, const char *s, size_t n) {
 
 /* ---- lookups ---- */
 static bool has_method(jj_val v, const char *name) {
-    static const char *str_m[] = {"startswith", "endswith", "split", "rsplit", "strip", "lstrip", "rstrip", "upper", "lower",
-                                  "replace", "find", "count", "title", "capitalize", "isdigit", "isalpha", NULL};
+    static const char *str_m[] = {"startswith", "endswith",   "split",   "rsplit",  "strip", "lstrip",
+                                  "rstrip",     "upper",      "lower",   "replace", "find",  "count",
+                                  "title",      "capitalize", "isdigit", "isalpha", NULL};
     static const char *dict_m[] = {"items", "keys", "values", "get", NULL};
     const char **l = v.kind == JJ_STR ? str_m : v.kind == JJ_DICT ? dict_m : NULL;
     for (; l && *l; l++)
@@ -138,8 +153,12 @@ static twk_status getitem(cx *c, int line, jj_val obj, jj_val key, jj_val *out) 
     }
     if (obj.kind == JJ_DICT || obj.kind == JJ_NS) {
         for (size_t i = 0; i < obj.u.dict->n; i++)
-            if (jj_equal(obj.u.dict->k[i], key)) { *out = obj.u.dict->v[i]; return TWK_OK; }
-        if (key.kind == JJ_STR && obj.kind == JJ_DICT && has_method(obj, key.u.str.s)) return method_val(c, line, obj, key.u.str.s, out);
+            if (jj_equal(obj.u.dict->k[i], key)) {
+                *out = obj.u.dict->v[i];
+                return TWK_OK;
+            }
+        if (key.kind == JJ_STR && obj.kind == JJ_DICT && has_method(obj, key.u.str.s))
+            return method_val(c, line, obj, key.u.str.s, out);
         return TWK_OK;
     }
     if ((obj.kind == JJ_LIST || obj.kind == JJ_STR) && (key.kind == JJ_INT || key.kind == JJ_BOOL)) {
@@ -174,7 +193,11 @@ static jj_val lookup(cx *c, const char *name) {
 /* ---- evaluation ---- */
 static twk_status eval(cx *c, const jj_expr *e, jj_val *out);
 
-typedef struct args { jj_val v[32]; const char *kw[32]; int n; } args;
+typedef struct args {
+    jj_val v[32];
+    const char *kw[32];
+    int n;
+} args;
 
 static twk_status eval_args(cx *c, const jj_expr *e, args *a) {
     a->n = e->nargs;
@@ -312,7 +335,8 @@ static twk_status call_method(cx *c, int line, jj_val self, const char *m, args 
         return TWK_OK;
     }
     if (strcmp(m, "split") == 0 || strcmp(m, "rsplit") == 0) {
-        if (a1 || arg(a, 99, "maxsplit")) return rerr(TWK_ERR_UNSUPPORTED, line, "unsupported construct: %s with maxsplit", m);
+        if (a1 || arg(a, 99, "maxsplit"))
+            return rerr(TWK_ERR_UNSUPPORTED, line, "unsupported construct: %s with maxsplit", m);
         return split(c, line, self, a0 ? a0 : arg(a, 99, "sep"), out);
     }
     if (strcmp(m, "strip") == 0 || strcmp(m, "lstrip") == 0 || strcmp(m, "rstrip") == 0) {
@@ -346,7 +370,8 @@ static twk_status call_method(cx *c, int line, jj_val self, const char *m, args 
     if (strcmp(m, "replace") == 0) {
         TRY(need_str(line, "replace", a0));
         TRY(need_str(line, "replace", a1));
-        if (a0->u.str.n == 0) return rerr(TWK_ERR_UNSUPPORTED, line, "unsupported construct: replace of an empty string");
+        if (a0->u.str.n == 0)
+            return rerr(TWK_ERR_UNSUPPORTED, line, "unsupported construct: replace of an empty string");
         jj_buf b = {0};
         size_t i = 0;
         while (i < n) {
@@ -355,7 +380,10 @@ static twk_status call_method(cx *c, int line, jj_val self, const char *m, args 
                 i += a0->u.str.n;
             } else jj_buf_put(&b, p + i++, 1);
         }
-        if (b.oom) { free(b.p); return OOM(line); }
+        if (b.oom) {
+            free(b.p);
+            return OOM(line);
+        }
         *out = buf_val(c, &b);
         return TWK_OK;
     }
@@ -397,7 +425,8 @@ static twk_status call_func(cx *c, int line, const char *f, args *a, jj_val *out
         if (!d) return OOM(line);
         for (int i = 0; i < a->n; i++) {
             if (!a->kw[i]) {
-                if (a->v[i].kind != JJ_DICT) return rerr(TWK_ERR_UNSUPPORTED, line, "unsupported construct: positional %s() argument", f);
+                if (a->v[i].kind != JJ_DICT)
+                    return rerr(TWK_ERR_UNSUPPORTED, line, "unsupported construct: positional %s() argument", f);
                 for (size_t k = 0; k < a->v[i].u.dict->n; k++)
                     if (!jj_dict_set(c->a, d, a->v[i].u.dict->k[k], a->v[i].u.dict->v[k])) return OOM(line);
             } else if (!jj_dict_set(c->a, d, S(c, a->kw[i]), a->v[i])) return OOM(line);
@@ -421,7 +450,10 @@ static twk_status call_func(cx *c, int line, const char *f, args *a, jj_val *out
     jj_val *r0 = arg(a, 0, NULL), *r1 = arg(a, 1, NULL), *r2 = arg(a, 2, NULL);
     if (!r0 || r0->kind != JJ_INT || (r1 && r1->kind != JJ_INT) || (r2 && r2->kind != JJ_INT))
         return rerr(TWK_ERR_INVALID_ARG, line, "range() expects integers");
-    if (r1) { lo = r0->u.i; hi = r1->u.i; } else hi = r0->u.i;
+    if (r1) {
+        lo = r0->u.i;
+        hi = r1->u.i;
+    } else hi = r0->u.i;
     if (r2) st = r2->u.i;
     if (st == 0 || (hi - lo) / st > 100000) return rerr(TWK_ERR_INVALID_ARG, line, "range() too long or step 0");
     jj_list *l = jj_list_new(c->a);
@@ -436,7 +468,10 @@ static twk_status test(cx *c, int line, const char *name, jj_val v, args *a, boo
 
 /* The items a for loop or filter iterates: list items, dict keys, string characters. */
 static twk_status iter_items(cx *c, int line, jj_val v, jj_list **out) {
-    if (v.kind == JJ_LIST) { *out = v.u.list; return TWK_OK; }
+    if (v.kind == JJ_LIST) {
+        *out = v.u.list;
+        return TWK_OK;
+    }
     jj_list *l = jj_list_new(c->a);
     if (!l) return OOM(line);
     if (v.kind == JJ_DICT) {
@@ -461,24 +496,41 @@ static twk_status filter(cx *c, const jj_expr *e, jj_val v, jj_val *out) {
     if (strcmp(f, "tojson") == 0) {
         jj_val *ind = arg(&a, 0, "indent");
         for (int i = 0; i < a.n; i++)
-            if (&a.v[i] != ind) return rerr(TWK_ERR_UNSUPPORTED, line, "unsupported construct: tojson argument other than indent");
+            if (&a.v[i] != ind)
+                return rerr(TWK_ERR_UNSUPPORTED, line, "unsupported construct: tojson argument other than indent");
         int indent = -1;
         if (ind && ind->kind == JJ_INT) indent = (int)ind->u.i;
-        else if (ind && ind->kind != JJ_NONE) return rerr(TWK_ERR_UNSUPPORTED, line, "unsupported construct: tojson indent that is not an integer");
+        else if (ind && ind->kind != JJ_NONE)
+            return rerr(TWK_ERR_UNSUPPORTED, line, "unsupported construct: tojson indent that is not an integer");
         jj_buf b = {0};
         twk_status st = jj_to_json(&b, v, indent, 0);
-        if (st) { free(b.p); return rerr(st, line, "%s", twk_last_error()); }
-        if (b.oom) { free(b.p); return OOM(line); }
+        if (st) {
+            free(b.p);
+            return rerr(st, line, "%s", twk_last_error());
+        }
+        if (b.oom) {
+            free(b.p);
+            return OOM(line);
+        }
         *out = buf_val(c, &b);
         return TWK_OK;
     }
     if (strcmp(f, "trim") == 0 || strcmp(f, "string") == 0 || strcmp(f, "upper") == 0 || strcmp(f, "lower") == 0 ||
         strcmp(f, "capitalize") == 0 || strcmp(f, "title") == 0 || strcmp(f, "safe") == 0) {
-        if (f[0] == 's' && v.kind == JJ_UNDEF) { *out = S(c, ""); return TWK_OK; }
+        if (f[0] == 's' && v.kind == JJ_UNDEF) {
+            *out = S(c, "");
+            return TWK_OK;
+        }
         jj_val s;
         TRY(to_s(c, line, v, &s));
-        if (f[0] == 't' && f[1] == 'r') { *out = strip(c, s, a0, true, true); return TWK_OK; }
-        if (f[0] == 's') { *out = s; return TWK_OK; }
+        if (f[0] == 't' && f[1] == 'r') {
+            *out = strip(c, s, a0, true, true);
+            return TWK_OK;
+        }
+        if (f[0] == 's') {
+            *out = s;
+            return TWK_OK;
+        }
         args none = {.n = 0};
         return call_method(c, line, s, f, &none, out);
     }
@@ -503,7 +555,9 @@ static twk_status filter(cx *c, const jj_expr *e, jj_val v, jj_val *out) {
         else if (v.kind == JJ_BOOL) d = v.u.b;
         else if (v.kind == JJ_STR) d = strtod(v.u.str.s, NULL);
         else if (f[0] == 'a') return rerr(TWK_ERR_INVALID_ARG, line, "bad operand type for abs(): '%s'", kind_name(v));
-        if (f[0] == 'a') *out = v.kind == JJ_FLOAT ? (jj_val){.kind = JJ_FLOAT, .u.f = d < 0 ? -d : d} : I(d < 0 ? -(int64_t)d : (int64_t)d);
+        if (f[0] == 'a')
+            *out = v.kind == JJ_FLOAT ? (jj_val){.kind = JJ_FLOAT, .u.f = d < 0 ? -d : d}
+                                      : I(d < 0 ? -(int64_t)d : (int64_t)d);
         else if (f[0] == 'i') *out = I((int64_t)d);
         else if (f[0] == 'f') *out = (jj_val){.kind = JJ_FLOAT, .u.f = d};
         else *out = v; /* not reached: 'round' is refused by the parser */
@@ -517,8 +571,12 @@ static twk_status filter(cx *c, const jj_expr *e, jj_val v, jj_val *out) {
     /* filters over sequences */
     jj_list *items;
     if (strcmp(f, "items") == 0) {
-        if (v.kind == JJ_UNDEF) { *out = (jj_val){.kind = JJ_LIST, .u.list = jj_list_new(c->a)}; return TWK_OK; }
-        if (v.kind != JJ_DICT) return rerr(TWK_ERR_INVALID_ARG, line, "items: expected a mapping, got %s", kind_name(v));
+        if (v.kind == JJ_UNDEF) {
+            *out = (jj_val){.kind = JJ_LIST, .u.list = jj_list_new(c->a)};
+            return TWK_OK;
+        }
+        if (v.kind != JJ_DICT)
+            return rerr(TWK_ERR_INVALID_ARG, line, "items: expected a mapping, got %s", kind_name(v));
         args none = {.n = 0};
         return call_method(c, line, v, "items", &none, out);
     }
@@ -539,11 +597,17 @@ static twk_status filter(cx *c, const jj_expr *e, jj_val v, jj_val *out) {
             jj_val it = items->v[i];
             if (attr) {
                 twk_status st = attr->kind == JJ_STR ? getattr_(c, line, it, attr->u.str.s, &it) : TWK_OK;
-                if (st) { free(b.p); return st; }
+                if (st) {
+                    free(b.p);
+                    return st;
+                }
             }
             jj_to_str(&b, it, 0);
         }
-        if (b.oom) { free(b.p); return OOM(line); }
+        if (b.oom) {
+            free(b.p);
+            return OOM(line);
+        }
         *out = buf_val(c, &b);
         return TWK_OK;
     }
@@ -558,13 +622,15 @@ static twk_status filter(cx *c, const jj_expr *e, jj_val v, jj_val *out) {
             jj_val it = items->v[i], probe = it;
             if (strcmp(f, "map") == 0) {
                 jj_val *attr = arg(&a, 99, "attribute");
-                if (!attr || attr->kind != JJ_STR) return rerr(TWK_ERR_UNSUPPORTED, line, "unsupported construct: map without attribute=");
+                if (!attr || attr->kind != JJ_STR)
+                    return rerr(TWK_ERR_UNSUPPORTED, line, "unsupported construct: map without attribute=");
                 TRY(getattr_(c, line, it, attr->u.str.s, &probe));
                 if (!jj_list_push(c->a, l, probe)) return OOM(line);
                 continue;
             }
             if (strcmp(f, "unique") == 0) {
-                if (!contains((jj_val){.kind = JJ_LIST, .u.list = l}, it) && !jj_list_push(c->a, l, it)) return OOM(line);
+                if (!contains((jj_val){.kind = JJ_LIST, .u.list = l}, it) && !jj_list_push(c->a, l, it))
+                    return OOM(line);
                 continue;
             }
             if (byattr) {
@@ -579,7 +645,10 @@ static twk_status filter(cx *c, const jj_expr *e, jj_val v, jj_val *out) {
                 args ta = {.n = 0};
                 for (int k = t0 + 1; k < a.n; k++) {
                     jj_val *x = arg(&a, k, NULL);
-                    if (x) { ta.v[ta.n] = *x; ta.kw[ta.n++] = NULL; }
+                    if (x) {
+                        ta.v[ta.n] = *x;
+                        ta.kw[ta.n++] = NULL;
+                    }
                 }
                 TRY(test(c, line, tn->u.str.s, probe, &ta, &r));
             }
@@ -611,7 +680,9 @@ static twk_status test(cx *c, int line, const char *t, jj_val v, args *a, bool *
     else if (strcmp(t, "callable") == 0) *r = k == JJ_FUNC || k == JJ_METHOD;
     else if (strcmp(t, "lower") == 0 || strcmp(t, "upper") == 0) {
         *r = k == JJ_STR;
-        for (size_t i = 0; *r && i < v.u.str.n; i++) *r = t[0] == 'l' ? !(v.u.str.s[i] >= 'A' && v.u.str.s[i] <= 'Z') : !(v.u.str.s[i] >= 'a' && v.u.str.s[i] <= 'z');
+        for (size_t i = 0; *r && i < v.u.str.n; i++)
+            *r = t[0] == 'l' ? !(v.u.str.s[i] >= 'A' && v.u.str.s[i] <= 'Z')
+                             : !(v.u.str.s[i] >= 'a' && v.u.str.s[i] <= 'z');
     } else if (strcmp(t, "odd") == 0 || strcmp(t, "even") == 0 || strcmp(t, "divisibleby") == 0) {
         if (k != JJ_INT) return rerr(TWK_ERR_INVALID_ARG, line, "test '%s' expects an integer", t);
         int64_t d = t[0] == 'd' ? (a0 && a0->kind == JJ_INT ? a0->u.i : 0) : 2;
@@ -620,7 +691,8 @@ static twk_status test(cx *c, int line, const char *t, jj_val v, args *a, bool *
     } else {
         if (!a0) return rerr(TWK_ERR_INVALID_ARG, line, "test '%s' needs an argument", t);
         if (strcmp(t, "in") == 0) *r = contains(*a0, v);
-        else if (strcmp(t, "sameas") == 0) *r = v.kind == a0->kind && (k == JJ_NONE || (k == JJ_BOOL && v.u.b == a0->u.b));
+        else if (strcmp(t, "sameas") == 0)
+            *r = v.kind == a0->kind && (k == JJ_NONE || (k == JJ_BOOL && v.u.b == a0->u.b));
         else if (strcmp(t, "ne") == 0 || strcmp(t, "!=") == 0) *r = !jj_equal(v, *a0);
         else *r = jj_equal(v, *a0);
     }
@@ -643,15 +715,30 @@ static bool num(jj_val v, double *d, bool *isint, int64_t *i) {
 }
 
 static twk_status binop(cx *c, int line, const char *op, jj_val l, jj_val r, jj_val *out) {
-    if (strcmp(op, "==") == 0) { *out = B(jj_equal(l, r)); return TWK_OK; }
-    if (strcmp(op, "!=") == 0) { *out = B(!jj_equal(l, r)); return TWK_OK; }
-    if (strcmp(op, "in") == 0) { *out = B(contains(r, l)); return TWK_OK; }
-    if (strcmp(op, "not in") == 0) { *out = B(!contains(r, l)); return TWK_OK; }
+    if (strcmp(op, "==") == 0) {
+        *out = B(jj_equal(l, r));
+        return TWK_OK;
+    }
+    if (strcmp(op, "!=") == 0) {
+        *out = B(!jj_equal(l, r));
+        return TWK_OK;
+    }
+    if (strcmp(op, "in") == 0) {
+        *out = B(contains(r, l));
+        return TWK_OK;
+    }
+    if (strcmp(op, "not in") == 0) {
+        *out = B(!contains(r, l));
+        return TWK_OK;
+    }
     if (strcmp(op, "~") == 0) {
         jj_buf b = {0};
         jj_to_str(&b, l, 0);
         jj_to_str(&b, r, 0);
-        if (b.oom) { free(b.p); return OOM(line); }
+        if (b.oom) {
+            free(b.p);
+            return OOM(line);
+        }
         *out = buf_val(c, &b);
         return TWK_OK;
     }
@@ -670,7 +757,9 @@ static twk_status binop(cx *c, int line, const char *op, jj_val l, jj_val r, jj_
             size_t m = l.u.str.n < r.u.str.n ? l.u.str.n : r.u.str.n;
             cmp = memcmp(l.u.str.s, r.u.str.s, m);
             if (cmp == 0) cmp = l.u.str.n < r.u.str.n ? -1 : l.u.str.n > r.u.str.n;
-        } else return rerr(TWK_ERR_INVALID_ARG, line, "'%s' not supported between '%s' and '%s'", op, kind_name(l), kind_name(r));
+        } else
+            return rerr(TWK_ERR_INVALID_ARG, line, "'%s' not supported between '%s' and '%s'", op, kind_name(l),
+                        kind_name(r));
         *out = B(op[1] ? (op[0] == '<' ? cmp <= 0 : cmp >= 0) : (op[0] == '<' ? cmp < 0 : cmp > 0));
         return TWK_OK;
     }
@@ -685,8 +774,10 @@ static twk_status binop(cx *c, int line, const char *op, jj_val l, jj_val r, jj_
     if (op[0] == '+' && l.kind == JJ_LIST && r.kind == JJ_LIST) {
         jj_list *n = jj_list_new(c->a);
         if (!n) return OOM(line);
-        for (size_t i = 0; i < l.u.list->n; i++) if (!jj_list_push(c->a, n, l.u.list->v[i])) return OOM(line);
-        for (size_t i = 0; i < r.u.list->n; i++) if (!jj_list_push(c->a, n, r.u.list->v[i])) return OOM(line);
+        for (size_t i = 0; i < l.u.list->n; i++)
+            if (!jj_list_push(c->a, n, l.u.list->v[i])) return OOM(line);
+        for (size_t i = 0; i < r.u.list->n; i++)
+            if (!jj_list_push(c->a, n, r.u.list->v[i])) return OOM(line);
         *out = (jj_val){.kind = JJ_LIST, .u.list = n};
         return TWK_OK;
     }
@@ -695,12 +786,18 @@ static twk_status binop(cx *c, int line, const char *op, jj_val l, jj_val r, jj_
         int64_t k = l.kind == JJ_INT ? l.u.i : r.u.i;
         jj_buf b = {0};
         for (int64_t i = 0; i < k && i < 1000000; i++) jj_buf_put(&b, s.u.str.s, s.u.str.n);
-        if (b.oom) { free(b.p); return OOM(line); }
+        if (b.oom) {
+            free(b.p);
+            return OOM(line);
+        }
         *out = buf_val(c, &b);
         return TWK_OK;
     }
-    if (op[0] == '%' && l.kind == JJ_STR) return rerr(TWK_ERR_UNSUPPORTED, line, "unsupported construct: string formatting with '%%'");
-    if (!nums) return rerr(TWK_ERR_INVALID_ARG, line, "unsupported operand types for %s: '%s' and '%s'", op, kind_name(l), kind_name(r));
+    if (op[0] == '%' && l.kind == JJ_STR)
+        return rerr(TWK_ERR_UNSUPPORTED, line, "unsupported construct: string formatting with '%%'");
+    if (!nums)
+        return rerr(TWK_ERR_INVALID_ARG, line, "unsupported operand types for %s: '%s' and '%s'", op, kind_name(l),
+                    kind_name(r));
     bool ints = xi && yi;
     switch (op[0]) {
     case '+': *out = ints ? I(p + q) : (jj_val){.kind = JJ_FLOAT, .u.f = x + y}; return TWK_OK;
@@ -765,12 +862,16 @@ static twk_status slice(cx *c, const jj_expr *e, jj_val v, jj_val *out) {
     jj_buf b = {0};
     if (v.kind == JJ_LIST && !l) return OOM(line);
     for (int64_t i = lo; st > 0 ? i < hi : i > hi; i += st) {
-        if (l) { if (!jj_list_push(c->a, l, v.u.list->v[i])) return OOM(line); }
-        else jj_buf_put(&b, v.u.str.s + off[i], off[i + 1] - off[i]);
+        if (l) {
+            if (!jj_list_push(c->a, l, v.u.list->v[i])) return OOM(line);
+        } else jj_buf_put(&b, v.u.str.s + off[i], off[i + 1] - off[i]);
     }
     if (l) *out = (jj_val){.kind = JJ_LIST, .u.list = l};
     else {
-        if (b.oom) { free(b.p); return OOM(line); }
+        if (b.oom) {
+            free(b.p);
+            return OOM(line);
+        }
         *out = buf_val(c, &b);
     }
     return TWK_OK;
@@ -782,7 +883,10 @@ static twk_status eval(cx *c, const jj_expr *e, jj_val *out) {
     case E_LIT: *out = e->lit; return TWK_OK;
     case E_NAME: *out = lookup(c, e->name); return TWK_OK;
     case E_ATTR: TRY(eval(c, e->a, &a)); return getattr_(c, e->line, a, e->name, out);
-    case E_ITEM: TRY(eval(c, e->a, &a)); TRY(eval(c, e->b, &b)); return getitem(c, e->line, a, b, out);
+    case E_ITEM:
+        TRY(eval(c, e->a, &a));
+        TRY(eval(c, e->b, &b));
+        return getitem(c, e->line, a, b, out);
     case E_SLICE: TRY(eval(c, e->a, &a)); return slice(c, e, a, out);
     case E_CALL: {
         if (e->a->k == E_ATTR) {
@@ -790,7 +894,8 @@ static twk_status eval(cx *c, const jj_expr *e, jj_val *out) {
             TRY(eval(c, e->a->a, &obj));
             TRY(getattr_(c, e->line, obj, e->a->name, &a));
             if (a.kind == JJ_UNDEF && (obj.kind == JJ_STR || obj.kind == JJ_LIST || obj.kind == JJ_DICT))
-                return rerr(TWK_ERR_UNSUPPORTED, e->line, "unsupported construct: method '%s' of %s", e->a->name, kind_name(obj));
+                return rerr(TWK_ERR_UNSUPPORTED, e->line, "unsupported construct: method '%s' of %s", e->a->name,
+                            kind_name(obj));
         } else TRY(eval(c, e->a, &a));
         args ar;
         TRY(eval_args(c, e, &ar));
@@ -809,17 +914,27 @@ static twk_status eval(cx *c, const jj_expr *e, jj_val *out) {
         *out = B(r != e->negate);
         return TWK_OK;
     }
-    case E_NOT: TRY(eval(c, e->a, &a)); *out = B(!jj_truthy(a)); return TWK_OK;
+    case E_NOT:
+        TRY(eval(c, e->a, &a));
+        *out = B(!jj_truthy(a));
+        return TWK_OK;
     case E_NEG:
         TRY(eval(c, e->a, &a));
         if (a.kind == JJ_INT) *out = I(-a.u.i);
         else if (a.kind == JJ_FLOAT) *out = (jj_val){.kind = JJ_FLOAT, .u.f = -a.u.f};
         else return rerr(TWK_ERR_INVALID_ARG, e->line, "bad operand type for unary -: '%s'", kind_name(a));
         return TWK_OK;
-    case E_BIN: TRY(eval(c, e->a, &a)); TRY(eval(c, e->b, &b)); return binop(c, e->line, e->name, a, b, out);
-    case E_AND: case E_OR:
+    case E_BIN:
         TRY(eval(c, e->a, &a));
-        if (jj_truthy(a) == (e->k == E_OR)) { *out = a; return TWK_OK; }
+        TRY(eval(c, e->b, &b));
+        return binop(c, e->line, e->name, a, b, out);
+    case E_AND:
+    case E_OR:
+        TRY(eval(c, e->a, &a));
+        if (jj_truthy(a) == (e->k == E_OR)) {
+            *out = a;
+            return TWK_OK;
+        }
         return eval(c, e->b, out);
     case E_COND:
         TRY(eval(c, e->a, &a));
@@ -827,13 +942,17 @@ static twk_status eval(cx *c, const jj_expr *e, jj_val *out) {
         if (e->c) return eval(c, e->c, out);
         *out = UNDEF;
         return TWK_OK;
-    case E_LIST: case E_DICT: {
+    case E_LIST:
+    case E_DICT: {
         jj_list *l = e->k == E_LIST ? jj_list_new(c->a) : NULL;
         jj_dict *d = e->k == E_DICT ? jj_dict_new(c->a) : NULL;
         if (!l && !d) return OOM(e->line);
         for (int i = 0; i < e->nargs; i += l ? 1 : 2) {
             TRY(eval(c, e->args[i], &a));
-            if (l) { if (!jj_list_push(c->a, l, a)) return OOM(e->line); continue; }
+            if (l) {
+                if (!jj_list_push(c->a, l, a)) return OOM(e->line);
+                continue;
+            }
             TRY(eval(c, e->args[i + 1], &b));
             if (!jj_dict_set(c->a, d, a, b)) return OOM(e->line);
         }
@@ -858,7 +977,8 @@ static twk_status bind(cx *c, const jj_stmt *s, jj_val item) {
     jj_dict *f = c->frames[c->nf - 1];
     if (s->ntargets == 1) return jj_dict_set(c->a, f, S(c, s->targets[0]), item) ? TWK_OK : OOM(s->line);
     if (item.kind != JJ_LIST || item.u.list->n != (size_t)s->ntargets)
-        return rerr(TWK_ERR_INVALID_ARG, s->line, "cannot unpack %s into %d loop variables", kind_name(item), s->ntargets);
+        return rerr(TWK_ERR_INVALID_ARG, s->line, "cannot unpack %s into %d loop variables", kind_name(item),
+                    s->ntargets);
     for (int i = 0; i < s->ntargets; i++)
         if (!jj_dict_set(c->a, f, S(c, s->targets[i]), item.u.list->v[i])) return OOM(s->line);
     return TWK_OK;
@@ -890,21 +1010,34 @@ static twk_status run_for(cx *c, const jj_stmt *s) {
         TRY(bind(c, s, items->v[i]));
         jj_dict *loop = jj_dict_new(c->a);
         if (!loop) return OOM(s->line);
-        struct { const char *k; jj_val v; } lv[] = {
-            {"index", I((int64_t)i + 1)}, {"index0", I((int64_t)i)}, {"revindex", I((int64_t)(n - i))},
-            {"revindex0", I((int64_t)(n - i - 1))}, {"first", B(i == 0)}, {"last", B(i + 1 == n)},
-            {"length", I((int64_t)n)}, {"previtem", i ? items->v[i - 1] : UNDEF}, {"nextitem", i + 1 < n ? items->v[i + 1] : UNDEF}};
+        struct {
+            const char *k;
+            jj_val v;
+        } lv[] = {{"index", I((int64_t)i + 1)},
+                  {"index0", I((int64_t)i)},
+                  {"revindex", I((int64_t)(n - i))},
+                  {"revindex0", I((int64_t)(n - i - 1))},
+                  {"first", B(i == 0)},
+                  {"last", B(i + 1 == n)},
+                  {"length", I((int64_t)n)},
+                  {"previtem", i ? items->v[i - 1] : UNDEF},
+                  {"nextitem", i + 1 < n ? items->v[i + 1] : UNDEF}};
         for (size_t k = 0; k < sizeof lv / sizeof lv[0]; k++)
             if (!jj_dict_set(c->a, loop, S(c, lv[k].k), lv[k].v)) return OOM(s->line);
-        if (!jj_dict_set(c->a, c->frames[c->nf - 1], S(c, "loop"), (jj_val){.kind = JJ_DICT, .u.dict = loop})) return OOM(s->line);
+        if (!jj_dict_set(c->a, c->frames[c->nf - 1], S(c, "loop"), (jj_val){.kind = JJ_DICT, .u.dict = loop}))
+            return OOM(s->line);
         if (c->tracked && items->v[i].kind == JJ_DICT)
             for (size_t k = 0; k < c->tracked->n; k++)
-                if (c->tracked->v[k].kind == JJ_DICT && c->tracked->v[k].u.dict == items->v[i].u.dict) c->owner = (int32_t)k;
+                if (c->tracked->v[k].kind == JJ_DICT && c->tracked->v[k].u.dict == items->v[i].u.dict)
+                    c->owner = (int32_t)k;
         twk_status st = run(c, &s->body);
         c->owner = saved;
         c->nf--;
         if (st) return st;
-        if (c->ctl == 1) { c->ctl = 0; break; }
+        if (c->ctl == 1) {
+            c->ctl = 0;
+            break;
+        }
         c->ctl = 0;
     }
     return TWK_OK;
@@ -922,7 +1055,10 @@ static twk_status run(cx *c, const jj_body *b) {
             else {
                 jj_buf t = {0};
                 jj_to_str(&t, v, 0);
-                if (t.oom) { free(t.p); return OOM(s->line); }
+                if (t.oom) {
+                    free(t.p);
+                    return OOM(s->line);
+                }
                 emit(c, t.p ? t.p : "", t.n);
                 free(t.p);
             }
@@ -942,12 +1078,17 @@ static twk_status run(cx *c, const jj_body *b) {
             TRY(eval(c, s->e, &v));
             if (s->targets[1]) {
                 jj_val ns = lookup(c, s->targets[0]);
-                if (ns.kind != JJ_NS) return rerr(TWK_ERR_INVALID_ARG, s->line, "cannot assign attribute on non-namespace object '%s'", s->targets[0]);
-                if (s->targets[1][0] == '_') return rerr(TWK_ERR_INVALID_ARG, s->line, "namespace attribute '%s' starts with '_'", s->targets[1]);
+                if (ns.kind != JJ_NS)
+                    return rerr(TWK_ERR_INVALID_ARG, s->line, "cannot assign attribute on non-namespace object '%s'",
+                                s->targets[0]);
+                if (s->targets[1][0] == '_')
+                    return rerr(TWK_ERR_INVALID_ARG, s->line, "namespace attribute '%s' starts with '_'",
+                                s->targets[1]);
                 if (!jj_dict_set(c->a, ns.u.dict, S(c, s->targets[1]), v)) return OOM(s->line);
             } else if (!jj_dict_set(c->a, c->frames[c->nf - 1], S(c, s->targets[0]), v)) return OOM(s->line);
             break;
-        case S_BREAK: case S_CONTINUE: {
+        case S_BREAK:
+        case S_CONTINUE: {
             c->ctl = s->k == S_BREAK ? 1 : 2;
             break;
         }

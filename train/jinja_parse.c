@@ -7,9 +7,25 @@
 #include "jinja_ast.h"
 
 typedef enum { T_TEXT, T_VBEGIN, T_VEND, T_BBEGIN, T_BEND, T_NAME, T_STR, T_INT, T_FLOAT, T_OP, T_EOF } tk_kind;
-typedef struct tok { tk_kind k; int line; const char *s; size_t n; jj_val v; } tok;
-typedef struct lx { jj_arena *a; tok *t; size_t n, cap; } lx;
-typedef struct ps { jj_arena *a; tok *t; size_t i, n; bool has_generation; int depth; } ps;
+typedef struct tok {
+    tk_kind k;
+    int line;
+    const char *s;
+    size_t n;
+    jj_val v;
+} tok;
+typedef struct lx {
+    jj_arena *a;
+    tok *t;
+    size_t n, cap;
+} lx;
+typedef struct ps {
+    jj_arena *a;
+    tok *t;
+    size_t i, n;
+    bool has_generation;
+    int depth;
+} ps;
 
 static twk_status perr(twk_status code, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static twk_status perr(twk_status code, int line, const char *fmt, ...) {
@@ -50,7 +66,10 @@ static twk_status unescape(jj_arena *a, const char *s, size_t n, int line, jj_va
     if (!o) return twk_error(TWK_ERR_OOM, "chat template: out of memory");
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
-        if (s[i] != '\\' || i + 1 == n) { o[k++] = s[i]; continue; }
+        if (s[i] != '\\' || i + 1 == n) {
+            o[k++] = s[i];
+            continue;
+        }
         char e = s[++i];
         switch (e) {
         case 'n': o[k++] = '\n'; break;
@@ -78,7 +97,9 @@ static twk_status lex(jj_arena *a, const char *src, size_t n, lx *l) {
     bool line_starting = true;
     while (pos <= n) {
         size_t start = pos;
-        while (start + 1 < n && !(src[start] == '{' && (src[start + 1] == '{' || src[start + 1] == '%' || src[start + 1] == '#'))) start++;
+        while (start + 1 < n &&
+               !(src[start] == '{' && (src[start + 1] == '{' || src[start + 1] == '%' || src[start + 1] == '#')))
+            start++;
         if (start + 1 >= n) start = n;
         size_t tlen = start - pos;
         char kind = start < n ? src[start + 1] : 0;
@@ -103,10 +124,14 @@ static twk_status lex(jj_arena *a, const char *src, size_t n, lx *l) {
         if (kind == '#') {
             const char *e = NULL;
             for (size_t j = p; j + 1 < n; j++)
-                if (src[j] == '#' && src[j + 1] == '}') { e = src + j; break; }
+                if (src[j] == '#' && src[j + 1] == '}') {
+                    e = src + j;
+                    break;
+                }
             if (!e) return perr(TWK_ERR_INVALID_ARG, line, "unterminated comment");
             size_t after = (size_t)(e - src) + 2;
-            if (e > src + p && e[-1] == '-') while (after < n && is_ws(src[after])) after++;
+            if (e > src + p && e[-1] == '-')
+                while (after < n && is_ws(src[after])) after++;
             else if (after < n && src[after] == '\n') after++;
             line += count_nl(src + start, after - start);
             line_starting = src[after - 1] == '\n';
@@ -115,16 +140,22 @@ static twk_status lex(jj_arena *a, const char *src, size_t n, lx *l) {
         }
         bool block = kind == '%';
         char close0 = block ? '%' : '}';
-        if (!push(l, (tok){block ? T_BBEGIN : T_VBEGIN, line, NULL, 0, {0}})) return twk_error(TWK_ERR_OOM, "out of memory");
+        if (!push(l, (tok){block ? T_BBEGIN : T_VBEGIN, line, NULL, 0, {0}}))
+            return twk_error(TWK_ERR_OOM, "out of memory");
         for (;;) {
             while (p < n && is_ws(src[p])) line += src[p++] == '\n';
             if (p >= n) return perr(TWK_ERR_INVALID_ARG, line, "unexpected end of template inside a tag");
             bool strip = src[p] == '-' && p + 2 < n && src[p + 1] == close0 && src[p + 2] == '}';
             if (strip || (src[p] == close0 && p + 1 < n && src[p + 1] == '}')) {
                 p += strip ? 3 : 2;
-                if (!push(l, (tok){block ? T_BEND : T_VEND, line, NULL, 0, {0}})) return twk_error(TWK_ERR_OOM, "out of memory");
-                if (strip) while (p < n && is_ws(src[p])) line += src[p++] == '\n';
-                else if (block && p < n && src[p] == '\n') { p++; line++; }
+                if (!push(l, (tok){block ? T_BEND : T_VEND, line, NULL, 0, {0}}))
+                    return twk_error(TWK_ERR_OOM, "out of memory");
+                if (strip)
+                    while (p < n && is_ws(src[p])) line += src[p++] == '\n';
+                else if (block && p < n && src[p] == '\n') {
+                    p++;
+                    line++;
+                }
                 break;
             }
             if (src[p] == '+' && block && p + 2 < n && src[p + 1] == '%' && src[p + 2] == '}')
@@ -163,7 +194,8 @@ static twk_status lex(jj_arena *a, const char *src, size_t n, lx *l) {
                     if (src[q] != '_') buf[k++] = src[q];
                 buf[k] = 0;
                 t.k = f ? T_FLOAT : T_INT;
-                t.v = f ? (jj_val){.kind = JJ_FLOAT, .u.f = strtod(buf, NULL)} : (jj_val){.kind = JJ_INT, .u.i = strtoll(buf, NULL, 10)};
+                t.v = f ? (jj_val){.kind = JJ_FLOAT, .u.f = strtod(buf, NULL)}
+                        : (jj_val){.kind = JJ_INT, .u.i = strtoll(buf, NULL, 10)};
                 p = j;
             } else if (is_id(c, true)) {
                 size_t j = p;
@@ -198,34 +230,47 @@ static const char *tokname(ps *p, tok *t) {
         if (s) memcpy(s, t->s, t->n);
         return s ? s : "?";
     }
-    static const char *names[] = {"text", "'{{'", "'}}'", "'{%'", "'%}'", "name", "string", "integer", "float", "operator", "end of template"};
+    static const char *names[] = {"text",   "'{{'",    "'}}'",  "'{%'",     "'%}'",           "name",
+                                  "string", "integer", "float", "operator", "end of template"};
     return names[t->k];
 }
 static twk_status expect_op(ps *p, const char *o) {
-    if (!is_op(cur(p), o)) return perr(TWK_ERR_INVALID_ARG, cur(p)->line, "expected '%s', got %s", o, tokname(p, cur(p)));
+    if (!is_op(cur(p), o))
+        return perr(TWK_ERR_INVALID_ARG, cur(p)->line, "expected '%s', got %s", o, tokname(p, cur(p)));
     p->i++;
     return TWK_OK;
 }
 
 static jj_expr *mk(ps *p, jj_ek k, int line) {
     jj_expr *e = jj_alloc(p->a, sizeof *e);
-    if (e) { e->k = k; e->line = line; }
+    if (e) {
+        e->k = k;
+        e->line = line;
+    }
     return e;
 }
 
-#define OOM_IF(x) do { if (!(x)) return twk_error(TWK_ERR_OOM, "chat template: out of memory"); } while (0)
-#define TRY(x) do { twk_status st_ = (x); if (st_) return st_; } while (0)
+#define OOM_IF(x)                                                                                                      \
+    do {                                                                                                               \
+        if (!(x)) return twk_error(TWK_ERR_OOM, "chat template: out of memory");                                       \
+    } while (0)
+#define TRY(x)                                                                                                         \
+    do {                                                                                                               \
+        twk_status st_ = (x);                                                                                          \
+        if (st_) return st_;                                                                                           \
+    } while (0)
 
 static twk_status parse_expr(ps *p, jj_expr **out, bool condexpr);
 static twk_status parse_unary(ps *p, jj_expr **out, bool with_filter);
 
-static const char *FILTERS[] = {"tojson", "trim", "length", "count", "string", "first", "last", "list", "join",
-                                "selectattr", "rejectattr", "select", "reject", "items", "upper", "lower", "default",
-                                "d", "int", "float", "abs", "capitalize", "replace", "map", "unique", "title",
-                                "safe", NULL};
-static const char *TESTS[] = {"defined", "undefined", "none", "string", "mapping", "iterable", "sequence", "number",
-                              "integer", "float", "boolean", "true", "false", "equalto", "eq", "==", "ne", "!=",
-                              "odd", "even", "in", "sameas", "lower", "upper", "callable", "divisibleby", NULL};
+static const char *FILTERS[] = {"tojson",     "trim",    "length",     "count",      "string", "first",  "last",
+                                "list",       "join",    "selectattr", "rejectattr", "select", "reject", "items",
+                                "upper",      "lower",   "default",    "d",          "int",    "float",  "abs",
+                                "capitalize", "replace", "map",        "unique",     "title",  "safe",   NULL};
+static const char *TESTS[] = {"defined", "undefined", "none",  "string",   "mapping",     "iterable", "sequence",
+                              "number",  "integer",   "float", "boolean",  "true",        "false",    "equalto",
+                              "eq",      "==",        "ne",    "!=",       "odd",         "even",     "in",
+                              "sameas",  "lower",     "upper", "callable", "divisibleby", NULL};
 
 static bool known(const char **list, const char *s) {
     for (; *list; list++)
@@ -249,7 +294,8 @@ static twk_status parse_args(ps *p, jj_expr *e) {
         TRY(parse_expr(p, &args[n], true));
         n++;
         if (is_op(cur(p), ",")) p->i++;
-        else if (!is_op(cur(p), ")")) return perr(TWK_ERR_INVALID_ARG, cur(p)->line, "expected ',' or ')', got %s", tokname(p, cur(p)));
+        else if (!is_op(cur(p), ")"))
+            return perr(TWK_ERR_INVALID_ARG, cur(p)->line, "expected ',' or ')', got %s", tokname(p, cur(p)));
     }
     p->i++;
     e->nargs = n;
@@ -306,14 +352,16 @@ static twk_status parse_primary(ps *p, jj_expr **out) {
         jj_expr *items[128];
         int n = 0;
         while (!is_op(cur(p), close)) {
-            if (n >= 126) return perr(TWK_ERR_UNSUPPORTED, t->line, "unsupported construct: literal with more than 63 items");
+            if (n >= 126)
+                return perr(TWK_ERR_UNSUPPORTED, t->line, "unsupported construct: literal with more than 63 items");
             TRY(parse_expr(p, &items[n++], true));
             if (dict) {
                 TRY(expect_op(p, ":"));
                 TRY(parse_expr(p, &items[n++], true));
             }
             if (is_op(cur(p), ",")) p->i++;
-            else if (!is_op(cur(p), close)) return perr(TWK_ERR_INVALID_ARG, cur(p)->line, "expected ',' or '%s'", close);
+            else if (!is_op(cur(p), close))
+                return perr(TWK_ERR_INVALID_ARG, cur(p)->line, "expected ',' or '%s'", close);
         }
         p->i++;
         e->nargs = n;
@@ -403,7 +451,8 @@ static twk_status parse_filter_expr(ps *p, jj_expr **io) {
             jj_expr *e;
             OOM_IF(e = mk(p, E_FILTER, t->line));
             e->name = tokname(p, nt);
-            if (!known(FILTERS, e->name)) return perr(TWK_ERR_UNSUPPORTED, t->line, "unsupported construct: filter '%s'", e->name);
+            if (!known(FILTERS, e->name))
+                return perr(TWK_ERR_UNSUPPORTED, t->line, "unsupported construct: filter '%s'", e->name);
             p->i++;
             e->a = *io;
             if (is_op(cur(p), "(")) TRY(parse_args(p, e));
@@ -412,12 +461,16 @@ static twk_status parse_filter_expr(ps *p, jj_expr **io) {
             p->i++;
             jj_expr *e;
             OOM_IF(e = mk(p, E_TEST, t->line));
-            if (is_name(cur(p), "not")) { e->negate = true; p->i++; }
+            if (is_name(cur(p), "not")) {
+                e->negate = true;
+                p->i++;
+            }
             tok *nt = cur(p);
             if (nt->k != T_NAME && !is_op(nt, "==") && !is_op(nt, "!="))
                 return perr(TWK_ERR_INVALID_ARG, t->line, "expected a test name after 'is'");
             e->name = tokname(p, nt);
-            if (!known(TESTS, e->name)) return perr(TWK_ERR_UNSUPPORTED, t->line, "unsupported construct: test '%s'", e->name);
+            if (!known(TESTS, e->name))
+                return perr(TWK_ERR_UNSUPPORTED, t->line, "unsupported construct: test '%s'", e->name);
             p->i++;
             e->a = *io;
             if (is_op(cur(p), "(")) TRY(parse_args(p, e));
@@ -562,7 +615,8 @@ static twk_status parse_andor(ps *p, jj_expr **out, bool is_or) {
 }
 
 static twk_status parse_expr(ps *p, jj_expr **out, bool condexpr) {
-    if (p->depth >= 100) return perr(TWK_ERR_UNSUPPORTED, cur(p)->line, "unsupported construct: expressions nested more than 100 deep");
+    if (p->depth >= 100)
+        return perr(TWK_ERR_UNSUPPORTED, cur(p)->line, "unsupported construct: expressions nested more than 100 deep");
     p->depth++;
     twk_status st = parse_andor(p, out, true);
     p->depth--;
@@ -597,7 +651,8 @@ static twk_status add_stmt(ps *p, jj_body *b, jj_stmt *s) {
 }
 
 static twk_status expect_bend(ps *p) {
-    if (cur(p)->k != T_BEND) return perr(TWK_ERR_INVALID_ARG, cur(p)->line, "expected '%%}', got %s", tokname(p, cur(p)));
+    if (cur(p)->k != T_BEND)
+        return perr(TWK_ERR_INVALID_ARG, cur(p)->line, "expected '%%}', got %s", tokname(p, cur(p)));
     p->i++;
     return TWK_OK;
 }
@@ -627,7 +682,8 @@ static twk_status parse_body(ps *p, jj_body *b, const char *const *ends, const c
             s->k = S_OUT;
             s->line = t->line;
             TRY(parse_expr(p, &s->e, true));
-            if (cur(p)->k != T_VEND) return perr(TWK_ERR_INVALID_ARG, cur(p)->line, "expected '}}', got %s", tokname(p, cur(p)));
+            if (cur(p)->k != T_VEND)
+                return perr(TWK_ERR_INVALID_ARG, cur(p)->line, "expected '}}', got %s", tokname(p, cur(p)));
             p->i++;
             TRY(add_stmt(p, b, s));
             continue;
@@ -661,7 +717,10 @@ static twk_status parse_body(ps *p, jj_body *b, const char *const *ends, const c
                 nb++;
                 tok *kw = cur(p);
                 p->i++;
-                if (is_name(kw, "endif")) { TRY(expect_bend(p)); break; }
+                if (is_name(kw, "endif")) {
+                    TRY(expect_bend(p));
+                    break;
+                }
                 if (is_name(kw, "elif")) {
                     TRY(parse_expr(p, &c, true));
                     TRY(expect_bend(p));
@@ -685,7 +744,8 @@ static twk_status parse_body(ps *p, jj_body *b, const char *const *ends, const c
         } else if (strcmp(name, "for") == 0) {
             s->k = S_FOR;
             for (;;) {
-                if (cur(p)->k != T_NAME || s->ntargets == 4) return perr(TWK_ERR_INVALID_ARG, t->line, "bad for-loop target");
+                if (cur(p)->k != T_NAME || s->ntargets == 4)
+                    return perr(TWK_ERR_INVALID_ARG, t->line, "bad for-loop target");
                 s->targets[s->ntargets++] = tokname(p, cur(p));
                 p->i++;
                 if (!is_op(cur(p), ",")) break;
@@ -698,7 +758,8 @@ static twk_status parse_body(ps *p, jj_body *b, const char *const *ends, const c
                 p->i++;
                 TRY(parse_expr(p, &s->filter, false));
             }
-            if (is_name(cur(p), "recursive")) return perr(TWK_ERR_UNSUPPORTED, t->line, "unsupported construct: recursive for loop");
+            if (is_name(cur(p), "recursive"))
+                return perr(TWK_ERR_UNSUPPORTED, t->line, "unsupported construct: recursive for loop");
             TRY(expect_bend(p));
             static const char *const E[] = {"else", "endfor", NULL};
             TRY(parse_body(p, &s->body, E, "for", t->line));
@@ -721,8 +782,11 @@ static twk_status parse_body(ps *p, jj_body *b, const char *const *ends, const c
                 s->targets[1] = tokname(p, cur(p));
                 p->i++;
             }
-            if (is_op(cur(p), ",")) return perr(TWK_ERR_UNSUPPORTED, t->line, "unsupported construct: tuple assignment in set");
-            if (!is_op(cur(p), "=")) return perr(TWK_ERR_UNSUPPORTED, t->line, "unsupported construct: block set '{%% set %s %%}'", s->targets[0]);
+            if (is_op(cur(p), ","))
+                return perr(TWK_ERR_UNSUPPORTED, t->line, "unsupported construct: tuple assignment in set");
+            if (!is_op(cur(p), "="))
+                return perr(TWK_ERR_UNSUPPORTED, t->line, "unsupported construct: block set '{%% set %s %%}'",
+                            s->targets[0]);
             p->i++;
             TRY(parse_expr(p, &s->e, true));
             TRY(expect_bend(p));

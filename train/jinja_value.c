@@ -7,8 +7,14 @@
 
 #include "jinja.h"
 
-typedef struct jj_block { struct jj_block *next; size_t used, cap; max_align_t data[]; } jj_block;
-struct jj_arena { jj_block *head; };
+typedef struct jj_block {
+    struct jj_block *next;
+    size_t used, cap;
+    max_align_t data[];
+} jj_block;
+struct jj_arena {
+    jj_block *head;
+};
 
 jj_arena *jj_arena_new(void) { return calloc(1, sizeof(jj_arena)); }
 
@@ -92,7 +98,8 @@ jj_val *jj_dict_get(const jj_dict *d, const char *key, size_t n) {
 
 bool jj_truthy(jj_val v) {
     switch (v.kind) {
-    case JJ_UNDEF: case JJ_NONE: return false;
+    case JJ_UNDEF:
+    case JJ_NONE: return false;
     case JJ_BOOL: return v.u.b;
     case JJ_INT: return v.u.i != 0;
     case JJ_FLOAT: return v.u.f != 0.0;
@@ -122,7 +129,8 @@ bool jj_equal(jj_val a, jj_val b) {
     }
     if (a.kind != b.kind) return false;
     switch (a.kind) {
-    case JJ_UNDEF: case JJ_NONE: return true;
+    case JJ_UNDEF:
+    case JJ_NONE: return true;
     case JJ_STR: return a.u.str.n == b.u.str.n && memcmp(a.u.str.s, b.u.str.s, a.u.str.n) == 0;
     case JJ_LIST:
         if (a.u.list->n != b.u.list->n) return false;
@@ -166,8 +174,14 @@ void jj_buf_puts(jj_buf *b, const char *s) { jj_buf_put(b, s, strlen(s)); }
 /* Python's float repr: the shortest digits that round-trip, fixed notation for 1e-4 <= |x| < 1e16. */
 static void put_float(jj_buf *b, double f, bool json) {
     char t[64];
-    if (isnan(f)) { jj_buf_puts(b, json ? "NaN" : "nan"); return; }
-    if (isinf(f)) { jj_buf_puts(b, f < 0 ? (json ? "-Infinity" : "-inf") : (json ? "Infinity" : "inf")); return; }
+    if (isnan(f)) {
+        jj_buf_puts(b, json ? "NaN" : "nan");
+        return;
+    }
+    if (isinf(f)) {
+        jj_buf_puts(b, f < 0 ? (json ? "-Infinity" : "-inf") : (json ? "Infinity" : "inf"));
+        return;
+    }
     int p = 1;
     for (; p < 17; p++) {
         snprintf(t, sizeof t, "%.*e", p - 1, f);
@@ -217,8 +231,8 @@ static uint32_t dec(const char *s, size_t n, size_t *len);
 static bool unprintable(uint32_t c) {
     return (c >= 0x80 && c <= 0xA0) || c == 0xAD || c == 0x1680 || (c >= 0x2000 && c <= 0x200F) ||
            (c >= 0x2028 && c <= 0x202F) || (c >= 0x205F && c <= 0x2064) || (c >= 0x2066 && c <= 0x206F) ||
-           c == 0x3000 || c == 0xFEFF || (c >= 0xFFF9 && c <= 0xFFFB) || (c >= 0xE000 && c <= 0xF8FF) ||
-           c >= 0xF0000 || c == 0x061C || c == 0x180E;
+           c == 0x3000 || c == 0xFEFF || (c >= 0xFFF9 && c <= 0xFFFB) || (c >= 0xE000 && c <= 0xF8FF) || c >= 0xF0000 ||
+           c == 0x061C || c == 0x180E;
 }
 
 static void put_repr_str(jj_buf *b, const char *s, size_t n) {
@@ -229,12 +243,17 @@ static void put_repr_str(jj_buf *b, const char *s, size_t n) {
         unsigned char c = (unsigned char)s[i];
         char t[16];
         size_t l = 1;
-        if (c == '\\' || c == (unsigned char)q) { t[0] = '\\'; t[1] = (char)c; jj_buf_put(b, t, 2); }
-        else if (c == '\n') jj_buf_puts(b, "\\n");
+        if (c == '\\' || c == (unsigned char)q) {
+            t[0] = '\\';
+            t[1] = (char)c;
+            jj_buf_put(b, t, 2);
+        } else if (c == '\n') jj_buf_puts(b, "\\n");
         else if (c == '\r') jj_buf_puts(b, "\\r");
         else if (c == '\t') jj_buf_puts(b, "\\t");
-        else if (c < 0x20 || c == 0x7f) { snprintf(t, sizeof t, "\\x%02x", c); jj_buf_puts(b, t); }
-        else if (c < 0x80) jj_buf_put(b, (const char *)&c, 1);
+        else if (c < 0x20 || c == 0x7f) {
+            snprintf(t, sizeof t, "\\x%02x", c);
+            jj_buf_puts(b, t);
+        } else if (c < 0x80) jj_buf_put(b, (const char *)&c, 1);
         else {
             uint32_t cp = dec(s + i, n - i, &l);
             if (!unprintable(cp)) jj_buf_put(b, s + i, l);
@@ -256,7 +275,10 @@ void jj_to_str(jj_buf *b, jj_val v, int mode) {
     case JJ_UNDEF: break;
     case JJ_NONE: jj_buf_puts(b, "None"); break;
     case JJ_BOOL: jj_buf_puts(b, v.u.b ? "True" : "False"); break;
-    case JJ_INT: snprintf(t, sizeof t, "%lld", (long long)v.u.i); jj_buf_puts(b, t); break;
+    case JJ_INT:
+        snprintf(t, sizeof t, "%lld", (long long)v.u.i);
+        jj_buf_puts(b, t);
+        break;
     case JJ_FLOAT: put_float(b, v.u.f, false); break;
     case JJ_STR:
         if (mode) put_repr_str(b, v.u.str.s, v.u.str.n);
@@ -270,7 +292,8 @@ void jj_to_str(jj_buf *b, jj_val v, int mode) {
         }
         jj_buf_puts(b, "]");
         break;
-    case JJ_DICT: case JJ_NS:
+    case JJ_DICT:
+    case JJ_NS:
         jj_buf_puts(b, v.kind == JJ_NS ? "<Namespace {" : "{");
         for (size_t i = 0; i < v.u.dict->n; i++) {
             if (i) jj_buf_puts(b, ", ");
@@ -280,8 +303,16 @@ void jj_to_str(jj_buf *b, jj_val v, int mode) {
         }
         jj_buf_puts(b, v.kind == JJ_NS ? "}>" : "}");
         break;
-    case JJ_METHOD: jj_buf_puts(b, "<built-in method "); jj_buf_puts(b, v.u.m.name); jj_buf_puts(b, ">"); break;
-    case JJ_FUNC: jj_buf_puts(b, "<function "); jj_buf_put(b, v.u.str.s, v.u.str.n); jj_buf_puts(b, ">"); break;
+    case JJ_METHOD:
+        jj_buf_puts(b, "<built-in method ");
+        jj_buf_puts(b, v.u.m.name);
+        jj_buf_puts(b, ">");
+        break;
+    case JJ_FUNC:
+        jj_buf_puts(b, "<function ");
+        jj_buf_put(b, v.u.str.s, v.u.str.n);
+        jj_buf_puts(b, ">");
+        break;
     }
 }
 
@@ -326,10 +357,14 @@ twk_status jj_to_json(jj_buf *b, jj_val v, int indent, int depth) {
     switch (v.kind) {
     case JJ_NONE: jj_buf_puts(b, "null"); return TWK_OK;
     case JJ_BOOL: jj_buf_puts(b, v.u.b ? "true" : "false"); return TWK_OK;
-    case JJ_INT: snprintf(t, sizeof t, "%lld", (long long)v.u.i); jj_buf_puts(b, t); return TWK_OK;
+    case JJ_INT:
+        snprintf(t, sizeof t, "%lld", (long long)v.u.i);
+        jj_buf_puts(b, t);
+        return TWK_OK;
     case JJ_FLOAT: put_float(b, v.u.f, true); return TWK_OK;
     case JJ_STR: put_json_str(b, v.u.str.s, v.u.str.n); return TWK_OK;
-    case JJ_LIST: case JJ_DICT: {
+    case JJ_LIST:
+    case JJ_DICT: {
         bool list = v.kind == JJ_LIST;
         size_t n = list ? v.u.list->n : v.u.dict->n;
         jj_buf_puts(b, list ? "[" : "{");
@@ -346,7 +381,10 @@ twk_status jj_to_json(jj_buf *b, jj_val v, int indent, int depth) {
                 else {
                     jj_buf tmp = {0};
                     twk_status st = jj_to_json(&tmp, k, -1, 0);
-                    if (st) { free(tmp.p); return st; }
+                    if (st) {
+                        free(tmp.p);
+                        return st;
+                    }
                     put_json_str(b, tmp.p, tmp.n);
                     free(tmp.p);
                 }
@@ -366,7 +404,11 @@ twk_status jj_to_json(jj_buf *b, jj_val v, int indent, int depth) {
 }
 
 /* ---- json.loads ---- */
-typedef struct jp { jj_arena *a; const char *s; size_t n, i; } jp;
+typedef struct jp {
+    jj_arena *a;
+    const char *s;
+    size_t n, i;
+} jp;
 
 static void jp_ws(jp *p) {
     while (p->i < p->n && (p->s[p->i] == ' ' || p->s[p->i] == '\t' || p->s[p->i] == '\n' || p->s[p->i] == '\r')) p->i++;
@@ -392,10 +434,25 @@ static int hex4(const char *s) {
 static void put_utf8(jj_buf *b, uint32_t c) {
     char t[4];
     size_t n;
-    if (c < 0x80) { t[0] = (char)c; n = 1; }
-    else if (c < 0x800) { t[0] = (char)(0xC0 | c >> 6); t[1] = (char)(0x80 | (c & 63)); n = 2; }
-    else if (c < 0x10000) { t[0] = (char)(0xE0 | c >> 12); t[1] = (char)(0x80 | (c >> 6 & 63)); t[2] = (char)(0x80 | (c & 63)); n = 3; }
-    else { t[0] = (char)(0xF0 | c >> 18); t[1] = (char)(0x80 | (c >> 12 & 63)); t[2] = (char)(0x80 | (c >> 6 & 63)); t[3] = (char)(0x80 | (c & 63)); n = 4; }
+    if (c < 0x80) {
+        t[0] = (char)c;
+        n = 1;
+    } else if (c < 0x800) {
+        t[0] = (char)(0xC0 | c >> 6);
+        t[1] = (char)(0x80 | (c & 63));
+        n = 2;
+    } else if (c < 0x10000) {
+        t[0] = (char)(0xE0 | c >> 12);
+        t[1] = (char)(0x80 | (c >> 6 & 63));
+        t[2] = (char)(0x80 | (c & 63));
+        n = 3;
+    } else {
+        t[0] = (char)(0xF0 | c >> 18);
+        t[1] = (char)(0x80 | (c >> 12 & 63));
+        t[2] = (char)(0x80 | (c >> 6 & 63));
+        t[3] = (char)(0x80 | (c & 63));
+        n = 4;
+    }
     jj_buf_put(b, t, n);
 }
 
@@ -403,10 +460,16 @@ static twk_status jp_string(jp *p, jj_val *out) {
     jj_buf b = {0};
     p->i++;
     for (;;) {
-        if (p->i >= p->n) { free(b.p); return jp_err(p, "unterminated string"); }
+        if (p->i >= p->n) {
+            free(b.p);
+            return jp_err(p, "unterminated string");
+        }
         unsigned char c = (unsigned char)p->s[p->i];
         if (c == '"') break;
-        if (c < 0x20) { free(b.p); return jp_err(p, "control character in string"); }
+        if (c < 0x20) {
+            free(b.p);
+            return jp_err(p, "control character in string");
+        }
         if (c != '\\') {
             size_t j = p->i;
             while (j < p->n && p->s[j] != '"' && p->s[j] != '\\' && (unsigned char)p->s[j] >= 0x20) j++;
@@ -414,13 +477,22 @@ static twk_status jp_string(jp *p, jj_val *out) {
             p->i = j;
             continue;
         }
-        if (p->i + 1 >= p->n) { free(b.p); return jp_err(p, "bad escape"); }
+        if (p->i + 1 >= p->n) {
+            free(b.p);
+            return jp_err(p, "bad escape");
+        }
         char e = p->s[p->i + 1];
         p->i += 2;
         const char *map = "\"\\/bfnrt", *to = "\"\\/\b\f\n\r\t";
         const char *m = strchr(map, e);
-        if (e && m) { jj_buf_put(&b, to + (m - map), 1); continue; }
-        if (e != 'u' || p->i + 4 > p->n || hex4(p->s + p->i) < 0) { free(b.p); return jp_err(p, "bad escape"); }
+        if (e && m) {
+            jj_buf_put(&b, to + (m - map), 1);
+            continue;
+        }
+        if (e != 'u' || p->i + 4 > p->n || hex4(p->s + p->i) < 0) {
+            free(b.p);
+            return jp_err(p, "bad escape");
+        }
         uint32_t cp = (uint32_t)hex4(p->s + p->i);
         p->i += 4;
         if (cp >= 0xD800 && cp < 0xDC00 && p->i + 6 <= p->n && p->s[p->i] == '\\' && p->s[p->i + 1] == 'u') {
@@ -433,7 +505,10 @@ static twk_status jp_string(jp *p, jj_val *out) {
         put_utf8(&b, cp);
     }
     p->i++;
-    if (b.oom) { free(b.p); return twk_error(TWK_ERR_OOM, "JSON: out of memory"); }
+    if (b.oom) {
+        free(b.p);
+        return twk_error(TWK_ERR_OOM, "JSON: out of memory");
+    }
     *out = jj_str(p->a, b.p ? b.p : "", b.n);
     free(b.p);
     return TWK_OK;
@@ -469,15 +544,25 @@ static twk_status jp_value(jp *p, jj_val *out, int depth) {
                 if (!(obj ? jj_dict_set(p->a, d, k, v) : jj_list_push(p->a, l, v)))
                     return twk_error(TWK_ERR_OOM, "JSON: out of memory");
                 jp_ws(p);
-                if (p->i < p->n && p->s[p->i] == ',') { p->i++; continue; }
-                if (p->i < p->n && p->s[p->i] == (obj ? '}' : ']')) { p->i++; break; }
+                if (p->i < p->n && p->s[p->i] == ',') {
+                    p->i++;
+                    continue;
+                }
+                if (p->i < p->n && p->s[p->i] == (obj ? '}' : ']')) {
+                    p->i++;
+                    break;
+                }
                 return jp_err(p, obj ? "expected ',' or '}'" : "expected ',' or ']'");
             }
         *out = obj ? (jj_val){.kind = JJ_DICT, .u.dict = d} : (jj_val){.kind = JJ_LIST, .u.list = l};
         return TWK_OK;
     }
-    static const struct { const char *w; jj_val v; } words[] = {
-        {"true", {.kind = JJ_BOOL, .u.b = true}}, {"false", {.kind = JJ_BOOL, .u.b = false}}, {"null", {.kind = JJ_NONE}}};
+    static const struct {
+        const char *w;
+        jj_val v;
+    } words[] = {{"true", {.kind = JJ_BOOL, .u.b = true}},
+                 {"false", {.kind = JJ_BOOL, .u.b = false}},
+                 {"null", {.kind = JJ_NONE}}};
     for (size_t w = 0; w < 3; w++) {
         size_t wl = strlen(words[w].w);
         if (p->n - p->i >= wl && memcmp(p->s + p->i, words[w].w, wl) == 0) {
