@@ -343,7 +343,29 @@ static void prefixes(void) {
         }
         free(src);
     }
-    printf("prefixes: %d cut templates, %d refused with a message, none crashed\n", tried, failed_with_message);
+    /* and every prefix of a request with tools, tool calls and escapes, on the Qwen3 template */
+    twk_chat_template *q = load("qwen3.jinja", NULL, "<|im_end|>");
+    const char *full =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"q\\u00e9\\n\\\"x\\\"\"},{\"role\":\"assistant\","
+        "\"content\":\"\",\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":{\"a\":[1,2.5e3,-7,"
+        "true,null]}}}]},{\"role\":\"tool\",\"content\":\"r\"}],\"tools\":[{\"type\":\"function\"}],"
+        "\"add_generation_prompt\":true}";
+    int req_tried = 0, req_ok = 0;
+    for (size_t cut = 0; q && cut <= strlen(full); cut++) {
+        char buf[1024];
+        snprintf(buf, sizeof buf, "%.*s", (int)cut, full);
+        char *out = NULL;
+        twk_clear_error();
+        twk_status st = twk_chat_render(q, buf, &out, NULL);
+        req_tried++;
+        req_ok += st == TWK_OK;
+        CHECK(st == TWK_OK || twk_last_error()[0], "request cut at %zu: failed without a message", cut);
+        free(out);
+    }
+    CHECK(req_ok == 1, "only the whole request renders (%d did)", req_ok);
+    twk_chat_template_free(q);
+    printf("prefixes: %d cut templates, %d refused with a message, none crashed; %d cut requests, %d rendered\n", tried,
+           failed_with_message, req_tried, req_ok);
 }
 
 /* tokenizer_config.json: a string template with AddedToken-object bos / eos, a list of named
