@@ -15,6 +15,7 @@
 #include "twinkle/losses.h"
 #include "twinkle/sampler.h"
 #include "twinkle/tokenizer.h"
+#include "twinkle/chat.h"
 #include "twinkle/rng.h"
 #include "twinkle/fs.h"
 #endif
