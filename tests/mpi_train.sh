@@ -79,6 +79,27 @@ if [ "$NP" = 2 ]; then # checkpoints cross rank counts: 10 steps, resumed at ste
         "1-rank step-5 checkpoint resumed on 2 ranks, step 10"
 fi
 
+if [ "$NP" = 2 ]; then # a rank killed with SIGKILL mid-run: the process manager ends the job (no hang)
+    timeout 60 "$MPIRUN" -np 2 "$TWINKLE" train --model "$MODEL" --data "$DIR/sft.jsonl" $lora --batch-tokens $T \
+        --steps 1000000 --out "$DIR/killed" > "$DIR/killed.log" 2>&1 &
+    job=$!
+    i=0
+    until grep -q "step 2/" "$DIR/killed.log" 2>/dev/null; do
+        i=$((i + 1))
+        [ $i -lt 300 ] || { kill "$job"; fail "the run to be killed did not start"; }
+        sleep 0.1
+    done
+    victim=$(ps -eo pid=,args= | grep "[ ]train --model .* --out $DIR/killed\$" | grep -v "mpirun\|hydra" | awk 'NR == 2 { print $1 }')
+    [ -n "$victim" ] || { kill "$job"; fail "no second rank to kill"; }
+    kill -9 "$victim"
+    rc=0
+    wait "$job" || rc=$?
+    [ "$rc" != 124 ] || fail "the surviving rank hung after the other was killed"
+    [ "$rc" != 0 ] || fail "a killed rank went unnoticed"
+    grep -q "BAD TERMINATION" "$DIR/killed.log" || { tail -n 5 "$DIR/killed.log"; fail "no report of the killed rank"; }
+    echo "ok   rank process $victim killed with SIGKILL: the job ended (mpirun exit $rc, hydra names the PID)"
+fi
+
 # bad data on the last rank's share: sampler logprobs of -1e30 make the ratio (and the gradient) infinite
 (head -3 "$DIR/rl.jsonl"; echo '{"tokens": [1, 2, 3, 4], "advantages": 1, "logprobs": [-1e30, -1e30, -1e30]}'
  tail -n 8 "$DIR/rl.jsonl") > "$DIR/bad.jsonl"
