@@ -2,8 +2,9 @@
 # Data-parallel `twinkle train` under `mpirun -np NP` against the one-process
 # run on the qwen3 parity model: LoRA and full-parameter SFT and LoRA RL
 # (importance_sampling), parameters after 5 steps and the loss curve; with 2
-# ranks also checkpoints crossing rank counts (2 -> 1 and 1 -> 2); and a rank
-# whose share holds bad data stops every rank with one message naming it.
+# ranks also checkpoints crossing rank counts (2 -> 1 and 1 -> 2) and a rank
+# killed with SIGKILL ending the job; and a rank whose share holds bad data
+# stops every rank with one message naming it.
 #
 # Tolerance, from the summation order. A gradient element is a float32 sum of
 # per-token terms over the T tokens of the global batch: one rank sums them in
