@@ -236,14 +236,6 @@ static int train(train_opts *o) {
     if (me == 0 && twk_mkdir_p(o->out, 0755) != TWK_OK) goto fail;
     const twk_model_config *c = twk_model_cfg(model);
     long start = (long)twk_trainer_step(t);
-    if (me == 0)
-        printf("twinkle train: %s (%d layers, hidden %d, vocab %d), %s, %lld examples / %lld target tokens, "
-               "batches of <= %ld tokens%s",
-               c->arch_name, c->layers, c->hidden, c->vocab, o->full ? "full fine-tuning" : "LoRA",
-               (long long)twk_dataset_count(data), (long long)twk_dataset_tokens(data), o->batch_tokens,
-               start ? " (resumed)" : "");
-    if (me == 0 && nr > 1) printf(", %d ranks", nr);
-    if (me == 0) printf("\n");
     twk_adam_params ap = {(float)o->lr, (float)o->beta1, (float)o->beta2, (float)o->eps, (float)o->weight_decay,
                           (float)o->grad_clip};
     twk_loss_family fam = o->spec.def->family;
@@ -278,6 +270,16 @@ static int train(train_opts *o) {
     for (long s = 0; s < start; s++)
         if (twk_dataset_pack_groups(data, o->batch_tokens, group, &cursor, &packed) != TWK_OK) goto fail;
     if (twk_dist_first_failure(TWK_OK) >= 0) goto stop; /* another rank failed to start */
+    if (me == 0)
+        printf("twinkle train: %s (%d layers, hidden %d, vocab %d), %s, %lld examples / %lld target tokens, "
+               "batches of <= %ld tokens%s",
+               c->arch_name, c->layers, c->hidden, c->vocab, o->full ? "full fine-tuning" : "LoRA",
+               (long long)twk_dataset_count(data), (long long)twk_dataset_tokens(data), o->batch_tokens,
+               start ? " (resumed)" : "");
+    if (me == 0 && nr > 1) /* the CPU backend's pool size: cores / local ranks unless set */
+        printf(", %d ranks (%d on this machine, TWK_THREADS=%s)", nr, twk_dist_local_size(),
+               getenv("TWK_THREADS") ? getenv("TWK_THREADS") : "all cores");
+    if (me == 0) printf("\n");
     double t0 = twk_now(), tokens = 0, first = -1, loss_avg = 0, reduce_s = 0;
     twk_dist_stats ds = {0, 0, 0};
     for (long s = start + 1; s <= o->steps; s++) {

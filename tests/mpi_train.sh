@@ -21,6 +21,7 @@ MPIRUN=$1
 NP=$2
 TWINKLE=$3
 MODEL=$4
+FAKE_CUDA=${5:-} # build/cuda_fake when the CUDA backend's host stand-in was built: checks the rank -> device map
 HERE=$(dirname "$0")
 DIR=$(mktemp -d /tmp/twk_mpi_train.XXXXXX)
 trap 'rm -rf "$DIR"' EXIT
@@ -53,6 +54,9 @@ awk 'BEGIN { srand(7); for (s = 0; s < 12; s++) { n = 8 + int(rand() * 12); line
 awk 'BEGIN { srand(3) } { sub(/\]\}$/, "], \"advantages\": " (rand() < 0.5 ? -1 : 1) "}"); print }' "$DIR/sft.jsonl" > "$DIR/rl.jsonl"
 
 lora="--rank 8 --lr 1e-2"
+# the ranks split the cores unless TWK_THREADS is set
+cores=$(getconf _NPROCESSORS_ONLN)
+want_threads=${TWK_THREADS:-$((cores / NP > 1 ? cores / NP : 1))}
 run 1 "$DIR/init" --data "$DIR/sft.jsonl" $lora --lr 0 --steps 1 # the adapter before any step
 for cfg in lora-sft full-sft lora-rl; do
     case $cfg in
@@ -62,7 +66,8 @@ for cfg in lora-sft full-sft lora-rl; do
     esac
     run 1 "$DIR/$cfg-1" $args --steps 5
     run "$NP" "$DIR/$cfg-$NP" $args --steps 5
-    grep -q "$NP ranks" "$DIR/$cfg-$NP.log" || fail "$cfg: the run did not see $NP ranks"
+    grep -q "$NP ranks ($NP on this machine, TWK_THREADS=$want_threads)" "$DIR/$cfg-$NP.log" ||
+        { head -n 1 "$DIR/$cfg-$NP.log"; fail "$cfg: want $NP ranks sharing the cores (TWK_THREADS=$want_threads)"; }
     python3 "$HERE/mpi_params.py" "$DIR/$cfg-1/final/$w" "$DIR/$cfg-$NP/final/$w" "$init" "$(tol 5)" "$cfg 1 vs $NP ranks, 5 steps"
     same_curve "$DIR/$cfg-1.log" "$DIR/$cfg-$NP.log" "$cfg 1 vs $NP ranks"
 done
@@ -99,6 +104,22 @@ if [ "$NP" = 2 ]; then # a rank killed with SIGKILL mid-run: the process manager
     [ "$rc" != 0 ] || fail "a killed rank went unnoticed"
     grep -q "BAD TERMINATION" "$DIR/killed.log" || { tail -n 5 "$DIR/killed.log"; fail "no report of the killed rank"; }
     echo "ok   rank process $victim killed with SIGKILL: the job ended (mpirun exit $rc, hydra names the PID)"
+fi
+
+if [ "$NP" = 2 ] && [ -n "$FAKE_CUDA" ] && [ -e "$FAKE_CUDA/libcuda.so.1" ]; then
+    # the fake driver has one device: --device cuda sends rank 1 to cuda:1, which is refused naming the rank;
+    # an explicit --device cuda:0 wins on both ranks
+    rc=0
+    LD_LIBRARY_PATH="$FAKE_CUDA${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 60 "$MPIRUN" -np 2 "$TWINKLE" train \
+        --model "$MODEL" --data "$DIR/sft.jsonl" $lora --batch-tokens $T --steps 1 --device cuda --out "$DIR/cu" \
+        > "$DIR/cu.log" 2>&1 || rc=$?
+    [ "$rc" != 0 ] && [ "$rc" != 124 ] && grep -q "rank 1 of 2: device_open: .*no index 1" "$DIR/cu.log" ||
+        { cat "$DIR/cu.log"; fail "--device cuda under 2 ranks: rank 1 should have asked for cuda:1"; }
+    ! grep -q "twinkle train: Qwen3" "$DIR/cu.log" || fail "rank 0 went on after rank 1 failed to start"
+    LD_LIBRARY_PATH="$FAKE_CUDA${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" run 2 "$DIR/cu0" --data "$DIR/sft.jsonl" $lora \
+        --steps 1 --device cuda:0
+    echo "ok   --device cuda: rank 1 asked for cuda:1 (the fake driver has one device; refused naming rank 1);" \
+        "--device cuda:0 ran on both ranks"
 fi
 
 # bad data on the last rank's share: sampler logprobs of -1e30 make the ratio (and the gradient) infinite
