@@ -12,7 +12,12 @@
 
 #include "twinkle/twinkle.h"
 
-/* Starts the rank (MPI_Init) and, when TWK_THREADS is unset and several ranks
+/* The rank count a process manager (mpirun / mpiexec, srun) announced in the
+ * environment, read without starting MPI; 0 when none launched this process. */
+int twk_dist_launched_size(void);
+
+/* Starts the rank (MPI_Init, only when a process manager launched this
+ * process: otherwise it stays rank 0 of 1 without MPI) and, when TWK_THREADS is unset and several ranks
  * share this machine, sets TWK_THREADS = cores / local ranks (at least 1) so
  * CPU ranks split the cores. Idempotent; never fails (MPI errors abort the
  * job). */

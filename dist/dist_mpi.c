@@ -11,7 +11,8 @@
 static int g_init, g_rank, g_size = 1, g_local_rank, g_local_size = 1;
 
 void twk_dist_init(int *argc, char ***argv) {
-    if (g_init) return;
+    /* not started by a process manager: one rank, and MPI stays out of the process */
+    if (g_init || twk_dist_launched_size() == 0) return;
     int already = 0;
     MPI_Initialized(&already);
     if (!already) MPI_Init(argc, argv);
