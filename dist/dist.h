@@ -29,8 +29,6 @@ int twk_dist_rank(void);
 int twk_dist_size(void);
 int twk_dist_local_rank(void);
 int twk_dist_local_size(void);
-/* 1 when built with MPI ("mpich 4.0" style name in *name), else 0 ("none"). */
-int twk_dist_available(const char **name);
 
 /* Agreement: every rank passes its status; returns the lowest rank whose
  * status was not TWK_OK, or -1 when all succeeded. A collective: every rank

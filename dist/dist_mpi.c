@@ -44,20 +44,6 @@ int twk_dist_size(void) { return g_size; }
 int twk_dist_local_rank(void) { return g_local_rank; }
 int twk_dist_local_size(void) { return g_local_size; }
 
-int twk_dist_available(const char **name) {
-    static char lib[64];
-    if (!lib[0]) {
-        char v[MPI_MAX_LIBRARY_VERSION_STRING];
-        int len = 0;
-        MPI_Get_library_version(v, &len);
-        v[strcspn(v, "\n")] = 0;
-        v[sizeof lib - 1] = 0;
-        memcpy(lib, v, sizeof lib);
-    }
-    if (name) *name = lib;
-    return 1;
-}
-
 int twk_dist_first_failure(twk_status st) {
     if (g_size == 1) return st == TWK_OK ? -1 : 0;
     int mine = st == TWK_OK ? g_size : g_rank, first = g_size;

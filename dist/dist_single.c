@@ -12,10 +12,6 @@ int twk_dist_rank(void) { return 0; }
 int twk_dist_size(void) { return 1; }
 int twk_dist_local_rank(void) { return 0; }
 int twk_dist_local_size(void) { return 1; }
-int twk_dist_available(const char **name) {
-    if (name) *name = "none";
-    return 0;
-}
 int twk_dist_first_failure(twk_status st) { return st == TWK_OK ? -1 : 0; }
 void twk_dist_sum_f64(double *v, int n) {
     (void)v;
