@@ -4,6 +4,7 @@
 
 #include "service.h"
 #include "cli.h"
+#include "dist.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -41,6 +42,11 @@ static void usage(FILE *f) {
 }
 
 int twk_cmd_serve(int argc, char **argv) {
+    if (twk_dist_launched_size() > 1) { /* N servers would fight over one port and one data dir */
+        fprintf(stderr, "twinkle serve: started as one of %d ranks; the multi-rank service is not built yet: "
+                        "run one process (mpirun is for twinkle train)\n", twk_dist_launched_size());
+        return 2;
+    }
     twk_serve_config cfg;
     twk_serve_config_default(&cfg);
     for (int i = 1; i < argc; i++) {

@@ -11,12 +11,14 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "dist.h"
 #include "train_step.h"
 #include "twinkle/twinkle.h"
 
 typedef struct train_opts {
     const char *model, *data, *out, *resume, *device, *loss, *teacher, *teacher_adapter;
     long steps, save_every, batch_tokens, rank, seed, topk;
+    double bucket_mb; /* gradient allreduce bucket size across ranks */
     double lr, alpha, weight_decay, grad_clip, beta1, beta2, eps;
     double dpo_beta, clip_lo, clip_hi, kl_beta, max_tokens, distill_beta; /* NaN: the loss's default */
     twk_loss_spec spec; /* --loss with the flags above */
@@ -43,7 +45,9 @@ static void usage(FILE *f) {
             "  --grad-clip X        clip the global gradient norm to X (default 1.0; 0 = off)\n"
             "  --resume DIR         continue from a saved training state (weights + optimizer)\n"
             "  --seed S             LoRA initialisation seed (default 0)\n"
-            "  --device SPEC        cpu (default), opencl[:N], vulkan[:N] or cuda[:N]: see twinkle devices\n"
+            "  --device SPEC        cpu (default), opencl[:N], vulkan[:N] or cuda[:N]: see twinkle devices;\n"
+            "                       under mpirun a GPU kind without :N picks device LOCAL_RANK\n"
+            "  --bucket-mb X        under mpirun: sum gradients across ranks in buckets of X MB (default 16)\n"
             "  --loss L             cross_entropy (default);\n"
             "                       dpo, ipo: preference pairs, lines 2i (chosen) and 2i+1 (rejected); weights\n"
             "                       mask the prompt; the reference is the base model (LoRA only);\n"
@@ -61,7 +65,11 @@ static void usage(FILE *f) {
             "  --distill-beta X     jsd's beta in (0, 1) (default 0.5)\n"
             "\n"
             "The loss of a step is -sum(weights * logprobs) over its tokens (Tinker's semantics);\n"
-            "the printed loss is that sum divided by the sum of weights.\n");
+            "the printed loss is that sum divided by the sum of weights.\n"
+            "\n"
+            "Data-parallel: `mpirun -np N twinkle train ...` splits each global batch (--batch-tokens)\n"
+            "across the N ranks by tokens (whole sequences), sums the gradients, and applies the same\n"
+            "step on every rank; rank 0 prints and writes checkpoints. --resume works with any N.\n");
 }
 
 static int num(const char *flag, const char *s, double lo, double hi, double *out) {
@@ -101,7 +109,7 @@ static int loss_spec(train_opts *o) {
 static int parse(int argc, char **argv, train_opts *o) {
     *o = (train_opts){.out = "train-out", .device = "cpu", .steps = 100, .batch_tokens = 2048, .rank = 32,
                       .lr = 1e-4, .dpo_beta = NAN, .loss = "cross_entropy", .topk = 8, .distill_beta = NAN,
-                      .clip_lo = NAN, .clip_hi = NAN, .kl_beta = NAN, .max_tokens = NAN, .alpha = 32, .grad_clip = 1.0, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
+                      .clip_lo = NAN, .clip_hi = NAN, .kl_beta = NAN, .max_tokens = NAN, .alpha = 32, .grad_clip = 1.0, .bucket_mb = 16, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         double v;
@@ -144,6 +152,7 @@ static int parse(int argc, char **argv, train_opts *o) {
         else if (!strcmp(a, "--beta2")) { if (!num(a, val, 0, 0.999999999, &o->beta2)) return 0; }
         else if (!strcmp(a, "--eps")) { if (!num(a, val, 1e-30, 1, &o->eps)) return 0; }
         else if (!strcmp(a, "--weight-decay")) { if (!num(a, val, 0, 10, &o->weight_decay)) return 0; }
+        else if (!strcmp(a, "--bucket-mb")) { if (!num(a, val, 0.001, 65536, &o->bucket_mb)) return 0; }
         else if (!strcmp(a, "--grad-clip")) { if (!num(a, val, 0, 1e9, &o->grad_clip)) return 0; }
         else {
             fprintf(stderr, "twinkle train: unknown option '%s'\n", a);
@@ -180,9 +189,28 @@ static void progress(long step, long steps, double loss, double tps, int tty) {
     fflush(stdout);
 }
 
-int twk_cmd_train(int argc, char **argv) {
-    train_opts o;
-    if (!parse(argc, argv, &o)) return 2;
+/* --device for this rank: a GPU kind without an index gets the node-local rank's device. */
+static const char *rank_device(const char *spec, char *buf, size_t cap) {
+    if (twk_dist_local_size() < 2 || strchr(spec, ':') || !strcmp(spec, "cpu")) return spec;
+    snprintf(buf, cap, "%s:%d", spec, twk_dist_local_rank());
+    return buf;
+}
+
+/* The RL aggregations that normalise over the whole batch (per-sequence or
+ * per-token means) do not split into a sum over ranks; 0 with the reason. */
+static int splits_across_ranks(const train_opts *o) {
+    const twk_loss_def *d = o->spec.def;
+    if (twk_dist_size() == 1 || d->family != TWK_FAMILY_RL || d->aggregation == TWK_AGG_SUM) return 1;
+    if (twk_dist_rank() == 0)
+        fprintf(stderr,
+            "twinkle train: --loss %s normalises over the whole batch, which does not split across %d ranks; "
+            "run it as one rank or use a sum-aggregated RL loss (importance_sampling, ppo, cispo, dro)\n",
+            o->loss, twk_dist_size());
+    return 0;
+}
+
+static int train(train_opts *o) {
+    int me = twk_dist_rank(), nr = twk_dist_size();
     twk_device *dev = NULL;
     twk_model *model = NULL;
     twk_dataset *data = NULL;
@@ -190,89 +218,125 @@ int twk_cmd_train(int argc, char **argv) {
     twk_model *teacher = NULL;
     twk_sampler *tsampler = NULL;
     twk_packed packed = {0};
-    int rc = 1;
-    if (twk_device_open(o.device, &dev) != TWK_OK || twk_model_load(o.model, dev, &model) != TWK_OK ||
-        twk_dataset_load_jsonl(o.data, twk_model_cfg(model)->vocab, &data) != TWK_OK)
+    int rc = 1, tty = me == 0 && isatty(1);
+    char devname[256], where[96] = ""; /* a failing rank's share, for its message */
+    if (twk_device_open(rank_device(o->device, devname, sizeof devname), &dev) != TWK_OK ||
+        twk_model_load(o->model, dev, &model) != TWK_OK ||
+        twk_dataset_load_jsonl(o->data, twk_model_cfg(model)->vocab, &data) != TWK_OK)
         goto fail;
     twk_lora_config lc = twk_lora_default();
-    lc.rank = (int)o.rank;
-    lc.alpha = (float)o.alpha;
-    lc.train_attn = !o.no_attn;
-    lc.train_mlp = !o.no_mlp;
-    lc.train_unembed = o.train_unembed;
-    lc.seed = (uint64_t)o.seed;
-    if (twk_trainer_new(model, o.full ? NULL : &lc, o.batch_tokens, &t) != TWK_OK) goto fail;
-    if (o.resume && twk_trainer_load_state(t, o.resume, 1) != TWK_OK) goto fail;
-    if (twk_mkdir_p(o.out, 0755) != TWK_OK) {
-        fprintf(stderr, "twinkle train: %s\n", twk_last_error());
-        goto out;
-    }
+    lc.rank = (int)o->rank;
+    lc.alpha = (float)o->alpha;
+    lc.train_attn = !o->no_attn;
+    lc.train_mlp = !o->no_mlp;
+    lc.train_unembed = o->train_unembed;
+    lc.seed = (uint64_t)o->seed;
+    if (twk_trainer_new(model, o->full ? NULL : &lc, o->batch_tokens, &t) != TWK_OK) goto fail;
+    if (o->resume && twk_trainer_load_state(t, o->resume, 1) != TWK_OK) goto fail;
+    if (me == 0 && twk_mkdir_p(o->out, 0755) != TWK_OK) goto fail;
     const twk_model_config *c = twk_model_cfg(model);
     long start = (long)twk_trainer_step(t);
-    printf("twinkle train: %s (%d layers, hidden %d, vocab %d), %s, %lld examples / %lld target tokens, "
-           "batches of <= %ld tokens%s\n",
-           c->arch_name, c->layers, c->hidden, c->vocab, o.full ? "full fine-tuning" : "LoRA",
-           (long long)twk_dataset_count(data), (long long)twk_dataset_tokens(data), o.batch_tokens,
-           start ? " (resumed)" : "");
-    twk_adam_params ap = {(float)o.lr, (float)o.beta1, (float)o.beta2, (float)o.eps, (float)o.weight_decay,
-                          (float)o.grad_clip};
-    twk_loss_family fam = o.spec.def->family;
-    int group = o.spec.def->group;
-    if (fam == TWK_FAMILY_RL && twk_dataset_require(data, "advantages", o.data, o.loss) != TWK_OK) goto fail;
+    twk_adam_params ap = {(float)o->lr, (float)o->beta1, (float)o->beta2, (float)o->eps, (float)o->weight_decay,
+                          (float)o->grad_clip};
+    twk_loss_family fam = o->spec.def->family;
+    int group = o->spec.def->group;
+    if (fam == TWK_FAMILY_RL && twk_dataset_require(data, "advantages", o->data, o->loss) != TWK_OK) goto fail;
     if (fam == TWK_FAMILY_DISTILL) { /* the teacher scores every position of a sequence at once */
         twk_lora_config tl;
-        if (twk_model_load(o.teacher, dev, &teacher) != TWK_OK) goto fail;
+        if (twk_model_load(o->teacher, dev, &teacher) != TWK_OK) goto fail;
         if (twk_model_cfg(teacher)->vocab != c->vocab) {
-            twk_error(TWK_ERR_INVALID_ARG, "--teacher %s has vocabulary %d; the student's is %d", o.teacher,
+            twk_error(TWK_ERR_INVALID_ARG, "--teacher %s has vocabulary %d; the student's is %d", o->teacher,
                       twk_model_cfg(teacher)->vocab, c->vocab);
             goto fail;
         }
-        if (o.teacher_adapter && twk_adapter_read_config(o.teacher_adapter, &tl) != TWK_OK) goto fail;
+        if (o->teacher_adapter && twk_adapter_read_config(o->teacher_adapter, &tl) != TWK_OK) goto fail;
         /* the sampler scores max_seqs positions per pass: as many as 1 GiB of KV cache allows, up to 16 */
         const twk_model_config *tc = twk_model_cfg(teacher);
         int64_t len = twk_dataset_max_targets(data) + 1;
         double row_bytes = 8.0 * tc->layers * tc->kv_heads * tc->head_dim; /* k and v, f32 */
         int seqs = (int)fmin(16.0, fmax(1.0, (double)(1 << 30) / (row_bytes * (double)len)));
-        if (twk_sampler_new(teacher, o.teacher_adapter ? &tl : NULL, seqs, len, &tsampler) !=
+        if (twk_sampler_new(teacher, o->teacher_adapter ? &tl : NULL, seqs, len, &tsampler) !=
                 TWK_OK ||
-            (o.teacher_adapter && twk_sampler_load_adapter(tsampler, o.teacher_adapter) != TWK_OK))
+            (o->teacher_adapter && twk_sampler_load_adapter(tsampler, o->teacher_adapter) != TWK_OK))
             goto fail;
     }
     if (twk_dataset_count(data) % group) {
-        twk_error(TWK_ERR_INVALID_ARG, "--loss %s: %s has %lld lines; pairs (chosen, rejected) need an even count", o.loss,
-                  o.data, (long long)twk_dataset_count(data));
+        twk_error(TWK_ERR_INVALID_ARG, "--loss %s: %s has %lld lines; pairs (chosen, rejected) need an even count", o->loss,
+                  o->data, (long long)twk_dataset_count(data));
         goto fail;
     }
-    /* the data position follows from the step: packing is deterministic */
+    /* the data position follows from the step: packing is deterministic (and the same on every rank) */
     int64_t cursor = 0;
     for (long s = 0; s < start; s++)
-        if (twk_dataset_pack_groups(data, o.batch_tokens, group, &cursor, &packed) != TWK_OK) goto fail;
-    int tty = isatty(1);
-    double t0 = twk_now(), tokens = 0, first = -1, loss_avg = 0;
-    for (long s = start + 1; s <= o.steps; s++) {
-        if (twk_dataset_pack_groups(data, o.batch_tokens, group, &cursor, &packed) != TWK_OK) goto fail;
+        if (twk_dataset_pack_groups(data, o->batch_tokens, group, &cursor, &packed) != TWK_OK) goto fail;
+    if (twk_dist_first_failure(TWK_OK) >= 0) goto stop; /* another rank failed to start */
+    if (me == 0)
+        printf("twinkle train: %s (%d layers, hidden %d, vocab %d), %s, %lld examples / %lld target tokens, "
+               "batches of <= %ld tokens%s",
+               c->arch_name, c->layers, c->hidden, c->vocab, o->full ? "full fine-tuning" : "LoRA",
+               (long long)twk_dataset_count(data), (long long)twk_dataset_tokens(data), o->batch_tokens,
+               start ? " (resumed)" : "");
+    if (me == 0 && nr > 1) /* the CPU backend's pool size: cores / local ranks unless set */
+        printf(", %d ranks (%d on this machine, TWK_THREADS=%s)", nr, twk_dist_local_size(),
+               getenv("TWK_THREADS") ? getenv("TWK_THREADS") : "all cores");
+    if (me == 0) printf("\n");
+    double t0 = twk_now(), tokens = 0, first = -1, loss_avg = 0, reduce_s = 0;
+    twk_dist_stats ds = {0, 0, 0};
+    for (long s = start + 1; s <= o->steps; s++) {
+        if (twk_dataset_pack_groups(data, o->batch_tokens, group, &cursor, &packed) != TWK_OK) goto fail;
+        int s0 = 0, s1 = packed.n_seqs;
+        twk_train_shard(&packed, group, me, nr, &s0, &s1);
+        snprintf(where, sizeof where, " (step %ld, sequences %d..%d of %d)", s, s0, s1 - 1, packed.n_seqs);
         twk_loss_result res;
-        if (twk_train_step(t, &o.spec, &packed, tsampler, (int)o.topk, &res) != TWK_OK) goto fail;
-        loss_avg = res.mean;
+        memset(&res, 0, sizeof res);
+        if (s1 > s0 && twk_train_step(t, &o->spec, &packed, s0, s1, tsampler, (int)o->topk, &res) != TWK_OK) goto fail;
+        /* every rank's step succeeded before any gradient is summed: a failure never leaves a rank waiting */
+        if (twk_dist_first_failure(TWK_OK) >= 0) goto stop;
+        if (twk_dist_sum_grads(t, (size_t)(o->bucket_mb * 1048576.0), &ds) != TWK_OK) goto fail;
+        reduce_s += ds.seconds;
+        double sums[2] = {res.loss, res.values[2]};
+        twk_dist_sum_f64(sums, 2);
+        loss_avg = nr == 1 ? res.mean : sums[1] != 0 ? sums[0] / sums[1] : sums[0];
         if (twk_trainer_optim_step(t, &ap, NULL) != TWK_OK) goto fail;
         if (first < 0) first = loss_avg;
         tokens += (double)packed.batch.n;
-        progress(s, o.steps, loss_avg, tokens / (twk_now() - t0), tty);
-        if (o.save_every && s % o.save_every == 0 && s < o.steps) {
+        if (me == 0) progress(s, o->steps, loss_avg, tokens / (twk_now() - t0), tty);
+        if (me == 0 && o->save_every && s % o->save_every == 0 && s < o->steps) {
             char dir[4200];
-            snprintf(dir, sizeof dir, "%s/step-%ld", o.out, s);
-            if (twk_trainer_save_state(t, dir, o.model) != TWK_OK) goto fail;
+            snprintf(dir, sizeof dir, "%s/step-%ld", o->out, s);
+            if (twk_trainer_save_state(t, dir, o->model) != TWK_OK) goto fail;
             printf("%ssaved %s\n", tty ? "\n" : "", dir);
         }
+        if (twk_dist_first_failure(TWK_OK) >= 0) goto stop; /* the step and rank 0's checkpoint */
+        where[0] = 0;
     }
     char dir[4200];
-    snprintf(dir, sizeof dir, "%s/final", o.out);
-    if (twk_trainer_save_state(t, dir, o.model) != TWK_OK) goto fail;
-    printf("%sloss %.4f -> %.4f; saved %s\n", tty ? "\n" : "", first, loss_avg, dir);
+    snprintf(dir, sizeof dir, "%s/final", o->out);
+    if (me == 0 && twk_trainer_save_state(t, dir, o->model) != TWK_OK) goto fail;
+    if (twk_dist_first_failure(TWK_OK) >= 0) goto stop;
+    int differ = twk_dist_params_differ(t);
+    if (differ != -1) {
+        if (me == 0) fprintf(stderr, "twinkle train: rank %d's parameters differ from rank 0's after the last step\n", differ);
+        goto stop;
+    }
+    if (me == 0) {
+        printf("%sloss %.4f -> %.4f; saved %s\n", tty ? "\n" : "", first, loss_avg, dir);
+        long steps = o->steps - start;
+        if (nr > 1 && steps > 0)
+            printf("ranks %d: gradient allreduce %.2f ms/step (%lld bytes in %d buckets of <= %g MB), "
+                   "0%% overlapped with the backward\n",
+                   nr, 1e3 * reduce_s / (double)steps, (long long)ds.bytes, ds.buckets, o->bucket_mb);
+    }
     rc = 0;
     goto out;
 fail:
-    fprintf(stderr, "%stwinkle train: %s\n", isatty(1) ? "\n" : "", twk_last_error());
+    /* the failing rank meets the others at their next agreement; the lowest failing rank speaks */
+    if (twk_dist_first_failure(TWK_ERR_STATE) == me) {
+        if (nr > 1) fprintf(stderr, "%stwinkle train: rank %d of %d%s: %s\n", tty ? "\n" : "", me, nr, where, twk_last_error());
+        else fprintf(stderr, "%stwinkle train: %s\n", tty ? "\n" : "", twk_last_error());
+    }
+stop:
+    rc = 1;
 out:
     twk_packed_free(&packed);
     twk_sampler_free(tsampler);
@@ -281,5 +345,19 @@ out:
     twk_dataset_free(data);
     twk_model_free(model);
     twk_device_close(dev);
+    return rc;
+}
+
+int twk_cmd_train(int argc, char **argv) {
+    train_opts o;
+    if (!parse(argc, argv, &o)) return 2;
+    twk_dist_init(&argc, &argv);
+    if (twk_dist_launched_size() > twk_dist_size()) { /* N copies would each train alone, into one --out */
+        fprintf(stderr, "twinkle train: started as one of %d ranks, but this twinkle was built without MPI "
+                        "(TWK_MPI=OFF); rebuild with MPI or run one process\n", twk_dist_launched_size());
+        return 2;
+    }
+    int rc = splits_across_ranks(&o) ? train(&o) : 2;
+    twk_dist_finalize();
     return rc;
 }

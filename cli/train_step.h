@@ -6,11 +6,18 @@
 
 #include "twinkle/twinkle.h"
 
-/* Runs loss `spec` on packed batch pk: the gradient accumulates in the
+/* The share of packed batch pk that rank `rank` of `size` trains on:
+ * sequences [*s0, *s1), whole groups of `group` (pairs for DPO), contiguous,
+ * the boundaries at the group starts nearest each rank's even share of the
+ * tokens. May be empty (*s0 == *s1) when there are fewer groups than ranks;
+ * on OOM every rank's share is empty. */
+void twk_train_shard(const twk_packed *pk, int group, int rank, int size, int *s0, int *s1);
+
+/* Runs loss `spec` on sequences [s0, s1) of packed batch pk (s0 < s1): the gradient accumulates in the
  * trainer, res gets the loss and its metrics. teacher (distillation only):
  * a sampler holding max_len tokens that scores the top-k next tokens at
  * every position. Errors from the loss step or the teacher. */
-twk_status twk_train_step(twk_trainer *t, const twk_loss_spec *spec, const twk_packed *pk, twk_sampler *teacher, int k,
-                          twk_loss_result *res);
+twk_status twk_train_step(twk_trainer *t, const twk_loss_spec *spec, const twk_packed *pk, int s0, int s1,
+                          twk_sampler *teacher, int k, twk_loss_result *res);
 
 #endif

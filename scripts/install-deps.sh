@@ -16,6 +16,8 @@ libhttp-parser-dev
 libprotobuf-c-dev
 protobuf-c-compiler
 libsqlite3-dev
+mpich
+libmpich-dev
 python3-venv
 python3-torch
 ocl-icd-opencl-dev

@@ -700,6 +700,12 @@ twk_status twk_trainer_get_grad(twk_trainer *t, const char *name, float *dst, in
     return TWK_OK;
 }
 
+float *twk_trainer_grad_data(twk_trainer *t, int i, int64_t *nelem) {
+    int ok = t && i >= 0 && i < t->n_tp && t->tp[i].acc;
+    if (nelem) *nelem = ok ? t->tp[i].nb->nelem : 0;
+    return ok ? t->tp[i].acc : NULL;
+}
+
 void twk_trainer_zero_grad(twk_trainer *t) {
     for (int i = 0; t && i < t->n_tp; i++)
         if (t->tp[i].acc) memset(t->tp[i].acc, 0, (size_t)t->tp[i].nb->nelem * 4);

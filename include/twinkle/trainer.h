@@ -55,6 +55,11 @@ twk_status twk_trainer_get(twk_trainer *t, const char *name, float *dst, int64_t
 twk_status twk_trainer_set(twk_trainer *t, const char *name, const float *src, int64_t nelem);
 twk_status twk_trainer_get_grad(twk_trainer *t, const char *name, float *dst, int64_t nelem);
 void twk_trainer_zero_grad(twk_trainer *t);
+/* The i-th trainable tensor's accumulated gradient on the host, writable in
+ * place (e.g. to sum it across data-parallel ranks before the optimizer step);
+ * valid until the trainer is freed. NULL (and *nelem 0) for a bad index or a
+ * sampler, which has no gradients. */
+float *twk_trainer_grad_data(twk_trainer *t, int i, int64_t *nelem);
 
 /* The adapter's configuration, or NULL for full-parameter training. */
 const twk_lora_config *twk_trainer_lora(const twk_trainer *t);

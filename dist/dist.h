@@ -1,0 +1,63 @@
+/* twinkle — data-parallel ranks: one API over MPI (dist_mpi.c, built when
+ * TWK_MPI is on) or over a single process (dist_single.c), so callers never
+ * test for MPI. Without mpirun (or built without MPI) the process is rank 0
+ * of 1 and every collective is the identity.
+ *
+ * Thread-safety: call from the thread that called twk_dist_init only. */
+#ifndef TWK_DIST_H
+#define TWK_DIST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "twinkle/twinkle.h"
+
+/* The rank count a process manager (mpirun / mpiexec, srun) announced in the
+ * environment, read without starting MPI; 0 when none launched this process. */
+int twk_dist_launched_size(void);
+
+/* Starts the rank (MPI_Init, only when a process manager launched this
+ * process: otherwise it stays rank 0 of 1 without MPI) and, when TWK_THREADS is unset and several ranks
+ * share this machine, sets TWK_THREADS = cores / local ranks (at least 1) so
+ * CPU ranks split the cores. Idempotent; never fails (MPI errors abort the
+ * job). */
+void twk_dist_init(int *argc, char ***argv);
+/* Ends the rank (MPI_Finalize); after it no collective may be called. */
+void twk_dist_finalize(void);
+/* This process's rank, the number of ranks, and the same within this machine. */
+int twk_dist_rank(void);
+int twk_dist_size(void);
+int twk_dist_local_rank(void);
+int twk_dist_local_size(void);
+
+/* Agreement: every rank passes its status; returns the lowest rank whose
+ * status was not TWK_OK, or -1 when all succeeded. A collective: every rank
+ * must call it at the same point, which is what keeps a failing rank from
+ * leaving the others waiting in a later collective. */
+int twk_dist_first_failure(twk_status st);
+
+/* Sums n doubles across ranks in place (every rank gets the same values). */
+void twk_dist_sum_f64(double *v, int n);
+
+/* What the last gradient reduction did. */
+typedef struct twk_dist_stats {
+    double seconds;   /* wall time of the reduction on this rank */
+    int64_t bytes;    /* gradient bytes reduced (per rank) */
+    int buckets;      /* buckets sent */
+} twk_dist_stats;
+
+/* Sums the trainer's accumulated gradients across ranks in buckets of
+ * bucket_bytes (a reduce-scatter then an allgather per bucket, so every rank
+ * ends with the same bits). TWK_ERR_OOM when a bucket cannot be allocated;
+ * stats may be NULL. With one rank it returns at once. */
+twk_status twk_dist_sum_grads(twk_trainer *t, size_t bucket_bytes, twk_dist_stats *stats);
+
+/* FNV-1a over every trainable tensor's value; the lowest rank whose hash
+ * differs from rank 0's, or -1 when all agree (-2 when a download failed). */
+int twk_dist_params_differ(twk_trainer *t);
+
+/* Ends every rank of the job at once with exit code `code` (MPI_Abort);
+ * without MPI, exit(code). For fatal paths where agreement is impossible. */
+void twk_dist_abort(int code);
+
+#endif

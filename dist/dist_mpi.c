@@ -1,0 +1,146 @@
+/* twk_dist over MPI (MPICH): ranks, node-local ranks, agreement, and the
+ * bucketed gradient sum. The only file that includes mpi.h. */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dist.h"
+
+static int g_init, g_rank, g_size = 1, g_local_rank, g_local_size = 1;
+
+void twk_dist_init(int *argc, char ***argv) {
+    /* not started by a process manager: one rank, and MPI stays out of the process */
+    if (g_init || twk_dist_launched_size() == 0) return;
+    int already = 0;
+    MPI_Initialized(&already);
+    if (!already) MPI_Init(argc, argv);
+    g_init = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    MPI_Comm local;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_rank, MPI_INFO_NULL, &local);
+    MPI_Comm_rank(local, &g_local_rank);
+    MPI_Comm_size(local, &g_local_size);
+    MPI_Comm_free(&local);
+    if (g_local_size > 1 && !getenv("TWK_THREADS")) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        char v[32];
+        snprintf(v, sizeof v, "%ld", cores / g_local_size > 1 ? cores / g_local_size : 1);
+        setenv("TWK_THREADS", v, 1);
+    }
+}
+
+void twk_dist_finalize(void) {
+    int done = 0;
+    if (!g_init) return;
+    MPI_Finalized(&done);
+    if (!done) MPI_Finalize();
+}
+
+int twk_dist_rank(void) { return g_rank; }
+int twk_dist_size(void) { return g_size; }
+int twk_dist_local_rank(void) { return g_local_rank; }
+int twk_dist_local_size(void) { return g_local_size; }
+
+int twk_dist_first_failure(twk_status st) {
+    if (g_size == 1) return st == TWK_OK ? -1 : 0;
+    int mine = st == TWK_OK ? g_size : g_rank, first = g_size;
+    MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    return first == g_size ? -1 : first;
+}
+
+void twk_dist_sum_f64(double *v, int n) {
+    if (g_size > 1 && n > 0) MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+}
+
+/* One bucket: a reduce-scatter gives each rank the sum of its slice (summed
+ * once, by one rank), the allgather hands every rank the same sums. n is a
+ * multiple of the rank count. */
+static void reduce_bucket(float *buf, float *slice, int64_t n) {
+    int per = (int)(n / g_size);
+    MPI_Reduce_scatter_block(buf, slice, per, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allgather(slice, per, MPI_FLOAT, buf, per, MPI_FLOAT, MPI_COMM_WORLD);
+}
+
+twk_status twk_dist_sum_grads(twk_trainer *t, size_t bucket_bytes, twk_dist_stats *stats) {
+    twk_dist_stats s = {0, 0, 0};
+    if (stats) *stats = s;
+    if (g_size == 1) return TWK_OK;
+    double t0 = MPI_Wtime();
+    int64_t cap = (int64_t)(bucket_bytes / sizeof(float));
+    cap -= cap % g_size;
+    if (cap < g_size) cap = g_size;
+    float *buf = twk_host_alloc((size_t)cap * sizeof(float), "gradient bucket");
+    float *slice = twk_host_alloc((size_t)(cap / g_size) * sizeof(float), "gradient bucket slice");
+    if (!buf || !slice) {
+        twk_host_free(buf);
+        twk_host_free(slice);
+        return twk_error(TWK_ERR_OOM, "gradient allreduce: no memory for a %lld-byte bucket", (long long)cap * 4);
+    }
+    /* tensors are laid end to end into buckets: pack one, reduce it, unpack it */
+    int n = twk_trainer_param_count(t), pi = 0, ui = 0;
+    int64_t poff = 0, uoff = 0;
+    for (;;) {
+        int64_t fill = 0;
+        while (fill < cap && pi < n) {
+            int64_t ne = 0;
+            float *g = twk_trainer_grad_data(t, pi, &ne);
+            int64_t take = ne - poff < cap - fill ? ne - poff : cap - fill;
+            if (take > 0) memcpy(buf + fill, g + poff, (size_t)take * sizeof(float));
+            fill += take;
+            poff += take;
+            if (poff == ne) pi++, poff = 0;
+        }
+        if (fill == 0) break;
+        int64_t padded = (fill + g_size - 1) / g_size * g_size;
+        memset(buf + fill, 0, (size_t)(padded - fill) * sizeof(float));
+        reduce_bucket(buf, slice, padded);
+        s.buckets++;
+        s.bytes += fill * (int64_t)sizeof(float);
+        for (int64_t at = 0; at < fill;) {
+            int64_t une = 0;
+            float *ug = twk_trainer_grad_data(t, ui, &une);
+            int64_t k = une - uoff < fill - at ? une - uoff : fill - at;
+            if (k > 0) memcpy(ug + uoff, buf + at, (size_t)k * sizeof(float));
+            at += k;
+            uoff += k;
+            if (uoff == une) ui++, uoff = 0;
+        }
+    }
+    twk_host_free(buf);
+    twk_host_free(slice);
+    s.seconds = MPI_Wtime() - t0;
+    if (stats) *stats = s;
+    return TWK_OK;
+}
+
+int twk_dist_params_differ(twk_trainer *t) {
+    if (g_size == 1) return -1;
+    uint64_t h = 1469598103934665603ull;
+    int ok = 1;
+    for (int i = 0; ok && i < twk_trainer_param_count(t); i++) {
+        int64_t ne = 0;
+        const char *name = twk_trainer_param_name(t, i, &ne);
+        float *v = twk_host_alloc((size_t)(ne ? ne : 1) * sizeof(float), "parameter hash");
+        ok = v && twk_trainer_get(t, name, v, ne) == TWK_OK;
+        const unsigned char *p = (const unsigned char *)v;
+        for (size_t k = 0; ok && k < (size_t)ne * sizeof(float); k++) h = (h ^ p[k]) * 1099511628211ull;
+        twk_host_free(v);
+    }
+    if (twk_dist_first_failure(ok ? TWK_OK : TWK_ERR_BACKEND) >= 0) return -2;
+    uint64_t *all = malloc((size_t)g_size * sizeof *all);
+    if (!all) twk_dist_abort(1);
+    MPI_Allgather(&h, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, MPI_COMM_WORLD);
+    int differ = -1;
+    for (int r = 1; r < g_size && differ < 0; r++)
+        if (all[r] != all[0]) differ = r;
+    free(all);
+    return differ;
+}
+
+void twk_dist_abort(int code) {
+    if (g_init && g_size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+    exit(code);
+}

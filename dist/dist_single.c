@@ -1,0 +1,30 @@
+/* twk_dist without MPI: one rank, every collective the identity. */
+#include <stdlib.h>
+
+#include "dist.h"
+
+void twk_dist_init(int *argc, char ***argv) {
+    (void)argc;
+    (void)argv;
+}
+void twk_dist_finalize(void) {}
+int twk_dist_rank(void) { return 0; }
+int twk_dist_size(void) { return 1; }
+int twk_dist_local_rank(void) { return 0; }
+int twk_dist_local_size(void) { return 1; }
+int twk_dist_first_failure(twk_status st) { return st == TWK_OK ? -1 : 0; }
+void twk_dist_sum_f64(double *v, int n) {
+    (void)v;
+    (void)n;
+}
+twk_status twk_dist_sum_grads(twk_trainer *t, size_t bucket_bytes, twk_dist_stats *stats) {
+    (void)t;
+    (void)bucket_bytes;
+    if (stats) *stats = (twk_dist_stats){0, 0, 0};
+    return TWK_OK;
+}
+int twk_dist_params_differ(twk_trainer *t) {
+    (void)t;
+    return -1;
+}
+void twk_dist_abort(int code) { exit(code); }
