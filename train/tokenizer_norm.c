@@ -145,12 +145,21 @@ oom:
     return 0;
 }
 
-/* Whether NFC / NFKC leave s unchanged for certain: every character below U+0300 (NFC) or
- * ASCII (NFKC, NFD, NFKD). */
+/* Whether the form leaves s unchanged for certain: NFC / NFKC when no character carries the
+ * table's "unstable" flag for it (see unicode_gen.py), NFD / NFKD for ASCII. */
 static int form_identity(int form, const char *s, size_t n) {
-    if (form != TWK_NFC) return is_ascii(s, n);
-    for (size_t i = 0; i < n; i++)
-        if ((unsigned char)s[i] >= 0xCC) return 0;
+    if (form == TWK_NFD || form == TWK_NFKD) return is_ascii(s, n);
+    uint8_t flag = form == TWK_NFC ? TWK_UC_NFC_UNSTABLE : TWK_UC_NFKC_UNSTABLE;
+    for (size_t i = 0; i < n;) {
+        if ((unsigned char)s[i] < 0x80) {
+            i++;
+            continue;
+        }
+        uint32_t cp;
+        int k = twk_uc_utf8_next((const unsigned char *)s + i, n - i, &cp);
+        if (k <= 0 || (twk_uc_props(cp) & flag)) return 0;
+        i += (size_t)k;
+    }
     return 1;
 }
 

@@ -19,7 +19,7 @@ static int range_find(const twk_uc_range *r, int n, uint32_t cp) {
 
 int twk_uc_category(uint32_t cp) {
     if (cp > 0x10FFFF) return TWK_UC_CN;
-    return range_find(twk_uc_cat, twk_uc_n_cat, cp);
+    return twk_uc_props(cp) & 31;
 }
 
 int twk_uc_is_letter(uint32_t cp) {

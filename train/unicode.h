@@ -27,11 +27,18 @@ enum {
 };
 
 extern const char twk_uc_version[];
-extern const twk_uc_range twk_uc_cat[], twk_uc_ccc[];
-extern const int twk_uc_n_cat, twk_uc_n_ccc, twk_uc_n_canon, twk_uc_n_compat, twk_uc_n_comp;
+extern const twk_uc_range twk_uc_ccc[];
+extern const int twk_uc_n_ccc, twk_uc_n_canon, twk_uc_n_compat, twk_uc_n_comp;
 extern const uint32_t twk_uc_pool[];
 extern const twk_uc_decomp twk_uc_canon[], twk_uc_compat[];
 extern const twk_uc_pair twk_uc_comp[];
+extern const uint16_t twk_uc_block_index[];
+extern const uint8_t twk_uc_blocks[];
+
+enum { TWK_UC_NFC_UNSTABLE = 0x20, TWK_UC_NFKC_UNSTABLE = 0x40 };
+
+/* The byte of code point cp (< 0x110000) in the two-level table: category | TWK_UC_*_UNSTABLE. */
+static inline uint8_t twk_uc_props(uint32_t cp) { return twk_uc_blocks[twk_uc_block_index[cp >> 8] * 256 + (cp & 255)]; }
 
 /* General category of a code point (TWK_UC_CN beyond the tables). */
 int twk_uc_category(uint32_t cp);

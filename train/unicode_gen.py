@@ -7,7 +7,11 @@
 Unicode 16.0 because that is the version of the Oniguruma inside the `tokenizers` library (0.23),
 whose regexes (\p{L}, \p{N}) the pre-tokenizers use: checked over every code point by
 tests/tokenizer/make_encode_fixtures.py. The version is recorded as twk_uc_version. They hold:
-  - the general category of every code point, as ranges (start, category);
+  - the general category of every code point, in a two-level
+    table (256-code-point blocks, identical blocks shared) of a byte per code point: the
+    category, | 0x20 when NFC may change a string holding it (canonical combining class not 0,
+    NFC of the character not itself, or the second character of a primary composite), | 0x40
+    the same for NFKC. A string of characters without the flag is its own NFC / NFKC;
   - the canonical combining class, as ranges (start, class);
   - the full canonical (NFD) and compatibility (NFKD) decomposition of every code point whose
     decomposition differs from itself, Hangul syllables excluded (they are algorithmic);
@@ -34,7 +38,6 @@ def ranges(f):
 
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
-    cat = ranges(lambda cp: CATS.index(ud.category(chr(cp))))
     ccc = ranges(lambda cp: ud.combining(chr(cp)))
     pool, canon, compat, comp = [], [], [], []
     index = {}
@@ -73,8 +76,6 @@ def main():
             o.append("    " + ", ".join(items[i:i + per]) + ",")
         o.append("};")
 
-    arr("const twk_uc_range twk_uc_cat[%d]" % len(cat), ["{0x%X, %d}" % r for r in cat])
-    o.append("const int twk_uc_n_cat = %d;" % len(cat))
     arr("const twk_uc_range twk_uc_ccc[%d]" % len(ccc), ["{0x%X, %d}" % r for r in ccc])
     o.append("const int twk_uc_n_ccc = %d;" % len(ccc))
     arr("const uint32_t twk_uc_pool[%d]" % len(pool), ["0x%X" % c for c in pool], 12)
@@ -84,6 +85,28 @@ def main():
     o.append("const int twk_uc_n_compat = %d;" % len(compat))
     arr("const twk_uc_pair twk_uc_comp[%d]" % len(comp), ["{0x%XULL, 0x%X}" % r for r in comp], 4)
     o.append("const int twk_uc_n_comp = %d;" % len(comp))
+    second = {key & 0x1FFFFF for key, _ in comp} | set(range(0x1161, 0x1176)) | set(range(0x11A8, 0x11C3))
+    cells = []
+    for cp in range(0x110000):
+        ch = chr(cp)
+        v = CATS.index(ud.category(ch))
+        if not 0xD800 <= cp < 0xE000:
+            unstable = ud.combining(ch) != 0 or cp in second
+            if unstable or ud.normalize("NFC", ch) != ch:
+                v |= 0x20
+            if unstable or ud.normalize("NFKC", ch) != ch:
+                v |= 0x40
+        cells.append(v)
+    blocks, index = [], []
+    seen = {}
+    for b in range(0x1100):
+        blk = tuple(cells[b * 256:(b + 1) * 256])
+        if blk not in seen:
+            seen[blk] = len(blocks)
+            blocks.append(blk)
+        index.append(seen[blk])
+    arr("const uint16_t twk_uc_block_index[%d]" % len(index), ["%d" % i for i in index], 16)
+    arr("const uint8_t twk_uc_blocks[%d]" % (256 * len(blocks)), ["%d" % v for blk in blocks for v in blk], 24)
     with open(os.path.join(here, "unicode_data.c"), "w") as f:
         f.write("\n".join(o) + "\n")
 

@@ -283,12 +283,12 @@ def check_unicode_tables():
     """\\p{L}, \\p{N}, \\s of the library's regex engine against train/unicode_data.c's tables."""
     src = open(os.path.join(ROOT, "train", "unicode_data.c"), encoding="utf-8").read()
     ver = re.search(r'twk_uc_version\[\] = "([^"]+)"', src).group(1)
-    body = src[src.index("twk_uc_cat["):src.index("twk_uc_n_cat")]
-    rng = [(int(a, 16), int(b)) for a, b in re.findall(r"\{0x([0-9A-F]+), (\d+)\}", body)]
-    cat = [0] * 0x110000
-    for i, (s, v) in enumerate(rng):
-        e = rng[i + 1][0] if i + 1 < len(rng) else 0x110000
-        cat[s:e] = [v] * (e - s)
+    def table(name):
+        body = src[src.index(name + "["):]
+        body = body[body.index("{") + 1:body.index("}")]
+        return [int(x) for x in body.replace(",", " ").split()]
+    index, blocks = table("twk_uc_block_index"), table("twk_uc_blocks")
+    cat = [blocks[index[c >> 8] * 256 + (c & 255)] & 31 for c in range(0x110000)]
     s = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000)
     for name, neg, lo, hi in (("L", r"[^\p{L}]+", 1, 5), ("N", r"[^\p{N}]+", 9, 11)):
         got = set()
