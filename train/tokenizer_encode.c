@@ -892,3 +892,4 @@ twk_status twk_tokenizer_encode(const twk_tokenizer *t, const char *text, size_t
     *n = (int64_t)c.out.n;
     return TWK_OK;
 }
+

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Build the tokenizer fixtures for tests/test_tokenizer.c (decode of Hugging Face tokenizer.json).
 
-    /work/venvs/parity/bin/python tests/tokenizer/make_fixtures.py
+    python3 -m venv /tmp/venv-tok && /tmp/venv-tok/bin/pip install -r tests/tokenizer/requirements.txt
+    /tmp/venv-tok/bin/python tests/tokenizer/make_fixtures.py
 
-Needs the `tokenizers` library (0.23 was used). Writes, next to this script:
+Needs the `tokenizers` library (0.23.3, pinned in requirements.txt). Then run
+make_encode_fixtures.py, which encodes its corpus with these four too. Writes, next to this script:
 
   bytelevel/tokenizer.json  GPT-2 / Qwen2 style byte-level BPE trained here on the built-in
                             multilingual text: NFC normalizer, Qwen2's Split regex + ByteLevel
