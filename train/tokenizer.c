@@ -53,6 +53,19 @@ int twk_tok_buf_add(buf_t *b, const void *p, size_t n) {
     return 1;
 }
 
+int twk_tok_grow(void *pv, size_t n, size_t *cap, size_t size) {
+    if (n < *cap) return 1;
+    void *p;
+    memcpy(&p, pv, sizeof p);
+    size_t c = *cap ? 2 * *cap : 16;
+    if (c > SIZE_MAX / size) return 0;
+    void *q = realloc(p, c * size);
+    if (!q) return 0;
+    memcpy(pv, &q, sizeof q);
+    *cap = c;
+    return 1;
+}
+
 /* A short printable form of a token for messages: escapes, cut at 48 bytes. */
 const char *twk_tok_qs(const char *s, size_t n, char *out, size_t cap) {
     size_t o = 0;
@@ -668,13 +681,7 @@ typedef struct {
 } plist;
 
 static int pl_push(plist *p, const char *s, size_t n) {
-    if (p->n == p->cap) {
-        size_t cap = p->cap ? 2 * p->cap : 16;
-        size_t *st = realloc(p->st, cap * sizeof *st);
-        if (!st) return 0;
-        p->st = st;
-        p->cap = cap;
-    }
+    if (!twk_tok_grow(&p->st, p->n, &p->cap, sizeof *p->st)) return 0;
     p->st[p->n++] = p->b.len;
     return twk_tok_buf_add(&p->b, s, n);
 }

@@ -87,13 +87,7 @@ typedef struct {
 } ids_t;
 
 static int ids_push(ids_t *a, int32_t x) {
-    if (a->n == a->cap) {
-        size_t cap = a->cap ? 2 * a->cap : 256;
-        int32_t *v = realloc(a->v, cap * sizeof *v);
-        if (!v) return 0;
-        a->v = v;
-        a->cap = cap;
-    }
+    if (!twk_tok_grow(&a->v, a->n, &a->cap, sizeof *a->v)) return 0;
     a->v[a->n++] = x;
     return 1;
 }
@@ -118,13 +112,7 @@ typedef struct {
 
 static int pc_push(pieces *l, const char *s, size_t n, int first) {
     if (!n) return 1; /* the library drops empty splits */
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? 2 * l->cap : 64;
-        piece *p = realloc(l->p, cap * sizeof *p);
-        if (!p) return 0;
-        l->p = p;
-        l->cap = cap;
-    }
+    if (!twk_tok_grow(&l->p, l->n, &l->cap, sizeof *l->p)) return 0;
     l->p[l->n++] = (piece){l->b.len, n, first};
     return twk_tok_buf_add(&l->b, s, n);
 }
@@ -525,13 +513,7 @@ static int heap_less(const heap_ent *a, const heap_ent *b) {
 }
 
 static int heap_push(ctx *c, uint32_t rank, uint32_t pos, int32_t id) {
-    if (c->heap_n == c->heap_cap) {
-        size_t cap = c->heap_cap ? 2 * c->heap_cap : 64;
-        heap_ent *h = realloc(c->heap, cap * sizeof *h);
-        if (!h) return 0;
-        c->heap = h;
-        c->heap_cap = cap;
-    }
+    if (!twk_tok_grow(&c->heap, c->heap_n, &c->heap_cap, sizeof *c->heap)) return 0;
     size_t i = c->heap_n++;
     heap_ent x = {rank, pos, id};
     while (i > 0 && heap_less(&x, &c->heap[(i - 1) / 2])) {
@@ -568,14 +550,11 @@ static int push_pair(ctx *c, int32_t a) {
 }
 
 static int sym_add(ctx *c, size_t *n, int32_t id) {
-    if (*n == c->sym_cap) {
-        size_t cap = c->sym_cap ? 2 * c->sym_cap : 64;
-        int32_t *a = realloc(c->sym, cap * sizeof *a), *b = a ? realloc(c->prev, cap * sizeof *b) : NULL,
-                *d = b ? realloc(c->next, cap * sizeof *d) : NULL;
-        if (a) c->sym = a;
-        if (b) c->prev = b;
-        if (d) c->next = d;
-        if (!d) return 0;
+    if (*n == c->sym_cap) { /* three arrays of one capacity */
+        size_t cap = c->sym_cap, c2 = cap, c3 = cap;
+        if (!twk_tok_grow(&c->sym, *n, &cap, sizeof *c->sym) || !twk_tok_grow(&c->prev, *n, &c2, sizeof *c->prev) ||
+            !twk_tok_grow(&c->next, *n, &c3, sizeof *c->next))
+            return 0;
         c->sym_cap = cap;
     }
     c->sym[*n] = id;

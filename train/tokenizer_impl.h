@@ -79,6 +79,9 @@ typedef struct {
 /* Growable bytes (always NUL-terminated); 0 when out of memory. */
 int twk_tok_buf_reserve(buf_t *b, size_t extra);
 int twk_tok_buf_add(buf_t *b, const void *p, size_t n);
+/* Room for element n of the array *pv (a pointer to the array pointer; capacity *cap, elements
+ * of `size` bytes), doubling it when full; 0 when out of memory. */
+int twk_tok_grow(void *pv, size_t n, size_t *cap, size_t size);
 /* A short printable, escaped form of s for messages. */
 const char *twk_tok_qs(const char *s, size_t n, char *out, size_t cap);
 int twk_tok_get_int(const cJSON *v, double lo, double hi, double *out);

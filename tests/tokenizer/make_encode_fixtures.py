@@ -59,6 +59,9 @@ import sys
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_fixtures import train_sp  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
@@ -214,18 +217,7 @@ def bytelevel_tok(texts, split, norm, vocab_size, ignore_merges=False):
 
 
 def sp_tok(texts, variant, vocab_size=2000):
-    tmp = Tokenizer(models.BPE(unk_token="<unk>"))
-    tmp.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False, limit_alphabet=150)
-    tmp.train_from_iterator(texts, trainer)
-    m = json.loads(tmp.to_str())["model"]
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    for b in range(256):
-        vocab[f"<0x{b:02X}>"] = len(vocab)
-    for s, _ in sorted(m["vocab"].items(), key=lambda kv: kv[1]):
-        if s not in vocab:
-            vocab[s] = len(vocab)
-    merges = [tuple(x) if isinstance(x, list) else tuple(x.split(" ")) for x in m["merges"]]
+    vocab, merges = train_sp(texts, vocab_size, limit_alphabet=150)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                                      decoders.Strip(" ", 1, 0)])

@@ -258,15 +258,16 @@ def train_bytelevel():
     return tok
 
 
-def train_sp():
-    """Returns (vocab, merges) of a SentencePiece-style BPE with byte fallback."""
+def train_sp(texts=None, vocab_size=500, **trainer_kw):
+    """Returns (vocab, merges) of a SentencePiece-style BPE with byte fallback (also used by
+    make_encode_fixtures.py): <unk> <s> </s>, then <0x00>..<0xFF>, then the trained pieces."""
     tmp = Tokenizer(models.BPE(unk_token="<unk>"))
     tmp.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
-    # Latin, Greek and Cyrillic letters only: CJK and emoji fall back to <0xNN> byte tokens.
-    keep = [t for t in CORPUS if not any(ord(c) >= 0x3000 for c in t)]
-    trainer = trainers.BpeTrainer(vocab_size=500, min_frequency=2, show_progress=False,
-                                  special_tokens=[])
-    tmp.train_from_iterator(keep, trainer)
+    if texts is None:  # Latin, Greek and Cyrillic letters only: CJK and emoji fall back to <0xNN> byte tokens.
+        texts = [t for t in CORPUS if not any(ord(c) >= 0x3000 for c in t)]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
+                                  special_tokens=[], **trainer_kw)
+    tmp.train_from_iterator(texts, trainer)
     m = json.loads(tmp.to_str())["model"]
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
     for b in range(256):
