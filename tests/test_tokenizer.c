@@ -1,5 +1,11 @@
-/* train/tokenizer.c: decode of Hugging Face tokenizer.json files.
+/* train/tokenizer*.c: decode and encode of Hugging Face tokenizer.json files.
  *
+ * Encode: the corpus (tokenizer/corpus.bin.gz) through ten fixture tokenizers gives the ids of
+ * the `tokenizers` library (tokenizer/<name>/expected_ids.bin.gz, made by
+ * tokenizer/make_encode_fixtures.py), record by record, and decodes back to the text wherever
+ * the library round-trips it.
+ *
+ * Decode:
  * Replays tests/tokenizer/expected.json (made by tests/tokenizer/make_fixtures.py with the
  * `tokenizers` library): for a byte-level BPE (Qwen2 style), a SentencePiece-style BPE with
  * byte fallback and the Llama 2 decoder sequence (Metaspace pre-tokenizer, and the legacy
@@ -9,6 +15,7 @@
  * library's string with from_utf8_lossy. token_bytes agrees with decode; ids without a
  * token, malformed and unsupported files are refused naming the problem; random
  * mutations of a file never crash. */
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -562,7 +569,7 @@ static void mutations(void) {
     size_t bl = strlen(base);
     const char alpha[] = "{}[]\":,019-.e\\uab \x80\xe2";
     unsigned seed = 99;
-    int loaded = 0, crashed_msgs = 0;
+    int loaded = 0, encoded = 0, crashed_msgs = 0;
     char m[4200];
     for (int it = 0; it < 3000; it++) {
         memcpy(m, base, bl + 1);
@@ -596,9 +603,20 @@ static void mutations(void) {
             size_t n;
             if (!twk_tokenizer_decode(t, &id, 1, id & 1, &out, &n)) free(out);
         }
+        static const char text[] = " A x<pad><s>\xe2\x96\x81x \xe2\x82\xac\xff<s> ";
+        int32_t *ids = NULL;
+        int64_t n = 0;
+        twk_status es = twk_tokenizer_encode(t, text, sizeof text - 1, it & 1, &ids, &n);
+        if (es) {
+            crashed_msgs += !twk_last_error()[0];
+        } else {
+            encoded++;
+            free(ids);
+        }
         twk_tokenizer_free(t);
     }
-    check(!crashed_msgs, "3000 random mutations: no crash, %d loaded, every refusal has a message", loaded);
+    check(!crashed_msgs, "3000 random mutations: no crash, %d loaded (%d of them encode), every refusal has a message",
+          loaded, encoded);
 }
 
 /* ---- encoding --------------------------------------------------------------------------------- */
@@ -610,6 +628,44 @@ static void show_ids(const char *what, const int32_t *v, int64_t n, int64_t at) 
     printf("       %s:", what);
     for (int64_t i = at > 3 ? at - 3 : 0; i < n && i < at + 6; i++) printf("%s%d", i == at ? " [" : " ", v[i]);
     printf("%s (%lld ids)\n", at < n ? "]" : " [end]", (long long)n);
+}
+
+typedef struct {
+    const twk_tokenizer *t;
+    const tk_corpus *x;
+    int64_t from, step, same;
+} enc_job;
+
+static void *enc_thread(void *arg) {
+    enc_job *j = arg;
+    for (int64_t r = j->from; r < j->x->n; r += j->step) {
+        int32_t *ids;
+        int64_t n;
+        const char *text = j->x->data + j->x->off[r];
+        if (twk_tokenizer_encode(j->t, text, j->x->off[r + 1] - j->x->off[r], true, &ids, &n)) continue;
+        j->same += n == j->x->n_ids[r] && !memcmp(ids, j->x->ids[r], (size_t)n * sizeof *ids);
+        free(ids);
+    }
+    return NULL;
+}
+
+/* Four threads encode the corpus with one tokenizer at once (sharing its word cache). */
+static void encode_threads(const twk_tokenizer *t, const tk_corpus *x, const char *name) {
+    enum { NT = 4 };
+    pthread_t th[NT];
+    enc_job jobs[NT];
+    int started = 0;
+    for (int i = 0; i < NT; i++) {
+        jobs[i] = (enc_job){t, x, i, NT, 0};
+        started += !pthread_create(&th[i], NULL, enc_thread, &jobs[i]);
+    }
+    int64_t same = 0;
+    for (int i = 0; i < started; i++) {
+        pthread_join(th[i], NULL);
+        same += jobs[i].same;
+    }
+    check(started == NT && same == x->n, "%-9s encode from %d threads at once: %lld of %lld records identical", name,
+          NT, (long long)same, (long long)x->n);
 }
 
 /* Every record of the corpus through every fixture: ids equal the library's (add_special on),
@@ -676,6 +732,7 @@ static void encode_corpus(void) {
               (long long)same_ids, (long long)x.n, (long long)n_ids);
         check(rt_ok == rt_want, "%-9s decode(encode(x)) == x on %lld of the %lld records the library round-trips",
               name, (long long)rt_ok, (long long)rt_want);
+        if (!strcmp(name, "qwen2")) encode_threads(t, &x, name);
         twk_tokenizer_free(t);
         x.data = NULL, x.off = NULL;
         tk_corpus_free(&x);

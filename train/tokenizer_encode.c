@@ -21,6 +21,7 @@
 #include "unicode.h"
 
 #define ENC_MAX_PRE 16
+#define TOK_MAX_TEXT (1 << 30) /* bytes per call: symbol positions are int32 */
 #define CACHE_SLOTS (1 << 16)
 #define CACHE_MAX_WORD 256
 #define CACHE_MAX_BYTES (64u << 20)
@@ -847,6 +848,9 @@ twk_status twk_tokenizer_encode(const twk_tokenizer *t, const char *text, size_t
         return twk_error(TWK_ERR_INVALID_ARG, "twk_tokenizer_encode: NULL tokenizer/text/ids/n");
     *ids = NULL;
     *n = 0;
+    if (len > TOK_MAX_TEXT)
+        return twk_error(TWK_ERR_INVALID_ARG, "tokenizer encode: %zu bytes of text; at most %d at once", len,
+                         TOK_MAX_TEXT);
     tok_enc *e = t->enc;
     if (!e) return twk_error(TWK_ERR_OOM, "tokenizer encode: out of memory");
     if (e->err) return twk_error(e->err_code, "tokenizer encode: %s", e->err);

@@ -24,8 +24,8 @@
  * the caller decides what to do with a partial character. Where the library's output
  * is valid UTF-8, twinkle's bytes are identical to it.
  *
- * Thread-safety: a loaded twk_tokenizer is immutable; any number of threads may use it
- * at once. */
+ * Thread-safety: a loaded twk_tokenizer does not change (encode's word cache is guarded
+ * by a lock); any number of threads may use it at once. */
 #ifndef TWK_TOKENIZER_H
 #define TWK_TOKENIZER_H
 
@@ -81,7 +81,7 @@ twk_status twk_tokenizer_decode(const twk_tokenizer *t, const int32_t *ids, int6
  * Sequence (applied when add_special). *ids is malloc'd (free it; never NULL on success), *n its
  * count. Errors: TWK_ERR_UNSUPPORTED naming the part of the file the encoder lacks (decode
  * still works for such files), TWK_ERR_INVALID_ARG (NULL arguments, an unk_token missing from
- * the vocab), TWK_ERR_OOM. */
+ * the vocab, text longer than 1 GiB), TWK_ERR_OOM. */
 twk_status twk_tokenizer_encode(const twk_tokenizer *t, const char *text, size_t len, bool add_special, int32_t **ids,
                                 int64_t *n);
 
