@@ -491,7 +491,7 @@ static void cache_put(tok_enc *e, uint64_t h, const char *s, size_t n, const int
         e->cache_keys.len = 0;
         e->cache_nvals = 0;
     }
-    if (e->cache_nvals + nv > e->cache_capvals) {
+    if (!e->cache_vals || e->cache_nvals + nv > e->cache_capvals) {
         size_t cap = e->cache_capvals ? 2 * e->cache_capvals : 1 << 16;
         while (cap < e->cache_nvals + nv) cap *= 2;
         int32_t *nvp = realloc(e->cache_vals, cap * sizeof *nvp);
@@ -503,7 +503,7 @@ static void cache_put(tok_enc *e, uint64_t h, const char *s, size_t n, const int
     if (!twk_tok_buf_add(&e->cache_keys, s, n)) return;
     size_t i = h & (CACHE_SLOTS - 1);
     while (e->cache[i].key_len) i = (i + 1) & (CACHE_SLOTS - 1);
-    memcpy(e->cache_vals + e->cache_nvals, v, nv * sizeof *v);
+    if (nv) memcpy(e->cache_vals + e->cache_nvals, v, nv * sizeof *v);
     e->cache[i] = (cache_slot){h, (uint32_t)koff, (uint32_t)n, (uint32_t)e->cache_nvals, (uint32_t)nv};
     e->cache_nvals += nv;
     e->cache_used++;
