@@ -11,6 +11,7 @@ pkg-config
 libopenblas-dev
 libopenblas0-pthread
 libcjson-dev
+zlib1g-dev
 libuv1-dev
 libhttp-parser-dev
 libprotobuf-c-dev

@@ -1,5 +1,11 @@
-/* train/tokenizer.c: decode of Hugging Face tokenizer.json files.
+/* train/tokenizer*.c: decode and encode of Hugging Face tokenizer.json files.
  *
+ * Encode: the corpus (tokenizer/corpus.bin.gz) through ten fixture tokenizers gives the ids of
+ * the `tokenizers` library (tokenizer/<name>/expected_ids.bin.gz, made by
+ * tokenizer/make_encode_fixtures.py), record by record, and decodes back to the text wherever
+ * the library round-trips it.
+ *
+ * Decode:
  * Replays tests/tokenizer/expected.json (made by tests/tokenizer/make_fixtures.py with the
  * `tokenizers` library): for a byte-level BPE (Qwen2 style), a SentencePiece-style BPE with
  * byte fallback and the Llama 2 decoder sequence (Metaspace pre-tokenizer, and the legacy
@@ -9,6 +15,7 @@
  * library's string with from_utf8_lossy. token_bytes agrees with decode; ids without a
  * token, malformed and unsupported files are refused naming the problem; random
  * mutations of a file never crash. */
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +25,7 @@
 
 #include <cJSON.h>
 
+#include "tokenizer/corpus.h"
 #include "twinkle/tokenizer.h"
 
 static int fails;
@@ -421,10 +429,10 @@ static void malformed(void) {
     expect_error("added_flag_type.json",
                  doc(b, sizeof b, "{\"id\":3,\"content\":\"<s>\",\"special\":\"yes\"}", "null", BL_DEC, bpe),
                  TWK_ERR_INVALID_ARG, "'<s>'", "booleans");
-    expect_error("added_nfc.json",
-                 doc(b, sizeof b, "{\"id\":3,\"content\":\"e\\u0301\",\"normalized\":true,\"special\":false}",
-                     "{\"type\":\"NFC\"}", BL_DEC, bpe),
-                 TWK_ERR_UNSUPPORTED, "normalizer 'NFC'", NULL);
+    expect_error("added_lower.json",
+                 doc(b, sizeof b, "{\"id\":3,\"content\":\"\\u00c9\",\"normalized\":true,\"special\":false}",
+                     "{\"type\":\"Lowercase\"}", BL_DEC, bpe),
+                 TWK_ERR_UNSUPPORTED, "Lowercase of non-ASCII", NULL);
     expect_error("added_bert.json",
                  doc(b, sizeof b, "{\"id\":3,\"content\":\"<x>\",\"normalized\":true,\"special\":false}",
                      "{\"type\":\"BertNormalizer\",\"lowercase\":true}", BL_DEC, bpe),
@@ -561,7 +569,7 @@ static void mutations(void) {
     size_t bl = strlen(base);
     const char alpha[] = "{}[]\":,019-.e\\uab \x80\xe2";
     unsigned seed = 99;
-    int loaded = 0, crashed_msgs = 0;
+    int loaded = 0, encoded = 0, crashed_msgs = 0;
     char m[4200];
     for (int it = 0; it < 3000; it++) {
         memcpy(m, base, bl + 1);
@@ -595,9 +603,199 @@ static void mutations(void) {
             size_t n;
             if (!twk_tokenizer_decode(t, &id, 1, id & 1, &out, &n)) free(out);
         }
+        static const char text[] = " A x<pad><s>\xe2\x96\x81x \xe2\x82\xac\xff<s> ";
+        int32_t *ids = NULL;
+        int64_t n = 0;
+        twk_status es = twk_tokenizer_encode(t, text, sizeof text - 1, it & 1, &ids, &n);
+        if (es) {
+            crashed_msgs += !twk_last_error()[0];
+        } else {
+            encoded++;
+            free(ids);
+        }
         twk_tokenizer_free(t);
     }
-    check(!crashed_msgs, "3000 random mutations: no crash, %d loaded, every refusal has a message", loaded);
+    check(!crashed_msgs, "3000 random mutations: no crash, %d loaded (%d of them encode), every refusal has a message",
+          loaded, encoded);
+}
+
+/* ---- encoding --------------------------------------------------------------------------------- */
+
+static const char *const enc_fixtures[] = {"bytelevel", "sp",     "sp_legacy", "metaspace", "gpt2",
+                                           "llama3",    "qwen2",  "llama2",    "mistral",   "nfkc"};
+
+static void show_ids(const char *what, const int32_t *v, int64_t n, int64_t at) {
+    printf("       %s:", what);
+    for (int64_t i = at > 3 ? at - 3 : 0; i < n && i < at + 6; i++) printf("%s%d", i == at ? " [" : " ", v[i]);
+    printf("%s (%lld ids)\n", at < n ? "]" : " [end]", (long long)n);
+}
+
+typedef struct {
+    const twk_tokenizer *t;
+    const tk_corpus *x;
+    int64_t from, step, same;
+} enc_job;
+
+static void *enc_thread(void *arg) {
+    enc_job *j = arg;
+    for (int64_t r = j->from; r < j->x->n; r += j->step) {
+        int32_t *ids;
+        int64_t n;
+        const char *text = j->x->data + j->x->off[r];
+        if (twk_tokenizer_encode(j->t, text, j->x->off[r + 1] - j->x->off[r], true, &ids, &n)) continue;
+        j->same += n == j->x->n_ids[r] && !memcmp(ids, j->x->ids[r], (size_t)n * sizeof *ids);
+        free(ids);
+    }
+    return NULL;
+}
+
+/* Four threads encode the corpus with one tokenizer at once (sharing its word cache). */
+static void encode_threads(const twk_tokenizer *t, const tk_corpus *x, const char *name) {
+    enum { NT = 4 };
+    pthread_t th[NT];
+    enc_job jobs[NT];
+    int started = 0;
+    for (int i = 0; i < NT; i++) {
+        jobs[i] = (enc_job){t, x, i, NT, 0};
+        started += !pthread_create(&th[i], NULL, enc_thread, &jobs[i]);
+    }
+    int64_t same = 0;
+    for (int i = 0; i < started; i++) {
+        pthread_join(th[i], NULL);
+        same += jobs[i].same;
+    }
+    check(started == NT && same == x->n, "%-9s encode from %d threads at once: %lld of %lld records identical", name,
+          NT, (long long)same, (long long)x->n);
+}
+
+/* Every record of the corpus through every fixture: ids equal the library's (add_special on),
+ * and decode(encode(x)) == x (add_special off) wherever the library round-trips x. */
+static void encode_corpus(void) {
+    tk_corpus corpus;
+    if (tk_corpus_read(TWK_TOKENIZER_DIR "/corpus.bin.gz", &corpus)) {
+        check(0, "corpus.bin.gz read");
+        return;
+    }
+    printf("     corpus: %lld records, %zu bytes\n", (long long)corpus.n, corpus.bytes);
+    for (size_t f = 0; f < sizeof enc_fixtures / sizeof *enc_fixtures; f++) {
+        const char *name = enc_fixtures[f];
+        char path[600];
+        snprintf(path, sizeof path, "%s/%s/expected_ids.bin.gz", TWK_TOKENIZER_DIR, name);
+        tk_corpus x = corpus;
+        x.ids = NULL, x.n_ids = NULL, x.flags = NULL;
+        twk_tokenizer *t = NULL;
+        snprintf(path + strlen(path) - strlen("expected_ids.bin.gz"), 40, "tokenizer.json");
+        twk_status st = twk_tokenizer_load(path, &t);
+        snprintf(path + strlen(path) - strlen("tokenizer.json"), 40, "expected_ids.bin.gz");
+        if (st || tk_expected_read(path, &x)) {
+            check(0, "%s: load (%s) and expected ids", name, twk_last_error());
+            twk_tokenizer_free(t);
+            x.data = NULL, x.off = NULL;
+            tk_corpus_free(&x);
+            continue;
+        }
+        int64_t same_ids = 0, n_ids = 0, rt_want = 0, rt_ok = 0, shown = 0;
+        for (int64_t r = 0; r < x.n; r++) {
+            const char *text = x.data + x.off[r];
+            size_t len = x.off[r + 1] - x.off[r];
+            int32_t *ids = NULL;
+            int64_t n = 0;
+            st = twk_tokenizer_encode(t, text, len, true, &ids, &n);
+            int64_t at = 0;
+            while (!st && at < n && at < x.n_ids[r] && ids[at] == x.ids[r][at]) at++;
+            int ok = !st && n == x.n_ids[r] && at == n;
+            same_ids += ok;
+            n_ids += x.n_ids[r];
+            if (!ok && shown++ < 3) {
+                printf("FAIL %s: record %lld (%zu bytes) differs at id %lld%s%s\n", name, (long long)r, len,
+                       (long long)at, st ? ": " : "", st ? twk_last_error() : "");
+                show("text", text, len < 160 ? len : 160);
+                show_ids("want", x.ids[r], x.n_ids[r], at);
+                show_ids("got ", ids, n, at);
+            }
+            free(ids);
+            if (!(x.flags[r] & 1)) continue;
+            rt_want++;
+            char *dec = NULL;
+            size_t dn = 0, ln;
+            char *want = lossy(text, len, &ln);
+            if (!twk_tokenizer_encode(t, text, len, false, &ids, &n) &&
+                !twk_tokenizer_decode(t, ids, n, false, &dec, &dn) && same(dec, dn, want, ln))
+                rt_ok++;
+            else if (shown++ < 3)
+                printf("FAIL %s: record %lld does not round-trip\n", name, (long long)r);
+            free(want);
+            free(dec);
+            free(ids);
+        }
+        check(same_ids == x.n, "%-9s encode: ids identical to the library's on %lld of %lld records (%lld ids)", name,
+              (long long)same_ids, (long long)x.n, (long long)n_ids);
+        check(rt_ok == rt_want, "%-9s decode(encode(x)) == x on %lld of the %lld records the library round-trips",
+              name, (long long)rt_ok, (long long)rt_want);
+        if (!strcmp(name, "qwen2")) encode_threads(t, &x, name);
+        twk_tokenizer_free(t);
+        x.data = NULL, x.off = NULL;
+        tk_corpus_free(&x);
+    }
+    tk_corpus_free(&corpus);
+}
+
+static int64_t enc(const twk_tokenizer *t, const char *s, size_t n, bool special, int32_t *out, int cap) {
+    int32_t *ids = NULL;
+    int64_t k = -1;
+    if (twk_tokenizer_encode(t, s, n, special, &ids, &k)) return -1;
+    for (int64_t i = 0; i < k && i < cap; i++) out[i] = ids[i];
+    free(ids);
+    return k;
+}
+
+/* Invalid UTF-8 is U+FFFD per maximal subpart; add_special adds the template's ids; an
+ * unsupported regex leaves decode working and makes encode fail naming it. */
+static void encode_cases(void) {
+    twk_tokenizer *t = NULL;
+    if (twk_tokenizer_load(TWK_TOKENIZER_DIR "/qwen2", &t)) {
+        check(0, "qwen2 load: %s", twk_last_error());
+        return;
+    }
+    int32_t a[64], b[64];
+    int64_t na = enc(t, "x\xff\xe2\x82y\xed\xa0\x80", 8, false, a, 64);
+    int64_t nb = enc(t, "x\xef\xbf\xbd\xef\xbf\xbdy\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd", 17, false, b, 64);
+    check(na > 0 && na == nb && !memcmp(a, b, (size_t)na * sizeof *a),
+          "invalid UTF-8 encodes as its U+FFFD replacement (%lld ids)", (long long)na);
+    int32_t *ids = NULL;
+    int64_t n = -1;
+    check(!twk_tokenizer_encode(t, "", 0, true, &ids, &n) && n == 0 && ids, "empty text: no ids");
+    free(ids);
+    check(twk_tokenizer_encode(t, NULL, 3, false, &ids, &n) == TWK_ERR_INVALID_ARG, "NULL text refused");
+    twk_tokenizer_free(t);
+    if (twk_tokenizer_load(TWK_TOKENIZER_DIR "/mistral", &t)) {
+        check(0, "mistral load: %s", twk_last_error());
+        return;
+    }
+    na = enc(t, "Hello world", 11, false, a, 64);
+    nb = enc(t, "Hello world", 11, true, b, 64);
+    check(na > 0 && nb == na + 2 && b[0] == 1 && b[nb - 1] == 2 && !memcmp(a, b + 1, (size_t)na * sizeof *a),
+          "add_special: <s> ... </s> around the %lld ids", (long long)na);
+    twk_tokenizer_free(t);
+    char doc_[2000];
+    snprintf(doc_, sizeof doc_,
+             "{\"version\":\"1.0\",\"added_tokens\":[],\"normalizer\":null,\"pre_tokenizer\":{\"type\":\"Split\","
+             "\"pattern\":{\"Regex\":\"\\\\w+\"},\"behavior\":\"Isolated\",\"invert\":false},\"post_processor\":null,"
+             "\"decoder\":%s,\"model\":{\"type\":\"BPE\",\"vocab\":%s,\"merges\":[]}}",
+             BL_DEC, VOCAB);
+    const char *p = write_tmp("enc_regex.json", doc_, strlen(doc_));
+    if (twk_tokenizer_load(p, &t)) {
+        check(0, "enc_regex.json load: %s", twk_last_error());
+        return;
+    }
+    char *d = NULL;
+    int32_t one = 0;
+    twk_status ds = twk_tokenizer_decode(t, &one, 1, false, &d, NULL);
+    free(d);
+    twk_status es = twk_tokenizer_encode(t, "a", 1, false, &ids, &n);
+    check(!ds && es == TWK_ERR_UNSUPPORTED && strstr(twk_last_error(), "Split"),
+          "an unknown Split regex: decode works, encode is refused: %s", twk_last_error());
+    twk_tokenizer_free(t);
 }
 
 int main(void) {
@@ -623,6 +821,8 @@ int main(void) {
     }
     malformed();
     handmade();
+    encode_cases();
+    encode_corpus();
     mutations();
     /* clean up the temporary folder */
     const char *names[] = {"empty.json",
@@ -650,7 +850,8 @@ int main(void) {
                            "added_past_vocab.json",
                            "added_no_content.json",
                            "added_flag_type.json",
-                           "added_nfc.json",
+                           "added_lower.json",
+                           "enc_regex.json",
                            "added_bert.json",
                            "nul_escape.json",
                            "not_utf8.json",

@@ -21,71 +21,18 @@
 
 #include <cJSON.h>
 
+#include "tokenizer_impl.h"
+#include "unicode.h"
+
 #define TOK_MAX_FILE (1LL << 30)   /* 1 GiB of JSON */
 #define TOK_MAX_ID ((1 << 24) - 1) /* ids are below 16M (largest vocabularies: ~260k) */
 #define TOK_MAX_NORM (1 << 20)     /* a normalized added token stays below 1 MiB */
 #define TOK_MAX_DEPTH 32           /* nested Sequence decoders / normalizers */
 
-enum { DEC_REPLACE, DEC_BYTE_FALLBACK, DEC_FUSE, DEC_STRIP, DEC_METASPACE, DEC_BYTE_LEVEL };
-
-typedef struct {
-    int kind;
-    size_t a_off, a_len; /* Replace: pattern; Strip: content char; Metaspace: replacement char */
-    size_t b_off, b_len; /* Replace: content */
-    size_t start, stop;  /* Strip */
-    int never;           /* Metaspace: prepend_scheme "never" (the first token keeps its spaces) */
-} dec_step;
-
-/* One id. The decoder sees `dec` (added token's normalized content, or its content, or
- * the model's string); `model` is the vocab's own string (for encode, later). */
-typedef struct {
-    size_t dec_off, model_off, norm_off;
-    uint32_t dec_len, model_len, norm_len;
-    int32_t added; /* index into added[], or -1 */
-    uint8_t flags;
-} tok_entry;
-
-enum { ENT_MODEL = 1, ENT_NORM = 2, ENT_SKIP = 4 };
-
-/* An added token as the library holds it after loading (AddedVocabulary). */
-typedef struct {
-    size_t off;
-    uint32_t len;
-    int32_t id;
-    uint8_t special, normalized, single_word, lstrip, rstrip;
-    uint8_t in_special_set; /* the library's special_tokens_set only ever grows */
-} tok_added;
-
-typedef struct {
-    int32_t *slot; /* -1 empty, else an id (model table) or an added index */
-    size_t mask;
-} htab;
-
-struct twk_tokenizer {
-    char *arena; /* every string, at offsets */
-    size_t arena_len, arena_cap;
-    int32_t size;    /* max id + 1 */
-    tok_entry *ent;  /* [size] */
-    int32_t n_model; /* entries in model.vocab (the library's model.get_vocab_size()) */
-    htab vocab;      /* model string -> id */
-    tok_added *added;
-    int32_t n_added, cap_added;
-    htab added_tab;  /* added content -> index in added[] */
-    int has_decoder; /* 0: tokens joined with " " */
-    dec_step *dec;
-    int n_dec, cap_dec;
-    /* For encode (later): model.merges, unk_token, byte_fallback, fuse_unk, ignore_merges,
-     * the normalizer, pre_tokenizer and post_processor. */
-};
-
 /* ---- small helpers --------------------------------------------------------------------- */
 
-typedef struct {
-    char *b;
-    size_t len, cap;
-} buf_t;
 
-static int buf_reserve(buf_t *b, size_t extra) {
+int twk_tok_buf_reserve(buf_t *b, size_t extra) {
     if (extra > SIZE_MAX / 2 - b->len) return 0;
     size_t need = b->len + extra + 1;
     if (need <= b->cap) return 1;
@@ -98,16 +45,29 @@ static int buf_reserve(buf_t *b, size_t extra) {
     return 1;
 }
 
-static int buf_add(buf_t *b, const void *p, size_t n) {
-    if (!buf_reserve(b, n)) return 0;
+int twk_tok_buf_add(buf_t *b, const void *p, size_t n) {
+    if (!twk_tok_buf_reserve(b, n)) return 0;
     if (n) memcpy(b->b + b->len, p, n);
     b->len += n;
     b->b[b->len] = 0;
     return 1;
 }
 
+int twk_tok_grow(void *pv, size_t n, size_t *cap, size_t size) {
+    if (n < *cap) return 1;
+    void *p;
+    memcpy(&p, pv, sizeof p);
+    size_t c = *cap ? 2 * *cap : 16;
+    if (c > SIZE_MAX / size) return 0;
+    void *q = realloc(p, c * size);
+    if (!q) return 0;
+    memcpy(pv, &q, sizeof q);
+    *cap = c;
+    return 1;
+}
+
 /* A short printable form of a token for messages: escapes, cut at 48 bytes. */
-static const char *qs(const char *s, size_t n, char *out, size_t cap) {
+const char *twk_tok_qs(const char *s, size_t n, char *out, size_t cap) {
     size_t o = 0;
     for (size_t i = 0; i < n && o + 8 < cap; i++) {
         unsigned char c = (unsigned char)s[i];
@@ -128,7 +88,7 @@ static const char *qs(const char *s, size_t n, char *out, size_t cap) {
 }
 
 /* Length of the valid UTF-8 sequence at s[0..n) (1..4), or 0 when invalid. */
-static int utf8_len(const unsigned char *s, size_t n, uint32_t *cp) {
+int twk_tok_utf8_len(const unsigned char *s, size_t n, uint32_t *cp) {
     unsigned c = s[0];
     if (c < 0x80) {
         *cp = c;
@@ -154,7 +114,7 @@ static int utf8_len(const unsigned char *s, size_t n, uint32_t *cp) {
     return k;
 }
 
-static int put_utf8(uint32_t cp, char *o) {
+int twk_tok_put_utf8(uint32_t cp, char *o) {
     if (cp < 0x80) return o[0] = (char)cp, 1;
     if (cp < 0x800) return o[0] = (char)(0xC0 | (cp >> 6)), o[1] = (char)(0x80 | (cp & 0x3F)), 2;
     if (cp < 0x10000)
@@ -171,11 +131,11 @@ static int put_utf8(uint32_t cp, char *o) {
 static int one_char(const char *s) {
     uint32_t cp;
     size_t n = strlen(s);
-    return n > 0 && (size_t)utf8_len((const unsigned char *)s, n, &cp) == n;
+    return n > 0 && (size_t)twk_tok_utf8_len((const unsigned char *)s, n, &cp) == n;
 }
 
 /* GPT-2's bytes_to_unicode and its inverse (chars U+0000..U+0143 -> byte, or -1). */
-static uint16_t byte_char[256];
+uint16_t twk_tok_byte_char[256];
 static int16_t char_byte[0x144];
 
 static void byte_tables_init(void) {
@@ -183,8 +143,8 @@ static void byte_tables_init(void) {
     for (int c = 0; c < 0x144; c++) char_byte[c] = -1;
     for (int b = 0; b < 256; b++) {
         int self = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-        byte_char[b] = (uint16_t)(self ? b : 256 + n++);
-        char_byte[byte_char[b]] = (int16_t)b;
+        twk_tok_byte_char[b] = (uint16_t)(self ? b : 256 + n++);
+        char_byte[twk_tok_byte_char[b]] = (int16_t)b;
     }
 }
 
@@ -194,7 +154,7 @@ static pthread_once_t byte_tables_once = PTHREAD_ONCE_INIT;
 
 static int arena_add(twk_tokenizer *t, const char *s, size_t n, size_t *off) {
     buf_t b = {t->arena, t->arena_len, t->arena_cap};
-    if (!buf_add(&b, s, n)) return 0;
+    if (!twk_tok_buf_add(&b, s, n)) return 0;
     t->arena = b.b;
     t->arena_cap = b.cap;
     *off = t->arena_len;
@@ -240,12 +200,12 @@ static size_t htab_find(const htab *h, const twk_tokenizer *t, int model, const 
     }
 }
 
-static int32_t model_find(const twk_tokenizer *t, const char *s, size_t n) {
+int32_t twk_tok_model_find(const twk_tokenizer *t, const char *s, size_t n) {
     if (!t->vocab.slot) return -1;
     return t->vocab.slot[htab_find(&t->vocab, t, 1, s, n)];
 }
 
-static int32_t added_find(const twk_tokenizer *t, const char *s, size_t n) {
+int32_t twk_tok_added_find(const twk_tokenizer *t, const char *s, size_t n) {
     if (!t->added_tab.slot) return -1;
     return t->added_tab.slot[htab_find(&t->added_tab, t, 0, s, n)];
 }
@@ -300,14 +260,14 @@ static twk_status check_text(const char *path, const char *d, size_t n) {
             i += (unsigned char)d[i + 1] < 0x80 && d[i + 1] != '\n' ? 2 : 1;
             continue;
         }
-        int k = utf8_len((const unsigned char *)d + i, n - i, &cp);
+        int k = twk_tok_utf8_len((const unsigned char *)d + i, n - i, &cp);
         if (!k) return twk_error(TWK_ERR_INVALID_ARG, "%s: not valid UTF-8 at line %zu (byte %zu)", path, line, i);
         i += (size_t)k;
     }
     return TWK_OK;
 }
 
-static int get_int(const cJSON *v, double lo, double hi, double *out) {
+int twk_tok_get_int(const cJSON *v, double lo, double hi, double *out) {
     if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi) ||
         v->valuedouble != floor(v->valuedouble))
         return 0;
@@ -316,14 +276,14 @@ static int get_int(const cJSON *v, double lo, double hi, double *out) {
 }
 
 /* Optional bool field: 1/0, or def when absent; -1 when present with another type. */
-static int opt_bool(const cJSON *o, const char *k, int def) {
+int twk_tok_opt_bool(const cJSON *o, const char *k, int def) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     if (!v || cJSON_IsNull(v)) return def;
     if (!cJSON_IsBool(v)) return -1;
     return cJSON_IsTrue(v) ? 1 : 0;
 }
 
-static const char *type_of(const cJSON *o) {
+const char *twk_tok_type_of(const cJSON *o) {
     const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "type");
     return cJSON_IsString(ty) ? ty->valuestring : NULL;
 }
@@ -332,7 +292,7 @@ static const char *type_of(const cJSON *o) {
 
 static twk_status load_model(twk_tokenizer *t, const char *path, const cJSON *model, int32_t n_added_json) {
     if (!cJSON_IsObject(model)) return twk_error(TWK_ERR_INVALID_ARG, "%s: 'model' is missing or not an object", path);
-    const char *ty = type_of(model);
+    const char *ty = twk_tok_type_of(model);
     if (!ty)
         return twk_error(TWK_ERR_UNSUPPORTED, "%s: model has no 'type' (untyped legacy models are not supported)",
                          path);
@@ -350,9 +310,9 @@ static twk_status load_model(twk_tokenizer *t, const char *path, const cJSON *mo
     for (const cJSON *e = vocab->child; e; e = e->next) {
         double id;
         const char *k = e->string ? e->string : "";
-        if (!get_int(e, 0, TOK_MAX_ID, &id))
+        if (!twk_tok_get_int(e, 0, TOK_MAX_ID, &id))
             return twk_error(TWK_ERR_INVALID_ARG, "%s: model.vocab['%s']: the id must be an integer in [0, %d]", path,
-                             qs(k, strlen(k), q, sizeof q), TOK_MAX_ID);
+                             twk_tok_qs(k, strlen(k), q, sizeof q), TOK_MAX_ID);
         if ((int64_t)id > max_id) max_id = (int64_t)id;
         count++;
     }
@@ -377,7 +337,7 @@ static twk_status load_model(twk_tokenizer *t, const char *path, const cJSON *mo
         if (en->flags & ENT_MODEL) {
             char q2[160];
             return twk_error(TWK_ERR_INVALID_ARG, "%s: model.vocab: tokens '%s' and '%s' both have id %d", path,
-                             qs(t->arena + en->model_off, en->model_len, q, sizeof q), qs(k, kn, q2, sizeof q2), id);
+                             twk_tok_qs(t->arena + en->model_off, en->model_len, q, sizeof q), twk_tok_qs(k, kn, q2, sizeof q2), id);
         }
         if (!arena_add(t, k, kn, &en->model_off)) return twk_error(TWK_ERR_OOM, "%s: out of memory", path);
         en->model_len = (uint32_t)kn;
@@ -385,162 +345,16 @@ static twk_status load_model(twk_tokenizer *t, const char *path, const cJSON *mo
         size_t s = htab_find(&t->vocab, t, 1, k, kn);
         if (t->vocab.slot[s] >= 0)
             return twk_error(TWK_ERR_INVALID_ARG, "%s: model.vocab: token '%s' appears twice (ids %d and %d)", path,
-                             qs(k, kn, q, sizeof q), t->vocab.slot[s], id);
+                             twk_tok_qs(k, kn, q, sizeof q), t->vocab.slot[s], id);
         t->vocab.slot[s] = id;
     }
     return TWK_OK;
 }
 
-/* ---- normalizers (only to know how the library decodes a normalized added token) ------- */
-
-static int is_ascii(const char *s, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        if ((unsigned char)s[i] >= 0x80) return 0;
-    return 1;
-}
-
-/* All code points below `lim` (the text is valid UTF-8). */
-static int below(const char *s, size_t n, uint32_t lim) {
-    for (size_t i = 0; i < n;) {
-        uint32_t cp;
-        int k = utf8_len((const unsigned char *)s + i, n - i, &cp);
-        if (!k || cp >= lim) return 0;
-        i += (size_t)k;
-    }
-    return 1;
-}
-
-static int is_ws(uint32_t c) { /* Rust char::is_whitespace (Unicode White_Space) */
-    return (c >= 9 && c <= 13) || c == 32 || c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
-           c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
-}
-
-/* Replace every non-overlapping pat (leftmost first) in b by rep. */
-static int replace_all(buf_t *b, const char *pat, size_t pn, const char *rep, size_t rn) {
-    buf_t o = {0};
-    size_t i = 0;
-    for (;;) {
-        const char *m = pn ? memmem(b->b + i, b->len - i, pat, pn) : NULL;
-        size_t j = m ? (size_t)(m - b->b) : b->len;
-        if (!buf_add(&o, b->b + i, j - i)) goto oom;
-        if (!m) break;
-        if (!buf_add(&o, rep, rn)) goto oom;
-        i = j + pn;
-    }
-    if (!o.b && !buf_add(&o, "", 0)) goto oom;
-    free(b->b);
-    *b = o;
-    return 1;
-oom:
-    free(o.b);
-    return 0;
-}
-
-static twk_status normalize(const char *path, const cJSON *n, buf_t *b, const char *tokq, int depth) {
-    if (!n || cJSON_IsNull(n)) return TWK_OK;
-    const char *ty = cJSON_IsObject(n) ? type_of(n) : NULL;
-    if (!ty) return twk_error(TWK_ERR_INVALID_ARG, "%s: a normalizer has no 'type'", path);
-    if (depth > TOK_MAX_DEPTH) return twk_error(TWK_ERR_INVALID_ARG, "%s: normalizers nested too deeply", path);
-    if (b->len > TOK_MAX_NORM)
-        return twk_error(TWK_ERR_UNSUPPORTED, "%s: added token '%s' normalizes to more than %d bytes", path, tokq,
-                         TOK_MAX_NORM);
-    if (!strcmp(ty, "Sequence")) {
-        const cJSON *l = cJSON_GetObjectItemCaseSensitive(n, "normalizers");
-        if (!cJSON_IsArray(l))
-            return twk_error(TWK_ERR_INVALID_ARG, "%s: normalizer Sequence has no 'normalizers' array", path);
-        for (const cJSON *e = l->child; e; e = e->next) {
-            twk_status s = normalize(path, e, b, tokq, depth + 1);
-            if (s) return s;
-        }
-        return TWK_OK;
-    }
-    if (!strcmp(ty, "Prepend")) {
-        const cJSON *p = cJSON_GetObjectItemCaseSensitive(n, "prepend");
-        if (!cJSON_IsString(p))
-            return twk_error(TWK_ERR_INVALID_ARG, "%s: normalizer Prepend has no 'prepend' string", path);
-        if (!b->len) return TWK_OK;
-        buf_t o = {0};
-        if (!buf_add(&o, p->valuestring, strlen(p->valuestring)) || !buf_add(&o, b->b, b->len)) {
-            free(o.b);
-            return twk_error(TWK_ERR_OOM, "%s: out of memory", path);
-        }
-        free(b->b);
-        *b = o;
-        return TWK_OK;
-    }
-    if (!strcmp(ty, "Replace")) {
-        const cJSON *p = cJSON_GetObjectItemCaseSensitive(n, "pattern"),
-                    *c = cJSON_GetObjectItemCaseSensitive(n, "content");
-        const cJSON *ps = cJSON_GetObjectItemCaseSensitive(p, "String");
-        if (cJSON_GetObjectItemCaseSensitive(p, "Regex"))
-            return twk_error(TWK_ERR_UNSUPPORTED,
-                             "%s: normalizer Replace with a Regex pattern is not supported (added token '%s')", path,
-                             tokq);
-        if (!cJSON_IsString(ps) || !ps->valuestring[0] || !cJSON_IsString(c))
-            return twk_error(TWK_ERR_INVALID_ARG,
-                             "%s: normalizer Replace needs a non-empty pattern.String and a content", path);
-        if (!replace_all(b, ps->valuestring, strlen(ps->valuestring), c->valuestring, strlen(c->valuestring)))
-            return twk_error(TWK_ERR_OOM, "%s: out of memory", path);
-        return TWK_OK;
-    }
-    if (!strcmp(ty, "Strip")) {
-        int l = opt_bool(n, "strip_left", 0), r = opt_bool(n, "strip_right", 0);
-        if (l < 0 || r < 0)
-            return twk_error(TWK_ERR_INVALID_ARG, "%s: normalizer Strip: strip_left/right must be booleans", path);
-        size_t s = 0, e = b->len;
-        uint32_t cp;
-        while (l && s < e) {
-            int k = utf8_len((const unsigned char *)b->b + s, e - s, &cp);
-            if (!k || !is_ws(cp)) break;
-            s += (size_t)k;
-        }
-        while (r && e > s) {
-            size_t j = e - 1;
-            while (j > s && ((unsigned char)b->b[j] & 0xC0) == 0x80) j--;
-            if (!utf8_len((const unsigned char *)b->b + j, e - j, &cp) || !is_ws(cp)) break;
-            e = j;
-        }
-        memmove(b->b, b->b + s, e - s);
-        b->len = e - s;
-        b->b[b->len] = 0;
-        return TWK_OK;
-    }
-    if (!strcmp(ty, "ByteLevel")) {
-        buf_t o = {0};
-        for (size_t i = 0; i < b->len; i++) {
-            char u[4];
-            if (!buf_add(&o, u, (size_t)put_utf8(byte_char[(unsigned char)b->b[i]], u))) {
-                free(o.b);
-                return twk_error(TWK_ERR_OOM, "%s: out of memory", path);
-            }
-        }
-        if (!o.b && !buf_add(&o, "", 0)) return twk_error(TWK_ERR_OOM, "%s: out of memory", path);
-        free(b->b);
-        *b = o;
-        return TWK_OK;
-    }
-    /* Unicode normalization forms, lowercasing, accent stripping: what ASCII (for NFC, any
-     * text below U+0300, where no character composes or decomposes) comes out as. */
-    int identity = (!strcmp(ty, "NFC") && below(b->b, b->len, 0x300)) ||
-                   ((!strcmp(ty, "NFD") || !strcmp(ty, "NFKC") || !strcmp(ty, "NFKD") || !strcmp(ty, "StripAccents")) &&
-                    is_ascii(b->b, b->len));
-    if (identity) return TWK_OK;
-    if (!strcmp(ty, "Lowercase") && is_ascii(b->b, b->len)) {
-        for (size_t i = 0; i < b->len; i++)
-            if (b->b[i] >= 'A' && b->b[i] <= 'Z') b->b[i] = (char)(b->b[i] - 'A' + 'a');
-        return TWK_OK;
-    }
-    return twk_error(TWK_ERR_UNSUPPORTED,
-                     "%s: added token '%s' has \"normalized\": true, and the normalizer '%s' is not supported for it "
-                     "(supported: Sequence, Prepend, Replace, Strip, ByteLevel; NFC for text below U+0300; NFD, NFKC, "
-                     "NFKD, StripAccents, Lowercase for ASCII)",
-                     path, tokq, ty);
-}
-
 /* ---- added tokens ---------------------------------------------------------------------------- */
 
 /* AddedVocabulary::add_tokens, as the library runs it on the file's added_tokens. */
-static twk_status load_added(twk_tokenizer *t, const char *path, const cJSON *list, const cJSON *normalizer) {
+static twk_status load_added(twk_tokenizer *t, const char *path, const cJSON *list) {
     if (!list || cJSON_IsNull(list)) return TWK_OK;
     if (!cJSON_IsArray(list)) return twk_error(TWK_ERR_INVALID_ARG, "%s: 'added_tokens' is not an array", path);
     int32_t n = cJSON_GetArraySize(list);
@@ -556,12 +370,12 @@ static twk_status load_added(twk_tokenizer *t, const char *path, const cJSON *li
         if (!cJSON_IsObject(e) || !cJSON_IsString(c))
             return twk_error(TWK_ERR_INVALID_ARG, "%s: added_tokens[%d] has no 'content' string", path, i);
         size_t cn = strlen(c->valuestring);
-        qs(c->valuestring, cn, q, sizeof q);
-        if (!get_int(cJSON_GetObjectItemCaseSensitive(e, "id"), 0, TOK_MAX_ID, &jid))
+        twk_tok_qs(c->valuestring, cn, q, sizeof q);
+        if (!twk_tok_get_int(cJSON_GetObjectItemCaseSensitive(e, "id"), 0, TOK_MAX_ID, &jid))
             return twk_error(TWK_ERR_INVALID_ARG, "%s: added_tokens[%d] ('%s'): 'id' must be an integer in [0, %d]",
                              path, i, q, TOK_MAX_ID);
-        int special = opt_bool(e, "special", 0), normalized = opt_bool(e, "normalized", 1);
-        int sw = opt_bool(e, "single_word", 0), ls = opt_bool(e, "lstrip", 0), rs = opt_bool(e, "rstrip", 0);
+        int special = twk_tok_opt_bool(e, "special", 0), normalized = twk_tok_opt_bool(e, "normalized", 1);
+        int sw = twk_tok_opt_bool(e, "single_word", 0), ls = twk_tok_opt_bool(e, "lstrip", 0), rs = twk_tok_opt_bool(e, "rstrip", 0);
         if (special < 0 || normalized < 0 || sw < 0 || ls < 0 || rs < 0)
             return twk_error(
                 TWK_ERR_INVALID_ARG,
@@ -569,11 +383,11 @@ static twk_status load_added(twk_tokenizer *t, const char *path, const cJSON *li
                 q);
         if (!cn) continue; /* the library ignores empty added tokens */
         if (cn > UINT32_MAX / 2) return twk_error(TWK_ERR_INVALID_ARG, "%s: added_tokens[%d] is too long", path, i);
-        int32_t k = added_find(t, c->valuestring, cn);
+        int32_t k = twk_tok_added_find(t, c->valuestring, cn);
         int64_t id;
         if (k >= 0)
             id = t->added[k].id;
-        else if ((id = model_find(t, c->valuestring, cn)) < 0)
+        else if ((id = twk_tok_model_find(t, c->valuestring, cn)) < 0)
             id = next_id++;
         if (id != (int64_t)jid)
             return twk_error(TWK_ERR_INVALID_ARG,
@@ -584,10 +398,14 @@ static twk_status load_added(twk_tokenizer *t, const char *path, const cJSON *li
             t->added[k].single_word == sw && t->added[k].lstrip == ls && t->added[k].rstrip == rs)
             continue; /* the same token again */
         tok_entry *en = &t->ent[id];
-        if (normalized && normalizer && !cJSON_IsNull(normalizer)) {
+        if (normalized && (t->norm || t->norm_err)) {
+            if (t->norm_err)
+                return twk_error(t->norm_err, "%s (added token '%s' has \"normalized\": true)", t->norm_msg, q);
             buf_t b = {0};
-            if (!buf_add(&b, c->valuestring, cn)) return twk_error(TWK_ERR_OOM, "%s: out of memory", path);
-            twk_status s = normalize(path, normalizer, &b, q, 0);
+            if (!twk_tok_buf_add(&b, c->valuestring, cn)) return twk_error(TWK_ERR_OOM, "%s: out of memory", path);
+            char what[400];
+            snprintf(what, sizeof what, "%s: added token '%s'", path, q);
+            twk_status s = twk_tok_norm_apply(t->norm, &b, what);
             if (!s && b.len > TOK_MAX_NORM)
                 s = twk_error(TWK_ERR_UNSUPPORTED, "%s: added token '%s' normalizes to more than %d bytes", path, q,
                               TOK_MAX_NORM);
@@ -639,7 +457,7 @@ static twk_status add_step(twk_tokenizer *t, const char *path, dec_step s) {
 static twk_status parse_decoder(twk_tokenizer *t, const char *path, const cJSON *d, int depth) {
     if (depth > TOK_MAX_DEPTH) return twk_error(TWK_ERR_INVALID_ARG, "%s: decoders nested too deeply", path);
     if (!cJSON_IsObject(d)) return twk_error(TWK_ERR_INVALID_ARG, "%s: a decoder is not an object", path);
-    const char *ty = type_of(d);
+    const char *ty = twk_tok_type_of(d);
     if (!ty)
         return twk_error(TWK_ERR_UNSUPPORTED, "%s: a decoder has no 'type' (untyped legacy decoders are not supported)",
                          path);
@@ -681,8 +499,8 @@ static twk_status parse_decoder(twk_tokenizer *t, const char *path, const cJSON 
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(d, "content");
         double a, b;
         if (!cJSON_IsString(c) || !one_char(c->valuestring) ||
-            !get_int(cJSON_GetObjectItemCaseSensitive(d, "start"), 0, 9007199254740992.0, &a) ||
-            !get_int(cJSON_GetObjectItemCaseSensitive(d, "stop"), 0, 9007199254740992.0, &b))
+            !twk_tok_get_int(cJSON_GetObjectItemCaseSensitive(d, "start"), 0, 9007199254740992.0, &a) ||
+            !twk_tok_get_int(cJSON_GetObjectItemCaseSensitive(d, "stop"), 0, 9007199254740992.0, &b))
             return twk_error(TWK_ERR_INVALID_ARG,
                              "%s: decoder Strip needs a one-character 'content' and integers 'start', 'stop' >= 0",
                              path);
@@ -694,7 +512,7 @@ static twk_status parse_decoder(twk_tokenizer *t, const char *path, const cJSON 
     } else if (!strcmp(ty, "Metaspace")) {
         const cJSON *r = cJSON_GetObjectItemCaseSensitive(d, "replacement");
         const cJSON *ps = cJSON_GetObjectItemCaseSensitive(d, "prepend_scheme");
-        int aps = opt_bool(d, "add_prefix_space", -2);
+        int aps = twk_tok_opt_bool(d, "add_prefix_space", -2);
         if (!cJSON_IsString(r) || !one_char(r->valuestring))
             return twk_error(TWK_ERR_INVALID_ARG, "%s: decoder Metaspace needs a one-character 'replacement'", path);
         int scheme = 2; /* always (the default) */
@@ -744,12 +562,18 @@ static twk_status load_json(twk_tokenizer *t, const char *path, const cJSON *j) 
     int32_t n_added = cJSON_IsArray(added) ? cJSON_GetArraySize(added) : 0;
     twk_status s = load_model(t, path, cJSON_GetObjectItemCaseSensitive(j, "model"), n_added);
     if (s) return s;
-    if ((s = load_added(t, path, added, cJSON_GetObjectItemCaseSensitive(j, "normalizer")))) return s;
+    twk_status ns = twk_tok_norm_parse(path, cJSON_GetObjectItemCaseSensitive(j, "normalizer"), &t->norm);
+    if (ns) {
+        t->norm_err = ns;
+        if (!(t->norm_msg = strdup(twk_last_error()))) return twk_error(TWK_ERR_OOM, "%s: out of memory", path);
+    }
+    if ((s = load_added(t, path, added))) return s;
     const cJSON *dec = cJSON_GetObjectItemCaseSensitive(j, "decoder");
     if (dec && !cJSON_IsNull(dec)) {
         t->has_decoder = 1;
         if ((s = parse_decoder(t, path, dec, 0))) return s;
     }
+    twk_tok_enc_load(t, path, j);
     /* What each id decodes from, and whether skip_special drops it. */
     for (int32_t id = 0; id < t->size; id++) {
         tok_entry *en = &t->ent[id];
@@ -760,7 +584,7 @@ static twk_status load_json(twk_tokenizer *t, const char *path, const cJSON *j) 
         else
             en->dec_off = en->model_off, en->dec_len = en->model_len;
         if (en->added >= 0 || (en->flags & ENT_MODEL)) {
-            int32_t k = added_find(t, t->arena + en->dec_off, en->dec_len);
+            int32_t k = twk_tok_added_find(t, t->arena + en->dec_off, en->dec_len);
             if (k >= 0 && t->added[k].in_special_set) en->flags |= ENT_SKIP;
         }
     }
@@ -823,6 +647,9 @@ void twk_tokenizer_free(twk_tokenizer *t) {
     free(t->added);
     free(t->added_tab.slot);
     free(t->dec);
+    twk_tok_norm_free(t->norm);
+    free(t->norm_msg);
+    twk_tok_enc_free(t->enc);
     free(t);
 }
 
@@ -835,9 +662,9 @@ static int has_token(const twk_tokenizer *t, int32_t id) {
 int32_t twk_tokenizer_token_id(const twk_tokenizer *t, const char *s, size_t len) {
     if (!t || (!s && len)) return -1;
     if (!s) s = "";
-    int32_t k = added_find(t, s, len);
+    int32_t k = twk_tok_added_find(t, s, len);
     if (k >= 0) return t->added[k].id;
-    return model_find(t, s, len);
+    return twk_tok_model_find(t, s, len);
 }
 
 bool twk_tokenizer_is_special(const twk_tokenizer *t, int32_t id) {
@@ -854,18 +681,12 @@ typedef struct {
 } plist;
 
 static int pl_push(plist *p, const char *s, size_t n) {
-    if (p->n == p->cap) {
-        size_t cap = p->cap ? 2 * p->cap : 16;
-        size_t *st = realloc(p->st, cap * sizeof *st);
-        if (!st) return 0;
-        p->st = st;
-        p->cap = cap;
-    }
+    if (!twk_tok_grow(&p->st, p->n, &p->cap, sizeof *p->st)) return 0;
     p->st[p->n++] = p->b.len;
-    return buf_add(&p->b, s, n);
+    return twk_tok_buf_add(&p->b, s, n);
 }
 
-static int pl_add(plist *p, const char *s, size_t n) { return buf_add(&p->b, s, n); } /* to the last piece */
+static int pl_add(plist *p, const char *s, size_t n) { return twk_tok_buf_add(&p->b, s, n); } /* to the last piece */
 
 static const char *pl_get(const plist *p, size_t i, size_t *n) {
     size_t e = i + 1 < p->n ? p->st[i + 1] : p->b.len;
@@ -917,7 +738,7 @@ static int add_byte_level(plist *o, const char *s, size_t n) {
     size_t mark = o->b.len;
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        int k = utf8_len((const unsigned char *)s + i, n - i, &cp);
+        int k = twk_tok_utf8_len((const unsigned char *)s + i, n - i, &cp);
         if (!k || cp >= 0x144 || char_byte[cp] < 0) {
             o->b.len = mark;
             return pl_add(o, s, n);
@@ -1029,14 +850,14 @@ twk_status twk_tokenizer_decode(const twk_tokenizer *t, const int32_t *ids, int6
             for (size_t i = 0; i < p.n && ok; i++) {
                 size_t m;
                 const char *s = pl_get(&p, i, &m);
-                ok = (!i || buf_add(&r, " ", 1)) && buf_add(&r, s, m);
+                ok = (!i || twk_tok_buf_add(&r, " ", 1)) && twk_tok_buf_add(&r, s, m);
             }
         } else {
             const plist *res = run_chain(t, &p, &tmp, 0);
-            ok = res && buf_add(&r, res->b.b, res->b.len); /* the pieces are contiguous */
+            ok = res && twk_tok_buf_add(&r, res->b.b, res->b.len); /* the pieces are contiguous */
         }
     }
-    if (ok && !r.b) ok = buf_add(&r, "", 0);
+    if (ok && !r.b) ok = twk_tok_buf_add(&r, "", 0);
     pl_free(&p);
     pl_free(&tmp);
     if (!ok) {

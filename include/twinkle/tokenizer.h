@@ -1,4 +1,5 @@
-/* Hugging Face tokenizer.json: token ids -> UTF-8 bytes (decode), for matching stop strings.
+/* Hugging Face tokenizer.json: text -> token ids (encode) and token ids -> UTF-8 bytes (decode,
+ * also for matching stop strings).
  *
  * Supported: model "BPE" (its vocab), `added_tokens`, and the decoders
  * ByteLevel (Llama 3, Qwen2, Qwen3, GPT-2), Sequence, Replace (String patterns),
@@ -23,8 +24,8 @@
  * the caller decides what to do with a partial character. Where the library's output
  * is valid UTF-8, twinkle's bytes are identical to it.
  *
- * Thread-safety: a loaded twk_tokenizer is immutable; any number of threads may use it
- * at once. */
+ * Thread-safety: a loaded twk_tokenizer does not change (encode's word cache is guarded
+ * by a lock); any number of threads may use it at once. */
 #ifndef TWK_TOKENIZER_H
 #define TWK_TOKENIZER_H
 
@@ -67,6 +68,22 @@ bool twk_tokenizer_is_special(const twk_tokenizer *t, int32_t id);
  * skip_special: drop added tokens marked special. `len` may be NULL. */
 twk_status twk_tokenizer_decode(const twk_tokenizer *t, const int32_t *ids, int64_t n, bool skip_special, char **out,
                                 size_t *len);
+
+/* Encodes text[0..len) to ids as the `tokenizers` library's (0.23)
+ * Tokenizer.encode(text, add_special_tokens=add_special).ids. The text is bytes: every
+ * ill-formed UTF-8 sequence is first replaced by U+FFFD, one per maximal subpart (as Python's
+ * bytes.decode("utf-8", "replace")). Supported: model BPE (byte_fallback, unk_token, fuse_unk,
+ * ignore_merges); normalizers NFC, NFD, NFKC, NFKD, Prepend, Replace (String), Strip,
+ * ByteLevel, Sequence (Lowercase, StripAccents on ASCII text); pre-tokenizers Split with the
+ * GPT-2, Llama 3 or Qwen2 regex (behavior Isolated), ByteLevel, Metaspace, Sequence; added
+ * tokens with their special / normalized / single_word / lstrip / rstrip flags; post-processors
+ * TemplateProcessing (the "single" template), BertProcessing, RobertaProcessing, ByteLevel,
+ * Sequence (applied when add_special). *ids is malloc'd (free it; never NULL on success), *n its
+ * count. Errors: TWK_ERR_UNSUPPORTED naming the part of the file the encoder lacks (decode
+ * still works for such files), TWK_ERR_INVALID_ARG (NULL arguments, an unk_token missing from
+ * the vocab, text longer than 1 GiB), TWK_ERR_OOM. */
+twk_status twk_tokenizer_encode(const twk_tokenizer *t, const char *text, size_t len, bool add_special, int32_t **ids,
+                                int64_t *n);
 
 /* The bytes token `id` contributes when decoded after other tokens, for incremental
  * stop-string matching: writes min(cap, count) bytes to buf (no NUL) and returns count,

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Build the tokenizer fixtures for tests/test_tokenizer.c (decode of Hugging Face tokenizer.json).
 
-    /work/venvs/parity/bin/python tests/tokenizer/make_fixtures.py
+    python3 -m venv /tmp/venv-tok && /tmp/venv-tok/bin/pip install -r tests/tokenizer/requirements.txt
+    /tmp/venv-tok/bin/python tests/tokenizer/make_fixtures.py
 
-Needs the `tokenizers` library (0.23 was used). Writes, next to this script:
+Needs the `tokenizers` library (0.23.3, pinned in requirements.txt). Then run
+make_encode_fixtures.py, which encodes its corpus with these four too. Writes, next to this script:
 
   bytelevel/tokenizer.json  GPT-2 / Qwen2 style byte-level BPE trained here on the built-in
                             multilingual text: NFC normalizer, Qwen2's Split regex + ByteLevel
@@ -256,15 +258,16 @@ def train_bytelevel():
     return tok
 
 
-def train_sp():
-    """Returns (vocab, merges) of a SentencePiece-style BPE with byte fallback."""
+def train_sp(texts=None, vocab_size=500, **trainer_kw):
+    """Returns (vocab, merges) of a SentencePiece-style BPE with byte fallback (also used by
+    make_encode_fixtures.py): <unk> <s> </s>, then <0x00>..<0xFF>, then the trained pieces."""
     tmp = Tokenizer(models.BPE(unk_token="<unk>"))
     tmp.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
-    # Latin, Greek and Cyrillic letters only: CJK and emoji fall back to <0xNN> byte tokens.
-    keep = [t for t in CORPUS if not any(ord(c) >= 0x3000 for c in t)]
-    trainer = trainers.BpeTrainer(vocab_size=500, min_frequency=2, show_progress=False,
-                                  special_tokens=[])
-    tmp.train_from_iterator(keep, trainer)
+    if texts is None:  # Latin, Greek and Cyrillic letters only: CJK and emoji fall back to <0xNN> byte tokens.
+        texts = [t for t in CORPUS if not any(ord(c) >= 0x3000 for c in t)]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
+                                  special_tokens=[], **trainer_kw)
+    tmp.train_from_iterator(texts, trainer)
     m = json.loads(tmp.to_str())["model"]
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
     for b in range(256):
