@@ -35,6 +35,7 @@ typedef struct twk_serve_config {
     double seq_timeout_s;     /* a missing seq_id fails its successors after this; default 120 */
     double stability_ttl_s;   /* stable_reinforce: a recorded sequence is usable this long after its last use; default 86400 */
     double poll_timeout_s;    /* long-poll hold; default 25 */
+    double url_ttl_s;         /* signed download URLs (external_weights_urls) expire after this; default 3600 */
     int fwdbwd_chunk_len;     /* datums per forward_backward request the SDK may send; default 1024 */
     /* buffering limits */
     size_t max_early_bytes_run;    /* ops held ahead of a run's seq order: request bytes + overhead; 429 past it; default 256 MiB */

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "twinkle/fs.h"
 #include "twinkle/status.h"
 
 typedef enum twk_st_dtype { TWK_ST_F32, TWK_ST_F16, TWK_ST_BF16, TWK_ST_I32, TWK_ST_I64, TWK_ST_OTHER } twk_st_dtype;
@@ -54,11 +55,6 @@ typedef struct twk_st_entry {
 twk_status twk_st_write(const char *path, const twk_st_entry *entries, int n, const char *const *metadata,
                         int n_meta);
 
-/* Writes `bytes` of `data` to `path` atomically (as twk_st_write). */
-twk_status twk_write_file_atomic(const char *path, const void *data, size_t bytes);
-
-/* Reads a whole file into a NUL-terminated host buffer (free with
- * twk_host_free); NULL with TWK_ERR_IO set on failure. */
-char *twk_read_file(const char *path, size_t *len);
+/* twk_write_file_atomic and twk_read_file are declared in twinkle/fs.h. */
 
 #endif
