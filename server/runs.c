@@ -34,8 +34,22 @@ base_model *svc_find_model(svc *s, const char *name) {
     return NULL;
 }
 
+static void ckpt_dir_in(const char *data_dir, const char *run, const char *kind, const char *name, char *out,
+                        size_t len) {
+    snprintf(out, len, "%s/checkpoints/%s/%s/%s", data_dir, run, kind, name);
+}
+
 void svc_ckpt_dir(const svc *s, const char *run, const char *kind, const char *name, char *out, size_t len) {
-    snprintf(out, len, "%s/checkpoints/%s/%s/%s", s->cfg.data_dir, run, kind, name);
+    ckpt_dir_in(s->cfg.data_dir, run, kind, name, out, len);
+}
+
+twk_status twk_serve_checkpoint_dir(const char *data_dir, const char *tinker_path, char *dir, size_t len) {
+    char run[128], kind[32], name[128];
+    if (!svc_parse_tinker_path(tinker_path, run, sizeof run, kind, sizeof kind, name, sizeof name))
+        return twk_error(TWK_ERR_INVALID_ARG, "'%s' is not tinker://<run>/(weights|sampler_weights|external_weights)/<name>",
+                         tinker_path);
+    ckpt_dir_in(data_dir, run, kind, name, dir, len);
+    return TWK_OK;
 }
 
 int svc_parse_tinker_path(const char *path, char *run, size_t run_len, char *kind, size_t kind_len, char *name,

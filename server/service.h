@@ -62,6 +62,9 @@ int twk_serve_run(const twk_serve_config *cfg);
  * deterministically (random weights, vocab 512) into DATA_DIR/models/tiny
  * on first use. *dir receives its folder. */
 twk_status twk_serve_default_model(const char *data_dir, char *dir, size_t dir_len);
+/* The folder of checkpoint tinker://<run>/<kind>/<name> under data_dir (it may not exist);
+ * TWK_ERR_INVALID_ARG naming the path when it is malformed. */
+twk_status twk_serve_checkpoint_dir(const char *data_dir, const char *tinker_path, char *dir, size_t len);
 #define TWK_DEFAULT_MODEL_NAME "twinkle/tiny-qwen3"
 
 #endif

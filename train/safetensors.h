@@ -40,7 +40,12 @@ const twk_st_tensor *twk_st_find(const twk_safetensors *st, const char *name);
  * TWK_ERR_DTYPE names the tensor and dtype otherwise. */
 twk_status twk_st_to_f32(const twk_st_tensor *t, float *dst);
 
-/* One tensor to write. dtype is F32, I32 or I64; data holds nelem values. */
+/* Converts n floats to dtype (F32, F16 or BF16, round to nearest even; NaN stays NaN,
+ * past the range: infinity) into dst; dst may be src. TWK_ERR_DTYPE for another dtype. */
+twk_status twk_st_from_f32(twk_st_dtype dtype, const float *src, int64_t n, void *dst);
+
+/* One tensor to write. dtype is F32, F16, BF16, I32 or I64; data holds nelem values of it
+ * (F16 / BF16: the 2-byte little-endian encodings). */
 typedef struct twk_st_entry {
     const char *name;
     twk_st_dtype dtype;

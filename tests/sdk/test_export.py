@@ -1,0 +1,201 @@
+"""`twinkle export`: a checkpoint trained through the SDK, written as the PEFT
+adapter alone (--peft) or merged into its base model (--merge); the merged
+folder, loaded with no adapter, gives the logprobs of base + adapter.
+
+Optional: TWK_TRANSFORMERS_PYTHON names a Python with torch + transformers that
+can load Qwen3; the merged folder is then also scored by transformers."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+from conftest import REPO, adam, logprobs_of, make_datum, max_abs_diff, service_client, twinkle_bin
+
+FIXTURE = REPO / "tests/parity/fixtures/qwen3/model"
+FIXTURE_NAME = "fixture/qwen3"
+TOL = 1e-5  # |logprob| difference, merged model vs base + adapter (float32 both ways), per unit of max(1, |logprob|)
+
+
+def scaled_diff(want, got) -> float:
+    """max over tokens of |want - got| / max(1, |want|): float32 rounding grows with the logits."""
+    return max(abs(u - v) / max(1.0, abs(u)) for x, y in zip(want, got, strict=True) for u, v in zip(x, y, strict=True))
+
+
+def st_read(path: Path) -> tuple[dict, dict]:
+    """(header, name -> float64 array) of a safetensors file (F32 / BF16 / F16)."""
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = meta["data_offsets"]
+        buf = raw[8 + n + a:8 + n + b]
+        if meta["dtype"] == "F32":
+            x = np.frombuffer(buf, dtype=np.float32)
+        elif meta["dtype"] == "F16":
+            x = np.frombuffer(buf, dtype=np.float16)
+        else:
+            x = (np.frombuffer(buf, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+        out[name] = x.astype(np.float64).reshape(meta["shape"])
+    return header, out
+
+
+def export(*args):
+    return subprocess.run([str(twinkle_bin()), "export", *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def score(model: Path, data: Path, adapter: Path | None = None):
+    args = [str(twinkle_bin()), "score", "--model", str(model), "--data", str(data)]
+    if adapter:
+        args += ["--adapter", str(adapter)]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return [json.loads(line)["logprobs"] for line in r.stdout.splitlines()]
+
+
+def sequences(vocab, n=4, length=24, seed=5):
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(length)] for _ in range(n)]
+
+
+def train(sc, base_model, vocab, **kw):
+    tc = sc.create_lora_training_client(base_model=base_model, rank=4, seed=3, **kw)
+    tc = tc.result() if hasattr(tc, "result") else tc
+    for step in range(4):
+        data = [make_datum(s[:-1], s[1:]) for s in sequences(vocab, seed=step)]
+        tc.forward_backward(data, "cross_entropy").result()
+        tc.optim_step(adam(2e-2)).result()
+    return tc
+
+
+def sdk_logprobs(tc, seqs):
+    return logprobs_of(tc.forward([make_datum(s[:-1], s[1:]) for s in seqs], "cross_entropy").result())
+
+
+def transformers_logprobs(model_dir: Path, seqs):
+    """Per-token logprobs by transformers, or None (with the reason printed) where it cannot run."""
+    py = os.environ.get("TWK_TRANSFORMERS_PYTHON")
+    if not py:
+        print("transformers check skipped: TWK_TRANSFORMERS_PYTHON is not set")
+        return None
+    script = (
+        "import json, sys, torch, transformers\n"
+        "m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], torch_dtype=torch.float32).eval()\n"
+        "out = []\n"
+        "for s in json.loads(sys.argv[2]):\n"
+        "    with torch.no_grad():\n"
+        "        lp = torch.log_softmax(m(torch.tensor([s])).logits[0].double(), -1)\n"
+        "    out.append([float(lp[i, s[i + 1]]) for i in range(len(s) - 1)])\n"
+        "print(json.dumps(out))\n")
+    r = subprocess.run([py, "-c", script, str(model_dir), json.dumps(seqs)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.splitlines()[-1])
+
+
+def test_export_merge_and_peft_on_the_qwen3_fixture(start_server, tmp_path):
+    server = start_server("--model", f"{FIXTURE}={FIXTURE_NAME}")
+    sc = service_client(server.base_url)
+    tc = train(sc, FIXTURE_NAME, 1000)
+    path = tc.save_state("final").result().path
+    seqs = sequences(1000, seed=99)
+    want = sdk_logprobs(tc, seqs)  # base + adapter, by the server
+
+    merged = tmp_path / "merged"
+    r = export("--checkpoint", path, "--data-dir", server.data_dir, "--model", FIXTURE, "--merge", "--out", merged)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in merged.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
+    assert json.loads((merged / "config.json").read_text()) == json.loads((FIXTURE / "config.json").read_text())
+    base_h, base = st_read(FIXTURE / "model.safetensors")
+    merged_h, mw = st_read(merged / "model.safetensors")
+    assert sorted(base) == sorted(mw)
+    assert all(merged_h[k]["dtype"] == base_h[k]["dtype"] for k in base)
+
+    # the merge formula, in float64, on every adapted weight
+    ckpt = server.data_dir / "checkpoints" / path.split("/")[2] / "weights" / "final"
+    _, ad = st_read(ckpt / "adapter_model.safetensors")
+    acfg = json.loads((ckpt / "adapter_config.json").read_text())
+    scale = acfg["lora_alpha"] / acfg["r"]
+    worst, adapted = 0.0, 0
+    for name in base:
+        key = "base_model.model." + name[: -len(".weight")]
+        if key + ".lora_A.weight" in ad:
+            ref = base[name] + scale * ad[key + ".lora_B.weight"] @ ad[key + ".lora_A.weight"]
+            worst = max(worst, float(np.abs(mw[name] - ref).max()))
+            adapted += 1
+        else:
+            assert np.array_equal(mw[name], base[name]), name
+    print(f"merge: {adapted} adapted weights, max |W' - (W + s·B·A)| {worst:.3g} (float32 rounding)")
+    pairs = sum(k.endswith(".lora_A.weight") for k in ad)
+    assert adapted == pairs and pairs >= 14 and worst < 1e-6  # 2 layers x 7 modules (+ lm_head)
+
+    # the merged model with no adapter = base + adapter
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"tokens": s}) + "\n" for s in seqs))
+    got = score(merged, data)
+    err = max_abs_diff(want, got)
+    err_cli = max_abs_diff(score(FIXTURE, data, ckpt), got)
+    moved = max_abs_diff(score(FIXTURE, data), want)
+    print(f"merged vs base+adapter: max |logprob diff| {err:.3g} (server), {err_cli:.3g} (twinkle score --adapter); "
+          f"the adapter moves logprobs by up to {moved:.3g}")
+    assert err < TOL and err_cli < TOL and moved > 1e-2  # absolute here
+
+    tf = transformers_logprobs(merged, seqs)
+    if tf is not None:
+        err_tf = max_abs_diff(want, tf)
+        print(f"transformers on the merged folder vs base+adapter: max |logprob diff| {err_tf:.3g}")
+        assert err_tf < 1e-4
+
+    # --peft: the adapter alone, as PEFT lays it out
+    peft = tmp_path / "peft"
+    r = export("--checkpoint", path, "--data-dir", server.data_dir, "--peft", "--out", peft)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in peft.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        assert (peft / name).read_bytes() == (ckpt / name).read_bytes()
+    # a checkpoint folder works as well as a tinker:// path
+    r = export("--checkpoint", ckpt, "--model", FIXTURE, "--merge", "--out", tmp_path / "merged2")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "merged2" / "model.safetensors").read_bytes() == (merged / "model.safetensors").read_bytes()
+
+
+def test_export_merge_unties_an_adapted_lm_head(server, tmp_path):
+    """The built-in model ties lm_head to the embeddings; an adapter on lm_head gives the merged
+    model its own lm_head.weight. The base is found in the data dir without --model."""
+    sc = service_client(server.base_url)
+    tc = train(sc, "twinkle/tiny-qwen3", 512, train_unembed=True)
+    path = tc.save_weights_for_sampler("unembed").result().path
+    seqs = sequences(512, seed=7)
+    want = sdk_logprobs(tc, seqs)
+    merged = tmp_path / "merged"
+    r = export("--checkpoint", path, "--data-dir", server.data_dir, "--merge", "--out", merged)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((merged / "config.json").read_text())["tie_word_embeddings"] is False
+    _, mw = st_read(merged / "model.safetensors")
+    assert "lm_head.weight" in mw
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"tokens": s}) + "\n" for s in seqs))
+    got = score(merged, data)
+    err, rel = max_abs_diff(want, got), scaled_diff(want, got)
+    big = max(abs(u) for x in want for u in x)
+    print(f"untied lm_head: merged vs base+adapter max |logprob diff| {err:.3g}, per max(1, |logprob|) {rel:.3g} "
+          f"(logprobs down to {-big:.3g})")
+    assert rel < TOL
+
+
+def test_export_refuses_bad_arguments(server, tmp_path):
+    r = export("--checkpoint", "tinker://nope/weights/x", "--data-dir", server.data_dir, "--peft", "--out", tmp_path / "o")
+    assert r.returncode == 1 and "no adapter" in r.stderr
+    r = export("--checkpoint", "tinker://a/../b/c", "--peft", "--out", tmp_path / "o")
+    assert r.returncode == 2 and "tinker://" in r.stderr
+    r = export("--checkpoint", "tinker://a/weights/b", "--out", tmp_path / "o")
+    assert r.returncode == 2 and "--merge" in r.stderr
+    r = export("--checkpoint", FIXTURE, "--merge", "--out", tmp_path / "o")  # a model folder is not an adapter
+    assert r.returncode == 1
