@@ -80,6 +80,52 @@ def sdk_logprobs(tc, seqs):
     return logprobs_of(tc.forward([make_datum(s[:-1], s[1:]) for s in seqs], "cross_entropy").result())
 
 
+def numpy_qwen3_logprobs(model_dir: Path, seqs):
+    """Per-token logprobs of a Qwen3 Hugging Face folder by a float64 numpy forward written from
+    transformers' Qwen3 (RMSNorm, q/k norms, rotate-half RoPE, grouped-query causal attention,
+    SiLU-gated MLP): an independent reader of the merged folder, for where transformers cannot run."""
+    cfg = json.loads((model_dir / "config.json").read_text())
+    _, w = st_read(model_dir / "model.safetensors")
+    H, nh, nkv, hd = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    eps = cfg["rms_norm_eps"]
+    theta = cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"]
+
+    def norm(x, g):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
+
+    def rope(x, pos):  # x [heads, T, hd]
+        inv = 1.0 / theta ** (np.arange(0, hd, 2) / hd)
+        ang = np.concatenate([np.outer(pos, inv)] * 2, -1)
+        rot = np.concatenate([-x[..., hd // 2:], x[..., : hd // 2]], -1)
+        return x * np.cos(ang) + rot * np.sin(ang)
+
+    out = []
+    for s in seqs:
+        T, pos = len(s), np.arange(len(s))
+        x = w["model.embed_tokens.weight"][s]
+        for i in range(cfg["num_hidden_layers"]):
+            p = f"model.layers.{i}."
+            h = norm(x, w[p + "input_layernorm.weight"])
+            q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(T, nh, hd).transpose(1, 0, 2)
+            k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(T, nkv, hd).transpose(1, 0, 2)
+            v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(T, nkv, hd).transpose(1, 0, 2)
+            q = rope(norm(q, w[p + "self_attn.q_norm.weight"]), pos)
+            k = rope(norm(k, w[p + "self_attn.k_norm.weight"]), pos)
+            k, v = np.repeat(k, nh // nkv, 0), np.repeat(v, nh // nkv, 0)
+            a = q @ k.transpose(0, 2, 1) / np.sqrt(hd) + np.triu(np.full((T, T), -np.inf), 1)
+            a = np.exp(a - a.max(-1, keepdims=True))
+            a /= a.sum(-1, keepdims=True)
+            x = x + (a @ v).transpose(1, 0, 2).reshape(T, nh * hd) @ w[p + "self_attn.o_proj.weight"].T
+            h = norm(x, w[p + "post_attention_layernorm.weight"])
+            g = h @ w[p + "mlp.gate_proj.weight"].T
+            x = x + (g / (1 + np.exp(-g)) * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+        logits = norm(x, w["model.norm.weight"]) @ w.get("lm_head.weight", w["model.embed_tokens.weight"]).T
+        m = logits.max(-1, keepdims=True)
+        lp = logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
+        out.append([float(lp[i, s[i + 1]]) for i in range(T - 1)])
+    return out
+
+
 def transformers_logprobs(model_dir: Path, seqs):
     """Per-token logprobs by transformers, or None (with the reason printed) where it cannot run."""
     py = os.environ.get("TWK_TRANSFORMERS_PYTHON")
@@ -147,6 +193,13 @@ def test_export_merge_and_peft_on_the_qwen3_fixture(start_server, tmp_path):
           f"the adapter moves logprobs by up to {moved:.3g}")
     assert err < TOL and err_cli < TOL and moved > 1e-2  # absolute here
 
+    ref = numpy_qwen3_logprobs(merged, seqs)
+    ref_base = numpy_qwen3_logprobs(FIXTURE, seqs)
+    err_np, err_np_base = max_abs_diff(want, ref), max_abs_diff(score(FIXTURE, data), ref_base)
+    print(f"float64 numpy Qwen3 forward of the merged folder vs base+adapter: max |logprob diff| {err_np:.3g} "
+          f"(the same reader on the base vs twinkle on the base: {err_np_base:.3g})")
+    assert err_np < TOL and err_np_base < TOL
+
     tf = transformers_logprobs(merged, seqs)
     if tf is not None:
         err_tf = max_abs_diff(want, tf)
@@ -188,6 +241,39 @@ def test_export_merge_unties_an_adapted_lm_head(server, tmp_path):
     print(f"untied lm_head: merged vs base+adapter max |logprob diff| {err:.3g}, per max(1, |logprob|) {rel:.3g} "
           f"(logprobs down to {-big:.3g})")
     assert rel < TOL
+
+
+def test_export_merge_keeps_a_bf16_base_in_bf16(tmp_path):
+    """The qwen2 fixture is bf16 on disk: the merged weights are bf16 too, each the float32 sum
+    W + s·B·A rounded to nearest even (at most one bf16 step from numpy's rounding of it)."""
+    fx = REPO / "tests/parity/fixtures/qwen2"
+    merged = tmp_path / "merged"
+    r = export("--checkpoint", fx / "peft_adapter", "--model", fx / "model", "--merge", "--out", merged)
+    assert r.returncode == 0, r.stderr
+    base_h, base = st_read(fx / "model" / "model.safetensors")
+    merged_h, mw = st_read(merged / "model.safetensors")
+    _, ad = st_read(fx / "peft_adapter" / "adapter_model.safetensors")
+    acfg = json.loads((fx / "peft_adapter" / "adapter_config.json").read_text())
+    scale = acfg["lora_alpha"] / acfg["r"]
+    exact = total = adapted = 0
+    worst = 0.0
+    for name in base:
+        assert merged_h[name]["dtype"] == base_h[name]["dtype"], name
+        key = "base_model.model." + name[: -len(".weight")]
+        if key + ".lora_A.weight" not in ad:
+            assert np.array_equal(mw[name], base[name]), name
+            continue
+        adapted += 1
+        f32 = (base[name] + scale * ad[key + ".lora_B.weight"] @ ad[key + ".lora_A.weight"]).astype(np.float32)
+        b = f32.view(np.uint32)
+        ref = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16 << 16).astype(np.uint32).view(np.float32).astype(np.float64)
+        exact += int((mw[name] == ref).sum())
+        total += ref.size
+        worst = max(worst, float((np.abs(mw[name] - ref) / np.maximum(np.abs(ref), 1e-30)).max()))
+    print(f"bf16 merge: {adapted} adapted weights, {exact}/{total} values equal numpy's rounding, "
+          f"max relative difference {worst:.3g} (one bf16 step: 2^-7 = {2 ** -7:.3g})")
+    assert adapted > 0 and merged_h[next(iter(base))]["dtype"] == "BF16"
+    assert worst <= 2 ** -7 and exact >= 0.999 * total
 
 
 def test_export_refuses_bad_arguments(server, tmp_path):
