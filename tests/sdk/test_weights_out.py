@@ -101,6 +101,16 @@ def test_external_weights_urls_are_signed_and_expire(server, start_server):
         status, body = http(url)
         assert status == 200 and body == (folder / name).read_bytes(), (name, status)
     url = resp.urls["adapter_model.safetensors"]
+    # the signature is HMAC-SHA256 (checked with Python's hmac) under the data dir's key
+    import hashlib
+    import hmac
+
+    key = bytes.fromhex((server.data_dir / "url_signing.key").read_text())
+    run = path.split("/")[2]
+    exp = url.split("expires=")[1].split("&")[0]
+    mac = hmac.new(key, f"{run}/ext/adapter_model.safetensors\n{exp}".encode(), hashlib.sha256).hexdigest()
+    assert url.endswith("&sig=" + mac)
+    assert (server.data_dir / "url_signing.key").stat().st_mode & 0o777 == 0o600
     base, query = url.split("?")
     sig = query.split("sig=")[1]
     expires = int(query.split("expires=")[1].split("&")[0])
@@ -208,3 +218,17 @@ def test_copy_weights_http(server):
     # another tenant cannot copy alice's checkpoint
     s, _ = http(url, "POST", {"source_path": src, "destination_project_id": "p"}, {"X-API-Key": "tml-bob"})
     assert s == 404
+
+
+def test_signed_urls_survive_a_restart(start_server, tmp_path):
+    """The signing key is made once and kept in the data dir: a URL signed before a restart
+    still downloads after it."""
+    first = start_server(data_dir=tmp_path / "keep")
+    path = trained_client(service_client(first.base_url), steps=1).save_weights_external("kept").result().path
+    url = rest_client(first.base_url).get_external_weights_urls(path).result().urls["adapter_config.json"]
+    key = (tmp_path / "keep" / "url_signing.key").read_text()
+    first.stop()
+    second = start_server(data_dir=tmp_path / "keep")
+    assert (tmp_path / "keep" / "url_signing.key").read_text() == key
+    status, body = http(url.replace(f":{first.port}/", f":{second.port}/"))
+    assert status == 200 and body == (ckpt_folder(second, path) / "adapter_config.json").read_bytes()
