@@ -88,6 +88,38 @@ static int query_str(const char *q, const char *key, char *out, size_t len) {
     return 0;
 }
 
+/* A download in flight: the file is read on libuv's thread pool, not the loop thread. */
+typedef struct download {
+    uv_work_t work;
+    twk_http_conn *c; /* NULL once the client went away */
+    char path[1400];
+    char what[500];   /* the 404 message */
+    char *data;       /* thread pool: the file's bytes */
+    size_t len;
+} download;
+
+static void dl_read(uv_work_t *w) {
+    download *d = w->data;
+    d->data = twk_read_file(d->path, &d->len);
+}
+
+static void dl_abandon(twk_http_conn *c, void *user) {
+    (void)c;
+    ((download *)user)->c = NULL;
+}
+
+static void dl_done(uv_work_t *w, int status) {
+    download *d = w->data;
+    (void)status;
+    if (d->c) {
+        twk_http_set_abandon(d->c, NULL, NULL);
+        if (d->data) twk_http_respond(d->c, 200, "application/octet-stream", d->data, d->len, NULL);
+        else api_error(d->c, 404, "%s", d->what);
+    }
+    twk_host_free(d->data);
+    free(d);
+}
+
 int api_weights_download(svc *s, twk_http_conn *c, const twk_http_req *req) {
     const char *p = strstr(req->path, "/api/v1/" URL_ROUTE);
     if (!p) return 0;
@@ -120,17 +152,23 @@ int api_weights_download(svc *s, twk_http_conn *c, const twk_http_req *req) {
         api_error(c, 410, "the download URL expired; ask external_weights_urls for a new one");
         return 1;
     }
-    char dir[1200], path[1400];
-    svc_ckpt_dir(s, run, "external_weights", name, dir, sizeof dir);
-    snprintf(path, sizeof path, "%s/%s", dir, file);
-    size_t len = 0;
-    char *data = twk_read_file(path, &len);
-    if (!data) {
-        api_error(c, 404, "tinker://%s/external_weights/%s has no file '%s' (deleted?)", run, name, file);
+    download *d = calloc(1, sizeof *d);
+    if (!d) {
+        api_error(c, 503, "out of memory");
         return 1;
     }
-    twk_http_respond(c, 200, "application/octet-stream", data, len, NULL);
-    twk_host_free(data);
+    char dir[1200];
+    svc_ckpt_dir(s, run, "external_weights", name, dir, sizeof dir);
+    snprintf(d->path, sizeof d->path, "%s/%s", dir, file);
+    snprintf(d->what, sizeof d->what, "tinker://%s/external_weights/%s has no file '%s' (deleted?)", run, name, file);
+    d->c = c;
+    d->work.data = d;
+    twk_http_set_abandon(c, dl_abandon, d);
+    if (uv_queue_work(s->loop, &d->work, dl_read, dl_done) != 0) {
+        twk_http_set_abandon(c, NULL, NULL);
+        free(d);
+        api_error(c, 503, "cannot queue the download");
+    }
     return 1;
 }
 
