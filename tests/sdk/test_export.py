@@ -276,6 +276,54 @@ def test_export_merge_keeps_a_bf16_base_in_bf16(tmp_path):
     assert worst <= 2 ** -7 and exact >= 0.999 * total
 
 
+def st_write_raw(path: Path, header: dict, blobs: dict):
+    """A safetensors file of raw tensor bytes (header entries without offsets are filled in)."""
+    off, body = 0, b""
+    for name in header:
+        header[name]["data_offsets"] = [off, off + len(blobs[name])]
+        off += len(blobs[name])
+        body += blobs[name]
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    path.write_bytes(struct.pack("<Q", len(h)) + h + body)
+
+
+def test_export_merge_reads_shards_and_copies_tokenizer_files(tmp_path):
+    """A base stored as two shards + model.safetensors.index.json, with tokenizer files: the merge
+    equals the one from the single file, and every non-weight file is copied unchanged."""
+    fx = REPO / "tests/parity/fixtures/qwen3"
+    base = tmp_path / "base"
+    base.mkdir()
+    raw = (fx / "model" / "model.safetensors").read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = {k: v for k, v in json.loads(raw[8:8 + n]).items() if k != "__metadata__"}
+    blobs = {k: raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]] for k, v in header.items()}
+    names = sorted(header)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    weight_map = {}
+    for shard, keys in shards.items():
+        st_write_raw(base / shard, {k: {"dtype": header[k]["dtype"], "shape": header[k]["shape"]} for k in keys}, blobs)
+        weight_map.update({k: shard for k in keys})
+    (base / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    extras = {"config.json": (fx / "model" / "config.json").read_bytes(),
+              "generation_config.json": (fx / "model" / "generation_config.json").read_bytes(),
+              "tokenizer.json": b'{"version": "1.0", "model": {"type": "BPE"}}',
+              "tokenizer_config.json": b'{"eos_token": "<e>"}', "special_tokens_map.json": b"{}",
+              "chat_template.jinja": b"{{ messages }}"}
+    for name, data in extras.items():
+        (base / name).write_bytes(data)
+    one, two = tmp_path / "from-file", tmp_path / "from-shards"
+    for src, out in ((fx / "model", one), (base, two)):
+        r = export("--checkpoint", fx / "peft_adapter", "--model", src, "--merge", "--out", out)
+        assert r.returncode == 0, r.stderr
+    _, a = st_read(one / "model.safetensors")
+    _, b = st_read(two / "model.safetensors")
+    assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+    assert sorted(p.name for p in two.iterdir()) == sorted([*extras, "model.safetensors"])
+    for name, data in extras.items():
+        assert (two / name).read_bytes() == data, name
+
+
 def test_export_refuses_bad_arguments(server, tmp_path):
     r = export("--checkpoint", "tinker://nope/weights/x", "--data-dir", server.data_dir, "--peft", "--out", tmp_path / "o")
     assert r.returncode == 1 and "no adapter" in r.stderr
@@ -285,3 +333,8 @@ def test_export_refuses_bad_arguments(server, tmp_path):
     assert r.returncode == 2 and "--merge" in r.stderr
     r = export("--checkpoint", FIXTURE, "--merge", "--out", tmp_path / "o")  # a model folder is not an adapter
     assert r.returncode == 1
+    # an adapter of another model: refused, naming what does not fit, and nothing written
+    r = export("--checkpoint", REPO / "tests/parity/fixtures/llama/peft_adapter", "--model", FIXTURE, "--merge",
+               "--out", tmp_path / "wrong")
+    print(r.stderr.strip())
+    assert r.returncode == 1 and "merge:" in r.stderr and not (tmp_path / "wrong").exists()
