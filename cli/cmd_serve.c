@@ -28,6 +28,7 @@ static void usage(FILE *f) {
             "  --stability-ttl S    stable_reinforce: a sequence sampled with record_stability_info stays\n"
             "                       usable this long after its last use (default 86400: one day)\n"
             "  --poll-timeout S     long-poll hold of retrieve_future (default 25)\n"
+            "  --url-ttl S          signed download URLs of external weights expire after S (default 3600)\n"
             "  --fwdbwd-chunk-len N datums per forward_backward request the SDK sends (default 1024)\n"
             "buffering limits (per tenant = over all its runs / futures):\n"
             "  --max-early-mb-run M     ops held ahead of a run's seq order, MiB; 429 past it (default 256)\n"

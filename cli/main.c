@@ -20,6 +20,7 @@ static void usage(FILE *f) {
             "  serve     the Tinker-compatible training service (LoRA, many tenants)\n"
             "  sample    generate from a model (+ adapter) with the KV-cache sampler\n"
             "  score     per-token logprobs of JSONL examples under a model (+ adapter)\n"
+            "  export    a checkpoint's adapter (--peft) or the base model with it merged (--merge)\n"
             "  devices   list backends and devices\n"
             "  version   print the version\n"
             "  help      this text\n"
@@ -39,6 +40,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "serve")) return twk_cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "score")) return twk_cmd_score(argc - 1, argv + 1);
     if (!strcmp(cmd, "sample")) return twk_cmd_sample(argc - 1, argv + 1);
+    if (!strcmp(cmd, "export")) return twk_cmd_export(argc - 1, argv + 1);
     if (!strcmp(cmd, "devices")) return twk_cmd_devices(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("twinkle %s\n", TWK_VERSION);

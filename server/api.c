@@ -619,11 +619,13 @@ static void h_optim_step(svc *s, twk_http_conn *c, const cJSON *b, const char *t
     submit_reply(s, c, r, o);
 }
 
-static void h_save(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant, int sampler) {
+/* save_weights, save_weights_for_sampler and save_weights_external (kind: OP_SAVE*). */
+static void h_save(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant, op_kind kind) {
     int32_t seq;
+    int sampler = kind == OP_SAVE_SAMPLER;
     run_state *r = need_run(s, c, b, tenant, &seq);
     if (!r) return;
-    op *o = svc_op_new(s, r, sampler ? OP_SAVE_SAMPLER : OP_SAVE, seq);
+    op *o = svc_op_new(s, r, kind, seq);
     if (!o) {
         api_error(c, 503, "out of memory");
         return;
@@ -635,6 +637,8 @@ static void h_save(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant,
     if (!api_str(b, "path", 0, &name, err, sizeof err) || !api_num(b, "ttl_seconds", 0, 0, &ttl, err, sizeof err) ||
         !api_bool(b, "overwrite", 0, &overwrite, err, sizeof err)) {
         snprintf(o->prefail, sizeof o->prefail, "%s", err);
+    } else if (kind == OP_SAVE_EXTERNAL && cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(b, "age_encryption_recipients")) > 0) {
+        snprintf(o->prefail, sizeof o->prefail, "field 'age_encryption_recipients': encrypted exports are not supported");
     } else if (!name && sampler) {
         long long ss_seq;
         if (!api_int(b, "sampling_session_seq_id", 1, 0, 1000000000, 0, &ss_seq, err, sizeof err)) {
@@ -662,7 +666,7 @@ static void h_save(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant,
         snprintf(o->name, sizeof o->name, "%s", name);
         o->overwrite = overwrite;
         o->ttl_seconds = ttl;
-        svc_ckpt_dir(s, r->id, sampler ? "sampler_weights" : "weights", name, o->dir, sizeof o->dir);
+        svc_ckpt_dir(s, r->id, svc_save_kind(kind), name, o->dir, sizeof o->dir);
     }
     submit_reply(s, c, r, o);
 }
@@ -832,6 +836,7 @@ void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     }
     const char *route = p + strlen("/api/v1/");
     int get = !strcmp(req->method, "GET"), post = !strcmp(req->method, "POST");
+    if (get && api_weights_download(s, c, req)) return; /* signed URL: no API key */
     if (get && !strcmp(route, "healthz")) {
         twk_http_respond_json(c, 200, "{\"status\":\"ok\"}");
         return;
@@ -867,8 +872,10 @@ void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     else if (!strcmp(route, "get_info")) h_get_info(s, c, b, tenant);
     else if (!strcmp(route, "unload_model")) h_unload(s, c, b, tenant);
     else if (!strcmp(route, "optim_step")) h_optim_step(s, c, b, tenant);
-    else if (!strcmp(route, "save_weights")) h_save(s, c, b, tenant, 0);
-    else if (!strcmp(route, "save_weights_for_sampler")) h_save(s, c, b, tenant, 1);
+    else if (!strcmp(route, "save_weights")) h_save(s, c, b, tenant, OP_SAVE);
+    else if (!strcmp(route, "save_weights_for_sampler")) h_save(s, c, b, tenant, OP_SAVE_SAMPLER);
+    else if (!strcmp(route, "save_weights_external")) h_save(s, c, b, tenant, OP_SAVE_EXTERNAL);
+    else if (!strcmp(route, "copy_weights")) api_copy_weights(s, c, req, b, tenant);
     else if (!strcmp(route, "load_weights")) h_load(s, c, b, tenant);
     else if (!strcmp(route, "weights_info")) h_weights_info(s, c, b, tenant);
     else if (!strcmp(route, "retrieve_future")) h_retrieve(s, c, b, tenant);

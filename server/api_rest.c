@@ -20,7 +20,9 @@ static cJSON *ckpt_json(const twk_store_ckpt *c) {
     cJSON *j = cJSON_CreateObject();
     char t[40], path[512];
     cJSON_AddStringToObject(j, "checkpoint_id", c->checkpoint_id);
-    cJSON_AddStringToObject(j, "checkpoint_type", !strncmp(c->checkpoint_id, "weights/", 8) ? "training" : "sampler");
+    cJSON_AddStringToObject(j, "checkpoint_type", !strncmp(c->checkpoint_id, "weights/", 8)            ? "training"
+                                                  : !strncmp(c->checkpoint_id, "external_weights/", 17) ? "external"
+                                                                                                        : "sampler");
     api_iso_time(c->created, t, sizeof t);
     cJSON_AddStringToObject(j, "time", t);
     snprintf(path, sizeof path, "tinker://%s/%s", c->run_id, c->checkpoint_id);
@@ -126,7 +128,7 @@ static void list_ckpts(svc *s, twk_http_conn *c, const twk_http_req *req, const 
 /* /training_runs/{run}/checkpoints/{kind}/{name}[/ttl|/publish] */
 static void ckpt_action(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant, const char *run,
                         const char *rest) {
-    char kind[32], name[128], action[16] = "";
+    char kind[32], name[128], action[32] = "";
     const char *a = strchr(rest, '/');
     if (!a || (size_t)(a - rest) >= sizeof kind) {
         api_error(c, 404, "no such checkpoint");
@@ -172,6 +174,9 @@ static void ckpt_action(svc *s, twk_http_conn *c, const twk_http_req *req, const
         cJSON_Delete(body);
         twk_store_ckpt_set_ttl(s->store, tenant, run, ckid, ttl > 0 ? (double)time(NULL) + ttl : 0);
         twk_http_respond_json(c, 200, "{}");
+    } else if (!strcmp(action, "external_weights_urls") && !strcmp(req->method, "GET") &&
+               !strcmp(kind, "external_weights")) {
+        api_weights_urls(s, c, req, &ck);
     } else if (!strcmp(action, "publish") && (!strcmp(req->method, "POST") || !strcmp(req->method, "DELETE"))) {
         twk_store_ckpt_set_public(s->store, tenant, run, ckid, !strcmp(req->method, "POST"));
         twk_http_respond_json(c, 200, "{}");

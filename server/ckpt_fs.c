@@ -208,8 +208,8 @@ void svc_ckpt_recover(svc *s) {
     struct dirent *e;
     while ((e = readdir(d))) {
         if (e->d_name[0] == '.') continue;
-        const char *kinds[2] = {"weights", "sampler_weights"};
-        for (int k = 0; k < 2; k++) {
+        const char *kinds[3] = {"weights", "sampler_weights", "external_weights"};
+        for (int k = 0; k < 3; k++) {
             char kdir[1600];
             snprintf(kdir, sizeof kdir, "%s/%s/%s", root, e->d_name, kinds[k]);
             recover_kind(s, e->d_name, kinds[k], kdir, &fixed);

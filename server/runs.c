@@ -34,8 +34,22 @@ base_model *svc_find_model(svc *s, const char *name) {
     return NULL;
 }
 
+static void ckpt_dir_in(const char *data_dir, const char *run, const char *kind, const char *name, char *out,
+                        size_t len) {
+    snprintf(out, len, "%s/checkpoints/%s/%s/%s", data_dir, run, kind, name);
+}
+
 void svc_ckpt_dir(const svc *s, const char *run, const char *kind, const char *name, char *out, size_t len) {
-    snprintf(out, len, "%s/checkpoints/%s/%s/%s", s->cfg.data_dir, run, kind, name);
+    ckpt_dir_in(s->cfg.data_dir, run, kind, name, out, len);
+}
+
+twk_status twk_serve_checkpoint_dir(const char *data_dir, const char *tinker_path, char *dir, size_t len) {
+    char run[128], kind[32], name[128];
+    if (!svc_parse_tinker_path(tinker_path, run, sizeof run, kind, sizeof kind, name, sizeof name))
+        return twk_error(TWK_ERR_INVALID_ARG, "'%s' is not tinker://<run>/(weights|sampler_weights|external_weights)/<name>",
+                         tinker_path);
+    ckpt_dir_in(data_dir, run, kind, name, dir, len);
+    return TWK_OK;
 }
 
 int svc_parse_tinker_path(const char *path, char *run, size_t run_len, char *kind, size_t kind_len, char *name,
@@ -54,7 +68,7 @@ int svc_parse_tinker_path(const char *path, char *run, size_t run_len, char *kin
     memcpy(kind, a + 1, lk);
     kind[lk] = 0;
     memcpy(name, b + 1, ln + 1);
-    if (strcmp(kind, "weights") && strcmp(kind, "sampler_weights")) return 0;
+    if (strcmp(kind, "weights") && strcmp(kind, "sampler_weights") && strcmp(kind, "external_weights")) return 0;
     if (!strcmp(name, ".") || !strcmp(name, "..") || strchr(run, '.') == run) return 0;
     return 1;
 }
@@ -64,7 +78,7 @@ int svc_find_checkpoint(svc *s, const char *tenant, const char *field, const cha
     char run[128], name[128], ckid[200];
     if (!svc_parse_tinker_path(path, run, sizeof run, kind, kind_len, name, sizeof name)) {
         *status = 400;
-        snprintf(err, err_len, "%s '%s' is not tinker://<run>/(weights|sampler_weights)/<name>", field, path);
+        snprintf(err, err_len, "%s '%s' is not tinker://<run>/(weights|sampler_weights|external_weights)/<name>", field, path);
         return 0;
     }
     snprintf(ckid, sizeof ckid, "%s/%s", kind, name);
@@ -79,6 +93,14 @@ int svc_find_checkpoint(svc *s, const char *tenant, const char *field, const cha
         return 0;
     }
     return 1;
+}
+
+const char *svc_save_kind(op_kind k) {
+    return k == OP_SAVE ? "weights" : k == OP_SAVE_EXTERNAL ? "external_weights" : "sampler_weights";
+}
+
+const char *svc_save_type(op_kind k) {
+    return k == OP_SAVE ? "save_weights" : k == OP_SAVE_EXTERNAL ? "save_weights_external" : "save_weights_for_sampler";
 }
 
 twk_lora_config svc_run_lora(const twk_store_run *src) {
@@ -388,10 +410,10 @@ static void run_save(op *o) {
     o->size_bytes = dir_size(o->dir);
     cJSON *j = cJSON_CreateObject();
     char path[700];
-    snprintf(path, sizeof path, "tinker://%s/%s/%s", o->run->id, o->kind == OP_SAVE ? "weights" : "sampler_weights",
-             o->name);
+    snprintf(path, sizeof path, "tinker://%s/%s/%s", o->run->id, svc_save_kind(o->kind), o->name);
     cJSON_AddStringToObject(j, "path", path);
-    cJSON_AddStringToObject(j, "type", o->kind == OP_SAVE ? "save_weights" : "save_weights_for_sampler");
+    if (o->kind == OP_SAVE_EXTERNAL) cJSON_AddNumberToObject(j, "size_bytes", (double)o->size_bytes);
+    cJSON_AddStringToObject(j, "type", svc_save_type(o->kind));
     set_json(o, j);
 }
 
@@ -431,7 +453,8 @@ static void op_run(twk_job *j) {
     case OP_FB: run_fb(o); break;
     case OP_OPTIM: run_optim(o); break;
     case OP_SAVE:
-    case OP_SAVE_SAMPLER: run_save(o); break;
+    case OP_SAVE_SAMPLER:
+    case OP_SAVE_EXTERNAL: run_save(o); break;
     case OP_LOAD: run_load(o); break;
     case OP_UNLOAD: run_unload(o); break;
     }
@@ -443,8 +466,7 @@ static void record_checkpoint(op *o) {
     twk_store_ckpt c;
     memset(&c, 0, sizeof c);
     snprintf(c.run_id, sizeof c.run_id, "%s", o->run->id);
-    snprintf(c.checkpoint_id, sizeof c.checkpoint_id, "%s/%s", o->kind == OP_SAVE ? "weights" : "sampler_weights",
-             o->name);
+    snprintf(c.checkpoint_id, sizeof c.checkpoint_id, "%s/%s", svc_save_kind(o->kind), o->name);
     snprintf(c.tenant, sizeof c.tenant, "%s", o->run->tenant);
     snprintf(c.path, sizeof c.path, "%s", o->dir);
     c.size_bytes = o->size_bytes;
@@ -460,7 +482,8 @@ static void record_checkpoint(op *o) {
 static void op_done(twk_job *j) {
     op *o = j->arg;
     svc *s = o->svc;
-    if (o->st == TWK_OK && (o->kind == OP_SAVE || o->kind == OP_SAVE_SAMPLER) && !o->snapshot) {
+    if (o->st == TWK_OK && (o->kind == OP_SAVE || o->kind == OP_SAVE_SAMPLER || o->kind == OP_SAVE_EXTERNAL) &&
+        !o->snapshot) {
         record_checkpoint(o);
         svc_crash_point(o->overwrite ? "overwrite" : "save", "recorded");
     }

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "sign.h"
 #include "svc.h"
 
 void twk_serve_config_default(twk_serve_config *c) {
@@ -23,6 +24,7 @@ void twk_serve_config_default(twk_serve_config *c) {
     c->seq_timeout_s = 120;
     c->stability_ttl_s = 86400;
     c->poll_timeout_s = 25;
+    c->url_ttl_s = 3600;
     c->fwdbwd_chunk_len = 1024;
     c->max_early_bytes_run = 256u << 20;
     c->max_early_bytes_tenant = (size_t)1 << 30;
@@ -81,6 +83,7 @@ twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char
     NUM("seq-timeout", 1, 86400, seq_timeout_s, double)
     NUM("stability-ttl", 1, 1e7, stability_ttl_s, double)
     NUM("poll-timeout", 0.05, 40, poll_timeout_s, double)
+    NUM("url-ttl", 1, 7 * 86400, url_ttl_s, double)
     NUM("fwdbwd-chunk-len", 1, 1 << 20, fwdbwd_chunk_len, int)
     NUM("result-keep", 1, 86400, result_keep_s, double)
     NUM("result-ttl", 1, 30 * 86400, result_ttl_s, double)
@@ -252,6 +255,9 @@ int twk_serve_run(const twk_serve_config *cfg) {
     if (st == TWK_OK) st = load_models(s);
     if (st == TWK_OK && !(s->stab = twk_stab_new(cfg->stability_ttl_s, STAB_MAX_RECORDS)))
         st = twk_error(TWK_ERR_OOM, "out of memory for the stability records");
+    char key_err[1300];
+    if (st == TWK_OK && twk_sign_key_load(cfg->data_dir, s->url_key, key_err, sizeof key_err) != 0)
+        st = twk_error(TWK_ERR_IO, "%s", key_err);
     if (st != TWK_OK) {
         fprintf(stderr, "twinkle serve: %s\n", twk_last_error());
         goto out;

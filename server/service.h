@@ -35,6 +35,7 @@ typedef struct twk_serve_config {
     double seq_timeout_s;     /* a missing seq_id fails its successors after this; default 120 */
     double stability_ttl_s;   /* stable_reinforce: a recorded sequence is usable this long after its last use; default 86400 */
     double poll_timeout_s;    /* long-poll hold; default 25 */
+    double url_ttl_s;         /* signed download URLs (external_weights_urls) expire after this; default 3600 */
     int fwdbwd_chunk_len;     /* datums per forward_backward request the SDK may send; default 1024 */
     /* buffering limits */
     size_t max_early_bytes_run;    /* ops held ahead of a run's seq order: request bytes + overhead; 429 past it; default 256 MiB */
@@ -61,6 +62,9 @@ int twk_serve_run(const twk_serve_config *cfg);
  * deterministically (random weights, vocab 512) into DATA_DIR/models/tiny
  * on first use. *dir receives its folder. */
 twk_status twk_serve_default_model(const char *data_dir, char *dir, size_t dir_len);
+/* The folder of checkpoint tinker://<run>/<kind>/<name> under data_dir (it may not exist);
+ * TWK_ERR_INVALID_ARG naming the path when it is malformed. */
+twk_status twk_serve_checkpoint_dir(const char *data_dir, const char *tinker_path, char *dir, size_t len);
 #define TWK_DEFAULT_MODEL_NAME "twinkle/tiny-qwen3"
 
 #endif

@@ -33,7 +33,7 @@ typedef struct base_model {
 
 typedef struct run_state run_state;
 
-typedef enum op_kind { OP_CREATE, OP_FB, OP_OPTIM, OP_SAVE, OP_SAVE_SAMPLER, OP_LOAD, OP_UNLOAD } op_kind;
+typedef enum op_kind { OP_CREATE, OP_FB, OP_OPTIM, OP_SAVE, OP_SAVE_SAMPLER, OP_SAVE_EXTERNAL, OP_LOAD, OP_UNLOAD } op_kind;
 
 typedef struct op {
     op_kind kind;
@@ -161,6 +161,7 @@ typedef struct svc {
     uv_signal_t sigint, sigterm;
     unsigned long long id_counter;
     int stopping;
+    unsigned char url_key[32];  /* HMAC key of signed download URLs (DATA_DIR/url_signing.key) */
 } svc;
 
 /* ---- runs.c ---- */
@@ -196,6 +197,10 @@ int svc_find_checkpoint(svc *s, const char *tenant, const char *field, const cha
                         twk_store_run *src, char *kind, size_t kind_len, int *status, char *err, size_t err_len);
 /* The LoRA shape of a run record (every run is created with alpha 32). */
 twk_lora_config svc_run_lora(const twk_store_run *src);
+/* The checkpoint kind a save op writes ("weights", "sampler_weights", "external_weights"),
+ * and the `type` its result carries. */
+const char *svc_save_kind(op_kind k);
+const char *svc_save_type(op_kind k);
 /* DATA_DIR/checkpoints/<run>/<kind>/<name> */
 void svc_ckpt_dir(const svc *s, const char *run, const char *kind, const char *name, char *out, size_t len);
 /* A unique id with a prefix ("sess", ...). */
@@ -226,6 +231,15 @@ twk_status svc_snapshot_capture(sampler_session *ss, twk_trainer *from);
 twk_status svc_sampler_ready(svc *s, sampler_unit *u, twk_trainer *from);
 void svc_free_samplers(svc *s);
 void api_sampling(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant, const char *route, cJSON *body);
+
+/* ---- api_weights.c ---- */
+/* GET .../checkpoints/external_weights/<name>/external_weights_urls: one signed URL per file. */
+void api_weights_urls(svc *s, twk_http_conn *c, const twk_http_req *req, const twk_store_ckpt *ck);
+/* GET /api/v1/external_weights/<run>/<name>/<file>?expires=&sig=: no API key; 403 on a bad
+ * signature, 410 past expiry, 404 when the file is gone. Returns 0 when the path is not this route. */
+int api_weights_download(svc *s, twk_http_conn *c, const twk_http_req *req);
+/* POST copy_weights: the checkpoint copied (hard links) into a new run of the caller. */
+void api_copy_weights(svc *s, twk_http_conn *c, const twk_http_req *req, const cJSON *b, const char *tenant);
 
 /* ---- api.c ---- */
 /* 1 if the tenant's session exists; else answers 404 and returns 0. */

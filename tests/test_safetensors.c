@@ -2,6 +2,7 @@
  * values, sharded folders through model.safetensors.index.json, and malformed
  * files (bad lengths, offsets past the end, bad JSON, unknown dtypes) refused
  * with a message naming the file and tensor. */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +30,38 @@ static void write_raw(const char *path, const char *header, const void *data, si
     fwrite(header, 1, strlen(header), f);
     if (n) fwrite(data, 1, n, f);
     fclose(f);
+}
+
+/* f32 -> f16 / bf16 (twk_st_from_f32) against the decoder (twk_st_to_f32): every 16-bit pattern
+ * round-trips; midpoints between neighbours round to the even one, just above / below to the
+ * nearer one; past the largest finite value: infinity. Returns the number of mismatches. */
+static int half_conversions(twk_st_dtype dt, const char *dname) {
+    static uint16_t bits[65536], back[65536];
+    static float f[65536];
+    for (int i = 0; i < 65536; i++) bits[i] = (uint16_t)i;
+    twk_st_tensor t = {.name = "x", .dtype = dt, .ndim = 1, .shape = {65536}, .nelem = 65536,
+                       .data = (const unsigned char *)bits, .bytes = sizeof bits};
+    snprintf(t.dtype_name, sizeof t.dtype_name, "%s", dname);
+    int bad = 0, checked = 0;
+    if (twk_st_to_f32(&t, f) != TWK_OK || twk_st_from_f32(dt, f, 65536, back) != TWK_OK) return 1 << 20;
+    uint16_t exp_mask = dt == TWK_ST_F16 ? 0x7c00 : 0x7f80, inf = exp_mask;
+    for (int i = 0; i < 65536; i++) {
+        int nan = (i & exp_mask) == exp_mask && (i & ~exp_mask & 0x7fff);
+        bad += nan ? !((back[i] & exp_mask) == exp_mask && (back[i] & ~exp_mask & 0x7fff)) : back[i] != i;
+    }
+    for (int h = 0; h + 1 < inf; h++) { /* neighbours h, h+1 among the positive finite values */
+        float mid = (float)(((double)f[h] + (double)f[h + 1]) / 2), in[3] = {mid, nextafterf(mid, 0), nextafterf(mid, INFINITY)};
+        uint16_t out[3], even = (uint16_t)(h & 1 ? h + 1 : h);
+        twk_st_from_f32(dt, in, 3, out);
+        bad += out[0] != even || out[1] != h || out[2] != h + 1;
+        checked++;
+    }
+    float big[2] = {dt == TWK_ST_F16 ? 65520.0f : FLT_MAX, -FLT_MAX};
+    uint16_t ob[2];
+    twk_st_from_f32(dt, big, 2, ob);
+    bad += ob[0] != inf || ob[1] != (0x8000 | inf);
+    printf("     %s: 65536 patterns round-tripped, %d midpoints checked, %d mismatches\n", dname, checked, bad);
+    return bad;
 }
 
 int main(void) {
@@ -112,6 +145,24 @@ int main(void) {
         if (ok) printf("     %s\n", twk_last_error());
     }
     check(twk_st_open("/nonexistent/x.safetensors", &st) == TWK_ERR_IO, "a missing file is an io error");
+
+    /* f16 / bf16: conversion from f32 and writing */
+    check(half_conversions(TWK_ST_F16, "F16") == 0, "f32 -> f16 rounds to nearest even (all patterns, all midpoints)");
+    check(half_conversions(TWK_ST_BF16, "BF16") == 0, "f32 -> bf16 rounds to nearest even (all patterns, all midpoints)");
+    {
+        float v[3] = {1.5f, -0.333333f, 1000.25f}, r[3];
+        uint16_t hv[3], bv[3];
+        twk_st_from_f32(TWK_ST_F16, v, 3, hv);
+        twk_st_from_f32(TWK_ST_BF16, v, 3, bv);
+        twk_st_entry ent[2] = {{"h", TWK_ST_F16, 1, {3}, hv}, {"b", TWK_ST_BF16, 1, {3}, bv}};
+        snprintf(path, sizeof path, "%s/half.safetensors", dir);
+        int ok = twk_st_write(path, ent, 2, NULL, 0) == TWK_OK && twk_st_open(path, &st) == TWK_OK;
+        ok = ok && twk_st_find(st, "h")->dtype == TWK_ST_F16 && twk_st_find(st, "b")->dtype == TWK_ST_BF16;
+        ok = ok && twk_st_to_f32(twk_st_find(st, "h"), r) == TWK_OK && r[0] == 1.5f && fabsf(r[1] + 0.333333f) < 2e-4f;
+        ok = ok && twk_st_to_f32(twk_st_find(st, "b"), r) == TWK_OK && r[2] == 1000.0f;
+        if (st) twk_st_close(st);
+        check(ok, "F16 / BF16 tensors are written and read back");
+    }
     printf("%d failures\n", fails);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

@@ -116,6 +116,19 @@ static twk_status check_base_copy(twk_trainer *t, const char *path, const twk_st
     return st;
 }
 
+/* TWK_OK when cfg (adapter_config.json at path) is a plain LoRA: an object, peft_type LORA, no
+ * DoRA or rsLoRA; otherwise an error naming the file and field. */
+static twk_status peft_kind_check(const cJSON *cfg, const char *path) {
+    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(cfg, "peft_type");
+    const cJSON *dora = cJSON_GetObjectItemCaseSensitive(cfg, "use_dora"), *rs = cJSON_GetObjectItemCaseSensitive(cfg, "use_rslora");
+    if (!cJSON_IsObject(cfg)) return twk_error(TWK_ERR_INVALID_ARG, "%s: not a JSON object", path);
+    if (cJSON_IsString(pt) && strcmp(pt->valuestring, "LORA"))
+        return twk_error(TWK_ERR_UNSUPPORTED, "%s: peft_type '%s' is not LORA", path, pt->valuestring);
+    if (cJSON_IsTrue(dora) || cJSON_IsTrue(rs))
+        return twk_error(TWK_ERR_UNSUPPORTED, "%s: use_dora / use_rslora are not supported", path);
+    return TWK_OK;
+}
+
 twk_status twk_adapter_load(twk_trainer *t, const char *dir) {
     const twk_lora_config *lc = twk_trainer_lora(t);
     if (!lc) return twk_error(TWK_ERR_STATE, "adapter_load: this trainer trains all parameters, not an adapter");
@@ -126,15 +139,9 @@ twk_status twk_adapter_load(twk_trainer *t, const char *dir) {
     cJSON *cfg = cJSON_Parse(text);
     twk_host_free(text);
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(cfg, "r"), *alpha = cJSON_GetObjectItemCaseSensitive(cfg, "lora_alpha");
-    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(cfg, "peft_type");
-    const cJSON *dora = cJSON_GetObjectItemCaseSensitive(cfg, "use_dora"), *rs = cJSON_GetObjectItemCaseSensitive(cfg, "use_rslora");
-    twk_status st = TWK_OK;
-    if (!cJSON_IsObject(cfg)) st = twk_error(TWK_ERR_INVALID_ARG, "%s: not a JSON object", path);
-    else if (cJSON_IsString(pt) && strcmp(pt->valuestring, "LORA"))
-        st = twk_error(TWK_ERR_UNSUPPORTED, "%s: peft_type '%s' is not LORA", path, pt->valuestring);
-    else if (cJSON_IsTrue(dora) || cJSON_IsTrue(rs))
-        st = twk_error(TWK_ERR_UNSUPPORTED, "%s: use_dora / use_rslora are not supported", path);
-    else if (!cJSON_IsNumber(r) || r->valueint != lc->rank)
+    twk_status st = peft_kind_check(cfg, path);
+    if (st != TWK_OK) {
+    } else if (!cJSON_IsNumber(r) || r->valueint != lc->rank)
         st = twk_error(TWK_ERR_INVALID_ARG, "%s: field 'r' is %d; this trainer's rank is %d", path,
                        cJSON_IsNumber(r) ? r->valueint : -1, lc->rank);
     else if (!cJSON_IsNumber(alpha) || fabs(alpha->valuedouble - lc->alpha) > 1e-6)
@@ -189,8 +196,9 @@ twk_status twk_adapter_read_config(const char *dir, twk_lora_config *lc) {
     twk_host_free(text);
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "r"), *a = cJSON_GetObjectItemCaseSensitive(j, "lora_alpha");
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "target_modules");
-    twk_status st = TWK_OK;
-    if (!cJSON_IsNumber(r) || r->valueint < 1 || !cJSON_IsNumber(a) || !(a->valuedouble > 0) || !cJSON_IsArray(t)) {
+    twk_status st = peft_kind_check(j, path);
+    if (st != TWK_OK) {
+    } else if (!cJSON_IsNumber(r) || r->valueint < 1 || !cJSON_IsNumber(a) || !(a->valuedouble > 0) || !cJSON_IsArray(t)) {
         st = twk_error(TWK_ERR_INVALID_ARG, "%s: needs r >= 1, lora_alpha > 0 and a target_modules list", path);
     } else {
         lc->rank = r->valueint;

@@ -312,6 +312,48 @@ twk_status twk_st_to_f32(const twk_st_tensor *t, float *dst) {
     }
 }
 
+static uint16_t f32_to_bf16(uint32_t x) {
+    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)(x >> 16 | 0x40); /* NaN stays a (quiet) NaN */
+    return (uint16_t)((x + 0x7fff + (x >> 16 & 1)) >> 16);
+}
+
+static uint16_t f32_to_half(uint32_t bits) {
+    uint32_t sign = bits >> 16 & 0x8000, x = bits & 0x7fffffff;
+    if (x >= 0x7f800000) return (uint16_t)(sign | (x > 0x7f800000 ? 0x7e00 : 0x7c00));
+    if (x >= 0x477ff000) return (uint16_t)(sign | 0x7c00); /* >= 65520 rounds past 65504 */
+    uint32_t h, rem, half;
+    if (x < 0x38800000) { /* below 2^-14: a subnormal half, k * 2^-24 */
+        if (x < 0x33000000) return (uint16_t)sign; /* <= 2^-25 (ties to even 0) */
+        uint32_t shift = 126 - (x >> 23), m = (x & 0x7fffff) | 0x800000;
+        h = m >> shift;
+        rem = m & ((1u << shift) - 1);
+        half = 1u << (shift - 1);
+    } else {
+        h = ((x >> 23) - 112) << 10 | (x & 0x7fffff) >> 13;
+        rem = x & 0x1fff;
+        half = 0x1000;
+    }
+    if (rem > half || (rem == half && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+}
+
+twk_status twk_st_from_f32(twk_st_dtype dtype, const float *src, int64_t n, void *dst) {
+    if (dtype == TWK_ST_F32) {
+        memmove(dst, src, (size_t)n * 4);
+        return TWK_OK;
+    }
+    if (dtype != TWK_ST_F16 && dtype != TWK_ST_BF16) return twk_error(TWK_ERR_DTYPE, "st_from_f32: not a float dtype");
+    unsigned char *p = dst;
+    for (int64_t i = 0; i < n; i++) { /* front to back: element i's 2 bytes never pass element i's 4 */
+        uint32_t bits;
+        memcpy(&bits, &src[i], 4);
+        uint16_t v = dtype == TWK_ST_BF16 ? f32_to_bf16(bits) : f32_to_half(bits);
+        p[2 * i] = (unsigned char)(v & 0xff);
+        p[2 * i + 1] = (unsigned char)(v >> 8);
+    }
+    return TWK_OK;
+}
+
 static int fsync_dir_of(const char *path) {
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s", path);
@@ -357,8 +399,15 @@ twk_status twk_write_file_atomic(const char *path, const void *data, size_t byte
 }
 
 static const char *dtype_str(twk_st_dtype d) {
-    return d == TWK_ST_F32 ? "F32" : d == TWK_ST_I32 ? "I32" : d == TWK_ST_I64 ? "I64" : NULL;
+    return d == TWK_ST_F32   ? "F32"
+           : d == TWK_ST_I32  ? "I32"
+           : d == TWK_ST_I64  ? "I64"
+           : d == TWK_ST_F16  ? "F16"
+           : d == TWK_ST_BF16 ? "BF16"
+                              : NULL;
 }
+
+static size_t elem_bytes(twk_st_dtype d) { return d == TWK_ST_I64 ? 8 : d == TWK_ST_F16 || d == TWK_ST_BF16 ? 2 : 4; }
 
 twk_status twk_st_write(const char *path, const twk_st_entry *e, int n, const char *const *meta, int n_meta) {
     cJSON *h = cJSON_CreateObject();
@@ -382,7 +431,7 @@ twk_status twk_st_write(const char *path, const twk_st_entry *e, int n, const ch
             cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)e[i].shape[k]));
             ne *= e[i].shape[k];
         }
-        size_t bytes = (size_t)ne * (e[i].dtype == TWK_ST_I64 ? 8 : 4);
+        size_t bytes = (size_t)ne * elem_bytes(e[i].dtype);
         cJSON *o = cJSON_AddArrayToObject(t, "data_offsets");
         cJSON_AddItemToArray(o, cJSON_CreateNumber((double)off));
         cJSON_AddItemToArray(o, cJSON_CreateNumber((double)(off + bytes)));
@@ -407,7 +456,7 @@ twk_status twk_st_write(const char *path, const twk_st_entry *e, int n, const ch
     for (int i = 0; i < n && rc == TWK_OK; i++) {
         int64_t ne = 1;
         for (int k = 0; k < e[i].ndim; k++) ne *= e[i].shape[k];
-        rc = write_all(fd, e[i].data, (size_t)ne * (e[i].dtype == TWK_ST_I64 ? 8 : 4), tmp);
+        rc = write_all(fd, e[i].data, (size_t)ne * elem_bytes(e[i].dtype), tmp);
     }
     return finish_temp(fd, tmp, path, rc);
 }

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "twinkle/fs.h"
 #include "twinkle/status.h"
 
 typedef enum twk_st_dtype { TWK_ST_F32, TWK_ST_F16, TWK_ST_BF16, TWK_ST_I32, TWK_ST_I64, TWK_ST_OTHER } twk_st_dtype;
@@ -39,7 +40,12 @@ const twk_st_tensor *twk_st_find(const twk_safetensors *st, const char *name);
  * TWK_ERR_DTYPE names the tensor and dtype otherwise. */
 twk_status twk_st_to_f32(const twk_st_tensor *t, float *dst);
 
-/* One tensor to write. dtype is F32, I32 or I64; data holds nelem values. */
+/* Converts n floats to dtype (F32, F16 or BF16, round to nearest even; NaN stays NaN,
+ * past the range: infinity) into dst; dst may be src. TWK_ERR_DTYPE for another dtype. */
+twk_status twk_st_from_f32(twk_st_dtype dtype, const float *src, int64_t n, void *dst);
+
+/* One tensor to write. dtype is F32, F16, BF16, I32 or I64; data holds nelem values of it
+ * (F16 / BF16: the 2-byte little-endian encodings). */
 typedef struct twk_st_entry {
     const char *name;
     twk_st_dtype dtype;
@@ -54,11 +60,6 @@ typedef struct twk_st_entry {
 twk_status twk_st_write(const char *path, const twk_st_entry *entries, int n, const char *const *metadata,
                         int n_meta);
 
-/* Writes `bytes` of `data` to `path` atomically (as twk_st_write). */
-twk_status twk_write_file_atomic(const char *path, const void *data, size_t bytes);
-
-/* Reads a whole file into a NUL-terminated host buffer (free with
- * twk_host_free); NULL with TWK_ERR_IO set on failure. */
-char *twk_read_file(const char *path, size_t *len);
+/* twk_write_file_atomic and twk_read_file are declared in twinkle/fs.h. */
 
 #endif

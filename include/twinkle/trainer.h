@@ -74,6 +74,14 @@ twk_status twk_adapter_save(twk_trainer *t, const char *dir, const char *base_mo
  * and which module groups target_modules names (seed untouched). Errors name
  * the file and field. */
 twk_status twk_adapter_read_config(const char *dir, twk_lora_config *lc);
+/* Merges the PEFT adapter folder into the base model folder: writes out_dir (created if missing)
+ * with model.safetensors holding W + (lora_alpha / r) * B @ A for every adapted weight, in the
+ * base's dtype (f32 / f16 / bf16; the sum is computed in double), and the base folder's other
+ * files (config.json, generation_config.json, tokenizer files) copied. An adapted lm_head on tied
+ * embeddings becomes its own lm_head.weight (config.json: tie_word_embeddings false). Errors
+ * name the file or tensor: a LoRA pair that matches no base weight, shapes that disagree,
+ * DoRA / rsLoRA. */
+twk_status twk_adapter_merge(const char *base_dir, const char *adapter_dir, const char *out_dir);
 /* Loads a PEFT adapter folder into the trainer's adapter. Its r and
  * lora_alpha must equal the trainer's and every tensor must match a module
  * the trainer adapts (errors name the field or tensor). */
