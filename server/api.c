@@ -126,6 +126,29 @@ static void h_capabilities(svc *s, twk_http_conn *c) {
 
 /* ---- models ---- */
 
+/* create_model's optimizer_config: absent, null or {"type": "adamw"} (all this
+ * server trains with). 0 with the field named in err otherwise. */
+static int optimizer_config_ok(const cJSON *oc, char *err, size_t n) {
+    if (!oc || cJSON_IsNull(oc)) return 1;
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(oc, "type");
+    if (!cJSON_IsObject(oc) || !cJSON_IsString(ty)) {
+        snprintf(err, n, "field 'optimizer_config' must be an object with a string 'type'");
+        return 0;
+    }
+    if (strcmp(ty->valuestring, "adamw")) {
+        snprintf(err, n, "optimizer_config.type '%.64s' is not supported by this server; it trains with 'adamw'",
+                 ty->valuestring);
+        return 0;
+    }
+    for (const cJSON *v = oc->child; v; v = v->next)
+        if (strcmp(v->string, "type")) {
+            snprintf(err, n, "optimizer_config.%.64s is not supported by this server (adamw takes no options here)",
+                     v->string);
+            return 0;
+        }
+    return 1;
+}
+
 static void h_create_model(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
     const char *session_id, *base;
     long long model_seq;
@@ -162,6 +185,10 @@ static void h_create_model(svc *s, twk_http_conn *c, const cJSON *b, const char 
     lora.train_attn = ta;
     lora.train_mlp = tm;
     lora.train_unembed = tu;
+    if (!optimizer_config_ok(cJSON_GetObjectItemCaseSensitive(b, "optimizer_config"), err, sizeof err)) {
+        api_error(c, 400, "%s", err);
+        return;
+    }
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(b, "user_metadata");
     if (meta && !cJSON_IsObject(meta) && !cJSON_IsNull(meta)) {
         api_error(c, 400, "field 'user_metadata' must be an object");
@@ -588,6 +615,27 @@ static void h_forward_backward(svc *s, twk_http_conn *c, const twk_http_req *req
     submit_reply(s, c, r, o);
 }
 
+/* adam_params names only AdamW's hyperparameters, none of them null (the SDK
+ * sends NaN and infinity as null). 0 with the field named in err otherwise. */
+static int adam_keys_ok(const cJSON *ap, char *err, size_t n) {
+    static const char *const keys[] = {"learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"};
+    for (const cJSON *v = ap ? ap->child : NULL; v; v = v->next) {
+        size_t k = 0;
+        while (k < sizeof keys / sizeof *keys && strcmp(keys[k], v->string)) k++;
+        if (k == sizeof keys / sizeof *keys) {
+            snprintf(err, n, "field '%.64s' is not an AdamW hyperparameter (learning_rate, beta1, beta2, eps, "
+                             "weight_decay, grad_clip_norm)", v->string);
+            return 0;
+        }
+        if (cJSON_IsNull(v)) {
+            snprintf(err, n, "field '%s' is null: it must be a finite number (NaN and infinity arrive as null)",
+                     v->string);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 static void h_optim_step(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
     int32_t seq;
     run_state *r = need_run(s, c, b, tenant, &seq);
@@ -598,11 +646,19 @@ static void h_optim_step(svc *s, twk_http_conn *c, const cJSON *b, const char *t
         return;
     }
     const cJSON *ap = cJSON_GetObjectItemCaseSensitive(b, "adam_params");
+    const cJSON *other = cJSON_GetObjectItemCaseSensitive(b, "optimizer_params");
     twk_adam_params d = twk_adam_default();
     double lr, b1, b2, eps, wd, clip;
     char err[256];
-    if (ap && !cJSON_IsObject(ap)) {
+    if (other && !cJSON_IsNull(other)) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(other, "type");
+        snprintf(o->prefail, sizeof o->prefail,
+                 "optimizer_params: optimizer '%s' is not supported by this server; it trains with AdamW (send "
+                 "AdamParams)", cJSON_IsString(ty) ? ty->valuestring : "?");
+    } else if (ap && !cJSON_IsObject(ap)) {
         snprintf(o->prefail, sizeof o->prefail, "field 'adam_params' must be an object");
+    } else if (!adam_keys_ok(ap, err, sizeof err)) {
+        snprintf(o->prefail, sizeof o->prefail, "adam_params: %s", err);
     } else if (!api_num(ap, "learning_rate", 0, d.learning_rate, &lr, err, sizeof err) ||
                !api_num(ap, "beta1", 0, d.beta1, &b1, err, sizeof err) ||
                !api_num(ap, "beta2", 0, d.beta2, &b2, err, sizeof err) || !api_num(ap, "eps", 0, d.eps, &eps, err, sizeof err) ||
