@@ -878,6 +878,17 @@ static void h_retrieve(svc *s, twk_http_conn *c, const cJSON *b, const char *ten
 
 /* ---- routing ---- */
 
+/* A refused request that names a run of the tenant and a seq_id: its slot is
+ * filled (svc_skip_seq), so the SDK's next op on that run proceeds at once. */
+static void skip_seq(svc *s, const cJSON *b, const char *tenant) {
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(b, "model_id"), *q = cJSON_GetObjectItemCaseSensitive(b, "seq_id");
+    if (!cJSON_IsString(m) || !cJSON_IsNumber(q) || q->valuedouble < 0 || q->valuedouble > 2147483647.0 ||
+        q->valuedouble != (double)(int64_t)q->valuedouble)
+        return;
+    run_state *r = svc_find_run(s, tenant, m->valuestring);
+    if (r) svc_skip_seq(s, r, (int64_t)q->valuedouble);
+}
+
 void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     svc *s = user;
     twk_log_context(NULL, req->path);
@@ -929,7 +940,10 @@ void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     else if (!strcmp(route, "weights_info")) h_weights_info(s, c, b, tenant);
     else if (!strcmp(route, "retrieve_future")) h_retrieve(s, c, b, tenant);
     else if (!strcmp(route, "create_sampling_session") || !strcmp(route, "asample")) api_sampling(s, c, req, tenant, route, b);
-    else api_error(c, 404, "no such endpoint: POST /api/v1/%s", route);
+    else {
+        skip_seq(s, b, tenant);
+        api_error(c, 404, "no such endpoint: POST /api/v1/%s", route);
+    }
     cJSON_Delete(b);
 }
 

@@ -33,7 +33,9 @@ typedef struct base_model {
 
 typedef struct run_state run_state;
 
-typedef enum op_kind { OP_CREATE, OP_FB, OP_OPTIM, OP_SAVE, OP_SAVE_SAMPLER, OP_LOAD, OP_UNLOAD } op_kind;
+/* OP_SKIP fills the seq_id slot of a request that was refused before it was queued
+ * (an unknown route): it runs nothing and has no future. */
+typedef enum op_kind { OP_CREATE, OP_FB, OP_OPTIM, OP_SAVE, OP_SAVE_SAMPLER, OP_LOAD, OP_UNLOAD, OP_SKIP } op_kind;
 
 typedef struct op {
     op_kind kind;
@@ -177,6 +179,10 @@ int svc_create_run(svc *s, const char *tenant, const char *session_id, int model
  * limit in err (o freed, nothing queued) when holding o ahead of the run's
  * seq order would pass --max-early-mb-run or the tenant's --max-early-mb-tenant. */
 int svc_submit_op(svc *s, run_state *r, op *o, char *request_id, char *err, size_t err_len);
+/* A request of run r with this seq_id was refused before it was queued: the
+ * slot is filled with a no-op so the run's later ops do not wait for it.
+ * Nothing happens when the seq_id was already taken or is behind the run. */
+void svc_skip_seq(svc *s, run_state *r, int64_t seq);
 /* Runs an op outside the seq order (after what is already dispatched). */
 void svc_dispatch_now(svc *s, run_state *r, op *o, char *request_id);
 op *svc_op_new(svc *s, run_state *r, op_kind kind, int64_t seq);
