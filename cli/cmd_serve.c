@@ -35,6 +35,7 @@ static void usage(FILE *f) {
             "                       are dropped (their futures fail naming this limit) (default 256)\n"
             "  --result-keep S      a retrieved result is kept S seconds for re-polls, then freed (default 120)\n"
             "  --result-ttl S       an unretrieved result is kept S seconds (default 3600)\n"
+            "  --checkpoint-sweep S checkpoints past their ttl_seconds are deleted every S seconds (default 60)\n"
             "  --config FILE        the same options as 'key = value' lines (model may repeat)\n"
             "  --quiet              no log lines\n",
             TWK_DEFAULT_MODEL_NAME);

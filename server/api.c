@@ -688,7 +688,7 @@ static void h_save(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant,
     char err[256];
     double ttl = 0;
     int overwrite = 0;
-    if (!api_str(b, "path", 0, &name, err, sizeof err) || !api_num(b, "ttl_seconds", 0, 0, &ttl, err, sizeof err) ||
+    if (!api_str(b, "path", 0, &name, err, sizeof err) || !api_ttl(b, &ttl, err, sizeof err) ||
         !api_bool(b, "overwrite", 0, &overwrite, err, sizeof err)) {
         snprintf(o->prefail, sizeof o->prefail, "%s", err);
     } else if (!name && sampler) {

@@ -68,12 +68,14 @@ int svc_find_checkpoint(svc *s, const char *tenant, const char *field, const cha
         return 0;
     }
     snprintf(ckid, sizeof ckid, "%s/%s", kind, name);
-    if (twk_store_ckpt_get(s->store, tenant, run, ckid, ck) != TWK_OK) {
+    /* the tenant's own, or another tenant's published one (read-only: every caller only reads it) */
+    if (twk_store_ckpt_get(s->store, tenant, run, ckid, ck) != TWK_OK &&
+        twk_store_ckpt_get_public(s->store, run, ckid, ck) != TWK_OK) {
         *status = 404;
         snprintf(err, err_len, "checkpoint %s not found", path);
         return 0;
     }
-    if (twk_store_run_get(s->store, tenant, run, src) != TWK_OK) {
+    if (twk_store_run_get(s->store, ck->tenant, run, src) != TWK_OK) {
         *status = 404;
         snprintf(err, err_len, "the run of checkpoint %s is gone", path);
         return 0;

@@ -29,6 +29,7 @@ void twk_serve_config_default(twk_serve_config *c) {
     c->max_result_bytes_tenant = 256u << 20;
     c->result_keep_s = 120;
     c->result_ttl_s = 3600;
+    c->ckpt_sweep_s = 60;
 }
 
 static int parse_num(const char *s, double lo, double hi, double *out) {
@@ -84,6 +85,7 @@ twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char
     NUM("fwdbwd-chunk-len", 1, 1 << 20, fwdbwd_chunk_len, int)
     NUM("result-keep", 1, 86400, result_keep_s, double)
     NUM("result-ttl", 1, 30 * 86400, result_ttl_s, double)
+    NUM("checkpoint-sweep", 0.1, 86400, ckpt_sweep_s, double)
 #undef NUM
     struct { const char *name; char *dst; size_t len; } strs[] = {
         {"host", c->host, sizeof c->host},
@@ -202,6 +204,7 @@ static void on_signal(uv_signal_t *h, int signum) {
     s->worker = NULL;
     uv_timer_stop(&s->gap_timer);
     uv_close((uv_handle_t *)&s->gap_timer, NULL);
+    svc_sweeper_stop(s);
     uv_signal_stop(&s->sigint);
     uv_signal_stop(&s->sigterm);
     uv_close((uv_handle_t *)&s->sigint, NULL);
@@ -276,6 +279,7 @@ int twk_serve_run(const twk_serve_config *cfg) {
     uv_timer_init(&loop, &s->gap_timer);
     s->gap_timer.data = s;
     uv_timer_start(&s->gap_timer, on_gap_timer, 1000, 1000);
+    svc_sweeper_start(s);
     uv_signal_init(&loop, &s->sigint);
     uv_signal_init(&loop, &s->sigterm);
     s->sigint.data = s->sigterm.data = s;

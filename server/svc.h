@@ -160,6 +160,7 @@ typedef struct svc {
     int n_live_units;
     unsigned long long use_clock;      /* asample jobs queued or running (429 past the limit) */
     uv_timer_t gap_timer;
+    uv_timer_t sweep_timer;    /* expired checkpoints (sweeper.c) */
     uv_signal_t sigint, sigterm;
     unsigned long long id_counter;
     int stopping;
@@ -220,6 +221,17 @@ int svc_ckpt_publish(const char *tmp, const char *dir, const char *old, int exis
  * interrupted saves (.tmp-*), replaced copies and folders published but never recorded in the
  * store; logs one line for each. */
 void svc_ckpt_recover(svc *s);
+/* Deletes a checkpoint: its store row (the commit point), then its folder, renamed aside at once as a
+ * .tmp-* leftover (which start-up recovery removes after a crash) and removed on the worker.
+ * -1 with a message in err when the row could not be deleted (nothing changed). */
+int svc_ckpt_remove(svc *s, const twk_store_ckpt *ck, char *err, size_t err_len);
+
+/* ---- sweeper.c ---- */
+/* Starts the timer that deletes expired checkpoints every --checkpoint-sweep seconds. */
+void svc_sweeper_start(svc *s);
+void svc_sweeper_stop(svc *s);
+/* Deletes every checkpoint whose expires_at has passed; returns how many. */
+int svc_sweep_expired(svc *s);
 
 /* ---- sampling.c ---- */
 sampler_session *svc_find_sampler(svc *s, const char *tenant, const char *id);

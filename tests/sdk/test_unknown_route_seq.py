@@ -3,23 +3,9 @@ the 404 does not leave a hole in the run's seq order, so the SDK's next op runs
 at once instead of waiting --seq-timeout for a seq_id that never comes."""
 from __future__ import annotations
 
-import asyncio
 
-from conftest import counting_datum, new_training_client, service_client
+from conftest import counting_datum, sdk_training_call, new_training_client, service_client
 from test_bad_input import json_error, request
-
-
-def sdk_style_call(tc, port, route):
-    """What the SDK does for a training op (its save_weights_external, say): reserve
-    a request id, take the client's turn, POST with seq_id = id + 1."""
-    rid = tc._get_request_id()
-
-    async def call():
-        async with tc._take_turn(rid):
-            return await asyncio.to_thread(request, port, "POST", f"/api/v1/{route}",
-                                           {"model_id": tc.model_id, "seq_id": rid + 1, "path": "x"}, "tml-seq")
-
-    return (*tc.holder.run_coroutine_threadsafe(call()).result(timeout=60), rid + 1)
 
 
 def test_unknown_route_does_not_stall_the_run(start_server):
@@ -28,7 +14,7 @@ def test_unknown_route_does_not_stall_the_run(start_server):
     tc = new_training_client(sc, rank=4, seed=5)
     tc.forward_backward([counting_datum(0)], "cross_entropy").result(timeout=60)
     for route in ("no_such_training_op", "save_weights_someday"):
-        status, ctype, data, seq = sdk_style_call(tc, srv.port, route)
+        status, ctype, data, seq = sdk_training_call(tc, srv.port, route, {"path": "x"}, "tml-seq")
         msg = json_error(status, ctype, data, 404)
         assert route in msg, msg
     # sent twice (an SDK retry): still nothing consumed beyond the slot
