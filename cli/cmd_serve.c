@@ -37,6 +37,9 @@ static void usage(FILE *f) {
             "  --result-ttl S       an unretrieved result is kept S seconds (default 3600)\n"
             "  --checkpoint-sweep S checkpoints past their ttl_seconds are deleted every S seconds (default 60)\n"
             "  --config FILE        the same options as 'key = value' lines (model may repeat)\n"
+            "  --log-format F       text (default: a line per failed request or future) or json (one JSON\n"
+            "                       object per line: every request with level, request_id, tenant, route,\n"
+            "                       status and duration_ms; failed futures; the server's messages)\n"
             "  --quiet              no log lines\n",
             TWK_DEFAULT_MODEL_NAME);
 }

@@ -25,6 +25,7 @@ int svc_session_exists(svc *s, twk_http_conn *c, const char *tenant, const char 
 }
 
 static void future_reply(twk_http_conn *c, const char *request_id, const char *model_id) {
+    twk_log_request_id(request_id); /* also a resubmission's original future */
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "request_id", request_id);
     if (model_id) cJSON_AddStringToObject(j, "model_id", model_id);
@@ -892,12 +893,15 @@ static void skip_seq(svc *s, const cJSON *b, const char *tenant) {
 void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     svc *s = user;
     twk_log_context(NULL, req->path);
+    twk_log_request_id(NULL);
+    twk_http_log_fields(c, NULL, req->path, NULL);
     const char *p = strstr(req->path, "/api/v1/");
     if (!p) {
         api_error(c, 404, "no such endpoint: %s %s", req->method, req->path);
         return;
     }
     const char *route = p + strlen("/api/v1/");
+    twk_http_log_fields(c, NULL, route, NULL);
     int get = !strcmp(req->method, "GET"), post = !strcmp(req->method, "POST");
     if (get && !strcmp(route, "healthz")) {
         twk_http_respond_json(c, 200, "{\"status\":\"ok\"}");
@@ -910,6 +914,7 @@ void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
         return;
     }
     twk_log_context(tenant, route);
+    twk_http_log_fields(c, tenant, NULL, NULL);
     if (get || !strcmp(req->method, "DELETE") || !strcmp(req->method, "PUT") ||
         (post && (!strncmp(route, "training_runs/", 14) || !strncmp(route, "sessions/", 9)))) {
         api_rest(s, c, req, tenant, route);

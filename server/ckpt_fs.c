@@ -170,16 +170,16 @@ static void recover_kind(svc *s, const char *run, const char *kind, const char *
             if (pass == 0 && leftover_name(names[i], ".old-", name, sizeof name)) {
                 snprintf(target, sizeof target, "%s/%s", kdir, name);
                 if (lstat(target, &sb) != 0 && rename(path, target) == 0) {
-                    fprintf(stderr, "twinkle serve: recovery: %s was missing; restored the previous checkpoint from %s\n",
+                    twk_log_info("recovery: %s was missing; restored the previous checkpoint from %s",
                             target, names[i]);
                 } else {
                     svc_rm_tree(path);
-                    fprintf(stderr, "twinkle serve: recovery: removed %s (replaced checkpoint left by a crash)\n", path);
+                    twk_log_info("recovery: removed %s (replaced checkpoint left by a crash)", path);
                 }
                 (*n_fixed)++;
             } else if (pass == 1 && leftover_name(names[i], ".tmp-", name, sizeof name)) {
                 svc_rm_tree(path);
-                fprintf(stderr, "twinkle serve: recovery: removed %s (a save interrupted by a crash)\n", path);
+                twk_log_info("recovery: removed %s (a save interrupted by a crash)", path);
                 (*n_fixed)++;
             } else if (pass == 2 && names[i][0] != '.' && S_ISDIR(sb.st_mode)) {
                 char ckid[400];
@@ -187,10 +187,7 @@ static void recover_kind(svc *s, const char *run, const char *kind, const char *
                 snprintf(ckid, sizeof ckid, "%s/%s", kind, names[i]);
                 if (twk_store_ckpt_listed(s->store, run, ckid, &listed) == TWK_OK && !listed) {
                     svc_rm_tree(path);
-                    fprintf(stderr,
-                            "twinkle serve: recovery: removed %s (published, but the crash came before it was "
-                            "recorded)\n",
-                            path);
+                    twk_log_info("recovery: removed %s (published, but the crash came before it was recorded)", path);
                     (*n_fixed)++;
                 }
             }
@@ -217,7 +214,7 @@ void svc_ckpt_recover(svc *s) {
     }
     closedir(d);
     if (fixed)
-        fprintf(stderr, "twinkle serve: recovery: %d leftover checkpoint folder(s) handled\n", fixed);
+        twk_log_info("recovery: %d leftover checkpoint folder(s) handled", fixed);
 }
 
 /* The worker's half of a removal: the renamed-aside folder goes. */

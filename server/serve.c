@@ -48,6 +48,12 @@ twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char
         *used = 0;
         return TWK_OK;
     }
+    if (!strcmp(opt, "log-format")) {
+        if (!val || (strcmp(val, "text") && strcmp(val, "json")))
+            return twk_error(TWK_ERR_INVALID_ARG, "--log-format wants text or json, got '%s'", val ? val : "");
+        c->log_json = !strcmp(val, "json");
+        return TWK_OK;
+    }
     /* a known option without its value says so; an unknown one is "unknown option" */
     double v;
 #define NUM(name, lo, hi, field, type)                                                                  \
@@ -196,7 +202,7 @@ static void on_signal(uv_signal_t *h, int signum) {
     svc *s = h->data;
     if (s->stopping) return;
     s->stopping = 1;
-    if (!s->cfg.quiet) fprintf(stderr, "twinkle serve: signal %d, shutting down\n", signum);
+    twk_log_info("signal %d, shutting down", signum);
     twk_http_server_stop(s->http);
     twk_futures_free(s->futures);
     s->futures = NULL;
@@ -233,7 +239,7 @@ static twk_status load_models(svc *s) {
         struct stat sb;
         b->has_tokenizer = stat(tok, &sb) == 0;
         if (b->has_tokenizer && twk_tokenizer_load(tok, &b->tok) != TWK_OK) {
-            fprintf(stderr, "twinkle serve: model '%s': %s (stop strings disabled)\n", b->name, twk_last_error());
+            twk_log_info("model '%s': %s (stop strings disabled)", b->name, twk_last_error());
             b->tok = NULL;
         }
         s->n_models++;
@@ -248,6 +254,8 @@ int twk_serve_run(const twk_serve_config *cfg) {
     uv_loop_t loop;
     uv_loop_init(&loop);
     s->loop = &loop;
+    twk_log_quiet(cfg->quiet);
+    twk_log_json(cfg->log_json);
     int rc = 1;
     twk_status st = twk_store_open(cfg->data_dir, &s->store);
     if (st == TWK_OK) st = twk_auth_load(cfg->keys_file, &s->auth);
@@ -260,7 +268,6 @@ int twk_serve_run(const twk_serve_config *cfg) {
         goto out;
     }
     twk_futures_limits fl = {cfg->poll_timeout_s, cfg->result_keep_s, cfg->result_ttl_s, cfg->max_result_bytes_tenant};
-    twk_log_quiet(cfg->quiet);
     svc_ckpt_recover(s);
     s->futures = twk_futures_new(&loop, &fl);
     s->worker = twk_worker_start(&loop);
@@ -285,13 +292,12 @@ int twk_serve_run(const twk_serve_config *cfg) {
     s->sigint.data = s->sigterm.data = s;
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
-    if (!cfg->quiet) {
-        fprintf(stderr, "twinkle serve: listening on http://%s:%d  device %s  data %s  auth %s  models:", cfg->host,
-                twk_http_server_port(s->http), twk_device_spec(s->dev), cfg->data_dir,
-                twk_auth_open_mode(s->auth) ? "open (any tml- key)" : cfg->keys_file);
-        for (int i = 0; i < s->n_models; i++) fprintf(stderr, " %s", s->models[i].name);
-        fprintf(stderr, "\n");
-    }
+    char names[600] = "";
+    for (int i = 0; i < s->n_models; i++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), " %s", s->models[i].name);
+    twk_log_info("listening on http://%s:%d  device %s  data %s  auth %s  models:%s", cfg->host,
+                 twk_http_server_port(s->http), twk_device_spec(s->dev), cfg->data_dir,
+                 twk_auth_open_mode(s->auth) ? "open (any tml- key)" : cfg->keys_file, names);
     printf("port %d\n", twk_http_server_port(s->http));
     fflush(stdout);
     uv_run(&loop, UV_RUN_DEFAULT);

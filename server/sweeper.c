@@ -1,6 +1,5 @@
 /* The checkpoint sweeper: a timer on the loop that deletes checkpoints whose
  * TTL has passed (row, then folder: svc_ckpt_remove), a batch per tick. */
-#include <stdio.h>
 #include <time.h>
 
 #include "svc.h"
@@ -11,19 +10,18 @@ int svc_sweep_expired(svc *s) {
     twk_store_ckpt *list = NULL;
     int n = 0, removed = 0;
     if (twk_store_ckpt_expired(s->store, (double)time(NULL), SWEEP_BATCH, &list, &n) != TWK_OK) {
-        if (!s->cfg.quiet) fprintf(stderr, "twinkle serve: sweeper: %s\n", twk_last_error());
+        twk_log_info("sweeper: %s", twk_last_error());
         return 0;
     }
     for (int i = 0; i < n; i++) {
         char err[512];
         if (svc_ckpt_remove(s, &list[i], err, sizeof err) != 0) {
-            if (!s->cfg.quiet) fprintf(stderr, "twinkle serve: sweeper: %s\n", err);
+            twk_log_info("sweeper: %s", err);
             continue;
         }
         removed++;
-        if (!s->cfg.quiet)
-            fprintf(stderr, "twinkle serve: sweeper: deleted expired checkpoint tinker://%s/%s (tenant %s)\n",
-                    list[i].run_id, list[i].checkpoint_id, list[i].tenant);
+        twk_log_info("sweeper: deleted expired checkpoint tinker://%s/%s (tenant %s)", list[i].run_id,
+                     list[i].checkpoint_id, list[i].tenant);
     }
     twk_host_free(list);
     return removed;
