@@ -40,6 +40,8 @@ static void usage(FILE *f) {
             "  --log-format F       text (default: a line per failed request or future) or json (one JSON\n"
             "                       object per line: every request with level, request_id, tenant, route,\n"
             "                       status and duration_ms; failed futures; the server's messages)\n"
+            "  --jwt-auth           have the SDK exchange its key for a short-lived JWT (auth/token), which\n"
+            "                       its whoami reads (tenant as tml:user:TENANT)\n"
             "  --quiet              no log lines\n",
             TWK_DEFAULT_MODEL_NAME);
 }

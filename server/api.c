@@ -45,11 +45,11 @@ static void submit_reply(svc *s, twk_http_conn *c, run_state *r, op *o) {
 static void h_client_config(svc *s, twk_http_conn *c) {
     char buf[640];
     snprintf(buf, sizeof buf,
-             "{\"pjwt_auth_enabled\":false,\"use_pyqwest_transport\":false,\"proto_compress_fwdbwd\":false,"
+             "{\"pjwt_auth_enabled\":%s,\"use_pyqwest_transport\":false,\"proto_compress_fwdbwd\":false,"
              "\"parallel_fwdbwd_chunks\":true,\"fwdbwd_max_chunk_len\":%d,\"sample_max_concurrent_requests\":64,"
-             "\"create_model_via_load_weights\":false,\"sample_use_retrieve_futures\":false,"
-             "\"sample_join_sampling_session\":false,\"credential_default_source\":\"api_key\"}",
-             s->cfg.fwdbwd_chunk_len);
+             "\"create_model_via_load_weights\":false,\"sample_use_retrieve_futures\":true,"
+             "\"sample_join_sampling_session\":true,\"credential_default_source\":\"api_key\"}",
+             s->cfg.jwt_auth ? "true" : "false", s->cfg.fwdbwd_chunk_len);
     twk_http_respond_json(c, 200, buf);
 }
 
@@ -909,12 +909,23 @@ void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     }
     char tenant[64];
     twk_log_context(NULL, route);
-    if (!twk_auth_tenant(s->auth, twk_http_header_get(req, "X-API-Key"), tenant)) {
+    const char *key = twk_http_header_get(req, "X-API-Key");
+    if (!twk_auth_tenant(s->auth, key, tenant)) {
+        if (twk_auth_is_token(key)) { /* an expired or forgotten auth/token JWT: the SDK fetches a new one */
+            static const char msg[] = "invalid or expired token (exchange the API key at auth/token again)";
+            twk_log_failure(NULL, NULL, route, 401, NULL, msg);
+            char body[160];
+            int n = snprintf(body, sizeof body, "{\"error\":\"%s\",\"detail\":\"%s\"}", msg, msg);
+            twk_http_respond(c, 401, "application/json", body, (size_t)n,
+                             "WWW-Authenticate: Bearer error=\"invalid_token\"\r\n");
+            return;
+        }
         api_error(c, 401, "invalid or missing API key (send X-API-Key: tml-...)");
         return;
     }
     twk_log_context(tenant, route);
     twk_http_log_fields(c, tenant, NULL, NULL);
+    if (api_sessions(s, c, req, tenant, route)) return;
     if (get || !strcmp(req->method, "DELETE") || !strcmp(req->method, "PUT") ||
         (post && (!strncmp(route, "training_runs/", 14) || !strncmp(route, "sessions/", 9)))) {
         api_rest(s, c, req, tenant, route);
@@ -931,7 +942,7 @@ void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     cJSON *b = api_body(c, req);
     if (!b) return;
     if (!strcmp(route, "client/config")) h_client_config(s, c);
-    else if (!strcmp(route, "client/dynamic_config")) twk_http_respond_json(c, 200, "{\"refresh_interval_sec\":3600}");
+    else if (!strcmp(route, "client/dynamic_config")) twk_http_respond_json(c, 200, "{\"refresh_interval_sec\":3600,\"sample_cancel_enabled\":true}");
     else if (!strcmp(route, "create_session")) h_create_session(s, c, b, tenant);
     else if (!strcmp(route, "session_heartbeat")) h_heartbeat(s, c, b, tenant);
     else if (!strcmp(route, "telemetry")) twk_http_respond_json(c, 200, "{\"status\":\"accepted\"}");

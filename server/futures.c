@@ -341,6 +341,14 @@ void twk_futures_fail(twk_futures *f, const char *id, const char *category, cons
     enforce_bytes(f, x->use);
 }
 
+int twk_futures_cancel(twk_futures *f, const char *tenant, const char *id) {
+    future *x = id ? find(f, id) : NULL;
+    if (!x || strcmp(x->tenant, tenant)) return -1;
+    if (x->state) return 0;
+    twk_futures_fail(f, id, "cancelled", "cancelled by the client (cancel_future)");
+    return 1;
+}
+
 void twk_futures_poll(twk_futures *f, twk_http_conn *c, const char *tenant, const char *id) {
     future *x = id ? find(f, id) : NULL;
     twk_http_log_fields(c, NULL, NULL, id); /* the polled future's id, also when answered later */

@@ -660,6 +660,19 @@ static void pending_insert(svc *s, run_state *r, op *o) {
     r->gap_since = r->pending ? (r->gap_since > 0 ? r->gap_since : (double)uv_now(s->loop) / 1000.0) : 0;
 }
 
+int svc_op_cancel(svc *s, const char *tenant, const char *request_id) {
+    for (run_state *r = s->runs; r; r = r->next) {
+        if (strcmp(r->tenant, tenant)) continue;
+        for (op *o = r->pending; o; o = o->next)
+            if (o->kind != OP_SKIP && !strcmp(o->request_id, request_id)) {
+                /* keeps its slot (the seq order stays whole) but runs nothing */
+                snprintf(o->prefail, sizeof o->prefail, "cancelled by the client (cancel_future)");
+                return 1;
+            }
+    }
+    return 0;
+}
+
 void svc_check_gaps(svc *s) {
     double now = (double)uv_now(s->loop) / 1000.0;
     for (run_state *r = s->runs; r; r = r->next) {

@@ -43,8 +43,8 @@ static int parse_num(const char *s, double lo, double hi, double *out) {
 twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char *val, int *used) {
     *used = 1;
     while (*opt == '-') opt++;
-    if (!strcmp(opt, "quiet")) {
-        c->quiet = 1;
+    if (!strcmp(opt, "quiet") || !strcmp(opt, "jwt-auth")) { /* flags: no value */
+        *(!strcmp(opt, "quiet") ? &c->quiet : &c->jwt_auth) = 1;
         *used = 0;
         return TWK_OK;
     }
@@ -148,7 +148,7 @@ twk_status twk_serve_config_file(twk_serve_config *c, const char *path) {
         char *eq = strchr(p, '=');
         char *end = p + strlen(p);
         while (end > p && isspace((unsigned char)end[-1])) *--end = 0;
-        if (!eq && strcmp(p, "quiet")) {
+        if (!eq && strcmp(p, "quiet") && strcmp(p, "jwt-auth")) {
             st = twk_error(TWK_ERR_INVALID_ARG, "%s:%d: want 'key = value'", path, lineno);
             break;
         }

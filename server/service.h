@@ -44,6 +44,7 @@ typedef struct twk_serve_config {
     double result_ttl_s;      /* an unretrieved result stays this long; default 3600 */
     double ckpt_sweep_s;      /* expired checkpoints are deleted every this many seconds; default 60 */
     int quiet;
+    int jwt_auth;             /* --jwt-auth: client/config turns on the SDK's JWT exchange (auth/token, whoami) */
     int log_json;             /* --log-format json: one JSON object per line, every request */
 } twk_serve_config;
 

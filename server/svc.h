@@ -114,6 +114,8 @@ typedef struct sampler_session {
     float alpha;
     char adapter_dir[1024];   /* a checkpoint folder, or "" */
     host_adapter *copy;       /* worker-written snapshot copy, or NULL */
+    int n_clients;            /* join_sampling_session: clients allocated so far (the original is 0) */
+    struct session_events *events; /* retrieve_futures: finished requests not yet acknowledged */
     struct sampler_session *next;
 } sampler_session;
 
@@ -244,6 +246,25 @@ twk_status svc_snapshot_capture(sampler_session *ss, twk_trainer *from);
 twk_status svc_sampler_ready(svc *s, sampler_unit *u, twk_trainer *from);
 void svc_free_samplers(svc *s);
 void api_sampling(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant, const char *route, cJSON *body);
+
+/* ---- session_futures.c: retrieve_futures, the batched poll of a sampling session ---- */
+/* A request of ss's client `clone` (its seq_id / 1e9) finished (failed: 1) with a result of
+ * `size` bytes: recorded for retrieve_futures, and parked polls of that client are answered. */
+void svc_session_event(svc *s, sampler_session *ss, int64_t clone, const char *request_id, int failed, size_t size);
+/* POST retrieve_futures. */
+void api_retrieve_futures(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant);
+/* Frees ss's events and answers its parked polls (shutdown, or the session going away). */
+void svc_session_events_free(sampler_session *ss);
+
+/* ---- api_sessions.c: cancel_future, join_sampling_session, sessions/search, auth/token, trace_export ---- */
+/* Routes those; 0 if route is none of them (nothing answered). */
+int api_sessions(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant, const char *route);
+/* cancel_future's dropping of queued work: a sampling request still waiting for its sampler is
+ * taken out of the queue (1), else 0. Its future must already be finished (cancelled). */
+int svc_sample_cancel(svc *s, const char *request_id);
+/* A training op of tenant still held in its run's seq order becomes a no-op that fails "cancelled"
+ * in its turn (1), else 0 (dispatched ops run, and their result is discarded). */
+int svc_op_cancel(svc *s, const char *tenant, const char *request_id);
 
 /* ---- api.c ---- */
 /* 1 if the tenant's session exists; else answers 404 and returns 0. */
