@@ -10,7 +10,7 @@
 #include "svc.h"
 
 #define TOKEN_LIFETIME_S 3600
-#define SEARCH_SCAN_MAX 100000 /* sessions of a tenant examined per search page */
+#define SEARCH_PAGE 1000 /* sessions read from the store at a time (its page limit) */
 
 /* ---- cancel_future ---- */
 
@@ -214,34 +214,39 @@ static void h_search(svc *s, twk_http_conn *c, const cJSON *b, const char *tenan
         return;
     }
     const cJSON *cur = cJSON_GetObjectItemCaseSensitive(b, "cursor");
-    char **ids = NULL;
-    int n = 0, total = 0;
-    if (mine && twk_store_session_list(s->store, tenant, SEARCH_SCAN_MAX, 0, &ids, &n, &total) != TWK_OK) {
-        api_error(c, 500, "listing sessions failed: %s", twk_last_error());
-        return;
-    }
     cJSON *j = cJSON_CreateObject();
     cJSON *arr = cJSON_AddArrayToObject(j, "sessions");
-    int taken = 0, more = 0;
+    int taken = 0, more = 0, total = 0;
     char last_id[96] = "", last_at[40] = "";
-    for (int i = 0; i < n; i++) {
-        twk_store_session sess;
-        if (!more && twk_store_session_get(s->store, tenant, ids[i], &sess) == TWK_OK) {
-            if ((!cJSON_IsObject(cur) || after_cursor(cur, &sess)) && session_matches(b, &sess)) {
-                if (taken == limit) {
-                    more = 1;
-                } else {
-                    cJSON_AddItemToArray(arr, session_summary(s, tenant, &sess));
-                    taken++;
-                    snprintf(last_id, sizeof last_id, "%s", sess.id);
-                    api_iso_time(sess.created, last_at, sizeof last_at);
-                }
-            }
-            twk_store_session_clear(&sess);
+    /* the tenant's sessions, newest first, a store page at a time */
+    for (int offset = 0; mine && !more && (offset == 0 || offset < total); offset += SEARCH_PAGE) {
+        char **ids = NULL;
+        int n = 0;
+        if (twk_store_session_list(s->store, tenant, SEARCH_PAGE, offset, &ids, &n, &total) != TWK_OK) {
+            cJSON_Delete(j);
+            api_error(c, 500, "listing sessions failed: %s", twk_last_error());
+            return;
         }
-        twk_host_free(ids[i]);
+        for (int i = 0; i < n; i++) {
+            twk_store_session sess;
+            if (!more && twk_store_session_get(s->store, tenant, ids[i], &sess) == TWK_OK) {
+                if ((!cJSON_IsObject(cur) || after_cursor(cur, &sess)) && session_matches(b, &sess)) {
+                    if (taken == limit) {
+                        more = 1;
+                    } else {
+                        cJSON_AddItemToArray(arr, session_summary(s, tenant, &sess));
+                        taken++;
+                        snprintf(last_id, sizeof last_id, "%s", sess.id);
+                        api_iso_time(sess.created, last_at, sizeof last_at);
+                    }
+                }
+                twk_store_session_clear(&sess);
+            }
+            twk_host_free(ids[i]);
+        }
+        twk_host_free(ids);
+        if (n == 0) break;
     }
-    twk_host_free(ids);
     if (more) {
         cJSON *nc = cJSON_AddObjectToObject(j, "next_cursor");
         cJSON_AddStringToObject(nc, "last_created_at", last_at);
