@@ -341,6 +341,11 @@ void twk_futures_fail(twk_futures *f, const char *id, const char *category, cons
     enforce_bytes(f, x->use);
 }
 
+int twk_futures_succeeded(twk_futures *f, const char *id) {
+    const future *x = find(f, id);
+    return x && x->state == 1;
+}
+
 int twk_futures_cancel(twk_futures *f, const char *tenant, const char *id) {
     future *x = id ? find(f, id) : NULL;
     if (!x || strcmp(x->tenant, tenant)) return -1;

@@ -451,6 +451,7 @@ static void drain_run(twk_job *j) {
 static void sample_finish(svc *s, sample_job *sj, int ok, const char *cat, const char *msg) {
     if (ok) twk_futures_complete(s->futures, sj->request_id, "application/x-protobuf", sj->out, sj->out_len);
     else twk_futures_fail(s->futures, sj->request_id, cat, msg);
+    ok = twk_futures_succeeded(s->futures, sj->request_id); /* a cancelled one's result was discarded */
     svc_session_event(s, sj->ss, sj->clone, sj->request_id, !ok, ok ? sj->out_len : 0);
     twk_host_free(sj->out);
     free(sj->prompt);
