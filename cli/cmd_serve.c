@@ -37,7 +37,13 @@ static void usage(FILE *f) {
             "                       are dropped (their futures fail naming this limit) (default 256)\n"
             "  --result-keep S      a retrieved result is kept S seconds for re-polls, then freed (default 120)\n"
             "  --result-ttl S       an unretrieved result is kept S seconds (default 3600)\n"
+            "  --checkpoint-sweep S checkpoints past their ttl_seconds are deleted every S seconds (default 60)\n"
             "  --config FILE        the same options as 'key = value' lines (model may repeat)\n"
+            "  --log-format F       text (default: a line per failed request or future) or json (one JSON\n"
+            "                       object per line: every request with level, request_id, tenant, route,\n"
+            "                       status and duration_ms; failed futures; the server's messages)\n"
+            "  --jwt-auth           have the SDK exchange its key for a short-lived JWT (auth/token), which\n"
+            "                       its whoami reads (tenant as tml:user:TENANT)\n"
             "  --quiet              no log lines\n",
             TWK_DEFAULT_MODEL_NAME);
 }

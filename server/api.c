@@ -25,6 +25,7 @@ int svc_session_exists(svc *s, twk_http_conn *c, const char *tenant, const char 
 }
 
 static void future_reply(twk_http_conn *c, const char *request_id, const char *model_id) {
+    twk_log_request_id(request_id); /* also a resubmission's original future */
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "request_id", request_id);
     if (model_id) cJSON_AddStringToObject(j, "model_id", model_id);
@@ -44,11 +45,11 @@ static void submit_reply(svc *s, twk_http_conn *c, run_state *r, op *o) {
 static void h_client_config(svc *s, twk_http_conn *c) {
     char buf[640];
     snprintf(buf, sizeof buf,
-             "{\"pjwt_auth_enabled\":false,\"use_pyqwest_transport\":false,\"proto_compress_fwdbwd\":false,"
+             "{\"pjwt_auth_enabled\":%s,\"use_pyqwest_transport\":false,\"proto_compress_fwdbwd\":false,"
              "\"parallel_fwdbwd_chunks\":true,\"fwdbwd_max_chunk_len\":%d,\"sample_max_concurrent_requests\":64,"
-             "\"create_model_via_load_weights\":false,\"sample_use_retrieve_futures\":false,"
-             "\"sample_join_sampling_session\":false,\"credential_default_source\":\"api_key\"}",
-             s->cfg.fwdbwd_chunk_len);
+             "\"create_model_via_load_weights\":false,\"sample_use_retrieve_futures\":true,"
+             "\"sample_join_sampling_session\":true,\"credential_default_source\":\"api_key\"}",
+             s->cfg.jwt_auth ? "true" : "false", s->cfg.fwdbwd_chunk_len);
     twk_http_respond_json(c, 200, buf);
 }
 
@@ -126,6 +127,29 @@ static void h_capabilities(svc *s, twk_http_conn *c) {
 
 /* ---- models ---- */
 
+/* create_model's optimizer_config: absent, null or {"type": "adamw"} (all this
+ * server trains with). 0 with the field named in err otherwise. */
+static int optimizer_config_ok(const cJSON *oc, char *err, size_t n) {
+    if (!oc || cJSON_IsNull(oc)) return 1;
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(oc, "type");
+    if (!cJSON_IsObject(oc) || !cJSON_IsString(ty)) {
+        snprintf(err, n, "field 'optimizer_config' must be an object with a string 'type'");
+        return 0;
+    }
+    if (strcmp(ty->valuestring, "adamw")) {
+        snprintf(err, n, "optimizer_config.type '%.64s' is not supported by this server; it trains with 'adamw'",
+                 ty->valuestring);
+        return 0;
+    }
+    for (const cJSON *v = oc->child; v; v = v->next)
+        if (strcmp(v->string, "type")) {
+            snprintf(err, n, "optimizer_config.%.64s is not supported by this server (adamw takes no options here)",
+                     v->string);
+            return 0;
+        }
+    return 1;
+}
+
 static void h_create_model(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
     const char *session_id, *base;
     long long model_seq;
@@ -162,6 +186,10 @@ static void h_create_model(svc *s, twk_http_conn *c, const cJSON *b, const char 
     lora.train_attn = ta;
     lora.train_mlp = tm;
     lora.train_unembed = tu;
+    if (!optimizer_config_ok(cJSON_GetObjectItemCaseSensitive(b, "optimizer_config"), err, sizeof err)) {
+        api_error(c, 400, "%s", err);
+        return;
+    }
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(b, "user_metadata");
     if (meta && !cJSON_IsObject(meta) && !cJSON_IsNull(meta)) {
         api_error(c, 400, "field 'user_metadata' must be an object");
@@ -588,6 +616,27 @@ static void h_forward_backward(svc *s, twk_http_conn *c, const twk_http_req *req
     submit_reply(s, c, r, o);
 }
 
+/* adam_params names only AdamW's hyperparameters, none of them null (the SDK
+ * sends NaN and infinity as null). 0 with the field named in err otherwise. */
+static int adam_keys_ok(const cJSON *ap, char *err, size_t n) {
+    static const char *const keys[] = {"learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"};
+    for (const cJSON *v = ap ? ap->child : NULL; v; v = v->next) {
+        size_t k = 0;
+        while (k < sizeof keys / sizeof *keys && strcmp(keys[k], v->string)) k++;
+        if (k == sizeof keys / sizeof *keys) {
+            snprintf(err, n, "field '%.64s' is not an AdamW hyperparameter (learning_rate, beta1, beta2, eps, "
+                             "weight_decay, grad_clip_norm)", v->string);
+            return 0;
+        }
+        if (cJSON_IsNull(v)) {
+            snprintf(err, n, "field '%s' is null: it must be a finite number (NaN and infinity arrive as null)",
+                     v->string);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 static void h_optim_step(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
     int32_t seq;
     run_state *r = need_run(s, c, b, tenant, &seq);
@@ -598,11 +647,19 @@ static void h_optim_step(svc *s, twk_http_conn *c, const cJSON *b, const char *t
         return;
     }
     const cJSON *ap = cJSON_GetObjectItemCaseSensitive(b, "adam_params");
+    const cJSON *other = cJSON_GetObjectItemCaseSensitive(b, "optimizer_params");
     twk_adam_params d = twk_adam_default();
     double lr, b1, b2, eps, wd, clip;
     char err[256];
-    if (ap && !cJSON_IsObject(ap)) {
+    if (other && !cJSON_IsNull(other)) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(other, "type");
+        snprintf(o->prefail, sizeof o->prefail,
+                 "optimizer_params: optimizer '%s' is not supported by this server; it trains with AdamW (send "
+                 "AdamParams)", cJSON_IsString(ty) ? ty->valuestring : "?");
+    } else if (ap && !cJSON_IsObject(ap)) {
         snprintf(o->prefail, sizeof o->prefail, "field 'adam_params' must be an object");
+    } else if (!adam_keys_ok(ap, err, sizeof err)) {
+        snprintf(o->prefail, sizeof o->prefail, "adam_params: %s", err);
     } else if (!api_num(ap, "learning_rate", 0, d.learning_rate, &lr, err, sizeof err) ||
                !api_num(ap, "beta1", 0, d.beta1, &b1, err, sizeof err) ||
                !api_num(ap, "beta2", 0, d.beta2, &b2, err, sizeof err) || !api_num(ap, "eps", 0, d.eps, &eps, err, sizeof err) ||
@@ -634,7 +691,7 @@ static void h_save(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant,
     char err[256];
     double ttl = 0;
     int overwrite = 0;
-    if (!api_str(b, "path", 0, &name, err, sizeof err) || !api_num(b, "ttl_seconds", 0, 0, &ttl, err, sizeof err) ||
+    if (!api_str(b, "path", 0, &name, err, sizeof err) || !api_ttl(b, &ttl, err, sizeof err) ||
         !api_bool(b, "overwrite", 0, &overwrite, err, sizeof err)) {
         snprintf(o->prefail, sizeof o->prefail, "%s", err);
     } else if (kind == OP_SAVE_EXTERNAL && cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(b, "age_encryption_recipients")) > 0) {
@@ -826,15 +883,29 @@ static void h_retrieve(svc *s, twk_http_conn *c, const cJSON *b, const char *ten
 
 /* ---- routing ---- */
 
+/* A refused request that names a run of the tenant and a seq_id: its slot is
+ * filled (svc_skip_seq), so the SDK's next op on that run proceeds at once. */
+static void skip_seq(svc *s, const cJSON *b, const char *tenant) {
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(b, "model_id"), *q = cJSON_GetObjectItemCaseSensitive(b, "seq_id");
+    if (!cJSON_IsString(m) || !cJSON_IsNumber(q) || q->valuedouble < 0 || q->valuedouble > 2147483647.0 ||
+        q->valuedouble != (double)(int64_t)q->valuedouble)
+        return;
+    run_state *r = svc_find_run(s, tenant, m->valuestring);
+    if (r) svc_skip_seq(s, r, (int64_t)q->valuedouble);
+}
+
 void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     svc *s = user;
     twk_log_context(NULL, req->path);
+    twk_log_request_id(NULL);
+    twk_http_log_fields(c, NULL, req->path, NULL);
     const char *p = strstr(req->path, "/api/v1/");
     if (!p) {
         api_error(c, 404, "no such endpoint: %s %s", req->method, req->path);
         return;
     }
     const char *route = p + strlen("/api/v1/");
+    twk_http_log_fields(c, NULL, route, NULL);
     int get = !strcmp(req->method, "GET"), post = !strcmp(req->method, "POST");
     if (get && api_weights_download(s, c, req)) return; /* signed URL: no API key */
     if (get && !strcmp(route, "healthz")) {
@@ -843,11 +914,23 @@ void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     }
     char tenant[64];
     twk_log_context(NULL, route);
-    if (!twk_auth_tenant(s->auth, twk_http_header_get(req, "X-API-Key"), tenant)) {
+    const char *key = twk_http_header_get(req, "X-API-Key");
+    if (!twk_auth_tenant(s->auth, key, tenant)) {
+        if (twk_auth_is_token(key)) { /* an expired or forgotten auth/token JWT: the SDK fetches a new one */
+            static const char msg[] = "invalid or expired token (exchange the API key at auth/token again)";
+            twk_log_failure(NULL, NULL, route, 401, NULL, msg);
+            char body[160];
+            int n = snprintf(body, sizeof body, "{\"error\":\"%s\",\"detail\":\"%s\"}", msg, msg);
+            twk_http_respond(c, 401, "application/json", body, (size_t)n,
+                             "WWW-Authenticate: Bearer error=\"invalid_token\"\r\n");
+            return;
+        }
         api_error(c, 401, "invalid or missing API key (send X-API-Key: tml-...)");
         return;
     }
     twk_log_context(tenant, route);
+    twk_http_log_fields(c, tenant, NULL, NULL);
+    if (api_sessions(s, c, req, tenant, route)) return;
     if (get || !strcmp(req->method, "DELETE") || !strcmp(req->method, "PUT") ||
         (post && (!strncmp(route, "training_runs/", 14) || !strncmp(route, "sessions/", 9)))) {
         api_rest(s, c, req, tenant, route);
@@ -864,7 +947,7 @@ void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     cJSON *b = api_body(c, req);
     if (!b) return;
     if (!strcmp(route, "client/config")) h_client_config(s, c);
-    else if (!strcmp(route, "client/dynamic_config")) twk_http_respond_json(c, 200, "{\"refresh_interval_sec\":3600}");
+    else if (!strcmp(route, "client/dynamic_config")) twk_http_respond_json(c, 200, "{\"refresh_interval_sec\":3600,\"sample_cancel_enabled\":true}");
     else if (!strcmp(route, "create_session")) h_create_session(s, c, b, tenant);
     else if (!strcmp(route, "session_heartbeat")) h_heartbeat(s, c, b, tenant);
     else if (!strcmp(route, "telemetry")) twk_http_respond_json(c, 200, "{\"status\":\"accepted\"}");
@@ -880,7 +963,10 @@ void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     else if (!strcmp(route, "weights_info")) h_weights_info(s, c, b, tenant);
     else if (!strcmp(route, "retrieve_future")) h_retrieve(s, c, b, tenant);
     else if (!strcmp(route, "create_sampling_session") || !strcmp(route, "asample")) api_sampling(s, c, req, tenant, route, b);
-    else api_error(c, 404, "no such endpoint: POST /api/v1/%s", route);
+    else {
+        skip_seq(s, b, tenant);
+        api_error(c, 404, "no such endpoint: POST /api/v1/%s", route);
+    }
     cJSON_Delete(b);
 }
 

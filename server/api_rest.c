@@ -68,11 +68,19 @@ static cJSON *cursor_json(long offset, long limit, int total) {
     return c;
 }
 
-/* The run's newest checkpoint of each kind, for TrainingRun. */
+/* Checkpoints of a run as `tenant` sees them: its own run's, or (tenant NULL) another tenant's
+ * published ones. */
+static twk_status list_run_ckpts(svc *s, const char *tenant, const char *run_id, int limit, int offset,
+                                 twk_store_ckpt **out, int *n, int *total) {
+    return tenant ? twk_store_ckpt_list(s->store, tenant, run_id, limit, offset, out, n, total)
+                  : twk_store_ckpt_list_public(s->store, run_id, limit, offset, out, n, total);
+}
+
+/* The run's newest checkpoint of each kind, for TrainingRun (tenant NULL: published ones only). */
 static cJSON *run_with_last(svc *s, const char *tenant, const twk_store_run *r) {
     twk_store_ckpt *list = NULL, *w = NULL, *sp = NULL;
     int n = 0, total = 0;
-    if (twk_store_ckpt_list(s->store, tenant, r->id, 1000, 0, &list, &n, &total) == TWK_OK)
+    if (list_run_ckpts(s, tenant, r->id, 1000, 0, &list, &n, &total) == TWK_OK)
         for (int i = 0; i < n; i++) {
             if (!w && !strncmp(list[i].checkpoint_id, "weights/", 8)) w = &list[i];
             if (!sp && !strncmp(list[i].checkpoint_id, "sampler_weights/", 16)) sp = &list[i];
@@ -101,19 +109,32 @@ static void list_runs(svc *s, twk_http_conn *c, const twk_http_req *req, const c
     api_ok(c, j);
 }
 
+/* The run record `tenant` may read: its own run, or another tenant's run with a published
+ * checkpoint. 0 if neither. */
+static int visible_run(svc *s, const char *tenant, const char *run_id, twk_store_run *r) {
+    if (twk_store_run_get(s->store, tenant, run_id, r) == TWK_OK) return 1;
+    twk_store_ckpt *pub = NULL;
+    int n = 0, total = 0;
+    int ok = twk_store_ckpt_list_public(s->store, run_id, 1, 0, &pub, &n, &total) == TWK_OK && n == 1 &&
+             twk_store_run_get(s->store, pub[0].tenant, run_id, r) == TWK_OK;
+    twk_host_free(pub);
+    return ok;
+}
+
 static void list_ckpts(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant, const char *run_id) {
     long limit = api_query_int(req->query, "limit", 100, 1, 1000), offset = api_query_int(req->query, "offset", 0, 0, 2147483647L);
     if (run_id) {
         twk_store_run r;
-        if (twk_store_run_get(s->store, tenant, run_id, &r) != TWK_OK) {
+        if (!visible_run(s, tenant, run_id, &r)) {
             api_error(c, 404, "training run '%s' not found", run_id);
             return;
         }
+        if (strcmp(r.tenant, tenant)) tenant = NULL; /* another tenant's run: its published checkpoints */
         twk_store_run_clear(&r);
     }
     twk_store_ckpt *list = NULL;
     int n = 0, total = 0;
-    if (twk_store_ckpt_list(s->store, tenant, run_id, (int)limit, (int)offset, &list, &n, &total) != TWK_OK) {
+    if (list_run_ckpts(s, tenant, run_id, (int)limit, (int)offset, &list, &n, &total) != TWK_OK) {
         api_error(c, 500, "listing checkpoints failed: %s", twk_last_error());
         return;
     }
@@ -149,37 +170,35 @@ static void ckpt_action(svc *s, twk_http_conn *c, const twk_http_req *req, const
     snprintf(ckid, sizeof ckid, "%s/%s", kind, name);
     twk_store_ckpt ck;
     if (twk_store_ckpt_get(s->store, tenant, run, ckid, &ck) != TWK_OK) {
-        api_error(c, 404, "checkpoint tinker://%s/%s not found", run, ckid);
+        /* another tenant's published checkpoint: readable, never changed */
+        if (!action[0] && !strcmp(req->method, "GET") && twk_store_ckpt_get_public(s->store, run, ckid, &ck) == TWK_OK)
+            api_ok(c, ckpt_json(&ck));
+        else api_error(c, 404, "checkpoint tinker://%s/%s not found", run, ckid);
         return;
     }
+    char err[600];
     if (!action[0] && !strcmp(req->method, "DELETE")) {
-        if (twk_store_ckpt_delete(s->store, tenant, run, ckid) != TWK_OK) {
-            api_error(c, 500, "deleting failed: %s", twk_last_error());
-            return;
-        }
-        svc_rm_tree(ck.path);
-        twk_http_respond_json(c, 200, "{}");
+        if (svc_ckpt_remove(s, &ck, err, sizeof err) != 0) api_error(c, 500, "%s", err);
+        else twk_http_respond_json(c, 200, "{}");
     } else if (!action[0] && !strcmp(req->method, "GET")) {
         api_ok(c, ckpt_json(&ck));
     } else if (!strcmp(action, "ttl") && !strcmp(req->method, "PUT")) {
         cJSON *body = api_body(c, req);
         if (!body) return;
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(body, "ttl_seconds");
-        double ttl = cJSON_IsNumber(t) ? t->valuedouble : 0;
-        if (t && !cJSON_IsNull(t) && !(cJSON_IsNumber(t) && ttl > 0)) {
-            cJSON_Delete(body);
-            api_error(c, 400, "field 'ttl_seconds' must be a positive number or null");
-            return;
-        }
+        double ttl = 0;
+        int ok = api_ttl(body, &ttl, err, sizeof err);
         cJSON_Delete(body);
-        twk_store_ckpt_set_ttl(s->store, tenant, run, ckid, ttl > 0 ? (double)time(NULL) + ttl : 0);
-        twk_http_respond_json(c, 200, "{}");
+        if (!ok) api_error(c, 400, "%s", err);
+        else if (twk_store_ckpt_set_ttl(s->store, tenant, run, ckid, ttl > 0 ? (double)time(NULL) + ttl : 0) != TWK_OK)
+            api_error(c, 500, "storing the ttl failed: %s", twk_last_error());
+        else twk_http_respond_json(c, 200, "{}");
     } else if (!strcmp(action, "external_weights_urls") && !strcmp(req->method, "GET") &&
                !strcmp(kind, "external_weights")) {
         api_weights_urls(s, c, req, &ck);
     } else if (!strcmp(action, "publish") && (!strcmp(req->method, "POST") || !strcmp(req->method, "DELETE"))) {
-        twk_store_ckpt_set_public(s->store, tenant, run, ckid, !strcmp(req->method, "POST"));
-        twk_http_respond_json(c, 200, "{}");
+        if (twk_store_ckpt_set_public(s->store, tenant, run, ckid, !strcmp(req->method, "POST")) != TWK_OK)
+            api_error(c, 500, "storing the published state failed: %s", twk_last_error());
+        else twk_http_respond_json(c, 200, "{}");
     } else {
         api_error(c, 404, "no such endpoint: %s %s", req->method, req->path);
     }
@@ -278,11 +297,11 @@ void api_rest(svc *s, twk_http_conn *c, const twk_http_req *req, const char *ten
         run[n] = 0;
         if (!slash && get) {
             twk_store_run r;
-            if (twk_store_run_get(s->store, tenant, run, &r) != TWK_OK) {
+            if (!visible_run(s, tenant, run, &r)) {
                 api_error(c, 404, "training run '%s' not found", run);
                 return;
             }
-            cJSON *j = run_with_last(s, tenant, &r);
+            cJSON *j = run_with_last(s, strcmp(r.tenant, tenant) ? NULL : tenant, &r);
             twk_store_run_clear(&r);
             api_ok(c, j);
             return;

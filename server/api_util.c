@@ -309,7 +309,20 @@ int api_bool(const cJSON *o, const char *key, int def, int *out, char *err, size
     return 1;
 }
 
+int api_ttl(const cJSON *o, double *out, char *err, size_t err_len) {
+    if (!api_num(o, "ttl_seconds", 0, 0, out, err, err_len)) return 0;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "ttl_seconds");
+    if (v && !cJSON_IsNull(v) && !(*out > 0 && *out <= API_MAX_TTL_S)) {
+        snprintf(err, err_len, "field 'ttl_seconds' = %g is out of range: it must be in (0, %.0f] (ten years), or null "
+                               "for no expiry", *out, API_MAX_TTL_S);
+        return 0;
+    }
+    return 1;
+}
+
 void api_iso_time(double t, char *out, size_t len) {
+    if (!(t >= 0)) t = 0;
+    if (t > 253402300799.0) t = 253402300799.0; /* 9999-12-31T23:59:59Z: a legacy row's huge expiry stays parseable */
     time_t tt = (time_t)t;
     struct tm tmv;
     gmtime_r(&tt, &tmv);

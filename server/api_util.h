@@ -31,6 +31,10 @@ int api_num(const cJSON *o, const char *key, int required, double def, double *o
 int api_bool(const cJSON *o, const char *key, int def, int *out, char *err, size_t err_len);
 
 /* ISO-8601 UTC ("2026-08-08T12:00:00Z") of unix seconds. */
+/* ttl_seconds: absent or null → *out = 0 (never expires), else a finite number in (0, API_MAX_TTL_S].
+ * 0 with a message naming the field otherwise. */
+#define API_MAX_TTL_S 315576000.0 /* ten years */
+int api_ttl(const cJSON *o, double *out, char *err, size_t err_len);
 void api_iso_time(double t, char *out, size_t len);
 /* Value of integer query parameter `name` in "a=1&b=2", clamped; def if absent. */
 long api_query_int(const char *query, const char *name, long def, long lo, long hi);

@@ -16,8 +16,7 @@
 #include "svc.h"
 
 #define URL_ROUTE "external_weights/"
-#define TTL_MIN_S 3600.0
-#define TTL_MAX_S (10.0 * 366 * 86400)
+#define COPY_TTL_MIN_S 3600.0
 
 /* The signed text of one file's URL: "<run>/<name>/<file>\n<expires>". */
 static void sign_file(const svc *s, const char *run, const char *name, const char *file, long long expires,
@@ -244,14 +243,14 @@ void api_copy_weights(svc *s, twk_http_conn *c, const twk_http_req *req, const c
     char err[700], kind[32], run_id[128], session[96], tmp[1400], dir[1024], ckid[200];
     double ttl = 0;
     int status;
-    if (!api_str(b, "source_path", 1, &source, err, sizeof err) || !api_num(b, "ttl_seconds", 0, 0, &ttl, err, sizeof err)) {
+    /* the ttl rule of every checkpoint (api_ttl), plus copy_weights' own floor of an hour */
+    if (!api_str(b, "source_path", 1, &source, err, sizeof err) || !api_ttl(b, &ttl, err, sizeof err)) {
         api_error(c, 400, "%s", err);
         return;
     }
-    if (cJSON_GetObjectItemCaseSensitive(b, "ttl_seconds") && !cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(b, "ttl_seconds")) &&
-        !(ttl >= TTL_MIN_S && ttl <= TTL_MAX_S)) {
-        api_error(c, 400, "field 'ttl_seconds' must be null or between %.0f (1 hour) and %.0f (10 years)", TTL_MIN_S,
-                  TTL_MAX_S);
+    if (ttl > 0 && ttl < COPY_TTL_MIN_S) {
+        api_error(c, 400, "field 'ttl_seconds' = %g is below %.0f (1 hour): copy_weights keeps a copy at least that long",
+                  ttl, COPY_TTL_MIN_S);
         return;
     }
     twk_store_ckpt ck;

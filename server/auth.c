@@ -6,16 +6,27 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct key_entry {
     char key[160];
     char tenant[64];
 } key_entry;
 
+#define AUTH_TOKENS 1024 /* live auth/token JWTs kept (the oldest is forgotten first) */
+
+typedef struct token_entry {
+    char token[512];
+    char tenant[64];
+    double exp;
+} token_entry;
+
 struct twk_auth {
     int open;
     key_entry *keys;
     int n;
+    token_entry *tokens; /* a ring of AUTH_TOKENS, allocated on the first token */
+    int next_token;
 };
 
 static int valid_tenant(const char *t) {
@@ -81,6 +92,7 @@ twk_status twk_auth_load(const char *keys_file, twk_auth **out) {
 void twk_auth_free(twk_auth *a) {
     if (!a) return;
     free(a->keys);
+    free(a->tokens);
     free(a);
 }
 
@@ -94,7 +106,29 @@ static int same_key(const char *a, const char *b) {
     return diff == 0;
 }
 
+int twk_auth_token_add(twk_auth *a, const char *token, const char *tenant, double exp) {
+    if (strlen(token) >= sizeof a->tokens[0].token) return -1;
+    if (!a->tokens && !(a->tokens = calloc(AUTH_TOKENS, sizeof *a->tokens))) return -1;
+    token_entry *t = &a->tokens[a->next_token];
+    a->next_token = (a->next_token + 1) % AUTH_TOKENS;
+    snprintf(t->token, sizeof t->token, "%s", token);
+    snprintf(t->tenant, sizeof t->tenant, "%s", tenant);
+    t->exp = exp;
+    return 0;
+}
+
+int twk_auth_is_token(const char *key) { return key && !strncmp(key, "eyJ", 3); }
+
 int twk_auth_tenant(const twk_auth *a, const char *key, char *tenant) {
+    if (twk_auth_is_token(key) && a->tokens) {
+        double now = (double)time(NULL);
+        for (int i = 0; i < AUTH_TOKENS; i++)
+            if (a->tokens[i].token[0] && a->tokens[i].exp > now && same_key(a->tokens[i].token, key)) {
+                snprintf(tenant, 64, "%s", a->tokens[i].tenant);
+                return 1;
+            }
+        return 0;
+    }
     if (!key || strncmp(key, "tml-", 4) || strlen(key) > 512) return 0;
     if (a->open) {
         /* one tenant per key; the key itself is never stored or logged */

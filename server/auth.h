@@ -18,4 +18,11 @@ int twk_auth_open_mode(const twk_auth *a);
  * missing or not accepted. */
 int twk_auth_tenant(const twk_auth *a, const char *key, char *tenant);
 
+/* Remembers a JWT minted by auth/token for tenant until exp (unix seconds): twk_auth_tenant then
+ * accepts it as the key (the SDK's pjwt auth sends it as X-API-Key). Tokens live in memory only;
+ * a restart forgets them (the SDK exchanges its API key again on the 401). -1 on failure. */
+int twk_auth_token_add(twk_auth *a, const char *token, const char *tenant, double exp);
+/* 1 if key has the form of a JWT (a 401 for it tells the SDK to fetch a new one). */
+int twk_auth_is_token(const char *key);
+
 #endif

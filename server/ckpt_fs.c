@@ -170,16 +170,16 @@ static void recover_kind(svc *s, const char *run, const char *kind, const char *
             if (pass == 0 && leftover_name(names[i], ".old-", name, sizeof name)) {
                 snprintf(target, sizeof target, "%s/%s", kdir, name);
                 if (lstat(target, &sb) != 0 && rename(path, target) == 0) {
-                    fprintf(stderr, "twinkle serve: recovery: %s was missing; restored the previous checkpoint from %s\n",
+                    twk_log_info("recovery: %s was missing; restored the previous checkpoint from %s",
                             target, names[i]);
                 } else {
                     svc_rm_tree(path);
-                    fprintf(stderr, "twinkle serve: recovery: removed %s (replaced checkpoint left by a crash)\n", path);
+                    twk_log_info("recovery: removed %s (replaced checkpoint left by a crash)", path);
                 }
                 (*n_fixed)++;
             } else if (pass == 1 && leftover_name(names[i], ".tmp-", name, sizeof name)) {
                 svc_rm_tree(path);
-                fprintf(stderr, "twinkle serve: recovery: removed %s (a save interrupted by a crash)\n", path);
+                twk_log_info("recovery: removed %s (a save interrupted by a crash)", path);
                 (*n_fixed)++;
             } else if (pass == 2 && names[i][0] != '.' && S_ISDIR(sb.st_mode)) {
                 char ckid[400];
@@ -187,10 +187,7 @@ static void recover_kind(svc *s, const char *run, const char *kind, const char *
                 snprintf(ckid, sizeof ckid, "%s/%s", kind, names[i]);
                 if (twk_store_ckpt_listed(s->store, run, ckid, &listed) == TWK_OK && !listed) {
                     svc_rm_tree(path);
-                    fprintf(stderr,
-                            "twinkle serve: recovery: removed %s (published, but the crash came before it was "
-                            "recorded)\n",
-                            path);
+                    twk_log_info("recovery: removed %s (published, but the crash came before it was recorded)", path);
                     (*n_fixed)++;
                 }
             }
@@ -217,5 +214,36 @@ void svc_ckpt_recover(svc *s) {
     }
     closedir(d);
     if (fixed)
-        fprintf(stderr, "twinkle serve: recovery: %d leftover checkpoint folder(s) handled\n", fixed);
+        twk_log_info("recovery: %d leftover checkpoint folder(s) handled", fixed);
+}
+
+/* The worker's half of a removal: the renamed-aside folder goes. */
+static void rm_job_run(twk_job *j) { svc_rm_tree((const char *)j->arg); }
+static void rm_job_done(twk_job *j) { free(j); }
+
+int svc_ckpt_remove(svc *s, const twk_store_ckpt *ck, char *err, size_t err_len) {
+    if (twk_store_ckpt_delete(s->store, ck->tenant, ck->run_id, ck->checkpoint_id) != TWK_OK) {
+        snprintf(err, err_len, "deleting checkpoint tinker://%s/%s failed: %s", ck->run_id, ck->checkpoint_id,
+                 twk_last_error());
+        return -1;
+    }
+    /* the row is gone (the commit point); ".tmp-<name>-req-del-<n>" is what recovery removes after a crash */
+    char parent[1100], aside[2400];
+    const char *name = strrchr(ck->path, '/');
+    snprintf(parent, sizeof parent, "%.*s", name ? (int)(name - ck->path) : 0, ck->path);
+    snprintf(aside, sizeof aside, "%s/.tmp-%s-req-del-%llu", parent, name ? name + 1 : ck->path, ++s->id_counter);
+    const char *gone = rename(ck->path, aside) == 0 ? aside : ck->path;
+    size_t n = strlen(gone) + 1;
+    twk_job *j = calloc(1, sizeof *j + n);
+    if (!j || !s->worker) {
+        free(j);
+        svc_rm_tree(gone);
+        return 0;
+    }
+    memcpy(j + 1, gone, n);
+    j->arg = j + 1;
+    j->run = rm_job_run;
+    j->done = rm_job_done;
+    twk_worker_submit(s->worker, j);
+    return 0;
 }

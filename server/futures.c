@@ -283,6 +283,7 @@ void twk_futures_create(twk_futures *f, const char *tenant, char *id) {
     f->buckets[h] = x;
     f->pending++;
     snprintf(id, 64, "%s", x->id);
+    twk_log_request_id(x->id);
 }
 
 static void finish(twk_futures *f, future *x) {
@@ -340,8 +341,22 @@ void twk_futures_fail(twk_futures *f, const char *id, const char *category, cons
     enforce_bytes(f, x->use);
 }
 
+int twk_futures_succeeded(twk_futures *f, const char *id) {
+    const future *x = find(f, id);
+    return x && x->state == 1;
+}
+
+int twk_futures_cancel(twk_futures *f, const char *tenant, const char *id) {
+    future *x = id ? find(f, id) : NULL;
+    if (!x || strcmp(x->tenant, tenant)) return -1;
+    if (x->state) return 0;
+    twk_futures_fail(f, id, "cancelled", "cancelled by the client (cancel_future)");
+    return 1;
+}
+
 void twk_futures_poll(twk_futures *f, twk_http_conn *c, const char *tenant, const char *id) {
     future *x = id ? find(f, id) : NULL;
+    twk_http_log_fields(c, NULL, NULL, id); /* the polled future's id, also when answered later */
     if (!x || strcmp(x->tenant, tenant)) {
         twk_log_failure(id, tenant, twk_log_route(), 404, NULL, "unknown request_id");
         twk_http_respond_json(c, 404, "{\"error\":\"unknown request_id\"}");

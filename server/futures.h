@@ -38,6 +38,11 @@ void twk_futures_complete(twk_futures *f, const char *id, const char *content_ty
 /* Fails with {"error": message, "category": category}. */
 void twk_futures_fail(twk_futures *f, const char *id, const char *category, const char *message);
 
+/* 1 if the future finished with a result (not failed, cancelled, dropped or unknown). */
+int twk_futures_succeeded(twk_futures *f, const char *id);
+/* cancel_future: a pending future of tenant fails now with category "cancelled" (1); a later
+ * result for it is discarded. 0 if it had finished already, -1 if unknown or another tenant's. */
+int twk_futures_cancel(twk_futures *f, const char *tenant, const char *id);
 /* retrieve_future: answers now if done, else parks the connection. A future
  * of another tenant, or an unknown id, is 404. */
 void twk_futures_poll(twk_futures *f, twk_http_conn *c, const char *tenant, const char *id);

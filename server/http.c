@@ -99,6 +99,9 @@ struct twk_http_conn {
     int zombie;           /* handles closed, request outstanding, no abandon callback */
     twk_http_abandon_fn abandon_fn;
     void *abandon_user;
+    /* the access log's fields of the outstanding request (twk_http_log_fields) */
+    char log_tenant[64], log_route[96], log_id[64];
+    uint64_t t_start;     /* uv_hrtime() when it was handed to the handler */
 };
 
 struct twk_http_server {
@@ -479,6 +482,7 @@ static void json_escape_into(char *out, size_t cap, const char *s) {
 static void conn_send_error(twk_http_conn *c, int status, const char *msg) {
     char esc[512], json[600];
     twk_log_failure(NULL, NULL, NULL, status, NULL, msg);
+    twk_log_request(NULL, NULL, NULL, NULL, status, 0);
     json_escape_into(esc, sizeof esc, msg);
     int n = snprintf(json, sizeof json, "{\"error\":\"%s\"}", esc);
     c->is_head = 0;
@@ -671,6 +675,8 @@ static void conn_dispatch(twk_http_conn *c) {
     c->outstanding = 1;
     c->abandon_fn = NULL;
     c->abandon_user = NULL;
+    c->log_tenant[0] = c->log_route[0] = c->log_id[0] = 0;
+    c->t_start = uv_hrtime();
     timer_set(c, T_NONE, 0);
     c->srv->handler(c, &c->req, c->srv->user);
 }
@@ -728,6 +734,8 @@ void twk_http_respond(twk_http_conn *c, int status, const char *content_type, co
     }
     if (!c->outstanding) return; /* a second call */
     c->outstanding = 0;
+    twk_log_request(c->log_id[0] ? c->log_id : twk_log_current_id(), c->log_tenant, c->log_route, c->req.method, status,
+                    (double)(uv_hrtime() - c->t_start) / 1e6);
     c->abandon_fn = NULL;
     c->abandon_user = NULL;
     if (c->closing) return; /* on_handle_closed frees it */
@@ -743,6 +751,13 @@ void twk_http_respond(twk_http_conn *c, int status, const char *content_type, co
     if (c->in_process) return; /* the parse loop goes on by itself */
     /* parse the next pipelined request from the loop, not from inside the caller */
     timer_set(c, T_RESUME, 0);
+}
+
+void twk_http_log_fields(twk_http_conn *c, const char *tenant, const char *route, const char *request_id) {
+    if (!c) return;
+    if (tenant) snprintf(c->log_tenant, sizeof c->log_tenant, "%s", tenant);
+    if (route) snprintf(c->log_route, sizeof c->log_route, "%s", route);
+    if (request_id) snprintf(c->log_id, sizeof c->log_id, "%s", request_id);
 }
 
 void twk_http_respond_json(twk_http_conn *c, int status, const char *json) {

@@ -60,6 +60,9 @@ int twk_http_server_port(const twk_http_server *s);
  * callback), and frees the server once libuv has closed the handles. */
 void twk_http_server_stop(twk_http_server *s);
 
+/* What the access log line of c's outstanding request names (twk_log_request, written when it is
+ * answered); a NULL argument leaves that field as it is. Every field starts empty per request. */
+void twk_http_log_fields(twk_http_conn *c, const char *tenant, const char *route, const char *request_id);
 /* Sends a response with Content-Length and the given content type (may be
  * NULL for an empty body). extra_headers: NULL or "Name: value\r\n..." lines.
  * Keeps the connection open unless the client asked to close. Safe to call

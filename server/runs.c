@@ -82,12 +82,14 @@ int svc_find_checkpoint(svc *s, const char *tenant, const char *field, const cha
         return 0;
     }
     snprintf(ckid, sizeof ckid, "%s/%s", kind, name);
-    if (twk_store_ckpt_get(s->store, tenant, run, ckid, ck) != TWK_OK) {
+    /* the tenant's own, or another tenant's published one (read-only: every caller only reads it) */
+    if (twk_store_ckpt_get(s->store, tenant, run, ckid, ck) != TWK_OK &&
+        twk_store_ckpt_get_public(s->store, run, ckid, ck) != TWK_OK) {
         *status = 404;
         snprintf(err, err_len, "checkpoint %s not found", path);
         return 0;
     }
-    if (twk_store_run_get(s->store, tenant, run, src) != TWK_OK) {
+    if (twk_store_run_get(s->store, ck->tenant, run, src) != TWK_OK) {
         *status = 404;
         snprintf(err, err_len, "the run of checkpoint %s is gone", path);
         return 0;
@@ -457,6 +459,7 @@ static void op_run(twk_job *j) {
     case OP_SAVE_EXTERNAL: run_save(o); break;
     case OP_LOAD: run_load(o); break;
     case OP_UNLOAD: run_unload(o); break;
+    case OP_SKIP: break;
     }
 }
 
@@ -507,6 +510,10 @@ static void op_done(twk_job *j) {
 }
 
 static void dispatch(svc *s, op *o) {
+    if (o->kind == OP_SKIP) {
+        svc_op_free(o);
+        return;
+    }
     if (o->prefail[0]) {
         twk_futures_fail(s->futures, o->request_id, "user", o->prefail);
         svc_op_free(o);
@@ -602,6 +609,8 @@ static size_t tenant_early_bytes(const svc *s, const char *tenant) {
 }
 
 /* Takes the head of r->pending off the queue. */
+static void pending_insert(svc *s, run_state *r, op *o);
+
 static op *pending_pop(run_state *r) {
     op *h = r->pending;
     r->pending = h->next;
@@ -645,6 +654,22 @@ int svc_submit_op(svc *s, run_state *r, op *o, char *request_id, char *err, size
     twk_futures_create(s->futures, r->tenant, request_id);
     snprintf(o->request_id, sizeof o->request_id, "%s", request_id);
     ring_put(r, o->seq, request_id);
+    pending_insert(s, r, o);
+    return 0;
+}
+
+void svc_skip_seq(svc *s, run_state *r, int64_t seq) {
+    if (seq < r->next_seq || ring_get(r, seq)) return;
+    for (const op *p = r->pending; p; p = p->next)
+        if (p->seq == seq) return;
+    op *o = svc_op_new(s, r, OP_SKIP, seq);
+    if (!o) return;
+    pending_insert(s, r, o);
+}
+
+/* Puts o into r's pending list by seq and dispatches what is now in order. */
+static void pending_insert(svc *s, run_state *r, op *o) {
+    size_t held = op_held_bytes(o);
     op **pp = &r->pending;
     while (*pp && (*pp)->seq < o->seq) pp = &(*pp)->next;
     o->next = *pp;
@@ -656,6 +681,18 @@ int svc_submit_op(svc *s, run_state *r, op *o, char *request_id, char *err, size
         dispatch(s, h);
     }
     r->gap_since = r->pending ? (r->gap_since > 0 ? r->gap_since : (double)uv_now(s->loop) / 1000.0) : 0;
+}
+
+int svc_op_cancel(svc *s, const char *tenant, const char *request_id) {
+    for (run_state *r = s->runs; r; r = r->next) {
+        if (strcmp(r->tenant, tenant)) continue;
+        for (op *o = r->pending; o; o = o->next)
+            if (o->kind != OP_SKIP && !strcmp(o->request_id, request_id)) {
+                /* keeps its slot (the seq order stays whole) but runs nothing */
+                snprintf(o->prefail, sizeof o->prefail, "cancelled by the client (cancel_future)");
+                return 1;
+            }
+    }
     return 0;
 }
 
@@ -670,7 +707,7 @@ void svc_check_gaps(svc *s) {
             snprintf(msg, sizeof msg,
                      "seq_id %lld of model %s never arrived within %.0f s; failing the operations queued after it",
                      missing, r->id, s->cfg.seq_timeout_s);
-            twk_futures_fail(s->futures, h->request_id, "user", msg);
+            if (h->kind != OP_SKIP) twk_futures_fail(s->futures, h->request_id, "user", msg);
             if (h->seq >= r->next_seq) r->next_seq = h->seq + 1;
             svc_op_free(h);
         }

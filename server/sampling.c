@@ -219,6 +219,7 @@ void svc_free_samplers(svc *s) {
         sampler_session *next = ss->next;
         if (ss->owns_unit) unit_free(ss->unit);
         host_adapter_free(ss->copy);
+        svc_session_events_free(ss);
         free(ss);
         ss = next;
     }
@@ -237,6 +238,7 @@ typedef struct sample_job {
     sampler_session *ss;
     int slot;                /* worker: the adapter slot it decodes with (shared units) */
     char request_id[64];
+    int64_t clone;           /* the client of the session that sent it: seq_id / 1e9 (retrieve_futures) */
     int32_t *prompt;
     int64_t n_prompt;
     int num_samples;
@@ -444,6 +446,18 @@ static void drain_run(twk_job *j) {
     free(reqs);
 }
 
+/* Loop: finishes sj's future (a result when ok, else a failure of category cat with msg),
+ * tells the session's retrieve_futures pollers, and frees sj. */
+static void sample_finish(svc *s, sample_job *sj, int ok, const char *cat, const char *msg) {
+    if (ok) twk_futures_complete(s->futures, sj->request_id, "application/x-protobuf", sj->out, sj->out_len);
+    else twk_futures_fail(s->futures, sj->request_id, cat, msg);
+    ok = twk_futures_succeeded(s->futures, sj->request_id); /* a cancelled one's result was discarded */
+    svc_session_event(s, sj->ss, sj->clone, sj->request_id, !ok, ok ? sj->out_len : 0);
+    twk_host_free(sj->out);
+    free(sj->prompt);
+    free(sj);
+}
+
 static void drain_done(twk_job *j) {
     drain_job *dj = j->arg;
     svc *s = dj->s;
@@ -451,17 +465,31 @@ static void drain_done(twk_job *j) {
     while (sj) {
         sample_job *next = sj->next;
         s->sample_inflight--;
-        if (sj->ok)
-            twk_futures_complete(s->futures, sj->request_id, "application/x-protobuf", sj->out, sj->out_len);
-        else
-            twk_futures_fail(s->futures, sj->request_id, sj->user_error ? "user" : "server",
-                             sj->err[0] ? sj->err : "sampling failed");
-        twk_host_free(sj->out);
-        free(sj->prompt);
-        free(sj);
+        sample_finish(s, sj, sj->ok, sj->user_error ? "user" : "server", sj->err[0] ? sj->err : "sampling failed");
         sj = next;
     }
     free(dj);
+}
+
+int svc_sample_cancel(svc *s, const char *request_id) {
+    for (sampler_session *ss = s->samplers; ss; ss = ss->next) {
+        sampler_unit *u = ss->unit;
+        sample_job *found = NULL;
+        pthread_mutex_lock(&u->mu);
+        for (sample_job **pp = &u->pending; *pp; pp = &(*pp)->next)
+            if (!strcmp((*pp)->request_id, request_id)) {
+                found = *pp;
+                *pp = found->next;
+                break;
+            }
+        pthread_mutex_unlock(&u->mu);
+        if (found) { /* its drain job finds one request fewer */
+            s->sample_inflight--;
+            sample_finish(s, found, 0, "cancelled", "cancelled by the client (cancel_future)");
+            return 1;
+        }
+    }
+    return 0;
 }
 
 /* Parses and checks an asample body into sj; a problem goes to sj->prefail. */
@@ -645,6 +673,9 @@ static void h_asample(svc *s, twk_http_conn *c, const cJSON *b, const char *tena
     }
     sj->s = s;
     sj->ss = ss;
+    const cJSON *seq = cJSON_GetObjectItemCaseSensitive(b, "seq_id");
+    if (cJSON_IsNumber(seq) && seq->valuedouble >= 0 && seq->valuedouble < 9.2e18)
+        sj->clone = (int64_t)(seq->valuedouble / 1e9);
     parse_sample(s, b, sj);
     twk_futures_create(s->futures, tenant, sj->request_id);
     cJSON *j = cJSON_CreateObject();
@@ -660,15 +691,11 @@ static void h_asample(svc *s, twk_http_conn *c, const cJSON *b, const char *tena
         cJSON_AddItemToArray(ids, cJSON_CreateString(sq));
     }
     if (sj->prefail[0]) {
-        twk_futures_fail(s->futures, sj->request_id, "user", sj->prefail);
-        free(sj->prompt);
-        free(sj);
+        sample_finish(s, sj, 0, "user", sj->prefail);
     } else {
         drain_job *dj = calloc(1, sizeof *dj);
         if (!dj) {
-            twk_futures_fail(s->futures, sj->request_id, "server", "out of memory");
-            free(sj->prompt);
-            free(sj);
+            sample_finish(s, sj, 0, "server", "out of memory");
         } else {
             /* wait in the unit's list; whichever drain job runs next takes it with the others waiting */
             s->sample_inflight++;

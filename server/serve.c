@@ -31,6 +31,7 @@ void twk_serve_config_default(twk_serve_config *c) {
     c->max_result_bytes_tenant = 256u << 20;
     c->result_keep_s = 120;
     c->result_ttl_s = 3600;
+    c->ckpt_sweep_s = 60;
 }
 
 static int parse_num(const char *s, double lo, double hi, double *out) {
@@ -44,9 +45,15 @@ static int parse_num(const char *s, double lo, double hi, double *out) {
 twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char *val, int *used) {
     *used = 1;
     while (*opt == '-') opt++;
-    if (!strcmp(opt, "quiet")) {
-        c->quiet = 1;
+    if (!strcmp(opt, "quiet") || !strcmp(opt, "jwt-auth")) { /* flags: no value */
+        *(!strcmp(opt, "quiet") ? &c->quiet : &c->jwt_auth) = 1;
         *used = 0;
+        return TWK_OK;
+    }
+    if (!strcmp(opt, "log-format")) {
+        if (!val || (strcmp(val, "text") && strcmp(val, "json")))
+            return twk_error(TWK_ERR_INVALID_ARG, "--log-format wants text or json, got '%s'", val ? val : "");
+        c->log_json = !strcmp(val, "json");
         return TWK_OK;
     }
     /* a known option without its value says so; an unknown one is "unknown option" */
@@ -87,6 +94,7 @@ twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char
     NUM("fwdbwd-chunk-len", 1, 1 << 20, fwdbwd_chunk_len, int)
     NUM("result-keep", 1, 86400, result_keep_s, double)
     NUM("result-ttl", 1, 30 * 86400, result_ttl_s, double)
+    NUM("checkpoint-sweep", 0.1, 86400, ckpt_sweep_s, double)
 #undef NUM
     struct { const char *name; char *dst; size_t len; } strs[] = {
         {"host", c->host, sizeof c->host},
@@ -143,7 +151,7 @@ twk_status twk_serve_config_file(twk_serve_config *c, const char *path) {
         char *eq = strchr(p, '=');
         char *end = p + strlen(p);
         while (end > p && isspace((unsigned char)end[-1])) *--end = 0;
-        if (!eq && strcmp(p, "quiet")) {
+        if (!eq && strcmp(p, "quiet") && strcmp(p, "jwt-auth")) {
             st = twk_error(TWK_ERR_INVALID_ARG, "%s:%d: want 'key = value'", path, lineno);
             break;
         }
@@ -197,7 +205,7 @@ static void on_signal(uv_signal_t *h, int signum) {
     svc *s = h->data;
     if (s->stopping) return;
     s->stopping = 1;
-    if (!s->cfg.quiet) fprintf(stderr, "twinkle serve: signal %d, shutting down\n", signum);
+    twk_log_info("signal %d, shutting down", signum);
     twk_http_server_stop(s->http);
     twk_futures_free(s->futures);
     s->futures = NULL;
@@ -205,6 +213,7 @@ static void on_signal(uv_signal_t *h, int signum) {
     s->worker = NULL;
     uv_timer_stop(&s->gap_timer);
     uv_close((uv_handle_t *)&s->gap_timer, NULL);
+    svc_sweeper_stop(s);
     uv_signal_stop(&s->sigint);
     uv_signal_stop(&s->sigterm);
     uv_close((uv_handle_t *)&s->sigint, NULL);
@@ -233,7 +242,7 @@ static twk_status load_models(svc *s) {
         struct stat sb;
         b->has_tokenizer = stat(tok, &sb) == 0;
         if (b->has_tokenizer && twk_tokenizer_load(tok, &b->tok) != TWK_OK) {
-            fprintf(stderr, "twinkle serve: model '%s': %s (stop strings disabled)\n", b->name, twk_last_error());
+            twk_log_info("model '%s': %s (stop strings disabled)", b->name, twk_last_error());
             b->tok = NULL;
         }
         s->n_models++;
@@ -248,6 +257,8 @@ int twk_serve_run(const twk_serve_config *cfg) {
     uv_loop_t loop;
     uv_loop_init(&loop);
     s->loop = &loop;
+    twk_log_quiet(cfg->quiet);
+    twk_log_json(cfg->log_json);
     int rc = 1;
     twk_status st = twk_store_open(cfg->data_dir, &s->store);
     if (st == TWK_OK) st = twk_auth_load(cfg->keys_file, &s->auth);
@@ -263,7 +274,6 @@ int twk_serve_run(const twk_serve_config *cfg) {
         goto out;
     }
     twk_futures_limits fl = {cfg->poll_timeout_s, cfg->result_keep_s, cfg->result_ttl_s, cfg->max_result_bytes_tenant};
-    twk_log_quiet(cfg->quiet);
     svc_ckpt_recover(s);
     s->futures = twk_futures_new(&loop, &fl);
     s->worker = twk_worker_start(&loop);
@@ -282,18 +292,18 @@ int twk_serve_run(const twk_serve_config *cfg) {
     uv_timer_init(&loop, &s->gap_timer);
     s->gap_timer.data = s;
     uv_timer_start(&s->gap_timer, on_gap_timer, 1000, 1000);
+    svc_sweeper_start(s);
     uv_signal_init(&loop, &s->sigint);
     uv_signal_init(&loop, &s->sigterm);
     s->sigint.data = s->sigterm.data = s;
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
-    if (!cfg->quiet) {
-        fprintf(stderr, "twinkle serve: listening on http://%s:%d  device %s  data %s  auth %s  models:", cfg->host,
-                twk_http_server_port(s->http), twk_device_spec(s->dev), cfg->data_dir,
-                twk_auth_open_mode(s->auth) ? "open (any tml- key)" : cfg->keys_file);
-        for (int i = 0; i < s->n_models; i++) fprintf(stderr, " %s", s->models[i].name);
-        fprintf(stderr, "\n");
-    }
+    char names[600] = "";
+    for (int i = 0; i < s->n_models; i++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), " %s", s->models[i].name);
+    twk_log_info("listening on http://%s:%d  device %s  data %s  auth %s  models:%s", cfg->host,
+                 twk_http_server_port(s->http), twk_device_spec(s->dev), cfg->data_dir,
+                 twk_auth_open_mode(s->auth) ? "open (any tml- key)" : cfg->keys_file, names);
     printf("port %d\n", twk_http_server_port(s->http));
     fflush(stdout);
     uv_run(&loop, UV_RUN_DEFAULT);

@@ -43,7 +43,10 @@ typedef struct twk_serve_config {
     size_t max_result_bytes_tenant; /* finished, unretrieved future results per tenant; oldest dropped past it; default 256 MiB */
     double result_keep_s;     /* a retrieved result stays this long for re-polls; default 120 */
     double result_ttl_s;      /* an unretrieved result stays this long; default 3600 */
+    double ckpt_sweep_s;      /* expired checkpoints are deleted every this many seconds; default 60 */
     int quiet;
+    int jwt_auth;             /* --jwt-auth: client/config turns on the SDK's JWT exchange (auth/token, whoami) */
+    int log_json;             /* --log-format json: one JSON object per line, every request */
 } twk_serve_config;
 
 /* Defaults as documented above (port 8000, data dir ./twinkle-data). */

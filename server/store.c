@@ -51,6 +51,8 @@ enum {
     ST_CK_TTL,
     ST_CK_PUBLIC,
     ST_CK_LISTED,
+    ST_CK_GET_PUBLIC,
+    ST_CK_EXPIRED,
     ST_COUNT
 };
 
@@ -87,12 +89,19 @@ static const char *const stmt_sql[ST_COUNT] = {
                      "WHERE checkpoints.tenant = excluded.tenant",
     [ST_CK_GET] = "SELECT " CK_COLS " FROM checkpoints WHERE tenant = ?1 AND run_id = ?2 AND checkpoint_id = ?3",
     [ST_CK_DELETE] = "DELETE FROM checkpoints WHERE tenant = ?1 AND run_id = ?2 AND checkpoint_id = ?3",
-    [ST_CK_COUNT] = "SELECT COUNT(*) FROM checkpoints WHERE tenant = ?1 AND (?2 IS NULL OR run_id = ?2)",
-    [ST_CK_LIST] = "SELECT " CK_COLS " FROM checkpoints WHERE tenant = ?1 AND (?2 IS NULL OR run_id = ?2) "
+    /* tenant NULL: the published checkpoints of run ?2 (twk_store_ckpt_list_public) */
+    [ST_CK_COUNT] = "SELECT COUNT(*) FROM checkpoints WHERE (tenant = ?1 OR (?1 IS NULL AND is_public = 1)) "
+                    "AND (?2 IS NULL OR run_id = ?2)",
+    [ST_CK_LIST] = "SELECT " CK_COLS " FROM checkpoints WHERE (tenant = ?1 OR (?1 IS NULL AND is_public = 1)) "
+                   "AND (?2 IS NULL OR run_id = ?2) "
                    "ORDER BY created DESC, run_id ASC, checkpoint_id ASC LIMIT ?3 OFFSET ?4",
     [ST_CK_TTL] = "UPDATE checkpoints SET expires_at = ?4 WHERE tenant = ?1 AND run_id = ?2 AND checkpoint_id = ?3",
     [ST_CK_PUBLIC] = "UPDATE checkpoints SET is_public = ?4 WHERE tenant = ?1 AND run_id = ?2 AND checkpoint_id = ?3",
     [ST_CK_LISTED] = "SELECT COUNT(*) FROM checkpoints WHERE run_id = ?1 AND checkpoint_id = ?2",
+    [ST_CK_GET_PUBLIC] = "SELECT " CK_COLS " FROM checkpoints WHERE is_public = 1 AND ?1 IS NOT NULL AND run_id = ?2 "
+                         "AND checkpoint_id = ?3",
+    [ST_CK_EXPIRED] = "SELECT " CK_COLS " FROM checkpoints WHERE expires_at > 0 AND expires_at <= ?1 "
+                      "ORDER BY expires_at LIMIT ?2",
 };
 
 /* Constant DDL (no user data), run once at open inside a write transaction. */
@@ -847,9 +856,60 @@ static twk_status row_to_ckpt(twk_store *s, sqlite3_stmt *st, twk_store_ckpt *ou
     return status;
 }
 
+static twk_status ckpt_get(twk_store *s, int which, const char *op, const char *tenant, const char *run_id,
+                           const char *checkpoint_id, twk_store_ckpt *out);
+
+/* Steps st, reading up to cap rows into arr; *n counts them. */
+static twk_status ckpt_rows(twk_store *s, sqlite3_stmt *st, twk_store_ckpt *arr, int cap, int *n, const char *op) {
+    twk_status status = TWK_OK;
+    while (status == TWK_OK && *n < cap) {
+        int rc = sqlite3_step(st);
+        if (rc == SQLITE_DONE) break;
+        if (rc != SQLITE_ROW) return db_fail(s, op, sqlite3_extended_errcode(s->db));
+        status = row_to_ckpt(s, st, &arr[*n], op);
+        if (status == TWK_OK) (*n)++;
+    }
+    return status;
+}
+
 twk_status twk_store_ckpt_get(twk_store *s, const char *tenant, const char *run_id, const char *checkpoint_id,
                               twk_store_ckpt *out) {
-    const char *op = "checkpoint get";
+    return ckpt_get(s, ST_CK_GET, "checkpoint get", tenant, run_id, checkpoint_id, out);
+}
+
+twk_status twk_store_ckpt_get_public(twk_store *s, const char *run_id, const char *checkpoint_id, twk_store_ckpt *out) {
+    return ckpt_get(s, ST_CK_GET_PUBLIC, "public checkpoint get", "*", run_id, checkpoint_id, out);
+}
+
+twk_status twk_store_ckpt_expired(twk_store *s, double now, int max, twk_store_ckpt **out, int *n_out) {
+    const char *op = "expired checkpoints";
+    NEED(out, "out", op);
+    NEED(n_out, "n_out", op);
+    *out = NULL;
+    *n_out = 0;
+    NEED(s, "store", op);
+    TRY(check_finite(now, "now", op));
+    if (max < 1) return twk_error(TWK_ERR_INVALID_ARG, "store: %s: max must be >= 1", op);
+    twk_store_ckpt *arr = twk_host_calloc((size_t)max * sizeof *arr, "expired checkpoints");
+    if (!arr) return TWK_ERR_OOM;
+    sqlite3_stmt *st = NULL;
+    twk_status status = stmt_get(s, ST_CK_EXPIRED, op, &st);
+    if (status == TWK_OK) status = bind_double(s, st, 1, now, op);
+    if (status == TWK_OK) status = bind_int64(s, st, 2, max, op);
+    int n = 0;
+    if (status == TWK_OK) status = ckpt_rows(s, st, arr, max, &n, op);
+    if (st) stmt_done(st);
+    if (status != TWK_OK || n == 0) {
+        twk_host_free(arr);
+        return status;
+    }
+    *out = arr;
+    *n_out = n;
+    return TWK_OK;
+}
+
+static twk_status ckpt_get(twk_store *s, int which, const char *op, const char *tenant, const char *run_id,
+                           const char *checkpoint_id, twk_store_ckpt *out) {
     NEED(out, "out", op);
     memset(out, 0, sizeof *out);
     NEED(s, "store", op);
@@ -857,7 +917,7 @@ twk_status twk_store_ckpt_get(twk_store *s, const char *tenant, const char *run_
     NEED(run_id, "run_id", op);
     NEED(checkpoint_id, "checkpoint_id", op);
     sqlite3_stmt *st;
-    TRY(stmt_get(s, ST_CK_GET, op, &st));
+    TRY(stmt_get(s, which, op, &st));
     BIND(bind_text(s, st, 1, tenant, op));
     BIND(bind_text(s, st, 2, run_id, op));
     BIND(bind_text(s, st, 3, checkpoint_id, op));
@@ -929,16 +989,7 @@ static twk_status ckpt_page(twk_store *s, const char *tenant, const char *run_id
     if (status == TWK_OK) status = bind_text(s, st, 2, run_id, op);
     if (status == TWK_OK) status = bind_int64(s, st, 3, limit, op);
     if (status == TWK_OK) status = bind_int64(s, st, 4, offset, op);
-    while (status == TWK_OK && n < cap) {
-        int rc = sqlite3_step(st);
-        if (rc == SQLITE_DONE) break;
-        if (rc != SQLITE_ROW) {
-            status = db_fail(s, op, sqlite3_extended_errcode(s->db));
-            break;
-        }
-        status = row_to_ckpt(s, st, &arr[n], op);
-        if (status == TWK_OK) n++;
-    }
+    if (status == TWK_OK) status = ckpt_rows(s, st, arr, cap, &n, op);
     if (st) stmt_done(st);
     if (status != TWK_OK || n == 0) {
         twk_host_free(arr);
@@ -949,9 +1000,25 @@ static twk_status ckpt_page(twk_store *s, const char *tenant, const char *run_id
     return TWK_OK;
 }
 
+static twk_status ckpt_list(twk_store *s, const char *tenant, const char *run_id, int limit, int offset,
+                            twk_store_ckpt **out, int *n_out, int *total, const char *op);
+
 twk_status twk_store_ckpt_list(twk_store *s, const char *tenant, const char *run_id, int limit, int offset,
                                twk_store_ckpt **out, int *n_out, int *total) {
     const char *op = "checkpoint list";
+    NEED(tenant, "tenant", op);
+    return ckpt_list(s, tenant, run_id, limit, offset, out, n_out, total, op);
+}
+
+twk_status twk_store_ckpt_list_public(twk_store *s, const char *run_id, int limit, int offset, twk_store_ckpt **out,
+                                      int *n_out, int *total) {
+    const char *op = "public checkpoint list";
+    NEED(run_id, "run_id", op);
+    return ckpt_list(s, NULL, run_id, limit, offset, out, n_out, total, op);
+}
+
+static twk_status ckpt_list(twk_store *s, const char *tenant, const char *run_id, int limit, int offset,
+                            twk_store_ckpt **out, int *n_out, int *total, const char *op) {
     NEED(out, "out", op);
     NEED(n_out, "n_out", op);
     NEED(total, "total", op);
@@ -959,7 +1026,6 @@ twk_status twk_store_ckpt_list(twk_store *s, const char *tenant, const char *run
     *n_out = 0;
     *total = 0;
     NEED(s, "store", op);
-    NEED(tenant, "tenant", op);
     TRY(list_args(&limit, offset, op));
     TRY(read_begin(s, op));
     twk_status status = ckpt_page(s, tenant, run_id, limit, offset, out, n_out, total, op);

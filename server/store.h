@@ -89,6 +89,11 @@ twk_status twk_store_ckpt_create(twk_store *s, const twk_store_ckpt *c);
 twk_status twk_store_ckpt_upsert(twk_store *s, const twk_store_ckpt *c);
 twk_status twk_store_ckpt_get(twk_store *s, const char *tenant, const char *run_id, const char *checkpoint_id,
                               twk_store_ckpt *out);
+/* The row (run_id, checkpoint_id) of any tenant when it is published; TWK_ERR_NOT_FOUND otherwise. */
+twk_status twk_store_ckpt_get_public(twk_store *s, const char *run_id, const char *checkpoint_id, twk_store_ckpt *out);
+/* Up to max checkpoints of any tenant whose expires_at (> 0) is at or before now, soonest first.
+ * *out: n_out records (twk_host_free the array; NULL when none). */
+twk_status twk_store_ckpt_expired(twk_store *s, double now, int max, twk_store_ckpt **out, int *n_out);
 twk_status twk_store_ckpt_delete(twk_store *s, const char *tenant, const char *run_id, const char *checkpoint_id);
 /* *listed = 1 if any tenant's row (run_id, checkpoint_id) exists (start-up
  * recovery, which sees folders, not tenants). */
@@ -97,6 +102,9 @@ twk_status twk_store_ckpt_listed(twk_store *s, const char *run_id, const char *c
  * newest first. *out: n_out records (twk_host_free the array). */
 twk_status twk_store_ckpt_list(twk_store *s, const char *tenant, const char *run_id, int limit, int offset,
                                twk_store_ckpt **out, int *n_out, int *total);
+/* The published checkpoints of run_id, of whichever tenant, newest first (another tenant's view). */
+twk_status twk_store_ckpt_list_public(twk_store *s, const char *run_id, int limit, int offset, twk_store_ckpt **out,
+                                      int *n_out, int *total);
 twk_status twk_store_ckpt_set_ttl(twk_store *s, const char *tenant, const char *run_id, const char *checkpoint_id,
                                   double expires_at);
 twk_status twk_store_ckpt_set_public(twk_store *s, const char *tenant, const char *run_id, const char *checkpoint_id,

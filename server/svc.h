@@ -33,7 +33,11 @@ typedef struct base_model {
 
 typedef struct run_state run_state;
 
-typedef enum op_kind { OP_CREATE, OP_FB, OP_OPTIM, OP_SAVE, OP_SAVE_SAMPLER, OP_SAVE_EXTERNAL, OP_LOAD, OP_UNLOAD } op_kind;
+/* OP_SKIP fills the seq_id slot of a request that was refused before it was queued
+ * (an unknown route): it runs nothing and has no future. */
+typedef enum op_kind {
+    OP_CREATE, OP_FB, OP_OPTIM, OP_SAVE, OP_SAVE_SAMPLER, OP_SAVE_EXTERNAL, OP_LOAD, OP_UNLOAD, OP_SKIP
+} op_kind;
 
 typedef struct op {
     op_kind kind;
@@ -112,6 +116,8 @@ typedef struct sampler_session {
     float alpha;
     char adapter_dir[1024];   /* a checkpoint folder, or "" */
     host_adapter *copy;       /* worker-written snapshot copy, or NULL */
+    int n_clients;            /* join_sampling_session: clients allocated so far (the original is 0) */
+    struct session_events *events; /* retrieve_futures: finished requests not yet acknowledged */
     struct sampler_session *next;
 } sampler_session;
 
@@ -158,6 +164,7 @@ typedef struct svc {
     int n_live_units;
     unsigned long long use_clock;      /* asample jobs queued or running (429 past the limit) */
     uv_timer_t gap_timer;
+    uv_timer_t sweep_timer;    /* expired checkpoints (sweeper.c) */
     uv_signal_t sigint, sigterm;
     unsigned long long id_counter;
     int stopping;
@@ -178,6 +185,10 @@ int svc_create_run(svc *s, const char *tenant, const char *session_id, int model
  * limit in err (o freed, nothing queued) when holding o ahead of the run's
  * seq order would pass --max-early-mb-run or the tenant's --max-early-mb-tenant. */
 int svc_submit_op(svc *s, run_state *r, op *o, char *request_id, char *err, size_t err_len);
+/* A request of run r with this seq_id was refused before it was queued: the
+ * slot is filled with a no-op so the run's later ops do not wait for it.
+ * Nothing happens when the seq_id was already taken or is behind the run. */
+void svc_skip_seq(svc *s, run_state *r, int64_t seq);
 /* Runs an op outside the seq order (after what is already dispatched). */
 void svc_dispatch_now(svc *s, run_state *r, op *o, char *request_id);
 op *svc_op_new(svc *s, run_state *r, op_kind kind, int64_t seq);
@@ -219,6 +230,17 @@ int svc_ckpt_publish(const char *tmp, const char *dir, const char *old, int exis
  * interrupted saves (.tmp-*), replaced copies and folders published but never recorded in the
  * store; logs one line for each. */
 void svc_ckpt_recover(svc *s);
+/* Deletes a checkpoint: its store row (the commit point), then its folder, renamed aside at once as a
+ * .tmp-* leftover (which start-up recovery removes after a crash) and removed on the worker.
+ * -1 with a message in err when the row could not be deleted (nothing changed). */
+int svc_ckpt_remove(svc *s, const twk_store_ckpt *ck, char *err, size_t err_len);
+
+/* ---- sweeper.c ---- */
+/* Starts the timer that deletes expired checkpoints every --checkpoint-sweep seconds. */
+void svc_sweeper_start(svc *s);
+void svc_sweeper_stop(svc *s);
+/* Deletes every checkpoint whose expires_at has passed; returns how many. */
+int svc_sweep_expired(svc *s);
 
 /* ---- sampling.c ---- */
 sampler_session *svc_find_sampler(svc *s, const char *tenant, const char *id);
@@ -240,6 +262,25 @@ void api_weights_urls(svc *s, twk_http_conn *c, const twk_http_req *req, const t
 int api_weights_download(svc *s, twk_http_conn *c, const twk_http_req *req);
 /* POST copy_weights: the checkpoint copied (hard links) into a new run of the caller. */
 void api_copy_weights(svc *s, twk_http_conn *c, const twk_http_req *req, const cJSON *b, const char *tenant);
+
+/* ---- session_futures.c: retrieve_futures, the batched poll of a sampling session ---- */
+/* A request of ss's client `clone` (its seq_id / 1e9) finished (failed: 1) with a result of
+ * `size` bytes: recorded for retrieve_futures, and parked polls of that client are answered. */
+void svc_session_event(svc *s, sampler_session *ss, int64_t clone, const char *request_id, int failed, size_t size);
+/* POST retrieve_futures. */
+void api_retrieve_futures(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant);
+/* Frees ss's events and answers its parked polls (shutdown, or the session going away). */
+void svc_session_events_free(sampler_session *ss);
+
+/* ---- api_sessions.c: cancel_future, join_sampling_session, sessions/search, auth/token, trace_export ---- */
+/* Routes those; 0 if route is none of them (nothing answered). */
+int api_sessions(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant, const char *route);
+/* cancel_future's dropping of queued work: a sampling request still waiting for its sampler is
+ * taken out of the queue (1), else 0. Its future must already be finished (cancelled). */
+int svc_sample_cancel(svc *s, const char *request_id);
+/* A training op of tenant still held in its run's seq order becomes a no-op that fails "cancelled"
+ * in its turn (1), else 0 (dispatched ops run, and their result is discarded). */
+int svc_op_cancel(svc *s, const char *tenant, const char *request_id);
 
 /* ---- api.c ---- */
 /* 1 if the tenant's session exists; else answers 404 and returns 0. */

@@ -233,3 +233,29 @@ def counting_teacher(sc, seed, steps):
         tc.forward_backward([counting_datum(s) for s in range(step % 4, 32, 4)], "cross_entropy").result()
         tc.optim_step(adam(2e-2)).result()
     return tc
+
+
+def sdk_training_call(tc, port, route, body, key):
+    """A raw POST made the way the SDK makes a training op (its save_weights_external,
+    say): reserve the client's next request id, take its turn, send seq_id = id + 1.
+    Returns (status, content type, body bytes, seq_id)."""
+    import asyncio
+    import http.client
+    import json
+
+    rid = tc._get_request_id()
+
+    def post():
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        c.request("POST", f"/api/v1/{route}", body=json.dumps({"model_id": tc.model_id, "seq_id": rid + 1, **body}),
+                  headers={"Content-Type": "application/json", "X-API-Key": key})
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        return r.status, r.getheader("Content-Type") or "", data
+
+    async def call():
+        async with tc._take_turn(rid):
+            return await asyncio.to_thread(post)
+
+    return (*tc.holder.run_coroutine_threadsafe(call()).result(timeout=60), rid + 1)
