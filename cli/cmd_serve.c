@@ -26,6 +26,15 @@ static void usage(FILE *f) {
             "  --seq-timeout S      fail ops queued behind a seq_id missing this long (default 120)\n"
             "  --poll-timeout S     long-poll hold of retrieve_future (default 25)\n"
             "  --fwdbwd-chunk-len N datums per forward_backward request the SDK sends (default 1024)\n"
+            "  connection limits (at a cap, the oldest idle connection without an accepted key is closed\n"
+            "  to make room; only when every one is keyed or busy is the new one refused):\n"
+            "  --max-connections N  open connections in total (default 4096)\n"
+            "  --max-connections-per-addr N  per client IP address (default 512)\n"
+            "  --header-timeout S   a request's headers must arrive within S of its first byte, and a\n"
+            "                       connection that has not sent an accepted key is closed idle after S\n"
+            "                       (default 10)\n"
+            "  --idle-timeout S     close a keyed keep-alive connection idle this long (default 75)\n"
+            "  --read-timeout S     a whole request must arrive within S of its first byte (default 30)\n"
             "  --config FILE        the same options as 'key = value' lines (model may repeat)\n"
             "  --quiet              no log lines\n",
             TWK_DEFAULT_MODEL_NAME);

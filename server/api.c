@@ -717,12 +717,13 @@ static void h_retrieve(svc *s, twk_http_conn *c, const cJSON *b, const char *ten
 
 void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     svc *s = user;
-    const char *p = strstr(req->path, "/api/v1/");
-    if (!p) {
+    /* the path is normalised by http.c (no "..", ".", "//" or encoded separators);
+     * every endpoint is under /api/v1/ exactly */
+    if (strncmp(req->path, "/api/v1/", 8) != 0) {
         api_error(c, 404, "no such endpoint: %s %s", req->method, req->path);
         return;
     }
-    const char *route = p + strlen("/api/v1/");
+    const char *route = req->path + 8;
     int get = !strcmp(req->method, "GET"), post = !strcmp(req->method, "POST");
     if (get && !strcmp(route, "healthz")) {
         twk_http_respond_json(c, 200, "{\"status\":\"ok\"}");
@@ -733,6 +734,7 @@ void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
         api_error(c, 401, "invalid or missing API key (send X-API-Key: tml-...)");
         return;
     }
+    twk_http_set_authenticated(c);
     if (get || !strcmp(req->method, "DELETE") || !strcmp(req->method, "PUT") ||
         (post && (!strncmp(route, "training_runs/", 14) || !strncmp(route, "sessions/", 9)))) {
         api_rest(s, c, req, tenant, route);

@@ -35,6 +35,13 @@ typedef struct twk_serve_config {
     double seq_timeout_s;     /* a missing seq_id fails its successors after this; default 120 */
     double poll_timeout_s;    /* long-poll hold; default 25 */
     int fwdbwd_chunk_len;     /* datums per forward_backward request the SDK may send; default 1024 */
+    /* connection limits (server/http.h): idle unauthenticated connections are
+     * closed first to make room, and time out after header_timeout_s */
+    int max_connections;          /* in total; default 4096 */
+    int max_connections_per_addr; /* per client IP address; default 512 */
+    double header_timeout_s;      /* a request's headers, and an unauthenticated idle connection; default 10 */
+    double idle_timeout_s;        /* an authenticated keep-alive connection idle; default 75 */
+    double read_timeout_s;        /* a whole request from its first byte; default 30 */
     int quiet;
 } twk_serve_config;
 
