@@ -3,9 +3,11 @@
 
 BUILD      ?= build
 BUILD_SAN  ?= build-sanitize
+BUILD_FUZZ ?= build-fuzz
+FUZZ_S     ?= 25
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all deps build demo test test-sanitize bench clean
+.PHONY: all deps build demo test test-sanitize fuzz bench clean
 
 all: build
 
@@ -31,6 +33,15 @@ test-sanitize: deps
 	@cmake -S . -B $(BUILD_SAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTWK_SANITIZE=ON >/dev/null
 	@cmake --build $(BUILD_SAN) -j $(JOBS)
 	cd $(BUILD_SAN) && LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ctest --output-on-failure --timeout 1800
+	@$(MAKE) --no-print-directory fuzz FUZZ_S=$(FUZZ_S)
+
+# Every libFuzzer harness of tests/fuzz for FUZZ_S seconds (default 25) under ASan + UBSan,
+# built with clang in $(BUILD_FUZZ); fails on any crash (artifacts in $(BUILD_FUZZ)/tests/fuzz/work/).
+fuzz: deps
+	@cmake -S . -B $(BUILD_FUZZ) -DCMAKE_C_COMPILER=clang -DTWK_FUZZ=ON -DTWK_OPENCL=OFF -DTWK_VULKAN=OFF \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTWK_FUZZ_SECONDS=$(FUZZ_S) >/dev/null
+	@cmake --build $(BUILD_FUZZ) -j $(JOBS) --target twk_fuzzers
+	cd $(BUILD_FUZZ) && ctest -L fuzz --output-on-failure
 
 # Benchmarks (not tests): see bench/README.md.
 bench: build
@@ -38,4 +49,4 @@ bench: build
 	./$(BUILD)/bench/bench_overhead
 
 clean:
-	rm -rf $(BUILD) $(BUILD_SAN)
+	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_FUZZ)

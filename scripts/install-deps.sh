@@ -6,6 +6,8 @@ set -eu
 
 PACKAGES="
 build-essential
+clang
+libclang-rt-dev
 cmake
 pkg-config
 libopenblas-dev

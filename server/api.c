@@ -899,12 +899,13 @@ void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     twk_log_context(NULL, req->path);
     twk_log_request_id(NULL);
     twk_http_log_fields(c, NULL, req->path, NULL);
-    const char *p = strstr(req->path, "/api/v1/");
-    if (!p) {
+    /* the path is normalised by http.c (no "..", ".", "//" or encoded separators);
+     * every endpoint is under /api/v1/ exactly */
+    if (strncmp(req->path, "/api/v1/", 8) != 0) {
         api_error(c, 404, "no such endpoint: %s %s", req->method, req->path);
         return;
     }
-    const char *route = p + strlen("/api/v1/");
+    const char *route = req->path + 8;
     twk_http_log_fields(c, NULL, route, NULL);
     int get = !strcmp(req->method, "GET"), post = !strcmp(req->method, "POST");
     if (get && api_weights_download(s, c, req)) return; /* signed URL: no API key */
@@ -928,6 +929,7 @@ void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
         api_error(c, 401, "invalid or missing API key (send X-API-Key: tml-...)");
         return;
     }
+    twk_http_set_authenticated(c);
     twk_log_context(tenant, route);
     twk_http_log_fields(c, tenant, NULL, NULL);
     if (api_sessions(s, c, req, tenant, route)) return;

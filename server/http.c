@@ -9,8 +9,10 @@
  * parked long poll is noticed) until IN_CAP unparsed bytes are buffered.
  *
  * The one timer per connection serves, by mode: the idle timeout (nothing
- * outstanding, no request begun), the read timeout (a request began arriving:
- * it must be complete in read_timeout_ms, counted from its first byte), a
+ * outstanding, no request begun; the short header timeout until a handler
+ * marked the connection authenticated), the read timeout (a request began
+ * arriving: its headers must be complete within header_timeout_ms and all of
+ * it within read_timeout_ms, both counted from its first byte), a
  * 0 ms "resume" after a deferred response (so parsing the next pipelined
  * request never runs inside the caller's twk_http_respond), and the linger
  * after a final error response (write, shutdown, drain what the client is
@@ -23,7 +25,11 @@
  * kept (a "zombie": socket closed, no handles) until the caller's
  * twk_http_respond, which then just frees it, or until the server stops —
  * so a handler that parks without an abandon callback never responds through
- * a dangling pointer while the server runs. */
+ * a dangling pointer while the server runs.
+ *
+ * Headers go into a per-request arena as NUL-terminated strings; header
+ * callbacks after on_headers_complete are a chunked body's trailers, which
+ * are counted against the header limit and dropped. */
 #include "http.h"
 #include "log.h"
 
@@ -78,6 +84,11 @@ struct twk_http_conn {
     size_t header_bytes;
     twk_http_req req;
     int keep_alive, is_head, http10;
+    int headers_done;     /* on_headers_complete ran for the current request */
+    uint64_t msg_start;   /* loop time of the current request's first byte */
+    int authenticated;    /* twk_http_set_authenticated: long idle timeout, never evicted */
+    unsigned char addr_key[17]; /* family + IP address, for the per-address cap */
+    int adopted;          /* from twk_http_server_adopt: outside the connection caps */
 
     int err_status;       /* set by a parser callback: answer this and close */
     char err_msg[200];
@@ -203,7 +214,9 @@ twk_http_limits twk_http_limits_default(void) {
     l.max_header_bytes = (size_t)64 << 10;
     l.idle_timeout_ms = 75000;
     l.read_timeout_ms = 30000;
+    l.header_timeout_ms = 10000;
     l.max_connections = 4096;
+    l.max_connections_per_addr = 512;
     return l;
 }
 
@@ -215,6 +228,16 @@ const char *twk_http_header_get(const twk_http_req *r, const char *name) {
 }
 
 const char *twk_http_peer(const twk_http_conn *c) { return c ? c->peer : ""; }
+
+void twk_http_set_authenticated(twk_http_conn *c) {
+    if (c && !c->zombie) c->authenticated = 1;
+}
+
+int twk_http_server_connections(const twk_http_server *s) {
+    int n = 0;
+    for (const twk_http_conn *c = s ? s->conns : NULL; c; c = c->next) n++;
+    return n;
+}
 
 /* ---------- freeing ---------- */
 
@@ -260,7 +283,7 @@ static void conn_close(twk_http_conn *c) {
     c->closing = 1;
     if (c->counted) {
         c->counted = 0;
-        c->srv->n_open--;
+        if (!c->adopted) c->srv->n_open--;
     }
     /* abandon first, so the caller forgets the pointer before anything else;
      * respond calls from inside it are ignored (closing is set) */
@@ -276,6 +299,27 @@ static void conn_close(twk_http_conn *c) {
 
 static void timer_set(twk_http_conn *c, int mode, uint64_t ms);
 
+static unsigned min_ms(unsigned a, unsigned b) { return a < b ? a : b; }
+
+/* How long the connection may sit idle: the header timeout until it is
+ * known to serve an authenticated client. */
+static unsigned idle_ms(const twk_http_conn *c) {
+    const twk_http_limits *l = &c->srv->limits;
+    return c->authenticated ? l->idle_timeout_ms : min_ms(l->idle_timeout_ms, l->header_timeout_ms);
+}
+
+/* The current request's time limit: headers, then the whole request. */
+static unsigned request_limit_ms(const twk_http_conn *c) {
+    const twk_http_limits *l = &c->srv->limits;
+    return c->headers_done ? l->read_timeout_ms : min_ms(l->read_timeout_ms, l->header_timeout_ms);
+}
+
+/* Arms the read timer for what is left of the current request's limit. */
+static void arm_read_timer(twk_http_conn *c) {
+    uint64_t lim = request_limit_ms(c), spent = uv_now(c->srv->loop) - c->msg_start;
+    timer_set(c, T_READ, spent >= lim ? 0 : lim - spent);
+}
+
 static void on_timer(uv_timer_t *t) {
     twk_http_conn *c = t->data;
     int mode = c->timer_mode;
@@ -285,7 +329,7 @@ static void on_timer(uv_timer_t *t) {
     case T_IDLE:
         /* a response still being written is not idleness, as long as it moves */
         if (c->tcp.write_queue_size > 0 && c->tcp.write_queue_size != c->idle_wq) {
-            timer_set(c, T_IDLE, c->srv->limits.idle_timeout_ms);
+            timer_set(c, T_IDLE, idle_ms(c));
             break;
         }
         conn_close(c); /* quietly */
@@ -293,7 +337,8 @@ static void on_timer(uv_timer_t *t) {
     case T_READ: /* slow client: the request began but did not complete in time */
         c->in_message = 0;
         c->err_status = 0;
-        fail(c, 408, "request not received completely within %u ms", c->srv->limits.read_timeout_ms);
+        fail(c, 408, "request %s within %u ms", c->headers_done ? "not received completely" : "headers not received",
+             request_limit_ms(c));
         conn_process(c); /* sends the pending error */
         break;
     case T_RESUME:
@@ -372,9 +417,9 @@ static void conn_after_io(twk_http_conn *c) {
     if (c->outstanding) {
         if (c->timer_mode != T_NONE) timer_set(c, T_NONE, 0);
     } else if (c->in_message) {
-        if (c->timer_mode != T_READ) timer_set(c, T_READ, c->srv->limits.read_timeout_ms);
+        if (c->timer_mode != T_READ) arm_read_timer(c);
     } else {
-        timer_set(c, T_IDLE, c->srv->limits.idle_timeout_ms);
+        timer_set(c, T_IDLE, idle_ms(c));
     }
 }
 
@@ -425,7 +470,7 @@ static void conn_finish(twk_http_conn *c) {
     c->in_message = 0;
     /* until the shutdown completes (the response is written), the idle rule:
      * a client that stops reading it is dropped */
-    timer_set(c, T_IDLE, c->srv->limits.idle_timeout_ms);
+    timer_set(c, T_IDLE, idle_ms(c));
     if (uv_shutdown(&c->shut, (uv_stream_t *)&c->tcp, on_shutdown) != 0) conn_close(c);
 }
 
@@ -525,6 +570,43 @@ static int count_header_bytes(twk_http_conn *c, size_t n) {
     return 0;
 }
 
+static int hex_val(char ch) {
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+    return -1;
+}
+
+/* What is wrong with the request target (NUL-terminated, query included), or
+ * NULL: it must be a path from '/' without a fragment, empty ("//"), "." or
+ * ".." segments (also percent-encoded), nor a '\\' or an encoded '/', '\\' or
+ * NUL, so that the path a proxy matched is the path routed here. */
+static const char *target_problem(const char *url) {
+    if (url[0] != '/') return "it must be a path starting with '/'";
+    for (const char *seg = url + 1;; seg++) {
+        size_t raw = 0, dec = 0;
+        int dots = 0;
+        for (; seg[raw] && seg[raw] != '/' && seg[raw] != '?'; raw++, dec++) {
+            char ch = seg[raw];
+            if (ch == '#') return "a fragment ('#') is not allowed";
+            if (ch == '%') {
+                int hi = hex_val(seg[raw + 1]), lo = hi < 0 ? -1 : hex_val(seg[raw + 2]);
+                if (lo < 0) return "a malformed percent escape in the path";
+                ch = (char)(hi * 16 + lo);
+                if (ch == '/' || ch == '\\' || ch == 0) return "an encoded '/', '\\' or NUL in the path";
+                raw += 2;
+            }
+            if (ch == '\\') return "a '\\' in the path";
+            dots += ch == '.';
+        }
+        char end = seg[raw];
+        if (dec > 0 && dots == (int)dec && dec <= 2) return "a '.' or '..' segment in the path";
+        if (dec == 0 && end == '/') return "an empty segment ('//') in the path";
+        if (end != '/') return end == '?' && strchr(seg + raw, '#') ? "a fragment ('#') is not allowed" : NULL;
+        seg += raw;
+    }
+}
+
 static int cb_message_begin(http_parser *p) {
     twk_http_conn *c = p->data;
     c->arena_len = 0;
@@ -537,9 +619,11 @@ static int cb_message_begin(http_parser *p) {
         c->body_cap = 0;
     }
     c->header_bytes = 0;
+    c->headers_done = 0;
     memset(&c->req, 0, sizeof c->req);
     c->in_message = 1;
-    timer_set(c, T_READ, c->srv->limits.read_timeout_ms);
+    c->msg_start = uv_now(c->srv->loop);
+    arm_read_timer(c);
     return 0;
 }
 
@@ -553,6 +637,7 @@ static int cb_url(http_parser *p, const char *at, size_t len) {
 static int cb_header_field(http_parser *p, const char *at, size_t len) {
     twk_http_conn *c = p->data;
     if (count_header_bytes(c, len + 4)) return -1; /* ": " and CRLF */
+    if (c->headers_done) return 0; /* a trailer: counted, never a header */
     if (c->phase != PH_FIELD) {
         if (arena_nul(c)) return fail(c, 500, "out of memory"); /* ends the url or the previous value */
         if (c->n_hdr == c->hoff_cap) {
@@ -574,6 +659,7 @@ static int cb_header_field(http_parser *p, const char *at, size_t len) {
 static int cb_header_value(http_parser *p, const char *at, size_t len) {
     twk_http_conn *c = p->data;
     if (count_header_bytes(c, len)) return -1;
+    if (c->headers_done) return 0; /* a trailer */
     if (c->phase == PH_FIELD) {
         if (arena_nul(c)) return fail(c, 500, "out of memory");
         c->hoff[c->n_hdr - 1].value = c->arena_len;
@@ -597,6 +683,12 @@ static int cb_headers_complete(http_parser *p) {
     }
     if (arena_nul(c)) return fail(c, 500, "out of memory");
     c->phase = PH_URL;
+    c->headers_done = 1;
+    if (c->in_message) arm_read_timer(c); /* the body gets the rest of read_timeout_ms */
+    if (p->http_major != 1 || p->http_minor > 1)
+        return fail(c, 505, "HTTP version %u.%u is not supported (only 1.0 and 1.1)", p->http_major, p->http_minor);
+    const char *bad = target_problem(c->arena);
+    if (bad) return fail(c, 400, "bad request target: %s", bad);
     c->keep_alive = http_should_keep_alive(p) && !p->upgrade;
     c->is_head = p->method == HTTP_HEAD;
     c->http10 = p->http_major == 1 && p->http_minor == 0;
@@ -623,6 +715,15 @@ static int cb_body(http_parser *p, const char *at, size_t len) {
     return 0;
 }
 
+static int cb_chunk_header(http_parser *p) {
+    twk_http_conn *c = p->data;
+    size_t max = c->srv->limits.max_body_bytes;
+    if (p->content_length > max - c->body_len)
+        return fail(c, 413, "a chunk of %llu bytes: the request body exceeds the limit of %zu bytes",
+                    (unsigned long long)p->content_length, max);
+    return 0;
+}
+
 static int cb_message_complete(http_parser *p) {
     twk_http_conn *c = p->data;
     c->in_message = 0;
@@ -639,6 +740,7 @@ static const http_parser_settings parser_settings = {
     .on_header_value = cb_header_value,
     .on_headers_complete = cb_headers_complete,
     .on_body = cb_body,
+    .on_chunk_header = cb_chunk_header,
     .on_message_complete = cb_message_complete,
 };
 
@@ -700,6 +802,9 @@ static void conn_process(twk_http_conn *c) {
         if (c->err_status) continue; /* answered at the top of the loop */
         if (e == HPE_PAUSED) {
             http_parser_pause(&c->parser, 0);
+        } else if (e == HPE_INVALID_CONTENT_LENGTH && c->headers_done) { /* a chunk size past 2^64 */
+            fail(c, 413, "a chunk size overflows (the body limit is %zu bytes)", c->srv->limits.max_body_bytes);
+            continue;
         } else if (e == HPE_HEADER_OVERFLOW) {
             fail(c, 431, "request headers exceed the limit of %zu bytes", c->srv->limits.max_header_bytes);
             continue;
@@ -772,11 +877,10 @@ void twk_http_set_abandon(twk_http_conn *c, twk_http_abandon_fn fn, void *user) 
 
 /* ---------- public: server ---------- */
 
-static void on_connection(uv_stream_t *ls, int status) {
-    twk_http_server *s = ls->data;
-    if (status < 0 || s->stopping) return;
+/* A new connection struct with its handles initialised, first in the list. */
+static twk_http_conn *conn_new(twk_http_server *s) {
     twk_http_conn *c = calloc(1, sizeof *c);
-    if (!c) return;
+    if (!c) return NULL;
     c->srv = s;
     uv_tcp_init(s->loop, &c->tcp);
     uv_timer_init(s->loop, &c->timer);
@@ -787,32 +891,100 @@ static void on_connection(uv_stream_t *ls, int status) {
     if (s->conns) s->conns->prev = c;
     s->conns = c;
     snprintf(c->peer, sizeof c->peer, "?");
-    if (uv_accept(ls, (uv_stream_t *)&c->tcp) != 0 || s->n_open >= s->limits.max_connections) {
-        conn_close(c); /* refused: accepted and closed at once */
-        return;
-    }
-    c->counted = 1;
-    s->n_open++;
-    uv_tcp_nodelay(&c->tcp, 1);
+    return c;
+}
 
+/* Peer name for logs and the address key for the per-address cap. */
+static void conn_peer(twk_http_conn *c) {
     struct sockaddr_storage ss;
     int sl = (int)sizeof ss;
-    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &sl) == 0) {
-        char ip[INET6_ADDRSTRLEN] = "?";
-        if (ss.ss_family == AF_INET6) {
-            const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
-            uv_ip6_name(a, ip, sizeof ip);
-            snprintf(c->peer, sizeof c->peer, "[%s]:%d", ip, ntohs(a->sin6_port));
-        } else {
-            const struct sockaddr_in *a = (const struct sockaddr_in *)&ss;
-            uv_ip4_name(a, ip, sizeof ip);
-            snprintf(c->peer, sizeof c->peer, "%s:%d", ip, ntohs(a->sin_port));
-        }
+    memset(&ss, 0, sizeof ss);
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &sl) != 0) return;
+    char ip[INET6_ADDRSTRLEN] = "?";
+    c->addr_key[0] = (unsigned char)ss.ss_family;
+    if (ss.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
+        memcpy(c->addr_key + 1, &a->sin6_addr, 16);
+        uv_ip6_name(a, ip, sizeof ip);
+        snprintf(c->peer, sizeof c->peer, "[%s]:%d", ip, ntohs(a->sin6_port));
+    } else if (ss.ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)&ss;
+        memcpy(c->addr_key + 1, &a->sin_addr, 4);
+        uv_ip4_name(a, ip, sizeof ip);
+        snprintf(c->peer, sizeof c->peer, "%s:%d", ip, ntohs(a->sin_port));
     }
+}
 
+/* Starts parsing and reading. */
+static void conn_start(twk_http_conn *c) {
+    c->counted = 1;
+    uv_tcp_nodelay(&c->tcp, 1);
     http_parser_init(&c->parser, HTTP_REQUEST);
     c->parser.data = c;
     conn_after_io(c); /* starts reading and the idle timer */
+}
+
+/* Makes room for new connection `nc` under both caps by closing the oldest
+ * connections that are not authenticated and have nothing outstanding.
+ * Returns 0, or -1 when no such connection is left to close. */
+static int make_room(twk_http_server *s, const twk_http_conn *nc) {
+    for (int per_addr = 1; per_addr >= 0; per_addr--) {
+        int limit = per_addr ? s->limits.max_connections_per_addr : s->limits.max_connections;
+        for (;;) {
+            int n = 0;
+            twk_http_conn *oldest = NULL; /* the list is newest first */
+            for (twk_http_conn *c = s->conns; c; c = c->next) {
+                if (!c->counted || c->adopted || c == nc) continue;
+                if (per_addr && memcmp(c->addr_key, nc->addr_key, sizeof c->addr_key) != 0) continue;
+                n++;
+                if (!c->authenticated && !c->outstanding && !c->final_sent) oldest = c;
+            }
+            if (n < limit) break;
+            if (!oldest) return -1;
+            conn_close(oldest);
+        }
+    }
+    return 0;
+}
+
+static void on_connection(uv_stream_t *ls, int status) {
+    twk_http_server *s = ls->data;
+    if (status < 0 || s->stopping) return;
+    twk_http_conn *c = conn_new(s);
+    if (!c) return;
+    if (uv_accept(ls, (uv_stream_t *)&c->tcp) != 0) {
+        conn_close(c);
+        return;
+    }
+    conn_peer(c);
+    if (make_room(s, c) != 0) {
+        conn_close(c); /* refused: accepted and closed at once */
+        return;
+    }
+    s->n_open++;
+    conn_start(c);
+}
+
+int twk_http_server_adopt(twk_http_server *s, int fd) {
+    if (!s || s->stopping || fd < 0) {
+        if (fd >= 0) close(fd);
+        return UV_EINVAL;
+    }
+    twk_http_conn *c = conn_new(s);
+    if (!c) {
+        close(fd);
+        return UV_ENOMEM;
+    }
+    int r = uv_tcp_open(&c->tcp, fd);
+    if (r != 0) {
+        close(fd);
+        conn_close(c);
+        return r;
+    }
+    c->adopted = 1;
+    snprintf(c->peer, sizeof c->peer, "fd:%d", fd);
+    conn_start(c);
+    return 0;
 }
 
 static void on_listener_closed(uv_handle_t *h) {
@@ -833,7 +1005,9 @@ int twk_http_server_start(uv_loop_t *loop, const char *host, int port, const twk
         if (limits->max_header_bytes) lim.max_header_bytes = limits->max_header_bytes;
         if (limits->idle_timeout_ms) lim.idle_timeout_ms = limits->idle_timeout_ms;
         if (limits->read_timeout_ms) lim.read_timeout_ms = limits->read_timeout_ms;
+        if (limits->header_timeout_ms) lim.header_timeout_ms = limits->header_timeout_ms;
         if (limits->max_connections > 0) lim.max_connections = limits->max_connections;
+        if (limits->max_connections_per_addr > 0) lim.max_connections_per_addr = limits->max_connections_per_addr;
     }
     /* http_parser's own cap on header bytes is process-wide (80 KiB unless
      * raised); raise it so our limit is the one that applies */

@@ -3,7 +3,8 @@
  * idle and slow-client timeouts, and deferred responses: a handler may return
  * without answering and answer later on the loop thread (long polls park
  * this way, with no thread per waiting client). Everything here runs on the
- * loop thread. */
+ * loop thread. HTTP/1.0 and 1.1 only (others: 505); the trailers of a
+ * chunked request are read and discarded, never seen as headers. */
 #ifndef TWK_SERVER_HTTP_H
 #define TWK_SERVER_HTTP_H
 
@@ -22,7 +23,9 @@ typedef struct twk_http_header {
 
 typedef struct twk_http_req {
     const char *method;         /* "GET", "POST", "DELETE", "PUT", ... */
-    const char *path;           /* URL path without the query, percent-decoding NOT applied */
+    const char *path;           /* URL path without the query, percent-decoding NOT applied; always
+                                   starts with '/', and has no empty ("//"), "." or ".." segment, nor
+                                   an encoded '/', '\\' or NUL (such requests get 400) */
     const char *query;          /* text after '?', or "" */
     const twk_http_header *headers;
     int n_headers;
@@ -40,12 +43,20 @@ const char *twk_http_header_get(const twk_http_req *r, const char *name);
 typedef void (*twk_http_handler)(twk_http_conn *c, const twk_http_req *req, void *user);
 
 typedef struct twk_http_limits {
-    size_t max_body_bytes;      /* 413 past this (default 64 MiB) */
+    size_t max_body_bytes;      /* 413 past this (default 64 MiB); also a chunk size past it */
     size_t max_header_bytes;    /* 431 past this (default 64 KiB) */
-    unsigned idle_timeout_ms;   /* close a keep-alive connection idle this long (default 75 s) */
+    unsigned idle_timeout_ms;   /* close an authenticated keep-alive connection idle this long (default 75 s) */
     unsigned read_timeout_ms;   /* a started request must arrive completely within this (default 30 s) */
-    int max_connections;        /* refuse (close) past this (default 4096) */
+    unsigned header_timeout_ms; /* a request's headers must arrive within this of its first byte, and a
+                                   connection not marked authenticated is closed when idle this long
+                                   (default 10 s; never longer than the two above) */
+    int max_connections;        /* open connections in total (default 4096) */
+    int max_connections_per_addr; /* open connections per client IP address (default 512) */
 } twk_http_limits;
+/* At either connection cap, a new connection first closes the oldest
+ * connection that is neither authenticated nor has a request outstanding
+ * (from the same address for the per-address cap); only when there is none
+ * is the new one refused (accepted and closed at once). */
 
 /* Defaults as documented above. */
 twk_http_limits twk_http_limits_default(void);
@@ -76,6 +87,18 @@ void twk_http_respond_json(twk_http_conn *c, int status, const char *json);
  * twk_http_respond; after it the conn pointer is invalid. Set NULL to clear. */
 typedef void (*twk_http_abandon_fn)(twk_http_conn *c, void *user);
 void twk_http_set_abandon(twk_http_conn *c, twk_http_abandon_fn fn, void *user);
+
+/* Marks the connection as used by an authenticated client (the handler calls
+ * it once the request's key is accepted): from then on it keeps the long idle
+ * timeout and is never closed to make room for a new connection. */
+void twk_http_set_authenticated(twk_http_conn *c);
+
+/* Serves an already connected stream socket (e.g. one end of a socketpair;
+ * tests and fuzzers) as a connection of `s`, outside the connection caps.
+ * Takes ownership of fd. Returns 0 or a negative libuv error (fd closed). */
+int twk_http_server_adopt(twk_http_server *s, int fd);
+/* Connections not yet freed (closing ones included). */
+int twk_http_server_connections(const twk_http_server *s);
 
 /* Peer address "ip:port" of the connection (for logs). */
 const char *twk_http_peer(const twk_http_conn *c);

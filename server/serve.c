@@ -32,6 +32,12 @@ void twk_serve_config_default(twk_serve_config *c) {
     c->result_keep_s = 120;
     c->result_ttl_s = 3600;
     c->ckpt_sweep_s = 60;
+    /* connection limits */
+    c->max_connections = 4096;
+    c->max_connections_per_addr = 512;
+    c->header_timeout_s = 10;
+    c->idle_timeout_s = 75;
+    c->read_timeout_s = 30;
 }
 
 static int parse_num(const char *s, double lo, double hi, double *out) {
@@ -95,6 +101,12 @@ twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char
     NUM("result-keep", 1, 86400, result_keep_s, double)
     NUM("result-ttl", 1, 30 * 86400, result_ttl_s, double)
     NUM("checkpoint-sweep", 0.1, 86400, ckpt_sweep_s, double)
+    /* connection limits */
+    NUM("max-connections", 1, 1 << 20, max_connections, int)
+    NUM("max-connections-per-addr", 1, 1 << 20, max_connections_per_addr, int)
+    NUM("header-timeout", 0.05, 3600, header_timeout_s, double)
+    NUM("idle-timeout", 0.05, 86400, idle_timeout_s, double)
+    NUM("read-timeout", 0.05, 86400, read_timeout_s, double)
 #undef NUM
     struct { const char *name; char *dst; size_t len; } strs[] = {
         {"host", c->host, sizeof c->host},
@@ -279,6 +291,12 @@ int twk_serve_run(const twk_serve_config *cfg) {
     s->worker = twk_worker_start(&loop);
     twk_http_limits lim = twk_http_limits_default();
     lim.max_body_bytes = cfg->max_body_bytes;
+    /* connection limits */
+    lim.max_connections = cfg->max_connections;
+    lim.max_connections_per_addr = cfg->max_connections_per_addr;
+    lim.header_timeout_ms = (unsigned)(cfg->header_timeout_s * 1000.0);
+    lim.idle_timeout_ms = (unsigned)(cfg->idle_timeout_s * 1000.0);
+    lim.read_timeout_ms = (unsigned)(cfg->read_timeout_s * 1000.0);
     int err = s->futures && s->worker
                   ? twk_http_server_start(&loop, cfg->host, cfg->port, &lim, svc_handle, s, &s->http)
                   : UV_ENOMEM;

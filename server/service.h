@@ -44,6 +44,13 @@ typedef struct twk_serve_config {
     double result_keep_s;     /* a retrieved result stays this long for re-polls; default 120 */
     double result_ttl_s;      /* an unretrieved result stays this long; default 3600 */
     double ckpt_sweep_s;      /* expired checkpoints are deleted every this many seconds; default 60 */
+    /* connection limits (server/http.h): idle unauthenticated connections are
+     * closed first to make room, and time out after header_timeout_s */
+    int max_connections;          /* in total; default 4096 */
+    int max_connections_per_addr; /* per client IP address; default 512 */
+    double header_timeout_s;      /* a request's headers, and an unauthenticated idle connection; default 10 */
+    double idle_timeout_s;        /* an authenticated keep-alive connection idle; default 75 */
+    double read_timeout_s;        /* a whole request from its first byte; default 30 */
     int quiet;
     int jwt_auth;             /* --jwt-auth: client/config turns on the SDK's JWT exchange (auth/token, whoami) */
     int log_json;             /* --log-format json: one JSON object per line, every request */

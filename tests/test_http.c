@@ -4,7 +4,11 @@
  * with plain blocking POSIX sockets. The test handler echoes the request as
  * JSON, parks "/park" for 200 ms (answered from a uv_timer, like a long
  * poll) and "/park_long" for 10 s (still parked when the server stops), and
- * counts abandon callbacks. Small limits and timeouts keep it fast. */
+ * counts abandon callbacks. "/api/v1/..." mimics the service's key check
+ * (one key, alice's; 401 otherwise; "/api/v1/healthz" needs none). Small
+ * limits and timeouts keep it fast. Further servers: one connection at most
+ * (srv_small), small connection caps (srv_caps: 8 in all, 4 per address),
+ * and a short header timeout (srv_ht). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -32,8 +36,13 @@
 
 static int failures;
 static uv_loop_t loop;
-static twk_http_server *srv, *srv_small;
-static int port, port_small;
+#define ALICE_KEY "tml-alice-secret-7f3a"
+#define CAP_TOTAL 8
+#define CAP_PER_ADDR 4
+#define HEADER_TIMEOUT_MS 200
+
+static twk_http_server *srv, *srv_small, *srv_caps, *srv_ht;
+static int port, port_small, port_caps, port_ht;
 static uv_async_t stop_async;
 static atomic_int n_abandon, n_park_answered, n_requests;
 
@@ -102,6 +111,18 @@ static void handler(twk_http_conn *c, const twk_http_req *r, void *user) {
         if (p->has_abandon) twk_http_set_abandon(c, park_abandon, p);
         return;
     }
+    if (strncmp(r->path, "/api/v1/", 8) == 0) { /* the service's key check, in miniature */
+        const char *key = twk_http_header_get(r, "X-API-Key");
+        if (strcmp(r->path, "/api/v1/healthz") == 0) {
+            twk_http_respond_json(c, 200, "{\"status\":\"ok\"}");
+        } else if (key && strcmp(key, ALICE_KEY) == 0) {
+            twk_http_set_authenticated(c);
+            twk_http_respond_json(c, 200, "{\"sessions\":[\"alice-session-1\"]}");
+        } else {
+            twk_http_respond_json(c, 401, "{\"error\":\"invalid or missing API key\"}");
+        }
+        return;
+    }
     if (strcmp(r->path, "/bigresp") == 0) {
         unsigned char *big = malloc(BIG_RESP);
         for (size_t i = 0; i < BIG_RESP; i++) big[i] = (unsigned char)(i * 7);
@@ -130,6 +151,8 @@ static void handler(twk_http_conn *c, const twk_http_req *r, void *user) {
 static void on_stop(uv_async_t *a) {
     twk_http_server_stop(srv);
     twk_http_server_stop(srv_small);
+    twk_http_server_stop(srv_caps);
+    twk_http_server_stop(srv_ht);
     uv_close((uv_handle_t *)a, NULL);
 }
 
@@ -155,10 +178,22 @@ typedef struct resp {
     size_t body_len;
 } resp;
 
-static int cl_connect(client *cl, int p) {
+/* Connects to 127.0.0.1:p from 127.0.0.<src> (0: any source). */
+static int cl_connect_from(client *cl, int p, int src) {
     cl->len = 0;
     cl->fd = socket(AF_INET, SOCK_STREAM, 0);
     if (cl->fd < 0) return -1;
+    if (src) {
+        struct sockaddr_in b;
+        memset(&b, 0, sizeof b);
+        b.sin_family = AF_INET;
+        b.sin_addr.s_addr = htonl(0x7f000000u | (unsigned)src);
+        if (bind(cl->fd, (struct sockaddr *)&b, sizeof b) != 0) {
+            close(cl->fd);
+            cl->fd = -1;
+            return -1;
+        }
+    }
     struct timeval tv = {3, 0};
     setsockopt(cl->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     int one = 1;
@@ -175,6 +210,8 @@ static int cl_connect(client *cl, int p) {
     }
     return 0;
 }
+
+static int cl_connect(client *cl, int p) { return cl_connect_from(cl, p, 0); }
 
 static void cl_close(client *cl) {
     if (cl->fd >= 0) close(cl->fd);
@@ -264,7 +301,7 @@ static int simple_get(int p, const char *path, resp *r) {
 
 /* ---------------- tests ---------------- */
 
-static client A, B;
+static client A, B, C0;
 static resp R, R2;
 static client many[N_CONCURRENT];
 
@@ -640,12 +677,26 @@ static void t_bodies(void) {
     cl_close(&A);
 }
 
+/* 1 when the server has closed cl's connection (EOF or reset readable now),
+ * 0 when it is open and silent. */
+static int cl_closed_now(client *cl) {
+    struct pollfd pf = {cl->fd, POLLIN, 0};
+    if (poll(&pf, 1, 0) <= 0) return 0;
+    char b[64];
+    ssize_t k = recv(cl->fd, b, sizeof b, MSG_DONTWAIT | MSG_PEEK);
+    return k == 0 || (k < 0 && errno == ECONNRESET);
+}
+
 static void t_max_connections(void) {
-    int ok = cl_connect(&A, port_small) == 0 && cl_sends(&A, "GET /one HTTP/1.1\r\nHost: x\r\n\r\n") == 0 &&
+    /* the one slot held by an authenticated client: a new connection is refused */
+    int ok = cl_connect(&A, port_small) == 0 &&
+             cl_sends(&A, "GET /api/v1/sessions HTTP/1.1\r\nX-API-Key: " ALICE_KEY "\r\n\r\n") == 0 &&
              cl_read(&A, &R) == 0 && R.status == 200;
     int refused = ok && cl_connect(&B, port_small) == 0 && cl_wait_eof(&B);
     cl_close(&B);
-    check(ok && refused, "max_connections: the connection past the limit is closed");
+    ok = ok && cl_sends(&A, "GET /api/v1/sessions HTTP/1.1\r\nX-API-Key: " ALICE_KEY "\r\n\r\n") == 0 &&
+         cl_read(&A, &R) == 0 && R.status == 200;
+    check(ok && refused, "max_connections: past the limit, a new connection is refused, the keyed one kept");
     cl_close(&A);
     int ok2 = 0;
     for (int i = 0; i < 50 && !ok2; i++) { /* the server notices A's close asynchronously */
@@ -653,6 +704,202 @@ static void t_max_connections(void) {
         ok2 = simple_get(port_small, "/two", &R) == 0 && R.status == 200;
     }
     check(ok2, "max_connections: a slot frees when a connection closes");
+
+    /* the slot held by an idle unauthenticated client: it is closed to make room */
+    ok = cl_connect(&A, port_small) == 0 && cl_sends(&A, "GET /one HTTP/1.1\r\nHost: x\r\n\r\n") == 0 &&
+         cl_read(&A, &R) == 0 && R.status == 200;
+    ok = ok && cl_connect(&B, port_small) == 0 && cl_sends(&B, "GET /api/v1/healthz HTTP/1.1\r\n\r\n") == 0 &&
+         cl_read(&B, &R2) == 0 && R2.status == 200;
+    check(ok && cl_wait_eof(&A), "max_connections: an idle unauthenticated connection makes room for a new one");
+    cl_close(&A);
+    cl_close(&B);
+}
+
+/* Finding 1 of issue 18: a chunked request's trailers were added to the
+ * headers, the last one left without its NUL. */
+static void t_trailers(void) {
+    /* the reviewer's keep-alive pair: B's 4-byte "tml-" trailer was completed
+     * by A's key left in the connection's buffer */
+    char pad[41], bs[27], req[512];
+    memset(pad, 'p', 40);
+    pad[40] = 0;
+    memset(bs, 'b', 26);
+    bs[26] = 0;
+    snprintf(req, sizeof req, "GET /api/v1/sessions HTTP/1.1\r\nHost: x\r\nX-Pad: %s\r\nX-API-Key: " ALICE_KEY "\r\n\r\n",
+             pad);
+    int ok = cl_connect(&A, port) == 0 && cl_sends(&A, req) == 0 && cl_read(&A, &R) == 0 && R.status == 200;
+    snprintf(req, sizeof req,
+             "GET /api/v1/sessions?%s HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX-API-Key: tml-\r\n\r\n", bs);
+    ok = ok && cl_sends(&A, req) == 0 && cl_read(&A, &R2) == 0;
+    check(ok && R.status == 200 && R2.status == 401 && !strstr(R2.body, "alice"),
+          "keep-alive: a later request's trailer does not complete an earlier key: %d %s", R2.status, R2.body);
+    cl_close(&A);
+
+    /* a key sent only as a trailer is not a header */
+    ok = cl_connect(&A, port) == 0 &&
+         cl_sends(&A, "POST /api/v1/sessions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                      "2\r\n{}\r\n0\r\nX-API-Key: " ALICE_KEY "\r\n\r\n") == 0 &&
+         cl_read(&A, &R) == 0;
+    check(ok && R.status == 401, "a key only in a trailer: %d %s", R.status, R.body);
+    /* nor any other trailer: the echo shows no x-test */
+    ok = ok && cl_sends(&A, "POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-Test: t\r\n\r\n") ==
+                   0 &&
+         cl_read(&A, &R) == 0;
+    check(ok && R.status == 200 && strstr(R.body, "\"x_test\":\"\"") && strstr(R.body, "\"body\":\"abc\""),
+          "trailers are dropped: %s", R.body);
+    cl_close(&A);
+
+    /* the reviewer's minimal ASan crash (an unterminated trailer name read as a
+     * header): without a version it is HTTP/0.9 (505); with one, served */
+    static const char crash[] = "POST /\nTransfer-Encoding:chunked\n\n0\r\nT:\n\n";
+    ok = cl_connect(&A, port) == 0 && cl_send(&A, crash, sizeof crash - 1) == 0 && cl_read(&A, &R) == 0;
+    check(ok && R.status == 505 && R.conn_close && cl_wait_eof(&A), "minimal trailer crash input answered cleanly: %d %s",
+          R.status, R.body);
+    cl_close(&A);
+    static const char crash11[] = "POST / HTTP/1.1\nTransfer-Encoding:chunked\n\n0\r\nT:\n\n";
+    ok = cl_connect(&A, port) == 0 && cl_send(&A, crash11, sizeof crash11 - 1) == 0 && cl_read(&A, &R) == 0;
+    check(ok && R.status == 200 && strstr(R.body, "\"path\":\"/\"") && strstr(R.body, "\"body_len\":0"),
+          "the same with HTTP/1.1: served, the trailer dropped: %d %s", R.status, R.body);
+    cl_close(&A);
+
+    /* trailers count against the header limit */
+    char *big = malloc(MAX_HEADER * 2 + 256);
+    int n = snprintf(big, 256, "POST /t HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX-Big: ");
+    memset(big + n, 't', MAX_HEADER * 2);
+    memcpy(big + n + MAX_HEADER * 2, "\r\n\r\n", 5);
+    ok = cl_connect(&A, port) == 0 && cl_sends(&A, big) == 0 && cl_read(&A, &R) == 0;
+    check(ok && R.status == 431, "trailers over the header limit: %d", R.status);
+    cl_close(&A);
+    free(big);
+}
+
+/* Finding 9: the request target is a normalised path; versions 1.0 and 1.1
+ * only; a chunk size past the body limit or 2^64 is refused at once. */
+static void t_targets_versions(void) {
+    static const char *bad[] = {"/whatever/../x/api/v1/training_runs", "/a/./b", "/..", "/.", "//api/v1/sessions",
+                                "/api//v1", "/a/%2e%2e/b", "/a/%2E./b", "/a/.%2e", "/a%2fb", "/a%2Fb", "/a%5cb",
+                                "/a%00b", "/a%zzb", "/a%4", "/a\\b", "http://x/api/v1/sessions", "*", "/x#frag",
+                                "/x?q=1#frag"};
+    int n_bad = 0;
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char req[256];
+        snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: x\r\nX-API-Key: " ALICE_KEY "\r\n\r\n", bad[i]);
+        int ok = cl_connect(&A, port) == 0 && cl_sends(&A, req) == 0 && cl_read(&A, &R) == 0;
+        if (ok && R.status == 400 && is_json_error(&R, "bad request target")) n_bad++;
+        else printf("     %s -> %d %s\n", bad[i], R.status, R.body);
+        cl_close(&A);
+    }
+    check(n_bad == (int)(sizeof bad / sizeof *bad), "targets with traversal, '//', encoded separators: 400 (%d of %zu)",
+          n_bad, sizeof bad / sizeof *bad);
+    int ok = simple_get(port, "/a.b/..c/.../%41%2d?x=../..//%2f", &R) == 0;
+    check(ok && R.status == 200 && strstr(R.body, "\"path\":\"/a.b/..c/.../%41%2d\"") &&
+              strstr(R.body, "\"query\":\"x=../..//%2f\""),
+          "dots inside names, harmless escapes and anything in the query pass: %s", R.body);
+
+    static const char *versions[] = {"GET /x HTTP/9.9\r\n\r\n", "GET /x HTTP/1.2\r\n\r\n", "GET /x HTTP/2.0\r\n\r\n",
+                                     "GET /x HTTP/0.9\r\n\r\n", "GET /x\r\n\r\n"};
+    int n505 = 0;
+    for (size_t i = 0; i < sizeof versions / sizeof *versions; i++) {
+        ok = cl_connect(&A, port) == 0 && cl_sends(&A, versions[i]) == 0 && cl_read(&A, &R) == 0;
+        if (ok && R.status == 505 && is_json_error(&R, "only 1.0 and 1.1")) n505++;
+        else printf("     %.16s -> %d %s\n", versions[i], R.status, R.body);
+        cl_close(&A);
+    }
+    check(n505 == (int)(sizeof versions / sizeof *versions), "HTTP/9.9, 1.2, 2.0, 0.9 and none: 505 (%d of %zu)", n505,
+          sizeof versions / sizeof *versions);
+
+    /* chunk sizes: 2^63, past 2^64, and one byte past the limit, each before any chunk data */
+    static const char *sizes[] = {"8000000000000000", "FFFFFFFFFFFFFFFFFFFF", "401"};
+    int n413 = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        char req[256];
+        snprintf(req, sizeof req, "POST /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n%s\r\n", sizes[i]);
+        ok = cl_connect(&A, port) == 0 && cl_sends(&A, req) == 0 && cl_read(&A, &R) == 0;
+        /* a 408 would mean the server waited for the chunk (the read timeout) */
+        if (ok && R.status == 413 && is_json_error(&R, "1024 bytes")) n413++;
+        else printf("     chunk size %s -> %d %s\n", sizes[i], R.status, R.body);
+        cl_close(&A);
+    }
+    check(n413 == (int)(sizeof sizes / sizeof *sizes), "chunk sizes 2^63, > 2^64 and limit+1: 413 before the data (%d of %zu)",
+          n413, sizeof sizes / sizeof *sizes);
+}
+
+#define N_IDLE 24
+static client idle_cl[N_IDLE];
+
+/* Finding 2: idle connections without a key must not lock anyone out. */
+static void t_connection_caps(void) {
+    /* an authenticated client first */
+    static const char keyed[] = "GET /api/v1/sessions HTTP/1.1\r\nX-API-Key: " ALICE_KEY "\r\n\r\n";
+    int ok = cl_connect_from(&A, port_caps, 1) == 0 && cl_sends(&A, keyed) == 0 && cl_read(&A, &R) == 0 &&
+             R.status == 200;
+    check(ok, "caps: keyed client connected");
+    /* N_IDLE silent connections from one address (over the per-address cap), then the
+     * same from several addresses (over the total cap) */
+    int connected = 0;
+    for (int i = 0; i < N_IDLE / 2; i++) connected += cl_connect_from(&idle_cl[i], port_caps, 2) == 0;
+    /* a request from elsewhere: once answered, every earlier connection was accepted */
+    ok = cl_connect_from(&B, port_caps, 20) == 0 && cl_sends(&B, "GET /api/v1/healthz HTTP/1.1\r\n\r\n") == 0 &&
+         cl_read(&B, &R) == 0 && R.status == 200;
+    cl_close(&B);
+    int open_same = 0;
+    for (int i = 0; i < N_IDLE / 2; i++) open_same += !cl_closed_now(&idle_cl[i]);
+    int oldest_closed = 1;
+    for (int i = 0; i < N_IDLE / 2 - CAP_PER_ADDR; i++) oldest_closed &= cl_closed_now(&idle_cl[i]);
+    check(ok && connected == N_IDLE / 2 && open_same == CAP_PER_ADDR && oldest_closed,
+          "per-address cap %d: %d idle connections from one address, %d left open (the newest)", CAP_PER_ADDR,
+          connected, open_same);
+    for (int i = N_IDLE / 2; i < N_IDLE; i++) connected += cl_connect_from(&idle_cl[i], port_caps, 3 + i % 4) == 0;
+    /* healthz and a keyed request on new connections still succeed */
+    ok = cl_connect_from(&B, port_caps, 21) == 0 && cl_sends(&B, "GET /api/v1/healthz HTTP/1.1\r\n\r\n") == 0 &&
+         cl_read(&B, &R) == 0 && R.status == 200;
+    check(ok, "caps: /api/v1/healthz answered with %d idle connections held open", N_IDLE);
+    ok = cl_connect_from(&B, port_caps, 22) == 0 && cl_sends(&B, keyed) == 0 && cl_read(&B, &R) == 0 &&
+         R.status == 200;
+    check(ok, "caps: a keyed request on a new connection answered");
+    int open_idle = 0;
+    for (int i = 0; i < N_IDLE; i++) open_idle += !cl_closed_now(&idle_cl[i]);
+    /* the first keyed client was never closed to make room */
+    int a_ok = cl_sends(&A, keyed) == 0 && cl_read(&A, &R) == 0 && R.status == 200;
+    check(a_ok && open_idle <= CAP_TOTAL - 2, "caps: the keyed connection kept; %d of %d idle ones still open (cap %d)",
+          open_idle, connected, CAP_TOTAL);
+    /* every slot authenticated: a new connection is refused rather than evicting one */
+    client keyed_cl[CAP_TOTAL];
+    int n_keyed = 0;
+    for (int i = 0; i < CAP_TOTAL - 2; i++)
+        n_keyed += cl_connect_from(&keyed_cl[i], port_caps, 30 + i) == 0 && cl_sends(&keyed_cl[i], keyed) == 0 &&
+                   cl_read(&keyed_cl[i], &R) == 0 && R.status == 200;
+    int refused = cl_connect_from(&C0, port_caps, 40) == 0 && cl_wait_eof(&C0);
+    cl_close(&C0);
+    check(n_keyed == CAP_TOTAL - 2 && refused, "caps: with every slot keyed, a new connection is refused");
+    for (int i = 0; i < CAP_TOTAL - 2; i++) cl_close(&keyed_cl[i]);
+    for (int i = 0; i < N_IDLE; i++) cl_close(&idle_cl[i]);
+    cl_close(&A);
+    cl_close(&B);
+}
+
+/* The header timeout: silent or slow connections without a key go first. */
+static void t_header_timeout(void) {
+    static const char keyed[] = "GET /api/v1/sessions HTTP/1.1\r\nX-API-Key: " ALICE_KEY "\r\n\r\n";
+    int ok = cl_connect(&A, port_ht) == 0 && cl_sends(&A, keyed) == 0 && cl_read(&A, &R) == 0 && R.status == 200;
+    /* a silent connection is closed (the idle timeout is 30 s: only the header timeout can close it) */
+    int silent = cl_connect(&B, port_ht) == 0 && cl_wait_eof(&B);
+    cl_close(&B);
+    check(ok && silent, "header timeout: a silent connection is closed");
+    /* headers that trickle in: 408 naming the header timeout */
+    ok = cl_connect(&B, port_ht) == 0 && cl_sends(&B, "GET /slow HTTP/1.1\r\n") == 0 && cl_read(&B, &R) == 0;
+    check(ok && R.status == 408 && is_json_error(&R, "request headers not received within 200 ms"),
+          "header timeout: incomplete headers get 408: %s", R.body);
+    cl_close(&B);
+    /* an unauthenticated keep-alive connection goes idle: closed */
+    ok = cl_connect(&B, port_ht) == 0 && cl_sends(&B, "GET /api/v1/healthz HTTP/1.1\r\n\r\n") == 0 &&
+         cl_read(&B, &R) == 0 && R.status == 200 && cl_wait_eof(&B);
+    check(ok, "header timeout: an idle connection that never sent a key is closed");
+    cl_close(&B);
+    /* the authenticated one, idle all along, is still served */
+    ok = cl_sends(&A, keyed) == 0 && cl_read(&A, &R) == 0 && R.status == 200;
+    check(ok, "header timeout: the keyed connection, idle meanwhile, is kept");
+    cl_close(&A);
 }
 
 int main(void) {
@@ -661,7 +908,8 @@ int main(void) {
     uv_loop_init(&loop);
     twk_http_limits lim = twk_http_limits_default();
     check(lim.max_body_bytes == 64u << 20 && lim.max_header_bytes == 64u << 10 && lim.idle_timeout_ms == 75000 &&
-              lim.read_timeout_ms == 30000 && lim.max_connections == 4096,
+              lim.read_timeout_ms == 30000 && lim.header_timeout_ms == 10000 && lim.max_connections == 4096 &&
+              lim.max_connections_per_addr == 512,
           "default limits");
     lim.max_body_bytes = MAX_BODY;
     lim.max_header_bytes = MAX_HEADER;
@@ -676,13 +924,27 @@ int main(void) {
     rc = twk_http_server_start(&loop, "127.0.0.1", 0, &small, handler, NULL, &srv_small);
     port_small = twk_http_server_port(srv_small);
     check(rc == 0 && port_small > 0, "second server (max_connections 1) on port %d", port_small);
+    twk_http_limits caps = lim;
+    caps.max_connections = CAP_TOTAL;
+    caps.max_connections_per_addr = CAP_PER_ADDR;
+    caps.idle_timeout_ms = caps.header_timeout_ms = caps.read_timeout_ms = 60000;
+    rc = twk_http_server_start(&loop, "127.0.0.1", 0, &caps, handler, NULL, &srv_caps);
+    port_caps = twk_http_server_port(srv_caps);
+    check(rc == 0 && port_caps > 0, "third server (%d connections, %d per address) on port %d", CAP_TOTAL, CAP_PER_ADDR,
+          port_caps);
+    twk_http_limits ht = lim;
+    ht.idle_timeout_ms = ht.read_timeout_ms = 30000;
+    ht.header_timeout_ms = HEADER_TIMEOUT_MS;
+    rc = twk_http_server_start(&loop, "127.0.0.1", 0, &ht, handler, NULL, &srv_ht);
+    port_ht = twk_http_server_port(srv_ht);
+    check(rc == 0 && port_ht > 0, "fourth server (header timeout %d ms) on port %d", HEADER_TIMEOUT_MS, port_ht);
     twk_http_server *dup = NULL;
     rc = twk_http_server_start(&loop, "127.0.0.1", port, &lim, handler, NULL, &dup);
     check(rc == UV_EADDRINUSE && dup == NULL, "port in use: %s", uv_err_name(rc));
     rc = twk_http_server_start(&loop, "not-an-ip", 0, &lim, handler, NULL, &dup);
     check(rc == UV_EINVAL && dup == NULL, "bad host: %s", uv_err_name(rc));
     uv_async_init(&loop, &stop_async, on_stop);
-    if (!srv || !srv_small) return 1;
+    if (!srv || !srv_small || !srv_caps || !srv_ht) return 1;
 
     pthread_t th;
     pthread_create(&th, NULL, loop_thread, NULL);
@@ -699,6 +961,10 @@ int main(void) {
     t_slow_reader();
     t_bodies();
     t_max_connections();
+    t_trailers();
+    t_targets_versions();
+    t_connection_caps();
+    t_header_timeout();
 
     int ok = simple_get(port, "/final?done=1", &R) == 0;
     check(ok && R.status == 200 && strstr(R.body, "\"path\":\"/final\""), "a well-formed request still succeeds");

@@ -133,6 +133,11 @@ int main(void) {
         {"shape disagrees with offsets", "{\"x\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", "'x' offsets", -1, 8},
         {"unknown dtype", "{\"x\":{\"dtype\":\"Q4\",\"shape\":[2],\"data_offsets\":[0,8]}}", "unknown dtype Q4", -1, 8},
         {"missing shape", "{\"x\":{\"dtype\":\"F32\",\"data_offsets\":[0,8]}}", "malformed", -1, 8},
+        /* found by tests/fuzz: the element count overflowed int64 (UBSan) */
+        {"element count past int64", "{\"x\":{\"dtype\":\"I64\",\"shape\":[18446744073,7095516151],\"data_offsets\":[0,8]}}",
+         "'x' offsets", -1, 8},
+        {"zero dim beside huge ones", "{\"x\":{\"dtype\":\"F32\",\"shape\":[1000000000000,1000000000000,0],\"data_offsets\":[0,8]}}",
+         "'x' offsets", -1, 8},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(path, sizeof path, "%s/bad%zu.safetensors", dir, i);

@@ -2,6 +2,7 @@
  * the math is read or refused by name — never a silently wrong model. */
 #include "hf_config.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -63,7 +64,10 @@ static twk_status parse(const cJSON *j, const char *path, twk_model_config *c) {
     if (c->head_dim % 2) return twk_error(TWK_ERR_UNSUPPORTED, "%s: head_dim %d is odd", path, c->head_dim);
     c->rope_theta = get_num(j, "rope_theta", 10000.0);
     c->rms_eps = get_num(j, "rms_norm_eps", 1e-6);
-    c->max_positions = (int)get_num(j, "max_position_embeddings", 4096);
+    c->max_positions = 4096;
+    const cJSON *mp = cJSON_GetObjectItemCaseSensitive(j, "max_position_embeddings");
+    if (mp && !cJSON_IsNull(mp) && !get_int(j, "max_position_embeddings", &c->max_positions, path))
+        return TWK_ERR_INVALID_ARG;
     c->tie_embeddings = get_bool(j, "tie_word_embeddings", c->arch == TWK_ARCH_LLAMA ? 0 : 0);
     if (!(c->rope_theta > 0) || !(c->rms_eps >= 0))
         return twk_error(TWK_ERR_INVALID_ARG, "%s: rope_theta and rms_norm_eps must be positive", path);
@@ -173,7 +177,7 @@ twk_status twk_hf_generation_eos(const char *path, twk_model_config *c) {
     const cJSON *one = cJSON_IsNumber(eos) ? eos : NULL;
     const cJSON *e = one ? one : cJSON_IsArray(eos) ? eos->child : NULL;
     for (; e; e = one ? NULL : e->next) {
-        if (!cJSON_IsNumber(e) || e->valuedouble < 0) continue;
+        if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0 && e->valuedouble <= INT_MAX)) continue; /* no token */
         int id = (int)e->valuedouble, dup = 0;
         for (int i = 0; i < c->n_eos; i++) dup |= c->eos[i] == id;
         if (!dup && c->n_eos < 8) c->eos[c->n_eos++] = id;

@@ -147,7 +147,8 @@ static twk_status open_file(twk_safetensors *st, const char *path) {
             break;
         }
         t.ndim = cJSON_GetArraySize(sh);
-        t.nelem = 1;
+        int64_t n = 1;
+        int overflow = 0, zero = 0;
         for (int i = 0; i < t.ndim; i++) {
             cJSON *d = cJSON_GetArrayItem(sh, i);
             if (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble > 1e12) {
@@ -155,11 +156,14 @@ static twk_status open_file(twk_safetensors *st, const char *path) {
                 break;
             }
             t.shape[i] = (int64_t)d->valuedouble;
-            t.nelem *= t.shape[i];
+            zero |= t.shape[i] == 0;
+            overflow |= __builtin_mul_overflow(n, t.shape[i], &n);
         }
         if (rc != TWK_OK) break;
+        t.nelem = zero ? 0 : overflow ? INT64_MAX : n; /* past data_len / esize either way: refused below */
         double b0 = cJSON_GetArrayItem(off, 0)->valuedouble, b1 = cJSON_GetArrayItem(off, 1)->valuedouble;
-        if (!(b0 >= 0 && b1 >= b0 && b1 <= (double)data_len) || (size_t)(b1 - b0) != (size_t)t.nelem * esize) {
+        if (!(b0 >= 0 && b1 >= b0 && b1 <= (double)data_len) || (uint64_t)t.nelem > data_len / esize ||
+            (size_t)(b1 - b0) != (size_t)t.nelem * esize) {
             rc = twk_error(TWK_ERR_INVALID_ARG,
                            "%s: tensor '%s' offsets [%.0f, %.0f) do not fit %lld x %zu bytes in %zu data bytes", path,
                            e->string, b0, b1, (long long)t.nelem, esize, data_len);
