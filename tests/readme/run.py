@@ -11,6 +11,7 @@ run without touching this file); placeholders are mapped to test fixtures:
   `...` in `twinkle train ...`   the arguments of the README's first train command
   [--opt X]                 the optional part is used
   step counts               shortened (--steps 4, --save-every 2, runs/a/step-50 -> step-2)
+`mpirun -np N ./build/twinkle ...` lines run as N local ranks (lines naming a hosts file do not);
 `twinkle serve` commands must start, print their port and answer /api/v1/healthz; the Python block (the
 official SDK) runs against `twinkle serve` on the built-in model; every other command must exit 0.
 The two setup commands (`make demo`, `make test`) are the suite itself and scripts/demo.sh, which
@@ -20,6 +21,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -159,14 +161,23 @@ def main():
     failures, ran, first_train = 0, 0, None
     for block in blocks(text, "sh"):
         for cmd in commands(block):
-            if not cmd.startswith("./build/twinkle"):
-                print(f"readme: not run here: {cmd}")  # make/setup lines: the suite and readme_demo
+            local_mpi = re.match(r"mpirun -np \d+ \./build/twinkle ", cmd) and shutil.which("mpirun")
+            if not cmd.startswith("./build/twinkle") and not local_mpi:
+                # make/setup lines (the suite itself and readme_demo) and multi-node launches
+                print(f"readme: not run here: {cmd}")
                 continue
+            launcher = []
+            if local_mpi:  # `mpirun -np N` on this machine: the ranks oversubscribe its cores
+                n = cmd.split()[2]
+                cmd = cmd.split(" ", 3)[3]
+                launcher = ["mpirun", "-np", n]
             if first_train is None and " train " in cmd and "..." not in cmd:
                 first_train = cmd.split(" train ", 1)[1]
             args = substitute(cmd, tmp, binary, first_train)
+            if launcher:
+                args = launcher + args
             t0 = time.time()
-            if args[1] == "serve":
+            if args[1] == "serve" and not launcher:
                 err = run_serve(args, tmp, ran)
             else:
                 r = subprocess.run(args, cwd=tmp, capture_output=True, text=True, timeout=600)
