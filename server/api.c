@@ -14,16 +14,6 @@ void api_rest(svc *s, twk_http_conn *c, const twk_http_req *req, const char *ten
 
 static double wall_now(void) { return (double)time(NULL); }
 
-int svc_session_exists(svc *s, twk_http_conn *c, const char *tenant, const char *session_id) {
-    twk_store_session sess;
-    if (twk_store_session_get(s->store, tenant, session_id, &sess) != TWK_OK) {
-        api_error(c, 404, "session '%s' not found", session_id);
-        return 0;
-    }
-    twk_store_session_clear(&sess);
-    return 1;
-}
-
 static void future_reply(twk_http_conn *c, const char *request_id, const char *model_id) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "request_id", request_id);
@@ -108,20 +98,6 @@ static void h_heartbeat(svc *s, twk_http_conn *c, const cJSON *b, const char *te
     }
     twk_store_session_heartbeat(s->store, tenant, id, wall_now());
     twk_http_respond_json(c, 200, "{\"type\":\"session_heartbeat\"}");
-}
-
-static void h_capabilities(svc *s, twk_http_conn *c) {
-    cJSON *j = cJSON_CreateObject();
-    cJSON *arr = cJSON_AddArrayToObject(j, "supported_models");
-    for (int i = 0; i < s->n_models; i++) {
-        cJSON *m = cJSON_CreateObject();
-        cJSON_AddStringToObject(m, "model_name", s->models[i].name);
-        cJSON_AddNumberToObject(m, "max_context_length", (double)s->cfg.max_context);
-        cJSON_AddBoolToObject(m, "trainable", 1);
-        cJSON_AddBoolToObject(m, "sampleable", 1);
-        cJSON_AddItemToArray(arr, m);
-    }
-    api_ok(c, j);
 }
 
 /* ---- models ---- */
@@ -876,6 +852,3 @@ void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     else api_error(c, 404, "no such endpoint: POST /api/v1/%s", route);
     cJSON_Delete(b);
 }
-
-/* GET get_server_capabilities is routed through api_rest; it lives here. */
-void api_capabilities(svc *s, twk_http_conn *c) { h_capabilities(s, c); }

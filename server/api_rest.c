@@ -12,7 +12,6 @@
 #include "api_util.h"
 #include "svc.h"
 
-void api_capabilities(svc *s, twk_http_conn *c);
 
 static cJSON *run_json(const twk_store_run *r, const twk_store_ckpt *last_w, const twk_store_ckpt *last_s);
 
@@ -204,10 +203,25 @@ static void session_get(svc *s, twk_http_conn *c, const char *tenant, const char
     api_ok(c, j);
 }
 
+/* GET get_server_capabilities: the served base models. */
+static void capabilities(svc *s, twk_http_conn *c) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON *arr = cJSON_AddArrayToObject(j, "supported_models");
+    for (int i = 0; i < s->n_models; i++) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "model_name", s->models[i].name);
+        cJSON_AddNumberToObject(m, "max_context_length", (double)s->cfg.max_context);
+        cJSON_AddBoolToObject(m, "trainable", 1);
+        cJSON_AddBoolToObject(m, "sampleable", 1);
+        cJSON_AddItemToArray(arr, m);
+    }
+    api_ok(c, j);
+}
+
 void api_rest(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant, const char *route) {
     int get = !strcmp(req->method, "GET");
     if (get && !strcmp(route, "get_server_capabilities")) {
-        api_capabilities(s, c);
+        capabilities(s, c);
         return;
     }
     if (get && !strncmp(route, "samplers/", 9)) {

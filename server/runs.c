@@ -28,100 +28,7 @@ void svc_new_id(svc *s, const char *prefix, char *out, size_t len) {
     snprintf(out, len, "%s-%08llx%04llx", prefix, (r >> 24) & 0xffffffffull, s->id_counter & 0xffff);
 }
 
-base_model *svc_find_model(svc *s, const char *name) {
-    for (int i = 0; name && i < s->n_models; i++)
-        if (!strcmp(s->models[i].name, name)) return &s->models[i];
-    return NULL;
-}
-
-void svc_ckpt_dir(const svc *s, const char *run, const char *kind, const char *name, char *out, size_t len) {
-    snprintf(out, len, "%s/checkpoints/%s/%s/%s", s->cfg.data_dir, run, kind, name);
-}
-
-int svc_parse_tinker_path(const char *path, char *run, size_t run_len, char *kind, size_t kind_len, char *name,
-                          size_t name_len) {
-    const char *pre = "tinker://";
-    if (!path || strncmp(path, pre, strlen(pre))) return 0;
-    const char *p = path + strlen(pre);
-    const char *a = strchr(p, '/');
-    if (!a) return 0;
-    const char *b = strchr(a + 1, '/');
-    if (!b || strchr(b + 1, '/')) return 0;
-    size_t lr = (size_t)(a - p), lk = (size_t)(b - a - 1), ln = strlen(b + 1);
-    if (!lr || !lk || !ln || lr >= run_len || lk >= kind_len || ln >= name_len) return 0;
-    memcpy(run, p, lr);
-    run[lr] = 0;
-    memcpy(kind, a + 1, lk);
-    kind[lk] = 0;
-    memcpy(name, b + 1, ln + 1);
-    if (strcmp(kind, "weights") && strcmp(kind, "sampler_weights")) return 0;
-    if (!strcmp(name, ".") || !strcmp(name, "..") || strchr(run, '.') == run) return 0;
-    return 1;
-}
-
-int svc_find_checkpoint(svc *s, const char *tenant, const char *field, const char *path, twk_store_ckpt *ck,
-                        twk_store_run *src, char *kind, size_t kind_len, int *status, char *err, size_t err_len) {
-    char run[128], name[128], ckid[200];
-    if (!svc_parse_tinker_path(path, run, sizeof run, kind, kind_len, name, sizeof name)) {
-        *status = 400;
-        snprintf(err, err_len, "%s '%s' is not tinker://<run>/(weights|sampler_weights)/<name>", field, path);
-        return 0;
-    }
-    snprintf(ckid, sizeof ckid, "%s/%s", kind, name);
-    if (twk_store_ckpt_get(s->store, tenant, run, ckid, ck) != TWK_OK) {
-        *status = 404;
-        snprintf(err, err_len, "checkpoint %s not found", path);
-        return 0;
-    }
-    if (twk_store_run_get(s->store, tenant, run, src) != TWK_OK) {
-        *status = 404;
-        snprintf(err, err_len, "the run of checkpoint %s is gone", path);
-        return 0;
-    }
-    return 1;
-}
-
-twk_lora_config svc_run_lora(const twk_store_run *src) {
-    twk_lora_config lc = twk_lora_default();
-    lc.rank = src->lora_rank;
-    lc.alpha = 32;
-    lc.train_attn = src->train_attn;
-    lc.train_mlp = src->train_mlp;
-    lc.train_unembed = src->train_unembed;
-    lc.seed = (uint64_t)src->seed;
-    return lc;
-}
-
-/* ---- run registry ---- */
-
-static run_state *run_new(svc *s, const char *id, const char *tenant) {
-    run_state *r = calloc(1, sizeof *r);
-    if (!r) return NULL;
-    snprintf(r->id, sizeof r->id, "%s", id);
-    snprintf(r->tenant, sizeof r->tenant, "%s", tenant);
-    r->next_seq = 1;
-    for (int i = 0; i < DEDUPE_RING; i++) r->ring_seq[i] = -1;
-    r->next = s->runs;
-    s->runs = r;
-    return r;
-}
-
-run_state *svc_find_run(svc *s, const char *tenant, const char *id) {
-    for (run_state *r = s->runs; r; r = r->next)
-        if (!strcmp(r->id, id)) return strcmp(r->tenant, tenant) ? NULL : r;
-    /* not live: a run from before a restart? */
-    twk_store_run sr;
-    if (twk_store_run_get(s->store, tenant, id, &sr) != TWK_OK) return NULL;
-    run_state *r = run_new(s, id, tenant);
-    if (r) {
-        r->lost = 1;
-        r->base = svc_find_model(s, sr.base_model);
-        r->lora.rank = sr.lora_rank;
-        snprintf(r->session_id, sizeof r->session_id, "%s", sr.session_id);
-    }
-    twk_store_run_clear(&sr);
-    return r;
-}
+/* ---- ops ---- */
 
 op *svc_op_new(svc *s, run_state *r, op_kind kind, int64_t seq) {
     op *o = calloc(1, sizeof *o);
@@ -513,7 +420,7 @@ int svc_create_run(svc *s, const char *tenant, const char *session_id, int model
             snprintf(request_id, 64, "%s", r->create_request); /* a retried create_model */
             return 0;
         }
-    run_state *r = run_new(s, model_id, tenant);
+    run_state *r = svc_run_new(s, model_id, tenant);
     if (!r) {
         snprintf(err, err_len, "out of memory");
         return 503;

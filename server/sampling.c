@@ -465,81 +465,88 @@ static void drain_done(twk_job *j) {
 }
 
 /* Parses and checks an asample body into sj; a problem goes to sj->prefail. */
-static void parse_sample(svc *s, const cJSON *b, sample_job *sj) {
+/* parse_sample's steps: each returns 0 with sj->prefail set when the request is bad. */
+
+/* The request's flags: num_samples, prompt logprobs, stability records; the unsupported fields refused. */
+static int sample_flags(const cJSON *b, sample_job *sj, long long *ns, long long *tk) {
     char err[256];
-    int vocab = twk_model_cfg(sj->ss->base->m)->vocab;
-    long long ns, max_tokens, top_k, seed, tk, tsl = 0, alt = 0;
-    double temp, top_p;
-    const cJSON *sp = cJSON_GetObjectItemCaseSensitive(b, "sampling_params");
-    const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(b, "prompt");
-    const cJSON *chunks = cJSON_GetObjectItemCaseSensitive(prompt, "chunks");
-    if (!api_int(b, "num_samples", 0, 1, MAX_NUM_SAMPLES, 1, &ns, err, sizeof err) ||
+    long long tsl = 0, alt = 0;
+    if (!api_int(b, "num_samples", 0, 1, MAX_NUM_SAMPLES, 1, ns, err, sizeof err) ||
         !api_bool(b, "prompt_logprobs", 0, &sj->prompt_logprobs, err, sizeof err) ||
         !api_bool(b, "record_stability_info", 0, &sj->record, err, sizeof err) ||
-        !api_int(b, "topk_prompt_logprobs", 0, 0, 64, 0, &tk, err, sizeof err) ||
+        !api_int(b, "topk_prompt_logprobs", 0, 0, 64, 0, tk, err, sizeof err) ||
         !api_int(b, "topk_sample_logprobs", 0, 0, 1 << 20, 0, &tsl, err, sizeof err) ||
         !api_int(b, "prompt_alt_tokens_k", 0, 0, 1 << 20, 0, &alt, err, sizeof err)) {
         snprintf(sj->prefail, sizeof sj->prefail, "%s", err);
-        return;
+        return 0;
     }
     if (tsl > 0 || alt > 0 || cJSON_GetObjectItemCaseSensitive(b, "target_prompt_logprobs")) {
         snprintf(sj->prefail, sizeof sj->prefail,
                  "%s is not supported by this server (topk_sample_logprobs, prompt_alt_tokens_k and "
                  "target_prompt_logprobs must be absent or 0)",
                  tsl > 0 ? "topk_sample_logprobs > 0" : alt > 0 ? "prompt_alt_tokens_k > 0" : "target_prompt_logprobs");
-        return;
+        return 0;
     }
-    if (sp && !cJSON_IsObject(sp)) {
-        snprintf(sj->prefail, sizeof sj->prefail, "field 'sampling_params' must be an object");
-        return;
-    }
+    return 1;
+}
+
+/* prompt.chunks → sj->prompt / n_prompt: encoded_text chunks of token ids below the vocabulary,
+ * 1 .. max_context - 1 tokens in all. */
+static int sample_prompt(svc *s, const cJSON *chunks, int vocab, sample_job *sj) {
     if (!cJSON_IsArray(chunks) || cJSON_GetArraySize(chunks) < 1) {
         snprintf(sj->prefail, sizeof sj->prefail, "prompt.chunks must be a non-empty list");
-        return;
+        return 0;
     }
     int64_t n = 0;
     for (const cJSON *ch = chunks->child; ch; ch = ch->next) {
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(ch, "type"), *toks = cJSON_GetObjectItemCaseSensitive(ch, "tokens");
         if (cJSON_IsString(type) && strcmp(type->valuestring, "encoded_text")) {
             snprintf(sj->prefail, sizeof sj->prefail, "prompt chunk type '%s' is not supported (encoded_text is)", type->valuestring);
-            return;
+            return 0;
         }
         if (!cJSON_IsArray(toks)) {
             snprintf(sj->prefail, sizeof sj->prefail, "prompt.chunks[].tokens must be a list of token ids");
-            return;
+            return 0;
         }
         n += cJSON_GetArraySize(toks);
     }
     if (n < 1 || n >= s->cfg.max_context) {
         snprintf(sj->prefail, sizeof sj->prefail, "the prompt has %lld tokens; it must be 1..%lld", (long long)n,
                  (long long)s->cfg.max_context - 1);
-        return;
+        return 0;
     }
     sj->prompt = malloc((size_t)n * 4);
     if (!sj->prompt) {
         snprintf(sj->prefail, sizeof sj->prefail, "out of memory");
-        return;
+        return 0;
     }
     int64_t k = 0;
     for (const cJSON *ch = chunks->child; ch; ch = ch->next)
         for (const cJSON *t = cJSON_GetObjectItemCaseSensitive(ch, "tokens")->child; t; t = t->next, k++) {
             if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 || t->valuedouble >= vocab) {
                 snprintf(sj->prefail, sizeof sj->prefail, "prompt token %lld is not a token id in [0, %d)", (long long)k, vocab);
-                return;
+                return 0;
             }
             sj->prompt[k] = (int32_t)t->valuedouble;
         }
     sj->n_prompt = n;
-    sj->num_samples = (int)ns;
-    sj->topk = (int)tk;
-    long long last_n = 0;
+    return 1;
+}
+
+/* prompt_logprobs_last_n and sampling_params (max_tokens within the context left, temperature, top_k, top_p,
+ * seed) → sj->last_n, sj->p. */
+static int sample_params(svc *s, const cJSON *b, const cJSON *sp, sample_job *sj) {
+    char err[256];
+    int64_t n = sj->n_prompt;
+    long long last_n = 0, max_tokens, top_k, seed;
+    double temp, top_p;
     if (!api_int(b, "prompt_logprobs_last_n", 0, 1, n, 0, &last_n, err, sizeof err)) {
         snprintf(sj->prefail, sizeof sj->prefail, "%s (the prompt has %lld tokens)", err, (long long)n);
-        return;
+        return 0;
     }
     if (last_n > 0 && !sj->prompt_logprobs && !sj->topk) {
         snprintf(sj->prefail, sizeof sj->prefail, "prompt_logprobs_last_n applies to prompt logprobs; set prompt_logprobs");
-        return;
+        return 0;
     }
     sj->last_n = last_n;
     int64_t room = s->cfg.max_context - n;
@@ -550,31 +557,35 @@ static void parse_sample(svc *s, const cJSON *b, sample_job *sj) {
         !api_num(sp, "top_p", 0, 1.0, &top_p, err, sizeof err) ||
         !api_int(sp, "seed", 0, -(1ll << 62), (1ll << 62), 0, &seed, err, sizeof err)) {
         snprintf(sj->prefail, sizeof sj->prefail, "sampling_params: %s", err);
-        return;
+        return 0;
     }
     if (max_tokens > room) {
         snprintf(sj->prefail, sizeof sj->prefail,
                  "sampling_params.max_tokens %lld with a %lld-token prompt exceeds the context length %lld", max_tokens,
                  (long long)n, (long long)s->cfg.max_context);
-        return;
+        return 0;
     }
     if (temp < 0) {
         snprintf(sj->prefail, sizeof sj->prefail, "sampling_params.temperature %g must be >= 0", temp);
-        return;
+        return 0;
     }
     if (!(top_p > 0 && top_p <= 1)) {
         snprintf(sj->prefail, sizeof sj->prefail, "sampling_params.top_p %g must be in (0, 1]", top_p);
-        return;
+        return 0;
     }
     if (top_k == 0) {
         snprintf(sj->prefail, sizeof sj->prefail, "sampling_params.top_k 0 is not allowed (-1 turns it off)");
-        return;
+        return 0;
     }
     sj->p = (twk_sample_params){.max_tokens = (int)max_tokens, .temperature = (float)temp, .top_k = (int)top_k,
                                 .top_p = (float)top_p, .seed = (uint64_t)seed,
                                 .has_seed = cJSON_GetObjectItemCaseSensitive(sp, "seed") &&
                                             !cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(sp, "seed"))};
-    /* stop: absent = the model's EOS ids; [] = none; ints = token ids; strings need a tokenizer */
+    return 1;
+}
+
+/* sampling_params.stop: absent = the model's EOS ids; [] = none; ints = token ids; strings need a tokenizer. */
+static int sample_stop(const cJSON *sp, int vocab, sample_job *sj) {
     const cJSON *stop = cJSON_GetObjectItemCaseSensitive(sp, "stop");
     int ns_tok = 0, ns_str = 0;
     const twk_tokenizer *tok = sj->ss->base->tok;
@@ -587,7 +598,7 @@ static void parse_sample(svc *s, const cJSON *b, sample_job *sj) {
                      "sampling_params.stop: stop strings need the model's tokenizer, and '%s' has no tokenizer.json; pass "
                      "stop token ids",
                      sj->ss->base->name);
-            return;
+            return 0;
         }
         const cJSON *e = cJSON_IsString(stop) ? stop : stop->child;
         for (; e; e = cJSON_IsString(stop) ? NULL : e->next) {
@@ -596,7 +607,7 @@ static void parse_sample(svc *s, const cJSON *b, sample_job *sj) {
                 snprintf(sj->prefail, sizeof sj->prefail,
                          "sampling_params.stop: at most %d non-empty strings of at most %d bytes (not mixed with ids)",
                          MAX_STOP_STRINGS, MAX_STOP_STRING_LEN);
-                return;
+                return 0;
             }
             snprintf(sj->stop_str[ns_str], sizeof sj->stop_str[0], "%s", e->valuestring);
             sj->stop_ptr[ns_str] = sj->stop_str[ns_str];
@@ -607,19 +618,37 @@ static void parse_sample(svc *s, const cJSON *b, sample_job *sj) {
             if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= vocab || ns_tok == MAX_STOP_TOKENS) {
                 snprintf(sj->prefail, sizeof sj->prefail,
                          "sampling_params.stop: at most %d token ids in [0, %d)", MAX_STOP_TOKENS, vocab);
-                return;
+                return 0;
             }
             sj->stop[ns_tok++] = (int32_t)e->valuedouble;
         }
     } else {
         snprintf(sj->prefail, sizeof sj->prefail, "sampling_params.stop must be a string, a list, or null");
-        return;
+        return 0;
     }
     sj->p.stop_tokens = sj->stop;
     sj->p.n_stop_tokens = ns_tok;
     sj->p.stop_strings = sj->stop_ptr;
     sj->p.n_stop_strings = ns_str;
     sj->p.tokenizer = tok;
+    return 1;
+}
+
+/* An asample body → sj (prompt, sampling parameters, stop conditions); a bad field sets sj->prefail. */
+static void parse_sample(svc *s, const cJSON *b, sample_job *sj) {
+    int vocab = twk_model_cfg(sj->ss->base->m)->vocab;
+    long long ns, tk;
+    const cJSON *sp = cJSON_GetObjectItemCaseSensitive(b, "sampling_params");
+    const cJSON *chunks = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(b, "prompt"), "chunks");
+    if (!sample_flags(b, sj, &ns, &tk)) return;
+    if (sp && !cJSON_IsObject(sp)) {
+        snprintf(sj->prefail, sizeof sj->prefail, "field 'sampling_params' must be an object");
+        return;
+    }
+    if (!sample_prompt(s, chunks, vocab, sj)) return;
+    sj->num_samples = (int)ns;
+    sj->topk = (int)tk;
+    if (sample_params(s, b, sp, sj)) sample_stop(sp, vocab, sj);
 }
 
 static void h_asample(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {

@@ -172,12 +172,8 @@ twk_status twk_serve_default_model(const char *data_dir, char *dir, size_t dir_l
         return twk_error(TWK_ERR_IO, "cannot create %s: %s", models, strerror(errno));
     twk_device *dev = NULL;
     twk_status st = twk_device_open("cpu", &dev);
-    twk_model_config c = {.arch = TWK_ARCH_QWEN3, .vocab = 512, .hidden = 128, .layers = 2, .heads = 4, .kv_heads = 2,
-                          .head_dim = 32, .ffn = 384, .rope_theta = 10000, .rms_eps = 1e-6, .tie_embeddings = 1,
-                          .qk_norm = 1, .max_positions = 4096, .eos = {1}, .n_eos = 1};
-    snprintf(c.arch_name, sizeof c.arch_name, "Qwen3ForCausalLM");
     twk_model *m = NULL;
-    if (st == TWK_OK) st = twk_model_random(&c, dev, 20261129, &m);
+    if (st == TWK_OK) st = twk_model_builtin(dev, &m);
     char tmp[1300];
     snprintf(tmp, sizeof tmp, "%s/.tiny-%ld", models, (long)getpid());
     if (st == TWK_OK) st = twk_model_save(m, tmp);

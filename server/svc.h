@@ -163,10 +163,28 @@ typedef struct svc {
     int stopping;
 } svc;
 
-/* ---- runs.c ---- */
+/* ---- lookups.c ---- */
 base_model *svc_find_model(svc *s, const char *name);
 /* A run of `tenant` by id: live, or restored from the store as lost; NULL if absent. */
 run_state *svc_find_run(svc *s, const char *tenant, const char *id);
+/* A new live run (registered in the service), NULL without memory. */
+run_state *svc_run_new(svc *s, const char *id, const char *tenant);
+/* 1 if the tenant's session exists; else answers 404 and returns 0. */
+int svc_session_exists(svc *s, twk_http_conn *c, const char *tenant, const char *session_id);
+/* tinker://<run>/<kind>/<name> → parts; 0 if malformed. */
+int svc_parse_tinker_path(const char *path, char *run, size_t run_len, char *kind, size_t kind_len, char *name,
+                          size_t name_len);
+/* The checkpoint a tinker:// path (request field `field`) names among tenant's, and its run's
+ * record; kind gets "weights" or "sampler_weights". 0 otherwise, with *status 400 (malformed)
+ * or 404 (unknown) and a message in err. After a success the caller clears *src. */
+int svc_find_checkpoint(svc *s, const char *tenant, const char *field, const char *path, twk_store_ckpt *ck,
+                        twk_store_run *src, char *kind, size_t kind_len, int *status, char *err, size_t err_len);
+/* The LoRA shape of a run record (every run is created with alpha 32). */
+twk_lora_config svc_run_lora(const twk_store_run *src);
+/* DATA_DIR/checkpoints/<run>/<kind>/<name> */
+void svc_ckpt_dir(const svc *s, const char *run, const char *kind, const char *name, char *out, size_t len);
+
+/* ---- runs.c ---- */
 /* Starts create_model; writes the future's id. Returns 0, or an HTTP status
  * with a message in err (400/404). */
 int svc_create_run(svc *s, const char *tenant, const char *session_id, int model_seq_id, const char *base,
@@ -186,18 +204,6 @@ void svc_check_gaps(svc *s);
 void svc_free_runs(svc *s);
 /* Removes a folder tree (checkpoint folders); errors are ignored. */
 void svc_rm_tree(const char *dir);
-/* tinker://<run>/<kind>/<name> → parts; 0 if malformed. */
-int svc_parse_tinker_path(const char *path, char *run, size_t run_len, char *kind, size_t kind_len, char *name,
-                          size_t name_len);
-/* The checkpoint a tinker:// path (request field `field`) names among tenant's, and its run's
- * record; kind gets "weights" or "sampler_weights". 0 otherwise, with *status 400 (malformed)
- * or 404 (unknown) and a message in err. After a success the caller clears *src. */
-int svc_find_checkpoint(svc *s, const char *tenant, const char *field, const char *path, twk_store_ckpt *ck,
-                        twk_store_run *src, char *kind, size_t kind_len, int *status, char *err, size_t err_len);
-/* The LoRA shape of a run record (every run is created with alpha 32). */
-twk_lora_config svc_run_lora(const twk_store_run *src);
-/* DATA_DIR/checkpoints/<run>/<kind>/<name> */
-void svc_ckpt_dir(const svc *s, const char *run, const char *kind, const char *name, char *out, size_t len);
 /* A unique id with a prefix ("sess", ...). */
 void svc_new_id(svc *s, const char *prefix, char *out, size_t len);
 
@@ -228,8 +234,6 @@ void svc_free_samplers(svc *s);
 void api_sampling(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant, const char *route, cJSON *body);
 
 /* ---- api.c ---- */
-/* 1 if the tenant's session exists; else answers 404 and returns 0. */
-int svc_session_exists(svc *s, twk_http_conn *c, const char *tenant, const char *session_id);
 
 void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user);
 
