@@ -66,8 +66,8 @@ static void h_create_session(svc *s, twk_http_conn *c, const cJSON *b, const cha
     if (!t) sess.tags_json = "[]";
     if (!m) sess.user_metadata_json = "{}";
     twk_status st = twk_store_session_create(s->store, &sess);
-    free(t);
-    free(m);
+    cJSON_free(t);
+    cJSON_free(m);
     if (st != TWK_OK) {
         api_error(c, 500, "creating the session failed: %s", twk_last_error());
         return;
@@ -121,7 +121,7 @@ static void h_create_model(svc *s, twk_http_conn *c, const cJSON *b, const char 
     twk_lora_config lora = twk_lora_default();
     long long rank, seed;
     int ta, tm, tu;
-    if (!api_int(lc, "rank", 0, 1, s->cfg.max_lora_rank, 32, &rank, err, sizeof err) ||
+    if (!api_int(lc, "rank", 0, 1, s->cfg.max_lora_rank, lora.rank, &rank, err, sizeof err) ||
         !api_int(lc, "seed", 0, 0, (1ll << 62), 0, &seed, err, sizeof err) ||
         !api_bool(lc, "train_attn", 1, &ta, err, sizeof err) || !api_bool(lc, "train_mlp", 1, &tm, err, sizeof err) ||
         !api_bool(lc, "train_unembed", 1, &tu, err, sizeof err)) {
@@ -133,7 +133,7 @@ static void h_create_model(svc *s, twk_http_conn *c, const cJSON *b, const char 
         return;
     }
     lora.rank = (int)rank;
-    lora.alpha = 32; /* Tinker's convention: alpha 32 whatever the rank */
+    /* lora.alpha stays the default's, 32 whatever the rank (Tinker's convention) */
     lora.seed = (uint64_t)seed;
     lora.train_attn = ta;
     lora.train_mlp = tm;
@@ -147,7 +147,7 @@ static void h_create_model(svc *s, twk_http_conn *c, const cJSON *b, const char 
     char request_id[64], model_id[128];
     int status = svc_create_run(s, tenant, session_id, (int)model_seq, base, &lora, meta_json, request_id, model_id,
                                 err, sizeof err);
-    free(meta_json);
+    cJSON_free(meta_json);
     if (status) {
         api_error(c, status, "%s", err);
         return;
@@ -432,14 +432,16 @@ static int fb_check_provenance(svc *s, const run_state *r, twk_wire_fb_request *
                          "target (Datum.with_provenance)", i, q->loss_fn);
         return 0;
     }
-    float *lp = malloc((size_t)d->n_tokens * sizeof(float)); /* freed with the request (twk_wire_fb_request_free) */
-    twk_wire_input *grown = lp ? realloc(d->inputs, (size_t)(d->n_inputs + 1) * sizeof *d->inputs) : NULL;
-    char *key = grown ? strdup(twk_loss_input_key(TWK_IN_RECORDED_LOGPROBS)) : NULL;
+    float *lp = twk_host_alloc((size_t)d->n_tokens * sizeof(float), "api lp"); /* freed with the request (twk_wire_fb_request_free) */
+    twk_wire_input *grown = lp ? twk_host_realloc(d->inputs, (size_t)d->n_inputs * sizeof *d->inputs,
+                                                 (size_t)(d->n_inputs + 1) * sizeof *d->inputs, "datum inputs")
+                              : NULL;
+    char *key = grown ? twk_host_strdup(twk_loss_input_key(TWK_IN_RECORDED_LOGPROBS), "input key") : NULL;
     if (grown) d->inputs = grown;
     if (!key) {
-        free(lp);
+        twk_host_free(lp);
         snprintf(err, n, "out of memory checking data[%d]'s provenance", i);
-        return 0;
+        return -1;
     }
     for (int64_t k = 0; k < d->n_tokens; k++) lp[k] = NAN;
     int ok = (!d->n_spans[0] || fb_check_spans(s, r, d, i, 0, NULL, err, n)) && fb_check_spans(s, r, d, i, 1, lp, err, n);
@@ -465,13 +467,13 @@ static int fb_check_provenance(svc *s, const run_state *r, twk_wire_fb_request *
 /* Checks a decoded forward_backward request against the loss registry and
  * the model; sets *loss; writes the first problem into err, or returns 1. */
 static int validate_fb(svc *s, const run_state *r, twk_wire_fb_request *q, twk_loss_spec *loss, char *err, size_t n) {
-    int vocab = r->base ? twk_model_cfg(r->base->m)->vocab : 0;
+    int vocab = r->base ? twk_model_cfg(r->base->m)->vocab : 0, p = 1;
     if (!fb_check_loss(q, loss, err, n) || !fb_check_size(s, q, err, n)) return 0;
     for (int i = 0; i < q->n_data; i++)
         if (!fb_check_tokens(s, i, &q->data[i], vocab, err, n) || !fb_check_targets(q, loss->def, i, vocab, err, n) ||
             !fb_check_inputs(q, loss->def, i, err, n) ||
-            (loss->def->provenance && !fb_check_provenance(s, r, q, i, err, n)))
-            return 0;
+            (loss->def->provenance && (p = fb_check_provenance(s, r, q, i, err, n)) <= 0))
+            return p < 0 ? -1 : 0;
     return 1;
 }
 
@@ -529,7 +531,12 @@ static int peek_ids(const unsigned char *p, size_t len, char *model_id, size_t m
 
 static void h_forward_backward(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant) {
     twk_wire_fb_request *q = NULL;
-    if (twk_wire_decode_fb_request(req->body, req->body_len, &q) != TWK_OK) {
+    twk_status ds = twk_wire_decode_fb_request(req->body, req->body_len, &q);
+    if (ds == TWK_ERR_OOM) {
+        api_error(c, 503, "%s", twk_last_error());
+        return;
+    }
+    if (ds != TWK_OK) {
         char why[512], model_id[128];
         int32_t seq = 0;
         snprintf(why, sizeof why, "%s", twk_last_error());
@@ -559,8 +566,9 @@ static void h_forward_backward(svc *s, twk_http_conn *c, const twk_http_req *req
     }
     o->fb = q;
     o->body_bytes = req->body_len;
-    if (!validate_fb(s, r, q, &o->loss, o->prefail, sizeof o->prefail) && !o->prefail[0])
-        snprintf(o->prefail, sizeof o->prefail, "invalid request");
+    int valid = validate_fb(s, r, q, &o->loss, o->prefail, sizeof o->prefail);
+    if (!valid && !o->prefail[0]) snprintf(o->prefail, sizeof o->prefail, "invalid request");
+    o->prefail_server = valid < 0;
     submit_reply(s, c, r, o);
 }
 
@@ -633,7 +641,7 @@ static void h_save(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant,
                 snprintf(o->prefail, sizeof o->prefail, "field 'user_metadata' is over %zu bytes",
                          sizeof o->user_metadata_json - 1);
             else snprintf(o->user_metadata_json, sizeof o->user_metadata_json, "%s", txt);
-            free(txt);
+            cJSON_free(txt);
         }
         snprintf(o->name, sizeof o->name, "%s", name);
         o->overwrite = overwrite;
@@ -680,7 +688,7 @@ static void h_create_from_state(svc *s, twk_http_conn *c, const cJSON *b, const 
     char create_id[64], model_id[128];
     status = svc_create_run(s, tenant, session_id, (int)model_seq, base, &lora, meta_json, create_id, model_id, err,
                             sizeof err);
-    free(meta_json);
+    cJSON_free(meta_json);
     if (status) {
         api_error(c, status, "%s", err);
         return;
@@ -800,6 +808,7 @@ static void h_retrieve(svc *s, twk_http_conn *c, const cJSON *b, const char *ten
 
 void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     svc *s = user;
+    api_json_oom(); /* a cJSON allocation failed since: the answer is 5xx */
     twk_log_context(NULL, req->path);
     const char *p = strstr(req->path, "/api/v1/");
     if (!p) {

@@ -151,8 +151,9 @@ static void recover_kind(svc *s, const char *run, const char *kind, const char *
     while ((e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || strlen(e->d_name) >= 256) continue;
         if (n == cap) {
+            int old = cap;
             cap = cap ? 2 * cap : 16;
-            void *p = realloc(names, (size_t)cap * sizeof *names);
+            void *p = twk_host_realloc(names, (size_t)old * sizeof *names, (size_t)cap * sizeof *names, "folder names");
             if (!p) break;
             names = p;
         }
@@ -195,7 +196,7 @@ static void recover_kind(svc *s, const char *run, const char *kind, const char *
                 }
             }
         }
-    free(names);
+    twk_host_free(names);
     sync_path(kdir, 1);
 }
 

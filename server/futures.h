@@ -42,8 +42,7 @@ void twk_futures_fail(twk_futures *f, const char *id, const char *category, cons
  * of another tenant, or an unknown id, is 404. */
 void twk_futures_poll(twk_futures *f, twk_http_conn *c, const char *tenant, const char *id);
 
-/* Futures pending / finished, and the result bytes held (for logs and tests). */
-void twk_futures_counts(const twk_futures *f, int *pending, int *finished);
+/* The result bytes held (for logs and tests). */
 size_t twk_futures_bytes(const twk_futures *f);
 
 #endif

@@ -67,7 +67,6 @@ int svc_find_checkpoint(svc *s, const char *tenant, const char *field, const cha
 twk_lora_config svc_run_lora(const twk_store_run *src) {
     twk_lora_config lc = twk_lora_default();
     lc.rank = src->lora_rank;
-    lc.alpha = 32;
     lc.train_attn = src->train_attn;
     lc.train_mlp = src->train_mlp;
     lc.train_unembed = src->train_unembed;
@@ -76,12 +75,12 @@ twk_lora_config svc_run_lora(const twk_store_run *src) {
 }
 
 run_state *svc_run_new(svc *s, const char *id, const char *tenant) {
-    run_state *r = calloc(1, sizeof *r);
+    run_state *r = twk_host_calloc(sizeof *r, "lookups r");
     if (!r) return NULL;
     snprintf(r->id, sizeof r->id, "%s", id);
     snprintf(r->tenant, sizeof r->tenant, "%s", tenant);
     r->next_seq = 1;
-    for (int i = 0; i < DEDUPE_RING; i++) r->ring_seq[i] = -1;
+    for (int i = 0; i < TWK_SERVE_DEDUPE_RING; i++) r->ring_seq[i] = -1;
     r->next = s->runs;
     s->runs = r;
     return r;

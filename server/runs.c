@@ -13,6 +13,7 @@
 
 #include <cJSON.h>
 
+#include "api_util.h"
 #include "svc.h"
 
 static double wall_now(void) { return (double)time(NULL); }
@@ -31,7 +32,7 @@ void svc_new_id(svc *s, const char *prefix, char *out, size_t len) {
 /* ---- ops ---- */
 
 op *svc_op_new(svc *s, run_state *r, op_kind kind, int64_t seq) {
-    op *o = calloc(1, sizeof *o);
+    op *o = twk_host_calloc(sizeof *o, "runs o");
     if (!o) return NULL;
     o->kind = kind;
     o->seq = seq;
@@ -44,7 +45,7 @@ void svc_op_free(op *o) {
     if (!o) return;
     twk_wire_fb_request_free(o->fb);
     twk_host_free(o->out);
-    free(o);
+    twk_host_free(o);
 }
 
 static void op_fail(op *o, int user, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -62,11 +63,18 @@ static void op_fail(op *o, int user, const char *fmt, ...) {
 static void set_json(op *o, cJSON *j) {
     char *txt = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
+    if (!txt || api_json_oom()) { /* a part of the tree or its text is missing */
+        cJSON_free(txt);
+        o->st = twk_error(TWK_ERR_OOM, "out of memory writing the result");
+        snprintf(o->err, sizeof o->err, "%s", twk_last_error());
+        o->user_error = 0;
+        return;
+    }
     size_t n = txt ? strlen(txt) : 0;
     o->out = twk_host_alloc(n + 1, "result");
     if (o->out && txt) memcpy(o->out, txt, n + 1);
     o->out_len = n;
-    free(txt);
+    cJSON_free(txt);
 }
 
 static void run_create(op *o) {
@@ -327,6 +335,7 @@ static void op_run(twk_job *j) {
     op *o = j->arg;
     o->st = TWK_OK;
     twk_clear_error();
+    api_json_oom();
     if (o->kind != OP_CREATE && !o->run->trainer) {
         op_fail(o, 1, "model %s is not loaded (unloaded, or its state was lost in a server restart: create a "
                       "training client from a saved checkpoint)",
@@ -376,7 +385,7 @@ static void op_done(twk_job *j) {
     }
     if (o->kind == OP_UNLOAD && o->st == TWK_OK) o->run->unloaded = 1;
     if (o->st != TWK_OK)
-        twk_futures_fail(s->futures, o->request_id, o->user_error ? "user" : "server", o->err);
+        twk_futures_fail(s->futures, o->request_id, o->user_error && o->st != TWK_ERR_OOM ? "user" : "server", o->err);
     else
         twk_futures_complete(s->futures, o->request_id, o->out_proto ? "application/x-protobuf" : "application/json",
                              o->out, o->out_len);
@@ -392,7 +401,7 @@ static void op_done(twk_job *j) {
 
 static void dispatch(svc *s, op *o) {
     if (o->prefail[0]) {
-        twk_futures_fail(s->futures, o->request_id, "user", o->prefail);
+        twk_futures_fail(s->futures, o->request_id, o->prefail_server ? "server" : "user", o->prefail);
         svc_op_free(o);
         return;
     }
@@ -465,13 +474,13 @@ void svc_dispatch_now(svc *s, run_state *r, op *o, char *request_id) {
 }
 
 static void ring_put(run_state *r, int64_t seq, const char *req) {
-    int i = (int)((uint64_t)seq % DEDUPE_RING);
+    int i = (int)((uint64_t)seq % TWK_SERVE_DEDUPE_RING);
     r->ring_seq[i] = seq;
     snprintf(r->ring_req[i], sizeof r->ring_req[i], "%s", req);
 }
 
 static const char *ring_get(const run_state *r, int64_t seq) {
-    int i = (int)((uint64_t)seq % DEDUPE_RING);
+    int i = (int)((uint64_t)seq % TWK_SERVE_DEDUPE_RING);
     return r->ring_seq[i] == seq ? r->ring_req[i] : NULL;
 }
 
@@ -568,7 +577,7 @@ void svc_free_runs(svc *s) {
         run_state *next = r->next;
         while (r->pending) svc_op_free(pending_pop(r));
         twk_trainer_free(r->trainer);
-        free(r);
+        twk_host_free(r);
         r = next;
     }
     s->runs = NULL;

@@ -10,15 +10,12 @@
 #include "api_util.h"
 #include "svc.h"
 
-#define MAX_SAMPLE_INFLIGHT 64
-#define MAX_NUM_SAMPLES 256
-#define SAMPLER_SEQS 16
-#define DEFAULT_MAX_TOKENS 128
-#define MAX_STOP_TOKENS 64
-#define SHARED_SLOTS 8     /* adapter slots of a base model's shared sampler (slot 0: the base) */
-#define SHARED_SLOT_RANK 32 /* adapters up to this rank share it; larger ones get their own sampler */
-#define MAX_STOP_STRINGS 16
-#define MAX_STOP_STRING_LEN 256
+#define MAX_NUM_SAMPLES TWK_SERVE_MAX_NUM_SAMPLES
+#define SAMPLER_SEQS TWK_SERVE_SAMPLER_SEQS
+#define DEFAULT_MAX_TOKENS TWK_SERVE_DEF_MAX_TOKENS
+#define MAX_STOP_TOKENS TWK_SERVE_MAX_STOP_TOKENS
+#define MAX_STOP_STRINGS TWK_SERVE_MAX_STOP_STRINGS
+#define MAX_STOP_STRING_LEN TWK_SERVE_MAX_STOP_STRING_LEN
 
 sampler_session *svc_find_sampler(svc *s, const char *tenant, const char *id) {
     for (sampler_session *ss = s->samplers; ss; ss = ss->next)
@@ -27,7 +24,7 @@ sampler_session *svc_find_sampler(svc *s, const char *tenant, const char *id) {
 }
 
 static sampler_unit *unit_new(base_model *base, const twk_lora_config *lora, const char *adapter_dir) {
-    sampler_unit *u = calloc(1, sizeof *u);
+    sampler_unit *u = twk_host_calloc(sizeof *u, "sampling u");
     if (!u) return NULL;
     u->base = base;
     if (lora) {
@@ -42,9 +39,9 @@ static sampler_unit *unit_new(base_model *base, const twk_lora_config *lora, con
 static void unit_free(sampler_unit *u) {
     if (!u) return;
     twk_sampler_free(u->sampler);
-    free(u->adapter_copy);
+    twk_host_free(u->adapter_copy);
     pthread_mutex_destroy(&u->mu);
-    free(u);
+    twk_host_free(u);
 }
 
 /* A session bound to `unit` (owned when own != 0); NULL if the id exists or memory ran out. */
@@ -52,7 +49,7 @@ static sampler_session *new_session(svc *s, const char *tenant, const char *id, 
                                     int own) {
     for (sampler_session *x = s->samplers; x; x = x->next)
         if (!strcmp(x->id, id)) return NULL;
-    sampler_session *ss = unit ? calloc(1, sizeof *ss) : NULL;
+    sampler_session *ss = unit ? twk_host_calloc(sizeof *ss, "sampling") : NULL;
     if (!ss) {
         if (own) unit_free(unit);
         return NULL;
@@ -68,10 +65,10 @@ static sampler_session *new_session(svc *s, const char *tenant, const char *id, 
 }
 
 /* The base model's shared unit (adapter slots), made on first use. */
-static sampler_unit *shared_unit(base_model *bm) {
+static sampler_unit *shared_unit(svc *s, base_model *bm) {
     if (!bm->shared) {
         bm->shared = unit_new(bm, NULL, NULL);
-        if (bm->shared) bm->shared->n_slots = SHARED_SLOTS;
+        if (bm->shared) bm->shared->n_slots = s->cfg.sampler_slots;
     }
     return bm->shared;
 }
@@ -79,8 +76,8 @@ static sampler_unit *shared_unit(base_model *bm) {
 /* A session on the shared unit when its adapter fits a slot, else on its own unit. */
 static sampler_session *adapter_session(svc *s, const char *tenant, const char *id, base_model *bm,
                                         const twk_lora_config *lc, const char *dir) {
-    int fits = s->cfg.max_lora_rank >= 1 && lc->rank <= SHARED_SLOT_RANK;
-    sampler_session *ss = fits ? new_session(s, tenant, id, bm, shared_unit(bm), 0)
+    int fits = s->cfg.max_lora_rank >= 1 && lc->rank <= s->cfg.slot_rank;
+    sampler_session *ss = fits ? new_session(s, tenant, id, bm, shared_unit(s, bm), 0)
                                : new_session(s, tenant, id, bm, unit_new(bm, lc, dir), 1);
     if (ss && fits) {
         ss->has_adapter = 1;
@@ -100,23 +97,23 @@ sampler_session *svc_new_snapshot_session(svc *s, run_state *r, const char *id) 
 }
 
 static void host_adapter_free(host_adapter *h) {
-    for (int i = 0; h && i < h->n; i++) free(h->data[i]);
+    for (int i = 0; h && i < h->n; i++) twk_host_free(h->data[i]);
     if (h) {
-        free(h->names);
-        free(h->data);
-        free(h->nelem);
+        twk_host_free(h->names);
+        twk_host_free(h->data);
+        twk_host_free(h->nelem);
     }
-    free(h);
+    twk_host_free(h);
 }
 
 /* Worker: the trainer's adapter copied to the host, for a snapshot session. */
 static twk_status capture_adapter(sampler_session *ss, twk_trainer *from) {
     int n = twk_trainer_param_count(from);
-    host_adapter *h = calloc(1, sizeof *h);
+    host_adapter *h = twk_host_calloc(sizeof *h, "sampling h");
     if (h) {
-        h->names = calloc((size_t)n, sizeof *h->names);
-        h->data = calloc((size_t)n, sizeof *h->data);
-        h->nelem = calloc((size_t)n, sizeof *h->nelem);
+        h->names = twk_host_calloc((size_t)n * sizeof *h->names, "sampling names");
+        h->data = twk_host_calloc((size_t)n * sizeof *h->data, "sampling data");
+        h->nelem = twk_host_calloc((size_t)n * sizeof *h->nelem, "sampling nelem");
     }
     if (!h || !h->names || !h->data || !h->nelem) {
         host_adapter_free(h);
@@ -126,7 +123,7 @@ static twk_status capture_adapter(sampler_session *ss, twk_trainer *from) {
         int64_t ne = 0;
         const char *name = twk_trainer_param_name(from, i, &ne);
         snprintf(h->names[i], sizeof h->names[i], "%s", name);
-        h->data[i] = malloc((size_t)ne * 4);
+        h->data[i] = twk_host_alloc((size_t)ne * sizeof **h->data, "snapshot adapter tensor");
         h->nelem[i] = ne;
         h->n = i + 1;
         if (!h->data[i] || twk_trainer_get(from, name, h->data[i], ne) != TWK_OK) {
@@ -144,7 +141,7 @@ static int get_from_host(void *ctx, const char *name, float *dst, int64_t nelem)
     for (int i = 0; i < h->n; i++)
         if (!strcmp(h->names[i], name)) {
             if (h->nelem[i] != nelem) return 0;
-            memcpy(dst, h->data[i], (size_t)nelem * 4);
+            memcpy(dst, h->data[i], (size_t)nelem * sizeof *dst);
             return 1;
         }
     return 0;
@@ -154,8 +151,6 @@ twk_status svc_snapshot_capture(sampler_session *ss, twk_trainer *from) {
     if (ss->owns_unit) return TWK_ERR_STATE; /* not a slotted session: the caller copies into its sampler */
     return capture_adapter(ss, from);
 }
-
-#define MAX_LIVE_SAMPLERS 4 /* samplers (each a KV cache) alive at once */
 
 /* Worker: drops the sampler (KV cache) of the least recently used unit; a
  * snapshot keeps its adapter on the host to be restored when used again. */
@@ -168,9 +163,9 @@ static void evict_one(svc *s, const sampler_unit *keep) {
     sampler_unit *u = s->live_units[victim];
     if (u->has_lora && !u->adapter_dir[0] && !u->adapter_copy) {
         size_t n = twk_sampler_adapter_bytes(u->sampler);
-        u->adapter_copy = malloc(n ? n : 1);
+        u->adapter_copy = twk_host_alloc(n ? n : 1, "sampling adapter_copy");
         if (!u->adapter_copy || twk_sampler_adapter_to_host(u->sampler, u->adapter_copy, n) != TWK_OK) {
-            free(u->adapter_copy);
+            twk_host_free(u->adapter_copy);
             u->adapter_copy = NULL;
             return; /* keep it rather than lose the snapshot */
         }
@@ -186,16 +181,16 @@ twk_status svc_sampler_ready(svc *s, sampler_unit *u, twk_trainer *from) {
     if (!u->base) return twk_error(TWK_ERR_STATE, "the sampler's base model is not loaded");
     u->last_use = ++s->use_clock;
     if (!u->sampler) {
-        while (s->n_live_units >= MAX_LIVE_SAMPLERS) {
+        while (s->n_live_units >= s->cfg.live_samplers) {
             int before = s->n_live_units;
             evict_one(s, u);
             if (s->n_live_units == before) break;
         }
-        twk_status st = u->n_slots ? twk_sampler_new_slots(u->base->m, u->n_slots, SHARED_SLOT_RANK, SAMPLER_SEQS,
+        twk_status st = u->n_slots ? twk_sampler_new_slots(u->base->m, u->n_slots, s->cfg.slot_rank, SAMPLER_SEQS,
                                                            s->cfg.max_context, &u->sampler)
                                    : twk_sampler_new(u->base->m, u->has_lora ? &u->lora : NULL, SAMPLER_SEQS,
                                                      s->cfg.max_context, &u->sampler);
-        for (int i = 0; i < 16; i++) u->slot_owner[i] = NULL; /* fresh slots are zeros: the base */
+        for (int i = 0; i < TWK_SERVE_CAP_SAMPLER_SLOTS; i++) u->slot_owner[i] = NULL; /* fresh slots are zeros: the base */
         if (st == TWK_OK && u->adapter_dir[0]) st = twk_sampler_load_adapter(u->sampler, u->adapter_dir);
         if (st == TWK_OK && u->adapter_copy)
             st = twk_sampler_adapter_from_host(u->sampler, u->adapter_copy, u->adapter_copy_bytes);
@@ -204,7 +199,7 @@ twk_status svc_sampler_ready(svc *s, sampler_unit *u, twk_trainer *from) {
             u->sampler = NULL;
             return st;
         }
-        if (s->n_live_units < MAX_LIVE_SAMPLERS) s->live_units[s->n_live_units++] = u;
+        if (s->n_live_units < s->cfg.live_samplers) s->live_units[s->n_live_units++] = u;
     }
     if (from) {
         if (!u->has_lora) return twk_error(TWK_ERR_STATE, "the sampler has no adapter");
@@ -219,7 +214,7 @@ void svc_free_samplers(svc *s) {
         sampler_session *next = ss->next;
         if (ss->owns_unit) unit_free(ss->unit);
         host_adapter_free(ss->copy);
-        free(ss);
+        twk_host_free(ss);
         ss = next;
     }
     s->samplers = NULL;
@@ -279,10 +274,10 @@ static void finish_request(sample_job *sj, twk_sampled_seq *res, twk_status st) 
     twk_wire_seq *seqs = NULL;
     if (st == TWK_OK && (sj->prompt_logprobs || sj->topk > 0)) {
         twk_sampler_set_score_slot(u->sampler, sj->slot);
-        plp = malloc((size_t)sj->n_prompt * 4);
+        plp = twk_host_alloc((size_t)sj->n_prompt * sizeof *plp, "prompt logprobs");
         if (sj->topk > 0) {
-            tid = malloc((size_t)sj->n_prompt * (size_t)sj->topk * 4);
-            tlp = malloc((size_t)sj->n_prompt * (size_t)sj->topk * 4);
+            tid = twk_host_alloc((size_t)sj->n_prompt * (size_t)sj->topk * sizeof *tid, "prompt top-k ids");
+            tlp = twk_host_alloc((size_t)sj->n_prompt * (size_t)sj->topk * sizeof *tlp, "prompt top-k logprobs");
         }
         st = plp && (!sj->topk || (tid && tlp))
                  ? twk_sampler_score_prompt(u->sampler, sj->prompt, sj->n_prompt, plp, sj->topk, tid, tlp)
@@ -297,7 +292,7 @@ static void finish_request(sample_job *sj, twk_sampled_seq *res, twk_status st) 
         }
     }
     if (st == TWK_OK) {
-        seqs = calloc((size_t)sj->num_samples, sizeof *seqs);
+        seqs = twk_host_calloc((size_t)sj->num_samples * sizeof *seqs, "sampling seqs");
         if (!seqs) st = TWK_ERR_OOM;
         for (int i = 0; seqs && i < sj->num_samples; i++)
             seqs[i] = (twk_wire_seq){res[i].stop_reason, res[i].tokens, res[i].logprobs, res[i].n};
@@ -312,10 +307,10 @@ static void finish_request(sample_job *sj, twk_sampled_seq *res, twk_status st) 
         snprintf(sj->err, sizeof sj->err, "%s", twk_last_error());
         sj->user_error = st == TWK_ERR_INVALID_ARG;
     }
-    free(seqs);
-    free(plp);
-    free(tid);
-    free(tlp);
+    twk_host_free(seqs);
+    twk_host_free(plp);
+    twk_host_free(tid);
+    twk_host_free(tlp);
 }
 
 /* Worker: the slot holding ss's adapter in u's sampler, loading it into the
@@ -363,7 +358,7 @@ static void drain_run(twk_job *j) {
     pthread_mutex_lock(&u->mu);
     sample_job *take = NULL, **tail = &take, **pp = &u->pending;
     int used = 0, n_adapters = 0;
-    sampler_session *adapters[16];
+    sampler_session *adapters[TWK_SERVE_CAP_SAMPLER_SLOTS];
     while (*pp) {
         sample_job *sj = *pp;
         int n = sj->num_samples;
@@ -397,7 +392,7 @@ static void drain_run(twk_job *j) {
         return;
     }
     if (u->n_slots) { /* every adapter of the batch into a slot */
-        int busy[16] = {0};
+        int busy[TWK_SERVE_CAP_SAMPLER_SLOTS] = {0};
         for (sample_job *sj = take; st == TWK_OK && sj; sj = sj->next) {
             sj->slot = assign_slot(dj->s, u, sj->ss, busy, &st);
             if (st != TWK_OK) {
@@ -408,7 +403,7 @@ static void drain_run(twk_job *j) {
         }
     }
     if (take->num_samples > SAMPLER_SEQS) { /* alone, in rounds with their own seed streams */
-        twk_sampled_seq *res = calloc((size_t)take->num_samples, sizeof *res);
+        twk_sampled_seq *res = twk_host_calloc((size_t)take->num_samples * sizeof *res, "sampling res");
         st = res ? TWK_OK : TWK_ERR_OOM;
         for (int done = 0; st == TWK_OK && done < take->num_samples;) {
             int n = take->num_samples - done < SAMPLER_SEQS ? take->num_samples - done : SAMPLER_SEQS;
@@ -420,13 +415,13 @@ static void drain_run(twk_job *j) {
         }
         finish_request(take, res, st);
         for (int i = 0; res && i < take->num_samples; i++) twk_sampled_seq_free(&res[i]);
-        free(res);
+        twk_host_free(res);
         return;
     }
     int n_req = 0;
     for (sample_job *sj = take; sj; sj = sj->next) n_req++;
-    twk_sample_request *reqs = calloc((size_t)n_req, sizeof *reqs);
-    twk_sampled_seq *res = calloc((size_t)used, sizeof *res);
+    twk_sample_request *reqs = twk_host_calloc((size_t)n_req * sizeof *reqs, "sampling reqs");
+    twk_sampled_seq *res = twk_host_calloc((size_t)used * sizeof *res, "sampling res");
     st = reqs && res ? TWK_OK : TWK_ERR_OOM;
     int k = 0, off = 0;
     for (sample_job *sj = take; st == TWK_OK && sj; sj = sj->next, k++) {
@@ -440,8 +435,8 @@ static void drain_run(twk_job *j) {
         off += sj->num_samples;
     }
     for (int i = 0; res && i < used; i++) twk_sampled_seq_free(&res[i]);
-    free(res);
-    free(reqs);
+    twk_host_free(res);
+    twk_host_free(reqs);
 }
 
 static void drain_done(twk_job *j) {
@@ -457,11 +452,11 @@ static void drain_done(twk_job *j) {
             twk_futures_fail(s->futures, sj->request_id, sj->user_error ? "user" : "server",
                              sj->err[0] ? sj->err : "sampling failed");
         twk_host_free(sj->out);
-        free(sj->prompt);
-        free(sj);
+        twk_host_free(sj->prompt);
+        twk_host_free(sj);
         sj = next;
     }
-    free(dj);
+    twk_host_free(dj);
 }
 
 /* Parses and checks an asample body into sj; a problem goes to sj->prefail. */
@@ -515,7 +510,7 @@ static int sample_prompt(svc *s, const cJSON *chunks, int vocab, sample_job *sj)
                  (long long)s->cfg.max_context - 1);
         return 0;
     }
-    sj->prompt = malloc((size_t)n * 4);
+    sj->prompt = twk_host_alloc((size_t)n * sizeof *sj->prompt, "prompt");
     if (!sj->prompt) {
         snprintf(sj->prefail, sizeof sj->prefail, "out of memory");
         return 0;
@@ -663,11 +658,11 @@ static void h_asample(svc *s, twk_http_conn *c, const cJSON *b, const char *tena
         api_error(c, 404, "sampling session '%s' not found", sid);
         return;
     }
-    if (s->sample_inflight >= MAX_SAMPLE_INFLIGHT) {
+    if (s->sample_inflight >= s->cfg.sample_queue) {
         api_error(c, 429, "the sampling queue is full (%d requests); retry shortly", s->sample_inflight);
         return;
     }
-    sample_job *sj = calloc(1, sizeof *sj);
+    sample_job *sj = twk_host_calloc(sizeof *sj, "sampling sj");
     if (!sj) {
         api_error(c, 503, "out of memory");
         return;
@@ -690,14 +685,14 @@ static void h_asample(svc *s, twk_http_conn *c, const cJSON *b, const char *tena
     }
     if (sj->prefail[0]) {
         twk_futures_fail(s->futures, sj->request_id, "user", sj->prefail);
-        free(sj->prompt);
-        free(sj);
+        twk_host_free(sj->prompt);
+        twk_host_free(sj);
     } else {
-        drain_job *dj = calloc(1, sizeof *dj);
+        drain_job *dj = twk_host_calloc(sizeof *dj, "sampling dj");
         if (!dj) {
             twk_futures_fail(s->futures, sj->request_id, "server", "out of memory");
-            free(sj->prompt);
-            free(sj);
+            twk_host_free(sj->prompt);
+            twk_host_free(sj);
         } else {
             /* wait in the unit's list; whichever drain job runs next takes it with the others waiting */
             s->sample_inflight++;
@@ -743,7 +738,7 @@ static void h_create_session(svc *s, twk_http_conn *c, const cJSON *b, const cha
                 api_error(c, 400, "base_model '%s' is not served here (see get_server_capabilities)", base);
                 return;
             }
-            ss = shared_unit(bm) ? new_session(s, tenant, id, bm, bm->shared, 0) : NULL;
+            ss = shared_unit(s, bm) ? new_session(s, tenant, id, bm, bm->shared, 0) : NULL;
         } else {
             char kind[32];
             int status;

@@ -8,27 +8,33 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "api_util.h"
 #include "svc.h"
 
 void twk_serve_config_default(twk_serve_config *c) {
     memset(c, 0, sizeof *c);
     snprintf(c->host, sizeof c->host, "127.0.0.1");
-    c->port = 8000;
+    c->port = TWK_SERVE_DEF_PORT;
     snprintf(c->data_dir, sizeof c->data_dir, "twinkle-data");
     snprintf(c->device, sizeof c->device, "cpu");
-    c->max_lora_rank = 128;
-    c->max_context = 2048;
-    c->max_datums = 4096;
-    c->max_body_bytes = 64u << 20;
-    c->seq_timeout_s = 120;
-    c->stability_ttl_s = 86400;
-    c->poll_timeout_s = 25;
-    c->fwdbwd_chunk_len = 1024;
-    c->max_early_bytes_run = 256u << 20;
-    c->max_early_bytes_tenant = (size_t)1 << 30;
-    c->max_result_bytes_tenant = 256u << 20;
-    c->result_keep_s = 120;
-    c->result_ttl_s = 3600;
+    c->max_lora_rank = TWK_SERVE_DEF_MAX_LORA_RANK;
+    c->max_context = TWK_SERVE_DEF_MAX_CONTEXT;
+    c->max_datums = TWK_SERVE_DEF_MAX_DATUMS;
+    c->max_body_bytes = (size_t)TWK_SERVE_DEF_MAX_BODY_MB << 20;
+    c->seq_timeout_s = TWK_SERVE_DEF_SEQ_TIMEOUT_S;
+    c->stability_ttl_s = TWK_SERVE_DEF_STABILITY_TTL_S;
+    c->stability_records = TWK_SERVE_DEF_STABILITY_RECORDS;
+    c->poll_timeout_s = TWK_SERVE_DEF_POLL_TIMEOUT_S;
+    c->fwdbwd_chunk_len = TWK_SERVE_DEF_FWDBWD_CHUNK_LEN;
+    c->max_early_bytes_run = (size_t)TWK_SERVE_DEF_EARLY_MB_RUN << 20;
+    c->max_early_bytes_tenant = (size_t)TWK_SERVE_DEF_EARLY_MB_TENANT << 20;
+    c->max_result_bytes_tenant = (size_t)TWK_SERVE_DEF_RESULTS_MB_TENANT << 20;
+    c->result_keep_s = TWK_SERVE_DEF_RESULT_KEEP_S;
+    c->result_ttl_s = TWK_SERVE_DEF_RESULT_TTL_S;
+    c->sample_queue = TWK_SERVE_DEF_SAMPLE_QUEUE;
+    c->sampler_slots = TWK_SERVE_DEF_SAMPLER_SLOTS;
+    c->slot_rank = twk_lora_default().rank;
+    c->live_samplers = TWK_SERVE_DEF_LIVE_SAMPLERS;
 }
 
 static int parse_num(const char *s, double lo, double hi, double *out) {
@@ -84,6 +90,11 @@ twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char
     NUM("fwdbwd-chunk-len", 1, 1 << 20, fwdbwd_chunk_len, int)
     NUM("result-keep", 1, 86400, result_keep_s, double)
     NUM("result-ttl", 1, 30 * 86400, result_ttl_s, double)
+    NUM("stability-records", 1, 1 << 24, stability_records, int)
+    NUM("sample-queue", 1, 1 << 16, sample_queue, int)
+    NUM("sampler-slots", 2, TWK_SERVE_CAP_SAMPLER_SLOTS, sampler_slots, int)
+    NUM("slot-rank", 1, 4096, slot_rank, int)
+    NUM("live-samplers", 1, TWK_SERVE_CAP_LIVE_SAMPLERS, live_samplers, int)
 #undef NUM
     struct { const char *name; char *dst; size_t len; } strs[] = {
         {"host", c->host, sizeof c->host},
@@ -235,9 +246,10 @@ static twk_status load_models(svc *s) {
 }
 
 int twk_serve_run(const twk_serve_config *cfg) {
-    svc *s = calloc(1, sizeof *s);
+    svc *s = twk_host_calloc(sizeof *s, "serve s");
     if (!s) return 1;
     s->cfg = *cfg;
+    api_json_hooks();
     uv_loop_t loop;
     uv_loop_init(&loop);
     s->loop = &loop;
@@ -246,7 +258,7 @@ int twk_serve_run(const twk_serve_config *cfg) {
     if (st == TWK_OK) st = twk_auth_load(cfg->keys_file, &s->auth);
     if (st == TWK_OK) st = twk_device_open(cfg->device, &s->dev);
     if (st == TWK_OK) st = load_models(s);
-    if (st == TWK_OK && !(s->stab = twk_stab_new(cfg->stability_ttl_s, STAB_MAX_RECORDS)))
+    if (st == TWK_OK && !(s->stab = twk_stab_new(cfg->stability_ttl_s, cfg->stability_records)))
         st = twk_error(TWK_ERR_OOM, "out of memory for the stability records");
     if (st != TWK_OK) {
         fprintf(stderr, "twinkle serve: %s\n", twk_last_error());
@@ -300,6 +312,6 @@ out:
     twk_store_close(s->store);
     twk_stab_free(s->stab);
     uv_loop_close(&loop);
-    free(s);
+    twk_host_free(s);
     return rc;
 }

@@ -42,10 +42,16 @@ typedef struct twk_serve_config {
     size_t max_result_bytes_tenant; /* finished, unretrieved future results per tenant; oldest dropped past it; default 256 MiB */
     double result_keep_s;     /* a retrieved result stays this long for re-polls; default 120 */
     double result_ttl_s;      /* an unretrieved result stays this long; default 3600 */
+    /* sampling limits (defaults in serve_limits.h) */
+    int sample_queue;         /* asample requests queued or running; 429 past it */
+    int sampler_slots;        /* adapter slots of a base model's shared sampler, slot 0 the base; <= TWK_SERVE_CAP_SAMPLER_SLOTS */
+    int slot_rank;            /* adapters up to this rank use a slot; larger ones get their own sampler */
+    int live_samplers;        /* samplers (each a KV cache) alive at once; <= TWK_SERVE_CAP_LIVE_SAMPLERS */
+    int stability_records;    /* stable_reinforce: recorded sequences kept at most (least recently used go first) */
     int quiet;
 } twk_serve_config;
 
-/* Defaults as documented above (port 8000, data dir ./twinkle-data). */
+/* Defaults as documented above (port 8000, data dir ./twinkle-data; the numbers from serve_limits.h). */
 void twk_serve_config_default(twk_serve_config *c);
 /* Reads `key = value` lines (keys as the long options without "--"; model
  * may repeat). Errors name the file, line and key. */

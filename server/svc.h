@@ -13,6 +13,7 @@
 #include "auth.h"
 #include "futures.h"
 #include "http.h"
+#include "serve_limits.h"
 #include "log.h"
 #include "service.h"
 #include "stability.h"
@@ -52,6 +53,7 @@ typedef struct op {
     char dir[1024];            /* OP_SAVE*: final folder; OP_LOAD: folder to read */
     int load_optimizer;
     char prefail[512];         /* validation error: fail in order without running */
+    int prefail_server;        /* prefail is the server's (out of memory), category "server" */
     char user_metadata_json[2048]; /* OP_SAVE*: stored with the checkpoint */
     struct sampler_session *snapshot; /* OP_SAVE_SAMPLER without a name: the session to fill */
     /* results (worker) */
@@ -87,8 +89,8 @@ typedef struct sampler_unit {
     /* a base model's shared unit: a sampler with adapter slots, so requests of
      * the base model and of different adapters decode in one batch */
     int n_slots;
-    struct sampler_session *slot_owner[16]; /* worker: whose adapter each slot holds (slot 0: the base) */
-    unsigned long long slot_use[16];
+    struct sampler_session *slot_owner[TWK_SERVE_CAP_SAMPLER_SLOTS]; /* worker: whose adapter each slot holds (slot 0: the base) */
+    unsigned long long slot_use[TWK_SERVE_CAP_SAMPLER_SLOTS];
 } sampler_unit;
 
 /* An adapter kept on the host (a snapshot of a run's adapter). */
@@ -115,8 +117,6 @@ typedef struct sampler_session {
     struct sampler_session *next;
 } sampler_session;
 
-#define DEDUPE_RING 512
-#define STAB_MAX_RECORDS 65536 /* recorded sequences kept at most (least recently used go first) */
 
 struct run_state {
     char id[128];
@@ -134,8 +134,8 @@ struct run_state {
     size_t early_bytes;        /* held by pending: body bytes + sizeof(op) each (--max-early-mb-run) */
     double gap_since;          /* loop time when ops started waiting on a gap */
     double last_touch;         /* wall time of the last last_request update in the store */
-    int64_t ring_seq[DEDUPE_RING];
-    char ring_req[DEDUPE_RING][64];
+    int64_t ring_seq[TWK_SERVE_DEDUPE_RING];
+    char ring_req[TWK_SERVE_DEDUPE_RING][64];
     run_state *next;
 };
 
@@ -154,7 +154,7 @@ typedef struct svc {
     run_state *runs;
     sampler_session *samplers;
     int sample_inflight;
-    struct sampler_unit *live_units[8]; /* worker: units holding a sampler (KV cache) now */
+    struct sampler_unit *live_units[TWK_SERVE_CAP_LIVE_SAMPLERS]; /* worker: units holding a sampler (KV cache) now; at most --live-samplers */
     int n_live_units;
     unsigned long long use_clock;      /* asample jobs queued or running (429 past the limit) */
     uv_timer_t gap_timer;

@@ -61,14 +61,14 @@ twk_status twk_model_save(const twk_model *m, const char *dir) {
     if (!m || !dir) return twk_error(TWK_ERR_INVALID_ARG, "model_save: NULL argument");
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return twk_error(TWK_ERR_IO, "model_save: cannot create %s: %s", dir, strerror(errno));
-    twk_st_entry *e = calloc((size_t)m->n_w, sizeof *e);
-    float **d = calloc((size_t)m->n_w, sizeof *d);
+    twk_st_entry *e = twk_host_calloc((size_t)m->n_w * sizeof *e, "model entries");
+    float **d = twk_host_calloc((size_t)m->n_w * sizeof *d, "model data");
     twk_status st = e && d ? TWK_OK : twk_error(TWK_ERR_OOM, "model_save: out of memory");
     for (int i = 0; st == TWK_OK && i < m->n_w; i++) {
         const named_buf *w = &m->w[i];
-        d[i] = malloc((size_t)w->nelem * 4);
+        d[i] = twk_host_alloc(nb_bytes(w), w->name);
         if (!d[i]) st = twk_error(TWK_ERR_OOM, "model_save: out of memory");
-        else st = twk_buffer_download(m->dev, w->buf, 0, d[i], (size_t)w->nelem * 4);
+        else st = twk_buffer_download(m->dev, w->buf, 0, d[i], nb_bytes(w));
         e[i] = (twk_st_entry){w->name, TWK_ST_F32, w->ndim, {w->ne[0], w->ne[1]}, d[i]};
     }
     char path[4200];
@@ -81,10 +81,10 @@ twk_status twk_model_save(const twk_model *m, const char *dir) {
         char *cfg = config_json(&m->cfg);
         snprintf(path, sizeof path, "%s/config.json", dir);
         st = cfg ? twk_write_file_atomic(path, cfg, strlen(cfg)) : twk_error(TWK_ERR_OOM, "model_save: out of memory");
-        free(cfg);
+        cJSON_free(cfg);
     }
-    for (int i = 0; d && i < m->n_w; i++) free(d[i]);
-    free(d);
-    free(e);
+    for (int i = 0; d && i < m->n_w; i++) twk_host_free(d[i]);
+    twk_host_free(d);
+    twk_host_free(e);
     return st;
 }

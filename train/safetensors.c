@@ -395,7 +395,7 @@ twk_status twk_st_write(const char *path, const twk_st_entry *e, int n, const ch
     char tmp[4200];
     int fd = open_temp(path, tmp, sizeof tmp);
     if (fd < 0) {
-        free(json);
+        cJSON_free(json);
         return twk_error(TWK_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
     }
     unsigned char len8[8];
@@ -403,7 +403,7 @@ twk_status twk_st_write(const char *path, const twk_st_entry *e, int n, const ch
     twk_status rc = write_all(fd, len8, 8, tmp);
     if (rc == TWK_OK) rc = write_all(fd, json, jl, tmp);
     if (rc == TWK_OK && padded > jl) rc = write_all(fd, "        ", padded - jl, tmp);
-    free(json);
+    cJSON_free(json);
     for (int i = 0; i < n && rc == TWK_OK; i++) {
         int64_t ne = 1;
         for (int k = 0; k < e[i].ndim; k++) ne *= e[i].shape[k];

@@ -158,7 +158,7 @@ twk_status twk_sampler_copy_adapter(twk_sampler *s, twk_trainer *from) {
                          from->lc.rank, from->n_adapter, t->lc.rank, t->n_adapter);
     for (int i = 0; i < t->n_adapter; i++) {
         twk_status st = twk_buffer_copy(t->m->dev, t->adapter[i].buf, 0, from->adapter[i].buf, 0,
-                                        (size_t)t->adapter[i].nelem * 4);
+                                        nb_bytes(&t->adapter[i]));
         if (st != TWK_OK) return st;
     }
     return TWK_OK;
@@ -585,7 +585,7 @@ static twk_status adapter_host(twk_sampler *s, void *host, size_t bytes, int to_
     size_t off = 0;
     for (int i = 0; i < s->t->n_adapter; i++) {
         const named_buf *nb = &s->t->adapter[i];
-        size_t n = (size_t)nb->nelem * 4;
+        size_t n = nb_bytes(nb);
         twk_status st = to_host ? twk_buffer_download(s->t->m->dev, nb->buf, 0, (char *)host + off, n)
                                 : twk_buffer_upload(s->t->m->dev, nb->buf, 0, (const char *)host + off, n);
         if (st != TWK_OK) return st;
