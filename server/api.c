@@ -636,7 +636,10 @@ static void h_save(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant,
         const cJSON *meta = cJSON_GetObjectItemCaseSensitive(b, "user_metadata");
         if (meta && !cJSON_IsNull(meta)) {
             char *txt = cJSON_IsObject(meta) ? cJSON_PrintUnformatted(meta) : NULL;
-            if (!txt) snprintf(o->prefail, sizeof o->prefail, "field 'user_metadata' must be an object");
+            if (!txt && cJSON_IsObject(meta)) {
+                snprintf(o->prefail, sizeof o->prefail, "out of memory reading user_metadata");
+                o->prefail_server = 1;
+            } else if (!txt) snprintf(o->prefail, sizeof o->prefail, "field 'user_metadata' must be an object");
             else if (strlen(txt) >= sizeof o->user_metadata_json)
                 snprintf(o->prefail, sizeof o->prefail, "field 'user_metadata' is over %zu bytes",
                          sizeof o->user_metadata_json - 1);
@@ -709,8 +712,8 @@ static void h_create_from_state(svc *s, twk_http_conn *c, const cJSON *b, const 
     }
     snprintf(o->dir, sizeof o->dir, "%s", ck.path);
     o->load_optimizer = optimizer;
-    svc_dispatch_now(s, r, o, r->load_request);
-    future_reply(c, r->load_request, r->id);
+    if (svc_dispatch_now(s, r, o, r->load_request)) api_error(c, 503, "out of memory");
+    else future_reply(c, r->load_request, r->id);
 }
 
 static void h_load(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
@@ -765,8 +768,8 @@ static void h_unload(svc *s, twk_http_conn *c, const cJSON *b, const char *tenan
         return;
     }
     char request_id[64];
-    svc_dispatch_now(s, r, o, request_id);
-    future_reply(c, request_id, r->id);
+    if (svc_dispatch_now(s, r, o, request_id)) api_error(c, 503, "out of memory");
+    else future_reply(c, request_id, r->id);
 }
 
 static void h_weights_info(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {

@@ -44,6 +44,20 @@ void api_json_hooks(void) {
     cJSON_InitHooks(&h);
 }
 
+int api_json_push(cJSON *arr, cJSON *item) {
+    if (arr && item && cJSON_AddItemToArray(arr, item)) return 1;
+    cJSON_Delete(item);
+    json_oom = 1;
+    return 0;
+}
+
+int api_json_put(cJSON *obj, const char *key, cJSON *item) {
+    if (obj && item && cJSON_AddItemToObject(obj, key, item)) return 1;
+    cJSON_Delete(item);
+    json_oom = 1;
+    return 0;
+}
+
 int api_json_oom(void) {
     int r = json_oom;
     json_oom = 0;

@@ -269,13 +269,13 @@ int twk_random_hex(char *out, int n_bytes) {
     return 0;
 }
 
-void twk_futures_create(twk_futures *f, const char *tenant, char *id) {
-    future *x = twk_host_calloc(sizeof *x, "futures x");
+int twk_futures_create(twk_futures *f, const char *tenant, char *id) {
+    future *x = twk_host_calloc(sizeof *x, "future");
     char hex[40];
     if (!x || twk_random_hex(hex, 16) != 0) {
         twk_host_free(x);
         snprintf(id, 64, "req-unavailable"); /* unknown to every poll: answers 404 */
-        return;
+        return -1;
     }
     snprintf(x->id, sizeof x->id, "req-%s", hex);
     snprintf(x->route, sizeof x->route, "%s", twk_log_route());
@@ -285,6 +285,7 @@ void twk_futures_create(twk_futures *f, const char *tenant, char *id) {
     f->buckets[h] = x;
     f->pending++;
     snprintf(id, 64, "%s", x->id);
+    return 0;
 }
 
 static void finish(twk_futures *f, future *x) {
@@ -312,8 +313,8 @@ static void finish(twk_futures *f, future *x) {
 void twk_futures_complete(twk_futures *f, const char *id, const char *content_type, const void *body, size_t len) {
     future *x = find(f, id);
     if (!x || x->state) return;
-    x->body = twk_host_alloc(len ? len : 1, "futures body");
-    if (!x->body) {
+    x->body = body || !len ? twk_host_alloc(len ? len : 1, "result") : NULL;
+    if (!x->body) { /* out of memory, here or where the result was made (no body) */
         twk_futures_fail(f, id, "server", "out of memory storing the result");
         return;
     }

@@ -74,7 +74,4 @@ void twk_http_respond_json(twk_http_conn *c, int status, const char *json);
 typedef void (*twk_http_abandon_fn)(twk_http_conn *c, void *user);
 void twk_http_set_abandon(twk_http_conn *c, twk_http_abandon_fn fn, void *user);
 
-/* Peer address "ip:port" of the connection (for logs). */
-const char *twk_http_peer(const twk_http_conn *c);
-
 #endif

@@ -63,16 +63,16 @@ static void op_fail(op *o, int user, const char *fmt, ...) {
 static void set_json(op *o, cJSON *j) {
     char *txt = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
-    if (!txt || api_json_oom()) { /* a part of the tree or its text is missing */
+    size_t n = txt ? strlen(txt) : 0;
+    o->out = txt && !api_json_oom() ? twk_host_alloc(n + 1, "result") : NULL;
+    if (!o->out) { /* a part of the tree, its text or the copy is missing */
         cJSON_free(txt);
         o->st = twk_error(TWK_ERR_OOM, "out of memory writing the result");
         snprintf(o->err, sizeof o->err, "%s", twk_last_error());
         o->user_error = 0;
         return;
     }
-    size_t n = txt ? strlen(txt) : 0;
-    o->out = twk_host_alloc(n + 1, "result");
-    if (o->out && txt) memcpy(o->out, txt, n + 1);
+    memcpy(o->out, txt, n + 1);
     o->out_len = n;
     cJSON_free(txt);
 }
@@ -455,7 +455,10 @@ int svc_create_run(svc *s, const char *tenant, const char *session_id, int model
         snprintf(err, err_len, "recording the run failed: %s", twk_last_error());
         return 500;
     }
-    twk_futures_create(s->futures, tenant, request_id);
+    if (twk_futures_create(s->futures, tenant, request_id)) {
+        snprintf(err, err_len, "out of memory creating the request's future");
+        return 503;
+    }
     snprintf(r->create_request, sizeof r->create_request, "%s", request_id);
     op *o = svc_op_new(s, r, OP_CREATE, 0);
     if (!o) {
@@ -467,10 +470,14 @@ int svc_create_run(svc *s, const char *tenant, const char *session_id, int model
     return 0;
 }
 
-void svc_dispatch_now(svc *s, run_state *r, op *o, char *request_id) {
-    twk_futures_create(s->futures, r->tenant, request_id);
+int svc_dispatch_now(svc *s, run_state *r, op *o, char *request_id) {
+    if (twk_futures_create(s->futures, r->tenant, request_id)) {
+        svc_op_free(o);
+        return 503;
+    }
     snprintf(o->request_id, sizeof o->request_id, "%s", request_id);
     dispatch(s, o);
+    return 0;
 }
 
 static void ring_put(run_state *r, int64_t seq, const char *req) {
@@ -512,9 +519,12 @@ int svc_submit_op(svc *s, run_state *r, op *o, char *request_id, char *err, size
     }
     if (o->seq < r->next_seq) {
         /* older than anything remembered: answer with a failed future */
-        twk_futures_create(s->futures, r->tenant, request_id);
-        twk_futures_fail(s->futures, request_id, "user", "seq_id is older than the run's current position");
         svc_op_free(o);
+        if (twk_futures_create(s->futures, r->tenant, request_id)) {
+            snprintf(err, err_len, "out of memory creating the request's future");
+            return 503;
+        }
+        twk_futures_fail(s->futures, request_id, "user", "seq_id is older than the run's current position");
         return 0;
     }
     size_t held = op_held_bytes(o);
@@ -535,7 +545,11 @@ int svc_submit_op(svc *s, run_state *r, op *o, char *request_id, char *err, size
             return 429;
         }
     }
-    twk_futures_create(s->futures, r->tenant, request_id);
+    if (twk_futures_create(s->futures, r->tenant, request_id)) { /* nothing queued: the client may resend */
+        snprintf(err, err_len, "out of memory creating the request's future");
+        svc_op_free(o);
+        return 503;
+    }
     snprintf(o->request_id, sizeof o->request_id, "%s", request_id);
     ring_put(r, o->seq, request_id);
     op **pp = &r->pending;

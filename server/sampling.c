@@ -243,6 +243,7 @@ typedef struct sample_job {
     int record; /* record_stability_info: keep each sequence for stable_reinforce */
     int64_t last_n; /* prompt_logprobs_last_n: score only the last N prompt tokens (0 = all) */
     char prefail[512];
+    int prefail_server; /* prefail is the server's (out of memory): category "server" */
     /* results (worker) */
     int ok, user_error;
     char err[512];
@@ -513,6 +514,7 @@ static int sample_prompt(svc *s, const cJSON *chunks, int vocab, sample_job *sj)
     sj->prompt = twk_host_alloc((size_t)n * sizeof *sj->prompt, "prompt");
     if (!sj->prompt) {
         snprintf(sj->prefail, sizeof sj->prefail, "out of memory");
+        sj->prefail_server = 1;
         return 0;
     }
     int64_t k = 0;
@@ -670,7 +672,12 @@ static void h_asample(svc *s, twk_http_conn *c, const cJSON *b, const char *tena
     sj->s = s;
     sj->ss = ss;
     parse_sample(s, b, sj);
-    twk_futures_create(s->futures, tenant, sj->request_id);
+    if (twk_futures_create(s->futures, tenant, sj->request_id)) {
+        api_error(c, 503, "out of memory creating the request's future");
+        twk_host_free(sj->prompt);
+        twk_host_free(sj);
+        return;
+    }
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "request_id", sj->request_id);
     cJSON *ids = cJSON_AddArrayToObject(j, "sample_sequence_ids");
@@ -681,10 +688,10 @@ static void h_asample(svc *s, twk_http_conn *c, const cJSON *b, const char *tena
     for (int i = 0; i < n; i++) {
         char sq[96];
         snprintf(sq, sizeof sq, "%s:%d", sj->request_id, i);
-        cJSON_AddItemToArray(ids, cJSON_CreateString(sq));
+        api_json_push(ids, cJSON_CreateString(sq));
     }
     if (sj->prefail[0]) {
-        twk_futures_fail(s->futures, sj->request_id, "user", sj->prefail);
+        twk_futures_fail(s->futures, sj->request_id, sj->prefail_server ? "server" : "user", sj->prefail);
         twk_host_free(sj->prompt);
         twk_host_free(sj);
     } else {

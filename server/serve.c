@@ -2,6 +2,7 @@
  * shutdown of the loop, the worker and the store. */
 #include <ctype.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -197,11 +198,10 @@ twk_status twk_serve_default_model(const char *data_dir, char *dir, size_t dir_l
 
 static void on_gap_timer(uv_timer_t *t) { svc_check_gaps(t->data); }
 
-static void on_signal(uv_signal_t *h, int signum) {
-    svc *s = h->data;
-    if (s->stopping) return;
+/* Stops accepting, fails what waits, joins the worker and closes the loop's handles; the loop
+ * then ends. */
+static void shut_down(svc *s) {
     s->stopping = 1;
-    if (!s->cfg.quiet) fprintf(stderr, "twinkle serve: signal %d, shutting down\n", signum);
     twk_http_server_stop(s->http);
     twk_futures_free(s->futures);
     s->futures = NULL;
@@ -213,6 +213,13 @@ static void on_signal(uv_signal_t *h, int signum) {
     uv_signal_stop(&s->sigterm);
     uv_close((uv_handle_t *)&s->sigint, NULL);
     uv_close((uv_handle_t *)&s->sigterm, NULL);
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+    svc *s = h->data;
+    if (s->stopping) return;
+    if (!s->cfg.quiet) fprintf(stderr, "twinkle serve: signal %d, shutting down\n", signum);
+    shut_down(s);
 }
 
 static twk_status load_models(svc *s) {
@@ -245,15 +252,12 @@ static twk_status load_models(svc *s) {
     return TWK_OK;
 }
 
-int twk_serve_run(const twk_serve_config *cfg) {
-    svc *s = twk_host_calloc(sizeof *s, "serve s");
-    if (!s) return 1;
+/* Opens the store, keys, device and models, starts the futures, the worker and the listener on
+ * `loop`; 0, or 1 after a message on stderr (what was started is stopped; serve_close frees). */
+static int serve_open(svc *s, const twk_serve_config *cfg, uv_loop_t *loop) {
     s->cfg = *cfg;
+    s->loop = loop;
     api_json_hooks();
-    uv_loop_t loop;
-    uv_loop_init(&loop);
-    s->loop = &loop;
-    int rc = 1;
     twk_status st = twk_store_open(cfg->data_dir, &s->store);
     if (st == TWK_OK) st = twk_auth_load(cfg->keys_file, &s->auth);
     if (st == TWK_OK) st = twk_device_open(cfg->device, &s->dev);
@@ -262,30 +266,32 @@ int twk_serve_run(const twk_serve_config *cfg) {
         st = twk_error(TWK_ERR_OOM, "out of memory for the stability records");
     if (st != TWK_OK) {
         fprintf(stderr, "twinkle serve: %s\n", twk_last_error());
-        goto out;
+        return 1;
     }
     twk_futures_limits fl = {cfg->poll_timeout_s, cfg->result_keep_s, cfg->result_ttl_s, cfg->max_result_bytes_tenant};
     twk_log_quiet(cfg->quiet);
     svc_ckpt_recover(s);
-    s->futures = twk_futures_new(&loop, &fl);
-    s->worker = twk_worker_start(&loop);
+    s->futures = twk_futures_new(loop, &fl);
+    s->worker = twk_worker_start(loop);
     twk_http_limits lim = twk_http_limits_default();
     lim.max_body_bytes = cfg->max_body_bytes;
     int err = s->futures && s->worker
-                  ? twk_http_server_start(&loop, cfg->host, cfg->port, &lim, svc_handle, s, &s->http)
+                  ? twk_http_server_start(loop, cfg->host, cfg->port, &lim, svc_handle, s, &s->http)
                   : UV_ENOMEM;
     if (err) {
         fprintf(stderr, "twinkle serve: cannot listen on %s:%d: %s\n", cfg->host, cfg->port, uv_strerror(err));
         if (s->futures) twk_futures_free(s->futures);
         if (s->worker) twk_worker_stop(s->worker);
-        uv_run(&loop, UV_RUN_DEFAULT);
-        goto out;
+        s->futures = NULL;
+        s->worker = NULL;
+        uv_run(loop, UV_RUN_DEFAULT);
+        return 1;
     }
-    uv_timer_init(&loop, &s->gap_timer);
+    uv_timer_init(loop, &s->gap_timer);
     s->gap_timer.data = s;
     uv_timer_start(&s->gap_timer, on_gap_timer, 1000, 1000);
-    uv_signal_init(&loop, &s->sigint);
-    uv_signal_init(&loop, &s->sigterm);
+    uv_signal_init(loop, &s->sigint);
+    uv_signal_init(loop, &s->sigterm);
     s->sigint.data = s->sigterm.data = s;
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
@@ -296,11 +302,11 @@ int twk_serve_run(const twk_serve_config *cfg) {
         for (int i = 0; i < s->n_models; i++) fprintf(stderr, " %s", s->models[i].name);
         fprintf(stderr, "\n");
     }
-    printf("port %d\n", twk_http_server_port(s->http));
-    fflush(stdout);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    rc = 0;
-out:
+    return 0;
+}
+
+/* Frees what serve_open made, after the loop ended. */
+static void serve_close(svc *s, uv_loop_t *loop) {
     svc_free_samplers(s);
     svc_free_runs(s);
     for (int i = 0; i < s->n_models; i++) {
@@ -311,7 +317,82 @@ out:
     twk_auth_free(s->auth);
     twk_store_close(s->store);
     twk_stab_free(s->stab);
-    uv_loop_close(&loop);
+    uv_loop_close(loop);
     twk_host_free(s);
+}
+
+int twk_serve_run(const twk_serve_config *cfg) {
+    svc *s = twk_host_calloc(sizeof *s, "service");
+    if (!s) return 1;
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    int rc = serve_open(s, cfg, &loop);
+    if (rc == 0) {
+        printf("port %d\n", twk_http_server_port(s->http));
+        fflush(stdout);
+        uv_run(&loop, UV_RUN_DEFAULT);
+    }
+    serve_close(s, &loop);
     return rc;
+}
+
+/* ---- the service in a thread of this process (tests) ---- */
+
+struct twk_serve {
+    svc *s;
+    uv_loop_t loop;
+    uv_async_t stop;
+    pthread_t thread;
+};
+
+static void on_stop(uv_async_t *a) {
+    svc *s = a->data;
+    if (!s->stopping) shut_down(s);
+    uv_close((uv_handle_t *)a, NULL);
+}
+
+static void *serve_thread(void *arg) {
+    twk_serve *h = arg;
+    uv_run(&h->loop, UV_RUN_DEFAULT);
+    return NULL;
+}
+
+twk_status twk_serve_start(const twk_serve_config *cfg, twk_serve **out) {
+    *out = NULL;
+    twk_serve *h = calloc(1, sizeof *h); /* the harness's own: not counted by a test's allocator */
+    svc *s = twk_host_calloc(sizeof *s, "service");
+    if (!h || !s) {
+        free(h);
+        twk_host_free(s);
+        return twk_error(TWK_ERR_OOM, "out of memory starting the service");
+    }
+    h->s = s;
+    uv_loop_init(&h->loop);
+    if (serve_open(s, cfg, &h->loop)) {
+        serve_close(s, &h->loop);
+        free(h);
+        return twk_error(TWK_ERR_IO, "the service did not start (see stderr)");
+    }
+    uv_async_init(&h->loop, &h->stop, on_stop);
+    h->stop.data = s;
+    if (pthread_create(&h->thread, NULL, serve_thread, h)) {
+        shut_down(s);
+        uv_close((uv_handle_t *)&h->stop, NULL);
+        uv_run(&h->loop, UV_RUN_DEFAULT);
+        serve_close(s, &h->loop);
+        free(h);
+        return twk_error(TWK_ERR_IO, "cannot start the service's thread");
+    }
+    *out = h;
+    return TWK_OK;
+}
+
+int twk_serve_port(const twk_serve *h) { return h ? twk_http_server_port(h->s->http) : 0; }
+
+void twk_serve_stop(twk_serve *h) {
+    if (!h) return;
+    uv_async_send(&h->stop);
+    pthread_join(h->thread, NULL);
+    serve_close(h->s, &h->loop);
+    free(h);
 }

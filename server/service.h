@@ -63,6 +63,14 @@ twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char
 /* Runs the service until SIGINT/SIGTERM; returns the exit code. */
 int twk_serve_run(const twk_serve_config *cfg);
 
+/* The service on a thread of this process (tests drive it over HTTP): starts it and returns once
+ * it listens (cfg->port 0: any free port, see twk_serve_port). TWK_ERR_IO when it does not start
+ * (the reason on stderr). twk_serve_stop shuts it down as SIGTERM would, joins and frees. */
+typedef struct twk_serve twk_serve;
+twk_status twk_serve_start(const twk_serve_config *cfg, twk_serve **out);
+int twk_serve_port(const twk_serve *h);
+void twk_serve_stop(twk_serve *h);
+
 /* The built-in default model: a small Qwen3-architecture model generated
  * deterministically (random weights, vocab 512) into DATA_DIR/models/tiny
  * on first use. *dir receives its folder. */

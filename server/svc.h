@@ -195,8 +195,9 @@ int svc_create_run(svc *s, const char *tenant, const char *session_id, int model
  * limit in err (o freed, nothing queued) when holding o ahead of the run's
  * seq order would pass --max-early-mb-run or the tenant's --max-early-mb-tenant. */
 int svc_submit_op(svc *s, run_state *r, op *o, char *request_id, char *err, size_t err_len);
-/* Runs an op outside the seq order (after what is already dispatched). */
-void svc_dispatch_now(svc *s, run_state *r, op *o, char *request_id);
+/* Runs an op outside the seq order (after what is already dispatched). 0, or 503 out of memory
+ * (o freed). */
+int svc_dispatch_now(svc *s, run_state *r, op *o, char *request_id);
 op *svc_op_new(svc *s, run_state *r, op_kind kind, int64_t seq);
 void svc_op_free(op *o);
 /* Fails ops stuck behind a missing seq_id longer than the configured timeout. */

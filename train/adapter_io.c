@@ -12,6 +12,7 @@
 
 #include "safetensors.h"
 #include "twinkle/trainer.h"
+#include "json_push.h"
 
 static const char *const module_names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                            "up_proj", "down_proj", "lm_head"};
@@ -53,7 +54,7 @@ twk_status twk_adapter_save(twk_trainer *t, const char *dir, const char *base_mo
         for (size_t k = 0; mod && k < 8; k++)
             if (!strcmp(mod, module_names[k]) && !used[k]) {
                 used[k] = 1;
-                cJSON_AddItemToArray(targets, cJSON_CreateString(mod));
+                twk_json_push(targets, cJSON_CreateString(mod));
             }
     }
     char path[4200];

@@ -10,6 +10,7 @@
 
 #include "safetensors.h"
 #include "trainer_internal.h"
+#include "json_push.h"
 
 static const char *model_type(twk_arch a) {
     return a == TWK_ARCH_LLAMA ? "llama" : a == TWK_ARCH_QWEN2 ? "qwen2" : "qwen3";
@@ -20,7 +21,7 @@ static char *config_json(const twk_model_config *c) {
     cJSON *archs = cJSON_AddArrayToObject(j, "architectures");
     const char *arch = c->arch == TWK_ARCH_LLAMA ? "LlamaForCausalLM" : c->arch == TWK_ARCH_QWEN2 ? "Qwen2ForCausalLM"
                                                                                                   : "Qwen3ForCausalLM";
-    cJSON_AddItemToArray(archs, cJSON_CreateString(arch));
+    twk_json_push(archs, cJSON_CreateString(arch));
     cJSON_AddStringToObject(j, "model_type", model_type(c->arch));
     cJSON_AddNumberToObject(j, "vocab_size", c->vocab);
     cJSON_AddNumberToObject(j, "hidden_size", c->hidden);
@@ -49,7 +50,7 @@ static char *config_json(const twk_model_config *c) {
     if (c->n_eos == 1) cJSON_AddNumberToObject(j, "eos_token_id", c->eos[0]);
     else if (c->n_eos > 1) {
         cJSON *e = cJSON_AddArrayToObject(j, "eos_token_id");
-        for (int i = 0; i < c->n_eos; i++) cJSON_AddItemToArray(e, cJSON_CreateNumber(c->eos[i]));
+        for (int i = 0; i < c->n_eos; i++) twk_json_push(e, cJSON_CreateNumber(c->eos[i]));
     }
     cJSON_AddStringToObject(j, "torch_dtype", "float32");
     char *s = cJSON_Print(j);
