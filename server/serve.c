@@ -359,10 +359,10 @@ static void *serve_thread(void *arg) {
 
 twk_status twk_serve_start(const twk_serve_config *cfg, twk_serve **out) {
     *out = NULL;
-    twk_serve *h = calloc(1, sizeof *h); /* the harness's own: not counted by a test's allocator */
+    twk_serve *h = twk_host_calloc(sizeof *h, "service handle");
     svc *s = twk_host_calloc(sizeof *s, "service");
     if (!h || !s) {
-        free(h);
+        twk_host_free(h);
         twk_host_free(s);
         return twk_error(TWK_ERR_OOM, "out of memory starting the service");
     }
@@ -370,7 +370,7 @@ twk_status twk_serve_start(const twk_serve_config *cfg, twk_serve **out) {
     uv_loop_init(&h->loop);
     if (serve_open(s, cfg, &h->loop)) {
         serve_close(s, &h->loop);
-        free(h);
+        twk_host_free(h);
         return twk_error(TWK_ERR_IO, "the service did not start (see stderr)");
     }
     uv_async_init(&h->loop, &h->stop, on_stop);
@@ -380,7 +380,7 @@ twk_status twk_serve_start(const twk_serve_config *cfg, twk_serve **out) {
         uv_close((uv_handle_t *)&h->stop, NULL);
         uv_run(&h->loop, UV_RUN_DEFAULT);
         serve_close(s, &h->loop);
-        free(h);
+        twk_host_free(h);
         return twk_error(TWK_ERR_IO, "cannot start the service's thread");
     }
     *out = h;
@@ -394,5 +394,5 @@ void twk_serve_stop(twk_serve *h) {
     uv_async_send(&h->stop);
     pthread_join(h->thread, NULL);
     serve_close(h->s, &h->loop);
-    free(h);
+    twk_host_free(h);
 }

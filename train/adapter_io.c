@@ -54,7 +54,8 @@ twk_status twk_adapter_save(twk_trainer *t, const char *dir, const char *base_mo
         for (size_t k = 0; mod && k < 8; k++)
             if (!strcmp(mod, module_names[k]) && !used[k]) {
                 used[k] = 1;
-                twk_json_push(targets, cJSON_CreateString(mod));
+                if (!twk_json_push(targets, cJSON_CreateString(mod)))
+                    st = twk_error(TWK_ERR_OOM, "adapter_save: out of memory");
             }
     }
     char path[4200];
@@ -64,23 +65,18 @@ twk_status twk_adapter_save(twk_trainer *t, const char *dir, const char *base_mo
         st = twk_st_write(path, e, n, meta, 1);
     }
     if (st == TWK_OK) {
-        cJSON_AddStringToObject(cfg, "peft_type", "LORA");
-        cJSON_AddStringToObject(cfg, "task_type", "CAUSAL_LM");
-        cJSON_AddNumberToObject(cfg, "r", lc->rank);
-        cJSON_AddNumberToObject(cfg, "lora_alpha", lc->alpha);
-        cJSON_AddNumberToObject(cfg, "lora_dropout", 0.0);
-        cJSON_AddItemToObject(cfg, "target_modules", targets);
-        targets = NULL;
-        cJSON_AddStringToObject(cfg, "bias", "none");
-        cJSON_AddBoolToObject(cfg, "fan_in_fan_out", 0);
-        cJSON_AddBoolToObject(cfg, "inference_mode", 1);
-        cJSON_AddBoolToObject(cfg, "init_lora_weights", 1);
-        cJSON_AddBoolToObject(cfg, "use_rslora", 0);
-        cJSON_AddBoolToObject(cfg, "use_dora", 0);
-        cJSON_AddNullToObject(cfg, "modules_to_save");
-        if (base_model) cJSON_AddStringToObject(cfg, "base_model_name_or_path", base_model);
-        else cJSON_AddNullToObject(cfg, "base_model_name_or_path");
-        char *text = cJSON_Print(cfg);
+        /* every field, or out of memory: an adapter_config.json with a field missing would not load */
+        int ok = cJSON_AddStringToObject(cfg, "peft_type", "LORA") &&
+                 cJSON_AddStringToObject(cfg, "task_type", "CAUSAL_LM") && cJSON_AddNumberToObject(cfg, "r", lc->rank) && cJSON_AddNumberToObject(cfg, "lora_alpha", lc->alpha) &&
+                 cJSON_AddNumberToObject(cfg, "lora_dropout", 0.0) && cJSON_AddItemToObject(cfg, "target_modules", targets);
+        if (ok) targets = NULL; /* owned by cfg now */
+        ok = ok && cJSON_AddStringToObject(cfg, "bias", "none") && cJSON_AddBoolToObject(cfg, "fan_in_fan_out", 0) &&
+             cJSON_AddBoolToObject(cfg, "inference_mode", 1) && cJSON_AddBoolToObject(cfg, "init_lora_weights", 1) &&
+             cJSON_AddBoolToObject(cfg, "use_rslora", 0) && cJSON_AddBoolToObject(cfg, "use_dora", 0) &&
+             cJSON_AddNullToObject(cfg, "modules_to_save") &&
+             (base_model ? cJSON_AddStringToObject(cfg, "base_model_name_or_path", base_model) != NULL
+                         : cJSON_AddNullToObject(cfg, "base_model_name_or_path") != NULL);
+        char *text = ok ? cJSON_Print(cfg) : NULL;
         snprintf(path, sizeof path, "%s/adapter_config.json", dir);
         st = text ? twk_write_file_atomic(path, text, strlen(text)) : twk_error(TWK_ERR_OOM, "adapter_save: out of memory");
         cJSON_free(text);
