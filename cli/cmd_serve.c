@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "serve_limits.h"
 #include "service.h"
 #include "cli.h"
 #include "dist.h"
@@ -17,26 +18,27 @@ static void usage(FILE *f) {
             "\n"
             "  --model DIR[=NAME]   a base model folder, served as NAME (default: the folder name); repeatable\n"
             "  --host H             listen address (default 127.0.0.1)\n"
-            "  --port P             port (default 8000; 0 = any free port, printed as 'port N' on stdout)\n"
+            "  --port P             port (default %d; 0 = any free port, printed as 'port N' on stdout)\n"
             "  --data-dir DIR       SQLite store and checkpoints (default ./twinkle-data)\n"
             "  --keys FILE          API keys: lines 'tml-KEY TENANT'. Default: open mode — any tml- key\n"
             "                       is accepted and each distinct key is its own tenant\n"
             "  --device SPEC        cpu (default), opencl[:N], vulkan[:N] or cuda[:N]: see twinkle devices\n"
-            "  --max-lora-rank R    (default 128)   --max-context N   tokens per datum (default 2048)\n"
-            "  --max-datums N       per request (default 4096)   --max-body-mb M   (default 64)\n"
-            "  --seq-timeout S      fail ops queued behind a seq_id missing this long (default 120)\n"
+            "  --max-lora-rank R    (default %d)   --max-context N   tokens per datum (default %d)\n"
+            "  --max-datums N       per request (default %d)   --max-body-mb M   (default %d)\n"
+            "  --seq-timeout S      fail ops queued behind a seq_id missing this long (default %d)\n"
             "  --stability-ttl S    stable_reinforce: a sequence sampled with record_stability_info stays\n"
-            "                       usable this long after its last use (default 86400: one day)\n"
-            "  --poll-timeout S     long-poll hold of retrieve_future (default 25)\n"
+            "                       usable this long after its last use (default %d: one day)\n"
+            "  --stability-records N  such sequences kept at most; the least recently used go first (default %d)\n"
+            "  --poll-timeout S     long-poll hold of retrieve_future (default %d)\n"
             "  --url-ttl S          signed download URLs of external weights expire after S (default 3600)\n"
-            "  --fwdbwd-chunk-len N datums per forward_backward request the SDK sends (default 1024)\n"
+            "  --fwdbwd-chunk-len N datums per forward_backward request the SDK sends (default %d)\n"
             "buffering limits (per tenant = over all its runs / futures):\n"
-            "  --max-early-mb-run M     ops held ahead of a run's seq order, MiB; 429 past it (default 256)\n"
-            "  --max-early-mb-tenant M  the same over all runs of a tenant (default 1024)\n"
+            "  --max-early-mb-run M     ops held ahead of a run's seq order, MiB; 429 past it (default %d)\n"
+            "  --max-early-mb-tenant M  the same over all runs of a tenant (default %d)\n"
             "  --max-results-mb-tenant M finished results not yet retrieved, per tenant; past it the oldest\n"
-            "                       are dropped (their futures fail naming this limit) (default 256)\n"
-            "  --result-keep S      a retrieved result is kept S seconds for re-polls, then freed (default 120)\n"
-            "  --result-ttl S       an unretrieved result is kept S seconds (default 3600)\n"
+            "                       are dropped (their futures fail naming this limit) (default %d)\n"
+            "  --result-keep S      a retrieved result is kept S seconds for re-polls, then freed (default %d)\n"
+            "  --result-ttl S       an unretrieved result is kept S seconds (default %d)\n"
             "  --checkpoint-sweep S checkpoints past their ttl_seconds are deleted every S seconds (default 60)\n"
             "  connection limits (at a cap, the oldest idle connection without an accepted key is closed\n"
             "  to make room; only when every one is keyed or busy is the new one refused):\n"
@@ -47,6 +49,14 @@ static void usage(FILE *f) {
             "                       (default 10)\n"
             "  --idle-timeout S     close a keyed keep-alive connection idle this long (default 75)\n"
             "  --read-timeout S     a whole request must arrive within S of its first byte (default 30)\n"
+            "sampling limits:\n"
+            "  --sample-queue N     asample requests queued or running; 429 past it (default %d)\n"
+            "  --sampler-slots N    adapter slots of a base model's shared sampler, slot 0 the base model,\n"
+            "                       2..%d (default %d)\n"
+            "  --slot-rank R        adapters up to this rank share that sampler; larger ones get their own\n"
+            "                       (default %d, the default LoRA rank)\n"
+            "  --live-samplers N    samplers (each a KV cache) alive at once, the least recently used\n"
+            "                       dropped first, 1..%d (default %d)\n"
             "  --config FILE        the same options as 'key = value' lines (model may repeat)\n"
             "  --log-format F       text (default: a line per failed request or future) or json (one JSON\n"
             "                       object per line: every request with level, request_id, tenant, route,\n"
@@ -54,7 +64,13 @@ static void usage(FILE *f) {
             "  --jwt-auth           have the SDK exchange its key for a short-lived JWT (auth/token), which\n"
             "                       its whoami reads (tenant as tml:user:TENANT)\n"
             "  --quiet              no log lines\n",
-            TWK_DEFAULT_MODEL_NAME);
+            TWK_DEFAULT_MODEL_NAME, TWK_SERVE_DEF_PORT, TWK_SERVE_DEF_MAX_LORA_RANK, TWK_SERVE_DEF_MAX_CONTEXT,
+            TWK_SERVE_DEF_MAX_DATUMS, TWK_SERVE_DEF_MAX_BODY_MB, TWK_SERVE_DEF_SEQ_TIMEOUT_S,
+            TWK_SERVE_DEF_STABILITY_TTL_S, TWK_SERVE_DEF_STABILITY_RECORDS, TWK_SERVE_DEF_POLL_TIMEOUT_S,
+            TWK_SERVE_DEF_FWDBWD_CHUNK_LEN, TWK_SERVE_DEF_EARLY_MB_RUN, TWK_SERVE_DEF_EARLY_MB_TENANT,
+            TWK_SERVE_DEF_RESULTS_MB_TENANT, TWK_SERVE_DEF_RESULT_KEEP_S, TWK_SERVE_DEF_RESULT_TTL_S,
+            TWK_SERVE_DEF_SAMPLE_QUEUE, TWK_SERVE_CAP_SAMPLER_SLOTS, TWK_SERVE_DEF_SAMPLER_SLOTS,
+            twk_lora_default().rank, TWK_SERVE_CAP_LIVE_SAMPLERS, TWK_SERVE_DEF_LIVE_SAMPLERS);
 }
 
 int twk_cmd_serve(int argc, char **argv) {

@@ -48,3 +48,18 @@ void *twk_host_calloc(size_t bytes, const char *what) {
 void twk_host_free(void *ptr) {
     if (ptr) current.free(current.user, ptr);
 }
+
+void *twk_host_realloc(void *ptr, size_t old_bytes, size_t new_bytes, const char *what) {
+    void *p = twk_host_alloc(new_bytes, what);
+    if (!p) return NULL;
+    if (ptr) memcpy(p, ptr, old_bytes < new_bytes ? old_bytes : new_bytes);
+    twk_host_free(ptr);
+    return p;
+}
+
+char *twk_host_strdup(const char *s, const char *what) {
+    size_t n = strlen(s) + 1;
+    char *d = twk_host_alloc(n, what);
+    if (d) memcpy(d, s, n);
+    return d;
+}

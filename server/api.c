@@ -14,16 +14,6 @@ void api_rest(svc *s, twk_http_conn *c, const twk_http_req *req, const char *ten
 
 static double wall_now(void) { return (double)time(NULL); }
 
-int svc_session_exists(svc *s, twk_http_conn *c, const char *tenant, const char *session_id) {
-    twk_store_session sess;
-    if (twk_store_session_get(s->store, tenant, session_id, &sess) != TWK_OK) {
-        api_error(c, 404, "session '%s' not found", session_id);
-        return 0;
-    }
-    twk_store_session_clear(&sess);
-    return 1;
-}
-
 static void future_reply(twk_http_conn *c, const char *request_id, const char *model_id) {
     twk_log_request_id(request_id); /* also a resubmission's original future */
     cJSON *j = cJSON_CreateObject();
@@ -77,8 +67,8 @@ static void h_create_session(svc *s, twk_http_conn *c, const cJSON *b, const cha
     if (!t) sess.tags_json = "[]";
     if (!m) sess.user_metadata_json = "{}";
     twk_status st = twk_store_session_create(s->store, &sess);
-    free(t);
-    free(m);
+    cJSON_free(t);
+    cJSON_free(m);
     if (st != TWK_OK) {
         api_error(c, 500, "creating the session failed: %s", twk_last_error());
         return;
@@ -109,20 +99,6 @@ static void h_heartbeat(svc *s, twk_http_conn *c, const cJSON *b, const char *te
     }
     twk_store_session_heartbeat(s->store, tenant, id, wall_now());
     twk_http_respond_json(c, 200, "{\"type\":\"session_heartbeat\"}");
-}
-
-static void h_capabilities(svc *s, twk_http_conn *c) {
-    cJSON *j = cJSON_CreateObject();
-    cJSON *arr = cJSON_AddArrayToObject(j, "supported_models");
-    for (int i = 0; i < s->n_models; i++) {
-        cJSON *m = cJSON_CreateObject();
-        cJSON_AddStringToObject(m, "model_name", s->models[i].name);
-        cJSON_AddNumberToObject(m, "max_context_length", (double)s->cfg.max_context);
-        cJSON_AddBoolToObject(m, "trainable", 1);
-        cJSON_AddBoolToObject(m, "sampleable", 1);
-        cJSON_AddItemToArray(arr, m);
-    }
-    api_ok(c, j);
 }
 
 /* ---- models ---- */
@@ -169,7 +145,7 @@ static void h_create_model(svc *s, twk_http_conn *c, const cJSON *b, const char 
     twk_lora_config lora = twk_lora_default();
     long long rank, seed;
     int ta, tm, tu;
-    if (!api_int(lc, "rank", 0, 1, s->cfg.max_lora_rank, 32, &rank, err, sizeof err) ||
+    if (!api_int(lc, "rank", 0, 1, s->cfg.max_lora_rank, lora.rank, &rank, err, sizeof err) ||
         !api_int(lc, "seed", 0, 0, (1ll << 62), 0, &seed, err, sizeof err) ||
         !api_bool(lc, "train_attn", 1, &ta, err, sizeof err) || !api_bool(lc, "train_mlp", 1, &tm, err, sizeof err) ||
         !api_bool(lc, "train_unembed", 1, &tu, err, sizeof err)) {
@@ -181,7 +157,7 @@ static void h_create_model(svc *s, twk_http_conn *c, const cJSON *b, const char 
         return;
     }
     lora.rank = (int)rank;
-    lora.alpha = 32; /* Tinker's convention: alpha 32 whatever the rank */
+    /* lora.alpha stays the default's, 32 whatever the rank (Tinker's convention) */
     lora.seed = (uint64_t)seed;
     lora.train_attn = ta;
     lora.train_mlp = tm;
@@ -199,7 +175,7 @@ static void h_create_model(svc *s, twk_http_conn *c, const cJSON *b, const char 
     char request_id[64], model_id[128];
     int status = svc_create_run(s, tenant, session_id, (int)model_seq, base, &lora, meta_json, request_id, model_id,
                                 err, sizeof err);
-    free(meta_json);
+    cJSON_free(meta_json);
     if (status) {
         api_error(c, status, "%s", err);
         return;
@@ -484,14 +460,16 @@ static int fb_check_provenance(svc *s, const run_state *r, twk_wire_fb_request *
                          "target (Datum.with_provenance)", i, q->loss_fn);
         return 0;
     }
-    float *lp = malloc((size_t)d->n_tokens * sizeof(float)); /* freed with the request (twk_wire_fb_request_free) */
-    twk_wire_input *grown = lp ? realloc(d->inputs, (size_t)(d->n_inputs + 1) * sizeof *d->inputs) : NULL;
-    char *key = grown ? strdup(twk_loss_input_key(TWK_IN_RECORDED_LOGPROBS)) : NULL;
+    float *lp = twk_host_alloc((size_t)d->n_tokens * sizeof(float), "api lp"); /* freed with the request (twk_wire_fb_request_free) */
+    twk_wire_input *grown = lp ? twk_host_realloc(d->inputs, (size_t)d->n_inputs * sizeof *d->inputs,
+                                                 (size_t)(d->n_inputs + 1) * sizeof *d->inputs, "datum inputs")
+                              : NULL;
+    char *key = grown ? twk_host_strdup(twk_loss_input_key(TWK_IN_RECORDED_LOGPROBS), "input key") : NULL;
     if (grown) d->inputs = grown;
     if (!key) {
-        free(lp);
+        twk_host_free(lp);
         snprintf(err, n, "out of memory checking data[%d]'s provenance", i);
-        return 0;
+        return -1;
     }
     for (int64_t k = 0; k < d->n_tokens; k++) lp[k] = NAN;
     int ok = (!d->n_spans[0] || fb_check_spans(s, r, d, i, 0, NULL, err, n)) && fb_check_spans(s, r, d, i, 1, lp, err, n);
@@ -517,13 +495,13 @@ static int fb_check_provenance(svc *s, const run_state *r, twk_wire_fb_request *
 /* Checks a decoded forward_backward request against the loss registry and
  * the model; sets *loss; writes the first problem into err, or returns 1. */
 static int validate_fb(svc *s, const run_state *r, twk_wire_fb_request *q, twk_loss_spec *loss, char *err, size_t n) {
-    int vocab = r->base ? twk_model_cfg(r->base->m)->vocab : 0;
+    int vocab = r->base ? twk_model_cfg(r->base->m)->vocab : 0, p = 1;
     if (!fb_check_loss(q, loss, err, n) || !fb_check_size(s, q, err, n)) return 0;
     for (int i = 0; i < q->n_data; i++)
         if (!fb_check_tokens(s, i, &q->data[i], vocab, err, n) || !fb_check_targets(q, loss->def, i, vocab, err, n) ||
             !fb_check_inputs(q, loss->def, i, err, n) ||
-            (loss->def->provenance && !fb_check_provenance(s, r, q, i, err, n)))
-            return 0;
+            (loss->def->provenance && (p = fb_check_provenance(s, r, q, i, err, n)) <= 0))
+            return p < 0 ? -1 : 0;
     return 1;
 }
 
@@ -581,7 +559,12 @@ static int peek_ids(const unsigned char *p, size_t len, char *model_id, size_t m
 
 static void h_forward_backward(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant) {
     twk_wire_fb_request *q = NULL;
-    if (twk_wire_decode_fb_request(req->body, req->body_len, &q) != TWK_OK) {
+    twk_status ds = twk_wire_decode_fb_request(req->body, req->body_len, &q);
+    if (ds == TWK_ERR_OOM) {
+        api_error(c, 503, "%s", twk_last_error());
+        return;
+    }
+    if (ds != TWK_OK) {
         char why[512], model_id[128];
         int32_t seq = 0;
         snprintf(why, sizeof why, "%s", twk_last_error());
@@ -611,8 +594,9 @@ static void h_forward_backward(svc *s, twk_http_conn *c, const twk_http_req *req
     }
     o->fb = q;
     o->body_bytes = req->body_len;
-    if (!validate_fb(s, r, q, &o->loss, o->prefail, sizeof o->prefail) && !o->prefail[0])
-        snprintf(o->prefail, sizeof o->prefail, "invalid request");
+    int valid = validate_fb(s, r, q, &o->loss, o->prefail, sizeof o->prefail);
+    if (!valid && !o->prefail[0]) snprintf(o->prefail, sizeof o->prefail, "invalid request");
+    o->prefail_server = valid < 0;
     submit_reply(s, c, r, o);
 }
 
@@ -713,12 +697,15 @@ static void h_save(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant,
         const cJSON *meta = cJSON_GetObjectItemCaseSensitive(b, "user_metadata");
         if (meta && !cJSON_IsNull(meta)) {
             char *txt = cJSON_IsObject(meta) ? cJSON_PrintUnformatted(meta) : NULL;
-            if (!txt) snprintf(o->prefail, sizeof o->prefail, "field 'user_metadata' must be an object");
+            if (!txt && cJSON_IsObject(meta)) {
+                snprintf(o->prefail, sizeof o->prefail, "out of memory reading user_metadata");
+                o->prefail_server = 1;
+            } else if (!txt) snprintf(o->prefail, sizeof o->prefail, "field 'user_metadata' must be an object");
             else if (strlen(txt) >= sizeof o->user_metadata_json)
                 snprintf(o->prefail, sizeof o->prefail, "field 'user_metadata' is over %zu bytes",
                          sizeof o->user_metadata_json - 1);
             else snprintf(o->user_metadata_json, sizeof o->user_metadata_json, "%s", txt);
-            free(txt);
+            cJSON_free(txt);
         }
         snprintf(o->name, sizeof o->name, "%s", name);
         o->overwrite = overwrite;
@@ -765,7 +752,7 @@ static void h_create_from_state(svc *s, twk_http_conn *c, const cJSON *b, const 
     char create_id[64], model_id[128];
     status = svc_create_run(s, tenant, session_id, (int)model_seq, base, &lora, meta_json, create_id, model_id, err,
                             sizeof err);
-    free(meta_json);
+    cJSON_free(meta_json);
     if (status) {
         api_error(c, status, "%s", err);
         return;
@@ -786,8 +773,8 @@ static void h_create_from_state(svc *s, twk_http_conn *c, const cJSON *b, const 
     }
     snprintf(o->dir, sizeof o->dir, "%s", ck.path);
     o->load_optimizer = optimizer;
-    svc_dispatch_now(s, r, o, r->load_request);
-    future_reply(c, r->load_request, r->id);
+    if (svc_dispatch_now(s, r, o, r->load_request)) api_error(c, 503, "out of memory");
+    else future_reply(c, r->load_request, r->id);
 }
 
 static void h_load(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
@@ -842,8 +829,8 @@ static void h_unload(svc *s, twk_http_conn *c, const cJSON *b, const char *tenan
         return;
     }
     char request_id[64];
-    svc_dispatch_now(s, r, o, request_id);
-    future_reply(c, request_id, r->id);
+    if (svc_dispatch_now(s, r, o, request_id)) api_error(c, 503, "out of memory");
+    else future_reply(c, request_id, r->id);
 }
 
 static void h_weights_info(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
@@ -896,6 +883,7 @@ static void skip_seq(svc *s, const cJSON *b, const char *tenant) {
 
 void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     svc *s = user;
+    api_json_oom(); /* a cJSON allocation failed since: the answer is 5xx */
     twk_log_context(NULL, req->path);
     twk_log_request_id(NULL);
     twk_http_log_fields(c, NULL, req->path, NULL);
@@ -971,6 +959,3 @@ void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     }
     cJSON_Delete(b);
 }
-
-/* GET get_server_capabilities is routed through api_rest; it lives here. */
-void api_capabilities(svc *s, twk_http_conn *c) { h_capabilities(s, c); }

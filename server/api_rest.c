@@ -12,7 +12,6 @@
 #include "api_util.h"
 #include "svc.h"
 
-void api_capabilities(svc *s, twk_http_conn *c);
 
 static cJSON *run_json(const twk_store_run *r, const twk_store_ckpt *last_w, const twk_store_ckpt *last_s);
 
@@ -36,7 +35,7 @@ static cJSON *ckpt_json(const twk_store_ckpt *c) {
         cJSON_AddNullToObject(j, "expires_at");
     }
     cJSON *meta = cJSON_Parse(c->user_metadata_json[0] ? c->user_metadata_json : "{}");
-    cJSON_AddItemToObject(j, "user_metadata", meta ? meta : cJSON_CreateObject());
+    api_json_put(j, "user_metadata", meta ? meta : cJSON_CreateObject());
     return j;
 }
 
@@ -51,12 +50,12 @@ static cJSON *run_json(const twk_store_run *r, const twk_store_ckpt *last_w, con
     cJSON_AddNumberToObject(j, "lora_rank", r->lora_rank);
     api_iso_time(r->last_request, t, sizeof t);
     cJSON_AddStringToObject(j, "last_request_time", t);
-    if (last_w) cJSON_AddItemToObject(j, "last_checkpoint", ckpt_json(last_w));
+    if (last_w) api_json_put(j, "last_checkpoint", ckpt_json(last_w));
     else cJSON_AddNullToObject(j, "last_checkpoint");
-    if (last_s) cJSON_AddItemToObject(j, "last_sampler_checkpoint", ckpt_json(last_s));
+    if (last_s) api_json_put(j, "last_sampler_checkpoint", ckpt_json(last_s));
     else cJSON_AddNullToObject(j, "last_sampler_checkpoint");
     cJSON *meta = cJSON_Parse(r->user_metadata_json ? r->user_metadata_json : "{}");
-    cJSON_AddItemToObject(j, "user_metadata", meta ? meta : cJSON_CreateObject());
+    api_json_put(j, "user_metadata", meta ? meta : cJSON_CreateObject());
     return j;
 }
 
@@ -101,11 +100,11 @@ static void list_runs(svc *s, twk_http_conn *c, const twk_http_req *req, const c
     cJSON *j = cJSON_CreateObject();
     cJSON *arr = cJSON_AddArrayToObject(j, "training_runs");
     for (int i = 0; i < n; i++) {
-        cJSON_AddItemToArray(arr, run_with_last(s, tenant, &runs[i]));
+        api_json_push(arr, run_with_last(s, tenant, &runs[i]));
         twk_store_run_clear(&runs[i]);
     }
     twk_host_free(runs);
-    cJSON_AddItemToObject(j, "cursor", cursor_json(offset, limit, total));
+    api_json_put(j, "cursor", cursor_json(offset, limit, total));
     api_ok(c, j);
 }
 
@@ -140,9 +139,9 @@ static void list_ckpts(svc *s, twk_http_conn *c, const twk_http_req *req, const 
     }
     cJSON *j = cJSON_CreateObject();
     cJSON *arr = cJSON_AddArrayToObject(j, "checkpoints");
-    for (int i = 0; i < n; i++) cJSON_AddItemToArray(arr, ckpt_json(&list[i]));
+    for (int i = 0; i < n; i++) api_json_push(arr, ckpt_json(&list[i]));
     twk_host_free(list);
-    cJSON_AddItemToObject(j, "cursor", cursor_json(offset, limit, total));
+    api_json_put(j, "cursor", cursor_json(offset, limit, total));
     api_ok(c, j);
 }
 
@@ -216,22 +215,37 @@ static void session_get(svc *s, twk_http_conn *c, const char *tenant, const char
     int n = 0, total = 0;
     if (twk_store_run_list(s->store, tenant, id, 1000, 0, &runs, &n, &total) == TWK_OK) {
         for (int i = 0; i < n; i++) {
-            cJSON_AddItemToArray(ids, cJSON_CreateString(runs[i].id));
+            api_json_push(ids, cJSON_CreateString(runs[i].id));
             twk_store_run_clear(&runs[i]);
         }
         twk_host_free(runs);
     }
     cJSON_AddArrayToObject(j, "sampler_ids");
     cJSON *meta = cJSON_Parse(sess.user_metadata_json ? sess.user_metadata_json : "{}");
-    cJSON_AddItemToObject(j, "user_metadata", meta ? meta : cJSON_CreateObject());
+    api_json_put(j, "user_metadata", meta ? meta : cJSON_CreateObject());
     twk_store_session_clear(&sess);
+    api_ok(c, j);
+}
+
+/* GET get_server_capabilities: the served base models. */
+static void capabilities(svc *s, twk_http_conn *c) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON *arr = cJSON_AddArrayToObject(j, "supported_models");
+    for (int i = 0; i < s->n_models; i++) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "model_name", s->models[i].name);
+        cJSON_AddNumberToObject(m, "max_context_length", (double)s->cfg.max_context);
+        cJSON_AddBoolToObject(m, "trainable", 1);
+        cJSON_AddBoolToObject(m, "sampleable", 1);
+        api_json_push(arr, m);
+    }
     api_ok(c, j);
 }
 
 void api_rest(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant, const char *route) {
     int get = !strcmp(req->method, "GET");
     if (get && !strcmp(route, "get_server_capabilities")) {
-        api_capabilities(s, c);
+        capabilities(s, c);
         return;
     }
     if (get && !strncmp(route, "samplers/", 9)) {
@@ -257,11 +271,11 @@ void api_rest(svc *s, twk_http_conn *c, const twk_http_req *req, const char *ten
         cJSON *j = cJSON_CreateObject();
         cJSON *arr = cJSON_AddArrayToObject(j, "sessions");
         for (int i = 0; i < n; i++) {
-            cJSON_AddItemToArray(arr, cJSON_CreateString(ids[i]));
+            api_json_push(arr, cJSON_CreateString(ids[i]));
             twk_host_free(ids[i]);
         }
         twk_host_free(ids);
-        cJSON_AddItemToObject(j, "cursor", cursor_json(offset, limit, total));
+        api_json_put(j, "cursor", cursor_json(offset, limit, total));
         api_ok(c, j);
         return;
     }

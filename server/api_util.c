@@ -1,5 +1,6 @@
 /* Helpers for the JSON endpoints. */
 #include "api_util.h"
+#include "twinkle/hal.h"
 
 #include "log.h"
 
@@ -18,25 +19,62 @@ void api_error(twk_http_conn *c, int status, const char *fmt, ...) {
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     twk_log_failure(NULL, twk_log_tenant(), twk_log_route(), status, NULL, msg);
+    api_json_oom();
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "error", msg);
     cJSON_AddStringToObject(j, "detail", msg);
     char *s = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
-    twk_http_respond_json(c, status, s ? s : "{\"error\":\"out of memory\"}");
-    free(s);
+    twk_http_respond_json(c, status, s && !api_json_oom() ? s : "{\"error\":\"out of memory\"}");
+    cJSON_free(s);
+}
+
+/* cJSON's allocations go through the host allocator (api_json_hooks); a failed one leaves a
+ * tree silently incomplete, so it is remembered per thread until api_json_oom reads it. */
+static _Thread_local int json_oom;
+
+static void *json_alloc(size_t n) {
+    void *p = twk_host_alloc(n, "JSON");
+    if (!p) json_oom = 1;
+    return p;
+}
+
+void api_json_hooks(void) {
+    cJSON_Hooks h = {json_alloc, twk_host_free};
+    cJSON_InitHooks(&h);
+}
+
+int api_json_push(cJSON *arr, cJSON *item) {
+    if (arr && item && cJSON_AddItemToArray(arr, item)) return 1;
+    cJSON_Delete(item);
+    json_oom = 1;
+    return 0;
+}
+
+int api_json_put(cJSON *obj, const char *key, cJSON *item) {
+    if (obj && item && cJSON_AddItemToObject(obj, key, item)) return 1;
+    cJSON_Delete(item);
+    json_oom = 1;
+    return 0;
+}
+
+int api_json_oom(void) {
+    int r = json_oom;
+    json_oom = 0;
+    return r;
 }
 
 void api_ok(twk_http_conn *c, cJSON *j) {
     char *s = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
-    if (!s) {
+    if (!s || api_json_oom()) {
+        cJSON_free(s);
         twk_log_failure(NULL, twk_log_tenant(), twk_log_route(), 500, NULL, "out of memory");
         twk_http_respond_json(c, 500, "{\"error\":\"out of memory\"}");
         return;
     }
     twk_http_respond_json(c, 200, s);
-    free(s);
+    cJSON_free(s);
 }
 
 /* ---- strict JSON check (RFC 8259) before cJSON, which is lenient ---- */
@@ -239,7 +277,13 @@ cJSON *api_body(twk_http_conn *c, const twk_http_req *req) {
         api_error(c, 400, "%s", err);
         return NULL;
     }
+    api_json_oom();
     cJSON *j = cJSON_ParseWithLength((const char *)req->body, req->body_len);
+    if (api_json_oom()) { /* the strict check passed: only memory can fail it */
+        cJSON_Delete(j);
+        api_error(c, 503, "out of memory reading the request body");
+        return NULL;
+    }
     if (!j || !cJSON_IsObject(j)) {
         cJSON_Delete(j);
         api_error(c, 400, "request body is not a JSON object");

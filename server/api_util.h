@@ -9,6 +9,16 @@
 
 #include "http.h"
 
+/* Routes cJSON's allocations through the host allocator (twk_host_alloc); call once at start-up. */
+void api_json_hooks(void);
+/* 1 if a cJSON allocation of this thread failed since the last call (then the tree or text made
+ * meanwhile is incomplete: answer 5xx); clears the flag. */
+int api_json_oom(void);
+/* cJSON_AddItemToArray / cJSON_AddItemToObject that free item when it cannot be added (a NULL
+ * container or item, or out of memory: api_json_oom then says so); 1 if added. */
+int api_json_push(cJSON *arr, cJSON *item);
+int api_json_put(cJSON *obj, const char *key, cJSON *item);
+
 #define API_JSON_MAX_DEPTH 64
 /* 1 if p[0..n) is one strict JSON object (RFC 8259: nothing after it, valid UTF-8, no \u0000 or
  * unpaired surrogates in strings, at most API_JSON_MAX_DEPTH levels of nesting); else 0 with a

@@ -116,7 +116,7 @@ static void dl_done(uv_work_t *w, int status) {
         else api_error(d->c, 404, "%s", d->what);
     }
     twk_host_free(d->data);
-    free(d);
+    twk_host_free(d);
 }
 
 int api_weights_download(svc *s, twk_http_conn *c, const twk_http_req *req) {
@@ -151,7 +151,7 @@ int api_weights_download(svc *s, twk_http_conn *c, const twk_http_req *req) {
         api_error(c, 410, "the download URL expired; ask external_weights_urls for a new one");
         return 1;
     }
-    download *d = calloc(1, sizeof *d);
+    download *d = twk_host_calloc(sizeof *d, "download");
     if (!d) {
         api_error(c, 503, "out of memory");
         return 1;
@@ -165,7 +165,7 @@ int api_weights_download(svc *s, twk_http_conn *c, const twk_http_req *req) {
     twk_http_set_abandon(c, dl_abandon, d);
     if (uv_queue_work(s->loop, &d->work, dl_read, dl_done) != 0) {
         twk_http_set_abandon(c, NULL, NULL);
-        free(d);
+        twk_host_free(d);
         api_error(c, 503, "cannot queue the download");
     }
     return 1;

@@ -1,5 +1,6 @@
 /* API key authentication: a keys file, or open mode. */
 #include "auth.h"
+#include "twinkle/hal.h"
 
 #include <ctype.h>
 #include <stdint.h>
@@ -39,7 +40,7 @@ static int valid_tenant(const char *t) {
 
 twk_status twk_auth_load(const char *keys_file, twk_auth **out) {
     *out = NULL;
-    twk_auth *a = calloc(1, sizeof *a);
+    twk_auth *a = twk_host_calloc(sizeof *a, "auth a");
     if (!a) return twk_error(TWK_ERR_OOM, "auth: out of memory");
     if (!keys_file || !*keys_file) {
         a->open = 1;
@@ -48,7 +49,7 @@ twk_status twk_auth_load(const char *keys_file, twk_auth **out) {
     }
     FILE *f = fopen(keys_file, "r");
     if (!f) {
-        free(a);
+        twk_host_free(a);
         return twk_error(TWK_ERR_IO, "cannot open keys file %s", keys_file);
     }
     char line[512];
@@ -69,7 +70,7 @@ twk_status twk_auth_load(const char *keys_file, twk_auth **out) {
         for (int i = 0; i < a->n; i++)
             if (!strcmp(a->keys[i].key, key)) st = twk_error(TWK_ERR_INVALID_ARG, "%s:%d: duplicate key", keys_file, lineno);
         if (st != TWK_OK) break;
-        key_entry *nk = realloc(a->keys, (size_t)(a->n + 1) * sizeof *nk);
+        key_entry *nk = twk_host_realloc(a->keys, (size_t)a->n * sizeof *nk, (size_t)(a->n + 1) * sizeof *nk, "keys");
         if (!nk) {
             st = twk_error(TWK_ERR_OOM, "auth: out of memory");
             break;
@@ -91,9 +92,9 @@ twk_status twk_auth_load(const char *keys_file, twk_auth **out) {
 
 void twk_auth_free(twk_auth *a) {
     if (!a) return;
-    free(a->keys);
-    free(a->tokens);
-    free(a);
+    twk_host_free(a->keys);
+    twk_host_free(a->tokens);
+    twk_host_free(a);
 }
 
 int twk_auth_open_mode(const twk_auth *a) { return a->open; }
@@ -108,7 +109,7 @@ static int same_key(const char *a, const char *b) {
 
 int twk_auth_token_add(twk_auth *a, const char *token, const char *tenant, double exp) {
     if (strlen(token) >= sizeof a->tokens[0].token) return -1;
-    if (!a->tokens && !(a->tokens = calloc(AUTH_TOKENS, sizeof *a->tokens))) return -1;
+    if (!a->tokens && !(a->tokens = twk_host_calloc(AUTH_TOKENS * sizeof *a->tokens, "auth tokens"))) return -1;
     token_entry *t = &a->tokens[a->next_token];
     a->next_token = (a->next_token + 1) % AUTH_TOKENS;
     snprintf(t->token, sizeof t->token, "%s", token);

@@ -151,8 +151,9 @@ static void recover_kind(svc *s, const char *run, const char *kind, const char *
     while ((e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || strlen(e->d_name) >= 256) continue;
         if (n == cap) {
+            int old = cap;
             cap = cap ? 2 * cap : 16;
-            void *p = realloc(names, (size_t)cap * sizeof *names);
+            void *p = twk_host_realloc(names, (size_t)old * sizeof *names, (size_t)cap * sizeof *names, "folder names");
             if (!p) break;
             names = p;
         }
@@ -192,7 +193,7 @@ static void recover_kind(svc *s, const char *run, const char *kind, const char *
                 }
             }
         }
-    free(names);
+    twk_host_free(names);
     sync_path(kdir, 1);
 }
 
@@ -219,7 +220,7 @@ void svc_ckpt_recover(svc *s) {
 
 /* The worker's half of a removal: the renamed-aside folder goes. */
 static void rm_job_run(twk_job *j) { svc_rm_tree((const char *)j->arg); }
-static void rm_job_done(twk_job *j) { free(j); }
+static void rm_job_done(twk_job *j) { twk_host_free(j); }
 
 int svc_ckpt_remove(svc *s, const twk_store_ckpt *ck, char *err, size_t err_len) {
     if (twk_store_ckpt_delete(s->store, ck->tenant, ck->run_id, ck->checkpoint_id) != TWK_OK) {
@@ -234,9 +235,9 @@ int svc_ckpt_remove(svc *s, const twk_store_ckpt *ck, char *err, size_t err_len)
     snprintf(aside, sizeof aside, "%s/.tmp-%s-req-del-%llu", parent, name ? name + 1 : ck->path, ++s->id_counter);
     const char *gone = rename(ck->path, aside) == 0 ? aside : ck->path;
     size_t n = strlen(gone) + 1;
-    twk_job *j = calloc(1, sizeof *j + n);
+    twk_job *j = twk_host_calloc(sizeof *j + n, "rm job");
     if (!j || !s->worker) {
-        free(j);
+        twk_host_free(j);
         svc_rm_tree(gone);
         return 0;
     }

@@ -10,6 +10,8 @@
 
 #include <cJSON.h>
 
+#include "api_util.h"
+#include "twinkle/hal.h"
 #include "log.h"
 
 typedef struct waiter waiter;
@@ -76,7 +78,7 @@ static double now_s(twk_futures *f) { return (double)uv_now(f->loop) / 1000.0; }
 static tenant_use *use_of(twk_futures *f, const char *tenant) {
     for (tenant_use *u = f->uses; u; u = u->next)
         if (!strcmp(u->tenant, tenant)) return u;
-    tenant_use *u = calloc(1, sizeof *u);
+    tenant_use *u = twk_host_calloc(sizeof *u, "futures u");
     if (!u) return NULL;
     snprintf(u->tenant, sizeof u->tenant, "%s", tenant);
     u->next = f->uses;
@@ -87,7 +89,7 @@ static tenant_use *use_of(twk_futures *f, const char *tenant) {
 /* Sets a finished future's body, keeping its tenant's byte count. */
 static void set_body(future *x, unsigned char *body, size_t len) {
     if (x->use) x->use->bytes -= x->len;
-    free(x->body);
+    twk_host_free(x->body);
     x->body = body;
     x->len = body ? len : 0;
     if (x->use) x->use->bytes += x->len;
@@ -103,7 +105,7 @@ static void drop(twk_futures *f, future *x) {
     if (x->newer) x->newer->older = x->older;
     else f->newest = x->older;
     set_body(x, NULL, 0);
-    free(x);
+    twk_host_free(x);
     f->finished--;
 }
 
@@ -148,7 +150,7 @@ static void enforce_bytes(twk_futures *f, tenant_use *u) {
                  "retrieved passed the server's --max-results-mb-tenant limit of %.0f MiB; retrieve results "
                  "sooner\",\"category\":\"user\"}",
                  x->len, (double)f->lim.max_bytes_tenant / 1048576.0);
-        unsigned char *b = (unsigned char *)strdup(msg);
+        unsigned char *b = (unsigned char *)twk_host_strdup(msg, "dropped result");
         if (!b) return;
         set_body(x, b, strlen(msg));
         snprintf(x->content_type, sizeof x->content_type, "application/json");
@@ -164,7 +166,7 @@ twk_futures_limits twk_futures_limits_default(void) {
 }
 
 twk_futures *twk_futures_new(uv_loop_t *loop, const twk_futures_limits *lim) {
-    twk_futures *f = calloc(1, sizeof *f);
+    twk_futures *f = twk_host_calloc(sizeof *f, "futures f");
     if (!f) return NULL;
     f->loop = loop;
     f->lim = *lim;
@@ -180,7 +182,7 @@ static void try_again_json(char *buf, size_t len, const char *id) {
     snprintf(buf, len, "{\"type\":\"try_again\",\"request_id\":\"%s\",\"queue_state\":\"active\"}", id);
 }
 
-static void waiter_closed(uv_handle_t *h) { free(h->data); }
+static void waiter_closed(uv_handle_t *h) { twk_host_free(h->data); }
 
 /* Detaches a waiter from its future and releases it (timer closed async). */
 static void drop_waiter(waiter *w) {
@@ -220,7 +222,7 @@ static void poll_abandoned(twk_http_conn *c, void *user) {
     drop_waiter(w);
 }
 
-static void gc_closed(uv_handle_t *h) { free(h->data); }
+static void gc_closed(uv_handle_t *h) { twk_host_free(h->data); }
 
 void twk_futures_free(twk_futures *f) {
     if (!f) return;
@@ -241,15 +243,15 @@ void twk_futures_free(twk_futures *f) {
                 drop_waiter(w);
             }
             future *next = x->next;
-            free(x->body);
-            free(x);
+            twk_host_free(x->body);
+            twk_host_free(x);
             x = next;
         }
     }
     while (f->uses) {
         tenant_use *u = f->uses;
         f->uses = u->next;
-        free(u);
+        twk_host_free(u);
     }
     uv_close((uv_handle_t *)&f->gc, gc_closed); /* frees f once libuv is done with the timer */
 }
@@ -267,13 +269,13 @@ int twk_random_hex(char *out, int n_bytes) {
     return 0;
 }
 
-void twk_futures_create(twk_futures *f, const char *tenant, char *id) {
-    future *x = calloc(1, sizeof *x);
+int twk_futures_create(twk_futures *f, const char *tenant, char *id) {
+    future *x = twk_host_calloc(sizeof *x, "future");
     char hex[40];
     if (!x || twk_random_hex(hex, 16) != 0) {
-        free(x);
+        twk_host_free(x);
         snprintf(id, 64, "req-unavailable"); /* unknown to every poll: answers 404 */
-        return;
+        return -1;
     }
     snprintf(x->id, sizeof x->id, "req-%s", hex);
     snprintf(x->route, sizeof x->route, "%s", twk_log_route());
@@ -284,6 +286,7 @@ void twk_futures_create(twk_futures *f, const char *tenant, char *id) {
     f->pending++;
     snprintf(id, 64, "%s", x->id);
     twk_log_request_id(x->id);
+    return 0;
 }
 
 static void finish(twk_futures *f, future *x) {
@@ -311,8 +314,8 @@ static void finish(twk_futures *f, future *x) {
 void twk_futures_complete(twk_futures *f, const char *id, const char *content_type, const void *body, size_t len) {
     future *x = find(f, id);
     if (!x || x->state) return;
-    x->body = malloc(len ? len : 1);
-    if (!x->body) {
+    x->body = body || !len ? twk_host_alloc(len ? len : 1, "result") : NULL;
+    if (!x->body) { /* out of memory, here or where the result was made (no body) */
         twk_futures_fail(f, id, "server", "out of memory storing the result");
         return;
     }
@@ -333,6 +336,10 @@ void twk_futures_fail(twk_futures *f, const char *id, const char *category, cons
     cJSON_AddStringToObject(j, "category", category);
     char *s = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
+    if (!s || api_json_oom()) { /* out of memory: the message alone, without escapes */
+        cJSON_free(s);
+        s = twk_host_strdup("{\"error\":\"out of memory\",\"category\":\"server\"}", "failure");
+    }
     x->body = (unsigned char *)s;
     x->len = s ? strlen(s) : 0;
     snprintf(x->content_type, sizeof x->content_type, "application/json");
@@ -366,7 +373,7 @@ void twk_futures_poll(twk_futures *f, twk_http_conn *c, const char *tenant, cons
         answer(f, c, x);
         return;
     }
-    waiter *w = calloc(1, sizeof *w);
+    waiter *w = twk_host_calloc(sizeof *w, "futures w");
     if (!w) {
         twk_log_failure(id, tenant, twk_log_route(), 503, NULL, "out of memory");
         twk_http_respond_json(c, 503, "{\"error\":\"out of memory\"}");
@@ -381,11 +388,6 @@ void twk_futures_poll(twk_futures *f, twk_http_conn *c, const char *tenant, cons
     w->timer.data = w;
     uv_timer_start(&w->timer, poll_timeout, (uint64_t)(f->lim.poll_timeout_s * 1000), 0);
     twk_http_set_abandon(c, poll_abandoned, w);
-}
-
-void twk_futures_counts(const twk_futures *f, int *pending, int *finished) {
-    if (pending) *pending = f->pending;
-    if (finished) *finished = f->finished;
 }
 
 size_t twk_futures_bytes(const twk_futures *f) {

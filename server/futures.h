@@ -31,8 +31,8 @@ void twk_futures_free(twk_futures *f);
 /* Writes 2 * n_bytes (<= 32) hex digits of getrandom(2) to out; -1 if the kernel's CSPRNG fails. */
 int twk_random_hex(char *out, int n_bytes);
 /* A new pending future owned by `tenant`; writes its id ("req-" + 32 random hex
- * digits, unguessable) to id[64] ("req-unavailable", unknown to polls, on failure). */
-void twk_futures_create(twk_futures *f, const char *tenant, char *id);
+ * digits, unguessable) to id[64]; 0, or -1 out of memory (id then "req-unavailable", unknown to polls). */
+int twk_futures_create(twk_futures *f, const char *tenant, char *id);
 /* Completes with a body (copied) of the given content type. */
 void twk_futures_complete(twk_futures *f, const char *id, const char *content_type, const void *body, size_t len);
 /* Fails with {"error": message, "category": category}. */
@@ -47,8 +47,7 @@ int twk_futures_cancel(twk_futures *f, const char *tenant, const char *id);
  * of another tenant, or an unknown id, is 404. */
 void twk_futures_poll(twk_futures *f, twk_http_conn *c, const char *tenant, const char *id);
 
-/* Futures pending / finished, and the result bytes held (for logs and tests). */
-void twk_futures_counts(const twk_futures *f, int *pending, int *finished);
+/* The result bytes held (for logs and tests). */
 size_t twk_futures_bytes(const twk_futures *f);
 
 #endif

@@ -32,6 +32,7 @@
  * are counted against the header limit and dropped. */
 #include "http.h"
 #include "log.h"
+#include "twinkle/hal.h"
 
 #include <errno.h>
 #include <http_parser.h>
@@ -126,6 +127,8 @@ struct twk_http_server {
     int stopping;
     int listener_closed;
     twk_http_conn *conns; /* every conn not yet freed, zombies included */
+    uv_tcp_t refuse;      /* accepts and closes a connection there is no memory for */
+    int refuse_busy;      /* refuse is open or closing */
 };
 
 typedef struct wreq {
@@ -148,7 +151,7 @@ static int reserve(void **p, size_t *cap, size_t need, size_t elem) {
         if (n > SIZE_MAX / 2 / elem) return -1;
         n *= 2;
     }
-    void *q = realloc(*p, n * elem);
+    void *q = twk_host_realloc(*p, *cap * elem, n * elem, "HTTP buffer");
     if (!q) return -1;
     *p = q;
     *cap = n;
@@ -227,8 +230,6 @@ const char *twk_http_header_get(const twk_http_req *r, const char *name) {
     return NULL;
 }
 
-const char *twk_http_peer(const twk_http_conn *c) { return c ? c->peer : ""; }
-
 void twk_http_set_authenticated(twk_http_conn *c) {
     if (c && !c->zombie) c->authenticated = 1;
 }
@@ -242,7 +243,7 @@ int twk_http_server_connections(const twk_http_server *s) {
 /* ---------- freeing ---------- */
 
 static void server_maybe_free(twk_http_server *s) {
-    if (s->stopping && s->listener_closed && !s->conns) free(s);
+    if (s->stopping && s->listener_closed && !s->conns && !s->refuse_busy) twk_host_free(s);
 }
 
 static void conn_free(twk_http_conn *c) {
@@ -250,12 +251,12 @@ static void conn_free(twk_http_conn *c) {
     if (c->prev) c->prev->next = c->next;
     else s->conns = c->next;
     if (c->next) c->next->prev = c->prev;
-    free(c->in);
-    free(c->arena);
-    free(c->hoff);
-    free(c->hdrs);
-    free(c->body);
-    free(c);
+    twk_host_free(c->in);
+    twk_host_free(c->arena);
+    twk_host_free(c->hoff);
+    twk_host_free(c->hdrs);
+    twk_host_free(c->body);
+    twk_host_free(c);
     server_maybe_free(s);
 }
 
@@ -428,7 +429,7 @@ static void conn_after_io(twk_http_conn *c) {
 static void on_write(uv_write_t *req, int status) {
     wreq *w = (wreq *)req;
     twk_http_conn *c = req->handle->data;
-    free(w);
+    twk_host_free(w);
     if (status < 0) {
         if (status != UV_ECANCELED && !c->closing) conn_close(c);
         return;
@@ -440,13 +441,13 @@ static void on_write(uv_write_t *req, int status) {
 }
 
 static int conn_write(twk_http_conn *c, const char *head, size_t hlen, const void *body, size_t blen) {
-    wreq *w = malloc(sizeof *w + hlen + blen);
+    wreq *w = twk_host_alloc(sizeof *w + hlen + blen, "response");
     if (!w) return UV_ENOMEM;
     memcpy(w->data, head, hlen);
     if (blen) memcpy(w->data + hlen, body, blen);
     w->buf = uv_buf_init(w->data, (unsigned)(hlen + blen));
     int r = uv_write(&w->req, (uv_stream_t *)&c->tcp, &w->buf, 1, on_write);
-    if (r != 0) free(w);
+    if (r != 0) twk_host_free(w);
     return r;
 }
 
@@ -484,7 +485,7 @@ static int conn_send(twk_http_conn *c, int status, const char *ctype, const void
     size_t elen = extra ? strlen(extra) : 0;
     int extra_crlf = elen > 0 && extra[elen - 1] != '\n';
     size_t cap = 160 + strlen(reason) + (ctype ? strlen(ctype) : 0) + elen;
-    char *head = malloc(cap);
+    char *head = twk_host_alloc(cap, "response head");
     if (!head) return UV_ENOMEM;
     int n = snprintf(head, cap, "HTTP/1.1 %d %s\r\n", status, reason);
     if (!no_body) n += snprintf(head + n, cap - (size_t)n, "Content-Length: %zu\r\n", len);
@@ -502,7 +503,7 @@ static int conn_send(twk_http_conn *c, int status, const char *ctype, const void
     memcpy(head + n, "\r\n", 2);
     n += 2;
     int r = conn_write(c, head, (size_t)n, body, (no_body || c->is_head) ? 0 : len);
-    free(head);
+    twk_host_free(head);
     return r;
 }
 
@@ -614,7 +615,7 @@ static int cb_message_begin(http_parser *p) {
     c->phase = PH_URL;
     c->body_len = 0;
     if (c->body_cap > BODY_KEEP) {
-        free(c->body);
+        twk_host_free(c->body);
         c->body = NULL;
         c->body_cap = 0;
     }
@@ -642,7 +643,7 @@ static int cb_header_field(http_parser *p, const char *at, size_t len) {
         if (arena_nul(c)) return fail(c, 500, "out of memory"); /* ends the url or the previous value */
         if (c->n_hdr == c->hoff_cap) {
             int ncap = c->hoff_cap ? c->hoff_cap * 2 : 16;
-            hdr_off *q = realloc(c->hoff, (size_t)ncap * sizeof *q);
+            hdr_off *q = twk_host_realloc(c->hoff, (size_t)c->hoff_cap * sizeof *q, (size_t)ncap * sizeof *q, "header offsets");
             if (!q) return fail(c, 500, "out of memory");
             c->hoff = q;
             c->hoff_cap = ncap;
@@ -749,7 +750,7 @@ static const http_parser_settings parser_settings = {
 static void conn_dispatch(twk_http_conn *c) {
     static const unsigned char empty_body[1] = {0};
     if (c->hdrs_cap < c->n_hdr) {
-        twk_http_header *h = realloc(c->hdrs, (size_t)c->n_hdr * sizeof *h);
+        twk_http_header *h = twk_host_realloc(c->hdrs, (size_t)c->hdrs_cap * sizeof *h, (size_t)c->n_hdr * sizeof *h, "headers");
         if (!h) {
             conn_send_error(c, 500, "out of memory");
             return;
@@ -877,9 +878,27 @@ void twk_http_set_abandon(twk_http_conn *c, twk_http_abandon_fn fn, void *user) 
 
 /* ---------- public: server ---------- */
 
+static void on_refused_closed(uv_handle_t *h) {
+    twk_http_server *s = h->data;
+    s->refuse_busy = 0;
+    server_maybe_free(s);
+}
+
+/* Out of memory for a new connection: accept it and close it at once (libuv stops listening
+ * until a connection is accepted); a second failure while the first is still closing leaves it
+ * queued. */
+static void refuse_connection(twk_http_server *s, uv_stream_t *ls) {
+    if (!s->refuse_busy && uv_tcp_init(s->loop, &s->refuse) == 0) {
+        s->refuse_busy = 1;
+        s->refuse.data = s;
+        uv_accept(ls, (uv_stream_t *)&s->refuse);
+        uv_close((uv_handle_t *)&s->refuse, on_refused_closed);
+    }
+}
+
 /* A new connection struct with its handles initialised, first in the list. */
 static twk_http_conn *conn_new(twk_http_server *s) {
-    twk_http_conn *c = calloc(1, sizeof *c);
+    twk_http_conn *c = twk_host_calloc(sizeof *c, "connection");
     if (!c) return NULL;
     c->srv = s;
     uv_tcp_init(s->loop, &c->tcp);
@@ -951,7 +970,10 @@ static void on_connection(uv_stream_t *ls, int status) {
     twk_http_server *s = ls->data;
     if (status < 0 || s->stopping) return;
     twk_http_conn *c = conn_new(s);
-    if (!c) return;
+    if (!c) {
+        refuse_connection(s, ls);
+        return;
+    }
     if (uv_accept(ls, (uv_stream_t *)&c->tcp) != 0) {
         conn_close(c);
         return;
@@ -993,7 +1015,7 @@ static void on_listener_closed(uv_handle_t *h) {
     server_maybe_free(s);
 }
 
-static void on_failed_listener_closed(uv_handle_t *h) { free(h->data); }
+static void on_failed_listener_closed(uv_handle_t *h) { twk_host_free(h->data); }
 
 int twk_http_server_start(uv_loop_t *loop, const char *host, int port, const twk_http_limits *limits,
                           twk_http_handler handler, void *user, twk_http_server **out) {
@@ -1041,7 +1063,7 @@ int twk_http_server_start(uv_loop_t *loop, const char *host, int port, const twk
         bport = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
                                                   : ((struct sockaddr_in *)&bound)->sin_port);
 
-    twk_http_server *s = calloc(1, sizeof *s);
+    twk_http_server *s = twk_host_calloc(sizeof *s, "HTTP server");
     if (!s) {
         close(fd);
         return UV_ENOMEM;
@@ -1054,7 +1076,7 @@ int twk_http_server_start(uv_loop_t *loop, const char *host, int port, const twk
     int r = uv_tcp_init(loop, &s->listener);
     if (r != 0) {
         close(fd);
-        free(s);
+        twk_host_free(s);
         return r;
     }
     s->listener.data = s;

@@ -100,7 +100,4 @@ int twk_http_server_adopt(twk_http_server *s, int fd);
 /* Connections not yet freed (closing ones included). */
 int twk_http_server_connections(const twk_http_server *s);
 
-/* Peer address "ip:port" of the connection (for logs). */
-const char *twk_http_peer(const twk_http_conn *c);
-
 #endif

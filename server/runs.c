@@ -13,6 +13,7 @@
 
 #include <cJSON.h>
 
+#include "api_util.h"
 #include "svc.h"
 
 static double wall_now(void) { return (double)time(NULL); }
@@ -28,75 +29,6 @@ void svc_new_id(svc *s, const char *prefix, char *out, size_t len) {
     snprintf(out, len, "%s-%08llx%04llx", prefix, (r >> 24) & 0xffffffffull, s->id_counter & 0xffff);
 }
 
-base_model *svc_find_model(svc *s, const char *name) {
-    for (int i = 0; name && i < s->n_models; i++)
-        if (!strcmp(s->models[i].name, name)) return &s->models[i];
-    return NULL;
-}
-
-static void ckpt_dir_in(const char *data_dir, const char *run, const char *kind, const char *name, char *out,
-                        size_t len) {
-    snprintf(out, len, "%s/checkpoints/%s/%s/%s", data_dir, run, kind, name);
-}
-
-void svc_ckpt_dir(const svc *s, const char *run, const char *kind, const char *name, char *out, size_t len) {
-    ckpt_dir_in(s->cfg.data_dir, run, kind, name, out, len);
-}
-
-twk_status twk_serve_checkpoint_dir(const char *data_dir, const char *tinker_path, char *dir, size_t len) {
-    char run[128], kind[32], name[128];
-    if (!svc_parse_tinker_path(tinker_path, run, sizeof run, kind, sizeof kind, name, sizeof name))
-        return twk_error(TWK_ERR_INVALID_ARG, "'%s' is not tinker://<run>/(weights|sampler_weights|external_weights)/<name>",
-                         tinker_path);
-    ckpt_dir_in(data_dir, run, kind, name, dir, len);
-    return TWK_OK;
-}
-
-int svc_parse_tinker_path(const char *path, char *run, size_t run_len, char *kind, size_t kind_len, char *name,
-                          size_t name_len) {
-    const char *pre = "tinker://";
-    if (!path || strncmp(path, pre, strlen(pre))) return 0;
-    const char *p = path + strlen(pre);
-    const char *a = strchr(p, '/');
-    if (!a) return 0;
-    const char *b = strchr(a + 1, '/');
-    if (!b || strchr(b + 1, '/')) return 0;
-    size_t lr = (size_t)(a - p), lk = (size_t)(b - a - 1), ln = strlen(b + 1);
-    if (!lr || !lk || !ln || lr >= run_len || lk >= kind_len || ln >= name_len) return 0;
-    memcpy(run, p, lr);
-    run[lr] = 0;
-    memcpy(kind, a + 1, lk);
-    kind[lk] = 0;
-    memcpy(name, b + 1, ln + 1);
-    if (strcmp(kind, "weights") && strcmp(kind, "sampler_weights") && strcmp(kind, "external_weights")) return 0;
-    if (!strcmp(name, ".") || !strcmp(name, "..") || strchr(run, '.') == run) return 0;
-    return 1;
-}
-
-int svc_find_checkpoint(svc *s, const char *tenant, const char *field, const char *path, twk_store_ckpt *ck,
-                        twk_store_run *src, char *kind, size_t kind_len, int *status, char *err, size_t err_len) {
-    char run[128], name[128], ckid[200];
-    if (!svc_parse_tinker_path(path, run, sizeof run, kind, kind_len, name, sizeof name)) {
-        *status = 400;
-        snprintf(err, err_len, "%s '%s' is not tinker://<run>/(weights|sampler_weights|external_weights)/<name>", field, path);
-        return 0;
-    }
-    snprintf(ckid, sizeof ckid, "%s/%s", kind, name);
-    /* the tenant's own, or another tenant's published one (read-only: every caller only reads it) */
-    if (twk_store_ckpt_get(s->store, tenant, run, ckid, ck) != TWK_OK &&
-        twk_store_ckpt_get_public(s->store, run, ckid, ck) != TWK_OK) {
-        *status = 404;
-        snprintf(err, err_len, "checkpoint %s not found", path);
-        return 0;
-    }
-    if (twk_store_run_get(s->store, ck->tenant, run, src) != TWK_OK) {
-        *status = 404;
-        snprintf(err, err_len, "the run of checkpoint %s is gone", path);
-        return 0;
-    }
-    return 1;
-}
-
 const char *svc_save_kind(op_kind k) {
     return k == OP_SAVE ? "weights" : k == OP_SAVE_EXTERNAL ? "external_weights" : "sampler_weights";
 }
@@ -105,50 +37,10 @@ const char *svc_save_type(op_kind k) {
     return k == OP_SAVE ? "save_weights" : k == OP_SAVE_EXTERNAL ? "save_weights_external" : "save_weights_for_sampler";
 }
 
-twk_lora_config svc_run_lora(const twk_store_run *src) {
-    twk_lora_config lc = twk_lora_default();
-    lc.rank = src->lora_rank;
-    lc.alpha = 32;
-    lc.train_attn = src->train_attn;
-    lc.train_mlp = src->train_mlp;
-    lc.train_unembed = src->train_unembed;
-    lc.seed = (uint64_t)src->seed;
-    return lc;
-}
-
-/* ---- run registry ---- */
-
-static run_state *run_new(svc *s, const char *id, const char *tenant) {
-    run_state *r = calloc(1, sizeof *r);
-    if (!r) return NULL;
-    snprintf(r->id, sizeof r->id, "%s", id);
-    snprintf(r->tenant, sizeof r->tenant, "%s", tenant);
-    r->next_seq = 1;
-    for (int i = 0; i < DEDUPE_RING; i++) r->ring_seq[i] = -1;
-    r->next = s->runs;
-    s->runs = r;
-    return r;
-}
-
-run_state *svc_find_run(svc *s, const char *tenant, const char *id) {
-    for (run_state *r = s->runs; r; r = r->next)
-        if (!strcmp(r->id, id)) return strcmp(r->tenant, tenant) ? NULL : r;
-    /* not live: a run from before a restart? */
-    twk_store_run sr;
-    if (twk_store_run_get(s->store, tenant, id, &sr) != TWK_OK) return NULL;
-    run_state *r = run_new(s, id, tenant);
-    if (r) {
-        r->lost = 1;
-        r->base = svc_find_model(s, sr.base_model);
-        r->lora.rank = sr.lora_rank;
-        snprintf(r->session_id, sizeof r->session_id, "%s", sr.session_id);
-    }
-    twk_store_run_clear(&sr);
-    return r;
-}
+/* ---- ops ---- */
 
 op *svc_op_new(svc *s, run_state *r, op_kind kind, int64_t seq) {
-    op *o = calloc(1, sizeof *o);
+    op *o = twk_host_calloc(sizeof *o, "runs o");
     if (!o) return NULL;
     o->kind = kind;
     o->seq = seq;
@@ -161,7 +53,7 @@ void svc_op_free(op *o) {
     if (!o) return;
     twk_wire_fb_request_free(o->fb);
     twk_host_free(o->out);
-    free(o);
+    twk_host_free(o);
 }
 
 static void op_fail(op *o, int user, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -180,10 +72,17 @@ static void set_json(op *o, cJSON *j) {
     char *txt = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     size_t n = txt ? strlen(txt) : 0;
-    o->out = twk_host_alloc(n + 1, "result");
-    if (o->out && txt) memcpy(o->out, txt, n + 1);
+    o->out = txt && !api_json_oom() ? twk_host_alloc(n + 1, "result") : NULL;
+    if (!o->out) { /* a part of the tree, its text or the copy is missing */
+        cJSON_free(txt);
+        o->st = twk_error(TWK_ERR_OOM, "out of memory writing the result");
+        snprintf(o->err, sizeof o->err, "%s", twk_last_error());
+        o->user_error = 0;
+        return;
+    }
+    memcpy(o->out, txt, n + 1);
     o->out_len = n;
-    free(txt);
+    cJSON_free(txt);
 }
 
 static void run_create(op *o) {
@@ -444,6 +343,7 @@ static void op_run(twk_job *j) {
     op *o = j->arg;
     o->st = TWK_OK;
     twk_clear_error();
+    api_json_oom();
     if (o->kind != OP_CREATE && !o->run->trainer) {
         op_fail(o, 1, "model %s is not loaded (unloaded, or its state was lost in a server restart: create a "
                       "training client from a saved checkpoint)",
@@ -495,7 +395,7 @@ static void op_done(twk_job *j) {
     }
     if (o->kind == OP_UNLOAD && o->st == TWK_OK) o->run->unloaded = 1;
     if (o->st != TWK_OK)
-        twk_futures_fail(s->futures, o->request_id, o->user_error ? "user" : "server", o->err);
+        twk_futures_fail(s->futures, o->request_id, o->user_error && o->st != TWK_ERR_OOM ? "user" : "server", o->err);
     else
         twk_futures_complete(s->futures, o->request_id, o->out_proto ? "application/x-protobuf" : "application/json",
                              o->out, o->out_len);
@@ -515,7 +415,7 @@ static void dispatch(svc *s, op *o) {
         return;
     }
     if (o->prefail[0]) {
-        twk_futures_fail(s->futures, o->request_id, "user", o->prefail);
+        twk_futures_fail(s->futures, o->request_id, o->prefail_server ? "server" : "user", o->prefail);
         svc_op_free(o);
         return;
     }
@@ -543,7 +443,7 @@ int svc_create_run(svc *s, const char *tenant, const char *session_id, int model
             snprintf(request_id, 64, "%s", r->create_request); /* a retried create_model */
             return 0;
         }
-    run_state *r = run_new(s, model_id, tenant);
+    run_state *r = svc_run_new(s, model_id, tenant);
     if (!r) {
         snprintf(err, err_len, "out of memory");
         return 503;
@@ -569,7 +469,10 @@ int svc_create_run(svc *s, const char *tenant, const char *session_id, int model
         snprintf(err, err_len, "recording the run failed: %s", twk_last_error());
         return 500;
     }
-    twk_futures_create(s->futures, tenant, request_id);
+    if (twk_futures_create(s->futures, tenant, request_id)) {
+        snprintf(err, err_len, "out of memory creating the request's future");
+        return 503;
+    }
     snprintf(r->create_request, sizeof r->create_request, "%s", request_id);
     op *o = svc_op_new(s, r, OP_CREATE, 0);
     if (!o) {
@@ -581,20 +484,24 @@ int svc_create_run(svc *s, const char *tenant, const char *session_id, int model
     return 0;
 }
 
-void svc_dispatch_now(svc *s, run_state *r, op *o, char *request_id) {
-    twk_futures_create(s->futures, r->tenant, request_id);
+int svc_dispatch_now(svc *s, run_state *r, op *o, char *request_id) {
+    if (twk_futures_create(s->futures, r->tenant, request_id)) {
+        svc_op_free(o);
+        return 503;
+    }
     snprintf(o->request_id, sizeof o->request_id, "%s", request_id);
     dispatch(s, o);
+    return 0;
 }
 
 static void ring_put(run_state *r, int64_t seq, const char *req) {
-    int i = (int)((uint64_t)seq % DEDUPE_RING);
+    int i = (int)((uint64_t)seq % TWK_SERVE_DEDUPE_RING);
     r->ring_seq[i] = seq;
     snprintf(r->ring_req[i], sizeof r->ring_req[i], "%s", req);
 }
 
 static const char *ring_get(const run_state *r, int64_t seq) {
-    int i = (int)((uint64_t)seq % DEDUPE_RING);
+    int i = (int)((uint64_t)seq % TWK_SERVE_DEDUPE_RING);
     return r->ring_seq[i] == seq ? r->ring_req[i] : NULL;
 }
 
@@ -628,9 +535,12 @@ int svc_submit_op(svc *s, run_state *r, op *o, char *request_id, char *err, size
     }
     if (o->seq < r->next_seq) {
         /* older than anything remembered: answer with a failed future */
-        twk_futures_create(s->futures, r->tenant, request_id);
-        twk_futures_fail(s->futures, request_id, "user", "seq_id is older than the run's current position");
         svc_op_free(o);
+        if (twk_futures_create(s->futures, r->tenant, request_id)) {
+            snprintf(err, err_len, "out of memory creating the request's future");
+            return 503;
+        }
+        twk_futures_fail(s->futures, request_id, "user", "seq_id is older than the run's current position");
         return 0;
     }
     size_t held = op_held_bytes(o);
@@ -651,7 +561,11 @@ int svc_submit_op(svc *s, run_state *r, op *o, char *request_id, char *err, size
             return 429;
         }
     }
-    twk_futures_create(s->futures, r->tenant, request_id);
+    if (twk_futures_create(s->futures, r->tenant, request_id)) { /* nothing queued: the client may resend */
+        snprintf(err, err_len, "out of memory creating the request's future");
+        svc_op_free(o);
+        return 503;
+    }
     snprintf(o->request_id, sizeof o->request_id, "%s", request_id);
     ring_put(r, o->seq, request_id);
     pending_insert(s, r, o);
@@ -721,7 +635,7 @@ void svc_free_runs(svc *s) {
         run_state *next = r->next;
         while (r->pending) svc_op_free(pending_pop(r));
         twk_trainer_free(r->trainer);
-        free(r);
+        twk_host_free(r);
         r = next;
     }
     s->runs = NULL;

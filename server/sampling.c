@@ -10,15 +10,12 @@
 #include "api_util.h"
 #include "svc.h"
 
-#define MAX_SAMPLE_INFLIGHT 64
-#define MAX_NUM_SAMPLES 256
-#define SAMPLER_SEQS 16
-#define DEFAULT_MAX_TOKENS 128
-#define MAX_STOP_TOKENS 64
-#define SHARED_SLOTS 8     /* adapter slots of a base model's shared sampler (slot 0: the base) */
-#define SHARED_SLOT_RANK 32 /* adapters up to this rank share it; larger ones get their own sampler */
-#define MAX_STOP_STRINGS 16
-#define MAX_STOP_STRING_LEN 256
+#define MAX_NUM_SAMPLES TWK_SERVE_MAX_NUM_SAMPLES
+#define SAMPLER_SEQS TWK_SERVE_SAMPLER_SEQS
+#define DEFAULT_MAX_TOKENS TWK_SERVE_DEF_MAX_TOKENS
+#define MAX_STOP_TOKENS TWK_SERVE_MAX_STOP_TOKENS
+#define MAX_STOP_STRINGS TWK_SERVE_MAX_STOP_STRINGS
+#define MAX_STOP_STRING_LEN TWK_SERVE_MAX_STOP_STRING_LEN
 
 sampler_session *svc_find_sampler(svc *s, const char *tenant, const char *id) {
     for (sampler_session *ss = s->samplers; ss; ss = ss->next)
@@ -27,7 +24,7 @@ sampler_session *svc_find_sampler(svc *s, const char *tenant, const char *id) {
 }
 
 static sampler_unit *unit_new(base_model *base, const twk_lora_config *lora, const char *adapter_dir) {
-    sampler_unit *u = calloc(1, sizeof *u);
+    sampler_unit *u = twk_host_calloc(sizeof *u, "sampling u");
     if (!u) return NULL;
     u->base = base;
     if (lora) {
@@ -42,9 +39,9 @@ static sampler_unit *unit_new(base_model *base, const twk_lora_config *lora, con
 static void unit_free(sampler_unit *u) {
     if (!u) return;
     twk_sampler_free(u->sampler);
-    free(u->adapter_copy);
+    twk_host_free(u->adapter_copy);
     pthread_mutex_destroy(&u->mu);
-    free(u);
+    twk_host_free(u);
 }
 
 /* A session bound to `unit` (owned when own != 0); NULL if the id exists or memory ran out. */
@@ -52,7 +49,7 @@ static sampler_session *new_session(svc *s, const char *tenant, const char *id, 
                                     int own) {
     for (sampler_session *x = s->samplers; x; x = x->next)
         if (!strcmp(x->id, id)) return NULL;
-    sampler_session *ss = unit ? calloc(1, sizeof *ss) : NULL;
+    sampler_session *ss = unit ? twk_host_calloc(sizeof *ss, "sampling") : NULL;
     if (!ss) {
         if (own) unit_free(unit);
         return NULL;
@@ -68,10 +65,10 @@ static sampler_session *new_session(svc *s, const char *tenant, const char *id, 
 }
 
 /* The base model's shared unit (adapter slots), made on first use. */
-static sampler_unit *shared_unit(base_model *bm) {
+static sampler_unit *shared_unit(svc *s, base_model *bm) {
     if (!bm->shared) {
         bm->shared = unit_new(bm, NULL, NULL);
-        if (bm->shared) bm->shared->n_slots = SHARED_SLOTS;
+        if (bm->shared) bm->shared->n_slots = s->cfg.sampler_slots;
     }
     return bm->shared;
 }
@@ -79,8 +76,8 @@ static sampler_unit *shared_unit(base_model *bm) {
 /* A session on the shared unit when its adapter fits a slot, else on its own unit. */
 static sampler_session *adapter_session(svc *s, const char *tenant, const char *id, base_model *bm,
                                         const twk_lora_config *lc, const char *dir) {
-    int fits = s->cfg.max_lora_rank >= 1 && lc->rank <= SHARED_SLOT_RANK;
-    sampler_session *ss = fits ? new_session(s, tenant, id, bm, shared_unit(bm), 0)
+    int fits = s->cfg.max_lora_rank >= 1 && lc->rank <= s->cfg.slot_rank;
+    sampler_session *ss = fits ? new_session(s, tenant, id, bm, shared_unit(s, bm), 0)
                                : new_session(s, tenant, id, bm, unit_new(bm, lc, dir), 1);
     if (ss && fits) {
         ss->has_adapter = 1;
@@ -100,23 +97,23 @@ sampler_session *svc_new_snapshot_session(svc *s, run_state *r, const char *id) 
 }
 
 static void host_adapter_free(host_adapter *h) {
-    for (int i = 0; h && i < h->n; i++) free(h->data[i]);
+    for (int i = 0; h && i < h->n; i++) twk_host_free(h->data[i]);
     if (h) {
-        free(h->names);
-        free(h->data);
-        free(h->nelem);
+        twk_host_free(h->names);
+        twk_host_free(h->data);
+        twk_host_free(h->nelem);
     }
-    free(h);
+    twk_host_free(h);
 }
 
 /* Worker: the trainer's adapter copied to the host, for a snapshot session. */
 static twk_status capture_adapter(sampler_session *ss, twk_trainer *from) {
     int n = twk_trainer_param_count(from);
-    host_adapter *h = calloc(1, sizeof *h);
+    host_adapter *h = twk_host_calloc(sizeof *h, "sampling h");
     if (h) {
-        h->names = calloc((size_t)n, sizeof *h->names);
-        h->data = calloc((size_t)n, sizeof *h->data);
-        h->nelem = calloc((size_t)n, sizeof *h->nelem);
+        h->names = twk_host_calloc((size_t)n * sizeof *h->names, "sampling names");
+        h->data = twk_host_calloc((size_t)n * sizeof *h->data, "sampling data");
+        h->nelem = twk_host_calloc((size_t)n * sizeof *h->nelem, "sampling nelem");
     }
     if (!h || !h->names || !h->data || !h->nelem) {
         host_adapter_free(h);
@@ -126,7 +123,7 @@ static twk_status capture_adapter(sampler_session *ss, twk_trainer *from) {
         int64_t ne = 0;
         const char *name = twk_trainer_param_name(from, i, &ne);
         snprintf(h->names[i], sizeof h->names[i], "%s", name);
-        h->data[i] = malloc((size_t)ne * 4);
+        h->data[i] = twk_host_alloc((size_t)ne * sizeof **h->data, "snapshot adapter tensor");
         h->nelem[i] = ne;
         h->n = i + 1;
         if (!h->data[i] || twk_trainer_get(from, name, h->data[i], ne) != TWK_OK) {
@@ -144,7 +141,7 @@ static int get_from_host(void *ctx, const char *name, float *dst, int64_t nelem)
     for (int i = 0; i < h->n; i++)
         if (!strcmp(h->names[i], name)) {
             if (h->nelem[i] != nelem) return 0;
-            memcpy(dst, h->data[i], (size_t)nelem * 4);
+            memcpy(dst, h->data[i], (size_t)nelem * sizeof *dst);
             return 1;
         }
     return 0;
@@ -154,8 +151,6 @@ twk_status svc_snapshot_capture(sampler_session *ss, twk_trainer *from) {
     if (ss->owns_unit) return TWK_ERR_STATE; /* not a slotted session: the caller copies into its sampler */
     return capture_adapter(ss, from);
 }
-
-#define MAX_LIVE_SAMPLERS 4 /* samplers (each a KV cache) alive at once */
 
 /* Worker: drops the sampler (KV cache) of the least recently used unit; a
  * snapshot keeps its adapter on the host to be restored when used again. */
@@ -168,9 +163,9 @@ static void evict_one(svc *s, const sampler_unit *keep) {
     sampler_unit *u = s->live_units[victim];
     if (u->has_lora && !u->adapter_dir[0] && !u->adapter_copy) {
         size_t n = twk_sampler_adapter_bytes(u->sampler);
-        u->adapter_copy = malloc(n ? n : 1);
+        u->adapter_copy = twk_host_alloc(n ? n : 1, "sampling adapter_copy");
         if (!u->adapter_copy || twk_sampler_adapter_to_host(u->sampler, u->adapter_copy, n) != TWK_OK) {
-            free(u->adapter_copy);
+            twk_host_free(u->adapter_copy);
             u->adapter_copy = NULL;
             return; /* keep it rather than lose the snapshot */
         }
@@ -186,16 +181,16 @@ twk_status svc_sampler_ready(svc *s, sampler_unit *u, twk_trainer *from) {
     if (!u->base) return twk_error(TWK_ERR_STATE, "the sampler's base model is not loaded");
     u->last_use = ++s->use_clock;
     if (!u->sampler) {
-        while (s->n_live_units >= MAX_LIVE_SAMPLERS) {
+        while (s->n_live_units >= s->cfg.live_samplers) {
             int before = s->n_live_units;
             evict_one(s, u);
             if (s->n_live_units == before) break;
         }
-        twk_status st = u->n_slots ? twk_sampler_new_slots(u->base->m, u->n_slots, SHARED_SLOT_RANK, SAMPLER_SEQS,
+        twk_status st = u->n_slots ? twk_sampler_new_slots(u->base->m, u->n_slots, s->cfg.slot_rank, SAMPLER_SEQS,
                                                            s->cfg.max_context, &u->sampler)
                                    : twk_sampler_new(u->base->m, u->has_lora ? &u->lora : NULL, SAMPLER_SEQS,
                                                      s->cfg.max_context, &u->sampler);
-        for (int i = 0; i < 16; i++) u->slot_owner[i] = NULL; /* fresh slots are zeros: the base */
+        for (int i = 0; i < TWK_SERVE_CAP_SAMPLER_SLOTS; i++) u->slot_owner[i] = NULL; /* fresh slots are zeros: the base */
         if (st == TWK_OK && u->adapter_dir[0]) st = twk_sampler_load_adapter(u->sampler, u->adapter_dir);
         if (st == TWK_OK && u->adapter_copy)
             st = twk_sampler_adapter_from_host(u->sampler, u->adapter_copy, u->adapter_copy_bytes);
@@ -204,7 +199,7 @@ twk_status svc_sampler_ready(svc *s, sampler_unit *u, twk_trainer *from) {
             u->sampler = NULL;
             return st;
         }
-        if (s->n_live_units < MAX_LIVE_SAMPLERS) s->live_units[s->n_live_units++] = u;
+        if (s->n_live_units < s->cfg.live_samplers) s->live_units[s->n_live_units++] = u;
     }
     if (from) {
         if (!u->has_lora) return twk_error(TWK_ERR_STATE, "the sampler has no adapter");
@@ -220,7 +215,7 @@ void svc_free_samplers(svc *s) {
         if (ss->owns_unit) unit_free(ss->unit);
         host_adapter_free(ss->copy);
         svc_session_events_free(ss);
-        free(ss);
+        twk_host_free(ss);
         ss = next;
     }
     s->samplers = NULL;
@@ -250,6 +245,7 @@ typedef struct sample_job {
     int record; /* record_stability_info: keep each sequence for stable_reinforce */
     int64_t last_n; /* prompt_logprobs_last_n: score only the last N prompt tokens (0 = all) */
     char prefail[512];
+    int prefail_server; /* prefail is the server's (out of memory): category "server" */
     /* results (worker) */
     int ok, user_error;
     char err[512];
@@ -281,10 +277,10 @@ static void finish_request(sample_job *sj, twk_sampled_seq *res, twk_status st) 
     twk_wire_seq *seqs = NULL;
     if (st == TWK_OK && (sj->prompt_logprobs || sj->topk > 0)) {
         twk_sampler_set_score_slot(u->sampler, sj->slot);
-        plp = malloc((size_t)sj->n_prompt * 4);
+        plp = twk_host_alloc((size_t)sj->n_prompt * sizeof *plp, "prompt logprobs");
         if (sj->topk > 0) {
-            tid = malloc((size_t)sj->n_prompt * (size_t)sj->topk * 4);
-            tlp = malloc((size_t)sj->n_prompt * (size_t)sj->topk * 4);
+            tid = twk_host_alloc((size_t)sj->n_prompt * (size_t)sj->topk * sizeof *tid, "prompt top-k ids");
+            tlp = twk_host_alloc((size_t)sj->n_prompt * (size_t)sj->topk * sizeof *tlp, "prompt top-k logprobs");
         }
         st = plp && (!sj->topk || (tid && tlp))
                  ? twk_sampler_score_prompt(u->sampler, sj->prompt, sj->n_prompt, plp, sj->topk, tid, tlp)
@@ -299,7 +295,7 @@ static void finish_request(sample_job *sj, twk_sampled_seq *res, twk_status st) 
         }
     }
     if (st == TWK_OK) {
-        seqs = calloc((size_t)sj->num_samples, sizeof *seqs);
+        seqs = twk_host_calloc((size_t)sj->num_samples * sizeof *seqs, "sampling seqs");
         if (!seqs) st = TWK_ERR_OOM;
         for (int i = 0; seqs && i < sj->num_samples; i++)
             seqs[i] = (twk_wire_seq){res[i].stop_reason, res[i].tokens, res[i].logprobs, res[i].n};
@@ -314,10 +310,10 @@ static void finish_request(sample_job *sj, twk_sampled_seq *res, twk_status st) 
         snprintf(sj->err, sizeof sj->err, "%s", twk_last_error());
         sj->user_error = st == TWK_ERR_INVALID_ARG;
     }
-    free(seqs);
-    free(plp);
-    free(tid);
-    free(tlp);
+    twk_host_free(seqs);
+    twk_host_free(plp);
+    twk_host_free(tid);
+    twk_host_free(tlp);
 }
 
 /* Worker: the slot holding ss's adapter in u's sampler, loading it into the
@@ -365,7 +361,7 @@ static void drain_run(twk_job *j) {
     pthread_mutex_lock(&u->mu);
     sample_job *take = NULL, **tail = &take, **pp = &u->pending;
     int used = 0, n_adapters = 0;
-    sampler_session *adapters[16];
+    sampler_session *adapters[TWK_SERVE_CAP_SAMPLER_SLOTS];
     while (*pp) {
         sample_job *sj = *pp;
         int n = sj->num_samples;
@@ -399,7 +395,7 @@ static void drain_run(twk_job *j) {
         return;
     }
     if (u->n_slots) { /* every adapter of the batch into a slot */
-        int busy[16] = {0};
+        int busy[TWK_SERVE_CAP_SAMPLER_SLOTS] = {0};
         for (sample_job *sj = take; st == TWK_OK && sj; sj = sj->next) {
             sj->slot = assign_slot(dj->s, u, sj->ss, busy, &st);
             if (st != TWK_OK) {
@@ -410,7 +406,7 @@ static void drain_run(twk_job *j) {
         }
     }
     if (take->num_samples > SAMPLER_SEQS) { /* alone, in rounds with their own seed streams */
-        twk_sampled_seq *res = calloc((size_t)take->num_samples, sizeof *res);
+        twk_sampled_seq *res = twk_host_calloc((size_t)take->num_samples * sizeof *res, "sampling res");
         st = res ? TWK_OK : TWK_ERR_OOM;
         for (int done = 0; st == TWK_OK && done < take->num_samples;) {
             int n = take->num_samples - done < SAMPLER_SEQS ? take->num_samples - done : SAMPLER_SEQS;
@@ -422,13 +418,13 @@ static void drain_run(twk_job *j) {
         }
         finish_request(take, res, st);
         for (int i = 0; res && i < take->num_samples; i++) twk_sampled_seq_free(&res[i]);
-        free(res);
+        twk_host_free(res);
         return;
     }
     int n_req = 0;
     for (sample_job *sj = take; sj; sj = sj->next) n_req++;
-    twk_sample_request *reqs = calloc((size_t)n_req, sizeof *reqs);
-    twk_sampled_seq *res = calloc((size_t)used, sizeof *res);
+    twk_sample_request *reqs = twk_host_calloc((size_t)n_req * sizeof *reqs, "sampling reqs");
+    twk_sampled_seq *res = twk_host_calloc((size_t)used * sizeof *res, "sampling res");
     st = reqs && res ? TWK_OK : TWK_ERR_OOM;
     int k = 0, off = 0;
     for (sample_job *sj = take; st == TWK_OK && sj; sj = sj->next, k++) {
@@ -442,8 +438,8 @@ static void drain_run(twk_job *j) {
         off += sj->num_samples;
     }
     for (int i = 0; res && i < used; i++) twk_sampled_seq_free(&res[i]);
-    free(res);
-    free(reqs);
+    twk_host_free(res);
+    twk_host_free(reqs);
 }
 
 /* Loop: finishes sj's future (a result when ok, else a failure of category cat with msg),
@@ -454,8 +450,8 @@ static void sample_finish(svc *s, sample_job *sj, int ok, const char *cat, const
     ok = twk_futures_succeeded(s->futures, sj->request_id); /* a cancelled one's result was discarded */
     svc_session_event(s, sj->ss, sj->clone, sj->request_id, !ok, ok ? sj->out_len : 0);
     twk_host_free(sj->out);
-    free(sj->prompt);
-    free(sj);
+    twk_host_free(sj->prompt);
+    twk_host_free(sj);
 }
 
 static void drain_done(twk_job *j) {
@@ -468,7 +464,7 @@ static void drain_done(twk_job *j) {
         sample_finish(s, sj, sj->ok, sj->user_error ? "user" : "server", sj->err[0] ? sj->err : "sampling failed");
         sj = next;
     }
-    free(dj);
+    twk_host_free(dj);
 }
 
 int svc_sample_cancel(svc *s, const char *request_id) {
@@ -493,81 +489,89 @@ int svc_sample_cancel(svc *s, const char *request_id) {
 }
 
 /* Parses and checks an asample body into sj; a problem goes to sj->prefail. */
-static void parse_sample(svc *s, const cJSON *b, sample_job *sj) {
+/* parse_sample's steps: each returns 0 with sj->prefail set when the request is bad. */
+
+/* The request's flags: num_samples, prompt logprobs, stability records; the unsupported fields refused. */
+static int sample_flags(const cJSON *b, sample_job *sj, long long *ns, long long *tk) {
     char err[256];
-    int vocab = twk_model_cfg(sj->ss->base->m)->vocab;
-    long long ns, max_tokens, top_k, seed, tk, tsl = 0, alt = 0;
-    double temp, top_p;
-    const cJSON *sp = cJSON_GetObjectItemCaseSensitive(b, "sampling_params");
-    const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(b, "prompt");
-    const cJSON *chunks = cJSON_GetObjectItemCaseSensitive(prompt, "chunks");
-    if (!api_int(b, "num_samples", 0, 1, MAX_NUM_SAMPLES, 1, &ns, err, sizeof err) ||
+    long long tsl = 0, alt = 0;
+    if (!api_int(b, "num_samples", 0, 1, MAX_NUM_SAMPLES, 1, ns, err, sizeof err) ||
         !api_bool(b, "prompt_logprobs", 0, &sj->prompt_logprobs, err, sizeof err) ||
         !api_bool(b, "record_stability_info", 0, &sj->record, err, sizeof err) ||
-        !api_int(b, "topk_prompt_logprobs", 0, 0, 64, 0, &tk, err, sizeof err) ||
+        !api_int(b, "topk_prompt_logprobs", 0, 0, 64, 0, tk, err, sizeof err) ||
         !api_int(b, "topk_sample_logprobs", 0, 0, 1 << 20, 0, &tsl, err, sizeof err) ||
         !api_int(b, "prompt_alt_tokens_k", 0, 0, 1 << 20, 0, &alt, err, sizeof err)) {
         snprintf(sj->prefail, sizeof sj->prefail, "%s", err);
-        return;
+        return 0;
     }
     if (tsl > 0 || alt > 0 || cJSON_GetObjectItemCaseSensitive(b, "target_prompt_logprobs")) {
         snprintf(sj->prefail, sizeof sj->prefail,
                  "%s is not supported by this server (topk_sample_logprobs, prompt_alt_tokens_k and "
                  "target_prompt_logprobs must be absent or 0)",
                  tsl > 0 ? "topk_sample_logprobs > 0" : alt > 0 ? "prompt_alt_tokens_k > 0" : "target_prompt_logprobs");
-        return;
+        return 0;
     }
-    if (sp && !cJSON_IsObject(sp)) {
-        snprintf(sj->prefail, sizeof sj->prefail, "field 'sampling_params' must be an object");
-        return;
-    }
+    return 1;
+}
+
+/* prompt.chunks → sj->prompt / n_prompt: encoded_text chunks of token ids below the vocabulary,
+ * 1 .. max_context - 1 tokens in all. */
+static int sample_prompt(svc *s, const cJSON *chunks, int vocab, sample_job *sj) {
     if (!cJSON_IsArray(chunks) || cJSON_GetArraySize(chunks) < 1) {
         snprintf(sj->prefail, sizeof sj->prefail, "prompt.chunks must be a non-empty list");
-        return;
+        return 0;
     }
     int64_t n = 0;
     for (const cJSON *ch = chunks->child; ch; ch = ch->next) {
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(ch, "type"), *toks = cJSON_GetObjectItemCaseSensitive(ch, "tokens");
         if (cJSON_IsString(type) && strcmp(type->valuestring, "encoded_text")) {
             snprintf(sj->prefail, sizeof sj->prefail, "prompt chunk type '%s' is not supported (encoded_text is)", type->valuestring);
-            return;
+            return 0;
         }
         if (!cJSON_IsArray(toks)) {
             snprintf(sj->prefail, sizeof sj->prefail, "prompt.chunks[].tokens must be a list of token ids");
-            return;
+            return 0;
         }
         n += cJSON_GetArraySize(toks);
     }
     if (n < 1 || n >= s->cfg.max_context) {
         snprintf(sj->prefail, sizeof sj->prefail, "the prompt has %lld tokens; it must be 1..%lld", (long long)n,
                  (long long)s->cfg.max_context - 1);
-        return;
+        return 0;
     }
-    sj->prompt = malloc((size_t)n * 4);
+    sj->prompt = twk_host_alloc((size_t)n * sizeof *sj->prompt, "prompt");
     if (!sj->prompt) {
         snprintf(sj->prefail, sizeof sj->prefail, "out of memory");
-        return;
+        sj->prefail_server = 1;
+        return 0;
     }
     int64_t k = 0;
     for (const cJSON *ch = chunks->child; ch; ch = ch->next)
         for (const cJSON *t = cJSON_GetObjectItemCaseSensitive(ch, "tokens")->child; t; t = t->next, k++) {
             if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 || t->valuedouble >= vocab) {
                 snprintf(sj->prefail, sizeof sj->prefail, "prompt token %lld is not a token id in [0, %d)", (long long)k, vocab);
-                return;
+                return 0;
             }
             sj->prompt[k] = (int32_t)t->valuedouble;
         }
     sj->n_prompt = n;
-    sj->num_samples = (int)ns;
-    sj->topk = (int)tk;
-    long long last_n = 0;
+    return 1;
+}
+
+/* prompt_logprobs_last_n and sampling_params (max_tokens within the context left, temperature, top_k, top_p,
+ * seed) → sj->last_n, sj->p. */
+static int sample_params(svc *s, const cJSON *b, const cJSON *sp, sample_job *sj) {
+    char err[256];
+    int64_t n = sj->n_prompt;
+    long long last_n = 0, max_tokens, top_k, seed;
+    double temp, top_p;
     if (!api_int(b, "prompt_logprobs_last_n", 0, 1, n, 0, &last_n, err, sizeof err)) {
         snprintf(sj->prefail, sizeof sj->prefail, "%s (the prompt has %lld tokens)", err, (long long)n);
-        return;
+        return 0;
     }
     if (last_n > 0 && !sj->prompt_logprobs && !sj->topk) {
         snprintf(sj->prefail, sizeof sj->prefail, "prompt_logprobs_last_n applies to prompt logprobs; set prompt_logprobs");
-        return;
+        return 0;
     }
     sj->last_n = last_n;
     int64_t room = s->cfg.max_context - n;
@@ -578,31 +582,35 @@ static void parse_sample(svc *s, const cJSON *b, sample_job *sj) {
         !api_num(sp, "top_p", 0, 1.0, &top_p, err, sizeof err) ||
         !api_int(sp, "seed", 0, -(1ll << 62), (1ll << 62), 0, &seed, err, sizeof err)) {
         snprintf(sj->prefail, sizeof sj->prefail, "sampling_params: %s", err);
-        return;
+        return 0;
     }
     if (max_tokens > room) {
         snprintf(sj->prefail, sizeof sj->prefail,
                  "sampling_params.max_tokens %lld with a %lld-token prompt exceeds the context length %lld", max_tokens,
                  (long long)n, (long long)s->cfg.max_context);
-        return;
+        return 0;
     }
     if (temp < 0) {
         snprintf(sj->prefail, sizeof sj->prefail, "sampling_params.temperature %g must be >= 0", temp);
-        return;
+        return 0;
     }
     if (!(top_p > 0 && top_p <= 1)) {
         snprintf(sj->prefail, sizeof sj->prefail, "sampling_params.top_p %g must be in (0, 1]", top_p);
-        return;
+        return 0;
     }
     if (top_k == 0) {
         snprintf(sj->prefail, sizeof sj->prefail, "sampling_params.top_k 0 is not allowed (-1 turns it off)");
-        return;
+        return 0;
     }
     sj->p = (twk_sample_params){.max_tokens = (int)max_tokens, .temperature = (float)temp, .top_k = (int)top_k,
                                 .top_p = (float)top_p, .seed = (uint64_t)seed,
                                 .has_seed = cJSON_GetObjectItemCaseSensitive(sp, "seed") &&
                                             !cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(sp, "seed"))};
-    /* stop: absent = the model's EOS ids; [] = none; ints = token ids; strings need a tokenizer */
+    return 1;
+}
+
+/* sampling_params.stop: absent = the model's EOS ids; [] = none; ints = token ids; strings need a tokenizer. */
+static int sample_stop(const cJSON *sp, int vocab, sample_job *sj) {
     const cJSON *stop = cJSON_GetObjectItemCaseSensitive(sp, "stop");
     int ns_tok = 0, ns_str = 0;
     const twk_tokenizer *tok = sj->ss->base->tok;
@@ -615,7 +623,7 @@ static void parse_sample(svc *s, const cJSON *b, sample_job *sj) {
                      "sampling_params.stop: stop strings need the model's tokenizer, and '%s' has no tokenizer.json; pass "
                      "stop token ids",
                      sj->ss->base->name);
-            return;
+            return 0;
         }
         const cJSON *e = cJSON_IsString(stop) ? stop : stop->child;
         for (; e; e = cJSON_IsString(stop) ? NULL : e->next) {
@@ -624,7 +632,7 @@ static void parse_sample(svc *s, const cJSON *b, sample_job *sj) {
                 snprintf(sj->prefail, sizeof sj->prefail,
                          "sampling_params.stop: at most %d non-empty strings of at most %d bytes (not mixed with ids)",
                          MAX_STOP_STRINGS, MAX_STOP_STRING_LEN);
-                return;
+                return 0;
             }
             snprintf(sj->stop_str[ns_str], sizeof sj->stop_str[0], "%s", e->valuestring);
             sj->stop_ptr[ns_str] = sj->stop_str[ns_str];
@@ -635,19 +643,37 @@ static void parse_sample(svc *s, const cJSON *b, sample_job *sj) {
             if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= vocab || ns_tok == MAX_STOP_TOKENS) {
                 snprintf(sj->prefail, sizeof sj->prefail,
                          "sampling_params.stop: at most %d token ids in [0, %d)", MAX_STOP_TOKENS, vocab);
-                return;
+                return 0;
             }
             sj->stop[ns_tok++] = (int32_t)e->valuedouble;
         }
     } else {
         snprintf(sj->prefail, sizeof sj->prefail, "sampling_params.stop must be a string, a list, or null");
-        return;
+        return 0;
     }
     sj->p.stop_tokens = sj->stop;
     sj->p.n_stop_tokens = ns_tok;
     sj->p.stop_strings = sj->stop_ptr;
     sj->p.n_stop_strings = ns_str;
     sj->p.tokenizer = tok;
+    return 1;
+}
+
+/* An asample body → sj (prompt, sampling parameters, stop conditions); a bad field sets sj->prefail. */
+static void parse_sample(svc *s, const cJSON *b, sample_job *sj) {
+    int vocab = twk_model_cfg(sj->ss->base->m)->vocab;
+    long long ns, tk;
+    const cJSON *sp = cJSON_GetObjectItemCaseSensitive(b, "sampling_params");
+    const cJSON *chunks = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(b, "prompt"), "chunks");
+    if (!sample_flags(b, sj, &ns, &tk)) return;
+    if (sp && !cJSON_IsObject(sp)) {
+        snprintf(sj->prefail, sizeof sj->prefail, "field 'sampling_params' must be an object");
+        return;
+    }
+    if (!sample_prompt(s, chunks, vocab, sj)) return;
+    sj->num_samples = (int)ns;
+    sj->topk = (int)tk;
+    if (sample_params(s, b, sp, sj)) sample_stop(sp, vocab, sj);
 }
 
 static void h_asample(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
@@ -662,11 +688,11 @@ static void h_asample(svc *s, twk_http_conn *c, const cJSON *b, const char *tena
         api_error(c, 404, "sampling session '%s' not found", sid);
         return;
     }
-    if (s->sample_inflight >= MAX_SAMPLE_INFLIGHT) {
+    if (s->sample_inflight >= s->cfg.sample_queue) {
         api_error(c, 429, "the sampling queue is full (%d requests); retry shortly", s->sample_inflight);
         return;
     }
-    sample_job *sj = calloc(1, sizeof *sj);
+    sample_job *sj = twk_host_calloc(sizeof *sj, "sampling sj");
     if (!sj) {
         api_error(c, 503, "out of memory");
         return;
@@ -677,7 +703,12 @@ static void h_asample(svc *s, twk_http_conn *c, const cJSON *b, const char *tena
     if (cJSON_IsNumber(seq) && seq->valuedouble >= 0 && seq->valuedouble < 9.2e18)
         sj->clone = (int64_t)(seq->valuedouble / 1e9);
     parse_sample(s, b, sj);
-    twk_futures_create(s->futures, tenant, sj->request_id);
+    if (twk_futures_create(s->futures, tenant, sj->request_id)) {
+        api_error(c, 503, "out of memory creating the request's future");
+        twk_host_free(sj->prompt);
+        twk_host_free(sj);
+        return;
+    }
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "request_id", sj->request_id);
     cJSON *ids = cJSON_AddArrayToObject(j, "sample_sequence_ids");
@@ -688,12 +719,12 @@ static void h_asample(svc *s, twk_http_conn *c, const cJSON *b, const char *tena
     for (int i = 0; i < n; i++) {
         char sq[96];
         snprintf(sq, sizeof sq, "%s:%d", sj->request_id, i);
-        cJSON_AddItemToArray(ids, cJSON_CreateString(sq));
+        api_json_push(ids, cJSON_CreateString(sq));
     }
     if (sj->prefail[0]) {
-        sample_finish(s, sj, 0, "user", sj->prefail);
+        sample_finish(s, sj, 0, sj->prefail_server ? "server" : "user", sj->prefail);
     } else {
-        drain_job *dj = calloc(1, sizeof *dj);
+        drain_job *dj = twk_host_calloc(sizeof *dj, "sampling dj");
         if (!dj) {
             sample_finish(s, sj, 0, "server", "out of memory");
         } else {
@@ -741,7 +772,7 @@ static void h_create_session(svc *s, twk_http_conn *c, const cJSON *b, const cha
                 api_error(c, 400, "base_model '%s' is not served here (see get_server_capabilities)", base);
                 return;
             }
-            ss = shared_unit(bm) ? new_session(s, tenant, id, bm, bm->shared, 0) : NULL;
+            ss = shared_unit(s, bm) ? new_session(s, tenant, id, bm, bm->shared, 0) : NULL;
         } else {
             char kind[32];
             int status;

@@ -2,35 +2,42 @@
  * shutdown of the loop, the worker and the store. */
 #include <ctype.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "api_util.h"
 #include "sign.h"
 #include "svc.h"
 
 void twk_serve_config_default(twk_serve_config *c) {
     memset(c, 0, sizeof *c);
     snprintf(c->host, sizeof c->host, "127.0.0.1");
-    c->port = 8000;
+    c->port = TWK_SERVE_DEF_PORT;
     snprintf(c->data_dir, sizeof c->data_dir, "twinkle-data");
     snprintf(c->device, sizeof c->device, "cpu");
-    c->max_lora_rank = 128;
-    c->max_context = 2048;
-    c->max_datums = 4096;
-    c->max_body_bytes = 64u << 20;
-    c->seq_timeout_s = 120;
-    c->stability_ttl_s = 86400;
-    c->poll_timeout_s = 25;
+    c->max_lora_rank = TWK_SERVE_DEF_MAX_LORA_RANK;
+    c->max_context = TWK_SERVE_DEF_MAX_CONTEXT;
+    c->max_datums = TWK_SERVE_DEF_MAX_DATUMS;
+    c->max_body_bytes = (size_t)TWK_SERVE_DEF_MAX_BODY_MB << 20;
+    c->seq_timeout_s = TWK_SERVE_DEF_SEQ_TIMEOUT_S;
+    c->stability_ttl_s = TWK_SERVE_DEF_STABILITY_TTL_S;
+    c->stability_records = TWK_SERVE_DEF_STABILITY_RECORDS;
+    c->poll_timeout_s = TWK_SERVE_DEF_POLL_TIMEOUT_S;
+    c->fwdbwd_chunk_len = TWK_SERVE_DEF_FWDBWD_CHUNK_LEN;
+    c->max_early_bytes_run = (size_t)TWK_SERVE_DEF_EARLY_MB_RUN << 20;
+    c->max_early_bytes_tenant = (size_t)TWK_SERVE_DEF_EARLY_MB_TENANT << 20;
+    c->max_result_bytes_tenant = (size_t)TWK_SERVE_DEF_RESULTS_MB_TENANT << 20;
+    c->result_keep_s = TWK_SERVE_DEF_RESULT_KEEP_S;
+    c->result_ttl_s = TWK_SERVE_DEF_RESULT_TTL_S;
+    c->sample_queue = TWK_SERVE_DEF_SAMPLE_QUEUE;
+    c->sampler_slots = TWK_SERVE_DEF_SAMPLER_SLOTS;
+    c->slot_rank = twk_lora_default().rank;
+    c->live_samplers = TWK_SERVE_DEF_LIVE_SAMPLERS;
     c->url_ttl_s = 3600;
-    c->fwdbwd_chunk_len = 1024;
-    c->max_early_bytes_run = 256u << 20;
-    c->max_early_bytes_tenant = (size_t)1 << 30;
-    c->max_result_bytes_tenant = 256u << 20;
-    c->result_keep_s = 120;
-    c->result_ttl_s = 3600;
     c->ckpt_sweep_s = 60;
     /* connection limits */
     c->max_connections = 4096;
@@ -107,6 +114,11 @@ twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char
     NUM("header-timeout", 0.05, 3600, header_timeout_s, double)
     NUM("idle-timeout", 0.05, 86400, idle_timeout_s, double)
     NUM("read-timeout", 0.05, 86400, read_timeout_s, double)
+    NUM("stability-records", 1, 1 << 24, stability_records, int)
+    NUM("sample-queue", 1, 1 << 16, sample_queue, int)
+    NUM("sampler-slots", 2, TWK_SERVE_CAP_SAMPLER_SLOTS, sampler_slots, int)
+    NUM("slot-rank", 1, 4096, slot_rank, int)
+    NUM("live-samplers", 1, TWK_SERVE_CAP_LIVE_SAMPLERS, live_samplers, int)
 #undef NUM
     struct { const char *name; char *dst; size_t len; } strs[] = {
         {"host", c->host, sizeof c->host},
@@ -195,12 +207,8 @@ twk_status twk_serve_default_model(const char *data_dir, char *dir, size_t dir_l
         return twk_error(TWK_ERR_IO, "cannot create %s: %s", models, strerror(errno));
     twk_device *dev = NULL;
     twk_status st = twk_device_open("cpu", &dev);
-    twk_model_config c = {.arch = TWK_ARCH_QWEN3, .vocab = 512, .hidden = 128, .layers = 2, .heads = 4, .kv_heads = 2,
-                          .head_dim = 32, .ffn = 384, .rope_theta = 10000, .rms_eps = 1e-6, .tie_embeddings = 1,
-                          .qk_norm = 1, .max_positions = 4096, .eos = {1}, .n_eos = 1};
-    snprintf(c.arch_name, sizeof c.arch_name, "Qwen3ForCausalLM");
     twk_model *m = NULL;
-    if (st == TWK_OK) st = twk_model_random(&c, dev, 20261129, &m);
+    if (st == TWK_OK) st = twk_model_builtin(dev, &m);
     char tmp[1300];
     snprintf(tmp, sizeof tmp, "%s/.tiny-%ld", models, (long)getpid());
     if (st == TWK_OK) st = twk_model_save(m, tmp);
@@ -213,11 +221,10 @@ twk_status twk_serve_default_model(const char *data_dir, char *dir, size_t dir_l
 
 static void on_gap_timer(uv_timer_t *t) { svc_check_gaps(t->data); }
 
-static void on_signal(uv_signal_t *h, int signum) {
-    svc *s = h->data;
-    if (s->stopping) return;
+/* Stops accepting, fails what waits, joins the worker and closes the loop's handles; the loop
+ * then ends. */
+static void shut_down(svc *s) {
     s->stopping = 1;
-    twk_log_info("signal %d, shutting down", signum);
     twk_http_server_stop(s->http);
     twk_futures_free(s->futures);
     s->futures = NULL;
@@ -230,6 +237,13 @@ static void on_signal(uv_signal_t *h, int signum) {
     uv_signal_stop(&s->sigterm);
     uv_close((uv_handle_t *)&s->sigint, NULL);
     uv_close((uv_handle_t *)&s->sigterm, NULL);
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+    svc *s = h->data;
+    if (s->stopping) return;
+    twk_log_info("signal %d, shutting down", signum);
+    shut_down(s);
 }
 
 static twk_status load_models(svc *s) {
@@ -262,33 +276,31 @@ static twk_status load_models(svc *s) {
     return TWK_OK;
 }
 
-int twk_serve_run(const twk_serve_config *cfg) {
-    svc *s = calloc(1, sizeof *s);
-    if (!s) return 1;
+/* Opens the store, keys, device and models, starts the futures, the worker and the listener on
+ * `loop`; 0, or 1 after a message on stderr (what was started is stopped; serve_close frees). */
+static int serve_open(svc *s, const twk_serve_config *cfg, uv_loop_t *loop) {
     s->cfg = *cfg;
-    uv_loop_t loop;
-    uv_loop_init(&loop);
-    s->loop = &loop;
+    s->loop = loop;
+    api_json_hooks();
     twk_log_quiet(cfg->quiet);
     twk_log_json(cfg->log_json);
-    int rc = 1;
     twk_status st = twk_store_open(cfg->data_dir, &s->store);
     if (st == TWK_OK) st = twk_auth_load(cfg->keys_file, &s->auth);
     if (st == TWK_OK) st = twk_device_open(cfg->device, &s->dev);
     if (st == TWK_OK) st = load_models(s);
-    if (st == TWK_OK && !(s->stab = twk_stab_new(cfg->stability_ttl_s, STAB_MAX_RECORDS)))
+    if (st == TWK_OK && !(s->stab = twk_stab_new(cfg->stability_ttl_s, cfg->stability_records)))
         st = twk_error(TWK_ERR_OOM, "out of memory for the stability records");
     char key_err[1300];
     if (st == TWK_OK && twk_sign_key_load(cfg->data_dir, s->url_key, key_err, sizeof key_err) != 0)
         st = twk_error(TWK_ERR_IO, "%s", key_err);
     if (st != TWK_OK) {
         fprintf(stderr, "twinkle serve: %s\n", twk_last_error());
-        goto out;
+        return 1;
     }
     twk_futures_limits fl = {cfg->poll_timeout_s, cfg->result_keep_s, cfg->result_ttl_s, cfg->max_result_bytes_tenant};
     svc_ckpt_recover(s);
-    s->futures = twk_futures_new(&loop, &fl);
-    s->worker = twk_worker_start(&loop);
+    s->futures = twk_futures_new(loop, &fl);
+    s->worker = twk_worker_start(loop);
     twk_http_limits lim = twk_http_limits_default();
     lim.max_body_bytes = cfg->max_body_bytes;
     /* connection limits */
@@ -298,21 +310,23 @@ int twk_serve_run(const twk_serve_config *cfg) {
     lim.idle_timeout_ms = (unsigned)(cfg->idle_timeout_s * 1000.0);
     lim.read_timeout_ms = (unsigned)(cfg->read_timeout_s * 1000.0);
     int err = s->futures && s->worker
-                  ? twk_http_server_start(&loop, cfg->host, cfg->port, &lim, svc_handle, s, &s->http)
+                  ? twk_http_server_start(loop, cfg->host, cfg->port, &lim, svc_handle, s, &s->http)
                   : UV_ENOMEM;
     if (err) {
         fprintf(stderr, "twinkle serve: cannot listen on %s:%d: %s\n", cfg->host, cfg->port, uv_strerror(err));
         if (s->futures) twk_futures_free(s->futures);
         if (s->worker) twk_worker_stop(s->worker);
-        uv_run(&loop, UV_RUN_DEFAULT);
-        goto out;
+        s->futures = NULL;
+        s->worker = NULL;
+        uv_run(loop, UV_RUN_DEFAULT);
+        return 1;
     }
-    uv_timer_init(&loop, &s->gap_timer);
+    uv_timer_init(loop, &s->gap_timer);
     s->gap_timer.data = s;
     uv_timer_start(&s->gap_timer, on_gap_timer, 1000, 1000);
     svc_sweeper_start(s);
-    uv_signal_init(&loop, &s->sigint);
-    uv_signal_init(&loop, &s->sigterm);
+    uv_signal_init(loop, &s->sigint);
+    uv_signal_init(loop, &s->sigterm);
     s->sigint.data = s->sigterm.data = s;
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
@@ -322,11 +336,11 @@ int twk_serve_run(const twk_serve_config *cfg) {
     twk_log_info("listening on http://%s:%d  device %s  data %s  auth %s  models:%s", cfg->host,
                  twk_http_server_port(s->http), twk_device_spec(s->dev), cfg->data_dir,
                  twk_auth_open_mode(s->auth) ? "open (any tml- key)" : cfg->keys_file, names);
-    printf("port %d\n", twk_http_server_port(s->http));
-    fflush(stdout);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    rc = 0;
-out:
+    return 0;
+}
+
+/* Frees what serve_open made, after the loop ended. */
+static void serve_close(svc *s, uv_loop_t *loop) {
     svc_free_samplers(s);
     svc_free_runs(s);
     for (int i = 0; i < s->n_models; i++) {
@@ -337,7 +351,82 @@ out:
     twk_auth_free(s->auth);
     twk_store_close(s->store);
     twk_stab_free(s->stab);
-    uv_loop_close(&loop);
-    free(s);
+    uv_loop_close(loop);
+    twk_host_free(s);
+}
+
+int twk_serve_run(const twk_serve_config *cfg) {
+    svc *s = twk_host_calloc(sizeof *s, "service");
+    if (!s) return 1;
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    int rc = serve_open(s, cfg, &loop);
+    if (rc == 0) {
+        printf("port %d\n", twk_http_server_port(s->http));
+        fflush(stdout);
+        uv_run(&loop, UV_RUN_DEFAULT);
+    }
+    serve_close(s, &loop);
     return rc;
+}
+
+/* ---- the service in a thread of this process (tests) ---- */
+
+struct twk_serve {
+    svc *s;
+    uv_loop_t loop;
+    uv_async_t stop;
+    pthread_t thread;
+};
+
+static void on_stop(uv_async_t *a) {
+    svc *s = a->data;
+    if (!s->stopping) shut_down(s);
+    uv_close((uv_handle_t *)a, NULL);
+}
+
+static void *serve_thread(void *arg) {
+    twk_serve *h = arg;
+    uv_run(&h->loop, UV_RUN_DEFAULT);
+    return NULL;
+}
+
+twk_status twk_serve_start(const twk_serve_config *cfg, twk_serve **out) {
+    *out = NULL;
+    twk_serve *h = twk_host_calloc(sizeof *h, "service handle");
+    svc *s = twk_host_calloc(sizeof *s, "service");
+    if (!h || !s) {
+        twk_host_free(h);
+        twk_host_free(s);
+        return twk_error(TWK_ERR_OOM, "out of memory starting the service");
+    }
+    h->s = s;
+    uv_loop_init(&h->loop);
+    if (serve_open(s, cfg, &h->loop)) {
+        serve_close(s, &h->loop);
+        twk_host_free(h);
+        return twk_error(TWK_ERR_IO, "the service did not start (see stderr)");
+    }
+    uv_async_init(&h->loop, &h->stop, on_stop);
+    h->stop.data = s;
+    if (pthread_create(&h->thread, NULL, serve_thread, h)) {
+        shut_down(s);
+        uv_close((uv_handle_t *)&h->stop, NULL);
+        uv_run(&h->loop, UV_RUN_DEFAULT);
+        serve_close(s, &h->loop);
+        twk_host_free(h);
+        return twk_error(TWK_ERR_IO, "cannot start the service's thread");
+    }
+    *out = h;
+    return TWK_OK;
+}
+
+int twk_serve_port(const twk_serve *h) { return h ? twk_http_server_port(h->s->http) : 0; }
+
+void twk_serve_stop(twk_serve *h) {
+    if (!h) return;
+    uv_async_send(&h->stop);
+    pthread_join(h->thread, NULL);
+    serve_close(h->s, &h->loop);
+    twk_host_free(h);
 }

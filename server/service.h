@@ -51,12 +51,18 @@ typedef struct twk_serve_config {
     double header_timeout_s;      /* a request's headers, and an unauthenticated idle connection; default 10 */
     double idle_timeout_s;        /* an authenticated keep-alive connection idle; default 75 */
     double read_timeout_s;        /* a whole request from its first byte; default 30 */
+    /* sampling limits (defaults in serve_limits.h) */
+    int sample_queue;         /* asample requests queued or running; 429 past it */
+    int sampler_slots;        /* adapter slots of a base model's shared sampler, slot 0 the base; <= TWK_SERVE_CAP_SAMPLER_SLOTS */
+    int slot_rank;            /* adapters up to this rank use a slot; larger ones get their own sampler */
+    int live_samplers;        /* samplers (each a KV cache) alive at once; <= TWK_SERVE_CAP_LIVE_SAMPLERS */
+    int stability_records;    /* stable_reinforce: recorded sequences kept at most (least recently used go first) */
     int quiet;
     int jwt_auth;             /* --jwt-auth: client/config turns on the SDK's JWT exchange (auth/token, whoami) */
     int log_json;             /* --log-format json: one JSON object per line, every request */
 } twk_serve_config;
 
-/* Defaults as documented above (port 8000, data dir ./twinkle-data). */
+/* Defaults as documented above (port 8000, data dir ./twinkle-data; the numbers from serve_limits.h). */
 void twk_serve_config_default(twk_serve_config *c);
 /* Reads `key = value` lines (keys as the long options without "--"; model
  * may repeat). Errors name the file, line and key. */
@@ -67,6 +73,14 @@ twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char
 
 /* Runs the service until SIGINT/SIGTERM; returns the exit code. */
 int twk_serve_run(const twk_serve_config *cfg);
+
+/* The service on a thread of this process (tests drive it over HTTP): starts it and returns once
+ * it listens (cfg->port 0: any free port, see twk_serve_port). TWK_ERR_IO when it does not start
+ * (the reason on stderr). twk_serve_stop shuts it down as SIGTERM would, joins and frees. */
+typedef struct twk_serve twk_serve;
+twk_status twk_serve_start(const twk_serve_config *cfg, twk_serve **out);
+int twk_serve_port(const twk_serve *h);
+void twk_serve_stop(twk_serve *h);
 
 /* The built-in default model: a small Qwen3-architecture model generated
  * deterministically (random weights, vocab 512) into DATA_DIR/models/tiny

@@ -34,7 +34,7 @@ struct session_events {
 
 static struct session_events *events_of(sampler_session *ss) {
     if (!ss->events) {
-        ss->events = calloc(1, sizeof *ss->events);
+        ss->events = twk_host_calloc(sizeof *ss->events, "session events");
         if (ss->events) ss->events->tail = &ss->events->head;
     }
     return ss->events;
@@ -47,7 +47,7 @@ static void answer(struct session_events *ev, twk_http_conn *c, int64_t clone, i
         fevent *e = *pp;
         if (e->clone == clone && e->cursor <= prev) {
             *pp = e->next;
-            free(e);
+            twk_host_free(e);
         } else {
             pp = &e->next;
         }
@@ -76,7 +76,7 @@ static int has_events(const struct session_events *ev, int64_t clone, int64_t pr
     return 0;
 }
 
-static void waiter_closed(uv_handle_t *h) { free(h->data); }
+static void waiter_closed(uv_handle_t *h) { twk_host_free(h->data); }
 
 /* Unlinks w and frees it (after its timer closed). */
 static void waiter_drop(fwaiter *w) {
@@ -105,7 +105,7 @@ static void waiter_abandoned(twk_http_conn *c, void *user) {
 void svc_session_event(svc *s, sampler_session *ss, int64_t clone, const char *request_id, int failed, size_t size) {
     (void)s;
     struct session_events *ev = events_of(ss);
-    fevent *e = ev ? calloc(1, sizeof *e) : NULL;
+    fevent *e = ev ? twk_host_calloc(sizeof *e, "session event") : NULL;
     if (!e) return; /* out of memory: the SDK's poll then waits for its own timeout */
     snprintf(e->id, sizeof e->id, "%s", request_id);
     e->clone = clone;
@@ -159,7 +159,7 @@ void api_retrieve_futures(svc *s, twk_http_conn *c, const cJSON *b, const char *
         return;
     }
     struct session_events *ev = events_of(ss);
-    fwaiter *w = ev && !has_events(ev, clone, prev) && timeout > 0 ? calloc(1, sizeof *w) : NULL;
+    fwaiter *w = ev && !has_events(ev, clone, prev) && timeout > 0 ? twk_host_calloc(sizeof *w, "session waiter") : NULL;
     if (!ev) {
         api_error(c, 503, "out of memory");
         return;
@@ -193,8 +193,8 @@ void svc_session_events_free(sampler_session *ss) {
     while (ev->head) {
         fevent *e = ev->head;
         ev->head = e->next;
-        free(e);
+        twk_host_free(e);
     }
-    free(ev);
+    twk_host_free(ev);
     ss->events = NULL;
 }

@@ -13,6 +13,7 @@
 #include "auth.h"
 #include "futures.h"
 #include "http.h"
+#include "serve_limits.h"
 #include "log.h"
 #include "service.h"
 #include "stability.h"
@@ -56,6 +57,7 @@ typedef struct op {
     char dir[1024];            /* OP_SAVE*: final folder; OP_LOAD: folder to read */
     int load_optimizer;
     char prefail[512];         /* validation error: fail in order without running */
+    int prefail_server;        /* prefail is the server's (out of memory), category "server" */
     char user_metadata_json[2048]; /* OP_SAVE*: stored with the checkpoint */
     struct sampler_session *snapshot; /* OP_SAVE_SAMPLER without a name: the session to fill */
     /* results (worker) */
@@ -91,8 +93,8 @@ typedef struct sampler_unit {
     /* a base model's shared unit: a sampler with adapter slots, so requests of
      * the base model and of different adapters decode in one batch */
     int n_slots;
-    struct sampler_session *slot_owner[16]; /* worker: whose adapter each slot holds (slot 0: the base) */
-    unsigned long long slot_use[16];
+    struct sampler_session *slot_owner[TWK_SERVE_CAP_SAMPLER_SLOTS]; /* worker: whose adapter each slot holds (slot 0: the base) */
+    unsigned long long slot_use[TWK_SERVE_CAP_SAMPLER_SLOTS];
 } sampler_unit;
 
 /* An adapter kept on the host (a snapshot of a run's adapter). */
@@ -121,8 +123,6 @@ typedef struct sampler_session {
     struct sampler_session *next;
 } sampler_session;
 
-#define DEDUPE_RING 512
-#define STAB_MAX_RECORDS 65536 /* recorded sequences kept at most (least recently used go first) */
 
 struct run_state {
     char id[128];
@@ -140,8 +140,8 @@ struct run_state {
     size_t early_bytes;        /* held by pending: body bytes + sizeof(op) each (--max-early-mb-run) */
     double gap_since;          /* loop time when ops started waiting on a gap */
     double last_touch;         /* wall time of the last last_request update in the store */
-    int64_t ring_seq[DEDUPE_RING];
-    char ring_req[DEDUPE_RING][64];
+    int64_t ring_seq[TWK_SERVE_DEDUPE_RING];
+    char ring_req[TWK_SERVE_DEDUPE_RING][64];
     run_state *next;
 };
 
@@ -160,7 +160,7 @@ typedef struct svc {
     run_state *runs;
     sampler_session *samplers;
     int sample_inflight;
-    struct sampler_unit *live_units[8]; /* worker: units holding a sampler (KV cache) now */
+    struct sampler_unit *live_units[TWK_SERVE_CAP_LIVE_SAMPLERS]; /* worker: units holding a sampler (KV cache) now; at most --live-samplers */
     int n_live_units;
     unsigned long long use_clock;      /* asample jobs queued or running (429 past the limit) */
     uv_timer_t gap_timer;
@@ -171,10 +171,33 @@ typedef struct svc {
     unsigned char url_key[32];  /* HMAC key of signed download URLs (DATA_DIR/url_signing.key) */
 } svc;
 
-/* ---- runs.c ---- */
+/* ---- lookups.c ---- */
 base_model *svc_find_model(svc *s, const char *name);
 /* A run of `tenant` by id: live, or restored from the store as lost; NULL if absent. */
 run_state *svc_find_run(svc *s, const char *tenant, const char *id);
+/* A new live run (registered in the service), NULL without memory. */
+run_state *svc_run_new(svc *s, const char *id, const char *tenant);
+/* 1 if the tenant's session exists; else answers 404 and returns 0. */
+int svc_session_exists(svc *s, twk_http_conn *c, const char *tenant, const char *session_id);
+/* tinker://<run>/<kind>/<name> → parts; 0 if malformed. */
+int svc_parse_tinker_path(const char *path, char *run, size_t run_len, char *kind, size_t kind_len, char *name,
+                          size_t name_len);
+/* The checkpoint a tinker:// path (request field `field`) names among tenant's, and its run's
+ * record (the tenant's own, or another tenant's published one); kind gets "weights",
+ * "sampler_weights" or "external_weights". 0 otherwise, with *status 400 (malformed)
+ * or 404 (unknown) and a message in err. After a success the caller clears *src. */
+int svc_find_checkpoint(svc *s, const char *tenant, const char *field, const char *path, twk_store_ckpt *ck,
+                        twk_store_run *src, char *kind, size_t kind_len, int *status, char *err, size_t err_len);
+/* The LoRA shape of a run record (every run is created with alpha 32). */
+twk_lora_config svc_run_lora(const twk_store_run *src);
+/* The checkpoint kind a save op writes ("weights", "sampler_weights", "external_weights"),
+ * and the `type` its result carries. */
+const char *svc_save_kind(op_kind k);
+const char *svc_save_type(op_kind k);
+/* DATA_DIR/checkpoints/<run>/<kind>/<name> */
+void svc_ckpt_dir(const svc *s, const char *run, const char *kind, const char *name, char *out, size_t len);
+
+/* ---- runs.c ---- */
 /* Starts create_model; writes the future's id. Returns 0, or an HTTP status
  * with a message in err (400/404). */
 int svc_create_run(svc *s, const char *tenant, const char *session_id, int model_seq_id, const char *base,
@@ -189,8 +212,9 @@ int svc_submit_op(svc *s, run_state *r, op *o, char *request_id, char *err, size
  * slot is filled with a no-op so the run's later ops do not wait for it.
  * Nothing happens when the seq_id was already taken or is behind the run. */
 void svc_skip_seq(svc *s, run_state *r, int64_t seq);
-/* Runs an op outside the seq order (after what is already dispatched). */
-void svc_dispatch_now(svc *s, run_state *r, op *o, char *request_id);
+/* Runs an op outside the seq order (after what is already dispatched). 0, or 503 out of memory
+ * (o freed). */
+int svc_dispatch_now(svc *s, run_state *r, op *o, char *request_id);
 op *svc_op_new(svc *s, run_state *r, op_kind kind, int64_t seq);
 void svc_op_free(op *o);
 /* Fails ops stuck behind a missing seq_id longer than the configured timeout. */
@@ -198,22 +222,6 @@ void svc_check_gaps(svc *s);
 void svc_free_runs(svc *s);
 /* Removes a folder tree (checkpoint folders); errors are ignored. */
 void svc_rm_tree(const char *dir);
-/* tinker://<run>/<kind>/<name> → parts; 0 if malformed. */
-int svc_parse_tinker_path(const char *path, char *run, size_t run_len, char *kind, size_t kind_len, char *name,
-                          size_t name_len);
-/* The checkpoint a tinker:// path (request field `field`) names among tenant's, and its run's
- * record; kind gets "weights" or "sampler_weights". 0 otherwise, with *status 400 (malformed)
- * or 404 (unknown) and a message in err. After a success the caller clears *src. */
-int svc_find_checkpoint(svc *s, const char *tenant, const char *field, const char *path, twk_store_ckpt *ck,
-                        twk_store_run *src, char *kind, size_t kind_len, int *status, char *err, size_t err_len);
-/* The LoRA shape of a run record (every run is created with alpha 32). */
-twk_lora_config svc_run_lora(const twk_store_run *src);
-/* The checkpoint kind a save op writes ("weights", "sampler_weights", "external_weights"),
- * and the `type` its result carries. */
-const char *svc_save_kind(op_kind k);
-const char *svc_save_type(op_kind k);
-/* DATA_DIR/checkpoints/<run>/<kind>/<name> */
-void svc_ckpt_dir(const svc *s, const char *run, const char *kind, const char *name, char *out, size_t len);
 /* A unique id with a prefix ("sess", ...). */
 void svc_new_id(svc *s, const char *prefix, char *out, size_t len);
 
@@ -283,8 +291,6 @@ int svc_sample_cancel(svc *s, const char *request_id);
 int svc_op_cancel(svc *s, const char *tenant, const char *request_id);
 
 /* ---- api.c ---- */
-/* 1 if the tenant's session exists; else answers 404 and returns 0. */
-int svc_session_exists(svc *s, twk_http_conn *c, const char *tenant, const char *session_id);
 
 void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user);
 

@@ -59,7 +59,7 @@ static const char *dtype_name(int d) {
 
 static char *dup_str(const char *s) {
     size_t n = strlen(s);
-    char *d = malloc(n + 1);
+    char *d = twk_host_alloc(n + 1, "wire d");
     if (d) memcpy(d, s, n + 1);
     return d;
 }
@@ -75,6 +75,7 @@ static int64_t rd_i64(const uint8_t *p) {
 typedef struct budget {
     size_t used, cap;
     int exhausted;
+    int oom; /* the host allocator failed */
 } budget;
 
 static void *budget_alloc(void *user, size_t n) {
@@ -83,14 +84,15 @@ static void *budget_alloc(void *user, size_t n) {
         b->exhausted = 1;
         return NULL;
     }
-    void *p = malloc(n ? n : 1);
+    void *p = twk_host_alloc(n ? n : 1, "decoded protobuf");
     if (p) b->used += n;
+    else b->oom = 1;
     return p;
 }
 
 static void budget_free(void *user, void *p) {
     (void)user;
-    free(p);
+    twk_host_free(p);
 }
 
 /* ---- structural walk: the first wire-level fault, with its field path ---- */
@@ -353,7 +355,7 @@ static twk_status conv_tensor(const TinkerPublic__Tensor *t, const char *path, t
         if ((int64_t)(dense_len / item) != nel)
             return twk_error(INVALID, "%s: dense bytes %zu hold %zu elements, shape needs %lld", path, dense_len,
                              dense_len / item, (long long)nel);
-        out->data = malloc(dense_len ? dense_len : 1);
+        out->data = twk_host_alloc(dense_len ? dense_len : 1, "wire data");
         if (!out->data) return twk_error(TWK_ERR_OOM, "%s: out of memory (%zu bytes)", path, dense_len);
         if (dense_len) memcpy(out->data, t->dense.data, dense_len);
         return TWK_OK;
@@ -406,7 +408,7 @@ static twk_status conv_tensor(const TinkerPublic__Tensor *t, const char *path, t
         return twk_error(INVALID, "%s: densified sparse tensors exceed %lld elements per request", path,
                          (long long)TWK_WIRE_MAX_SPARSE_ELEMS);
     *sparse_left -= nel;
-    out->data = calloc(nel ? (size_t)nel : 1, item);
+    out->data = twk_host_calloc((size_t)(nel ? (size_t)nel : 1) * (item), "wire data");
     if (!out->data) return twk_error(TWK_ERR_OOM, "%s: out of memory densifying %lld elements", path, (long long)nel);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t e = rd_i64(crow + 8 * r), z = rd_i64(crow + 8 * (r + 1)); e < z; e++)
@@ -419,7 +421,7 @@ static twk_status conv_spans(TinkerPublic__ProvenanceSpan *const *in, size_t n, 
     static const char *const field[2] = {"model_input_spans", "loss_fn_input_spans"};
     if (n > INT_MAX) return twk_error(INVALID, "data[%d].%s: too many spans", i, field[which]);
     if (!n) return TWK_OK;
-    d->spans[which] = calloc(n, sizeof *d->spans[which]);
+    d->spans[which] = twk_host_calloc((size_t)n * sizeof *d->spans[which], "wire spans");
     if (!d->spans[which]) return twk_error(TWK_ERR_OOM, "data[%d].%s: out of memory", i, field[which]);
     for (size_t j = 0; j < n; j++) {
         const TinkerPublic__ProvenanceSpan *sp = in[j];
@@ -464,7 +466,7 @@ static twk_status conv_datum(const TinkerPublic__Datum *m, int i, twk_wire_datum
         }
     }
     if (total < 1) return twk_error(INVALID, "data[%d].model_input: no tokens", i);
-    d->tokens = malloc((size_t)total * sizeof(int32_t));
+    d->tokens = twk_host_alloc((size_t)total * sizeof(int32_t), "wire tokens");
     if (!d->tokens) return twk_error(TWK_ERR_OOM, "data[%d].model_input: out of memory (%lld tokens)", i, (long long)total);
     for (size_t j = 0; j < m->n_model_input; j++) {
         const ProtobufCBinaryData *tk = &m->model_input[j]->encoded_text->tokens;
@@ -473,7 +475,7 @@ static twk_status conv_datum(const TinkerPublic__Datum *m, int i, twk_wire_datum
     }
 
     if (m->n_loss_fn_inputs > INT_MAX) return twk_error(INVALID, "data[%d].loss_fn_inputs: too many entries", i);
-    d->inputs = calloc(m->n_loss_fn_inputs ? m->n_loss_fn_inputs : 1, sizeof *d->inputs);
+    d->inputs = twk_host_calloc((size_t)(m->n_loss_fn_inputs ? m->n_loss_fn_inputs : 1) * (sizeof *d->inputs), "wire inputs");
     if (!d->inputs) return twk_error(TWK_ERR_OOM, "data[%d].loss_fn_inputs: out of memory", i);
     for (size_t j = 0; j < m->n_loss_fn_inputs; j++) {
         const TinkerPublic__Datum__LossFnInputsEntry *e = m->loss_fn_inputs[j];
@@ -484,20 +486,20 @@ static twk_status conv_datum(const TinkerPublic__Datum *m, int i, twk_wire_datum
         tinker_public__tensor__init(&empty);
         twk_status s = conv_tensor(e->value ? e->value : &empty, path, &t, sparse_left);
         if (s != TWK_OK) {
-            free(t.data);
+            twk_host_free(t.data);
             return s;
         }
         /* duplicate keys: the last one wins, as in every protobuf map */
         int k = 0;
         while (k < d->n_inputs && strcmp(d->inputs[k].key, key)) k++;
         if (k < d->n_inputs) {
-            free(d->inputs[k].t.data);
+            twk_host_free(d->inputs[k].t.data);
             d->inputs[k].t = t;
             continue;
         }
         d->inputs[k].key = dup_str(key);
         if (!d->inputs[k].key) {
-            free(t.data);
+            twk_host_free(t.data);
             return twk_error(TWK_ERR_OOM, "%s: out of memory", path);
         }
         d->inputs[k].t = t;
@@ -535,7 +537,7 @@ static twk_status conv_request(const TinkerPublic__ForwardBackwardRequest *m, tw
 
     size_t nc = m->n_loss_fn_config + m->n_loss_fn_config_v2;
     if (nc > INT_MAX) return twk_error(INVALID, "loss_fn_config: too many entries");
-    r->config = calloc(nc ? nc : 1, sizeof *r->config);
+    r->config = twk_host_calloc((size_t)(nc ? nc : 1) * (sizeof *r->config), "wire config");
     if (!r->config) return twk_error(TWK_ERR_OOM, "loss_fn_config: out of memory");
     for (size_t j = 0; j < m->n_loss_fn_config; j++) {
         const TinkerPublic__ForwardBackwardRequest__LossFnConfigEntry *e = m->loss_fn_config[j];
@@ -550,7 +552,7 @@ static twk_status conv_request(const TinkerPublic__ForwardBackwardRequest *m, tw
         if (s != TWK_OK) return s;
     }
 
-    r->data = calloc(m->n_data, sizeof *r->data);
+    r->data = twk_host_calloc((size_t)m->n_data * sizeof *r->data, "wire data");
     if (!r->data) return twk_error(TWK_ERR_OOM, "data: out of memory (%zu datums)", m->n_data);
     int64_t sparse_left = TWK_WIRE_MAX_SPARSE_ELEMS;
     for (size_t i = 0; i < m->n_data; i++) {
@@ -578,17 +580,18 @@ twk_status twk_wire_decode_fb_request(const uint8_t *buf, size_t len, twk_wire_f
      * shifts them into int overflow (UBSan) */
     wpath path = {{0}, 0};
     if (wire_diag(&tinker_public__forward_backward_request__descriptor, buf, len, &path, 0)) return INVALID;
-    budget b = {0, len < (SIZE_MAX >> 7) ? 64 * len + ((size_t)1 << 20) : SIZE_MAX, 0};
+    budget b = {0, len < (SIZE_MAX >> 7) ? 64 * len + ((size_t)1 << 20) : SIZE_MAX, 0, 0};
     ProtobufCAllocator alloc = {budget_alloc, budget_free, &b};
     TinkerPublic__ForwardBackwardRequest *m = tinker_public__forward_backward_request__unpack(&alloc, len, buf);
     if (!m) {
+        if (b.oom) return twk_error(TWK_ERR_OOM, "request: out of memory decoding ForwardBackwardRequest");
         if (b.exhausted)
             return twk_error(INVALID, "request: decoding needs more than %zu bytes of memory (limit for %zu input bytes)",
                              b.cap, len);
         return twk_error(INVALID, "request: malformed protobuf ForwardBackwardRequest");
     }
 
-    twk_wire_fb_request *r = calloc(1, sizeof *r);
+    twk_wire_fb_request *r = twk_host_calloc(sizeof *r, "wire r");
     twk_status s = r ? conv_request(m, r) : twk_error(TWK_ERR_OOM, "request: out of memory");
     tinker_public__forward_backward_request__free_unpacked(m, &alloc);
     if (s != TWK_OK) {
@@ -604,22 +607,22 @@ void twk_wire_fb_request_free(twk_wire_fb_request *r) {
     for (int i = 0; r->data && i < r->n_data; i++) {
         twk_wire_datum *d = &r->data[i];
         for (int k = 0; d->inputs && k < d->n_inputs; k++) {
-            free(d->inputs[k].key);
-            free(d->inputs[k].t.data);
+            twk_host_free(d->inputs[k].key);
+            twk_host_free(d->inputs[k].t.data);
         }
         for (int w = 0; w < 2; w++) {
-            for (int k = 0; d->spans[w] && k < d->n_spans[w]; k++) free(d->spans[w][k].sequence_id);
-            free(d->spans[w]);
+            for (int k = 0; d->spans[w] && k < d->n_spans[w]; k++) twk_host_free(d->spans[w][k].sequence_id);
+            twk_host_free(d->spans[w]);
         }
-        free(d->inputs);
-        free(d->tokens);
+        twk_host_free(d->inputs);
+        twk_host_free(d->tokens);
     }
-    free(r->data);
-    for (int k = 0; r->config && k < r->n_config; k++) free(r->config[k].key);
-    free(r->config);
-    free(r->model_id);
-    free(r->loss_fn);
-    free(r);
+    twk_host_free(r->data);
+    for (int k = 0; r->config && k < r->n_config; k++) twk_host_free(r->config[k].key);
+    twk_host_free(r->config);
+    twk_host_free(r->model_id);
+    twk_host_free(r->loss_fn);
+    twk_host_free(r);
 }
 
 const twk_wire_tensor *twk_wire_datum_input(const twk_wire_datum *d, const char *key) {
@@ -710,11 +713,11 @@ twk_status twk_wire_encode_fb_output(int n_datums, const twk_wire_field *fields,
     TinkerPublic__ArrayRecord rec;
     tinker_public__array_record__init(&rec);
     TinkerPublic__ArrayRecord *recs[1] = {&rec};
-    TinkerPublic__ArrayRecord__FieldsEntry *ent = calloc((size_t)n_fields + 1, sizeof *ent);
-    TinkerPublic__ArrayRecord__FieldsEntry **entp = calloc((size_t)n_fields + 1, sizeof *entp);
-    TinkerPublic__BatchedTensor *bt = calloc((size_t)n_fields + 1, sizeof *bt);
-    int64_t *offs = calloc(((size_t)n_datums + 1) * ((size_t)n_fields + 1), sizeof *offs);
-    uint8_t *mbuf = malloc(mlen ? mlen : 1);
+    TinkerPublic__ArrayRecord__FieldsEntry *ent = twk_host_calloc((size_t)((size_t)n_fields + 1) * (sizeof *ent), "wire ent");
+    TinkerPublic__ArrayRecord__FieldsEntry **entp = twk_host_calloc((size_t)((size_t)n_fields + 1) * (sizeof *entp), "wire entp");
+    TinkerPublic__BatchedTensor *bt = twk_host_calloc((size_t)((size_t)n_fields + 1) * (sizeof *bt), "wire bt");
+    int64_t *offs = twk_host_calloc((size_t)(((size_t)n_datums + 1) * ((size_t)n_fields + 1)) * (sizeof *offs), "wire offs");
+    uint8_t *mbuf = twk_host_alloc(mlen ? mlen : 1, "wire mbuf");
     if (!ent || !entp || !bt || !offs || !mbuf) {
         st = twk_error(TWK_ERR_OOM, "%s: out of memory", W);
         goto done;
@@ -802,11 +805,11 @@ twk_status twk_wire_encode_fb_output(int n_datums, const twk_wire_field *fields,
     }
     st = pack_out(&msg.base, mbuf, w, W, out, out_len);
 done:
-    free(ent);
-    free(entp);
-    free(bt);
-    free(offs);
-    free(mbuf);
+    twk_host_free(ent);
+    twk_host_free(entp);
+    twk_host_free(bt);
+    twk_host_free(offs);
+    twk_host_free(mbuf);
     return st;
 }
 
@@ -826,8 +829,8 @@ twk_status twk_wire_encode_sample_response(const twk_wire_seq *seqs, int n_seqs,
     if (topk_ids && (k < 0 || k > (int64_t)UINT32_MAX || (k && prompt_len > (int64_t)INT_MAX / 4 / k)))
         return twk_error(INVALID, "%s: topk k %lld out of range for prompt_len %lld", W, (long long)k, (long long)prompt_len);
 
-    TinkerPublic__SampledSequence *sq = calloc((size_t)n_seqs + 1, sizeof *sq);
-    TinkerPublic__SampledSequence **sqp = calloc((size_t)n_seqs + 1, sizeof *sqp);
+    TinkerPublic__SampledSequence *sq = twk_host_calloc((size_t)((size_t)n_seqs + 1) * (sizeof *sq), "wire sq");
+    TinkerPublic__SampledSequence **sqp = twk_host_calloc((size_t)((size_t)n_seqs + 1) * (sizeof *sqp), "wire sqp");
     twk_status st = TWK_OK;
     if (!sq || !sqp) {
         st = twk_error(TWK_ERR_OOM, "%s: out of memory", W);
@@ -878,7 +881,7 @@ twk_status twk_wire_encode_sample_response(const twk_wire_seq *seqs, int n_seqs,
     msg.prompt_cache_hit_tokens = 0;
     st = pack_out(&msg.base, NULL, 0, W, out, out_len);
 done:
-    free(sq);
-    free(sqp);
+    twk_host_free(sq);
+    twk_host_free(sqp);
     return st;
 }

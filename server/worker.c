@@ -1,4 +1,5 @@
 /* The compute worker thread and its hand-back queue to the loop thread. */
+#include "twinkle/hal.h"
 #include "worker.h"
 
 #include <pthread.h>
@@ -58,13 +59,13 @@ static void drain(uv_async_t *a) {
 }
 
 twk_worker *twk_worker_start(uv_loop_t *loop) {
-    twk_worker *w = calloc(1, sizeof *w);
+    twk_worker *w = twk_host_calloc(sizeof *w, "worker w");
     if (!w) return NULL;
     w->loop = loop;
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     if (uv_async_init(loop, &w->async, drain) != 0) {
-        free(w);
+        twk_host_free(w);
         return NULL;
     }
     w->async.data = w;
@@ -83,13 +84,12 @@ void twk_worker_submit(twk_worker *w, twk_job *j) {
     pthread_mutex_unlock(&w->mu);
 }
 
-int twk_worker_depth(const twk_worker *w) { return w->depth; }
 
 static void free_after_close(uv_handle_t *h) {
     twk_worker *w = h->data;
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
-    free(w);
+    twk_host_free(w);
 }
 
 void twk_worker_stop(twk_worker *w) {

@@ -23,8 +23,6 @@ typedef struct twk_worker twk_worker;
 twk_worker *twk_worker_start(uv_loop_t *loop);
 /* Queues a job (loop thread). */
 void twk_worker_submit(twk_worker *w, twk_job *j);
-/* Jobs queued or running. */
-int twk_worker_depth(const twk_worker *w);
 /* Finishes queued jobs, joins the thread, runs remaining done callbacks and
  * closes the async handle (the loop must run afterwards to free it). */
 void twk_worker_stop(twk_worker *w);

@@ -138,6 +138,10 @@ int main(int argc, char **argv) {
         }
         printf("\n");
     }
+    /* exact bits of the CPU curve, to compare two builds (a refactor must leave them unchanged) */
+    printf("cpu losses %%a:");
+    for (int s = 0; s < STEPS; s++) printf(" %a", (double)cpu[s]);
+    printf("\n");
     int falls = cpu[STEPS - 1] < 0.8f * cpu[0];
     printf("%s cpu loss falls: %.4f -> %.4f (want < 0.8x)\n", falls ? "ok  " : "FAIL", cpu[0], cpu[STEPS - 1]);
     fails += !falls;

@@ -12,6 +12,7 @@
 
 #include "safetensors.h"
 #include "twinkle/trainer.h"
+#include "json_push.h"
 
 static const char *const module_names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                            "up_proj", "down_proj", "lm_head"};
@@ -33,15 +34,15 @@ twk_status twk_adapter_save(twk_trainer *t, const char *dir, const char *base_mo
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return twk_error(TWK_ERR_IO, "adapter_save: cannot create %s: %s", dir, strerror(errno));
     int n = twk_trainer_param_count(t);
-    twk_st_entry *e = calloc((size_t)n, sizeof *e);
-    float **data = calloc((size_t)n, sizeof *data);
+    twk_st_entry *e = twk_host_calloc((size_t)n * sizeof *e, "adapter entries");
+    float **data = twk_host_calloc((size_t)n * sizeof *data, "adapter data");
     cJSON *cfg = cJSON_CreateObject(), *targets = cJSON_CreateArray();
     twk_status st = (e && data && cfg && targets) ? TWK_OK : twk_error(TWK_ERR_OOM, "adapter_save: out of memory");
     int used[8] = {0};
     for (int i = 0; st == TWK_OK && i < n; i++) {
         int64_t ne = 0;
         const char *name = twk_trainer_param_name(t, i, &ne);
-        data[i] = malloc((size_t)ne * 4);
+        data[i] = twk_host_alloc((size_t)ne * sizeof **data, "adapter tensor");
         if (!data[i]) {
             st = twk_error(TWK_ERR_OOM, "adapter_save: out of memory");
             break;
@@ -53,7 +54,8 @@ twk_status twk_adapter_save(twk_trainer *t, const char *dir, const char *base_mo
         for (size_t k = 0; mod && k < 8; k++)
             if (!strcmp(mod, module_names[k]) && !used[k]) {
                 used[k] = 1;
-                cJSON_AddItemToArray(targets, cJSON_CreateString(mod));
+                if (!twk_json_push(targets, cJSON_CreateString(mod)))
+                    st = twk_error(TWK_ERR_OOM, "adapter_save: out of memory");
             }
     }
     char path[4200];
@@ -63,30 +65,25 @@ twk_status twk_adapter_save(twk_trainer *t, const char *dir, const char *base_mo
         st = twk_st_write(path, e, n, meta, 1);
     }
     if (st == TWK_OK) {
-        cJSON_AddStringToObject(cfg, "peft_type", "LORA");
-        cJSON_AddStringToObject(cfg, "task_type", "CAUSAL_LM");
-        cJSON_AddNumberToObject(cfg, "r", lc->rank);
-        cJSON_AddNumberToObject(cfg, "lora_alpha", lc->alpha);
-        cJSON_AddNumberToObject(cfg, "lora_dropout", 0.0);
-        cJSON_AddItemToObject(cfg, "target_modules", targets);
-        targets = NULL;
-        cJSON_AddStringToObject(cfg, "bias", "none");
-        cJSON_AddBoolToObject(cfg, "fan_in_fan_out", 0);
-        cJSON_AddBoolToObject(cfg, "inference_mode", 1);
-        cJSON_AddBoolToObject(cfg, "init_lora_weights", 1);
-        cJSON_AddBoolToObject(cfg, "use_rslora", 0);
-        cJSON_AddBoolToObject(cfg, "use_dora", 0);
-        cJSON_AddNullToObject(cfg, "modules_to_save");
-        if (base_model) cJSON_AddStringToObject(cfg, "base_model_name_or_path", base_model);
-        else cJSON_AddNullToObject(cfg, "base_model_name_or_path");
-        char *text = cJSON_Print(cfg);
+        /* every field, or out of memory: an adapter_config.json with a field missing would not load */
+        int ok = cJSON_AddStringToObject(cfg, "peft_type", "LORA") &&
+                 cJSON_AddStringToObject(cfg, "task_type", "CAUSAL_LM") && cJSON_AddNumberToObject(cfg, "r", lc->rank) && cJSON_AddNumberToObject(cfg, "lora_alpha", lc->alpha) &&
+                 cJSON_AddNumberToObject(cfg, "lora_dropout", 0.0) && cJSON_AddItemToObject(cfg, "target_modules", targets);
+        if (ok) targets = NULL; /* owned by cfg now */
+        ok = ok && cJSON_AddStringToObject(cfg, "bias", "none") && cJSON_AddBoolToObject(cfg, "fan_in_fan_out", 0) &&
+             cJSON_AddBoolToObject(cfg, "inference_mode", 1) && cJSON_AddBoolToObject(cfg, "init_lora_weights", 1) &&
+             cJSON_AddBoolToObject(cfg, "use_rslora", 0) && cJSON_AddBoolToObject(cfg, "use_dora", 0) &&
+             cJSON_AddNullToObject(cfg, "modules_to_save") &&
+             (base_model ? cJSON_AddStringToObject(cfg, "base_model_name_or_path", base_model) != NULL
+                         : cJSON_AddNullToObject(cfg, "base_model_name_or_path") != NULL);
+        char *text = ok ? cJSON_Print(cfg) : NULL;
         snprintf(path, sizeof path, "%s/adapter_config.json", dir);
         st = text ? twk_write_file_atomic(path, text, strlen(text)) : twk_error(TWK_ERR_OOM, "adapter_save: out of memory");
-        free(text);
+        cJSON_free(text);
     }
-    for (int i = 0; data && i < n; i++) free(data[i]);
-    free(data);
-    free(e);
+    for (int i = 0; data && i < n; i++) twk_host_free(data[i]);
+    twk_host_free(data);
+    twk_host_free(e);
     cJSON_Delete(targets);
     cJSON_Delete(cfg);
     return st;
@@ -104,15 +101,16 @@ static twk_status check_base_copy(twk_trainer *t, const char *path, const twk_st
     char *bl = strstr(base, ".base_layer.weight");
     if (!bl) return twk_error(TWK_ERR_INVALID_ARG, "%s: unexpected tensor '%s'", path, ten->name);
     strcpy(bl, ".weight");
-    float *ours = malloc((size_t)ten->nelem * 4), *theirs = malloc((size_t)ten->nelem * 4);
-    twk_status st = ours && theirs ? TWK_OK : twk_error(TWK_ERR_OOM, "adapter_load: out of memory");
+    size_t bytes = (size_t)ten->nelem * sizeof(float); /* both as float32 */
+    float *ours = twk_host_alloc(bytes, "base weight"), *theirs = twk_host_alloc(bytes, "adapter base copy");
+    twk_status st = ours && theirs ? TWK_OK : TWK_ERR_OOM;
     if (st == TWK_OK) st = twk_model_get_weight(twk_trainer_model(t), base, ours, ten->nelem);
     if (st == TWK_OK) st = twk_st_to_f32(ten, theirs);
-    if (st == TWK_OK && memcmp(ours, theirs, (size_t)ten->nelem * 4))
+    if (st == TWK_OK && memcmp(ours, theirs, bytes))
         st = twk_error(TWK_ERR_UNSUPPORTED, "%s: tensor '%s' replaces the base weight '%s'; only LoRA deltas are supported",
                        path, ten->name, base);
-    free(ours);
-    free(theirs);
+    twk_host_free(ours);
+    twk_host_free(theirs);
     return st;
 }
 
@@ -175,10 +173,10 @@ twk_status twk_adapter_load(twk_trainer *t, const char *dir) {
                            (long long)ten->nelem, (long long)want);
             break;
         }
-        float *d = malloc((size_t)want * 4);
-        st = d ? twk_st_to_f32(ten, d) : twk_error(TWK_ERR_OOM, "adapter_load: out of memory");
+        float *d = twk_host_alloc((size_t)want * sizeof *d, "adapter tensor");
+        st = d ? twk_st_to_f32(ten, d) : TWK_ERR_OOM;
         if (st == TWK_OK) st = twk_trainer_set(t, ten->name, d, want);
-        free(d);
+        twk_host_free(d);
     }
     if (st == TWK_OK && n_lora != twk_trainer_param_count(t))
         st = twk_error(TWK_ERR_INVALID_ARG, "%s: has %d LoRA tensors; this trainer's adapter has %d", path, n_lora,

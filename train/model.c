@@ -112,11 +112,11 @@ twk_status twk_model_random(const twk_model_config *cfg, twk_device *dev, uint64
     twk_rng_seed(&r, seed);
     for (int i = 0; st == TWK_OK && i < n; i++) {
         named_buf *w = &m->w[i];
-        float *h = twk_host_alloc((size_t)w->nelem * 4, w->name);
+        float *h = twk_host_alloc(nb_bytes(w), w->name);
         if (!h) st = TWK_ERR_OOM;
         int is_norm = w->ndim == 1 && strstr(w->name, "norm");
         for (int64_t k = 0; h && k < w->nelem; k++) h[k] = is_norm ? 1.0f : (float)(0.02 * twk_rng_normal(&r));
-        if (st == TWK_OK) st = twk_buffer_alloc(dev, (size_t)w->nelem * 4, &w->buf);
+        if (st == TWK_OK) st = twk_buffer_alloc(dev, nb_bytes(w), &w->buf);
         if (st == TWK_OK) st = twk_buffer_upload(dev, w->buf, 0, h, (size_t)w->nelem * 4);
         twk_host_free(h);
         m->n_w = i + 1;
@@ -171,10 +171,10 @@ twk_status twk_model_load(const char *dir, twk_device *dev, twk_model **out) {
                            (long long)w->ne[0], w->ndim > 1 ? ", " : "", (long long)w->ne[1]);
             break;
         }
-        tmp = twk_host_alloc((size_t)w->nelem * sizeof(float), w->name);
+        tmp = twk_host_alloc(nb_bytes(w), w->name);
         if (!tmp) st = TWK_ERR_OOM;
         if (st == TWK_OK) st = twk_st_to_f32(t, tmp);
-        if (st == TWK_OK) st = twk_buffer_alloc(dev, (size_t)w->nelem * 4, &w->buf);
+        if (st == TWK_OK) st = twk_buffer_alloc(dev, nb_bytes(w), &w->buf);
         if (st == TWK_OK) st = twk_buffer_upload(dev, w->buf, 0, tmp, (size_t)w->nelem * 4);
         twk_host_free(tmp);
         tmp = NULL;
@@ -275,7 +275,7 @@ static twk_status make_adapter(twk_trainer *t) {
                     nb->ne[1] = ab ? out : t->slot_rank;
                     nb->ne[2] = ab ? t->slot_rank : in;
                     nb->nelem = nb->ne[0] * nb->ne[1] * nb->ne[2];
-                    twk_status st = twk_buffer_alloc(t->m->dev, (size_t)nb->nelem * 4, &nb->buf);
+                    twk_status st = twk_buffer_alloc(t->m->dev, nb_bytes(nb), &nb->buf);
                     if (st == TWK_OK) st = twk_buffer_zero(t->m->dev, nb->buf, 0, (size_t)nb->nelem * 4);
                     if (st != TWK_OK) return st;
                     continue;
@@ -284,12 +284,12 @@ static twk_status make_adapter(twk_trainer *t) {
                 nb->ne[0] = ab ? out : t->lc.rank;
                 nb->ne[1] = ab ? t->lc.rank : in;
                 nb->nelem = nb->ne[0] * nb->ne[1];
-                float *h = twk_host_calloc((size_t)nb->nelem * 4, "lora init");
+                float *h = twk_host_calloc(nb_bytes(nb), "lora init");
                 if (!h) return TWK_ERR_OOM;
                 /* PEFT: A ~ kaiming_uniform(a=sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)); B = 0 */
                 double bound = 1.0 / sqrt((double)in);
                 for (int64_t i = 0; !ab && i < nb->nelem; i++) h[i] = (float)((2 * twk_rng_uniform(&r) - 1) * bound);
-                twk_status st = twk_buffer_alloc(t->m->dev, (size_t)nb->nelem * 4, &nb->buf);
+                twk_status st = twk_buffer_alloc(t->m->dev, nb_bytes(nb), &nb->buf);
                 if (st == TWK_OK) st = twk_buffer_upload(t->m->dev, nb->buf, 0, h, (size_t)nb->nelem * 4);
                 twk_host_free(h);
                 if (st != TWK_OK) return st;
@@ -446,7 +446,7 @@ static twk_status make_kv(twk_trainer *t) {
         snprintf(nb->name, sizeof nb->name, "kv_cache.%d.%c", i / 2, i % 2 ? 'v' : 'k');
         nb->ndim = 3;
         nb->nelem = (int64_t)t->max_seqs * t->max_len * c->kv_heads * c->head_dim;
-        twk_status st = twk_buffer_alloc(t->m->dev, (size_t)nb->nelem * 4, &nb->buf);
+        twk_status st = twk_buffer_alloc(t->m->dev, nb_bytes(nb), &nb->buf);
         if (st != TWK_OK) return st;
     }
     return TWK_OK;
@@ -561,7 +561,7 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
             p->nb = i < m->n_w ? &m->w[i] : &t->adapter[i - m->n_w];
             p->id = t->param_ids[i];
             p->grad = g;
-            p->acc = twk_host_calloc((size_t)p->nb->nelem * 4, "gradient accumulator");
+            p->acc = twk_host_calloc(nb_bytes(p->nb), "gradient accumulator");
             if (!p->acc) st = TWK_ERR_OOM;
             else twk_graph_output(t->g, g);
         }
@@ -615,7 +615,7 @@ twk_status twk_trainer_forward_base(twk_trainer *t, const twk_batch *b, float *l
         return twk_error(TWK_ERR_INVALID_ARG, "trainer_forward_base: full-parameter training has no adapter to turn off");
     /* the adapter's delta is scale * B A: zero every B, run, put them back */
     int n = twk_trainer_param_count(t), saved = 0;
-    float **keep = calloc((size_t)n, sizeof *keep);
+    float **keep = twk_host_calloc((size_t)n * sizeof *keep, "adapter B copies");
     twk_status st = keep ? TWK_OK : twk_error(TWK_ERR_OOM, "trainer_forward_base: out of memory");
     for (int i = 0; st == TWK_OK && i < n; i++, saved = i) {
         int64_t ne = 0;
@@ -638,7 +638,7 @@ twk_status twk_trainer_forward_base(twk_trainer *t, const twk_batch *b, float *l
         if (st == TWK_OK) st = rs;
         twk_host_free(keep[i]);
     }
-    free(keep);
+    twk_host_free(keep);
     return st;
 }
 
@@ -648,7 +648,7 @@ twk_status twk_trainer_forward_backward(twk_trainer *t, const twk_batch *b, floa
     float *tmp = NULL;
     for (int i = 0; st == TWK_OK && i < t->n_tp; i++) {
         tparam *p = &t->tp[i];
-        tmp = twk_host_alloc((size_t)p->nb->nelem * 4, "gradient");
+        tmp = twk_host_alloc(nb_bytes(p->nb), "gradient");
         if (!tmp) return TWK_ERR_OOM;
         st = twk_plan_read(t->fwdbwd, p->grad, b->n, tmp, (size_t)p->nb->nelem * 4);
         for (int64_t k = 0; st == TWK_OK && k < p->nb->nelem; k++) p->acc[k] += tmp[k];

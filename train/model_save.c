@@ -10,6 +10,7 @@
 
 #include "safetensors.h"
 #include "trainer_internal.h"
+#include "json_push.h"
 
 static const char *model_type(twk_arch a) {
     return a == TWK_ARCH_LLAMA ? "llama" : a == TWK_ARCH_QWEN2 ? "qwen2" : "qwen3";
@@ -20,7 +21,7 @@ static char *config_json(const twk_model_config *c) {
     cJSON *archs = cJSON_AddArrayToObject(j, "architectures");
     const char *arch = c->arch == TWK_ARCH_LLAMA ? "LlamaForCausalLM" : c->arch == TWK_ARCH_QWEN2 ? "Qwen2ForCausalLM"
                                                                                                   : "Qwen3ForCausalLM";
-    cJSON_AddItemToArray(archs, cJSON_CreateString(arch));
+    twk_json_push(archs, cJSON_CreateString(arch));
     cJSON_AddStringToObject(j, "model_type", model_type(c->arch));
     cJSON_AddNumberToObject(j, "vocab_size", c->vocab);
     cJSON_AddNumberToObject(j, "hidden_size", c->hidden);
@@ -49,7 +50,7 @@ static char *config_json(const twk_model_config *c) {
     if (c->n_eos == 1) cJSON_AddNumberToObject(j, "eos_token_id", c->eos[0]);
     else if (c->n_eos > 1) {
         cJSON *e = cJSON_AddArrayToObject(j, "eos_token_id");
-        for (int i = 0; i < c->n_eos; i++) cJSON_AddItemToArray(e, cJSON_CreateNumber(c->eos[i]));
+        for (int i = 0; i < c->n_eos; i++) twk_json_push(e, cJSON_CreateNumber(c->eos[i]));
     }
     cJSON_AddStringToObject(j, "torch_dtype", "float32");
     char *s = cJSON_Print(j);
@@ -61,14 +62,14 @@ twk_status twk_model_save(const twk_model *m, const char *dir) {
     if (!m || !dir) return twk_error(TWK_ERR_INVALID_ARG, "model_save: NULL argument");
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return twk_error(TWK_ERR_IO, "model_save: cannot create %s: %s", dir, strerror(errno));
-    twk_st_entry *e = calloc((size_t)m->n_w, sizeof *e);
-    float **d = calloc((size_t)m->n_w, sizeof *d);
+    twk_st_entry *e = twk_host_calloc((size_t)m->n_w * sizeof *e, "model entries");
+    float **d = twk_host_calloc((size_t)m->n_w * sizeof *d, "model data");
     twk_status st = e && d ? TWK_OK : twk_error(TWK_ERR_OOM, "model_save: out of memory");
     for (int i = 0; st == TWK_OK && i < m->n_w; i++) {
         const named_buf *w = &m->w[i];
-        d[i] = malloc((size_t)w->nelem * 4);
+        d[i] = twk_host_alloc(nb_bytes(w), w->name);
         if (!d[i]) st = twk_error(TWK_ERR_OOM, "model_save: out of memory");
-        else st = twk_buffer_download(m->dev, w->buf, 0, d[i], (size_t)w->nelem * 4);
+        else st = twk_buffer_download(m->dev, w->buf, 0, d[i], nb_bytes(w));
         e[i] = (twk_st_entry){w->name, TWK_ST_F32, w->ndim, {w->ne[0], w->ne[1]}, d[i]};
     }
     char path[4200];
@@ -81,10 +82,10 @@ twk_status twk_model_save(const twk_model *m, const char *dir) {
         char *cfg = config_json(&m->cfg);
         snprintf(path, sizeof path, "%s/config.json", dir);
         st = cfg ? twk_write_file_atomic(path, cfg, strlen(cfg)) : twk_error(TWK_ERR_OOM, "model_save: out of memory");
-        free(cfg);
+        cJSON_free(cfg);
     }
-    for (int i = 0; d && i < m->n_w; i++) free(d[i]);
-    free(d);
-    free(e);
+    for (int i = 0; d && i < m->n_w; i++) twk_host_free(d[i]);
+    twk_host_free(d);
+    twk_host_free(e);
     return st;
 }

@@ -37,8 +37,8 @@ twk_status twk_trainer_optim_step(twk_trainer *t, const twk_adam_params *p, floa
     for (int i = 0; i < t->n_tp; i++) {
         tparam *tp = &t->tp[i];
         if (!tp->m) {
-            tp->m = twk_host_calloc((size_t)tp->nb->nelem * 4, "adam m");
-            tp->v = twk_host_calloc((size_t)tp->nb->nelem * 4, "adam v");
+            tp->m = twk_host_calloc(nb_bytes(tp->nb), "adam m");
+            tp->v = twk_host_calloc(nb_bytes(tp->nb), "adam v");
             if (!tp->m || !tp->v) return TWK_ERR_OOM;
         }
     }

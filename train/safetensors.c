@@ -15,6 +15,7 @@
 #include <cJSON.h>
 
 #include "twinkle/hal.h"
+#include "json_push.h"
 
 #define MAX_FILES 256
 #define MAX_HEADER (100u << 20)
@@ -301,7 +302,7 @@ static float half_to_f32(uint16_t h) {
 twk_status twk_st_to_f32(const twk_st_tensor *t, float *dst) {
     const unsigned char *p = t->data;
     switch (t->dtype) {
-    case TWK_ST_F32: memcpy(dst, p, (size_t)t->nelem * 4); return TWK_OK;
+    case TWK_ST_F32: memcpy(dst, p, (size_t)t->nelem * sizeof *dst); return TWK_OK;
     case TWK_ST_BF16:
         for (int64_t i = 0; i < t->nelem; i++) {
             uint32_t bits = (uint32_t)(p[2 * i] | p[2 * i + 1] << 8) << 16;
@@ -416,9 +417,11 @@ static size_t elem_bytes(twk_st_dtype d) { return d == TWK_ST_I64 ? 8 : d == TWK
 twk_status twk_st_write(const char *path, const twk_st_entry *e, int n, const char *const *meta, int n_meta) {
     cJSON *h = cJSON_CreateObject();
     if (!h) return twk_error(TWK_ERR_OOM, "st_write: out of memory");
+    int ok = 1; /* every part of the header made: else out of memory */
     if (n_meta > 0) {
         cJSON *m = cJSON_AddObjectToObject(h, "__metadata__");
-        for (int i = 0; m && i < n_meta; i++) cJSON_AddStringToObject(m, meta[2 * i], meta[2 * i + 1]);
+        ok = m != NULL;
+        for (int i = 0; m && i < n_meta; i++) ok = cJSON_AddStringToObject(m, meta[2 * i], meta[2 * i + 1]) && ok;
     }
     size_t off = 0;
     for (int i = 0; i < n; i++) {
@@ -429,26 +432,27 @@ twk_status twk_st_write(const char *path, const twk_st_entry *e, int n, const ch
         }
         int64_t ne = 1;
         cJSON *t = cJSON_AddObjectToObject(h, e[i].name);
-        cJSON_AddStringToObject(t, "dtype", ds);
-        cJSON *sh = cJSON_AddArrayToObject(t, "shape");
+        ok = ok && t && cJSON_AddStringToObject(t, "dtype", ds);
+        cJSON *sh = t ? cJSON_AddArrayToObject(t, "shape") : NULL;
         for (int k = 0; k < e[i].ndim; k++) {
-            cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)e[i].shape[k]));
+            ok = twk_json_push(sh, cJSON_CreateNumber((double)e[i].shape[k])) && ok;
             ne *= e[i].shape[k];
         }
+        ok = ok && sh;
         size_t bytes = (size_t)ne * elem_bytes(e[i].dtype);
-        cJSON *o = cJSON_AddArrayToObject(t, "data_offsets");
-        cJSON_AddItemToArray(o, cJSON_CreateNumber((double)off));
-        cJSON_AddItemToArray(o, cJSON_CreateNumber((double)(off + bytes)));
+        cJSON *o = t ? cJSON_AddArrayToObject(t, "data_offsets") : NULL;
+        ok = twk_json_push(o, cJSON_CreateNumber((double)off)) && ok;
+        ok = twk_json_push(o, cJSON_CreateNumber((double)(off + bytes))) && ok;
         off += bytes;
     }
-    char *json = cJSON_PrintUnformatted(h);
+    char *json = ok ? cJSON_PrintUnformatted(h) : NULL;
     cJSON_Delete(h);
     if (!json) return twk_error(TWK_ERR_OOM, "st_write: out of memory");
     size_t jl = strlen(json), padded = (jl + 7) / 8 * 8;
     char tmp[4200];
     int fd = open_temp(path, tmp, sizeof tmp);
     if (fd < 0) {
-        free(json);
+        cJSON_free(json);
         return twk_error(TWK_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
     }
     unsigned char len8[8];
@@ -456,7 +460,7 @@ twk_status twk_st_write(const char *path, const twk_st_entry *e, int n, const ch
     twk_status rc = write_all(fd, len8, 8, tmp);
     if (rc == TWK_OK) rc = write_all(fd, json, jl, tmp);
     if (rc == TWK_OK && padded > jl) rc = write_all(fd, "        ", padded - jl, tmp);
-    free(json);
+    cJSON_free(json);
     for (int i = 0; i < n && rc == TWK_OK; i++) {
         int64_t ne = 1;
         for (int k = 0; k < e[i].ndim; k++) ne *= e[i].shape[k];

@@ -75,19 +75,19 @@ twk_status twk_sampler_slot_set(twk_sampler *s, int slot, int rank, float alpha,
     for (int i = 0; st == TWK_OK && i + 1 < t->n_adapter; i += 2) {
         named_buf *A = &t->adapter[i], *B = &t->adapter[i + 1]; /* A [S, R, in], B [S, out, R] */
         int64_t in = A->ne[2], outd = B->ne[1];
-        float *ha = twk_host_calloc((size_t)(R * in) * 4, "slot A"), *hb = twk_host_calloc((size_t)(outd * R) * 4, "slot B");
-        float *src = twk_host_alloc((size_t)((in > outd ? in : outd) * (rank > 0 ? rank : 1)) * 4, "slot source");
+        float *ha = twk_host_calloc((size_t)(R * in) * sizeof *ha, "slot A"), *hb = twk_host_calloc((size_t)(outd * R) * sizeof *hb, "slot B");
+        float *src = twk_host_alloc((size_t)((in > outd ? in : outd) * (rank > 0 ? rank : 1)) * sizeof *src, "slot source");
         if (!ha || !hb || !src) st = TWK_ERR_OOM;
         if (st == TWK_OK && rank > 0 && get && get(ctx, A->name, src, (int64_t)rank * in)) {
-            memcpy(ha, src, (size_t)(rank * in) * 4); /* rows 0..rank-1 */
+            memcpy(ha, src, (size_t)(rank * in) * sizeof *ha); /* rows 0..rank-1 */
             if (get(ctx, B->name, src, outd * rank))
                 for (int64_t o = 0; o < outd; o++)
                     for (int k = 0; k < rank; k++) hb[o * R + k] = src[o * rank + k] * scale;
             else
-                memset(ha, 0, (size_t)(R * in) * 4);
+                memset(ha, 0, (size_t)(R * in) * sizeof *ha);
         }
-        if (st == TWK_OK) st = twk_buffer_upload(t->m->dev, A->buf, (size_t)slot * (size_t)(R * in) * 4, ha, (size_t)(R * in) * 4);
-        if (st == TWK_OK) st = twk_buffer_upload(t->m->dev, B->buf, (size_t)slot * (size_t)(outd * R) * 4, hb, (size_t)(outd * R) * 4);
+        if (st == TWK_OK) st = twk_buffer_upload(t->m->dev, A->buf, (size_t)slot * (size_t)(R * in) * sizeof *ha, ha, (size_t)(R * in) * sizeof *ha);
+        if (st == TWK_OK) st = twk_buffer_upload(t->m->dev, B->buf, (size_t)slot * (size_t)(outd * R) * sizeof *hb, hb, (size_t)(outd * R) * sizeof *hb);
         twk_host_free(ha);
         twk_host_free(hb);
         twk_host_free(src);
@@ -120,7 +120,7 @@ static int get_from_trainer(void *ctx, const char *name, float *dst, int64_t nel
     for (int i = 0; i < t->n_adapter; i++)
         if (!strcmp(t->adapter[i].name, name))
             return t->adapter[i].nelem == nelem &&
-                   twk_buffer_download(t->m->dev, t->adapter[i].buf, 0, dst, (size_t)nelem * 4) == TWK_OK;
+                   twk_buffer_download(t->m->dev, t->adapter[i].buf, 0, dst, nb_bytes(&t->adapter[i])) == TWK_OK;
     return 0;
 }
 
@@ -158,7 +158,7 @@ twk_status twk_sampler_copy_adapter(twk_sampler *s, twk_trainer *from) {
                          from->lc.rank, from->n_adapter, t->lc.rank, t->n_adapter);
     for (int i = 0; i < t->n_adapter; i++) {
         twk_status st = twk_buffer_copy(t->m->dev, t->adapter[i].buf, 0, from->adapter[i].buf, 0,
-                                        (size_t)t->adapter[i].nelem * 4);
+                                        nb_bytes(&t->adapter[i]));
         if (st != TWK_OK) return st;
     }
     return TWK_OK;
@@ -175,23 +175,24 @@ static twk_status pass_plan(twk_sampler *s, int decode, int64_t n, const int32_t
         int64_t cap = s->max_len > s->max_seqs ? s->max_len : s->max_seqs;
         const int32_t *sl = s->ibuf + 6 * cap;
         twk_plan *pl = decode ? t->decode : t->fwd;
-        twk_status st = twk_plan_write(pl, t->slot_in, n, sl, (size_t)n * 4);
+        twk_status st = twk_plan_write(pl, t->slot_in, n, sl, (size_t)n * sizeof *sl);
         int32_t first = sl[sel[0]];
         if (st == TWK_OK)
-            st = decode ? twk_plan_write(pl, t->slot_sel, n, sl, (size_t)n * 4) : twk_plan_write(pl, t->slot_sel, n, &first, 4);
+            st = decode ? twk_plan_write(pl, t->slot_sel, n, sl, (size_t)n * sizeof *sl)
+                        : twk_plan_write(pl, t->slot_sel, n, &first, sizeof first);
         if (st != TWK_OK) return st;
     }
     twk_plan *p = decode ? t->decode : t->fwd;
-    size_t b = (size_t)n * 4;
+    size_t b = (size_t)n * sizeof *tok; /* every input is int32 */
     int64_t n_out = decode ? n : 1;
     twk_status st = twk_plan_write(p, t->tokens, n, tok, b);
     if (st == TWK_OK) st = twk_plan_write(p, t->positions, n, pos, b);
     if (st == TWK_OK) st = twk_plan_write(p, t->rows, n, rows, b);
     if (st == TWK_OK) st = twk_plan_write(p, t->lo, n, lo, b);
     if (st == TWK_OK) st = twk_plan_write(p, t->hi, n, hi, b);
-    if (st == TWK_OK) st = twk_plan_write(p, t->sel, n, sel, (size_t)n_out * 4);
+    if (st == TWK_OK) st = twk_plan_write(p, t->sel, n, sel, (size_t)n_out * sizeof *sel);
     if (st == TWK_OK) st = twk_plan_run(p, n);
-    if (st == TWK_OK) st = twk_plan_read(p, t->logits, n, s->logits, (size_t)n_out * (size_t)s->vocab * 4);
+    if (st == TWK_OK) st = twk_plan_read(p, t->logits, n, s->logits, (size_t)n_out * (size_t)s->vocab * sizeof *s->logits);
     return st;
 }
 
@@ -396,7 +397,7 @@ twk_status twk_sampler_generate_many(twk_sampler *s, const twk_sample_request *r
     seq_state *q = twk_host_calloc((size_t)total * sizeof *q, "sampler state");
     twk_status st = work && q ? TWK_OK : TWK_ERR_OOM;
     twk_trainer *t = s->t;
-    size_t row_bytes = (size_t)t->m->cfg.kv_heads * (size_t)t->m->cfg.head_dim * 4;
+    size_t row_bytes = (size_t)t->m->cfg.kv_heads * (size_t)t->m->cfg.head_dim * twk_dtype_size(t->kv[0].dtype);
     int next = 0;
     for (int r = 0; st == TWK_OK && r < n_reqs; r++) {
         const twk_sample_request *R = &reqs[r];
@@ -404,8 +405,8 @@ twk_status twk_sampler_generate_many(twk_sampler *s, const twk_sample_request *r
         int first_slot = next;
         for (int i = 0; st == TWK_OK && i < R->num_samples; i++, next++) {
             twk_sampled_seq *o = &R->out[i];
-            o->tokens = twk_host_alloc((size_t)p->max_tokens * 4, "sampled tokens");
-            o->logprobs = twk_host_alloc((size_t)p->max_tokens * 4, "sampled logprobs");
+            o->tokens = twk_host_alloc((size_t)p->max_tokens * sizeof *o->tokens, "sampled tokens");
+            o->logprobs = twk_host_alloc((size_t)p->max_tokens * sizeof *o->logprobs, "sampled logprobs");
             if (!o->tokens || !o->logprobs) st = TWK_ERR_OOM;
             uint64_t seed = p->has_seed ? p->seed : (uint64_t)(twk_now() * 1e9) ^ (uint64_t)(uintptr_t)o;
             q[next] = (seq_state){.req = r, .sample = i, .slot = next, .live = 1};
@@ -574,7 +575,7 @@ twk_status twk_sampler_score_prompt(twk_sampler *s, const int32_t *prompt, int64
 
 size_t twk_sampler_adapter_bytes(const twk_sampler *s) {
     size_t n = 0;
-    for (int i = 0; s && i < s->t->n_adapter; i++) n += (size_t)s->t->adapter[i].nelem * 4;
+    for (int i = 0; s && i < s->t->n_adapter; i++) n += nb_bytes(&s->t->adapter[i]);
     return n;
 }
 
@@ -585,7 +586,7 @@ static twk_status adapter_host(twk_sampler *s, void *host, size_t bytes, int to_
     size_t off = 0;
     for (int i = 0; i < s->t->n_adapter; i++) {
         const named_buf *nb = &s->t->adapter[i];
-        size_t n = (size_t)nb->nelem * 4;
+        size_t n = nb_bytes(nb);
         twk_status st = to_host ? twk_buffer_download(s->t->m->dev, nb->buf, 0, (char *)host + off, n)
                                 : twk_buffer_upload(s->t->m->dev, nb->buf, 0, (const char *)host + off, n);
         if (st != TWK_OK) return st;

@@ -130,11 +130,11 @@ static twk_status make_data(twk_tiny_lm *m, twk_rng *r) {
             w[t] = -1.0f / (float)total; /* loss = mean cross-entropy */
         }
     }
-    twk_status st = twk_plan_write(m->plan, m->tokens, total, tok, (size_t)total * 4);
-    if (st == TWK_OK) st = twk_plan_write(m->plan, m->targets, total, tgt, (size_t)total * 4);
-    if (st == TWK_OK) st = twk_plan_write(m->plan, m->pos, total, pos, (size_t)total * 4);
-    if (st == TWK_OK) st = twk_plan_write(m->plan, m->seg, total, seg, (size_t)total * 4);
-    if (st == TWK_OK) st = twk_plan_write(m->plan, m->weights, total, w, (size_t)total * 4);
+    twk_status st = twk_plan_write(m->plan, m->tokens, total, tok, (size_t)total * sizeof *tok);
+    if (st == TWK_OK) st = twk_plan_write(m->plan, m->targets, total, tgt, (size_t)total * sizeof *tgt);
+    if (st == TWK_OK) st = twk_plan_write(m->plan, m->pos, total, pos, (size_t)total * sizeof *pos);
+    if (st == TWK_OK) st = twk_plan_write(m->plan, m->seg, total, seg, (size_t)total * sizeof *seg);
+    if (st == TWK_OK) st = twk_plan_write(m->plan, m->weights, total, w, (size_t)total * sizeof *w);
     twk_host_free(tok);
     twk_host_free(w);
     return st;

@@ -14,36 +14,36 @@ int64_t twk_trainer_step(const twk_trainer *t) { return t ? t->step : 0; }
 int64_t twk_trainer_capacity(const twk_trainer *t) { return t ? t->capacity : 0; }
 
 static twk_status save_full(twk_trainer *t, const char *dir) {
-    twk_st_entry *e = calloc((size_t)t->n_tp, sizeof *e);
-    float **d = calloc((size_t)t->n_tp, sizeof *d);
-    twk_status st = e && d ? TWK_OK : twk_error(TWK_ERR_OOM, "save_state: out of memory");
+    twk_st_entry *e = twk_host_calloc((size_t)t->n_tp * sizeof *e, "state entries");
+    float **d = twk_host_calloc((size_t)t->n_tp * sizeof *d, "state data");
+    twk_status st = e && d ? TWK_OK : TWK_ERR_OOM;
     for (int i = 0; st == TWK_OK && i < t->n_tp; i++) {
         named_buf *nb = t->tp[i].nb;
-        d[i] = malloc((size_t)nb->nelem * 4);
-        if (!d[i]) st = twk_error(TWK_ERR_OOM, "save_state: out of memory");
-        else st = twk_buffer_download(t->m->dev, nb->buf, 0, d[i], (size_t)nb->nelem * 4);
+        d[i] = twk_host_alloc(nb_bytes(nb), nb->name);
+        if (!d[i]) st = TWK_ERR_OOM;
+        else st = twk_buffer_download(t->m->dev, nb->buf, 0, d[i], nb_bytes(nb));
         e[i] = (twk_st_entry){nb->name, TWK_ST_F32, nb->ndim, {nb->ne[0], nb->ne[1]}, d[i]};
     }
     char path[4200];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     const char *meta[2] = {"format", "pt"};
     if (st == TWK_OK) st = twk_st_write(path, e, t->n_tp, meta, 1);
-    for (int i = 0; d && i < t->n_tp; i++) free(d[i]);
-    free(d);
-    free(e);
+    for (int i = 0; d && i < t->n_tp; i++) twk_host_free(d[i]);
+    twk_host_free(d);
+    twk_host_free(e);
     return st;
 }
 
 static twk_status save_optimizer(twk_trainer *t, const char *dir) {
     int n = 2 * t->n_tp + 1;
-    twk_st_entry *e = calloc((size_t)n, sizeof *e);
-    char (*names)[240] = calloc((size_t)n, sizeof *names);
+    twk_st_entry *e = twk_host_calloc((size_t)n * sizeof *e, "optimizer entries");
+    char (*names)[240] = twk_host_calloc((size_t)n * sizeof *names, "optimizer names");
     float *zeros = NULL;
-    twk_status st = e && names ? TWK_OK : twk_error(TWK_ERR_OOM, "save_state: out of memory");
+    twk_status st = e && names ? TWK_OK : TWK_ERR_OOM;
     int64_t max = 1;
     for (int i = 0; i < t->n_tp; i++)
         if (t->tp[i].nb->nelem > max) max = t->tp[i].nb->nelem;
-    if (st == TWK_OK && !(zeros = calloc((size_t)max, 4))) st = twk_error(TWK_ERR_OOM, "save_state: out of memory");
+    if (st == TWK_OK && !(zeros = twk_host_calloc((size_t)max * sizeof *zeros, "zero moments"))) st = TWK_ERR_OOM;
     for (int i = 0; st == TWK_OK && i < t->n_tp; i++) {
         named_buf *nb = t->tp[i].nb;
         snprintf(names[2 * i], sizeof names[0], "m.%s", nb->name);
@@ -58,9 +58,9 @@ static twk_status save_optimizer(twk_trainer *t, const char *dir) {
         snprintf(path, sizeof path, "%s/optimizer_state.safetensors", dir);
         st = twk_st_write(path, e, n, NULL, 0);
     }
-    free(zeros);
-    free(names);
-    free(e);
+    twk_host_free(zeros);
+    twk_host_free(names);
+    twk_host_free(e);
     return st;
 }
 
@@ -85,10 +85,10 @@ static twk_status load_full(twk_trainer *t, const char *dir) {
             st = twk_error(TWK_ERR_INVALID_ARG, "%s: tensor '%s' is missing or has the wrong size", path, nb->name);
             break;
         }
-        float *d = malloc((size_t)nb->nelem * 4);
-        st = d ? twk_st_to_f32(ten, d) : twk_error(TWK_ERR_OOM, "load_state: out of memory");
-        if (st == TWK_OK) st = twk_buffer_upload(t->m->dev, nb->buf, 0, d, (size_t)nb->nelem * 4);
-        free(d);
+        float *d = twk_host_alloc(nb_bytes(nb), nb->name);
+        st = d ? twk_st_to_f32(ten, d) : TWK_ERR_OOM;
+        if (st == TWK_OK) st = twk_buffer_upload(t->m->dev, nb->buf, 0, d, nb_bytes(nb));
+        twk_host_free(d);
     }
     twk_st_close(sf);
     return st;
@@ -104,8 +104,8 @@ static twk_status load_optimizer(twk_trainer *t, const char *dir) {
     if (!step || step->dtype != TWK_ST_I64 || step->nelem != 1)
         st = twk_error(TWK_ERR_INVALID_ARG, "%s: no I64 'step'", path);
     /* read everything first so a bad file changes nothing */
-    float **m = calloc((size_t)t->n_tp, sizeof *m), **v = calloc((size_t)t->n_tp, sizeof *v);
-    if (st == TWK_OK && (!m || !v)) st = twk_error(TWK_ERR_OOM, "load_state: out of memory");
+    float **m = twk_host_calloc((size_t)t->n_tp * sizeof *m, "adam m"), **v = twk_host_calloc((size_t)t->n_tp * sizeof *v, "adam v");
+    if (st == TWK_OK && (!m || !v)) st = TWK_ERR_OOM;
     for (int i = 0; st == TWK_OK && i < t->n_tp; i++) {
         named_buf *nb = t->tp[i].nb;
         char key[240];
@@ -116,7 +116,7 @@ static twk_status load_optimizer(twk_trainer *t, const char *dir) {
                 st = twk_error(TWK_ERR_INVALID_ARG, "%s: '%s' is missing or has the wrong size", path, key);
                 break;
             }
-            float *d = twk_host_alloc((size_t)nb->nelem * 4, "adam moments");
+            float *d = twk_host_alloc(nb_bytes(nb), "adam moments");
             if (!d) st = TWK_ERR_OOM;
             else st = twk_st_to_f32(ten, d);
             if (k) v[i] = d;
@@ -137,8 +137,8 @@ static twk_status load_optimizer(twk_trainer *t, const char *dir) {
             twk_host_free(v[i]);
         }
     }
-    free(m);
-    free(v);
+    twk_host_free(m);
+    twk_host_free(v);
     twk_st_close(sf);
     return st;
 }

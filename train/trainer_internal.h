@@ -11,8 +11,12 @@ typedef struct named_buf {
     int ndim;
     int64_t ne[3];
     int64_t nelem;
+    twk_dtype dtype; /* TWK_F32 (0) unless set */
     twk_buffer *buf;
 } named_buf;
+
+/* The tensor's size in bytes, from its dtype. */
+static inline size_t nb_bytes(const named_buf *nb) { return (size_t)nb->nelem * twk_dtype_size(nb->dtype); }
 
 struct twk_model {
     twk_model_config cfg;

@@ -44,6 +44,11 @@ void twk_set_allocator(const twk_allocator *a);
 void *twk_host_alloc(size_t bytes, const char *what);
 /* Zeroed twk_host_alloc. */
 void *twk_host_calloc(size_t bytes, const char *what);
+/* Grows or shrinks a twk_host_alloc block of old_bytes to new_bytes (ptr NULL: a new block),
+ * keeping its first min(old, new) bytes; NULL on failure, ptr then untouched. */
+void *twk_host_realloc(void *ptr, size_t old_bytes, size_t new_bytes, const char *what);
+/* A copy of the string s through the allocator; NULL on failure. */
+char *twk_host_strdup(const char *s, const char *what);
 /* Frees memory from twk_host_alloc; NULL is ignored. */
 void twk_host_free(void *ptr);
 
