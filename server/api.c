@@ -825,6 +825,10 @@ static void h_retrieve(svc *s, twk_http_conn *c, const cJSON *b, const char *ten
 void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     svc *s = user;
     twk_log_context(NULL, req->path);
+    if (!strncmp(req->path, "/v1/", 4)) {
+        api_openai(s, c, req);
+        return;
+    }
     const char *p = strstr(req->path, "/api/v1/");
     if (!p) {
         api_error(c, 404, "no such endpoint: %s %s", req->method, req->path);
