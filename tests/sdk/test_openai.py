@@ -297,3 +297,27 @@ def test_get_tokenizer_offline(ctx, monkeypatch):
     ref = Tokenizer.from_file(str(ctx["dirs"][MODEL] / "tokenizer.json"))
     text = "Hello, how are you today? <|im_end|>"
     assert hf.encode(text, add_special_tokens=False) == ref.encode(text, add_special_tokens=False).ids
+
+
+def test_raw_http_errors_are_openai_shaped(ctx):
+    import urllib.error
+    import urllib.request
+
+    def call(method, path, body=None, key="tml-alice"):
+        req = urllib.request.Request(ctx["url"] + path, data=body, method=method,
+                                     headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    for method, path, body, status in (("POST", "/v1/chat/completions", b"{not json", 400),
+                                       ("POST", "/v1/completions", b'{"model": 5}', 400),
+                                       ("GET", "/v1/chat/completions", None, 405),
+                                       ("POST", "/v1/embeddings", b"{}", 404)):
+        got, j = call(method, path, body)
+        assert got == status, (path, got, j)
+        assert set(j["error"]) == {"message", "type", "param", "code"} and j["error"]["message"], j
+    got, j = call("GET", "/v1/models", key="nope")
+    assert got == 401 and j["error"]["type"] == "authentication_error"
