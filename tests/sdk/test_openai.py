@@ -91,7 +91,8 @@ def ctx(tmp_path_factory):
         tc.optim_step(types.AdamParams(learning_rate=5e-2)).result(timeout=120)
     path = tc.save_weights_for_sampler("oai-ckpt").result(timeout=120).path
     yield {"url": url, "srv": srv, "dirs": dirs, "sc": sc, "tc": tc, "path": path}
-    srv.kill()
+    srv.stop()  # SIGTERM: a clean shutdown (the sanitizer build checks for leaks here)
+    assert srv.proc.returncode == 0, srv.log_text()[-3000:]
 
 
 def client(ctx, key="tml-alice"):
