@@ -246,6 +246,11 @@ typedef struct sample_job {
     int64_t last_n; /* prompt_logprobs_last_n: score only the last N prompt tokens (0 = all) */
     char prefail[512];
     int prefail_server; /* prefail is the server's (out of memory): category "server" */
+    /* a generation for another front end (svc_generate): results handed to done, not a future */
+    svc_gen_fn done;
+    void *done_ctx;
+    int gen_topk;
+    svc_gen_result gen;
     /* results (worker) */
     int ok, user_error;
     char err[512];
@@ -269,9 +274,72 @@ static twk_status record_stability(sample_job *sj, const twk_sampled_seq *res) {
     return TWK_OK;
 }
 
+/* Worker: a svc_generate job keeps its sequences (res entries are moved out) and, with gen_topk,
+ * the gen_topk most likely tokens at each generated position. */
+static twk_status keep_generation(sample_job *sj, twk_sampled_seq *res) {
+    sampler_unit *u = sj->ss->unit;
+    svc_gen_result *g = &sj->gen;
+    int n = sj->num_samples, k = sj->gen_topk;
+    g->seqs = calloc((size_t)n, sizeof *g->seqs);
+    if (k > 0) {
+        g->top_ids = calloc((size_t)n, sizeof *g->top_ids);
+        g->top_lps = calloc((size_t)n, sizeof *g->top_lps);
+    }
+    if (!g->seqs || (k > 0 && (!g->top_ids || !g->top_lps))) return twk_error(TWK_ERR_OOM, "out of memory");
+    g->n = n;
+    g->top_k = k;
+    for (int i = 0; i < n; i++) {
+        g->seqs[i] = res[i];
+        memset(&res[i], 0, sizeof res[i]);
+    }
+    if (k <= 0) return TWK_OK;
+    twk_sampler_set_score_slot(u->sampler, sj->slot);
+    for (int i = 0; i < n; i++) {
+        int64_t len = sj->n_prompt + g->seqs[i].n, ng = g->seqs[i].n;
+        int32_t *all = malloc((size_t)len * 4), *ids = malloc((size_t)len * (size_t)k * 4);
+        float *lps = malloc((size_t)len * (size_t)k * 4);
+        twk_status st = all && ids && lps ? TWK_OK : twk_error(TWK_ERR_OOM, "out of memory");
+        if (st == TWK_OK) {
+            memcpy(all, sj->prompt, (size_t)sj->n_prompt * 4);
+            memcpy(all + sj->n_prompt, g->seqs[i].tokens, (size_t)ng * 4);
+            st = twk_sampler_score_prompt(u->sampler, all, len, NULL, k, ids, lps);
+        }
+        if (st == TWK_OK) { /* row p: the next token given all[:p]; generated token j sits at p = n_prompt + j */
+            memmove(ids, ids + sj->n_prompt * k, (size_t)(ng * k) * 4);
+            memmove(lps, lps + sj->n_prompt * k, (size_t)(ng * k) * 4);
+        }
+        free(all);
+        g->top_ids[i] = ids;
+        g->top_lps[i] = lps;
+        if (st != TWK_OK) return st;
+    }
+    return TWK_OK;
+}
+
+static void gen_result_free(svc_gen_result *g) {
+    for (int i = 0; i < g->n; i++) {
+        if (g->seqs) twk_sampled_seq_free(&g->seqs[i]);
+        if (g->top_ids) free(g->top_ids[i]);
+        if (g->top_lps) free(g->top_lps[i]);
+    }
+    free(g->seqs);
+    free(g->top_ids);
+    free(g->top_lps);
+    memset(g, 0, sizeof *g);
+}
+
 /* Encodes one finished request (or records why it failed). */
 static void finish_request(sample_job *sj, twk_sampled_seq *res, twk_status st) {
     sampler_unit *u = sj->ss->unit;
+    if (sj->done) {
+        if (st == TWK_OK) st = keep_generation(sj, res);
+        if (st == TWK_OK) sj->ok = 1;
+        else if (!sj->err[0]) {
+            snprintf(sj->err, sizeof sj->err, "%s", twk_last_error());
+            sj->user_error = st == TWK_ERR_INVALID_ARG;
+        }
+        return;
+    }
     float *plp = NULL, *tlp = NULL;
     int32_t *tid = NULL;
     twk_wire_seq *seqs = NULL;
@@ -461,7 +529,17 @@ static void drain_done(twk_job *j) {
     while (sj) {
         sample_job *next = sj->next;
         s->sample_inflight--;
-        sample_finish(s, sj, sj->ok, sj->user_error ? "user" : "server", sj->err[0] ? sj->err : "sampling failed");
+        if (sj->done) { /* a generation for another front end: no future, no session event */
+            sj->gen.ok = sj->ok;
+            sj->gen.user_error = sj->user_error;
+            sj->gen.err = sj->err[0] ? sj->err : "sampling failed";
+            sj->done(sj->done_ctx, &sj->gen);
+            gen_result_free(&sj->gen);
+            twk_host_free(sj->out);
+            free(sj->prompt); /* svc_generate's caller encoded it: malloc'd, like twk_tokenizer_encode's ids */
+            twk_host_free(sj);
+        } else
+            sample_finish(s, sj, sj->ok, sj->user_error ? "user" : "server", sj->err[0] ? sj->err : "sampling failed");
         sj = next;
     }
     twk_host_free(dj);
@@ -676,6 +754,27 @@ static void parse_sample(svc *s, const cJSON *b, sample_job *sj) {
     if (sample_params(s, b, sp, sj)) sample_stop(sp, vocab, sj);
 }
 
+/* Puts sj in its unit's waiting list and queues a drain job on the worker (whichever drain job runs
+ * next takes it with the others waiting). 0 when out of memory (nothing queued). */
+static int enqueue(svc *s, sample_job *sj) {
+    drain_job *dj = twk_host_calloc(sizeof *dj, "sampling dj");
+    if (!dj) return 0;
+    s->sample_inflight++;
+    sampler_unit *u = sj->ss->unit;
+    pthread_mutex_lock(&u->mu);
+    sample_job **pp = &u->pending;
+    while (*pp) pp = &(*pp)->next;
+    *pp = sj;
+    pthread_mutex_unlock(&u->mu);
+    dj->s = s;
+    dj->unit = u;
+    dj->job.run = drain_run;
+    dj->job.done = drain_done;
+    dj->job.arg = dj;
+    twk_worker_submit(s->worker, &dj->job);
+    return 1;
+}
+
 static void h_asample(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
     const char *sid;
     char err[256];
@@ -724,27 +823,76 @@ static void h_asample(svc *s, twk_http_conn *c, const cJSON *b, const char *tena
     if (sj->prefail[0]) {
         sample_finish(s, sj, 0, sj->prefail_server ? "server" : "user", sj->prefail);
     } else {
-        drain_job *dj = twk_host_calloc(sizeof *dj, "sampling dj");
-        if (!dj) {
-            sample_finish(s, sj, 0, "server", "out of memory");
-        } else {
-            /* wait in the unit's list; whichever drain job runs next takes it with the others waiting */
-            s->sample_inflight++;
-            sampler_unit *u = ss->unit;
-            pthread_mutex_lock(&u->mu);
-            sample_job **pp = &u->pending;
-            while (*pp) pp = &(*pp)->next;
-            *pp = sj;
-            pthread_mutex_unlock(&u->mu);
-            dj->s = s;
-            dj->unit = u;
-            dj->job.run = drain_run;
-            dj->job.done = drain_done;
-            dj->job.arg = dj;
-            twk_worker_submit(s->worker, &dj->job);
-        }
+        if (!enqueue(s, sj)) sample_finish(s, sj, 0, "server", "out of memory");
     }
     api_ok(c, j);
+}
+
+int svc_generate(svc *s, sampler_session *ss, int32_t *prompt, int64_t n_prompt, int num_samples,
+                 const twk_sample_params *p, int top_k, svc_gen_fn done, void *ctx, char *err, size_t err_len) {
+    if (s->sample_inflight >= s->cfg.sample_queue) {
+        free(prompt);
+        snprintf(err, err_len, "the sampling queue is full (%d requests); retry shortly", s->sample_inflight);
+        return 429;
+    }
+    sample_job *sj = twk_host_calloc(sizeof *sj, "generation job");
+    if (!sj) {
+        free(prompt);
+        snprintf(err, err_len, "out of memory");
+        return 503;
+    }
+    *sj = (sample_job){.s = s, .ss = ss, .prompt = prompt, .n_prompt = n_prompt, .num_samples = num_samples,
+                       .p = *p, .done = done, .done_ctx = ctx, .gen_topk = top_k};
+    if (!enqueue(s, sj)) {
+        free(prompt);
+        twk_host_free(sj);
+        snprintf(err, err_len, "out of memory");
+        return 503;
+    }
+    return 0;
+}
+
+sampler_session *svc_session_for(svc *s, const char *tenant, const char *id, const char *base, const char *path,
+                                 const char *base_field, const char *path_field, int *status, char *err, size_t err_len) {
+    sampler_session *ss = svc_find_sampler(s, tenant, id);
+    if (ss) return ss;
+    *status = 400;
+    if (!path) {
+        base_model *bm = svc_find_model(s, base);
+        if (!bm) {
+            snprintf(err, err_len, "%s '%s' is not served here (see get_server_capabilities)", base_field, base);
+            return NULL;
+        }
+        ss = shared_unit(s, bm) ? new_session(s, tenant, id, bm, bm->shared, 0) : NULL;
+    } else {
+        char kind[32];
+        twk_store_ckpt ck;
+        twk_store_run src;
+        if (!svc_find_checkpoint(s, tenant, path_field, path, &ck, &src, kind, sizeof kind, status, err, err_len))
+            return NULL;
+        *status = 400;
+        if (base && strcmp(base, src.base_model)) { /* both named: they must agree */
+            snprintf(err, err_len, "%s %s was trained on base model '%s', not %s '%s'", path_field, path, src.base_model,
+                     base_field, base);
+            twk_store_run_clear(&src);
+            return NULL;
+        }
+        base_model *bm = svc_find_model(s, src.base_model);
+        if (!bm) {
+            snprintf(err, err_len, "%s was trained on '%s', which this server does not serve now", path, src.base_model);
+            twk_store_run_clear(&src);
+            return NULL;
+        }
+        twk_lora_config lc = svc_run_lora(&src);
+        ss = adapter_session(s, tenant, id, bm, &lc, ck.path);
+        if (ss) snprintf(ss->model_path, sizeof ss->model_path, "%s", path);
+        twk_store_run_clear(&src);
+    }
+    if (!ss) {
+        *status = 503;
+        snprintf(err, err_len, "out of memory");
+    }
+    return ss;
 }
 
 static void h_create_session(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
@@ -764,46 +912,11 @@ static void h_create_session(svc *s, twk_http_conn *c, const cJSON *b, const cha
     if (!svc_session_exists(s, c, tenant, session_id)) return;
     char id[160];
     snprintf(id, sizeof id, "%s:sample:%lld", session_id, seq);
-    sampler_session *ss = svc_find_sampler(s, tenant, id);
+    int status;
+    sampler_session *ss = svc_session_for(s, tenant, id, base, path, "base_model", "model_path", &status, err, sizeof err);
     if (!ss) {
-        if (!path) {
-            base_model *bm = svc_find_model(s, base);
-            if (!bm) {
-                api_error(c, 400, "base_model '%s' is not served here (see get_server_capabilities)", base);
-                return;
-            }
-            ss = shared_unit(s, bm) ? new_session(s, tenant, id, bm, bm->shared, 0) : NULL;
-        } else {
-            char kind[32];
-            int status;
-            twk_store_ckpt ck;
-            twk_store_run src;
-            if (!svc_find_checkpoint(s, tenant, "model_path", path, &ck, &src, kind, sizeof kind, &status, err,
-                                     sizeof err)) {
-                api_error(c, status, "%s", err);
-                return;
-            }
-            if (base && strcmp(base, src.base_model)) { /* both named: they must agree */
-                api_error(c, 400, "model_path %s was trained on base model '%s', not base_model '%s'", path, src.base_model,
-                          base);
-                twk_store_run_clear(&src);
-                return;
-            }
-            base_model *bm = svc_find_model(s, src.base_model);
-            if (!bm) {
-                twk_store_run_clear(&src);
-                api_error(c, 400, "%s was trained on '%s', which this server does not serve now", path, src.base_model);
-                return;
-            }
-            twk_lora_config lc = svc_run_lora(&src);
-            ss = adapter_session(s, tenant, id, bm, &lc, ck.path);
-            if (ss) snprintf(ss->model_path, sizeof ss->model_path, "%s", path);
-            twk_store_run_clear(&src);
-        }
-        if (!ss) {
-            api_error(c, 503, "out of memory");
-            return;
-        }
+        api_error(c, status, "%s", err);
+        return;
     }
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "sampling_session_id", ss->id);

@@ -2,6 +2,7 @@
  * shutdown of the loop, the worker and the store. */
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -260,7 +261,8 @@ static twk_status load_models(svc *s) {
     for (int i = 0; i < n; i++) {
         base_model *b = &s->models[s->n_models];
         snprintf(b->name, sizeof b->name, "%s", specs[i].name);
-        snprintf(b->dir, sizeof b->dir, "%.1000s", specs[i].dir);
+        char abs_dir[PATH_MAX]; /* absolute: get_info's tokenizer_id is this folder */
+        snprintf(b->dir, sizeof b->dir, "%.1000s", realpath(specs[i].dir, abs_dir) ? abs_dir : specs[i].dir);
         twk_status st = twk_model_load(b->dir, s->dev, &b->m);
         if (st != TWK_OK) return twk_error(st, "model '%s': %s", b->name, twk_last_error());
         char tok[1100];
@@ -346,6 +348,7 @@ static void serve_close(svc *s, uv_loop_t *loop) {
     for (int i = 0; i < s->n_models; i++) {
         twk_model_free(s->models[i].m);
         twk_tokenizer_free(s->models[i].tok);
+        twk_chat_template_free(s->models[i].chat);
     }
     twk_device_close(s->dev);
     twk_auth_free(s->auth);

@@ -10,6 +10,8 @@
 
 #include <cJSON.h>
 
+#include "twinkle/chat.h"
+
 #include "auth.h"
 #include "futures.h"
 #include "http.h"
@@ -30,6 +32,9 @@ typedef struct base_model {
     int has_tokenizer;
     twk_tokenizer *tok;          /* DIR/tokenizer.json when present (stop strings) */
     struct sampler_unit *shared; /* base-model sampling for every tenant */
+    twk_chat_template *chat;     /* api_openai.c: DIR/tokenizer_config.json's chat_template, loaded on first use */
+    int chat_tried;
+    char chat_err[1400];         /* why chat is NULL */
 } base_model;
 
 typedef struct run_state run_state;
@@ -260,6 +265,28 @@ twk_status svc_snapshot_capture(sampler_session *ss, twk_trainer *from);
 /* Worker: makes (if needed) the unit's sampler; copies `from`'s adapter into it when given. */
 twk_status svc_sampler_ready(svc *s, sampler_unit *u, twk_trainer *from);
 void svc_free_samplers(svc *s);
+/* The sampling session `id` of tenant, made when absent: the base model `base` when path is NULL,
+ * else the checkpoint `path` (tinker://; its base must be `base` when both are given). NULL with
+ * *status (400 / 404 / 503) and a message naming base_field / path_field in err. */
+sampler_session *svc_session_for(svc *s, const char *tenant, const char *id, const char *base, const char *path,
+                                 const char *base_field, const char *path_field, int *status, char *err, size_t err_len);
+/* A finished svc_generate request (loop thread). seqs: n sequences; with top_k > 0, top_ids[i] /
+ * top_lps[i] hold top_k entries per generated token of sequence i (most likely first). On failure
+ * ok is 0 and err says why (user_error: the request's fault). Freed after the callback returns. */
+typedef struct svc_gen_result {
+    int ok, user_error;
+    const char *err;
+    twk_sampled_seq *seqs;
+    int n, top_k;
+    int32_t **top_ids;
+    float **top_lps;
+} svc_gen_result;
+typedef void (*svc_gen_fn)(void *ctx, const svc_gen_result *r);
+/* Queues num_samples continuations of prompt (taken: freed by the server) on ss's unit, decoded in the
+ * shared batches with Tinker's asample; p's stop arrays must live until done(ctx, ...) runs on the loop
+ * thread. Returns 0, or 429 (queue full) / 503 with a message in err (done is then never called). */
+int svc_generate(svc *s, sampler_session *ss, int32_t *prompt, int64_t n_prompt, int num_samples,
+                 const twk_sample_params *p, int top_k, svc_gen_fn done, void *ctx, char *err, size_t err_len);
 void api_sampling(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant, const char *route, cJSON *body);
 
 /* ---- api_weights.c ---- */
@@ -293,5 +320,9 @@ int svc_op_cancel(svc *s, const char *tenant, const char *request_id);
 /* ---- api.c ---- */
 
 void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user);
+
+/* ---- api_openai.c ---- */
+/* The OpenAI-compatible routes under /v1/ (models, completions, chat/completions). */
+void api_openai(svc *s, twk_http_conn *c, const twk_http_req *req);
 
 #endif
