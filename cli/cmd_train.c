@@ -16,7 +16,8 @@
 #include "twinkle/twinkle.h"
 
 typedef struct train_opts {
-    const char *model, *data, *out, *resume, *device, *loss, *teacher, *teacher_adapter;
+    const char *model, *data, *out, *resume, *device, *loss, *teacher, *teacher_adapter, *dump;
+    twk_data_opts dopts; /* --train-on, --max-len, --overflow */
     long steps, save_every, batch_tokens, rank, seed, topk;
     double bucket_mb; /* gradient allreduce bucket size across ranks */
     double lr, alpha, weight_decay, grad_clip, beta1, beta2, eps;
@@ -30,8 +31,18 @@ static void usage(FILE *f) {
             "usage: twinkle train --model DIR --data FILE.jsonl [options]\n"
             "\n"
             "  --model DIR          Hugging Face model folder (Llama / Qwen2 / Qwen3)\n"
-            "  --data FILE          JSONL, one {\"tokens\": [...], \"weights\": [...]} per line;\n"
-            "                       weights optional (default 1), per token or per target\n"
+            "  --data FILE          JSONL, one example per line, any of:\n"
+            "                         {\"text\": \"...\"}                      pre-training (every token trained)\n"
+            "                         {\"prompt\": \"...\", \"completion\": \"...\"}  loss on the completion\n"
+            "                         {\"messages\": [...]}                 chat, rendered with the model's template\n"
+            "                         {\"chosen\": X, \"rejected\": Y, \"prompt\": P}  preference pair (strings or messages)\n"
+            "                         {\"tokens\": [...], \"weights\": [...]}  token ids; weights optional (default 1),\n"
+            "                                                             per token or per target\n"
+            "                       text needs DIR/tokenizer.json; messages DIR/tokenizer_config.json's chat_template\n"
+            "  --train-on M         messages: all | assistant (default) | last assistant turn\n"
+            "  --max-len N          the context: longest sequence in targets (default: --batch-tokens)\n"
+            "  --overflow O         longer sequences: truncate (default) | split into pieces\n"
+            "  --dump-batches FILE  debug: write each step's packed batch (tokens, targets, weights) as JSONL\n"
             "  --out DIR            checkpoints go to DIR/step-N and DIR/final (default: train-out)\n"
             "  --steps N            optimizer steps (default 100)\n"
             "  --batch-tokens N     pack whole examples up to N tokens per step (default 2048)\n"
@@ -109,7 +120,8 @@ static int loss_spec(train_opts *o) {
 static int parse(int argc, char **argv, train_opts *o) {
     *o = (train_opts){.out = "train-out", .device = "cpu", .steps = 100, .batch_tokens = 2048, .rank = 32,
                       .lr = 1e-4, .dpo_beta = NAN, .loss = "cross_entropy", .topk = 8, .distill_beta = NAN,
-                      .clip_lo = NAN, .clip_hi = NAN, .kl_beta = NAN, .max_tokens = NAN, .alpha = 32, .grad_clip = 1.0, .bucket_mb = 16, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
+                      .clip_lo = NAN, .clip_hi = NAN, .kl_beta = NAN, .max_tokens = NAN, .alpha = 32, .grad_clip = 1.0, .bucket_mb = 16, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
+                      .dopts = {.train_on = TWK_TRAIN_ON_ASSISTANT}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         double v;
@@ -127,6 +139,23 @@ static int parse(int argc, char **argv, train_opts *o) {
         }
         const char *val = argv[++i];
         if (!strcmp(a, "--model")) o->model = val;
+        else if (!strcmp(a, "--train-on")) {
+            twk_train_on m;
+            if (twk_train_on_parse(val, &m) != TWK_OK) {
+                fprintf(stderr, "twinkle train: --train-on: %s\n", twk_last_error());
+                return 0;
+            }
+            o->dopts.train_on = (int)m;
+        }
+        else if (!strcmp(a, "--overflow")) {
+            if (strcmp(val, "truncate") && strcmp(val, "split")) {
+                fprintf(stderr, "twinkle train: --overflow wants truncate or split, got '%s'\n", val);
+                return 0;
+            }
+            o->dopts.overflow = strcmp(val, "split") ? TWK_OVERFLOW_TRUNCATE : TWK_OVERFLOW_SPLIT;
+        }
+        else if (!strcmp(a, "--max-len")) { if (!num(a, val, 1, 1e7, &v)) return 0; o->dopts.max_targets = (int64_t)v; }
+        else if (!strcmp(a, "--dump-batches")) o->dump = val;
         else if (!strcmp(a, "--data")) o->data = val;
         else if (!strcmp(a, "--out")) o->out = val;
         else if (!strcmp(a, "--resume")) o->resume = val;
@@ -176,6 +205,8 @@ static int parse(int argc, char **argv, train_opts *o) {
         fprintf(stderr, "twinkle train: --model and --data are required (see --help)\n");
         return 0;
     }
+    o->dopts.model_dir = o->model;
+    if (!o->dopts.max_targets) o->dopts.max_targets = o->batch_tokens;
     return 1;
 }
 
@@ -187,6 +218,21 @@ static void progress(long step, long steps, double loss, double tps, int tty) {
     printf("%s[%s] step %ld/%ld  loss %.4f  %.0f tokens/s%s", tty ? "\r" : "", bar, step, steps, loss, tps,
            tty ? "" : "\n");
     fflush(stdout);
+}
+
+/* One JSON line: the step's packed batch (debugging; tests check the weights on it). */
+static void dump_batch(FILE *f, long step, const twk_packed *p) {
+    const twk_batch *b = &p->batch;
+    fprintf(f, "{\"step\": %ld, \"seg_start\": [", step);
+    for (int64_t i = 0; i < b->n; i++) fprintf(f, "%s%d", i ? ", " : "", b->seg_start[i]);
+    fprintf(f, "], \"tokens\": [");
+    for (int64_t i = 0; i < b->n; i++) fprintf(f, "%s%d", i ? ", " : "", b->tokens[i]);
+    fprintf(f, "], \"targets\": [");
+    for (int64_t i = 0; i < b->n; i++) fprintf(f, "%s%d", i ? ", " : "", b->targets[i]);
+    fprintf(f, "], \"weights\": [");
+    for (int64_t i = 0; i < b->n; i++) fprintf(f, "%s%.9g", i ? ", " : "", b->weights[i]);
+    fprintf(f, "]}\n");
+    fflush(f);
 }
 
 /* --device for this rank: a GPU kind without an index gets the node-local rank's device. */
@@ -218,12 +264,17 @@ static int train(train_opts *o) {
     twk_model *teacher = NULL;
     twk_sampler *tsampler = NULL;
     twk_packed packed = {0};
+    FILE *dump = NULL;
     int rc = 1, tty = me == 0 && isatty(1);
     char devname[256], where[96] = ""; /* a failing rank's share, for its message */
     if (twk_device_open(rank_device(o->device, devname, sizeof devname), &dev) != TWK_OK ||
         twk_model_load(o->model, dev, &model) != TWK_OK ||
-        twk_dataset_load_jsonl(o->data, twk_model_cfg(model)->vocab, &data) != TWK_OK)
+        (o->dopts.vocab = twk_model_cfg(model)->vocab, twk_dataset_load(o->data, &o->dopts, &data)) != TWK_OK)
         goto fail;
+    if (o->dump && me == 0 && !(dump = fopen(o->dump, "w"))) {
+        twk_error(TWK_ERR_IO, "--dump-batches: cannot write %s", o->dump);
+        goto fail;
+    }
     twk_lora_config lc = twk_lora_default();
     lc.rank = (int)o->rank;
     lc.alpha = (float)o->alpha;
@@ -280,10 +331,17 @@ static int train(train_opts *o) {
         printf(", %d ranks (%d on this machine, TWK_THREADS=%s)", nr, twk_dist_local_size(),
                getenv("TWK_THREADS") ? getenv("TWK_THREADS") : "all cores");
     if (me == 0) printf("\n");
+    if (me == 0) {
+        twk_data_counts dc = twk_dataset_counts(data);
+        printf("data: %lld lines -> %lld examples; %lld truncated, %lld split (to %lld targets), %lld dropped "
+               "(no trained token)\n", (long long)dc.lines, (long long)twk_dataset_count(data), (long long)dc.truncated,
+               (long long)dc.split, (long long)o->dopts.max_targets, (long long)dc.dropped);
+    }
     double t0 = twk_now(), tokens = 0, first = -1, loss_avg = 0, reduce_s = 0;
     twk_dist_stats ds = {0, 0, 0};
     for (long s = start + 1; s <= o->steps; s++) {
         if (twk_dataset_pack_groups(data, o->batch_tokens, group, &cursor, &packed) != TWK_OK) goto fail;
+        if (dump) dump_batch(dump, s, &packed);
         int s0 = 0, s1 = packed.n_seqs;
         twk_train_shard(&packed, group, me, nr, &s0, &s1);
         snprintf(where, sizeof where, " (step %ld, sequences %d..%d of %d)", s, s0, s1 - 1, packed.n_seqs);
@@ -338,6 +396,7 @@ fail:
 stop:
     rc = 1;
 out:
+    if (dump) fclose(dump);
     twk_packed_free(&packed);
     twk_sampler_free(tsampler);
     twk_model_free(teacher);

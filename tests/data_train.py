@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""`twinkle train` on text datasets with the parity Qwen3 model (vocab 1000) and the fixture tokenizer
++ Qwen3 chat template of tests/data/tokenizer (made by tests/data/make_tokenizer.py).
+
+Checks, on the packed batches that --dump-batches writes: a `messages` line trains exactly the tokens
+whose bytes all lie in an assistant span (found here independently: "<|im_start|>assistant\\n" ...
+"<|im_end|>" in the decoded text, the byte-level decode done here from tokenizer.json); prompt +
+completion trains the completion only; text trains every token; chosen / rejected pairs; the loss
+falls; bad lines of each format are refused naming file:line and the field; a missing tokenizer.json
+is named; overflow truncate / split counts. Usage: data_train.py TWINKLE_BIN"""
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TWINKLE = sys.argv[1]
+failed = 0
+
+
+def check(ok, what):
+    global failed
+    print(("ok   " if ok else "FAIL ") + what)
+    failed += not ok
+
+
+def byte_decoder():
+    """GPT-2's bytes_to_unicode, inverted: the ByteLevel character of each byte."""
+    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def make_model(dest):
+    dest.mkdir()
+    for f in (REPO / "tests/parity/fixtures/qwen3/model").iterdir():
+        shutil.copy(f, dest / f.name)
+    for f in (REPO / "tests/data/tokenizer").iterdir():
+        shutil.copy(f, dest / f.name)
+    tj = json.loads((dest / "tokenizer.json").read_text())
+    dec = byte_decoder()
+    id_bytes = {i: bytes(dec[ch] for ch in tok) for tok, i in tj["model"]["vocab"].items()}
+    for a in tj["added_tokens"]:
+        id_bytes[a["id"]] = a["content"].encode()
+    return id_bytes
+
+
+def train(args, tmp, name):
+    out = subprocess.run([TWINKLE, "train", *args, "--out", str(tmp / name)], capture_output=True, text=True)
+    return out.returncode, out.stdout + out.stderr
+
+
+def batches(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def sequences(b):
+    """(tokens + last target, weights per target) of each sequence of a dumped batch."""
+    starts = sorted(set(b["seg_start"]))
+    ends = starts[1:] + [len(b["tokens"])]
+    for a, e in zip(starts, ends):
+        yield b["tokens"][a:e] + [b["targets"][e - 1]], b["weights"][a:e]
+
+
+def expected_mask(ids, id_bytes, pattern):
+    """Per target (ids[1:]): 1 when every byte of the token lies in a span matched by pattern."""
+    pieces = [id_bytes[i] for i in ids]
+    text = b"".join(pieces)
+    inside = bytearray(len(text))
+    for m in re.finditer(pattern, text, re.S):
+        inside[m.start(1):m.end(1)] = b"\x01" * (m.end(1) - m.start(1))
+    want, off = [], 0
+    for p in pieces:
+        want.append(1.0 if p and all(inside[off:off + len(p)]) else 0.0)
+        off += len(p)
+    return want[1:], text
+
+
+def main():
+    tmp = Path(tempfile.mkdtemp(prefix="twk_data_train."))
+    try:
+        run(tmp)
+    finally:
+        shutil.rmtree(tmp)
+    print("data_train: %s" % ("FAILED" if failed else "all passed"))
+    sys.exit(1 if failed else 0)
+
+
+def run(tmp):
+    model = tmp / "model"
+    id_bytes = make_model(model)
+    words = "zero one two three four five six seven eight nine ten eleven".split()
+    chats = []
+    for i, w in enumerate(words):
+        conv = [{"role": "user", "content": f"Say the number {i} in words."}, {"role": "assistant", "content": w}]
+        if i % 3 == 0:
+            conv = [{"role": "system", "content": "You count."}] + conv + [
+                {"role": "user", "content": "and the next one?"}, {"role": "assistant", "content": words[(i + 1) % 12]}]
+        chats.append({"messages": conv})
+    data = tmp / "chat.jsonl"
+    data.write_text("".join(json.dumps(c) + "\n" for c in chats))
+    common = ["--model", str(model), "--batch-tokens", "256", "--lr", "1e-2", "--rank", "8"]
+
+    # messages: the weights on the packed batch are the assistant tokens, the loss falls
+    rc, log = train([*common, "--data", str(data), "--steps", "20", "--dump-batches", str(tmp / "a.dump")], tmp, "a")
+    check(rc == 0, "messages: train runs" + ("" if rc == 0 else "\n" + log))
+    if rc:
+        return
+    print("     " + [l for l in log.splitlines() if l.startswith("data:")][0])
+    span = rb"<\|im_start\|>assistant\n(.*?<\|im_end\|>)"
+    n_seq = n_tok = n_trained = bad = 0
+    for b in batches(tmp / "a.dump"):
+        for ids, w in sequences(b):
+            want, _ = expected_mask(ids, id_bytes, span)
+            n_seq += 1
+            n_tok += len(w)
+            n_trained += sum(w)
+            bad += want != w
+    check(n_seq > 0 and bad == 0 and 0 < n_trained < n_tok,
+          f"messages (--train-on assistant): {n_seq} packed sequences, {int(n_trained)} of {n_tok} targets trained, "
+          f"{bad} sequences whose weights differ from the assistant spans")
+    m = re.search(r"^loss ([0-9.]+) -> ([0-9.]+)", log, re.M)
+    check(m and float(m[2]) * 3 < float(m[1]), f"messages: loss {m[1]} -> {m[2]} (want 3x lower)" if m else log)
+
+    # --train-on last: only the last assistant turn of each conversation
+    rc, log = train([*common, "--data", str(data), "--steps", "1", "--train-on", "last", "--dump-batches",
+                     str(tmp / "l.dump")], tmp, "l")
+    bad = n = 0
+    for b in batches(tmp / "l.dump"):
+        for ids, w in sequences(b):
+            want, _ = expected_mask(ids, id_bytes, rb"(?:.*)<\|im_start\|>assistant\n(.*?<\|im_end\|>)")
+            n += 1
+            bad += want != w
+    check(rc == 0 and n > 0 and bad == 0, f"messages (--train-on last): {n} sequences, {bad} differ from the last span")
+
+    # text, prompt + completion, chosen / rejected (strings and messages)
+    mixed = tmp / "mixed.jsonl"
+    mixed.write_text("".join(json.dumps(x) + "\n" for x in [
+        {"text": "one two three four five six"},
+        {"prompt": "What is two and two?", "completion": " four"},
+        {"text": ""}]))
+    rc, log = train([*common, "--data", str(mixed), "--steps", "1", "--dump-batches", str(tmp / "m.dump")], tmp, "m")
+    seqs = [s for b in batches(tmp / "m.dump") for s in sequences(b)]
+    ok = rc == 0 and len(seqs) == 2
+    if ok:
+        (t_ids, t_w), (p_ids, p_w) = seqs
+        ptext = b"".join(id_bytes[i] for i in p_ids)
+        ok = all(x == 1 for x in t_w) and b"".join(id_bytes[i] for i in t_ids) == b"one two three four five six"
+        comp = [i for i, x in enumerate(p_w) if x]
+        ok = ok and ptext == b"What is two and two? four" and b"".join(id_bytes[p_ids[i + 1]] for i in comp) == b" four"
+        ok = ok and "1 dropped" in log
+    check(ok, "text trains every token, prompt + completion only ' four', an empty text is dropped and counted: "
+          + ([l for l in log.splitlines() if l.startswith("data:")] or [log])[0])
+
+    pairs = tmp / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps(x) + "\n" for x in [
+        {"prompt": "Say one:", "chosen": " one", "rejected": " two"},
+        {"chosen": [{"role": "user", "content": "Say two"}, {"role": "assistant", "content": "two"}],
+         "rejected": [{"role": "user", "content": "Say two"}, {"role": "assistant", "content": "ten"}]},
+        {"prompt": [{"role": "user", "content": "Say six"}], "chosen": [{"role": "assistant", "content": "six"}],
+         "rejected": [{"role": "assistant", "content": "red"}]}]))
+    rc, log = train([*common, "--data", str(pairs), "--loss", "dpo", "--steps", "1", "--dump-batches",
+                     str(tmp / "p.dump")], tmp, "p")
+    seqs = [s for b in batches(tmp / "p.dump") for s in sequences(b)]
+    trained = [b"".join(id_bytes[ids[i + 1]] for i, x in enumerate(w) if x) for ids, w in seqs]
+    want = [b" one", b" two", b"<think>\n\n</think>\n\ntwo<|im_end|>", b"<think>\n\n</think>\n\nten<|im_end|>",
+            b"<think>\n\n</think>\n\nsix<|im_end|>", b"<think>\n\n</think>\n\nred<|im_end|>"]
+    check(rc == 0 and trained == want, f"chosen / rejected (strings and messages): trained parts {trained}")
+
+    # bad lines of each format name file:line and the field
+    bad_lines = [({"text": 5}, "text"), ({"prompt": "x"}, "completion"), ({"prompt": "x", "completion": 3}, "completion"),
+                 ({"messages": "hi"}, "messages"), ({"messages": [{"role": "user"}]}, "messages"),
+                 ({"chosen": "a"}, "rejected"), ({"chosen": "a", "rejected": [{"role": "user", "content": "b"}]}, "chosen"),
+                 ({"tokens": [1, 5000]}, "tokens[1]")]
+    for k, (line, fieldname) in enumerate(bad_lines):
+        f = tmp / f"bad{k}.jsonl"
+        f.write_text(json.dumps({"text": "one two"}) + "\n" + json.dumps(line) + "\n")
+        rc, log = train([*common, "--data", str(f), "--steps", "1"], tmp, "bad")
+        msg = log.strip().splitlines()[-1] if log.strip() else ""
+        check(rc != 0 and f"bad{k}.jsonl:2:" in msg and fieldname in msg, f"bad line {json.dumps(line)}: {msg}")
+
+    # no tokenizer.json: the message names the file
+    bare = tmp / "bare"
+    bare.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(model / f, bare / f)
+    rc, log = train(["--model", str(bare), "--data", str(data), "--steps", "1"], tmp, "bare")
+    msg = log.strip().splitlines()[-1]
+    check(rc != 0 and str(bare / "tokenizer.json") in msg,
+          f"missing tokenizer files named: {msg}")
+
+    # overflow: a long text truncated or split to --max-len targets
+    long_text = tmp / "long.jsonl"
+    long_text.write_text(json.dumps({"text": " ".join(words * 4)}) + "\n")
+    counts = {}
+    for mode in ("truncate", "split"):
+        rc, log = train([*common, "--data", str(long_text), "--steps", "1", "--max-len", "10", "--overflow", mode,
+                         "--dump-batches", str(tmp / f"o{mode}.dump")], tmp, "o")
+        seqs = [s for b in batches(tmp / f"o{mode}.dump") for s in sequences(b)]
+        counts[mode] = (rc, [len(w) for _, w in seqs], [l for l in log.splitlines() if l.startswith("data:")])
+    rc_t, lens_t, line_t = counts["truncate"]
+    rc_s, lens_s, line_s = counts["split"]
+    check(rc_t == 0 and lens_t == [10] and "1 truncated" in line_t[0], f"--overflow truncate: lengths {lens_t}; {line_t}")
+    check(rc_s == 0 and len(lens_s) > 2 and max(lens_s) == 10 and "1 split" in line_s[0],
+          f"--overflow split: piece lengths {lens_s}; {line_s}")
+
+
+if __name__ == "__main__":
+    main()
