@@ -7,7 +7,9 @@ whose bytes all lie in an assistant span (found here independently: "<|im_start|
 "<|im_end|>" in the decoded text, the byte-level decode done here from tokenizer.json); prompt +
 completion trains the completion only; text trains every token; chosen / rejected pairs; the loss
 falls; bad lines of each format are refused naming file:line and the field; a missing tokenizer.json
-is named; overflow truncate / split counts. Usage: data_train.py TWINKLE_BIN"""
+is named; overflow truncate / split counts; --shuffle orders that a resumed run continues; --epochs; eval
+loss from --eval-fraction / --eval-data; --lr-schedule values against transformers' formulas;
+--global-batch-tokens accumulation; --data FILE:W mixing; metrics.jsonl. Usage: data_train.py TWINKLE_BIN"""
 import json
 import re
 import shutil
@@ -211,6 +213,100 @@ def run(tmp):
     check(rc_t == 0 and lens_t == [10] and "1 truncated" in line_t[0], f"--overflow truncate: lengths {lens_t}; {line_t}")
     check(rc_s == 0 and len(lens_s) > 2 and max(lens_s) == 10 and "1 split" in line_s[0],
           f"--overflow split: piece lengths {lens_s}; {line_s}")
+
+    run_order(tmp, model, words, common, data, id_bytes)
+
+
+def lr_reference(kind, step, total, warmup):
+    """transformers' get_{constant,linear,cosine}_schedule_with_warmup lambdas (float64)."""
+    import math
+    if step < warmup:
+        return step / max(1, warmup)
+    if kind == "constant":
+        return 1.0
+    if kind == "linear":
+        return max(0.0, (total - step) / max(1, total - warmup))
+    progress = (step - warmup) / max(1, total - warmup)
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * progress)))
+
+
+def metrics(path):
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def run_order(tmp, model, words, common, chat, id_bytes):
+    text = tmp / "text.jsonl"
+    text.write_text("".join(json.dumps({"text": f"{w} {w} {words[(i + 3) % 12]}"}) + "\n" for i, w in enumerate(words)))
+    small = ["--model", str(model), "--batch-tokens", "16", "--lr", "1e-2", "--rank", "8"]
+
+    # --shuffle: a new order per epoch; a run resumed at step 6 packs the same batches and ends identical
+    args = [*small, "--data", str(text), "--shuffle", "--seed", "5", "--steps", "12"]
+    rc, log = train([*args, "--save-every", "6", "--dump-batches", str(tmp / "s1.dump")], tmp, "s1")
+    rc2, log2 = train([*args, "--resume", str(tmp / "s1/step-6"), "--dump-batches", str(tmp / "s2.dump")], tmp, "s2")
+    rc3, log3 = train([*small, "--data", str(text), "--steps", "12", "--dump-batches", str(tmp / "s3.dump")], tmp, "s3")
+    a, b, c = batches(tmp / "s1.dump"), batches(tmp / "s2.dump"), batches(tmp / "s3.dump")
+    same = rc == 0 and rc2 == 0 and [x for x in a if x["step"] > 6] == b and len(b) == 6
+    ident = (tmp / "s1/final/adapter_model.safetensors").read_bytes() == (tmp / "s2/final/adapter_model.safetensors").read_bytes()
+    order = [x["tokens"][0] for x in a]
+    check(same and ident and [x["tokens"] for x in a] != [x["tokens"] for x in c],
+          f"--shuffle: the resumed run packed the same {len(b)} batches for steps 7-12, final adapter identical: {ident}; "
+          f"the order differs from the unshuffled one")
+    m = metrics(tmp / "s1")
+    check(len(m) == 12 and [x["step"] for x in m] == list(range(1, 13)) and all("loss" in x and "tokens_per_s" in x for x in m),
+          f"metrics.jsonl: {len(m)} lines, steps 1..12 with loss, lr, tokens, tokens_per_s")
+
+    # --epochs 2: every example exactly twice, in two different orders
+    rc, log = train([*small, "--data", str(text), "--shuffle", "--epochs", "2", "--dump-batches", str(tmp / "e.dump")], tmp, "e")
+    seqs = [tuple(ids) for bt in batches(tmp / "e.dump") for ids, _ in sequences(bt)]
+    half = len(seqs) // 2
+    check(rc == 0 and len(seqs) == 24 and sorted(seqs[:half]) == sorted(seqs[half:]) and seqs[:half] != seqs[half:]
+          and len(set(seqs)) == 12, f"--epochs 2 --shuffle: {len(seqs)} sequences, each of 12 twice, epochs in different "
+          f"orders; {[l for l in log.splitlines() if l.startswith('steps')]}")
+
+    # eval loss on 3 held-out conversations every 2 steps and at the end: it falls (by 2x at its lowest; the
+    # held-out numbers are never trained, so it rises again as the adapter overfits)
+    rc, log = train([*common, "--data", str(chat), "--eval-fraction", "0.25", "--eval-every", "2", "--steps", "11"], tmp, "ev")
+    m = metrics(tmp / "ev")
+    ev = [(x["step"], round(x["eval_loss"], 4)) for x in m if "eval_loss" in x]
+    check(rc == 0 and [s for s, _ in ev] == [2, 4, 6, 8, 10, 11] and min(e for _, e in ev) * 2 < ev[0][1]
+          and "eval loss" in log and "eval: 3 examples" in log, f"--eval-fraction 0.25: eval losses {ev}")
+    rc, log = train([*common, "--data", str(chat), "--eval-data", str(text), "--steps", "2"], tmp, "ev2")
+    check(rc == 0 and "eval: 12 examples" in log and "eval_loss" in metrics(tmp / "ev2")[-1],
+          f"--eval-data: {[l for l in log.splitlines() if l.startswith('eval') or 'eval loss' in l]}")
+
+    # lr schedules against the reference formulas (lr 1e-2, 20 steps, 4 warmup)
+    for kind in ("constant", "linear", "cosine"):
+        rc, log = train([*small, "--data", str(text), "--steps", "20", "--lr-schedule", kind, "--warmup-steps", "4"],
+                        tmp, "lr")
+        got = [x["lr"] for x in metrics(tmp / "lr")]
+        want = [1e-2 * lr_reference(kind, s, 20, 4) for s in range(20)]
+        err = max(abs(g - w) for g, w in zip(got, want)) if len(got) == 20 else float("inf")
+        check(rc == 0 and err <= 1e-9, f"--lr-schedule {kind} --warmup-steps 4: max |lr - reference| {err:.2e} "
+              f"(float32 lr; tolerance 1e-9)")
+
+    # gradient accumulation: micro-batches of <= 16 tokens up to 40 tokens a step
+    rc, log = train([*small, "--data", str(text), "--steps", "4", "--global-batch-tokens", "40", "--dump-batches",
+                     str(tmp / "g.dump")], tmp, "g")
+    per_step = {}
+    for bt in batches(tmp / "g.dump"):
+        per_step.setdefault(bt["step"], []).append(len(bt["tokens"]))
+    tok = [x["tokens"] for x in metrics(tmp / "g")]
+    check(rc == 0 and len(per_step) == 4 and all(len(v) >= 2 and sum(v) <= 40 and max(v) <= 16 for v in per_step.values())
+          and tok == [sum(v) for v in per_step.values()],
+          f"--global-batch-tokens 40: micro-batch tokens per step {list(per_step.values())}")
+
+    # mixing 1:1 a file of 12 lines and one of 4: an epoch of 16 examples, 8 of a (subsampled, distinct) and
+    # 8 of b (each of its 4 lines twice)
+    other = tmp / "other.jsonl"
+    other.write_text("".join(json.dumps({"text": f"red green {w}"}) + "\n" for w in words[:4]))
+    rc, log = train([*small, "--data", f"{text}:1", "--data", f"{other}:1", "--epochs", "1", "--dump-batches",
+                     str(tmp / "x.dump")], tmp, "x")
+    texts = [b"".join(id_bytes[i] for i in ids) for bt in batches(tmp / "x.dump") for ids, _ in sequences(bt)]
+    a = [t for t in texts if not t.startswith(b"red green")]
+    b = [t for t in texts if t.startswith(b"red green")]
+    check(rc == 0 and len(a) == 8 and len(set(a)) == 8 and len(b) == 8 and len(set(b)) == 4,
+          f"--data a:1 --data b:1 (12 and 4 lines): one epoch has {len(a)} of a ({len(set(a))} distinct), "
+          f"{len(b)} of b ({len(set(b))} distinct)")
 
 
 if __name__ == "__main__":

@@ -249,6 +249,52 @@ twk_status twk_dataset_load(const char *path, const twk_data_opts *opts, twk_dat
     return TWK_OK;
 }
 
+twk_status twk_dataset_gather(const twk_dataset *const *parts, int n_parts, const int *part, const int64_t *idx,
+                              int64_t n, twk_dataset **out) {
+    if (!out || !parts || n_parts < 1 || !part || !idx || n < 1)
+        return twk_error(TWK_ERR_INVALID_ARG, "dataset_gather: bad argument");
+    *out = NULL;
+    for (int64_t i = 0; i < n; i++)
+        if (part[i] < 0 || part[i] >= n_parts || !parts[part[i]] || idx[i] < 0 || idx[i] >= parts[part[i]]->n_ex)
+            return twk_error(TWK_ERR_INVALID_ARG, "dataset_gather: example %lld is out of range", (long long)i);
+    twk_dataset *d = twk_host_calloc(sizeof *d, "dataset");
+    int64_t *base = calloc((size_t)n_parts, sizeof *base);
+    twk_status st = d && base ? TWK_OK : twk_error(TWK_ERR_OOM, "dataset: out of memory");
+    for (int p = 0; p < n_parts && st == TWK_OK; p++) { /* the parts' storage end to end */
+        const twk_dataset *s = parts[p];
+        int64_t m = d->n_tok + s->n_tok;
+        if (!grow((void **)&d->tokens, &d->cap_tok, m, 4) || !grow((void **)&d->weights, &d->cap_w, m, 4)) {
+            st = TWK_ERR_OOM;
+            break;
+        }
+        memcpy(d->tokens + d->n_tok, s->tokens, (size_t)s->n_tok * 4);
+        memcpy(d->weights + d->n_tok, s->weights, (size_t)s->n_tok * 4);
+        for (int f = 0; f < N_FIELDS && st == TWK_OK; f++)
+            if (!grow((void **)&d->extra[f], &d->cap_x[f], m, 4)) st = TWK_ERR_OOM;
+            else memcpy(d->extra[f] + d->n_tok, s->extra[f], (size_t)s->n_tok * 4);
+        base[p] = d->n_tok;
+        d->n_tok = m;
+        d->counts.lines += s->counts.lines;
+        d->counts.truncated += s->counts.truncated;
+        d->counts.split += s->counts.split;
+        d->counts.dropped += s->counts.dropped;
+    }
+    if (st == TWK_OK && !grow((void **)&d->ex, &d->cap_ex, n, sizeof(example))) st = TWK_ERR_OOM;
+    for (int64_t i = 0; i < n && st == TWK_OK; i++) {
+        example e = parts[part[i]]->ex[idx[i]];
+        e.off += base[part[i]];
+        d->ex[d->n_ex++] = e;
+        d->n_targets += e.len - 1;
+    }
+    free(base);
+    if (st != TWK_OK) {
+        twk_dataset_free(d);
+        return st == TWK_ERR_OOM ? twk_error(st, "dataset: out of memory") : st;
+    }
+    *out = d;
+    return TWK_OK;
+}
+
 twk_status twk_dataset_require(const twk_dataset *d, const char *field, const char *path, const char *why) {
     for (int f = 0; d && f < N_FIELDS; f++)
         if (!strcmp(fields[f], field)) {

@@ -81,6 +81,25 @@ twk_status twk_dataset_load(const char *path, const twk_data_opts *opts, twk_dat
 /* The counts of the load that made d (zeros for NULL). */
 twk_data_counts twk_dataset_counts(const twk_dataset *d);
 
+/* A new dataset holding examples idx[i] of parts[part[i]] for i < n, in that order (the parts'
+ * storage is copied; an example may repeat). Its counts are the parts' summed. TWK_ERR_OOM,
+ * TWK_ERR_INVALID_ARG for an index out of range or n == 0. */
+twk_status twk_dataset_gather(const twk_dataset *const *parts, int n_parts, const int *part, const int64_t *idx,
+                              int64_t n, twk_dataset **out);
+
+/* Mixes datasets by weight: an epoch of the result holds as many groups (of `group` examples) as the
+ * parts together; part i fills weights[i] / sum(weights) of it (rounded, >= 1 when its weight is > 0),
+ * its groups taken in a seeded random order, repeating when it is upsampled. Errors as gather, or
+ * TWK_ERR_INVALID_ARG when a part's count is not a multiple of group. */
+twk_status twk_dataset_mix(const twk_dataset *const *parts, const double *weights, int n_parts, int group,
+                           uint64_t seed, twk_dataset **out);
+
+/* Splits d into a training and an evaluation set: a seeded random fraction of its groups (of `group`
+ * examples; at least one, never all) goes to *eval. TWK_ERR_INVALID_ARG when d has fewer than 2
+ * groups or its count is not a multiple of group. */
+twk_status twk_dataset_split(const twk_dataset *d, double fraction, int group, uint64_t seed, twk_dataset **train,
+                             twk_dataset **eval);
+
 /* Total target tokens (sum of len(tokens) - 1). */
 int64_t twk_dataset_tokens(const twk_dataset *d);
 /* TWK_OK when every line has float field `field` ("advantages", "logprobs"); else
