@@ -132,6 +132,8 @@ def run(tmp):
     m = re.search(r"^loss ([0-9.]+) -> ([0-9.]+)", log, re.M)
     check(m and float(m[2]) * 3 < float(m[1]), f"messages: loss {m[1]} -> {m[2]} (want 3x lower)" if m else log)
 
+    run_sample_chat(tmp, model, tmp / "a/final", id_bytes)
+
     # --train-on last: only the last assistant turn of each conversation
     rc, log = train([*common, "--data", str(data), "--steps", "1", "--train-on", "last", "--dump-batches",
                      str(tmp / "l.dump")], tmp, "l")
@@ -215,6 +217,36 @@ def run(tmp):
           f"--overflow split: piece lengths {lens_s}; {line_s}")
 
     run_order(tmp, model, words, common, data, id_bytes)
+
+
+def run_sample_chat(tmp, model, adapter, id_bytes):
+    """twinkle sample --prompt / --messages print text (and ids with --ids); twinkle chat, fed by a pipe, replies
+    as sample --messages does to the same conversation (greedy), its history included."""
+    base = [TWINKLE, "sample", "--model", str(model), "--adapter", str(adapter), "--temperature", "0", "--max-tokens", "12"]
+    out = subprocess.run([*base, "--prompt", "Say the number", "--ids"], capture_output=True, text=True)
+    lines = out.stdout.split("\n")
+    js = [json.loads(l) for l in lines if l.startswith("{")]
+    text = out.stdout[:out.stdout.rindex("\n{")] if js else ""
+    specials = {a["id"] for a in json.loads((model / "tokenizer.json").read_text())["added_tokens"] if a["special"]}
+    want = b"".join(id_bytes.get(i, b"") for i in js[0]["tokens"] if i not in specials).decode(errors="replace") if js else None
+    check(out.returncode == 0 and len(js) == 1 and text == want,
+          f"sample --prompt --ids: text {text!r} equals the decode of its ids {js[0]['tokens'] if js else out.stderr}")
+
+    def sample_messages(conv):
+        f = tmp / "conv.json"
+        f.write_text(json.dumps(conv))
+        r = subprocess.run([*base, "--messages", str(f)], capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else "ERROR " + r.stderr
+
+    turns = ["Say the number 3 in words.", "Say the number 7 in words."]
+    r = subprocess.run([TWINKLE, "chat", "--model", str(model), "--adapter", str(adapter), "--temperature", "0",
+                        "--max-tokens", "12"], input="\n".join(turns) + "\n", capture_output=True, text=True)
+    replies = r.stdout.strip("\n").split("\n")
+    first = sample_messages([{"role": "user", "content": turns[0]}])
+    second = sample_messages([{"role": "user", "content": turns[0]}, {"role": "assistant", "content": first},
+                              {"role": "user", "content": turns[1]}])
+    check(r.returncode == 0 and replies == [first, second],
+          f"chat over a pipe: replies {replies} == sample --messages of the same conversations {[first, second]}")
 
 
 def lr_reference(kind, step, total, warmup):
