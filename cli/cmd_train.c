@@ -535,16 +535,23 @@ out:
     return rc;
 }
 
-int twk_cmd_train(int argc, char **argv) {
-    train_opts o;
-    if (!parse(argc, argv, &o)) return 2;
+/* Parses, then trains (as one of several ranks under mpirun). */
+static int run_train(int argc, char **argv, train_opts *o) {
+    if (!parse(argc, argv, o)) return 2;
     twk_dist_init(&argc, &argv);
     if (twk_dist_launched_size() > twk_dist_size()) { /* N copies would each train alone, into one --out */
         fprintf(stderr, "twinkle train: started as one of %d ranks, but this twinkle was built without MPI "
                         "(TWK_MPI=OFF); rebuild with MPI or run one process\n", twk_dist_launched_size());
         return 2;
     }
-    int rc = splits_across_ranks(&o) ? train(&o) : 2;
+    int rc = splits_across_ranks(o) ? train(o) : 2;
     twk_dist_finalize();
+    return rc;
+}
+
+int twk_cmd_train(int argc, char **argv) {
+    train_opts o;
+    int rc = run_train(argc, argv, &o);
+    twk_data_files_free(&o.files);
     return rc;
 }

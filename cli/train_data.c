@@ -23,12 +23,20 @@ int twk_data_files_add(twk_data_files *f, const char *arg) {
         len = (size_t)(colon - arg);
     } else w = 1.0;
     char *path = malloc(len + 1);
-    if (!path) return 0;
+    if (!path) {
+        fprintf(stderr, "twinkle train: out of memory\n");
+        return 0;
+    }
     memcpy(path, arg, len);
     path[len] = 0;
-    f->path[f->n] = path; /* lives as long as the process */
+    f->path[f->n] = path;
     f->weight[f->n++] = w;
     return 1;
+}
+
+void twk_data_files_free(twk_data_files *f) {
+    for (int i = 0; i < f->n; i++) free((char *)f->path[i]);
+    f->n = 0;
 }
 
 twk_status twk_train_data_load(const twk_data_files *f, const twk_data_opts *opts, int group, uint64_t seed,

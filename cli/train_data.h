@@ -15,6 +15,8 @@ typedef struct twk_data_files {
 
 /* Adds "FILE" or "FILE:WEIGHT" (a positive number after the last ':'); 0 with the reason printed. */
 int twk_data_files_add(twk_data_files *f, const char *arg);
+/* Frees the paths that twk_data_files_add copied. */
+void twk_data_files_free(twk_data_files *f);
 
 /* Loads every file with opts; one file is taken as is, several are mixed by weight
  * (twk_dataset_mix, seeded). With eval_path the evaluation set is that file; else with
