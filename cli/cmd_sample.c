@@ -44,27 +44,11 @@ static int parse_ids(const char *s, int32_t *out, int max) {
     return n;
 }
 
-/* The whole file (malloc'd, NUL-terminated), or NULL with the error set. */
-static char *read_all(const char *path) {
-    FILE *f = fopen(path, "rb");
-    char *buf = NULL;
-    long n = f && fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
-    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, f) == (size_t)n)
-        buf[n] = 0;
-    else {
-        free(buf);
-        buf = NULL;
-        twk_error(TWK_ERR_IO, "cannot read %s", path);
-    }
-    if (f) fclose(f);
-    return buf;
-}
-
 /* The prompt of --prompt / --messages as ids into prompt[cap]; the count, or -1 with the error set. */
 static int text_prompt(twk_textgen *g, const char *text, const char *messages, int32_t *prompt, int cap) {
     int32_t *ids = NULL;
     int64_t n = 0;
-    char *json = messages ? read_all(messages) : NULL;
+    char *json = messages ? twk_read_text_file(messages) : NULL;
     twk_status st = messages && !json ? TWK_ERR_IO
                     : messages        ? twk_textgen_encode_chat(g, json, &ids, &n)
                                       : twk_textgen_encode_text(g, text, &ids, &n);

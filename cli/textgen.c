@@ -8,21 +8,26 @@
 
 #include "textgen.h"
 
-/* tokenizer_config.json's eos_token (a string or {"content": ...}) as an id, or -1. */
-static int32_t config_eos(const twk_textgen *g) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", g->model_dir);
+char *twk_read_text_file(const char *path) {
     FILE *f = fopen(path, "rb");
-    if (!f) return -1;
     char *buf = NULL;
-    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
-    if (n > 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, f) == (size_t)n)
+    long n = f && fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, f) == (size_t)n)
         buf[n] = 0;
     else {
         free(buf);
         buf = NULL;
+        twk_error(TWK_ERR_IO, "cannot read %s", path);
     }
-    fclose(f);
+    if (f) fclose(f);
+    return buf;
+}
+
+/* tokenizer_config.json's eos_token (a string or {"content": ...}) as an id, or -1. */
+static int32_t config_eos(const twk_textgen *g) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", g->model_dir);
+    char *buf = access(path, R_OK) == 0 ? twk_read_text_file(path) : NULL;
     cJSON *j = buf ? cJSON_Parse(buf) : NULL;
     free(buf);
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "eos_token");

@@ -13,6 +13,9 @@ typedef struct twk_textgen {
     int n_stop;
 } twk_textgen;
 
+/* The whole file (malloc'd, NUL-terminated), or NULL with TWK_ERR_IO naming it. */
+char *twk_read_text_file(const char *path);
+
 /* Loads DIR/tokenizer.json; the stop ids are the model's eos_token_id and tokenizer_config.json's
  * eos_token (as a token). Errors name the missing file. */
 twk_status twk_textgen_open(const char *model_dir, const twk_model_config *c, twk_textgen *g);

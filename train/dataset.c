@@ -10,7 +10,6 @@
 #include "twinkle/data.h"
 #include "dataset_text.h"
 #include "twinkle/hal.h"
-#include "twinkle/rng.h"
 
 typedef struct example {
     int64_t off; /* into tokens/weights */
@@ -323,14 +322,7 @@ static const example *example_at(const twk_dataset *d, twk_packed *p, int group,
         int64_t *perm = realloc(p->perm, (size_t)ng * sizeof *perm);
         if (!perm) return NULL;
         p->perm = perm;
-        twk_rng r;
-        twk_rng_seed(&r, p->seed * 0x9E3779B97F4A7C15ull + (uint64_t)epoch + 1);
-        for (int64_t i = 0; i < ng; i++) perm[i] = i;
-        for (int64_t i = ng - 1; i > 0; i--) { /* Fisher-Yates */
-            int64_t k = twk_rng_below(&r, i + 1), t = perm[i];
-            perm[i] = perm[k];
-            perm[k] = t;
-        }
+        twk_data_permute(perm, ng, p->seed * 0x9E3779B97F4A7C15ull + (uint64_t)epoch + 1);
         p->perm_epoch = epoch;
         p->perm_n = ng;
     }

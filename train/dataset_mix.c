@@ -4,21 +4,25 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "dataset_text.h"
 #include "twinkle/data.h"
 #include "twinkle/rng.h"
 
-/* A seeded random permutation of 0..n-1 (malloc'd), or NULL on OOM. */
-static int64_t *permutation(int64_t n, uint64_t seed) {
-    int64_t *p = malloc((size_t)(n ? n : 1) * sizeof *p);
-    if (!p) return NULL;
+void twk_data_permute(int64_t *p, int64_t n, uint64_t seed) {
     twk_rng r;
     twk_rng_seed(&r, seed);
     for (int64_t i = 0; i < n; i++) p[i] = i;
-    for (int64_t i = n - 1; i > 0; i--) {
+    for (int64_t i = n - 1; i > 0; i--) { /* Fisher-Yates */
         int64_t k = twk_rng_below(&r, i + 1), t = p[i];
         p[i] = p[k];
         p[k] = t;
     }
+}
+
+/* A seeded random permutation of 0..n-1 (malloc'd), or NULL on OOM. */
+static int64_t *permutation(int64_t n, uint64_t seed) {
+    int64_t *p = malloc((size_t)(n ? n : 1) * sizeof *p);
+    if (p) twk_data_permute(p, n, seed);
     return p;
 }
 

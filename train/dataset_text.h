@@ -1,5 +1,5 @@
 /* Private to train/dataset*.c: text lines of a JSONL dataset (text, prompt + completion, messages,
- * chosen / rejected) turned into token ids and per-token weights. */
+ * chosen / rejected) turned into token ids and per-token weights; the seeded permutation. */
 #ifndef TWK_DATASET_TEXT_H
 #define TWK_DATASET_TEXT_H
 
@@ -32,6 +32,10 @@ twk_status twk_text_line(twk_text_ctx *c, const cJSON *j, const char *path, long
                          int *n_seq);
 
 void twk_text_seq_free(twk_text_seq *s);
+
+/* p[0..n) = a permutation of 0..n-1 drawn from seed (Fisher-Yates; dataset_mix.c). Shuffling,
+ * mixing and the eval split all draw their orders here. */
+void twk_data_permute(int64_t *p, int64_t n, uint64_t seed);
 void twk_text_ctx_free(twk_text_ctx *c);
 
 #endif
