@@ -6,11 +6,16 @@
 #include <string.h>
 
 #include "cli.h"
+#include "textgen.h"
 #include "twinkle/twinkle.h"
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: twinkle sample --model DIR [--adapter DIR] --prompt-tokens 1,2,3 [options]\n"
+            "usage: twinkle sample --model DIR [--adapter DIR] (--prompt TEXT | --messages FILE | --prompt-tokens 1,2,3)\n"
+            "  --prompt TEXT       text, encoded with DIR/tokenizer.json (its post-processor adds BOS where it does)\n"
+            "  --messages FILE     a JSON conversation (a list of messages, or {\"messages\": [...], ...}), rendered\n"
+            "                      with DIR/tokenizer_config.json's chat template and the generation prompt\n"
+            "  --ids               with --prompt / --messages: also print each sample's JSON line (ids, logprobs)\n"
             "  --max-tokens N      new tokens at most (default 32)\n"
             "  --num-samples N     independent samples (default 1, at most 64)\n"
             "  --temperature T     0 = greedy (default 1)\n"
@@ -18,7 +23,9 @@ static void usage(FILE *f) {
             "  --seed S            repeatable sampling\n"
             "  --stop 2,7          stop token ids (default: the model's eos_token_id; 'none' = never)\n"
             "  --device SPEC       cpu (default), opencl[:N], vulkan[:N] or cuda[:N]: see twinkle devices\n"
-            "Prints {\"tokens\": [...], \"logprobs\": [...], \"stop_reason\": \"stop\"|\"length\"} per sample;\n"
+            "  --stop 2,7 also takes tokenizer_config.json's eos_token by default with a text prompt.\n"
+            "Text prompts print each sample's text (special tokens skipped) on its own line(s).\n"
+            "--prompt-tokens prints {\"tokens\": [...], \"logprobs\": [...], \"stop_reason\": \"stop\"|\"length\"} per sample;\n"
             "logprobs are log_softmax of the raw logits (temperature 1) at each chosen token.\n");
 }
 
@@ -37,16 +44,37 @@ static int parse_ids(const char *s, int32_t *out, int max) {
     return n;
 }
 
+/* The prompt of --prompt / --messages as ids into prompt[cap]; the count, or -1 with the error set. */
+static int text_prompt(twk_textgen *g, const char *text, const char *messages, int32_t *prompt, int cap) {
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    char *json = messages ? twk_read_text_file(messages) : NULL;
+    twk_status st = messages && !json ? TWK_ERR_IO
+                    : messages        ? twk_textgen_encode_chat(g, json, &ids, &n)
+                                      : twk_textgen_encode_text(g, text, &ids, &n);
+    free(json);
+    if (st == TWK_OK && (n < 1 || n > cap))
+        st = twk_error(TWK_ERR_INVALID_ARG, "the prompt has %lld tokens (1..%d allowed)", (long long)n, cap);
+    if (st == TWK_OK) memcpy(prompt, ids, (size_t)n * sizeof *ids);
+    free(ids);
+    return st == TWK_OK ? (int)n : -1;
+}
+
 int twk_cmd_sample(int argc, char **argv) {
-    const char *model = NULL, *adapter = NULL, *device = "cpu", *stop_arg = NULL;
+    const char *model = NULL, *adapter = NULL, *device = "cpu", *stop_arg = NULL, *text = NULL, *messages = NULL;
     static int32_t prompt[65536];
-    int n_prompt = 0, num = 1, stop_n = 0;
+    int n_prompt = 0, num = 1, stop_n = 0, print_ids = 0;
+    twk_textgen g = {0};
     int32_t stop[64];
     twk_sample_params p = {.max_tokens = 32, .temperature = 1, .top_k = -1, .top_p = 1};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
             return 0;
+        }
+        if (!strcmp(argv[i], "--ids")) {
+            print_ids = 1;
+            continue;
         }
         if (i + 1 >= argc) {
             fprintf(stderr, "twinkle sample: %s needs a value\n", argv[i]);
@@ -57,6 +85,8 @@ int twk_cmd_sample(int argc, char **argv) {
         if (!strcmp(o, "--model")) model = v;
         else if (!strcmp(o, "--adapter")) adapter = v;
         else if (!strcmp(o, "--device")) device = v;
+        else if (!strcmp(o, "--prompt")) text = v;
+        else if (!strcmp(o, "--messages")) messages = v;
         else if (!strcmp(o, "--prompt-tokens")) {
             if ((n_prompt = parse_ids(v, prompt, 65536)) < 1) {
                 fprintf(stderr, "twinkle sample: --prompt-tokens wants ids like 1,2,3\n");
@@ -80,7 +110,7 @@ int twk_cmd_sample(int argc, char **argv) {
             return 2;
         }
     }
-    if (!model || n_prompt < 1) {
+    if (!model || (n_prompt > 0) + (text != NULL) + (messages != NULL) != 1) {
         usage(stderr);
         return 2;
     }
@@ -94,11 +124,17 @@ int twk_cmd_sample(int argc, char **argv) {
     twk_sampled_seq *out = NULL;
     int rc = 1;
     if (twk_device_open(device, &dev) != TWK_OK || twk_model_load(model, dev, &m) != TWK_OK) goto fail;
+    if ((text || messages) && (twk_textgen_open(model, twk_model_cfg(m), &g) != TWK_OK ||
+                               (n_prompt = text_prompt(&g, text, messages, prompt, 65536)) < 0))
+        goto fail;
     if (stop_arg && strcmp(stop_arg, "none") && (stop_n = parse_ids(stop_arg, stop, 64)) < 0) {
         fprintf(stderr, "twinkle sample: --stop wants ids like 2,7 or 'none'\n");
         goto out;
     }
-    if (!stop_arg) {
+    if (!stop_arg && g.tok) {
+        memcpy(stop, g.stop, (size_t)g.n_stop * sizeof *stop);
+        stop_n = g.n_stop;
+    } else if (!stop_arg) {
         const twk_model_config *c = twk_model_cfg(m);
         for (int i = 0; i < c->n_eos; i++) stop[stop_n++] = c->eos[i];
     }
@@ -112,6 +148,20 @@ int twk_cmd_sample(int argc, char **argv) {
     out = calloc((size_t)num, sizeof *out);
     if (!out || twk_sampler_generate(s, prompt, n_prompt, num, &p, out) != TWK_OK) goto fail;
     for (int k = 0; k < num; k++) {
+        char *reply = NULL;
+        if (g.tok) {
+            int64_t unknown = 0;
+            if (twk_textgen_decode(&g, out[k].tokens, out[k].n, &reply, &unknown) != TWK_OK) goto fail;
+            printf("%s\n", reply);
+            if (unknown)
+                fprintf(stderr, "twinkle sample: %lld generated id(s) have no token in tokenizer.json (left out)\n",
+                        (long long)unknown);
+            free(reply);
+            if (!print_ids) {
+                twk_sampled_seq_free(&out[k]);
+                continue;
+            }
+        }
         printf("{\"tokens\": [");
         for (int64_t i = 0; i < out[k].n; i++) printf("%s%d", i ? ", " : "", out[k].tokens[i]);
         printf("], \"logprobs\": [");
@@ -124,6 +174,8 @@ int twk_cmd_sample(int argc, char **argv) {
 fail:
     fprintf(stderr, "twinkle sample: %s\n", twk_last_error());
 out:
+    for (int k = 0; out && k < num; k++) twk_sampled_seq_free(&out[k]);
+    twk_textgen_close(&g);
     free(out);
     twk_sampler_free(s);
     twk_model_free(m);

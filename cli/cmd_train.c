@@ -12,11 +12,19 @@
 
 #include "cli.h"
 #include "dist.h"
+#include "train_data.h"
 #include "train_step.h"
 #include "twinkle/twinkle.h"
 
 typedef struct train_opts {
-    const char *model, *data, *out, *resume, *device, *loss, *teacher, *teacher_adapter;
+    twk_data_files files;
+    const char *eval_data;
+    double eval_fraction, epochs;
+    long eval_every, warmup, global_tokens;
+    int shuffle;
+    twk_lr_schedule sched;
+    const char *model, *data, *out, *resume, *device, *loss, *teacher, *teacher_adapter, *dump;
+    twk_data_opts dopts; /* --train-on, --max-len, --overflow */
     long steps, save_every, batch_tokens, rank, seed, topk;
     double bucket_mb; /* gradient allreduce bucket size across ranks */
     double lr, alpha, weight_decay, grad_clip, beta1, beta2, eps;
@@ -25,13 +33,35 @@ typedef struct train_opts {
     int full, train_unembed, no_attn, no_mlp;
 } train_opts;
 
+static const char *const lr_names[] = {"constant", "linear", "cosine"};
+
 static void usage(FILE *f) {
     fprintf(f,
             "usage: twinkle train --model DIR --data FILE.jsonl [options]\n"
             "\n"
             "  --model DIR          Hugging Face model folder (Llama / Qwen2 / Qwen3)\n"
-            "  --data FILE          JSONL, one {\"tokens\": [...], \"weights\": [...]} per line;\n"
-            "                       weights optional (default 1), per token or per target\n"
+            "  --data FILE          JSONL, one example per line, any of:\n"
+            "                         {\"text\": \"...\"}                      pre-training (every token trained)\n"
+            "                         {\"prompt\": \"...\", \"completion\": \"...\"}  loss on the completion\n"
+            "                         {\"messages\": [...]}                 chat, rendered with the model's template\n"
+            "                         {\"chosen\": X, \"rejected\": Y, \"prompt\": P}  preference pair (strings or messages)\n"
+            "                         {\"tokens\": [...], \"weights\": [...]}  token ids; weights optional (default 1),\n"
+            "                                                             per token or per target\n"
+            "                       text needs DIR/tokenizer.json; messages DIR/tokenizer_config.json's chat_template\n"
+            "  --train-on M         messages: all | assistant (default) | last assistant turn\n"
+            "  --max-len N          the context: longest sequence in targets (default: --batch-tokens)\n"
+            "  --overflow O         longer sequences: truncate (default) | split into pieces\n"
+            "  --data FILE:W        several --data files are mixed: file i fills W_i / sum(W) of each epoch\n"
+            "                       (its lines subsampled or repeated in a seeded order; default W = 1)\n"
+            "  --shuffle            visit the examples in a new seeded order each epoch (--seed)\n"
+            "  --epochs E           train for E passes over the data (instead of --steps)\n"
+            "  --eval-data FILE     evaluation set (same formats); or --eval-fraction X: hold out X of the data\n"
+            "  --eval-every N       evaluation loss every N steps (default 0: at the end only)\n"
+            "  --lr-schedule S      constant (default) | linear | cosine decay to 0 at the last step\n"
+            "  --warmup-steps N     linear warmup from 0 over the first N steps (default 0)\n"
+            "  --global-batch-tokens N  accumulate gradients over micro-batches (each <= --batch-tokens)\n"
+            "                       up to N tokens per optimizer step (default: one micro-batch)\n"
+            "  --dump-batches FILE  debug: write each step's packed batch (tokens, targets, weights) as JSONL\n"
             "  --out DIR            checkpoints go to DIR/step-N and DIR/final (default: train-out)\n"
             "  --steps N            optimizer steps (default 100)\n"
             "  --batch-tokens N     pack whole examples up to N tokens per step (default 2048)\n"
@@ -44,7 +74,7 @@ static void usage(FILE *f) {
             "  --beta1 X --beta2 X --eps X --weight-decay X   AdamW (defaults 0.9 0.95 1e-8 0)\n"
             "  --grad-clip X        clip the global gradient norm to X (default 1.0; 0 = off)\n"
             "  --resume DIR         continue from a saved training state (weights + optimizer)\n"
-            "  --seed S             LoRA initialisation seed (default 0)\n"
+            "  --seed S             LoRA initialisation, shuffling, mixing and eval-split seed (default 0)\n"
             "  --device SPEC        cpu (default), opencl[:N], vulkan[:N] or cuda[:N]: see twinkle devices;\n"
             "                       under mpirun a GPU kind without :N picks device LOCAL_RANK\n"
             "  --bucket-mb X        under mpirun: sum gradients across ranks in buckets of X MB (default 16)\n"
@@ -109,7 +139,9 @@ static int loss_spec(train_opts *o) {
 static int parse(int argc, char **argv, train_opts *o) {
     *o = (train_opts){.out = "train-out", .device = "cpu", .steps = 100, .batch_tokens = 2048, .rank = 32,
                       .lr = 1e-4, .dpo_beta = NAN, .loss = "cross_entropy", .topk = 8, .distill_beta = NAN,
-                      .clip_lo = NAN, .clip_hi = NAN, .kl_beta = NAN, .max_tokens = NAN, .alpha = 32, .grad_clip = 1.0, .bucket_mb = 16, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
+                      .clip_lo = NAN, .clip_hi = NAN, .kl_beta = NAN, .max_tokens = NAN, .alpha = 32, .grad_clip = 1.0, .bucket_mb = 16, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
+                      .dopts = {.train_on = TWK_TRAIN_ON_ASSISTANT}};
+    int steps_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         double v;
@@ -118,6 +150,7 @@ static int parse(int argc, char **argv, train_opts *o) {
             exit(0);
         }
         if (!strcmp(a, "--full")) { o->full = 1; continue; }
+        if (!strcmp(a, "--shuffle")) { o->shuffle = 1; continue; }
         if (!strcmp(a, "--train-unembed")) { o->train_unembed = 1; continue; }
         if (!strcmp(a, "--no-attn")) { o->no_attn = 1; continue; }
         if (!strcmp(a, "--no-mlp")) { o->no_mlp = 1; continue; }
@@ -127,7 +160,39 @@ static int parse(int argc, char **argv, train_opts *o) {
         }
         const char *val = argv[++i];
         if (!strcmp(a, "--model")) o->model = val;
-        else if (!strcmp(a, "--data")) o->data = val;
+        else if (!strcmp(a, "--train-on")) {
+            twk_train_on m;
+            if (twk_train_on_parse(val, &m) != TWK_OK) {
+                fprintf(stderr, "twinkle train: --train-on: %s\n", twk_last_error());
+                return 0;
+            }
+            o->dopts.train_on = (int)m;
+        }
+        else if (!strcmp(a, "--overflow")) {
+            if (strcmp(val, "truncate") && strcmp(val, "split")) {
+                fprintf(stderr, "twinkle train: --overflow wants truncate or split, got '%s'\n", val);
+                return 0;
+            }
+            o->dopts.overflow = strcmp(val, "split") ? TWK_OVERFLOW_TRUNCATE : TWK_OVERFLOW_SPLIT;
+        }
+        else if (!strcmp(a, "--max-len")) { if (!num(a, val, 1, 1e7, &v)) return 0; o->dopts.max_targets = (int64_t)v; }
+        else if (!strcmp(a, "--dump-batches")) o->dump = val;
+        else if (!strcmp(a, "--data")) {
+            if (!twk_data_files_add(&o->files, val)) return 0;
+            o->data = o->files.path[0];
+        }
+        else if (!strcmp(a, "--eval-data")) o->eval_data = val;
+        else if (!strcmp(a, "--eval-fraction")) { if (!num(a, val, 1e-9, 0.999999, &o->eval_fraction)) return 0; }
+        else if (!strcmp(a, "--eval-every")) { if (!num(a, val, 0, 1e9, &v)) return 0; o->eval_every = (long)v; }
+        else if (!strcmp(a, "--epochs")) { if (!num(a, val, 1e-6, 1e6, &o->epochs)) return 0; }
+        else if (!strcmp(a, "--warmup-steps")) { if (!num(a, val, 0, 1e9, &v)) return 0; o->warmup = (long)v; }
+        else if (!strcmp(a, "--global-batch-tokens")) { if (!num(a, val, 2, 1e12, &v)) return 0; o->global_tokens = (long)v; }
+        else if (!strcmp(a, "--lr-schedule")) {
+            if (!twk_lr_schedule_parse(val, &o->sched)) {
+                fprintf(stderr, "twinkle train: --lr-schedule wants constant, linear or cosine, got '%s'\n", val);
+                return 0;
+            }
+        }
         else if (!strcmp(a, "--out")) o->out = val;
         else if (!strcmp(a, "--resume")) o->resume = val;
         else if (!strcmp(a, "--device")) o->device = val;
@@ -141,7 +206,7 @@ static int parse(int argc, char **argv, train_opts *o) {
         else if (!strcmp(a, "--teacher-adapter")) o->teacher_adapter = val;
         else if (!strcmp(a, "--topk")) { if (!num(a, val, 1, 64, &v)) return 0; o->topk = (long)v; }
         else if (!strcmp(a, "--distill-beta")) { if (!num(a, val, 1e-6, 1 - 1e-6, &o->distill_beta)) return 0; }
-        else if (!strcmp(a, "--steps")) { if (!num(a, val, 1, 1e9, &v)) return 0; o->steps = (long)v; }
+        else if (!strcmp(a, "--steps")) { if (!num(a, val, 1, 1e9, &v)) return 0; o->steps = (long)v; steps_given = 1; }
         else if (!strcmp(a, "--save-every")) { if (!num(a, val, 0, 1e9, &v)) return 0; o->save_every = (long)v; }
         else if (!strcmp(a, "--batch-tokens")) { if (!num(a, val, 2, 1e7, &v)) return 0; o->batch_tokens = (long)v; }
         else if (!strcmp(a, "--rank")) { if (!num(a, val, 1, 4096, &v)) return 0; o->rank = (long)v; }
@@ -176,17 +241,49 @@ static int parse(int argc, char **argv, train_opts *o) {
         fprintf(stderr, "twinkle train: --model and --data are required (see --help)\n");
         return 0;
     }
+    if (steps_given && o->epochs > 0) {
+        fprintf(stderr, "twinkle train: give --steps or --epochs, not both\n");
+        return 0;
+    }
+    if (o->eval_data && o->eval_fraction > 0) {
+        fprintf(stderr, "twinkle train: give --eval-data or --eval-fraction, not both\n");
+        return 0;
+    }
+    if (o->global_tokens && o->global_tokens < o->batch_tokens) {
+        fprintf(stderr, "twinkle train: --global-batch-tokens %ld is below --batch-tokens %ld\n", o->global_tokens,
+                o->batch_tokens);
+        return 0;
+    }
+    o->dopts.model_dir = o->model;
+    if (!o->dopts.max_targets) o->dopts.max_targets = o->batch_tokens;
     return 1;
 }
 
-static void progress(long step, long steps, double loss, double tps, int tty) {
+/* The progress line: a bar redrawn in place on a terminal, one plain line per step otherwise. */
+static void progress(long step, long steps, double loss, double eval, double tps, double eta_s, int tty) {
     int width = 24, done = (int)(width * step / steps);
-    char bar[32];
+    char bar[32], ev[32] = "";
     for (int i = 0; i < width; i++) bar[i] = i < done ? '#' : '.';
     bar[width] = 0;
-    printf("%s[%s] step %ld/%ld  loss %.4f  %.0f tokens/s%s", tty ? "\r" : "", bar, step, steps, loss, tps,
-           tty ? "" : "\n");
+    if (!isnan(eval)) snprintf(ev, sizeof ev, "  eval %.4f", eval);
+    printf("%s[%s] step %ld/%ld  loss %.4f%s  %.0f tokens/s  ETA %ld:%02ld%s", tty ? "\r" : "", bar, step, steps,
+           loss, ev, tps, (long)eta_s / 60, (long)eta_s % 60, tty ? "\033[K" : "\n");
     fflush(stdout);
+}
+
+/* One JSON line: the step's packed batch (debugging; tests check the weights on it). */
+static void dump_batch(FILE *f, long step, const twk_packed *p) {
+    const twk_batch *b = &p->batch;
+    fprintf(f, "{\"step\": %ld, \"seg_start\": [", step);
+    for (int64_t i = 0; i < b->n; i++) fprintf(f, "%s%d", i ? ", " : "", b->seg_start[i]);
+    fprintf(f, "], \"tokens\": [");
+    for (int64_t i = 0; i < b->n; i++) fprintf(f, "%s%d", i ? ", " : "", b->tokens[i]);
+    fprintf(f, "], \"targets\": [");
+    for (int64_t i = 0; i < b->n; i++) fprintf(f, "%s%d", i ? ", " : "", b->targets[i]);
+    fprintf(f, "], \"weights\": [");
+    for (int64_t i = 0; i < b->n; i++) fprintf(f, "%s%.9g", i ? ", " : "", b->weights[i]);
+    fprintf(f, "]}\n");
+    fflush(f);
 }
 
 /* --device for this rank: a GPU kind without an index gets the node-local rank's device. */
@@ -209,21 +306,60 @@ static int splits_across_ranks(const train_opts *o) {
     return 0;
 }
 
+/* This rank's share of the loss over the evaluation set, forward only: sums[0] the loss, sums[1] its
+ * normaliser (the caller sums them across ranks). Errors from the loss step. */
+static twk_status eval_pass(twk_trainer *t, const train_opts *o, const twk_dataset *eval, int group, twk_sampler *ts,
+                            double sums[2]) {
+    twk_packed pk = {0};
+    twk_status st = TWK_OK;
+    sums[0] = sums[1] = 0;
+    for (int64_t cursor = 0, n = twk_dataset_count(eval); st == TWK_OK && cursor < n;) {
+        int64_t before = cursor;
+        st = twk_dataset_pack_groups(eval, o->batch_tokens, group, &cursor, &pk);
+        if (st != TWK_OK) break;
+        if (cursor > n) { /* the pack wrapped past the end: keep the sequences before it */
+            int keep = (int)(n - before), seen = 0;
+            for (int64_t i = 0; i < pk.batch.n; i++)
+                if (pk.batch.seg_start[i] == i && seen++ == keep) {
+                    pk.batch.n = i;
+                    break;
+                }
+            pk.n_seqs = keep;
+        }
+        int s0 = 0, s1 = pk.n_seqs;
+        twk_train_shard(&pk, group, twk_dist_rank(), twk_dist_size(), &s0, &s1);
+        twk_loss_result res;
+        memset(&res, 0, sizeof res);
+        if (s1 > s0) st = twk_train_step(t, &o->spec, &pk, s0, s1, ts, (int)o->topk, 0, &res);
+        sums[0] += res.loss;
+        sums[1] += res.values[2];
+    }
+    twk_packed_free(&pk);
+    return st;
+}
+
 static int train(train_opts *o) {
     int me = twk_dist_rank(), nr = twk_dist_size();
     twk_device *dev = NULL;
     twk_model *model = NULL;
-    twk_dataset *data = NULL;
+    twk_dataset *data = NULL, *eval = NULL;
     twk_trainer *t = NULL;
     twk_model *teacher = NULL;
     twk_sampler *tsampler = NULL;
     twk_packed packed = {0};
+    FILE *dump = NULL, *metrics = NULL;
     int rc = 1, tty = me == 0 && isatty(1);
     char devname[256], where[96] = ""; /* a failing rank's share, for its message */
     if (twk_device_open(rank_device(o->device, devname, sizeof devname), &dev) != TWK_OK ||
         twk_model_load(o->model, dev, &model) != TWK_OK ||
-        twk_dataset_load_jsonl(o->data, twk_model_cfg(model)->vocab, &data) != TWK_OK)
+        (o->dopts.vocab = twk_model_cfg(model)->vocab,
+         twk_train_data_load(&o->files, &o->dopts, o->spec.def->group, (uint64_t)o->seed, o->eval_data,
+                             o->eval_fraction, &data, &eval)) != TWK_OK)
         goto fail;
+    if (o->dump && me == 0 && !(dump = fopen(o->dump, "w"))) {
+        twk_error(TWK_ERR_IO, "--dump-batches: cannot write %s", o->dump);
+        goto fail;
+    }
     twk_lora_config lc = twk_lora_default();
     lc.rank = (int)o->rank;
     lc.alpha = (float)o->alpha;
@@ -234,6 +370,12 @@ static int train(train_opts *o) {
     if (twk_trainer_new(model, o->full ? NULL : &lc, o->batch_tokens, &t) != TWK_OK) goto fail;
     if (o->resume && twk_trainer_load_state(t, o->resume, 1) != TWK_OK) goto fail;
     if (me == 0 && twk_mkdir_p(o->out, 0755) != TWK_OK) goto fail;
+    char mpath[4200];
+    snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", o->out);
+    if (me == 0 && !(metrics = fopen(mpath, o->resume ? "a" : "w"))) {
+        twk_error(TWK_ERR_IO, "cannot write %s", mpath);
+        goto fail;
+    }
     const twk_model_config *c = twk_model_cfg(model);
     long start = (long)twk_trainer_step(t);
     twk_adam_params ap = {(float)o->lr, (float)o->beta1, (float)o->beta2, (float)o->eps, (float)o->weight_decay,
@@ -260,15 +402,17 @@ static int train(train_opts *o) {
             (o->teacher_adapter && twk_sampler_load_adapter(tsampler, o->teacher_adapter) != TWK_OK))
             goto fail;
     }
-    if (twk_dataset_count(data) % group) {
-        twk_error(TWK_ERR_INVALID_ARG, "--loss %s: %s has %lld lines; pairs (chosen, rejected) need an even count", o->loss,
-                  o->data, (long long)twk_dataset_count(data));
-        goto fail;
+    /* the data position follows from the step: packing (shuffled order included) is deterministic and the
+       same on every rank, so a resumed run replays the packs of the steps it has done */
+    packed.shuffle = o->shuffle;
+    packed.seed = (uint64_t)o->seed;
+    twk_step_packer sp = {data, o->batch_tokens, o->global_tokens, group, 0, 0, 0};
+    if (o->epochs > 0 && (o->steps = twk_steps_for_epochs(&sp, &packed, o->epochs)) < 1) goto fail;
+    for (long s = 0; s < start; s++) {
+        int r;
+        while ((r = twk_step_next(&sp, &packed)) == 1) {}
+        if (r < 0) goto fail;
     }
-    /* the data position follows from the step: packing is deterministic (and the same on every rank) */
-    int64_t cursor = 0;
-    for (long s = 0; s < start; s++)
-        if (twk_dataset_pack_groups(data, o->batch_tokens, group, &cursor, &packed) != TWK_OK) goto fail;
     if (twk_dist_first_failure(TWK_OK) >= 0) goto stop; /* another rank failed to start */
     if (me == 0)
         printf("twinkle train: %s (%d layers, hidden %d, vocab %d), %s, %lld examples / %lld target tokens, "
@@ -280,27 +424,65 @@ static int train(train_opts *o) {
         printf(", %d ranks (%d on this machine, TWK_THREADS=%s)", nr, twk_dist_local_size(),
                getenv("TWK_THREADS") ? getenv("TWK_THREADS") : "all cores");
     if (me == 0) printf("\n");
+    if (me == 0) {
+        twk_data_counts dc = twk_dataset_counts(data);
+        printf("data: %lld lines -> %lld examples; %lld truncated, %lld split (to %lld targets), %lld dropped "
+               "(no trained token)\n", (long long)dc.lines, (long long)twk_dataset_count(data), (long long)dc.truncated,
+               (long long)dc.split, (long long)o->dopts.max_targets, (long long)dc.dropped);
+        if (eval) printf("eval: %lld examples / %lld target tokens, every %ld steps\n", (long long)twk_dataset_count(eval),
+                         (long long)twk_dataset_tokens(eval), o->eval_every);
+        printf("steps %ld%s, lr %g %s schedule, %ld warmup steps%s\n", o->steps, o->epochs > 0 ? " (from --epochs)" : "",
+               o->lr, lr_names[o->sched], o->warmup, o->shuffle ? ", shuffled" : "");
+    }
     double t0 = twk_now(), tokens = 0, first = -1, loss_avg = 0, reduce_s = 0;
     twk_dist_stats ds = {0, 0, 0};
+    double eval_loss = NAN;
     for (long s = start + 1; s <= o->steps; s++) {
-        if (twk_dataset_pack_groups(data, o->batch_tokens, group, &cursor, &packed) != TWK_OK) goto fail;
-        int s0 = 0, s1 = packed.n_seqs;
-        twk_train_shard(&packed, group, me, nr, &s0, &s1);
-        snprintf(where, sizeof where, " (step %ld, sequences %d..%d of %d)", s, s0, s1 - 1, packed.n_seqs);
-        twk_loss_result res;
-        memset(&res, 0, sizeof res);
-        if (s1 > s0 && twk_train_step(t, &o->spec, &packed, s0, s1, tsampler, (int)o->topk, &res) != TWK_OK) goto fail;
+        double sums[2] = {0, 0}, step_tokens = 0, mean = 0;
+        int r, micro = 0;
+        while ((r = twk_step_next(&sp, &packed)) == 1) { /* the micro-batches: gradients accumulate */
+            if (dump) dump_batch(dump, s, &packed);
+            int s0 = 0, s1 = packed.n_seqs;
+            twk_train_shard(&packed, group, me, nr, &s0, &s1);
+            snprintf(where, sizeof where, " (step %ld, sequences %d..%d of %d)", s, s0, s1 - 1, packed.n_seqs);
+            twk_loss_result res;
+            memset(&res, 0, sizeof res);
+            if (s1 > s0 && twk_train_step(t, &o->spec, &packed, s0, s1, tsampler, (int)o->topk, 1, &res) != TWK_OK)
+                goto fail;
+            sums[0] += res.loss;
+            sums[1] += res.values[2];
+            mean = res.mean;
+            micro++;
+            step_tokens += (double)packed.batch.n;
+        }
+        if (r < 0) goto fail;
         /* every rank's step succeeded before any gradient is summed: a failure never leaves a rank waiting */
         if (twk_dist_first_failure(TWK_OK) >= 0) goto stop;
         if (twk_dist_sum_grads(t, (size_t)(o->bucket_mb * 1048576.0), &ds) != TWK_OK) goto fail;
         reduce_s += ds.seconds;
-        double sums[2] = {res.loss, res.values[2]};
         twk_dist_sum_f64(sums, 2);
-        loss_avg = nr == 1 ? res.mean : sums[1] != 0 ? sums[0] / sums[1] : sums[0];
+        loss_avg = nr == 1 && micro == 1 ? mean : sums[1] != 0 ? sums[0] / sums[1] : sums[0];
+        ap.learning_rate = (float)(o->lr * twk_lr_factor(o->sched, s - 1, o->steps, o->warmup));
         if (twk_trainer_optim_step(t, &ap, NULL) != TWK_OK) goto fail;
         if (first < 0) first = loss_avg;
-        tokens += (double)packed.batch.n;
-        if (me == 0) progress(s, o->steps, loss_avg, tokens / (twk_now() - t0), tty);
+        tokens += step_tokens;
+        int do_eval = eval && ((o->eval_every > 0 && s % o->eval_every == 0) || s == o->steps);
+        if (do_eval) {
+            double es[2];
+            if (eval_pass(t, o, eval, group, tsampler, es) != TWK_OK) goto fail;
+            if (twk_dist_first_failure(TWK_OK) >= 0) goto stop;
+            twk_dist_sum_f64(es, 2);
+            eval_loss = es[1] != 0 ? es[0] / es[1] : es[0];
+        }
+        double el = twk_now() - t0, tps = tokens / el;
+        if (me == 0) {
+            progress(s, o->steps, loss_avg, eval_loss, tps, el / (double)(s - start) * (double)(o->steps - s), tty);
+            fprintf(metrics, "{\"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, \"tokens\": %.0f, \"tokens_per_s\": %.6g, "
+                             "\"elapsed_s\": %.6g%s", s, loss_avg, (double)ap.learning_rate, step_tokens, tps, el, do_eval ? ", \"eval_loss\": " : "");
+            if (do_eval) fprintf(metrics, "%.9g", eval_loss);
+            fprintf(metrics, "}\n");
+            fflush(metrics);
+        }
         if (me == 0 && o->save_every && s % o->save_every == 0 && s < o->steps) {
             char dir[4200];
             snprintf(dir, sizeof dir, "%s/step-%ld", o->out, s);
@@ -320,7 +502,9 @@ static int train(train_opts *o) {
         goto stop;
     }
     if (me == 0) {
-        printf("%sloss %.4f -> %.4f; saved %s\n", tty ? "\n" : "", first, loss_avg, dir);
+        printf("%sloss %.4f -> %.4f", tty ? "\n" : "", first, loss_avg);
+        if (!isnan(eval_loss)) printf("; eval loss %.4f", eval_loss);
+        printf("; saved %s\n", dir);
         long steps = o->steps - start;
         if (nr > 1 && steps > 0)
             printf("ranks %d: gradient allreduce %.2f ms/step (%lld bytes in %d buckets of <= %g MB), "
@@ -338,6 +522,9 @@ fail:
 stop:
     rc = 1;
 out:
+    if (dump) fclose(dump);
+    if (metrics) fclose(metrics);
+    twk_dataset_free(eval);
     twk_packed_free(&packed);
     twk_sampler_free(tsampler);
     twk_model_free(teacher);
@@ -348,16 +535,23 @@ out:
     return rc;
 }
 
-int twk_cmd_train(int argc, char **argv) {
-    train_opts o;
-    if (!parse(argc, argv, &o)) return 2;
+/* Parses, then trains (as one of several ranks under mpirun). */
+static int run_train(int argc, char **argv, train_opts *o) {
+    if (!parse(argc, argv, o)) return 2;
     twk_dist_init(&argc, &argv);
     if (twk_dist_launched_size() > twk_dist_size()) { /* N copies would each train alone, into one --out */
         fprintf(stderr, "twinkle train: started as one of %d ranks, but this twinkle was built without MPI "
                         "(TWK_MPI=OFF); rebuild with MPI or run one process\n", twk_dist_launched_size());
         return 2;
     }
-    int rc = splits_across_ranks(&o) ? train(&o) : 2;
+    int rc = splits_across_ranks(o) ? train(o) : 2;
     twk_dist_finalize();
+    return rc;
+}
+
+int twk_cmd_train(int argc, char **argv) {
+    train_opts o;
+    int rc = run_train(argc, argv, &o);
+    twk_data_files_free(&o.files);
     return rc;
 }

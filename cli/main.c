@@ -19,6 +19,7 @@ static void usage(FILE *f) {
             "              distillation from a teacher (forward_kl, reverse_kl, jsd)\n"
             "  serve     the Tinker-compatible training service (LoRA, many tenants)\n"
             "  sample    generate from a model (+ adapter) with the KV-cache sampler\n"
+            "  chat      an interactive conversation with a model (+ adapter), turns read from stdin\n"
             "  score     per-token logprobs of JSONL examples under a model (+ adapter)\n"
             "  export    a checkpoint's adapter (--peft) or the base model with it merged (--merge)\n"
             "  devices   list backends and devices\n"
@@ -41,6 +42,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "score")) return twk_cmd_score(argc - 1, argv + 1);
     if (!strcmp(cmd, "sample")) return twk_cmd_sample(argc - 1, argv + 1);
     if (!strcmp(cmd, "export")) return twk_cmd_export(argc - 1, argv + 1);
+    if (!strcmp(cmd, "chat")) return twk_cmd_chat(argc - 1, argv + 1);
     if (!strcmp(cmd, "devices")) return twk_cmd_devices(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("twinkle %s\n", TWK_VERSION);

@@ -72,7 +72,7 @@ static twk_status teacher_topk(twk_sampler *teacher, const twk_loss_batch *lb, i
 static const float *at(const float *p, int64_t a) { return p ? p + a : NULL; }
 
 twk_status twk_train_step(twk_trainer *t, const twk_loss_spec *spec, const twk_packed *pk, int s0, int s1,
-                          twk_sampler *teacher, int k, twk_loss_result *res) {
+                          twk_sampler *teacher, int k, int backward, twk_loss_result *res) {
     const twk_batch *b = &pk->batch;
     int distill = spec->def->family == TWK_FAMILY_DISTILL;
     int64_t *off = seq_offsets(pk);
@@ -92,7 +92,7 @@ twk_status twk_train_step(twk_trainer *t, const twk_loss_spec *spec, const twk_p
         lb.targets = ids;
         lb.in[TWK_IN_TEACHER_LOGPROBS] = tlp;
     }
-    if (st == TWK_OK) st = twk_loss_step(t, spec, &lb, 1, NULL, res);
+    if (st == TWK_OK) st = twk_loss_step(t, spec, &lb, backward, NULL, res);
     free(off);
     free(ids);
     free(tlp);

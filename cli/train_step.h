@@ -13,11 +13,11 @@
  * on OOM every rank's share is empty. */
 void twk_train_shard(const twk_packed *pk, int group, int rank, int size, int *s0, int *s1);
 
-/* Runs loss `spec` on sequences [s0, s1) of packed batch pk (s0 < s1): the gradient accumulates in the
- * trainer, res gets the loss and its metrics. teacher (distillation only):
+/* Runs loss `spec` on sequences [s0, s1) of packed batch pk (s0 < s1): with backward the gradient
+ * accumulates in the trainer (without: forward only, for evaluation), res gets the loss and its metrics. teacher (distillation only):
  * a sampler holding max_len tokens that scores the top-k next tokens at
  * every position. Errors from the loss step or the teacher. */
 twk_status twk_train_step(twk_trainer *t, const twk_loss_spec *spec, const twk_packed *pk, int s0, int s1,
-                          twk_sampler *teacher, int k, twk_loss_result *res);
+                          twk_sampler *teacher, int k, int backward, twk_loss_result *res);
 
 #endif

@@ -58,8 +58,10 @@ lora="--rank 8 --lr 1e-2"
 cores=$(getconf _NPROCESSORS_ONLN)
 want_threads=${TWK_THREADS:-$((cores / NP > 1 ? cores / NP : 1))}
 run 1 "$DIR/init" --data "$DIR/sft.jsonl" $lora --lr 0 --steps 1 # the adapter before any step
-for cfg in lora-sft full-sft lora-rl; do
+for cfg in lora-sft full-sft lora-rl lora-sched; do
     case $cfg in
+    lora-sched) args="--data $DIR/sft.jsonl $lora --shuffle --seed 3 --eval-fraction 0.25 --eval-every 2 \
+        --global-batch-tokens 128 --lr-schedule cosine --warmup-steps 2" w=adapter_model.safetensors init="$DIR/init/final/$w" ;;
     lora-sft) args="--data $DIR/sft.jsonl $lora" w=adapter_model.safetensors init="$DIR/init/final/$w" ;;
     full-sft) args="--data $DIR/sft.jsonl --full --lr 1e-3" w=model.safetensors init="$MODEL/model.safetensors" ;;
     lora-rl) args="--data $DIR/rl.jsonl --loss importance_sampling $lora" w=adapter_model.safetensors init="$DIR/init/final/$w" ;;
@@ -68,8 +70,16 @@ for cfg in lora-sft full-sft lora-rl; do
     run "$NP" "$DIR/$cfg-$NP" $args --steps 5
     grep -q "$NP ranks ($NP on this machine, TWK_THREADS=$want_threads)" "$DIR/$cfg-$NP.log" ||
         { head -n 1 "$DIR/$cfg-$NP.log"; fail "$cfg: want $NP ranks sharing the cores (TWK_THREADS=$want_threads)"; }
-    python3 "$HERE/mpi_params.py" "$DIR/$cfg-1/final/$w" "$DIR/$cfg-$NP/final/$w" "$init" "$(tol 5)" "$cfg 1 vs $NP ranks, 5 steps"
+    # lora-sched: shuffled, eval split, 2 micro-batches of <= 64 tokens per step (T = 128 tokens: tol 10)
+    python3 "$HERE/mpi_params.py" "$DIR/$cfg-1/final/$w" "$DIR/$cfg-$NP/final/$w" "$init" \
+        "$(tol $([ $cfg = lora-sched ] && echo 10 || echo 5))" "$cfg 1 vs $NP ranks, 5 steps"
     same_curve "$DIR/$cfg-1.log" "$DIR/$cfg-$NP.log" "$cfg 1 vs $NP ranks"
+    if [ $cfg = lora-sched ]; then
+        e1=$(sed -n 's/.*; eval loss \([0-9.]*\);.*/\1/p' "$DIR/$cfg-1.log")
+        en=$(sed -n 's/.*; eval loss \([0-9.]*\);.*/\1/p' "$DIR/$cfg-$NP.log")
+        [ -n "$e1" ] && [ "$e1" = "$en" ] || fail "$cfg: eval loss $e1 on 1 rank, '$en' on $NP"
+        echo "ok   $cfg: eval loss $e1 on 1 and $NP ranks (printed resolution 1e-4)"
+    fi
 done
 
 if [ "$NP" = 2 ]; then # checkpoints cross rank counts: 10 steps, resumed at step 5 on the other count

@@ -36,6 +36,70 @@ typedef struct twk_dataset twk_dataset;
 twk_status twk_dataset_load_jsonl(const char *path, int vocab, twk_dataset **out);
 void twk_dataset_free(twk_dataset *d);
 int64_t twk_dataset_count(const twk_dataset *d);
+/* What to do with a sequence longer than the context (max_targets). */
+typedef enum twk_overflow {
+    TWK_OVERFLOW_TRUNCATE = 0, /* keep its first max_targets targets */
+    TWK_OVERFLOW_SPLIT = 1     /* cut it into pieces of <= max_targets targets (each piece starts
+                                  with the token that ends the previous one); preference pairs
+                                  are always truncated */
+} twk_overflow;
+
+/* How text lines become tokens (see twk_dataset_load). */
+typedef struct twk_data_opts {
+    int vocab;               /* every id must be < vocab */
+    const char *model_dir;   /* its tokenizer.json (text lines) and tokenizer_config.json (messages) */
+    int train_on;            /* twk_train_on of chat.h for "messages" lines (default 1: assistant) */
+    int64_t max_targets;     /* the context: longest sequence in targets; 0 = no limit */
+    twk_overflow overflow;
+} twk_data_opts;
+
+/* What loading did to the lines (printed by `twinkle train`: nothing is dropped silently). */
+typedef struct twk_data_counts {
+    int64_t lines;     /* non-blank lines read */
+    int64_t truncated; /* sequences cut to max_targets */
+    int64_t split;     /* sequences split into pieces (pieces made: the examples count) */
+    int64_t dropped;   /* text lines without a trained token or shorter than 2 tokens */
+} twk_data_counts;
+
+/* Reads JSONL where each line is one of:
+ *   {"tokens": [...], "weights": [...]}       token ids, as twk_dataset_load_jsonl;
+ *   {"text": "..."}                            pre-training: encoded with the post-processor
+ *                                               (add_special), every target weighted;
+ *   {"prompt": "...", "completion": "..."}     prompt encoded with add_special, completion
+ *                                               without, appended; weight on the completion only;
+ *   {"messages": [...], "tools": [...]?}        rendered with the model's chat template, encoded
+ *                                               without add_special; a token is trained when all its
+ *                                               bytes lie in twk_chat_render_mask's mask (train_on);
+ *   {"chosen": X, "rejected": Y, "prompt": P?}  a preference pair (two examples, chosen first): X, Y
+ *                                               strings (P a string prompt, untrained) or message
+ *                                               lists (P an optional list of messages before them;
+ *                                               the last assistant turn is trained).
+ * No end-of-sequence token is appended to text. Errors name path:line and the field; a missing
+ * tokenizer.json / tokenizer_config.json is TWK_ERR_IO naming the file. Text lines that end up
+ * with fewer than 2 tokens or no trained token are dropped and counted (twk_dataset_counts). */
+twk_status twk_dataset_load(const char *path, const twk_data_opts *opts, twk_dataset **out);
+/* The counts of the load that made d (zeros for NULL). */
+twk_data_counts twk_dataset_counts(const twk_dataset *d);
+
+/* A new dataset holding examples idx[i] of parts[part[i]] for i < n, in that order (the parts'
+ * storage is copied; an example may repeat). Its counts are the parts' summed. TWK_ERR_OOM,
+ * TWK_ERR_INVALID_ARG for an index out of range or n == 0. */
+twk_status twk_dataset_gather(const twk_dataset *const *parts, int n_parts, const int *part, const int64_t *idx,
+                              int64_t n, twk_dataset **out);
+
+/* Mixes datasets by weight: an epoch of the result holds as many groups (of `group` examples) as the
+ * parts together; part i fills weights[i] / sum(weights) of it (rounded, >= 1 when its weight is > 0),
+ * its groups taken in a seeded random order, repeating when it is upsampled. Errors as gather, or
+ * TWK_ERR_INVALID_ARG when a part's count is not a multiple of group. */
+twk_status twk_dataset_mix(const twk_dataset *const *parts, const double *weights, int n_parts, int group,
+                           uint64_t seed, twk_dataset **out);
+
+/* Splits d into a training and an evaluation set: a seeded random fraction of its groups (of `group`
+ * examples; at least one, never all) goes to *eval. TWK_ERR_INVALID_ARG when d has fewer than 2
+ * groups or its count is not a multiple of group. */
+twk_status twk_dataset_split(const twk_dataset *d, double fraction, int group, uint64_t seed, twk_dataset **train,
+                             twk_dataset **eval);
+
 /* Total target tokens (sum of len(tokens) - 1). */
 int64_t twk_dataset_tokens(const twk_dataset *d);
 /* TWK_OK when every line has float field `field` ("advantages", "logprobs"); else
@@ -53,6 +117,12 @@ typedef struct twk_packed {
     int32_t *buf_i32;
     float *buf_f32;
     int64_t cap;
+    /* order: set before the first pack. shuffle: each epoch (cursor / count) visits the examples
+     * (the groups) in a permutation drawn from (seed, epoch), so a run resumed by replaying
+     * its packs sees the same order. */
+    int shuffle;
+    uint64_t seed;
+    int64_t *perm, perm_epoch, perm_n;
 } twk_packed;
 
 /* Packs whole examples from *cursor on (wrapping to the start: epochs) until

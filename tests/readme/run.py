@@ -5,8 +5,12 @@
 
 The commands are read from README.md's ```sh and ```python blocks each time (a new example is
 run without touching this file); placeholders are mapped to test fixtures:
-  path/to/<anything>       a small fixture model (tests/parity/fixtures/qwen3|llama/model)
+  path/to/<anything>       a small fixture model (tests/parity/fixtures/qwen3|llama/model); in a command
+                           with text data (chat.jsonl, text.jsonl, --prompt, --messages, `twinkle chat`)
+                           the qwen3 model with tests/data/tokenizer's tokenizer and chat template
   train.jsonl, eval.jsonl  JSONL written here (tokens, weights, advantages)
+  chat.jsonl, text.jsonl, conversation.json   messages / text lines and one conversation written here
+  `twinkle chat`           gets two user turns on stdin
   runs/..., keys.txt, serve.conf, /srv/twinkle   files and folders in a temporary folder
   `...` in `twinkle train ...`   the arguments of the README's first train command
   [--opt X]                 the optional part is used
@@ -61,11 +65,36 @@ def write_data(tmp):
                 f.write(json.dumps(r) + "\n")
 
 
+def write_text_data(tmp):
+    """chat.jsonl, text.jsonl, conversation.json, and the qwen3 fixture with a tokenizer + chat template."""
+    words = "zero one two three four five six seven".split()
+    with open(os.path.join(tmp, "chat.jsonl"), "w") as f:
+        for i, w in enumerate(words):
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"Say the number {i} in words."},
+                                             {"role": "assistant", "content": w}]}) + "\n")
+    with open(os.path.join(tmp, "text.jsonl"), "w") as f:
+        for i, w in enumerate(words):
+            f.write(json.dumps({"text": f"{w} is the number {i}"}) + "\n")
+    with open(os.path.join(tmp, "conversation.json"), "w") as f:
+        json.dump([{"role": "user", "content": "Say the number 3 in words."}], f)
+    model = os.path.join(tmp, "model-text")
+    os.makedirs(model)
+    for src in (os.path.join(FIXTURES, "qwen3", "model"), os.path.join(ROOT, "tests", "data", "tokenizer")):
+        for name in os.listdir(src):
+            shutil.copy(os.path.join(src, name), os.path.join(model, name))
+    return model
+
+
+TEXT_MARKS = ("chat.jsonl", "text.jsonl", "--prompt ", "--messages", "twinkle chat")
+
+
 def substitute(cmd, tmp, binary, first_train):
     cmd = cmd.replace("./build/twinkle", binary)
     cmd = re.sub(r"\[(--[a-z-]+(?: [^\]]+)?)\]", r"\1", cmd)  # optional parts are used
     if " train ..." in cmd and first_train:
         cmd = cmd.replace(" train ...", " train " + first_train)
+    if any(m in cmd for m in TEXT_MARKS):
+        cmd = re.sub(r"path/to/[^ =]+", os.path.join(tmp, "model-text"), cmd)
     cmd = re.sub(r"path/to/Llama[^ ]*", os.path.join(FIXTURES, "llama", "model"), cmd)
     cmd = re.sub(r"path/to/[^ =]+", os.path.join(FIXTURES, "qwen3", "model"), cmd)
     cmd = cmd.replace("--adapter DIR", "--adapter runs/a/final")
@@ -77,7 +106,8 @@ def substitute(cmd, tmp, binary, first_train):
     cmd = cmd.replace("/srv/twinkle", os.path.join(tmp, "srv"))
     args = shlex.split(cmd)
     for i, a in enumerate(args):
-        if a in ("train.jsonl", "eval.jsonl", "keys.txt", "serve.conf") or a.startswith("runs/"):
+        if a.split(":")[0] in ("train.jsonl", "eval.jsonl", "keys.txt", "serve.conf", "chat.jsonl", "text.jsonl",
+                               "conversation.json") or a.startswith("runs/"):
             args[i] = os.path.join(tmp, a)
     return args
 
@@ -154,6 +184,7 @@ def main():
     text = open(os.path.join(ROOT, "README.md")).read()
     tmp = tempfile.mkdtemp(prefix="twk-readme-")
     write_data(tmp)
+    write_text_data(tmp)
     with open(os.path.join(tmp, "keys.txt"), "w") as f:
         f.write("tml-readme-key alice\n")
     with open(os.path.join(tmp, "serve.conf"), "w") as f:
@@ -180,7 +211,8 @@ def main():
             if args[1] == "serve" and not launcher:
                 err = run_serve(args, tmp, ran)
             else:
-                r = subprocess.run(args, cwd=tmp, capture_output=True, text=True, timeout=600)
+                turns = "Say the number 3 in words.\nAnd 4?\n" if args[1] == "chat" else ""
+                r = subprocess.run(args, cwd=tmp, capture_output=True, text=True, errors="replace", timeout=600, input=turns)
                 err = None if r.returncode == 0 else f"exit {r.returncode}:\n{(r.stdout + r.stderr)[-3000:]}"
             ran += 1
             status = "ok" if err is None else "FAILED"
