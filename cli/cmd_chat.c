@@ -84,14 +84,8 @@ int twk_cmd_chat(int argc, char **argv) {
         else if (!strcmp(o, "--adapter")) adapter = v;
         else if (!strcmp(o, "--device")) device = v;
         else if (!strcmp(o, "--system")) system = v;
-        else if (!strcmp(o, "--max-tokens")) p.max_tokens = (int)strtol(v, &end, 10);
         else if (!strcmp(o, "--context")) context = strtol(v, &end, 10);
-        else if (!strcmp(o, "--temperature")) p.temperature = strtof(v, &end);
-        else if (!strcmp(o, "--top-p")) p.top_p = strtof(v, &end);
-        else if (!strcmp(o, "--seed")) {
-            p.seed = strtoull(v, &end, 10);
-            p.has_seed = 1;
-        } else {
+        else if (!twk_cli_sample_option(o, v, &p, &end)) {
             fprintf(stderr, "twinkle chat: unknown option '%s'\n", o);
             return 2;
         }

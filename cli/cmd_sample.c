@@ -93,15 +93,8 @@ int twk_cmd_sample(int argc, char **argv) {
                 return 2;
             }
         } else if (!strcmp(o, "--stop")) stop_arg = v;
-        else if (!strcmp(o, "--max-tokens")) p.max_tokens = (int)strtol(v, &end, 10);
         else if (!strcmp(o, "--num-samples")) num = (int)strtol(v, &end, 10);
-        else if (!strcmp(o, "--temperature")) p.temperature = strtof(v, &end);
-        else if (!strcmp(o, "--top-k")) p.top_k = (int)strtol(v, &end, 10);
-        else if (!strcmp(o, "--top-p")) p.top_p = strtof(v, &end);
-        else if (!strcmp(o, "--seed")) {
-            p.seed = strtoull(v, &end, 10);
-            p.has_seed = 1;
-        } else {
+        else if (!twk_cli_sample_option(o, v, &p, &end)) {
             fprintf(stderr, "twinkle sample: unknown option '%s'\n", o);
             return 2;
         }

@@ -101,3 +101,16 @@ twk_status twk_textgen_decode(twk_textgen *g, const int32_t *ids, int64_t n, cha
     free(keep);
     return st;
 }
+
+int twk_cli_sample_option(const char *o, const char *v, twk_sample_params *p, char **end) {
+    if (!strcmp(o, "--max-tokens")) p->max_tokens = (int)strtol(v, end, 10);
+    else if (!strcmp(o, "--temperature")) p->temperature = strtof(v, end);
+    else if (!strcmp(o, "--top-k")) p->top_k = (int)strtol(v, end, 10);
+    else if (!strcmp(o, "--top-p")) p->top_p = strtof(v, end);
+    else if (!strcmp(o, "--seed")) {
+        p->seed = strtoull(v, end, 10);
+        p->has_seed = 1;
+    } else
+        return 0;
+    return 1;
+}

@@ -32,4 +32,9 @@ twk_status twk_textgen_encode_chat(twk_textgen *g, const char *json, int32_t **i
  * (a model vocabulary larger than the tokenizer's) are left out and counted in *unknown. */
 twk_status twk_textgen_decode(twk_textgen *g, const int32_t *ids, int64_t n, char **out, int64_t *unknown);
 
+/* One sampling option of `twinkle sample` / `twinkle chat` (--max-tokens, --temperature, --top-k,
+ * --top-p, --seed) parsed into p: 1 when o is one of them (*end as strtol / strtof leave it, so the
+ * caller can refuse a value that is not a number), 0 when o is not a sampling option. */
+int twk_cli_sample_option(const char *o, const char *v, twk_sample_params *p, char **end);
+
 #endif

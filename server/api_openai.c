@@ -27,9 +27,8 @@ static void oai_error(twk_http_conn *c, int status, const char *param, const cha
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    api_failure_message(msg, sizeof msg, status, fmt, ap);
     va_end(ap);
-    twk_log_failure(NULL, twk_log_tenant(), twk_log_route(), status, NULL, msg);
     const char *type = status == 401   ? "authentication_error"
                        : status == 404 ? "not_found_error"
                        : status == 429 ? "rate_limit_error"
@@ -45,7 +44,7 @@ static void oai_error(twk_http_conn *c, int status, const char *param, const cha
     char *s = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     twk_http_respond_json(c, status, s ? s : "{\"error\":{\"message\":\"out of memory\"}}");
-    free(s);
+    cJSON_free(s);
 }
 
 /* ---- text: UTF-8 cleaning and per-token chunks ---- */
@@ -275,7 +274,7 @@ static void sse_add(sse_buf *b, cJSON *event) {
     size_t len = s ? strlen(s) : 0;
     if (!s || b->oom) {
         b->oom = 1;
-        free(s);
+        cJSON_free(s);
         return;
     }
     if (b->n + len + 9 > b->cap) {
@@ -283,14 +282,14 @@ static void sse_add(sse_buf *b, cJSON *event) {
         char *np = realloc(b->p, cap);
         if (!np) {
             b->oom = 1;
-            free(s);
+            cJSON_free(s);
             return;
         }
         b->p = np;
         b->cap = cap;
     }
     b->n += (size_t)sprintf(b->p + b->n, "data: %s\n\n", s);
-    free(s);
+    cJSON_free(s);
 }
 
 /* One stream event of choice i: a text part, its tokens' logprobs, a finish reason. */
@@ -476,7 +475,7 @@ static int32_t *prompt_ids(twk_http_conn *c, const cJSON *b, int chat, base_mode
         size_t len = 0;
         cJSON_Delete(req);
         twk_status st = rj ? twk_chat_render(t, rj, &text, &len) : TWK_ERR_OOM;
-        free(rj);
+        cJSON_free(rj);
         if (st != TWK_OK) {
             oai_error(c, 400, "messages", NULL, "rendering the chat template failed: %s", twk_last_error());
             return NULL;

@@ -12,13 +12,17 @@
 #include <string.h>
 #include <time.h>
 
+void api_failure_message(char *msg, size_t len, int status, const char *fmt, va_list ap) {
+    vsnprintf(msg, len, fmt, ap);
+    twk_log_failure(NULL, twk_log_tenant(), twk_log_route(), status, NULL, msg);
+}
+
 void api_error(twk_http_conn *c, int status, const char *fmt, ...) {
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    api_failure_message(msg, sizeof msg, status, fmt, ap);
     va_end(ap);
-    twk_log_failure(NULL, twk_log_tenant(), twk_log_route(), status, NULL, msg);
     api_json_oom();
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "error", msg);

@@ -3,6 +3,7 @@
 #ifndef TWK_SERVER_API_UTIL_H
 #define TWK_SERVER_API_UTIL_H
 
+#include <stdarg.h>
 #include <stddef.h>
 
 #include <cJSON.h>
@@ -27,6 +28,9 @@ int api_json_check(const unsigned char *p, size_t n, char *err, size_t err_len);
 /* Parses the body as a JSON object (api_json_check first); on failure answers 400 and returns NULL. */
 cJSON *api_body(twk_http_conn *c, const twk_http_req *req);
 /* Answers `status` with {"error": msg, "detail": msg}. */
+/* Formats an error answer's message into msg and writes the failure log line for it (the
+ * request's tenant and route; no body). */
+void api_failure_message(char *msg, size_t len, int status, const char *fmt, va_list ap);
 void api_error(twk_http_conn *c, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Answers 200 with the JSON (and deletes it). */
 void api_ok(twk_http_conn *c, cJSON *j);

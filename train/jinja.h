@@ -102,6 +102,10 @@ typedef struct jj_template jj_template;
 /* Parses template source; errors are TWK_ERR_INVALID_ARG (syntax) or TWK_ERR_UNSUPPORTED
  * (a construct outside the subset), both naming "line N". */
 twk_status jj_parse(const char *src, size_t n, jj_template **out);
+
+/* Records "chat template line L: <message>" as the last error and returns code (the parser's and
+ * the evaluator's errors alike). */
+twk_status jj_error(twk_status code, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void jj_template_free(jj_template *t);
 /* Whether the template has a {% generation %} block (then it alone defines assistant spans). */
 bool jj_template_has_generation(const jj_template *t);

@@ -17,15 +17,7 @@ typedef struct cx {
     int ctl; /* 1 break, 2 continue */
 } cx;
 
-static twk_status rerr(twk_status code, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static twk_status rerr(twk_status code, int line, const char *fmt, ...) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return twk_error(code, "chat template line %d: %s", line, msg);
-}
+#define rerr jj_error
 #define TRY(x)                                                                                                         \
     do {                                                                                                               \
         twk_status st_ = (x);                                                                                          \

@@ -27,15 +27,7 @@ typedef struct ps {
     int depth;
 } ps;
 
-static twk_status perr(twk_status code, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static twk_status perr(twk_status code, int line, const char *fmt, ...) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return twk_error(code, "chat template line %d: %s", line, msg);
-}
+#define perr jj_error
 
 static bool push(lx *l, tok t) {
     if (l->n == l->cap) {

@@ -1,5 +1,7 @@
-/* Values of the chat-template Jinja subset: arena, Python str/repr, json.dumps / json.loads. */
+/* Values of the chat-template Jinja subset: arena, Python str/repr, json.dumps / json.loads; the
+ * error helper of the parser and the evaluator. */
 #include <errno.h>
+#include <stdarg.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -647,4 +649,13 @@ void jj_output_free(jj_output *o) {
     free(o->owner);
     free(o->spans);
     memset(o, 0, sizeof *o);
+}
+
+twk_status jj_error(twk_status code, int line, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return twk_error(code, "chat template line %d: %s", line, msg);
 }
