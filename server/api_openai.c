@@ -20,15 +20,8 @@
 #define OAI_MAX_TOP 20      /* top_logprobs */
 #define OAI_COMPLETION_DEFAULT_MAX 16 /* OpenAI's default max_tokens for /v1/completions */
 
-/* Answers an OpenAI-shaped error; param and code may be NULL (JSON null). */
-static void oai_error(twk_http_conn *c, int status, const char *param, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static void oai_error(twk_http_conn *c, int status, const char *param, const char *code, const char *fmt, ...) {
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    api_failure_message(msg, sizeof msg, status, fmt, ap);
-    va_end(ap);
+/* OpenAI's error object {"error": {...}}; param and code may be NULL (JSON null). */
+static cJSON *error_json(int status, const char *param, const char *code, const char *msg) {
     const char *type = status == 401   ? "authentication_error"
                        : status == 404 ? "not_found_error"
                        : status == 429 ? "rate_limit_error"
@@ -41,6 +34,28 @@ static void oai_error(twk_http_conn *c, int status, const char *param, const cha
     else cJSON_AddNullToObject(e, "param");
     if (code) cJSON_AddStringToObject(e, "code", code);
     else cJSON_AddNullToObject(e, "code");
+    return j;
+}
+
+/* The message of an error answered with status (formatted and logged by api_failure_message). */
+static void error_message(char *msg, size_t cap, int status, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void error_message(char *msg, size_t cap, int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    api_failure_message(msg, cap, status, fmt, ap);
+    va_end(ap);
+}
+
+/* Answers an OpenAI-shaped error; param and code may be NULL (JSON null). */
+static void oai_error(twk_http_conn *c, int status, const char *param, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void oai_error(twk_http_conn *c, int status, const char *param, const char *code, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    api_failure_message(msg, sizeof msg, status, fmt, ap);
+    va_end(ap);
+    cJSON *j = error_json(status, param, code, msg);
     char *s = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     twk_http_respond_json(c, status, s ? s : "{\"error\":{\"message\":\"out of memory\"}}");
@@ -50,13 +65,14 @@ static void oai_error(twk_http_conn *c, int status, const char *param, const cha
 /* ---- text: UTF-8 cleaning and per-token chunks ---- */
 
 /* Appends s[0..n) to out with each maximal ill-formed UTF-8 subpart replaced by U+FFFD (as Python's
- * decode("utf-8", "replace")); out has room for 3n bytes. Returns the bytes written. */
+ * decode("utf-8", "replace")), and a NUL byte too (JSON strings here are C strings: a NUL would cut
+ * the text); out has room for 3n bytes. Returns the bytes written. */
 static size_t utf8_clean(const unsigned char *p, size_t n, char *out) {
     size_t i = 0, o = 0;
     while (i < n) {
         unsigned c = p[i], lo = 0x80, hi = 0xBF;
         size_t need;
-        if (c < 0x80) {
+        if (c < 0x80 && c) {
             out[o++] = (char)c;
             i++;
             continue;
@@ -91,6 +107,8 @@ typedef struct seq_text {
     char *text;   /* NUL-terminated, valid UTF-8 */
     size_t *end;  /* n entries */
     int stopped;  /* a stop string cut it */
+    int64_t n_done; /* partial (streamed while decoding): the tokens whose parts are in text */
+    size_t raw_done; /* and the bytes of the raw decode they end at */
 } seq_text;
 
 static void seq_text_free(seq_text *t) {
@@ -98,8 +116,11 @@ static void seq_text_free(seq_text *t) {
     free(t->end);
 }
 
-static int seq_text_make(const twk_tokenizer *tok, const twk_sampled_seq *q, char (*stops)[OAI_MAX_STOP_LEN + 1],
-                         int n_stops, seq_text *t) {
+/* The whole text (partial 0), or while decoding (partial 1) only the parts of tokens [from, ...) that
+ * no later token can change, from byte raw_from of the raw decode on: a part whose raw end is not
+ * at least `hold` (the longest stop string) bytes before the decode's end (or its stop cut) waits. */
+static int seq_text_part(const twk_tokenizer *tok, const twk_sampled_seq *q, char (*stops)[OAI_MAX_STOP_LEN + 1],
+                         int n_stops, int partial, int64_t from, size_t raw_from, size_t hold, seq_text *t) {
     memset(t, 0, sizeof *t);
     /* ids the tokenizer has no token for (a model vocab larger than the tokenizer's) decode to nothing */
     int32_t *ids = malloc((size_t)q->n * 4 + 4);
@@ -122,21 +143,26 @@ static int seq_text_make(const twk_tokenizer *tok, const twk_sampled_seq *q, cha
     }
     t->end = calloc((size_t)q->n + 1, sizeof *t->end);
     t->text = malloc(3 * cut + 1);
-    size_t prev = 0, o = 0;
-    for (int64_t i = 0; t->end && t->text && i < q->n; i++) {
+    size_t prev = raw_from < cut ? raw_from : cut, o = 0;
+    t->n_done = from;
+    for (int64_t i = from; t->end && t->text && i < q->n; i++) {
         size_t b = cut;
+        if (partial && i + 1 >= q->n) break;
         if (i + 1 < q->n) { /* the raw length of the first i+1 tokens' decode (a prefix of the whole) */
             char *part = NULL;
             size_t plen = 0;
             if (twk_tokenizer_decode(tok, ids, upto[i], true, &part, &plen) == TWK_OK) b = plen < cut ? plen : cut;
             free(part);
+            if (partial && b + hold >= cut) break; /* later tokens may still change it */
             while (b > prev && b < rlen && ((unsigned char)raw[b] & 0xC0) == 0x80) b--; /* not inside a character */
         }
         if (b < prev) b = prev;
         o += utf8_clean((const unsigned char *)raw + prev, b - prev, t->text + o);
         t->end[i] = o;
         prev = b;
+        t->n_done = i + 1;
     }
+    t->raw_done = prev;
     free(raw);
     free(ids);
     free(upto);
@@ -146,6 +172,11 @@ static int seq_text_make(const twk_tokenizer *tok, const twk_sampled_seq *q, cha
     }
     t->text[o] = 0;
     return 1;
+}
+
+static int seq_text_make(const twk_tokenizer *tok, const twk_sampled_seq *q, char (*stops)[OAI_MAX_STOP_LEN + 1],
+                         int n_stops, seq_text *t) {
+    return seq_text_part(tok, q, stops, n_stops, 0, 0, 0, 0, t);
 }
 
 /* ---- the request's state while it decodes ---- */
@@ -165,6 +196,11 @@ typedef struct oai_job {
     char stop_str[OAI_MAX_STOP][OAI_MAX_STOP_LEN + 1];
     const char *stop_ptr[OAI_MAX_STOP];
     int n_stop_str;
+    /* a stream: its head is sent; per choice, the bytes of its text sent while decoding */
+    int began, n_choices;
+    size_t sent[OAI_MAX_N];
+    int64_t n_done[OAI_MAX_N]; /* per choice: the tokens whose text was sent, and their raw decode's end */
+    size_t raw_done[OAI_MAX_N];
 } oai_job;
 
 static void job_abandoned(twk_http_conn *c, void *user) {
@@ -261,35 +297,22 @@ static cJSON *usage_json(const oai_job *jb, const svc_gen_result *r) {
     return u;
 }
 
-/* A growing buffer of server-sent events. */
-typedef struct sse_buf {
-    char *p;
-    size_t n, cap;
-    int oom;
-} sse_buf;
-
-static void sse_add(sse_buf *b, cJSON *event) {
+/* Sends one server-sent event (and frees it); 0 when the client is gone or out of memory. */
+static int sse_send(oai_job *jb, cJSON *event) {
     char *s = event ? cJSON_PrintUnformatted(event) : NULL;
     cJSON_Delete(event);
     size_t len = s ? strlen(s) : 0;
-    if (!s || b->oom) {
-        b->oom = 1;
-        cJSON_free(s);
-        return;
+    char *line = s ? twk_host_alloc(len + 9, "stream event") : NULL;
+    int ok = 0;
+    if (line && jb->c) {
+        memcpy(line, "data: ", 6);
+        memcpy(line + 6, s, len);
+        memcpy(line + 6 + len, "\n\n", 2);
+        ok = twk_http_stream_write(jb->c, line, len + 8) == 0;
     }
-    if (b->n + len + 9 > b->cap) {
-        size_t cap = (b->n + len + 9) * 2;
-        char *np = realloc(b->p, cap);
-        if (!np) {
-            b->oom = 1;
-            cJSON_free(s);
-            return;
-        }
-        b->p = np;
-        b->cap = cap;
-    }
-    b->n += (size_t)sprintf(b->p + b->n, "data: %s\n\n", s);
+    twk_host_free(line);
     cJSON_free(s);
+    return ok;
 }
 
 /* One stream event of choice i: a text part, its tokens' logprobs, a finish reason. */
@@ -312,39 +335,65 @@ static cJSON *chunk_event(const oai_job *jb, int i, const char *text, int first,
     return ev;
 }
 
+/* Sends the stream's head (and, for chat, each choice's role) once; 0 when the client is gone. */
+static int stream_begin(oai_job *jb) {
+    if (jb->began) return jb->c != NULL;
+    if (!jb->c || twk_http_stream_begin(jb->c, 200, "text/event-stream", "Cache-Control: no-cache\r\n") != 0)
+        return 0;
+    jb->began = 1;
+    for (int i = 0; jb->chat && i < jb->n_choices; i++)
+        if (!sse_send(jb, chunk_event(jb, i, "", 1, NULL, NULL))) return 0;
+    return 1;
+}
+
+/* Loop thread, while decoding: choice i's parts that no later token can change (as the final text
+ * has them: seq_text_part) as one event. */
+static void job_step(void *ctx, int i, const int32_t *tokens, int64_t n) {
+    oai_job *jb = ctx;
+    if (!stream_begin(jb)) return;
+    size_t hold = 0;
+    for (int k = 0; k < jb->n_stop_str; k++) hold = strlen(jb->stop_str[k]) > hold ? strlen(jb->stop_str[k]) : hold;
+    twk_sampled_seq q = {.tokens = (int32_t *)tokens, .n = n};
+    seq_text t;
+    if (!seq_text_part(jb->tok, &q, jb->stop_str, jb->n_stop_str, 1, jb->n_done[i], jb->raw_done[i], hold, &t)) return;
+    size_t len = strlen(t.text);
+    if (t.n_done > jb->n_done[i] && (!len || sse_send(jb, chunk_event(jb, i, t.text, 0, NULL, NULL)))) {
+        jb->n_done[i] = t.n_done;
+        jb->raw_done[i] = t.raw_done;
+        jb->sent[i] += len;
+    }
+    seq_text_free(&t);
+}
+
+/* The rest of the stream once decoding finished: what was not sent of each choice's text (token by
+ * token with its logprobs when asked; those streams start here), the finish reasons, usage, [DONE]. */
 static void respond_stream(oai_job *jb, const svc_gen_result *r, seq_text *texts) {
-    sse_buf b = {0};
-    for (int i = 0; i < r->n; i++) {
+    if (!stream_begin(jb)) return;
+    int ok = 1;
+    for (int i = 0; ok && i < r->n; i++) {
         const twk_sampled_seq *q = &r->seqs[i];
-        if (jb->chat) sse_add(&b, chunk_event(jb, i, "", 1, NULL, NULL));
-        size_t prev = 0;
-        for (int64_t k = 0; k < q->n; k++) {
+        size_t prev = jb->sent[i], len = strlen(texts[i].text);
+        if (prev > len) prev = len;
+        for (int64_t k = 0; ok && jb->logprobs && k < q->n; k++) {
             size_t e = texts[i].end[k];
             char save = texts[i].text[e];
             texts[i].text[e] = 0;
-            cJSON *lp = jb->logprobs ? logprobs_json(jb, r, i, k, k + 1, &texts[i]) : NULL;
-            sse_add(&b, chunk_event(jb, i, texts[i].text + prev, 0, lp, NULL));
+            ok = sse_send(jb, chunk_event(jb, i, texts[i].text + prev, 0, logprobs_json(jb, r, i, k, k + 1, &texts[i]), NULL));
             texts[i].text[e] = save;
             prev = e;
         }
-        sse_add(&b, chunk_event(jb, i, jb->chat ? NULL : "", 0, NULL, finish_reason(q, &texts[i])));
+        if (ok && !jb->logprobs && len > prev) ok = sse_send(jb, chunk_event(jb, i, texts[i].text + prev, 0, NULL, NULL));
+        if (ok) ok = sse_send(jb, chunk_event(jb, i, jb->chat ? NULL : "", 0, NULL, finish_reason(q, &texts[i])));
     }
-    if (jb->include_usage) {
+    if (ok && jb->include_usage) {
         cJSON *ev = envelope(jb, jb->chat ? "chat.completion.chunk" : "text_completion");
         cJSON_AddArrayToObject(ev, "choices");
         cJSON_AddItemToObject(ev, "usage", usage_json(jb, r));
-        sse_add(&b, ev);
+        ok = sse_send(jb, ev);
     }
-    const char *done = "data: [DONE]\n\n";
-    char *np = b.oom ? NULL : realloc(b.p, b.n + strlen(done) + 1);
-    if (!np) {
-        free(b.p);
-        oai_error(jb->c, 503, NULL, NULL, "out of memory");
-        return;
-    }
-    memcpy(np + b.n, done, strlen(done) + 1);
-    twk_http_respond(jb->c, 200, "text/event-stream", np, b.n + strlen(done), "Cache-Control: no-cache\r\n");
-    free(np);
+    static const char done[] = "data: [DONE]\n\n";
+    if (ok) twk_http_stream_write(jb->c, done, sizeof done - 1);
+    if (jb->c) twk_http_stream_end(jb->c);
 }
 
 static void respond_whole(oai_job *jb, const svc_gen_result *r, seq_text *texts) {
@@ -371,20 +420,33 @@ static void respond_whole(oai_job *jb, const svc_gen_result *r, seq_text *texts)
     api_ok(jb->c, j);
 }
 
+/* A failure after decoding: an error response, or in a stream already begun an error event and
+ * the stream's end. */
+static void job_fail(oai_job *jb, int status, const char *what, const char *detail) {
+    if (!jb->began) {
+        oai_error(jb->c, status, NULL, NULL, "%s%s", what, detail);
+        return;
+    }
+    char msg[1024];
+    error_message(msg, sizeof msg, status, "%s%s", what, detail);
+    sse_send(jb, error_json(status, NULL, NULL, msg));
+    if (jb->c) twk_http_stream_end(jb->c);
+}
+
 /* Loop thread: the decoded sequences, answered as JSON or a stream. */
 static void job_done(void *ctx, const svc_gen_result *r) {
     oai_job *jb = ctx;
     if (jb->c) {
-        twk_http_set_abandon(jb->c, NULL, NULL);
+        if (!jb->began) twk_http_set_abandon(jb->c, NULL, NULL); /* a stream keeps it until its end */
         twk_log_context(NULL, jb->chat ? "v1/chat/completions" : "v1/completions");
         if (!r->ok) {
-            oai_error(jb->c, r->user_error ? 400 : 500, NULL, NULL, "%s", r->err);
+            job_fail(jb, r->user_error ? 400 : 500, "", r->err);
         } else {
             seq_text *texts = calloc((size_t)r->n, sizeof *texts);
             int ok = texts != NULL;
             for (int i = 0; ok && i < r->n; i++)
                 ok = seq_text_make(jb->tok, &r->seqs[i], jb->stop_str, jb->n_stop_str, &texts[i]);
-            if (!ok) oai_error(jb->c, 500, NULL, NULL, "decoding the sampled tokens failed: %s", twk_last_error());
+            if (!ok) job_fail(jb, 500, "decoding the sampled tokens failed: ", twk_last_error());
             else if (jb->stream) respond_stream(jb, r, texts);
             else respond_whole(jb, r, texts);
             for (int i = 0; texts && i < r->n; i++) seq_text_free(&texts[i]);
@@ -701,7 +763,10 @@ static void h_generate(svc *s, twk_http_conn *c, const twk_http_req *req, const 
     }
     int n;
     if (!parse_params(c, b, jb, bm, s->cfg.max_context - jb->n_prompt, &n)) goto out;
-    status = svc_generate(s, ss, ids, jb->n_prompt, n, &jb->p, jb->top_k, job_done, jb, err, sizeof err);
+    jb->n_choices = n;
+    /* streamed while decoding, except with logprobs (their top alternatives are scored at the end) */
+    status = svc_generate(s, ss, ids, jb->n_prompt, n, &jb->p, jb->top_k, job_done,
+                          jb->stream && !jb->logprobs ? job_step : NULL, jb, err, sizeof err);
     ids = NULL; /* taken */
     if (status) {
         oai_error(c, status, NULL, NULL, "%s", err);

@@ -108,6 +108,8 @@ struct twk_http_conn {
     int peer_eof;
     int closing;          /* uv_close called */
     int abandoned;        /* abandon callback called */
+    int streaming;        /* twk_http_stream_begin sent the head; the request stays outstanding */
+    int stream_status;
     int zombie;           /* handles closed, request outstanding, no abandon callback */
     twk_http_abandon_fn abandon_fn;
     void *abandon_user;
@@ -440,12 +442,15 @@ static void on_write(uv_write_t *req, int status) {
         conn_process(c);
 }
 
-static int conn_write(twk_http_conn *c, const char *head, size_t hlen, const void *body, size_t blen) {
-    wreq *w = twk_host_alloc(sizeof *w + hlen + blen, "response");
+/* Queues head, body and tail (NULL: none) as one write. Returns 0 or a libuv error. */
+static int conn_write(twk_http_conn *c, const char *head, size_t hlen, const void *body, size_t blen, const char *tail) {
+    size_t tlen = tail ? strlen(tail) : 0;
+    wreq *w = twk_host_alloc(sizeof *w + hlen + blen + tlen, "response");
     if (!w) return UV_ENOMEM;
     memcpy(w->data, head, hlen);
     if (blen) memcpy(w->data + hlen, body, blen);
-    w->buf = uv_buf_init(w->data, (unsigned)(hlen + blen));
+    if (tlen) memcpy(w->data + hlen + blen, tail, tlen);
+    w->buf = uv_buf_init(w->data, (unsigned)(hlen + blen + tlen));
     int r = uv_write(&w->req, (uv_stream_t *)&c->tcp, &w->buf, 1, on_write);
     if (r != 0) twk_host_free(w);
     return r;
@@ -475,11 +480,15 @@ static void conn_finish(twk_http_conn *c) {
     if (uv_shutdown(&c->shut, (uv_stream_t *)&c->tcp, on_shutdown) != 0) conn_close(c);
 }
 
-/* Builds and queues one response. Returns 0 or a libuv error. */
+/* conn_send's len for a streamed response: chunked (HTTP/1.1) or until the close (HTTP/1.0) */
+#define STREAMED ((size_t)-1)
+
+/* Builds and queues one response (with len STREAMED: its head only). Returns 0 or a libuv error. */
 static int conn_send(twk_http_conn *c, int status, const char *ctype, const void *body, size_t len,
                      const char *extra, int close_after) {
     if (status < 100 || status > 999) status = 500;
-    if (!body) len = 0;
+    int streamed = len == STREAMED;
+    if (!body || streamed) len = 0;
     int no_body = (status >= 100 && status < 200) || status == 204 || status == 304;
     const char *reason = reason_phrase(status);
     size_t elen = extra ? strlen(extra) : 0;
@@ -488,7 +497,8 @@ static int conn_send(twk_http_conn *c, int status, const char *ctype, const void
     char *head = twk_host_alloc(cap, "response head");
     if (!head) return UV_ENOMEM;
     int n = snprintf(head, cap, "HTTP/1.1 %d %s\r\n", status, reason);
-    if (!no_body) n += snprintf(head + n, cap - (size_t)n, "Content-Length: %zu\r\n", len);
+    if (streamed && !c->http10) n += snprintf(head + n, cap - (size_t)n, "Transfer-Encoding: chunked\r\n");
+    else if (!no_body && !streamed) n += snprintf(head + n, cap - (size_t)n, "Content-Length: %zu\r\n", len);
     if (ctype && !no_body) n += snprintf(head + n, cap - (size_t)n, "Content-Type: %s\r\n", ctype);
     if (close_after) n += snprintf(head + n, cap - (size_t)n, "Connection: close\r\n");
     else if (c->http10) n += snprintf(head + n, cap - (size_t)n, "Connection: keep-alive\r\n");
@@ -502,7 +512,7 @@ static int conn_send(twk_http_conn *c, int status, const char *ctype, const void
     }
     memcpy(head + n, "\r\n", 2);
     n += 2;
-    int r = conn_write(c, head, (size_t)n, body, (no_body || c->is_head) ? 0 : len);
+    int r = conn_write(c, head, (size_t)n, body, (no_body || c->is_head) ? 0 : len, NULL);
     twk_host_free(head);
     return r;
 }
@@ -701,7 +711,7 @@ static int cb_headers_complete(http_parser *p) {
     const char *expect = arena_header(c, "Expect");
     if (has_body && expect && strcasecmp(expect, "100-continue") == 0 && !(p->http_major == 1 && p->http_minor == 0)) {
         static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
-        if (conn_write(c, cont, sizeof cont - 1, NULL, 0) != 0) return fail(c, 500, "out of memory");
+        if (conn_write(c, cont, sizeof cont - 1, NULL, 0, NULL) != 0) return fail(c, 500, "out of memory");
     }
     return 0;
 }
@@ -830,26 +840,26 @@ static void conn_process(twk_http_conn *c) {
 
 /* ---------- public: responding ---------- */
 
-void twk_http_respond(twk_http_conn *c, int status, const char *content_type, const void *body, size_t len,
-                      const char *extra_headers) {
-    if (!c) return;
+/* The outstanding request is answered with status: logged, no longer outstanding. Returns 1 when
+ * the response can be written, 0 when c is gone or going (a zombie is freed here). */
+static int conn_answer(twk_http_conn *c, int status) {
     if (c->zombie) { /* closed while parked without an abandon callback */
         c->outstanding = 0;
         conn_free(c);
-        return;
+        return 0;
     }
-    if (!c->outstanding) return; /* a second call */
+    if (!c->outstanding) return 0; /* a second call */
     c->outstanding = 0;
+    c->streaming = 0;
     twk_log_request(c->log_id[0] ? c->log_id : twk_log_current_id(), c->log_tenant, c->log_route, c->req.method, status,
                     (double)(uv_hrtime() - c->t_start) / 1e6);
     c->abandon_fn = NULL;
     c->abandon_user = NULL;
-    if (c->closing) return; /* on_handle_closed frees it */
-    int close_after = !c->keep_alive || c->srv->stopping;
-    if (conn_send(c, status, content_type, body, len, extra_headers, close_after) != 0) {
-        conn_close(c);
-        return;
-    }
+    return !c->closing; /* when closing, on_handle_closed frees it */
+}
+
+/* After the response was queued: the next request, or the end of the connection. */
+static void conn_answered(twk_http_conn *c, int close_after) {
     if (close_after) {
         conn_finish(c);
         return;
@@ -857,6 +867,66 @@ void twk_http_respond(twk_http_conn *c, int status, const char *content_type, co
     if (c->in_process) return; /* the parse loop goes on by itself */
     /* parse the next pipelined request from the loop, not from inside the caller */
     timer_set(c, T_RESUME, 0);
+}
+
+/* An HTTP/1.0 client gets a stream delimited by the connection's close. */
+static int stream_close_after(const twk_http_conn *c) { return !c->keep_alive || c->srv->stopping || c->http10; }
+
+void twk_http_respond(twk_http_conn *c, int status, const char *content_type, const void *body, size_t len,
+                      const char *extra_headers) {
+    if (!c) return;
+    if (c->streaming && !c->zombie) { /* the head is sent: all that can be done is ending the stream */
+        twk_http_stream_end(c);
+        return;
+    }
+    if (!conn_answer(c, status)) return;
+    int close_after = !c->keep_alive || c->srv->stopping;
+    if (conn_send(c, status, content_type, body, len, extra_headers, close_after) != 0) {
+        conn_close(c);
+        return;
+    }
+    conn_answered(c, close_after);
+}
+
+int twk_http_stream_begin(twk_http_conn *c, int status, const char *content_type, const char *extra_headers) {
+    if (!c || c->zombie || !c->outstanding || c->streaming || c->closing) return -1;
+    if (conn_send(c, status, content_type, NULL, STREAMED, extra_headers, stream_close_after(c)) != 0) {
+        conn_close(c); /* the abandon callback tells the caller */
+        return -1;
+    }
+    c->streaming = 1;
+    c->stream_status = status;
+    return 0;
+}
+
+/* Queues one piece of a stream: a chunk, or raw bytes for HTTP/1.0 (len 0 with chunked: the end). */
+static int stream_put(twk_http_conn *c, const void *data, size_t len) {
+    if (c->is_head) return 0;
+    if (c->http10) return len ? conn_write(c, (const char *)data, len, NULL, 0, NULL) : 0;
+    char head[32];
+    int n = snprintf(head, sizeof head, "%zx\r\n", len);
+    return conn_write(c, head, (size_t)n, data, len, "\r\n");
+}
+
+int twk_http_stream_write(twk_http_conn *c, const void *data, size_t len) {
+    if (!c || !c->streaming || c->zombie || c->closing) return -1;
+    if (!len) return 0;
+    if (stream_put(c, data, len) != 0) {
+        conn_close(c);
+        return -1;
+    }
+    return 0;
+}
+
+void twk_http_stream_end(twk_http_conn *c) {
+    if (!c || !c->streaming) return;
+    int close_after = stream_close_after(c);
+    if (!conn_answer(c, c->stream_status)) return;
+    if (stream_put(c, NULL, 0) != 0) {
+        conn_close(c);
+        return;
+    }
+    conn_answered(c, close_after);
 }
 
 void twk_http_log_fields(twk_http_conn *c, const char *tenant, const char *route, const char *request_id) {

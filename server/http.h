@@ -80,6 +80,16 @@ void twk_http_log_fields(twk_http_conn *c, const char *tenant, const char *route
  * once per request; a second call is ignored. */
 void twk_http_respond(twk_http_conn *c, int status, const char *content_type, const void *body, size_t len,
                       const char *extra_headers);
+/* A streamed response (server-sent events): twk_http_stream_begin sends the status and headers with
+ * Transfer-Encoding: chunked (an HTTP/1.0 client: no length, the close ends it), the request stays
+ * outstanding (parked: the abandon callback tells of a client that goes away), each
+ * twk_http_stream_write sends one chunk as it comes, and twk_http_stream_end sends the terminating
+ * chunk and answers the request (twk_http_respond on a streaming request ends it the same way).
+ * begin and write return 0, or -1 when the connection is gone or closing (the abandon callback, if
+ * set, has run then or will run). */
+int twk_http_stream_begin(twk_http_conn *c, int status, const char *content_type, const char *extra_headers);
+int twk_http_stream_write(twk_http_conn *c, const void *data, size_t len);
+void twk_http_stream_end(twk_http_conn *c);
 /* JSON convenience: status + application/json body (NUL-terminated). */
 void twk_http_respond_json(twk_http_conn *c, int status, const char *json);
 

@@ -251,6 +251,7 @@ typedef struct sample_job {
     void *done_ctx;
     int gen_topk;
     svc_gen_result gen;
+    svc_gen_progress *progress; /* with a step callback: tokens handed to the loop while decoding */
     /* results (worker) */
     int ok, user_error;
     char err[512];
@@ -480,7 +481,7 @@ static void drain_run(twk_job *j) {
             int n = take->num_samples - done < SAMPLER_SEQS ? take->num_samples - done : SAMPLER_SEQS;
             twk_sample_params p = take->p;
             if (p.has_seed) p.seed = take->p.seed + 0x2545f4914f6cdd1dull * (uint64_t)done;
-            twk_sample_request one = {take->prompt, take->n_prompt, n, &p, res + done, take->slot};
+            twk_sample_request one = {take->prompt, take->n_prompt, n, &p, res + done, take->slot, NULL, NULL};
             st = twk_sampler_generate_many(u->sampler, &one, 1);
             done += n;
         }
@@ -496,7 +497,9 @@ static void drain_run(twk_job *j) {
     st = reqs && res ? TWK_OK : TWK_ERR_OOM;
     int k = 0, off = 0;
     for (sample_job *sj = take; st == TWK_OK && sj; sj = sj->next, k++) {
-        reqs[k] = (twk_sample_request){sj->prompt, sj->n_prompt, sj->num_samples, &sj->p, res + off, sj->slot};
+        reqs[k] = (twk_sample_request){sj->prompt,   sj->n_prompt, sj->num_samples,       &sj->p,
+                                       res + off,    sj->slot,     svc_gen_progress_step, sj->progress};
+        if (!sj->progress) reqs[k].on_step = NULL;
         off += sj->num_samples;
     }
     if (st == TWK_OK) st = twk_sampler_generate_many(u->sampler, reqs, n_req);
@@ -533,6 +536,7 @@ static void drain_done(twk_job *j) {
             sj->gen.ok = sj->ok;
             sj->gen.user_error = sj->user_error;
             sj->gen.err = sj->err[0] ? sj->err : "sampling failed";
+            svc_gen_progress_close(sj->progress); /* no step after done */
             sj->done(sj->done_ctx, &sj->gen);
             gen_result_free(&sj->gen);
             twk_host_free(sj->out);
@@ -829,7 +833,8 @@ static void h_asample(svc *s, twk_http_conn *c, const cJSON *b, const char *tena
 }
 
 int svc_generate(svc *s, sampler_session *ss, int32_t *prompt, int64_t n_prompt, int num_samples,
-                 const twk_sample_params *p, int top_k, svc_gen_fn done, void *ctx, char *err, size_t err_len) {
+                 const twk_sample_params *p, int top_k, svc_gen_fn done, svc_gen_step_fn step, void *ctx, char *err,
+                 size_t err_len) {
     if (s->sample_inflight >= s->cfg.sample_queue) {
         free(prompt);
         snprintf(err, err_len, "the sampling queue is full (%d requests); retry shortly", s->sample_inflight);
@@ -843,7 +848,18 @@ int svc_generate(svc *s, sampler_session *ss, int32_t *prompt, int64_t n_prompt,
     }
     *sj = (sample_job){.s = s, .ss = ss, .prompt = prompt, .n_prompt = n_prompt, .num_samples = num_samples,
                        .p = *p, .done = done, .done_ctx = ctx, .gen_topk = top_k};
+    /* streaming needs a batch of its own size at most (the rounds of a larger request are not streamed) */
+    if (step && num_samples <= SAMPLER_SEQS) {
+        sj->progress = svc_gen_progress_new(s->loop, num_samples, p->max_tokens, step, ctx);
+        if (!sj->progress) {
+            free(prompt);
+            twk_host_free(sj);
+            snprintf(err, err_len, "out of memory");
+            return 503;
+        }
+    }
     if (!enqueue(s, sj)) {
+        svc_gen_progress_close(sj->progress);
         free(prompt);
         twk_host_free(sj);
         snprintf(err, err_len, "out of memory");

@@ -285,8 +285,21 @@ typedef void (*svc_gen_fn)(void *ctx, const svc_gen_result *r);
 /* Queues num_samples continuations of prompt (taken: freed by the server) on ss's unit, decoded in the
  * shared batches with Tinker's asample; p's stop arrays must live until done(ctx, ...) runs on the loop
  * thread. Returns 0, or 429 (queue full) / 503 with a message in err (done is then never called). */
+/* step (may be NULL): called on the loop thread while it decodes, with sequence i's tokens so far
+ * (n of them; several passes may arrive at once, never after done). */
+typedef void (*svc_gen_step_fn)(void *ctx, int i, const int32_t *tokens, int64_t n);
 int svc_generate(svc *s, sampler_session *ss, int32_t *prompt, int64_t n_prompt, int num_samples,
-                 const twk_sample_params *p, int top_k, svc_gen_fn done, void *ctx, char *err, size_t err_len);
+                 const twk_sample_params *p, int top_k, svc_gen_fn done, svc_gen_step_fn step, void *ctx, char *err,
+                 size_t err_len);
+
+/* ---- gen_progress.c: a generation's tokens from the worker to the loop while it decodes ---- */
+typedef struct svc_gen_progress svc_gen_progress;
+/* Loop: a buffer for n sequences of up to max_tokens each; NULL when out of memory. */
+svc_gen_progress *svc_gen_progress_new(uv_loop_t *loop, int n, int64_t max_tokens, svc_gen_step_fn step, void *ctx);
+/* Worker (twk_sample_request.on_step): copies the new tokens and wakes the loop. */
+void svc_gen_progress_step(void *progress, const twk_sampled_seq *out, int num_samples);
+/* Loop, after the worker is done with it: no more steps; freed once libuv closed its handle. */
+void svc_gen_progress_close(svc_gen_progress *g);
 void api_sampling(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant, const char *route, cJSON *body);
 
 /* ---- api_weights.c ---- */

@@ -177,7 +177,7 @@ static void slots_parity(twk_model *m, const twk_safetensors *gen, const char *a
     for (int k = 0; k < (int)pl->nelem; k++) {
         twk_sample_params p = greedy(n_new);
         twk_sampled_seq a, b;
-        twk_sample_request reqs[2] = {{prompts + off, lens[k], 1, &p, &a, 0}, {prompts + off, lens[k], 1, &p, &b, 1}};
+        twk_sample_request reqs[2] = {{prompts + off, lens[k], 1, &p, &a, 0, NULL, NULL}, {prompts + off, lens[k], 1, &p, &b, 1, NULL, NULL}};
         if (twk_sampler_generate_many(s, reqs, 2) != TWK_OK) {
             printf("     %s\n", twk_last_error());
             same = 0;
@@ -495,7 +495,7 @@ static void statistics(const char *root) {
         twk_sample_params qa = {.max_tokens = 7, .temperature = 0.9f, .top_k = 50, .top_p = 0.95f, .seed = 77, .has_seed = 1};
         twk_sample_params qb = {.max_tokens = 5, .temperature = 0, .top_k = -1, .top_p = 1};
         twk_sampled_seq ma[3], mb[2], sa[3], sb[2];
-        twk_sample_request reqs[2] = {{pa, 3, 3, &qa, ma, 0}, {pb, 6, 2, &qb, mb, 0}};
+        twk_sample_request reqs[2] = {{pa, 3, 3, &qa, ma, 0, NULL, NULL}, {pb, 6, 2, &qb, mb, 0, NULL, NULL}};
         twk_status st1 = twk_sampler_generate_many(s, reqs, 2);
         twk_status st2 = twk_sampler_generate(s, pa, 3, 3, &qa, sa);
         twk_status st3 = twk_sampler_generate(s, pb, 6, 2, &qb, sb);

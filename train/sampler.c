@@ -446,6 +446,7 @@ twk_status twk_sampler_generate_many(twk_sampler *s, const twk_sample_request *r
                 o->stop_reason = 1;
             }
         }
+        if (st == TWK_OK && R->on_step) R->on_step(R->step_ctx, R->out, R->num_samples);
     }
     /* decode: one token per live sequence of every request per pass */
     while (st == TWK_OK) {
@@ -486,6 +487,8 @@ twk_status twk_sampler_generate_many(twk_sampler *s, const twk_sample_request *r
                 o->stop_reason = 1;
             }
         }
+        for (int r = 0; st == TWK_OK && r < n_reqs; r++)
+            if (reqs[r].on_step) reqs[r].on_step(reqs[r].step_ctx, reqs[r].out, reqs[r].num_samples);
     }
     twk_host_free(work);
     twk_host_free(q);
@@ -498,7 +501,7 @@ twk_status twk_sampler_generate_many(twk_sampler *s, const twk_sample_request *r
 twk_status twk_sampler_generate(twk_sampler *s, const int32_t *prompt, int64_t n_prompt, int num_samples,
                                 const twk_sample_params *p, twk_sampled_seq *out) {
     if (!s) return twk_error(TWK_ERR_INVALID_ARG, "sample: NULL sampler");
-    twk_sample_request r = {prompt, n_prompt, num_samples, p, out, 0};
+    twk_sample_request r = {prompt, n_prompt, num_samples, p, out, 0, NULL, NULL};
     return twk_sampler_generate_many(s, &r, 1);
 }
 

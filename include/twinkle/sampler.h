@@ -72,6 +72,10 @@ typedef struct twk_sample_request {
     const twk_sample_params *params;
     twk_sampled_seq *out; /* num_samples entries */
     int slot;             /* adapter slot (samplers made with twk_sampler_new_slots); 0 otherwise */
+    /* optional: called on the decoding thread after every pass that added tokens to this request,
+     * with its num_samples outputs so far (tokens [0, out[i].n) are final) */
+    void (*on_step)(void *ctx, const twk_sampled_seq *out, int num_samples);
+    void *step_ctx;
 } twk_sample_request;
 
 /* A sampler whose batches mix adapters: n_slots adapter slots of rank up to

@@ -174,6 +174,45 @@ def test_streaming_equals_whole(ctx):
     assert s == w.choices[0].text
 
 
+def test_streaming_is_incremental(ctx):
+    """Events leave while decoding: the first content chunk arrives well before the stream ends
+    (when all events were built at the end, they arrived together), and the chunks still
+    concatenate to the non-streamed text."""
+    import time
+
+    c = client(ctx)
+    msgs = [{"role": "user", "content": "Tell me a long story."}]
+    kw = dict(model=MODEL, messages=msgs, max_tokens=400, temperature=1.0, seed=13)
+    whole = c.chat.completions.create(**kw)
+    t0 = time.monotonic()
+    arrivals, text = [], ""
+    for ev in c.chat.completions.create(stream=True, **kw):
+        for ch in ev.choices:
+            if ch.delta.content:
+                arrivals.append(time.monotonic() - t0)
+                text += ch.delta.content
+    assert text == whole.choices[0].message.content
+    n_gen = whole.usage.completion_tokens
+    print(f"incremental: {len(arrivals)} content chunks for {n_gen} tokens; first at {arrivals[0]:.3f} s, "
+          f"last at {arrivals[-1]:.3f} s")
+    if n_gen < 50:
+        pytest.skip(f"the model stopped after {n_gen} tokens: too few to see the spread")
+    assert len(arrivals) >= 2
+    assert arrivals[0] < 0.75 * arrivals[-1], arrivals[:3] + arrivals[-3:]  # together (ratio ~1) before
+
+
+def test_client_leaving_mid_stream_leaves_the_server_healthy(ctx):
+    c = client(ctx)
+    msgs = [{"role": "user", "content": "Tell me a long story."}]
+    for _ in range(3):
+        stream = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=400, temperature=1.0, stream=True)
+        next(iter(stream))
+        stream.close()  # the connection goes away while the server still decodes
+    r = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert ctx["srv"].proc.poll() is None
+
+
 def test_stop_string_cuts_the_text(ctx):
     c = client(ctx)
     base = c.completions.create(model=MODEL, prompt="The", max_tokens=30, temperature=0)
