@@ -96,9 +96,51 @@ static void park_abandon(twk_http_conn *c, void *user) {
     uv_close((uv_handle_t *)&p->t, park_free);
 }
 
+/* "/stream": a streamed response of STREAM_PIECES pieces, one every 30 ms */
+#define STREAM_PIECES 4
+typedef struct streamer {
+    uv_timer_t t;
+    twk_http_conn *c;
+    int sent;
+} streamer;
+static atomic_int n_stream_abandon, n_stream_ended;
+
+static void stream_tick(uv_timer_t *t) {
+    streamer *st = t->data;
+    char piece[32];
+    int n = snprintf(piece, sizeof piece, "data: piece %d\n\n", st->sent++);
+    twk_http_stream_write(st->c, piece, (size_t)n);
+    if (st->sent < STREAM_PIECES) return;
+    twk_http_stream_end(st->c);
+    atomic_fetch_add(&n_stream_ended, 1);
+    uv_timer_stop(&st->t);
+    uv_close((uv_handle_t *)&st->t, park_free);
+}
+
+static void stream_abandon(twk_http_conn *c, void *user) {
+    (void)c;
+    streamer *st = user;
+    atomic_fetch_add(&n_stream_abandon, 1);
+    uv_timer_stop(&st->t);
+    uv_close((uv_handle_t *)&st->t, park_free);
+}
+
 static void handler(twk_http_conn *c, const twk_http_req *r, void *user) {
     (void)user;
     atomic_fetch_add(&n_requests, 1);
+    if (strcmp(r->path, "/stream") == 0) {
+        streamer *st = calloc(1, sizeof *st);
+        st->c = c;
+        uv_timer_init(&loop, &st->t);
+        st->t.data = st;
+        if (twk_http_stream_begin(c, 200, "text/event-stream", "Cache-Control: no-cache\r\n") != 0) {
+            uv_close((uv_handle_t *)&st->t, park_free);
+            return;
+        }
+        twk_http_set_abandon(c, stream_abandon, st);
+        uv_timer_start(&st->t, stream_tick, 30, 30);
+        return;
+    }
     int is_park = strcmp(r->path, "/park") == 0, is_long = strcmp(r->path, "/park_long") == 0;
     int no_abandon = strcmp(r->path, "/park_noabandon") == 0;
     if (is_park || is_long || no_abandon) {
@@ -391,6 +433,63 @@ static void t_park(void) {
           "parked request, client gone: abandon called exactly once (%d)", atomic_load(&n_abandon) - ab);
     ok = simple_get(port, "/still", &R) == 0;
     check(ok && R.status == 200 && strstr(R.body, "/still"), "server keeps working after an abandon");
+}
+
+/* A streamed response: chunked pieces as they are written, then keep-alive; an HTTP/1.0 client
+ * gets the raw pieces until the close; a client that leaves mid-stream gets the abandon callback. */
+static void t_stream(void) {
+    const char *want = "data: piece 0\n\ndata: piece 1\n\ndata: piece 2\n\ndata: piece 3\n\n";
+    int ok = cl_connect(&A, port) == 0 && cl_sends(&A, "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n") == 0;
+    int first_alone = 0;
+    while (ok && !memmem(A.buf, A.len, "\r\n0\r\n\r\n", 7)) {
+        ok = cl_fill(&A) > 0;
+        /* the first piece arrives before the last one is written */
+        if (ok && memmem(A.buf, A.len, "piece 0", 7) && !memmem(A.buf, A.len, "piece 3", 7)) first_alone = 1;
+    }
+    if (A.len < sizeof A.buf) A.buf[A.len] = 0;
+    else ok = 0;
+    char *end = ok ? memmem(A.buf, A.len, "\r\n\r\n", 4) : NULL;
+    char body[256] = "";
+    size_t bl = 0;
+    int chunked = end && strcasestr(A.buf, "Transfer-Encoding: chunked\r\n") && strstr(A.buf, "text/event-stream") &&
+                  !strcasestr(A.buf, "Content-Length");
+    for (char *q = end ? end + 4 : NULL; q && chunked;) { /* de-chunk */
+        size_t n = strtoul(q, &q, 16);
+        if (strncmp(q, "\r\n", 2) || bl + n >= sizeof body) break;
+        memcpy(body + bl, q + 2, n);
+        bl += n;
+        q += 2 + n + 2;
+        if (!n) break;
+    }
+    body[bl] = 0;
+    check(ok && chunked && !strcmp(body, want) && first_alone, "stream: chunked pieces as written, first before last");
+    size_t used = end ? (size_t)(strstr(end, "\r\n0\r\n\r\n") + 7 - A.buf) : 0;
+    if (ok && used <= A.len) {
+        memmove(A.buf, A.buf + used, A.len - used);
+        A.len -= used;
+    }
+    ok = ok && cl_sends(&A, "GET /after_stream HTTP/1.1\r\nHost: x\r\n\r\n") == 0 && cl_read(&A, &R) == 0;
+    check(ok && R.status == 200 && strstr(R.body, "/after_stream"), "stream: keep-alive after its end");
+    cl_close(&A);
+
+    ok = cl_connect(&A, port) == 0 && cl_sends(&A, "GET /stream HTTP/1.0\r\n\r\n") == 0;
+    while (ok && cl_fill(&A) > 0) {
+    }
+    A.buf[A.len < sizeof A.buf ? A.len : sizeof A.buf - 1] = 0;
+    end = strstr(A.buf, "\r\n\r\n");
+    check(ok && end && !strcmp(end + 4, want) && !strcasestr(A.buf, "Transfer-Encoding"),
+          "stream to HTTP/1.0: the pieces until the close");
+    cl_close(&A);
+
+    int ab = atomic_load(&n_stream_abandon), ended = atomic_load(&n_stream_ended);
+    ok = cl_connect(&A, port) == 0 && cl_sends(&A, "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n") == 0;
+    while (ok && !memmem(A.buf, A.len, "piece 0", 7)) ok = cl_fill(&A) > 0;
+    cl_close(&A);
+    sleep_ms(300);
+    check(ok && atomic_load(&n_stream_abandon) == ab + 1 && atomic_load(&n_stream_ended) == ended,
+          "stream, client gone mid-stream: abandon called once, no end");
+    ok = simple_get(port, "/still_streaming", &R) == 0;
+    check(ok && R.status == 200, "server keeps working after an abandoned stream");
 }
 
 /* Parked without an abandon callback, client gone: the server keeps the
@@ -953,6 +1052,7 @@ int main(void) {
     t_keepalive();
     t_pipelined();
     t_park();
+    t_stream();
     t_park_no_abandon();
     t_pipeline_flood();
     t_limits();

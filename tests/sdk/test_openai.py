@@ -10,7 +10,8 @@ tokenizer_config.json. Two more folders lack the chat template and the tokenizer
 Checked: the model list (base models and the caller's sampler checkpoints only);
 completion and chat completion (the chat's prompt tokens are transformers'
 apply_chat_template + encode); streaming chunks concatenate to the non-streamed text
-with the same seed; a LoRA sampler checkpoint as the model; logprobs equal Tinker's
+with the same seed, leave while decoding (the first content chunk arrives well before
+the last: not all at once) and a client leaving mid-stream leaves the server healthy; a LoRA sampler checkpoint as the model; logprobs equal Tinker's
 compute_logprobs on the same tokens (|diff| <= 1e-4, the same sampler on the same
 device); bad requests are OpenAI-shaped 400s naming the param; tenant B gets 404 on
 tenant A's checkpoint."""
