@@ -537,7 +537,7 @@ static void drain_done(twk_job *j) {
             sj->done(sj->done_ctx, &sj->gen);
             gen_result_free(&sj->gen);
             twk_host_free(sj->out);
-            twk_host_free(sj->prompt); /* svc_generate's caller's, from the host allocator like twk_tokenizer_encode's ids */
+            twk_host_free(sj->prompt); /* svc_generate's caller's: host allocator, like encode's ids */
             twk_host_free(sj);
         } else
             sample_finish(s, sj, sj->ok, sj->user_error ? "user" : "server", sj->err[0] ? sj->err : "sampling failed");

@@ -41,7 +41,8 @@ static twk_status push(merge_ctx *m, const char *name, twk_st_dtype dt, const tw
     if (m->n == m->cap) {
         int cap = m->cap ? 2 * m->cap : 64;
         twk_st_entry *e = twk_host_realloc(m->e, (size_t)m->cap * sizeof *e, (size_t)cap * sizeof *e, "merge entries");
-        void **o = e ? twk_host_realloc(m->owned, (size_t)m->cap * sizeof *o, (size_t)cap * sizeof *o, "merge entries") : NULL;
+        void **o =
+            e ? twk_host_realloc(m->owned, (size_t)m->cap * sizeof *o, (size_t)cap * sizeof *o, "merge entries") : NULL;
         if (e) m->e = e;
         if (o) m->owned = o;
         if (!e || !o) {
@@ -69,7 +70,8 @@ static twk_status merge_one(merge_ctx *m, const char *out_name, const twk_st_ten
                          w->name, (long long)w->shape[0], (long long)w->shape[1], (long long)a->shape[0],
                          (long long)a->shape[1], (long long)b->shape[0], (long long)b->shape[1]);
     int64_t out = w->shape[0], in = w->shape[1], r = a->shape[0];
-    float *W = twk_host_alloc((size_t)w->nelem * sizeof *W, "merge W"), *A = twk_host_alloc((size_t)a->nelem * sizeof *A, "merge A"),
+    float *W = twk_host_alloc((size_t)w->nelem * sizeof *W, "merge W"),
+          *A = twk_host_alloc((size_t)a->nelem * sizeof *A, "merge A"),
           *B = twk_host_alloc((size_t)b->nelem * sizeof *B, "merge B");
     twk_status st = W && A && B ? TWK_OK : twk_error(TWK_ERR_OOM, "merge: out of memory for '%s'", w->name);
     if (st == TWK_OK) st = twk_st_to_f32(w, W);

@@ -228,7 +228,8 @@ twk_status twk_chat_render_mask(const twk_chat_template *t, const char *request_
                 sp[ns++][1] = o.spans[i][1];
             }
     } else {
-        size_t *lohi = twk_host_calloc((2 * msgs->n + 1) * sizeof(size_t), "chat template spans"); /* first byte, last byte + 1 of each message */
+        /* first byte, last byte + 1 of each message */
+        size_t *lohi = twk_host_calloc((2 * msgs->n + 1) * sizeof(size_t), "chat template spans");
         if (!lohi) {
             twk_host_free(sp);
             st = twk_error(TWK_ERR_OOM, "chat template: out of memory");

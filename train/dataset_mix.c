@@ -81,7 +81,8 @@ twk_status twk_dataset_split(const twk_dataset *d, double fraction, int group, u
                          group > 1 ? " (pairs)" : "", (long long)ng, fraction);
     int64_t n_eval = (int64_t)llround(fraction * (double)ng);
     n_eval = n_eval < 1 ? 1 : n_eval >= ng ? ng - 1 : n_eval;
-    int64_t *perm = permutation(ng, seed ^ 0x5eed5eedull), *idx = twk_host_alloc((size_t)ng * group * sizeof *idx, "eval split"), n = 0;
+    int64_t *perm = permutation(ng, seed ^ 0x5eed5eedull),
+            *idx = twk_host_alloc((size_t)ng * group * sizeof *idx, "eval split"), n = 0;
     int *part = twk_host_calloc((size_t)ng * group * sizeof *part, "eval split");
     twk_status st = perm && idx && part ? TWK_OK : twk_error(TWK_ERR_OOM, "eval split: out of memory");
     *train = *eval = NULL;

@@ -59,9 +59,10 @@ static twk_status append_text(twk_text_ctx *c, const char *s, int add_special, f
     int64_t n = 0;
     twk_status st = twk_tokenizer_encode(c->tok, s, strlen(s), add_special, &ids, &n);
     if (st != TWK_OK) return st;
-    int32_t *ni = twk_host_realloc(seq->ids, (size_t)seq->n * sizeof *ni, (size_t)(seq->n + n + 1) * sizeof *ni, "dataset tokens");
+    size_t had = (size_t)seq->n, want = (size_t)(seq->n + n + 1);
+    int32_t *ni = twk_host_realloc(seq->ids, had * sizeof *ni, want * sizeof *ni, "dataset tokens");
     if (ni) seq->ids = ni;
-    float *nw = ni ? twk_host_realloc(seq->w, (size_t)seq->n * sizeof *nw, (size_t)(seq->n + n + 1) * sizeof *nw, "dataset weights") : NULL;
+    float *nw = ni ? twk_host_realloc(seq->w, had * sizeof *nw, want * sizeof *nw, "dataset weights") : NULL;
     if (nw) seq->w = nw;
     if (!ni || !nw) {
         twk_host_free(ids);

@@ -79,7 +79,8 @@ static void emit(cx *c, const char *s, size_t n) {
     if (at + n > o->owner_cap) {
         size_t nc = o->owner_cap ? o->owner_cap : 256;
         while (nc < at + n) nc *= 2;
-        int32_t *q = twk_host_realloc(o->owner, o->owner_cap * sizeof(int32_t), nc * sizeof(int32_t), "chat template output");
+        int32_t *q =
+            twk_host_realloc(o->owner, o->owner_cap * sizeof(int32_t), nc * sizeof(int32_t), "chat template output");
         if (!q) {
             o->text.oom = true;
             return;
@@ -1091,7 +1092,8 @@ static twk_status run(cx *c, const jj_body *b) {
             jj_output *o = c->o;
             if (o->nspans == o->spans_cap) {
                 size_t nc = o->spans_cap ? o->spans_cap * 2 : 16;
-                int64_t(*q)[2] = twk_host_realloc(o->spans, o->spans_cap * sizeof *q, nc * sizeof *q, "chat template output");
+                int64_t(*q)[2] =
+                    twk_host_realloc(o->spans, o->spans_cap * sizeof *q, nc * sizeof *q, "chat template output");
                 if (!q) return OOM(s->line);
                 o->spans = q;
                 o->spans_cap = nc;

@@ -446,7 +446,8 @@ static twk_status add_step(twk_tokenizer *t, const char *path, dec_step s) {
     if (t->n_dec == t->cap_dec) {
         int cap = t->cap_dec ? 2 * t->cap_dec : 8;
         if (cap > 4096) return twk_error(TWK_ERR_INVALID_ARG, "%s: the decoder has too many steps", path);
-        dec_step *d = twk_host_realloc(t->dec, (size_t)t->cap_dec * sizeof *d, (size_t)cap * sizeof *d, "tokenizer decoder");
+        dec_step *d =
+            twk_host_realloc(t->dec, (size_t)t->cap_dec * sizeof *d, (size_t)cap * sizeof *d, "tokenizer decoder");
         if (!d) return twk_error(TWK_ERR_OOM, "%s: out of memory", path);
         t->dec = d;
         t->cap_dec = cap;
@@ -566,7 +567,8 @@ static twk_status load_json(twk_tokenizer *t, const char *path, const cJSON *j) 
     twk_status ns = twk_tok_norm_parse(path, cJSON_GetObjectItemCaseSensitive(j, "normalizer"), &t->norm);
     if (ns) {
         t->norm_err = ns;
-        if (!(t->norm_msg = twk_host_strdup(twk_last_error(), "tokenizer"))) return twk_error(TWK_ERR_OOM, "%s: out of memory", path);
+        if (!(t->norm_msg = twk_host_strdup(twk_last_error(), "tokenizer")))
+            return twk_error(TWK_ERR_OOM, "%s: out of memory", path);
     }
     if ((s = load_added(t, path, added))) return s;
     const cJSON *dec = cJSON_GetObjectItemCaseSensitive(j, "decoder");

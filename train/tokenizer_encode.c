@@ -495,7 +495,8 @@ static void cache_put(tok_enc *e, uint64_t h, const char *s, size_t n, const int
     if (!e->cache_vals || e->cache_nvals + nv > e->cache_capvals) {
         size_t cap = e->cache_capvals ? 2 * e->cache_capvals : 1 << 16;
         while (cap < e->cache_nvals + nv) cap *= 2;
-        int32_t *nvp = twk_host_realloc(e->cache_vals, e->cache_nvals * sizeof *nvp, cap * sizeof *nvp, "tokenizer cache");
+        int32_t *nvp =
+            twk_host_realloc(e->cache_vals, e->cache_nvals * sizeof *nvp, cap * sizeof *nvp, "tokenizer cache");
         if (!nvp) return;
         e->cache_vals = nvp;
         e->cache_capvals = cap;
@@ -866,7 +867,8 @@ twk_status twk_tokenizer_encode(const twk_tokenizer *t, const char *text, size_t
     if (ok && add_special && !ids_add(&c.out, e->suffix, (size_t)e->n_suffix)) ok = ctx_oom(&c);
     if (ok && !c.out.v && !(c.out.v = twk_host_alloc(sizeof *c.out.v, "token ids"))) ok = ctx_oom(&c);
     twk_host_free(clean);
-    twk_host_free(c.pa.b.b), twk_host_free(c.pa.p), twk_host_free(c.pb.b.b), twk_host_free(c.pb.p), twk_host_free(c.nb.b), twk_host_free(c.tmp.b);
+    twk_host_free(c.pa.b.b), twk_host_free(c.pa.p), twk_host_free(c.pb.b.b), twk_host_free(c.pb.p);
+    twk_host_free(c.nb.b), twk_host_free(c.tmp.b);
     twk_host_free(c.sym), twk_host_free(c.prev), twk_host_free(c.next), twk_host_free(c.heap);
     if (!ok) {
         twk_host_free(c.out.v);
