@@ -282,9 +282,10 @@ typedef struct svc_gen_result {
     float **top_lps;
 } svc_gen_result;
 typedef void (*svc_gen_fn)(void *ctx, const svc_gen_result *r);
-/* Queues num_samples continuations of prompt (taken: freed by the server) on ss's unit, decoded in the
- * shared batches with Tinker's asample; p's stop arrays must live until done(ctx, ...) runs on the loop
- * thread. Returns 0, or 429 (queue full) / 503 with a message in err (done is then never called). */
+/* Queues num_samples continuations of prompt (taken: from the host allocator, freed by the server) on
+ * ss's unit, decoded in the shared batches with Tinker's asample; p's stop arrays must live until
+ * done(ctx, ...) runs on the loop thread. Returns 0, or 429 (queue full) / 503 with a message in err
+ * (done is then never called). */
 int svc_generate(svc *s, sampler_session *ss, int32_t *prompt, int64_t n_prompt, int num_samples,
                  const twk_sample_params *p, int top_k, svc_gen_fn done, void *ctx, char *err, size_t err_len);
 void api_sampling(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant, const char *route, cJSON *body);
