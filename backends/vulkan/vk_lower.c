@@ -63,7 +63,8 @@ static void copy_box(vk_dispatch *x, const int64_t box[4], const int64_t sst[4],
 }
 
 size_t vk_const_bytes(const twk_launch *l) {
-    if (l->op == TWK_OP_ROPE && l->nsrc <= 2) return ((size_t)(l->dst.ne[2] / 2) * sizeof(float) + 15) / 16 * 16; /* C floats: vk_write_consts */
+    /* rope without an inv_freq source: the C floats vk_write_consts writes, padded to 16 bytes */
+    if (l->op == TWK_OP_ROPE && l->nsrc <= 2) return ((size_t)(l->dst.ne[2] / 2) * sizeof(float) + 15) / 16 * 16;
     return 0;
 }
 
