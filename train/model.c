@@ -621,7 +621,7 @@ twk_status twk_trainer_forward_base(twk_trainer *t, const twk_batch *b, float *l
         int64_t ne = 0;
         const char *name = twk_trainer_param_name(t, i, &ne);
         if (!strstr(name, ".lora_B.")) continue;
-        float *b_val = twk_host_alloc((size_t)ne * 4, "adapter B"), *zero = twk_host_alloc((size_t)ne * 4, "zeros");
+        float *b_val = twk_host_alloc((size_t)ne * sizeof *b_val, "adapter B"), *zero = twk_host_alloc((size_t)ne * sizeof *zero, "zeros");
         if (!b_val || !zero) st = TWK_ERR_OOM;
         if (st == TWK_OK) st = twk_trainer_get(t, name, b_val, ne);
         if (st == TWK_OK) keep[i] = b_val, b_val = NULL; /* restored below even if zeroing fails */
