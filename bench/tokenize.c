@@ -81,7 +81,7 @@ int main(int argc, char **argv) {
                 }
                 wrong += n != x.n_ids[i] || memcmp(ids, x.ids[i], (size_t)n * sizeof *ids);
                 total += n;
-                free(ids);
+                twk_host_free(ids);
             }
             double dt = cpu_now() - t0, dw = twk_now() - w0;
             if (dt < best) best = dt;

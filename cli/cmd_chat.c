@@ -58,9 +58,9 @@ static twk_status reply(twk_textgen *g, twk_sampler *s, int64_t context, const t
         fflush(stdout);
         add_message(msgs, "assistant", text);
     }
-    free(json);
-    free(ids);
-    free(text);
+    cJSON_free(json);
+    twk_host_free(ids);
+    twk_host_free(text);
     twk_sampled_seq_free(&out);
     return st;
 }

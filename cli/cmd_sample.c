@@ -56,7 +56,7 @@ static int text_prompt(twk_textgen *g, const char *text, const char *messages, i
     if (st == TWK_OK && (n < 1 || n > cap))
         st = twk_error(TWK_ERR_INVALID_ARG, "the prompt has %lld tokens (1..%d allowed)", (long long)n, cap);
     if (st == TWK_OK) memcpy(prompt, ids, (size_t)n * sizeof *ids);
-    free(ids);
+    twk_host_free(ids);
     return st == TWK_OK ? (int)n : -1;
 }
 
@@ -149,7 +149,7 @@ int twk_cmd_sample(int argc, char **argv) {
             if (unknown)
                 fprintf(stderr, "twinkle sample: %lld generated id(s) have no token in tokenizer.json (left out)\n",
                         (long long)unknown);
-            free(reply);
+            twk_host_free(reply);
             if (!print_ids) {
                 twk_sampled_seq_free(&out[k]);
                 continue;

@@ -7,6 +7,7 @@
 #include <cJSON.h>
 
 #include "textgen.h"
+#include "twinkle/hal.h"
 
 char *twk_read_text_file(const char *path) {
     FILE *f = fopen(path, "rb");
@@ -85,8 +86,8 @@ twk_status twk_textgen_encode_chat(twk_textgen *g, const char *json, int32_t **i
     size_t len = 0;
     twk_status st = req ? twk_chat_render(g->tmpl, req, &text, &len) : twk_error(TWK_ERR_OOM, "out of memory");
     if (st == TWK_OK) st = twk_tokenizer_encode(g->tok, text, len, false, ids, n);
-    free(req);
-    free(text);
+    cJSON_free(req);
+    twk_host_free(text);
     return st;
 }
 

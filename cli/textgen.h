@@ -21,14 +21,14 @@ char *twk_read_text_file(const char *path);
 twk_status twk_textgen_open(const char *model_dir, const twk_model_config *c, twk_textgen *g);
 void twk_textgen_close(twk_textgen *g);
 
-/* The ids of `text` (with the tokenizer's post-processor: add_special). *ids malloc'd. */
+/* The ids of `text` (with the tokenizer's post-processor: add_special). *ids: free with twk_host_free. */
 twk_status twk_textgen_encode_text(twk_textgen *g, const char *text, int32_t **ids, int64_t *n);
 
 /* The ids of a conversation (a JSON array of messages, or an object with "messages" and other
  * template variables) rendered with add_generation_prompt. Errors name the field or template line. */
 twk_status twk_textgen_encode_chat(twk_textgen *g, const char *json, int32_t **ids, int64_t *n);
 
-/* The text of generated ids, special tokens skipped (malloc'd). Ids the tokenizer has no token for
+/* The text of generated ids, special tokens skipped (free with twk_host_free). Ids the tokenizer has no token for
  * (a model vocabulary larger than the tokenizer's) are left out and counted in *unknown. */
 twk_status twk_textgen_decode(twk_textgen *g, const int32_t *ids, int64_t n, char **out, int64_t *unknown);
 

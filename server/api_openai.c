@@ -112,8 +112,8 @@ typedef struct seq_text {
 } seq_text;
 
 static void seq_text_free(seq_text *t) {
-    free(t->text);
-    free(t->end);
+    twk_host_free(t->text);
+    twk_host_free(t->end);
 }
 
 /* The whole text (partial 0), or while decoding (partial 1) only the parts of tokens [from, ...) that
@@ -123,8 +123,8 @@ static int seq_text_part(const twk_tokenizer *tok, const twk_sampled_seq *q, cha
                          int n_stops, int partial, int64_t from, size_t raw_from, size_t hold, seq_text *t) {
     memset(t, 0, sizeof *t);
     /* ids the tokenizer has no token for (a model vocab larger than the tokenizer's) decode to nothing */
-    int32_t *ids = malloc((size_t)q->n * 4 + 4);
-    int64_t *upto = malloc((size_t)q->n * 8 + 8), nv = 0;
+    int32_t *ids = twk_host_alloc((size_t)q->n * 4 + 4, "completion ids");
+    int64_t *upto = twk_host_alloc((size_t)q->n * 8 + 8, "completion ids"), nv = 0;
     char *raw = NULL;
     size_t rlen = 0;
     for (int64_t i = 0; ids && upto && i < q->n; i++) {
@@ -132,8 +132,8 @@ static int seq_text_part(const twk_tokenizer *tok, const twk_sampled_seq *q, cha
         upto[i] = nv;
     }
     if (!ids || !upto || twk_tokenizer_decode(tok, ids, nv, true, &raw, &rlen) != TWK_OK) {
-        free(ids);
-        free(upto);
+        twk_host_free(ids);
+        twk_host_free(upto);
         return 0;
     }
     size_t cut = rlen;
@@ -141,8 +141,8 @@ static int seq_text_part(const twk_tokenizer *tok, const twk_sampled_seq *q, cha
         char *f = memmem(raw, rlen, stops[i], strlen(stops[i]));
         if (f && (size_t)(f - raw) < cut) cut = (size_t)(f - raw), t->stopped = 1;
     }
-    t->end = calloc((size_t)q->n + 1, sizeof *t->end);
-    t->text = malloc(3 * cut + 1);
+    t->end = twk_host_calloc(((size_t)q->n + 1) * sizeof *t->end, "completion text");
+    t->text = twk_host_alloc(3 * cut + 1, "completion text");
     size_t prev = raw_from < cut ? raw_from : cut, o = 0;
     t->n_done = from;
     for (int64_t i = from; t->end && t->text && i < q->n; i++) {
@@ -152,7 +152,7 @@ static int seq_text_part(const twk_tokenizer *tok, const twk_sampled_seq *q, cha
             char *part = NULL;
             size_t plen = 0;
             if (twk_tokenizer_decode(tok, ids, upto[i], true, &part, &plen) == TWK_OK) b = plen < cut ? plen : cut;
-            free(part);
+            twk_host_free(part);
             if (partial && b + hold >= cut) break; /* later tokens may still change it */
             while (b > prev && b < rlen && ((unsigned char)raw[b] & 0xC0) == 0x80) b--; /* not inside a character */
         }
@@ -163,9 +163,9 @@ static int seq_text_part(const twk_tokenizer *tok, const twk_sampled_seq *q, cha
         t->n_done = i + 1;
     }
     t->raw_done = prev;
-    free(raw);
-    free(ids);
-    free(upto);
+    twk_host_free(raw);
+    twk_host_free(ids);
+    twk_host_free(upto);
     if (!t->end || !t->text) {
         seq_text_free(t);
         return 0;
@@ -442,7 +442,7 @@ static void job_done(void *ctx, const svc_gen_result *r) {
         if (!r->ok) {
             job_fail(jb, r->user_error ? 400 : 500, "", r->err);
         } else {
-            seq_text *texts = calloc((size_t)r->n, sizeof *texts);
+            seq_text *texts = twk_host_calloc((size_t)r->n * sizeof *texts, "completion text");
             int ok = texts != NULL;
             for (int i = 0; ok && i < r->n; i++)
                 ok = seq_text_make(jb->tok, &r->seqs[i], jb->stop_str, jb->n_stop_str, &texts[i]);
@@ -450,10 +450,10 @@ static void job_done(void *ctx, const svc_gen_result *r) {
             else if (jb->stream) respond_stream(jb, r, texts);
             else respond_whole(jb, r, texts);
             for (int i = 0; texts && i < r->n; i++) seq_text_free(&texts[i]);
-            free(texts);
+            twk_host_free(texts);
         }
     }
-    free(jb);
+    twk_host_free(jb);
 }
 
 /* ---- requests ---- */
@@ -506,11 +506,11 @@ static cJSON *chat_request(const cJSON *b, const char **bad) {
                 }
                 len += strlen(tx->valuestring);
             }
-            char *joined = calloc(1, len);
+            char *joined = twk_host_calloc(len, "message content");
             for (const cJSON *part = content->child; joined && part; part = part->next)
                 strcat(joined, cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring);
             cJSON_ReplaceItemInObjectCaseSensitive(copy, "content", cJSON_CreateString(joined ? joined : ""));
-            free(joined);
+            twk_host_free(joined);
         }
         cJSON_AddItemToArray(out, copy);
     }
@@ -520,7 +520,7 @@ static cJSON *chat_request(const cJSON *b, const char **bad) {
     return req;
 }
 
-/* The prompt's token ids (malloc'd); NULL with an error answered. */
+/* The prompt's token ids (free with twk_host_free); NULL with an error answered. */
 static int32_t *prompt_ids(twk_http_conn *c, const cJSON *b, int chat, base_model *bm, int64_t *n) {
     int vocab = twk_model_cfg(bm->m)->vocab;
     int32_t *ids = NULL;
@@ -543,7 +543,7 @@ static int32_t *prompt_ids(twk_http_conn *c, const cJSON *b, int chat, base_mode
             return NULL;
         }
         st = twk_tokenizer_encode(bm->tok, text, len, false, &ids, n);
-        free(text);
+        twk_host_free(text);
         if (st != TWK_OK) {
             oai_error(c, 400, "messages", NULL, "encoding the rendered chat failed: %s", twk_last_error());
             return NULL;
@@ -559,13 +559,13 @@ static int32_t *prompt_ids(twk_http_conn *c, const cJSON *b, int chat, base_mode
             }
         } else if (cJSON_IsArray(p) && cJSON_IsNumber(p->child)) {
             *n = cJSON_GetArraySize(p);
-            ids = malloc((size_t)*n * 4);
+            ids = twk_host_alloc((size_t)*n * 4, "prompt ids");
             int64_t k = 0;
             for (const cJSON *t = p->child; ids && t; t = t->next, k++) {
                 if (!cJSON_IsNumber(t) || t->valuedouble != (double)(int32_t)t->valuedouble || t->valuedouble < 0 ||
                     t->valuedouble >= vocab) {
                     oai_error(c, 400, "prompt", NULL, "prompt token %lld is not a token id in [0, %d)", (long long)k, vocab);
-                    free(ids);
+                    twk_host_free(ids);
                     return NULL;
                 }
                 ids[k] = (int32_t)t->valuedouble;
@@ -745,7 +745,7 @@ static void h_generate(svc *s, twk_http_conn *c, const twk_http_req *req, const 
                   model, bm->dir, bm->has_tokenizer ? "not loadable" : "missing");
         goto out;
     }
-    jb = calloc(1, sizeof *jb);
+    jb = twk_host_calloc(sizeof *jb, "completion job");
     if (!jb) {
         oai_error(c, 503, NULL, NULL, "out of memory");
         goto out;
@@ -775,8 +775,8 @@ static void h_generate(svc *s, twk_http_conn *c, const twk_http_req *req, const 
     twk_http_set_abandon(c, job_abandoned, jb);
     jb = NULL; /* job_done frees it */
 out:
-    free(ids);
-    free(jb);
+    twk_host_free(ids);
+    twk_host_free(jb);
     cJSON_Delete(b);
 }
 

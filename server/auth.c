@@ -12,6 +12,7 @@
 typedef struct key_entry {
     char key[160];
     char tenant[64];
+    int admin; /* keys-file line ends in `admin` */
 } key_entry;
 
 #define AUTH_TOKENS 1024 /* live auth/token JWTs kept (the oldest is forgotten first) */
@@ -61,10 +62,13 @@ twk_status twk_auth_load(const char *keys_file, twk_auth **out) {
         while (isspace((unsigned char)*p)) p++;
         if (!*p || *p == '#') continue;
         char key[200], tenant[100], extra[8];
-        int got = sscanf(p, "%199s %99s %7s", key, tenant, extra);
-        if (got != 2 || strncmp(key, "tml-", 4) || strlen(key) >= sizeof a->keys[0].key || !valid_tenant(tenant)) {
+        char more[8];
+        int got = sscanf(p, "%199s %99s %7s %7s", key, tenant, extra, more);
+        int admin = got == 3 && !strcmp(extra, "admin");
+        if ((got != 2 && !admin) || strncmp(key, "tml-", 4) || strlen(key) >= sizeof a->keys[0].key || !valid_tenant(tenant)) {
             st = twk_error(TWK_ERR_INVALID_ARG,
-                           "%s:%d: want 'tml-KEY TENANT' (tenant: 1-48 of [A-Za-z0-9._-])", keys_file, lineno);
+                           "%s:%d: want 'tml-KEY TENANT' or 'tml-KEY TENANT admin' (tenant: 1-48 of [A-Za-z0-9._-])",
+                           keys_file, lineno);
             break;
         }
         for (int i = 0; i < a->n; i++)
@@ -78,6 +82,7 @@ twk_status twk_auth_load(const char *keys_file, twk_auth **out) {
         a->keys = nk;
         snprintf(a->keys[a->n].key, sizeof a->keys[0].key, "%s", key);
         snprintf(a->keys[a->n].tenant, sizeof a->keys[0].tenant, "%s", tenant);
+        a->keys[a->n].admin = admin;
         a->n++;
     }
     fclose(f);
@@ -143,5 +148,12 @@ int twk_auth_tenant(const twk_auth *a, const char *key, char *tenant) {
             snprintf(tenant, 64, "%s", a->keys[i].tenant);
             return 1;
         }
+    return 0;
+}
+
+int twk_auth_is_admin(const twk_auth *a, const char *key) {
+    if (!key || a->open) return 0;
+    for (int i = 0; i < a->n; i++)
+        if (same_key(a->keys[i].key, key)) return a->keys[i].admin;
     return 0;
 }

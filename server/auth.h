@@ -1,5 +1,6 @@
 /* server/ — API keys to tenants. A keys file maps each `tml-…` key to a
- * tenant name (one "KEY TENANT" per line, # comments); without one (the
+ * tenant name (one "KEY TENANT" per line, # comments; "KEY TENANT admin" marks an
+ * operator key that may read the whole service: /metrics with tenant labels, the dashboard); without one (the
  * documented default, for local use) any `tml-` key is accepted and each
  * distinct key is its own tenant. */
 #ifndef TWK_SERVER_AUTH_H
@@ -17,6 +18,9 @@ int twk_auth_open_mode(const twk_auth *a);
 /* Writes the tenant of `key` into tenant[64] and returns 1; 0 if the key is
  * missing or not accepted. */
 int twk_auth_tenant(const twk_auth *a, const char *key, char *tenant);
+
+/* 1 if key is a keys-file key marked `admin`; 0 otherwise (always 0 in open mode and for JWTs). */
+int twk_auth_is_admin(const twk_auth *a, const char *key);
 
 /* Remembers a JWT minted by auth/token for tenant until exp (unix seconds): twk_auth_tenant then
  * accepts it as the key (the SDK's pjwt auth sends it as X-API-Key). Tokens live in memory only;

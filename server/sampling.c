@@ -281,10 +281,10 @@ static twk_status keep_generation(sample_job *sj, twk_sampled_seq *res) {
     sampler_unit *u = sj->ss->unit;
     svc_gen_result *g = &sj->gen;
     int n = sj->num_samples, k = sj->gen_topk;
-    g->seqs = calloc((size_t)n, sizeof *g->seqs);
+    g->seqs = twk_host_calloc((size_t)n * sizeof *g->seqs, "generation");
     if (k > 0) {
-        g->top_ids = calloc((size_t)n, sizeof *g->top_ids);
-        g->top_lps = calloc((size_t)n, sizeof *g->top_lps);
+        g->top_ids = twk_host_calloc((size_t)n * sizeof *g->top_ids, "generation top-k");
+        g->top_lps = twk_host_calloc((size_t)n * sizeof *g->top_lps, "generation top-k");
     }
     if (!g->seqs || (k > 0 && (!g->top_ids || !g->top_lps))) return twk_error(TWK_ERR_OOM, "out of memory");
     g->n = n;
@@ -297,8 +297,9 @@ static twk_status keep_generation(sample_job *sj, twk_sampled_seq *res) {
     twk_sampler_set_score_slot(u->sampler, sj->slot);
     for (int i = 0; i < n; i++) {
         int64_t len = sj->n_prompt + g->seqs[i].n, ng = g->seqs[i].n;
-        int32_t *all = malloc((size_t)len * 4), *ids = malloc((size_t)len * (size_t)k * 4);
-        float *lps = malloc((size_t)len * (size_t)k * 4);
+        int32_t *all = twk_host_alloc((size_t)len * 4, "generation top-k"),
+                *ids = twk_host_alloc((size_t)len * (size_t)k * 4, "generation top-k");
+        float *lps = twk_host_alloc((size_t)len * (size_t)k * 4, "generation top-k");
         twk_status st = all && ids && lps ? TWK_OK : twk_error(TWK_ERR_OOM, "out of memory");
         if (st == TWK_OK) {
             memcpy(all, sj->prompt, (size_t)sj->n_prompt * 4);
@@ -309,7 +310,7 @@ static twk_status keep_generation(sample_job *sj, twk_sampled_seq *res) {
             memmove(ids, ids + sj->n_prompt * k, (size_t)(ng * k) * 4);
             memmove(lps, lps + sj->n_prompt * k, (size_t)(ng * k) * 4);
         }
-        free(all);
+        twk_host_free(all);
         g->top_ids[i] = ids;
         g->top_lps[i] = lps;
         if (st != TWK_OK) return st;
@@ -320,12 +321,12 @@ static twk_status keep_generation(sample_job *sj, twk_sampled_seq *res) {
 static void gen_result_free(svc_gen_result *g) {
     for (int i = 0; i < g->n; i++) {
         if (g->seqs) twk_sampled_seq_free(&g->seqs[i]);
-        if (g->top_ids) free(g->top_ids[i]);
-        if (g->top_lps) free(g->top_lps[i]);
+        if (g->top_ids) twk_host_free(g->top_ids[i]);
+        if (g->top_lps) twk_host_free(g->top_lps[i]);
     }
-    free(g->seqs);
-    free(g->top_ids);
-    free(g->top_lps);
+    twk_host_free(g->seqs);
+    twk_host_free(g->top_ids);
+    twk_host_free(g->top_lps);
     memset(g, 0, sizeof *g);
 }
 
@@ -540,7 +541,7 @@ static void drain_done(twk_job *j) {
             sj->done(sj->done_ctx, &sj->gen);
             gen_result_free(&sj->gen);
             twk_host_free(sj->out);
-            free(sj->prompt); /* svc_generate's caller encoded it: malloc'd, like twk_tokenizer_encode's ids */
+            twk_host_free(sj->prompt); /* svc_generate's caller's: host allocator, like encode's ids */
             twk_host_free(sj);
         } else
             sample_finish(s, sj, sj->ok, sj->user_error ? "user" : "server", sj->err[0] ? sj->err : "sampling failed");
@@ -836,13 +837,13 @@ int svc_generate(svc *s, sampler_session *ss, int32_t *prompt, int64_t n_prompt,
                  const twk_sample_params *p, int top_k, svc_gen_fn done, svc_gen_step_fn step, void *ctx, char *err,
                  size_t err_len) {
     if (s->sample_inflight >= s->cfg.sample_queue) {
-        free(prompt);
+        twk_host_free(prompt);
         snprintf(err, err_len, "the sampling queue is full (%d requests); retry shortly", s->sample_inflight);
         return 429;
     }
     sample_job *sj = twk_host_calloc(sizeof *sj, "generation job");
     if (!sj) {
-        free(prompt);
+        twk_host_free(prompt);
         snprintf(err, err_len, "out of memory");
         return 503;
     }
@@ -852,7 +853,7 @@ int svc_generate(svc *s, sampler_session *ss, int32_t *prompt, int64_t n_prompt,
     if (step && num_samples <= SAMPLER_SEQS) {
         sj->progress = svc_gen_progress_new(s->loop, num_samples, p->max_tokens, step, ctx);
         if (!sj->progress) {
-            free(prompt);
+            twk_host_free(prompt);
             twk_host_free(sj);
             snprintf(err, err_len, "out of memory");
             return 503;
@@ -860,7 +861,7 @@ int svc_generate(svc *s, sampler_session *ss, int32_t *prompt, int64_t n_prompt,
     }
     if (!enqueue(s, sj)) {
         svc_gen_progress_close(sj->progress);
-        free(prompt);
+        twk_host_free(prompt);
         twk_host_free(sj);
         snprintf(err, err_len, "out of memory");
         return 503;

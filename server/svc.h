@@ -282,9 +282,10 @@ typedef struct svc_gen_result {
     float **top_lps;
 } svc_gen_result;
 typedef void (*svc_gen_fn)(void *ctx, const svc_gen_result *r);
-/* Queues num_samples continuations of prompt (taken: freed by the server) on ss's unit, decoded in the
- * shared batches with Tinker's asample; p's stop arrays must live until done(ctx, ...) runs on the loop
- * thread. Returns 0, or 429 (queue full) / 503 with a message in err (done is then never called). */
+/* Queues num_samples continuations of prompt (taken: from the host allocator, freed by the server) on
+ * ss's unit, decoded in the shared batches with Tinker's asample; p's stop arrays must live until
+ * done(ctx, ...) runs on the loop thread. Returns 0, or 429 (queue full) / 503 with a message in err
+ * (done is then never called). */
 /* step (may be NULL): called on the loop thread while it decodes, with sequence i's tokens so far
  * (n of them; several passes may arrive at once, never after done). */
 typedef void (*svc_gen_step_fn)(void *ctx, int i, const int32_t *tokens, int64_t n);

@@ -14,6 +14,7 @@
 
 #include "twinkle/chat.h"
 #include "twinkle/status.h"
+#include "twinkle/hal.h"
 
 static int failures;
 #define CHECK(cond, ...)                                                                                               \
@@ -129,8 +130,8 @@ static void fixtures(void) {
                 while (i > 0 && ref[i - 1]) i--;
                 for (size_t k = 0; k < n2; k++) same = same && ml[k] == (k >= i && ref[k]);
             } else same = false;
-            free(ml);
-            free(ol);
+            twk_host_free(ml);
+            twk_host_free(ol);
             span_ok += same;
             CHECK(same, "%s × %s: generation mask (assistant or last) differs from transformers' spans", tn, cn);
             /* the untagged template's assistant mask (no generation tags: the rule of chat.h) gives the
@@ -148,15 +149,15 @@ static void fixtures(void) {
                 heur_ok += eq;
                 CHECK(eq, "%s × %s: untagged assistant mask differs from the generation spans", untagged, cn);
             }
-            free(o3);
-            free(m3);
+            twk_host_free(o3);
+            twk_host_free(m3);
             twk_chat_template_free(u);
             free(ref);
-            free(mask);
-            free(o2);
+            twk_host_free(mask);
+            twk_host_free(o2);
         }
-        free(out);
-        free(req);
+        twk_host_free(out);
+        cJSON_free(req);
         twk_chat_template_free(t);
     }
     printf("chat templates: %d renderings: %d byte-identical, %d expected errors reproduced; generation masks %d/%d; "
@@ -195,8 +196,8 @@ static void modes(void) {
             CHECK(d && mask[d - out] && mask[d - out + 12] && !mask[d - out - 1] && !mask[d - out + 13],
                   "last: wrong span");
         }
-        free(out);
-        free(mask);
+        twk_host_free(out);
+        twk_host_free(mask);
     }
     twk_chat_template_free(t);
     /* Qwen3 without thinking: the generation prompt ends in an empty think block that earlier turns
@@ -217,8 +218,8 @@ static void modes(void) {
     CHECK(b && y && mask[b - out] && !mask[b - out - 1] && mask[b - out + 17] && !mask[b - out + 18],
           "qwen3: first span");
     CHECK(y && !mask[y - out] && mask[y - out + 19] && mask[y - out + 29] && !mask[y - out + 30], "qwen3: last span");
-    free(out);
-    free(mask);
+    twk_host_free(out);
+    twk_host_free(mask);
     twk_train_on mo;
     CHECK(twk_train_on_parse("last", &mo) == TWK_OK && mo == TWK_TRAIN_ON_LAST, "parse last");
     CHECK(twk_train_on_parse("some", &mo) == TWK_ERR_INVALID_ARG && strstr(twk_last_error(), "some"), "parse bad");
@@ -231,7 +232,7 @@ static void expect_error(const char *src, const char *req, twk_status code, cons
     if (st == TWK_OK) {
         char *out = NULL;
         st = twk_chat_render(t, req ? req : "{\"messages\":[]}", &out, NULL);
-        free(out);
+        twk_host_free(out);
         twk_chat_template_free(t);
     }
     const char *msg = twk_last_error();
@@ -305,7 +306,7 @@ static void negatives(void) {
         const char *want = ok[i].want;
         CHECK(st == TWK_OK && strcmp(out, want) == 0, "subset case %zu: want [%s] got [%s] (%s)", i, want,
               out ? out : "", st ? twk_last_error() : "");
-        free(out);
+        twk_host_free(out);
         twk_chat_template_free(t);
     }
 }
@@ -337,7 +338,7 @@ static void prefixes(void) {
                 failed_with_message += twk_last_error()[0] != 0;
                 CHECK(twk_last_error()[0], "%s cut at %zu: failed without a message", names[k], cut);
             }
-            free(out);
+            twk_host_free(out);
             twk_chat_template_free(t);
             src[cut] = saved;
         }
@@ -360,7 +361,7 @@ static void prefixes(void) {
         req_tried++;
         req_ok += st == TWK_OK;
         CHECK(st == TWK_OK || twk_last_error()[0], "request cut at %zu: failed without a message", cut);
-        free(out);
+        twk_host_free(out);
     }
     CHECK(req_ok == 1, "only the whole request renders (%d did)", req_ok);
     twk_chat_template_free(q);
@@ -405,7 +406,7 @@ static void load_config(void) {
         if (!st) st = twk_chat_render(t, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", &out, NULL);
         CHECK(st == TWK_OK && strcmp(out, want[i]) == 0, "config %d: got [%s] (%s)", i, out ? out : "",
               twk_last_error());
-        free(out);
+        twk_host_free(out);
         twk_chat_template_free(t);
     }
     remove(path);
@@ -425,7 +426,7 @@ static void *render_many(void *arg) {
     for (int i = 0; i < 200; i++) {
         char *out = NULL;
         if (twk_chat_render(j->t, j->req, &out, NULL) != TWK_OK || strcmp(out, j->want) != 0) j->bad++;
-        free(out);
+        twk_host_free(out);
     }
     return NULL;
 }
@@ -447,7 +448,7 @@ static void threads(void) {
         pthread_join(th[i], NULL);
         CHECK(jobs[i].bad == 0, "thread %d: %d renderings differ", i, jobs[i].bad);
     }
-    free(want);
+    twk_host_free(want);
     twk_chat_template_free(t);
 }
 

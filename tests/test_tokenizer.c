@@ -27,6 +27,7 @@
 
 #include "tokenizer/corpus.h"
 #include "twinkle/tokenizer.h"
+#include "twinkle/hal.h"
 
 static int fails;
 
@@ -184,8 +185,8 @@ static int tb_consistent(const twk_tokenizer *t, const int32_t *ids, int n, int 
     if (ok && !same(full, fl, acc, al)) ok = 0;
     if (ok && bytelevel && !same(full, fl, all, alll)) ok = 0;
     free(f);
-    free(full);
-    free(first);
+    twk_host_free(full);
+    twk_host_free(first);
     free(acc);
     free(all);
     return ok;
@@ -241,7 +242,7 @@ static void replay(const cJSON *exp, const char *name) {
             if (!tb_consistent(t, ids, n, skip, bytelevel) && bad_tb++ < 3)
                 printf("FAIL %-10s case %d skip=%d: decode != decode(first) + token_bytes(rest)\n", name, n_cases - 1,
                        skip);
-            free(out);
+            twk_host_free(out);
             free(text);
             free(raw);
         }
@@ -312,9 +313,9 @@ static void raw_bytes(void) {
         ok = ok && twk_tokenizer_token_bytes(t, ids[1], tb, sizeof tb) == 1 && tb[0] == '\xb8';
         check(ok, "%-10s U+4E2D split over 3 byte tokens: decodes to E4 / E4 B8 / E4 B8 AD, token_bytes B8",
               cases[c].name);
-        free(o1);
-        free(o2);
-        free(o3);
+        twk_host_free(o1);
+        twk_host_free(o2);
+        twk_host_free(o3);
         twk_tokenizer_free(t);
     }
 }
@@ -472,7 +473,7 @@ static void handmade(void) {
         int32_t ids[4] = {0, 3, 2, 1};
         s = twk_tokenizer_decode(t, ids, 3, 0, &out, &n);
         check(!s && same(out, n, "a c<s>", 6), "decode [a, Ġc, <s>] = \"a c<s>\"");
-        free(out);
+        twk_host_free(out);
         s = twk_tokenizer_decode(t, ids, 4, 0, &out, &n);
         check(s == TWK_ERR_INVALID_ARG && strstr(twk_last_error(), "position 3") && strstr(twk_last_error(), "hole"),
               "a hole is refused naming the position: %s", twk_last_error());
@@ -492,7 +493,7 @@ static void handmade(void) {
         check(twk_tokenizer_token_bytes(t, 2, NULL, 0) == 3, "token_bytes(NULL, 0) sizes the token");
         s = twk_tokenizer_decode(t, ids, 0, 0, &out, &n);
         check(!s && n == 0 && out && out[0] == 0, "decode of no ids is \"\"");
-        free(out);
+        twk_host_free(out);
         twk_tokenizer_free(t);
     }
     /* no decoder: the library joins the tokens with spaces */
@@ -507,14 +508,14 @@ static void handmade(void) {
                          "c",
                          11),
               "no decoder: tokens joined with \" \"");
-        free(out);
+        twk_host_free(out);
         s = twk_tokenizer_decode(t, ids, 4, 1, &out, &n);
         check(!s && same(out, n,
                          "a b \xc4\xa0"
                          "c",
                          7),
               "no decoder, skip_special");
-        free(out);
+        twk_host_free(out);
         check(tb_consistent(t, ids, 4, 0, 0), "no decoder: token_bytes carries the joining space");
         twk_tokenizer_free(t);
     } else {
@@ -533,7 +534,7 @@ static void handmade(void) {
         s = twk_tokenizer_decode(t, ids, 4, 0, &out, &n);
         /* "  x" + "\xe2\x82\xac" (€ is in no byte slot: kept) + "y " (space: kept) + " " -> strip 2 / 1 */
         check(!s && same(out, n, "x\xe2\x82\xacy ", 6), "ByteLevel keeps unmapped tokens; Strip(start 2, stop 1)");
-        free(out);
+        twk_host_free(out);
         twk_tokenizer_free(t);
     } else {
         check(0, "chain.json loads: %s", twk_last_error());
@@ -547,7 +548,7 @@ static void handmade(void) {
         int32_t ids[2] = {0, 1};
         s = twk_tokenizer_decode(t, ids, 2, 0, &out, &n);
         check(!s && same(out, n, " a b ", 5), "Metaspace prepend_scheme never: the first token keeps its space");
-        free(out);
+        twk_host_free(out);
         twk_tokenizer_free(t);
     } else {
         check(0, "meta_never.json loads: %s", twk_last_error());
@@ -601,7 +602,7 @@ static void mutations(void) {
             if (twk_tokenizer_token_bytes(t, id, tmp, sizeof tmp) < 0) continue;
             char *out;
             size_t n;
-            if (!twk_tokenizer_decode(t, &id, 1, id & 1, &out, &n)) free(out);
+            if (!twk_tokenizer_decode(t, &id, 1, id & 1, &out, &n)) twk_host_free(out);
         }
         static const char text[] = " A x<pad><s>\xe2\x96\x81x \xe2\x82\xac\xff<s> ";
         int32_t *ids = NULL;
@@ -611,7 +612,7 @@ static void mutations(void) {
             crashed_msgs += !twk_last_error()[0];
         } else {
             encoded++;
-            free(ids);
+            twk_host_free(ids);
         }
         twk_tokenizer_free(t);
     }
@@ -644,7 +645,7 @@ static void *enc_thread(void *arg) {
         const char *text = j->x->data + j->x->off[r];
         if (twk_tokenizer_encode(j->t, text, j->x->off[r + 1] - j->x->off[r], true, &ids, &n)) continue;
         j->same += n == j->x->n_ids[r] && !memcmp(ids, j->x->ids[r], (size_t)n * sizeof *ids);
-        free(ids);
+        twk_host_free(ids);
     }
     return NULL;
 }
@@ -713,7 +714,7 @@ static void encode_corpus(void) {
                 show_ids("want", x.ids[r], x.n_ids[r], at);
                 show_ids("got ", ids, n, at);
             }
-            free(ids);
+            twk_host_free(ids);
             if (!(x.flags[r] & 1)) continue;
             rt_want++;
             char *dec = NULL;
@@ -725,8 +726,8 @@ static void encode_corpus(void) {
             else if (shown++ < 3)
                 printf("FAIL %s: record %lld does not round-trip\n", name, (long long)r);
             free(want);
-            free(dec);
-            free(ids);
+            twk_host_free(dec);
+            twk_host_free(ids);
         }
         check(same_ids == x.n, "%-9s encode: ids identical to the library's on %lld of %lld records (%lld ids)", name,
               (long long)same_ids, (long long)x.n, (long long)n_ids);
@@ -745,7 +746,7 @@ static int64_t enc(const twk_tokenizer *t, const char *s, size_t n, bool special
     int64_t k = -1;
     if (twk_tokenizer_encode(t, s, n, special, &ids, &k)) return -1;
     for (int64_t i = 0; i < k && i < cap; i++) out[i] = ids[i];
-    free(ids);
+    twk_host_free(ids);
     return k;
 }
 
@@ -765,7 +766,7 @@ static void encode_cases(void) {
     int32_t *ids = NULL;
     int64_t n = -1;
     check(!twk_tokenizer_encode(t, "", 0, true, &ids, &n) && n == 0 && ids, "empty text: no ids");
-    free(ids);
+    twk_host_free(ids);
     check(twk_tokenizer_encode(t, NULL, 3, false, &ids, &n) == TWK_ERR_INVALID_ARG, "NULL text refused");
     twk_tokenizer_free(t);
     if (twk_tokenizer_load(TWK_TOKENIZER_DIR "/mistral", &t)) {
@@ -791,7 +792,7 @@ static void encode_cases(void) {
     char *d = NULL;
     int32_t one = 0;
     twk_status ds = twk_tokenizer_decode(t, &one, 1, false, &d, NULL);
-    free(d);
+    twk_host_free(d);
     twk_status es = twk_tokenizer_encode(t, "a", 1, false, &ids, &n);
     check(!ds && es == TWK_ERR_UNSUPPORTED && strstr(twk_last_error(), "Split"),
           "an unknown Split regex: decode works, encode is refused: %s", twk_last_error());

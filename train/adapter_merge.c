@@ -40,12 +40,13 @@ static twk_status push(merge_ctx *m, const char *name, twk_st_dtype dt, const tw
                        void *owned) {
     if (m->n == m->cap) {
         int cap = m->cap ? 2 * m->cap : 64;
-        twk_st_entry *e = realloc(m->e, (size_t)cap * sizeof *e);
-        void **o = e ? realloc(m->owned, (size_t)cap * sizeof *o) : NULL;
+        twk_st_entry *e = twk_host_realloc(m->e, (size_t)m->cap * sizeof *e, (size_t)cap * sizeof *e, "merge entries");
+        void **o =
+            e ? twk_host_realloc(m->owned, (size_t)m->cap * sizeof *o, (size_t)cap * sizeof *o, "merge entries") : NULL;
         if (e) m->e = e;
         if (o) m->owned = o;
         if (!e || !o) {
-            free(owned);
+            twk_host_free(owned);
             return twk_error(TWK_ERR_OOM, "merge: out of memory");
         }
         m->cap = cap;
@@ -69,8 +70,9 @@ static twk_status merge_one(merge_ctx *m, const char *out_name, const twk_st_ten
                          w->name, (long long)w->shape[0], (long long)w->shape[1], (long long)a->shape[0],
                          (long long)a->shape[1], (long long)b->shape[0], (long long)b->shape[1]);
     int64_t out = w->shape[0], in = w->shape[1], r = a->shape[0];
-    float *W = malloc((size_t)w->nelem * sizeof *W), *A = malloc((size_t)a->nelem * sizeof *A),
-          *B = malloc((size_t)b->nelem * sizeof *B);
+    float *W = twk_host_alloc((size_t)w->nelem * sizeof *W, "merge W"),
+          *A = twk_host_alloc((size_t)a->nelem * sizeof *A, "merge A"),
+          *B = twk_host_alloc((size_t)b->nelem * sizeof *B, "merge B");
     twk_status st = W && A && B ? TWK_OK : twk_error(TWK_ERR_OOM, "merge: out of memory for '%s'", w->name);
     if (st == TWK_OK) st = twk_st_to_f32(w, W);
     if (st == TWK_OK) st = twk_st_to_f32(a, A);
@@ -81,14 +83,14 @@ static twk_status merge_one(merge_ctx *m, const char *out_name, const twk_st_ten
             for (int64_t k = 0; k < r; k++) d += (double)B[o * r + k] * A[k * in + i];
             W[o * in + i] = (float)((double)W[o * in + i] + (double)m->scale * d);
         }
-    free(A);
-    free(B);
+    twk_host_free(A);
+    twk_host_free(B);
     void *buf = W;
     if (st == TWK_OK && w->dtype != TWK_ST_F32) { /* back to the base's dtype, in place (2 <= 4 bytes) */
         st = twk_st_from_f32(w->dtype, W, w->nelem, W);
     }
     if (st != TWK_OK) {
-        free(buf);
+        twk_host_free(buf);
         return st;
     }
     m->used_pairs++;
@@ -158,7 +160,7 @@ static twk_status copy_side_files(const char *base_dir, const char *out_dir, int
         }
         snprintf(to, sizeof to, "%s/%s", out_dir, n);
         if (st == TWK_OK) st = twk_write_file_atomic(to, edited ? edited : text, edited ? strlen(edited) : len);
-        free(edited);
+        cJSON_free(edited);
         twk_host_free(text);
     }
     closedir(d);
@@ -183,9 +185,9 @@ twk_status twk_adapter_merge(const char *base_dir, const char *adapter_dir, cons
         st = twk_st_write(path, m.e, m.n, meta, 1);
     }
     if (st == TWK_OK) st = copy_side_files(base_dir, out_dir, m.untie);
-    for (int i = 0; i < m.n; i++) free(m.owned[i]);
-    free(m.e);
-    free(m.owned);
+    for (int i = 0; i < m.n; i++) twk_host_free(m.owned[i]);
+    twk_host_free(m.e);
+    twk_host_free(m.owned);
     if (m.base) twk_st_close(m.base);
     if (m.ad) twk_st_close(m.ad);
     return st;

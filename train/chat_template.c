@@ -34,17 +34,14 @@ twk_status twk_train_on_parse(const char *s, twk_train_on *out) {
 
 static char *dup_or_null(const char *s) {
     if (!s) return NULL;
-    size_t n = strlen(s);
-    char *d = malloc(n + 1);
-    if (d) memcpy(d, s, n + 1);
-    return d;
+    return twk_host_strdup(s, "chat template token");
 }
 
 /* A template with the special tokens tokens[0..NSPECIAL) (entries may be NULL). */
 static twk_status template_new(const char *source, const char *const *tokens, twk_chat_template **out) {
     if (!source || !out) return twk_error(TWK_ERR_INVALID_ARG, "twk_chat_template_new: NULL argument");
     *out = NULL;
-    twk_chat_template *t = calloc(1, sizeof *t);
+    twk_chat_template *t = twk_host_calloc(sizeof *t, "chat template");
     if (!t) return twk_error(TWK_ERR_OOM, "chat template: out of memory");
     for (int i = 0; i < NSPECIAL; i++)
         if (tokens[i] && !(t->special[i] = dup_or_null(tokens[i]))) {
@@ -69,8 +66,8 @@ twk_status twk_chat_template_new(const char *source, const char *bos_token, cons
 void twk_chat_template_free(twk_chat_template *t) {
     if (!t) return;
     jj_template_free(t->tmpl);
-    for (int i = 0; i < NSPECIAL; i++) free(t->special[i]);
-    free(t);
+    for (int i = 0; i < NSPECIAL; i++) twk_host_free(t->special[i]);
+    twk_host_free(t);
 }
 
 /* A special token in tokenizer_config.json: a string or an AddedToken object's "content". */
@@ -207,7 +204,7 @@ twk_status twk_chat_render_mask(const twk_chat_template *t, const char *request_
     /* the generation prompt: render(add_generation_prompt=true) less render(false), when a prefix */
     if (!st) st = render(t, a, request_json, 0, &g0, &msgs);
     if (!st) st = render(t, a, request_json, 1, &g1, &msgs);
-    uint8_t *mk = st ? NULL : calloc(o.text.n + 1, 1);
+    uint8_t *mk = st ? NULL : twk_host_calloc(o.text.n + 1, "chat template mask");
     if (!st && !mk) st = twk_error(TWK_ERR_OOM, "chat template: out of memory");
     if (st) goto done;
     const char *gp = "";
@@ -218,7 +215,7 @@ twk_status twk_chat_render_mask(const twk_chat_template *t, const char *request_
     }
     size_t n = o.text.n;
     int64_t spans_cap = (int64_t)(msgs->n + o.nspans + 1);
-    int64_t(*sp)[2] = calloc((size_t)spans_cap, sizeof *sp);
+    int64_t(*sp)[2] = twk_host_calloc((size_t)spans_cap * sizeof *sp, "chat template spans");
     if (!sp) {
         st = twk_error(TWK_ERR_OOM, "chat template: out of memory");
         goto done;
@@ -231,9 +228,10 @@ twk_status twk_chat_render_mask(const twk_chat_template *t, const char *request_
                 sp[ns++][1] = o.spans[i][1];
             }
     } else {
-        size_t *lohi = calloc(2 * msgs->n + 1, sizeof(size_t)); /* first byte, last byte + 1 of each message */
+        /* first byte, last byte + 1 of each message */
+        size_t *lohi = twk_host_calloc((2 * msgs->n + 1) * sizeof(size_t), "chat template spans");
         if (!lohi) {
-            free(sp);
+            twk_host_free(sp);
             st = twk_error(TWK_ERR_OOM, "chat template: out of memory");
             goto done;
         }
@@ -269,7 +267,7 @@ twk_status twk_chat_render_mask(const twk_chat_template *t, const char *request_
                 sp[ns++][1] = (int64_t)end;
             }
         }
-        free(lohi);
+        twk_host_free(lohi);
     }
     /* last: the spans written for the message of the last span (generation blocks may be several
      * per message), or the last span alone when it was written outside the messages loop */
@@ -279,13 +277,13 @@ twk_status twk_chat_render_mask(const twk_chat_template *t, const char *request_
         for (size_t s = 0; s < ns; s++)
             if (mode == TWK_TRAIN_ON_ASSISTANT || s == ns - 1 || (last_owner >= 0 && o.owner[sp[s][0]] == last_owner))
                 memset(mk + sp[s][0], 1, (size_t)(sp[s][1] - sp[s][0]));
-    free(sp);
+    twk_host_free(sp);
     *out = o.text.p;
     if (len) *len = n;
     o.text.p = NULL;
     *mask = mk;
 done:
-    if (st) free(mk);
+    if (st) twk_host_free(mk);
     jj_output_free(&o);
     jj_output_free(&g0);
     jj_output_free(&g1);

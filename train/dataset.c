@@ -257,7 +257,7 @@ twk_status twk_dataset_gather(const twk_dataset *const *parts, int n_parts, cons
         if (part[i] < 0 || part[i] >= n_parts || !parts[part[i]] || idx[i] < 0 || idx[i] >= parts[part[i]]->n_ex)
             return twk_error(TWK_ERR_INVALID_ARG, "dataset_gather: example %lld is out of range", (long long)i);
     twk_dataset *d = twk_host_calloc(sizeof *d, "dataset");
-    int64_t *base = calloc((size_t)n_parts, sizeof *base);
+    int64_t *base = twk_host_calloc((size_t)n_parts * sizeof *base, "dataset");
     twk_status st = d && base ? TWK_OK : twk_error(TWK_ERR_OOM, "dataset: out of memory");
     for (int p = 0; p < n_parts && st == TWK_OK; p++) { /* the parts' storage end to end */
         const twk_dataset *s = parts[p];
@@ -285,7 +285,7 @@ twk_status twk_dataset_gather(const twk_dataset *const *parts, int n_parts, cons
         d->ex[d->n_ex++] = e;
         d->n_targets += e.len - 1;
     }
-    free(base);
+    twk_host_free(base);
     if (st != TWK_OK) {
         twk_dataset_free(d);
         return st == TWK_ERR_OOM ? twk_error(st, "dataset: out of memory") : st;
@@ -310,7 +310,7 @@ void twk_packed_free(twk_packed *p) {
     if (!p) return;
     twk_host_free(p->buf_i32);
     twk_host_free(p->buf_f32);
-    free(p->perm);
+    twk_host_free(p->perm);
     memset(p, 0, sizeof *p);
 }
 
@@ -319,7 +319,7 @@ static const example *example_at(const twk_dataset *d, twk_packed *p, int group,
     int64_t within = c % d->n_ex, epoch = c / d->n_ex, ng = d->n_ex / group;
     if (!p->shuffle) return &d->ex[within];
     if (!p->perm || p->perm_epoch != epoch || p->perm_n != ng) {
-        int64_t *perm = realloc(p->perm, (size_t)ng * sizeof *perm);
+        int64_t *perm = twk_host_realloc(p->perm, 0, (size_t)ng * sizeof *perm, "dataset order"); /* refilled below */
         if (!perm) return NULL;
         p->perm = perm;
         twk_data_permute(perm, ng, p->seed * 0x9E3779B97F4A7C15ull + (uint64_t)epoch + 1);

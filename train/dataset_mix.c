@@ -7,6 +7,7 @@
 #include "dataset_text.h"
 #include "twinkle/data.h"
 #include "twinkle/rng.h"
+#include "twinkle/hal.h"
 
 void twk_data_permute(int64_t *p, int64_t n, uint64_t seed) {
     twk_rng r;
@@ -19,9 +20,9 @@ void twk_data_permute(int64_t *p, int64_t n, uint64_t seed) {
     }
 }
 
-/* A seeded random permutation of 0..n-1 (malloc'd), or NULL on OOM. */
+/* A seeded random permutation of 0..n-1 (free with twk_host_free), or NULL on OOM. */
 static int64_t *permutation(int64_t n, uint64_t seed) {
-    int64_t *p = malloc((size_t)(n ? n : 1) * sizeof *p);
+    int64_t *p = twk_host_alloc((size_t)(n ? n : 1) * sizeof *p, "dataset permutation");
     if (p) twk_data_permute(p, n, seed);
     return p;
 }
@@ -53,8 +54,8 @@ twk_status twk_dataset_mix(const twk_dataset *const *parts, const double *weight
         if (take[p] < 1 && weights[p] > 0) take[p] = 1;
         total += take[p];
     }
-    int *part = malloc((size_t)total * group * sizeof *part);
-    int64_t *idx = malloc((size_t)total * group * sizeof *idx), n = 0;
+    int *part = twk_host_alloc((size_t)total * group * sizeof *part, "dataset_mix");
+    int64_t *idx = twk_host_alloc((size_t)total * group * sizeof *idx, "dataset_mix"), n = 0;
     twk_status st = part && idx ? TWK_OK : twk_error(TWK_ERR_OOM, "dataset_mix: out of memory");
     for (int p = 0; p < n_parts && st == TWK_OK; p++) {
         int64_t ng = twk_dataset_count(parts[p]) / group;
@@ -64,11 +65,11 @@ twk_status twk_dataset_mix(const twk_dataset *const *parts, const double *weight
             break;
         }
         for (int64_t i = 0; i < take[p]; i++) put_group(part, idx, &n, p, perm[i % ng], group);
-        free(perm);
+        twk_host_free(perm);
     }
     if (st == TWK_OK) st = twk_dataset_gather(parts, n_parts, part, idx, n, out);
-    free(part);
-    free(idx);
+    twk_host_free(part);
+    twk_host_free(idx);
     return st;
 }
 
@@ -80,8 +81,9 @@ twk_status twk_dataset_split(const twk_dataset *d, double fraction, int group, u
                          group > 1 ? " (pairs)" : "", (long long)ng, fraction);
     int64_t n_eval = (int64_t)llround(fraction * (double)ng);
     n_eval = n_eval < 1 ? 1 : n_eval >= ng ? ng - 1 : n_eval;
-    int64_t *perm = permutation(ng, seed ^ 0x5eed5eedull), *idx = malloc((size_t)ng * group * sizeof *idx), n = 0;
-    int *part = calloc((size_t)ng * group, sizeof *part);
+    int64_t *perm = permutation(ng, seed ^ 0x5eed5eedull),
+            *idx = twk_host_alloc((size_t)ng * group * sizeof *idx, "eval split"), n = 0;
+    int *part = twk_host_calloc((size_t)ng * group * sizeof *part, "eval split");
     twk_status st = perm && idx && part ? TWK_OK : twk_error(TWK_ERR_OOM, "eval split: out of memory");
     *train = *eval = NULL;
     for (int side = 0; side < 2 && st == TWK_OK; side++) { /* eval: the first n_eval groups; train: the rest, in order */
@@ -89,12 +91,12 @@ twk_status twk_dataset_split(const twk_dataset *d, double fraction, int group, u
         if (side == 0)
             for (int64_t i = 0; i < n_eval; i++) put_group(part, idx, &n, 0, perm[i], group);
         else {
-            char *in_eval = calloc((size_t)ng, 1);
+            char *in_eval = twk_host_calloc((size_t)ng, "eval split");
             if (!in_eval) st = twk_error(TWK_ERR_OOM, "eval split: out of memory");
             for (int64_t i = 0; in_eval && i < n_eval; i++) in_eval[perm[i]] = 1;
             for (int64_t g = 0; in_eval && g < ng; g++)
                 if (!in_eval[g]) put_group(part, idx, &n, 0, g, group);
-            free(in_eval);
+            twk_host_free(in_eval);
         }
         if (st == TWK_OK) st = twk_dataset_gather(&d, 1, part, idx, n, side ? train : eval);
     }
@@ -102,8 +104,8 @@ twk_status twk_dataset_split(const twk_dataset *d, double fraction, int group, u
         twk_dataset_free(*eval);
         *eval = NULL;
     }
-    free(perm);
-    free(idx);
-    free(part);
+    twk_host_free(perm);
+    twk_host_free(idx);
+    twk_host_free(part);
     return st;
 }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "dataset_text.h"
+#include "twinkle/hal.h"
 
 static const char *const text_fields[] = {"text", "prompt", "completion", "messages", "chosen", "rejected"};
 
@@ -18,8 +19,8 @@ int twk_text_is_line(const cJSON *j) {
 
 void twk_text_seq_free(twk_text_seq *s) {
     if (!s) return;
-    free(s->ids);
-    free(s->w);
+    twk_host_free(s->ids);
+    twk_host_free(s->w);
     memset(s, 0, sizeof *s);
 }
 
@@ -58,18 +59,19 @@ static twk_status append_text(twk_text_ctx *c, const char *s, int add_special, f
     int64_t n = 0;
     twk_status st = twk_tokenizer_encode(c->tok, s, strlen(s), add_special, &ids, &n);
     if (st != TWK_OK) return st;
-    int32_t *ni = realloc(seq->ids, (size_t)(seq->n + n + 1) * sizeof *ni);
+    size_t had = (size_t)seq->n, want = (size_t)(seq->n + n + 1);
+    int32_t *ni = twk_host_realloc(seq->ids, had * sizeof *ni, want * sizeof *ni, "dataset tokens");
     if (ni) seq->ids = ni;
-    float *nw = ni ? realloc(seq->w, (size_t)(seq->n + n + 1) * sizeof *nw) : NULL;
+    float *nw = ni ? twk_host_realloc(seq->w, had * sizeof *nw, want * sizeof *nw, "dataset weights") : NULL;
     if (nw) seq->w = nw;
     if (!ni || !nw) {
-        free(ids);
+        twk_host_free(ids);
         return twk_error(TWK_ERR_OOM, "dataset: out of memory");
     }
     memcpy(seq->ids + seq->n, ids, (size_t)n * sizeof *ids);
     for (int64_t i = 0; i < n; i++) seq->w[seq->n + i] = w;
     seq->n += n;
-    free(ids);
+    twk_host_free(ids);
     return TWK_OK;
 }
 
@@ -94,7 +96,7 @@ static twk_status mask_tokens(const twk_tokenizer *tok, const char *text, size_t
         }
         int ok = off + blen <= len && memcmp(bytes, text + off, blen) == 0, all = blen > 0;
         for (size_t b = 0; ok && b < blen; b++) all &= mask[off + b] != 0;
-        free(first);
+        twk_host_free(first);
         if (!ok)
             return twk_error(TWK_ERR_INVALID_ARG, "the tokens do not spell the rendered text at byte %zu (token %lld)",
                              off, (long long)i);
@@ -122,9 +124,9 @@ static twk_status chat_seq(twk_text_ctx *c, const cJSON *prompt, const cJSON *ms
                          : twk_error(TWK_ERR_OOM, "dataset: out of memory");
     if (st == TWK_OK) st = append_text(c, text, 0, 0.0f, seq);
     if (st == TWK_OK) st = mask_tokens(c->tok, text, len, mask, seq);
-    free(json);
-    free(text);
-    free(mask);
+    cJSON_free(json);
+    twk_host_free(text);
+    twk_host_free(mask);
     return st;
 }
 

@@ -15,7 +15,7 @@ typedef struct twk_text_ctx {
     twk_chat_template *tmpl; /* loaded at the first messages line */
 } twk_text_ctx;
 
-/* One sequence: ids and weights (per token; w[0] unused), malloc'd. */
+/* One sequence: ids and weights (per token; w[0] unused), freed with twk_host_free. */
 typedef struct twk_text_seq {
     int32_t *ids;
     float *w;

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "jinja_ast.h"
+#include "twinkle/hal.h"
 
 typedef struct cx {
     jj_arena *a;
@@ -51,7 +52,7 @@ static jj_val UNDEF = {.kind = JJ_UNDEF};
 
 static jj_val buf_val(cx *c, jj_buf *b) {
     jj_val v = jj_str(c->a, b->p ? b->p : "", b->n);
-    free(b->p);
+    twk_host_free(b->p);
     return v;
 }
 
@@ -63,7 +64,7 @@ static twk_status to_s(cx *c, int line, jj_val v, jj_val *out) {
     jj_buf b = {0};
     jj_to_str(&b, v, 0);
     if (b.oom) {
-        free(b.p);
+        twk_host_free(b.p);
         return OOM(line);
     }
     *out = buf_val(c, &b);
@@ -78,7 +79,8 @@ static void emit(cx *c, const char *s, size_t n) {
     if (at + n > o->owner_cap) {
         size_t nc = o->owner_cap ? o->owner_cap : 256;
         while (nc < at + n) nc *= 2;
-        int32_t *q = realloc(o->owner, nc * sizeof(int32_t));
+        int32_t *q =
+            twk_host_realloc(o->owner, o->owner_cap * sizeof(int32_t), nc * sizeof(int32_t), "chat template output");
         if (!q) {
             o->text.oom = true;
             return;
@@ -141,7 +143,7 @@ static twk_status getitem(cx *c, int line, jj_val obj, jj_val key, jj_val *out) 
         jj_buf kb = {0};
         jj_to_str(&kb, key, 1);
         *out = undef_msg(c, "'%s object' has no element %s", kind_name(obj), kb.p ? kb.p : "?");
-        free(kb.p);
+        twk_host_free(kb.p);
     }
     if (obj.kind == JJ_DICT || obj.kind == JJ_NS) {
         for (size_t i = 0; i < obj.u.dict->n; i++)
@@ -373,7 +375,7 @@ static twk_status call_method(cx *c, int line, jj_val self, const char *m, args 
             } else jj_buf_put(&b, p + i++, 1);
         }
         if (b.oom) {
-            free(b.p);
+            twk_host_free(b.p);
             return OOM(line);
         }
         *out = buf_val(c, &b);
@@ -497,11 +499,11 @@ static twk_status filter(cx *c, const jj_expr *e, jj_val v, jj_val *out) {
         jj_buf b = {0};
         twk_status st = jj_to_json(&b, v, indent, 0);
         if (st) {
-            free(b.p);
+            twk_host_free(b.p);
             return rerr(st, line, "%s", twk_last_error());
         }
         if (b.oom) {
-            free(b.p);
+            twk_host_free(b.p);
             return OOM(line);
         }
         *out = buf_val(c, &b);
@@ -590,14 +592,14 @@ static twk_status filter(cx *c, const jj_expr *e, jj_val v, jj_val *out) {
             if (attr) {
                 twk_status st = attr->kind == JJ_STR ? getattr_(c, line, it, attr->u.str.s, &it) : TWK_OK;
                 if (st) {
-                    free(b.p);
+                    twk_host_free(b.p);
                     return st;
                 }
             }
             jj_to_str(&b, it, 0);
         }
         if (b.oom) {
-            free(b.p);
+            twk_host_free(b.p);
             return OOM(line);
         }
         *out = buf_val(c, &b);
@@ -728,7 +730,7 @@ static twk_status binop(cx *c, int line, const char *op, jj_val l, jj_val r, jj_
         jj_to_str(&b, l, 0);
         jj_to_str(&b, r, 0);
         if (b.oom) {
-            free(b.p);
+            twk_host_free(b.p);
             return OOM(line);
         }
         *out = buf_val(c, &b);
@@ -779,7 +781,7 @@ static twk_status binop(cx *c, int line, const char *op, jj_val l, jj_val r, jj_
         jj_buf b = {0};
         for (int64_t i = 0; i < k && i < 1000000; i++) jj_buf_put(&b, s.u.str.s, s.u.str.n);
         if (b.oom) {
-            free(b.p);
+            twk_host_free(b.p);
             return OOM(line);
         }
         *out = buf_val(c, &b);
@@ -861,7 +863,7 @@ static twk_status slice(cx *c, const jj_expr *e, jj_val v, jj_val *out) {
     if (l) *out = (jj_val){.kind = JJ_LIST, .u.list = l};
     else {
         if (b.oom) {
-            free(b.p);
+            twk_host_free(b.p);
             return OOM(line);
         }
         *out = buf_val(c, &b);
@@ -1048,11 +1050,11 @@ static twk_status run(cx *c, const jj_body *b) {
                 jj_buf t = {0};
                 jj_to_str(&t, v, 0);
                 if (t.oom) {
-                    free(t.p);
+                    twk_host_free(t.p);
                     return OOM(s->line);
                 }
                 emit(c, t.p ? t.p : "", t.n);
-                free(t.p);
+                twk_host_free(t.p);
             }
             break;
         case S_IF:
@@ -1090,7 +1092,8 @@ static twk_status run(cx *c, const jj_body *b) {
             jj_output *o = c->o;
             if (o->nspans == o->spans_cap) {
                 size_t nc = o->spans_cap ? o->spans_cap * 2 : 16;
-                int64_t(*q)[2] = realloc(o->spans, nc * sizeof *q);
+                int64_t(*q)[2] =
+                    twk_host_realloc(o->spans, o->spans_cap * sizeof *q, nc * sizeof *q, "chat template output");
                 if (!q) return OOM(s->line);
                 o->spans = q;
                 o->spans_cap = nc;

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "jinja_ast.h"
+#include "twinkle/hal.h"
 
 typedef enum { T_TEXT, T_VBEGIN, T_VEND, T_BBEGIN, T_BEND, T_NAME, T_STR, T_INT, T_FLOAT, T_OP, T_EOF } tk_kind;
 typedef struct tok {
@@ -32,7 +33,7 @@ typedef struct ps {
 static bool push(lx *l, tok t) {
     if (l->n == l->cap) {
         size_t nc = l->cap ? l->cap * 2 : 256;
-        tok *p = realloc(l->t, nc * sizeof(tok));
+        tok *p = twk_host_realloc(l->t, l->cap * sizeof(tok), nc * sizeof(tok), "chat template tokens");
         if (!p) return false;
         l->t = p;
         l->cap = nc;
@@ -805,9 +806,9 @@ static twk_status parse_body(ps *p, jj_body *b, const char *const *ends, const c
 
 twk_status jj_parse(const char *src, size_t n, jj_template **out) {
     *out = NULL;
-    jj_template *t = calloc(1, sizeof *t);
+    jj_template *t = twk_host_calloc(sizeof *t, "chat template");
     if (!t || !(t->arena = jj_arena_new())) {
-        free(t);
+        twk_host_free(t);
         return twk_error(TWK_ERR_OOM, "chat template: out of memory");
     }
     /* the source is referenced by text statements: keep a copy in the arena */
@@ -829,7 +830,7 @@ twk_status jj_parse(const char *src, size_t n, jj_template **out) {
         st = parse_body(&p, &t->body, NULL, NULL, 0);
         t->has_generation = p.has_generation;
     }
-    free(l.t);
+    twk_host_free(l.t);
     if (st) {
         jj_template_free(t);
         return st;
@@ -843,5 +844,5 @@ bool jj_template_has_generation(const jj_template *t) { return t->has_generation
 void jj_template_free(jj_template *t) {
     if (!t) return;
     jj_arena_free(t->arena);
-    free(t);
+    twk_host_free(t);
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "jinja.h"
+#include "twinkle/hal.h"
 
 typedef struct jj_block {
     struct jj_block *next;
@@ -18,15 +19,15 @@ struct jj_arena {
     jj_block *head;
 };
 
-jj_arena *jj_arena_new(void) { return calloc(1, sizeof(jj_arena)); }
+jj_arena *jj_arena_new(void) { return twk_host_calloc(sizeof(jj_arena), "chat template arena"); }
 
 void jj_arena_free(jj_arena *a) {
     if (!a) return;
     for (jj_block *b = a->head, *nx; b; b = nx) {
         nx = b->next;
-        free(b);
+        twk_host_free(b);
     }
-    free(a);
+    twk_host_free(a);
 }
 
 void *jj_alloc(jj_arena *a, size_t n) {
@@ -35,7 +36,7 @@ void *jj_alloc(jj_arena *a, size_t n) {
     jj_block *b = a->head;
     if (!b || b->cap - b->used < n) {
         size_t cap = n > 65536 ? n : 65536;
-        b = malloc(sizeof(jj_block) + cap);
+        b = twk_host_alloc(sizeof(jj_block) + cap, "chat template arena");
         if (!b) return NULL;
         b->used = 0;
         b->cap = cap;
@@ -158,7 +159,7 @@ void jj_buf_put(jj_buf *b, const char *s, size_t n) {
     if (b->n + n + 1 > b->cap) {
         size_t nc = b->cap ? b->cap : 256;
         while (nc < b->n + n + 1) nc *= 2;
-        char *p = realloc(b->p, nc);
+        char *p = twk_host_realloc(b->p, b->cap, nc, "chat template text");
         if (!p) {
             b->oom = true;
             return;
@@ -384,11 +385,11 @@ twk_status jj_to_json(jj_buf *b, jj_val v, int indent, int depth) {
                     jj_buf tmp = {0};
                     twk_status st = jj_to_json(&tmp, k, -1, 0);
                     if (st) {
-                        free(tmp.p);
+                        twk_host_free(tmp.p);
                         return st;
                     }
                     put_json_str(b, tmp.p, tmp.n);
-                    free(tmp.p);
+                    twk_host_free(tmp.p);
                 }
                 jj_buf_puts(b, ": ");
             }
@@ -463,13 +464,13 @@ static twk_status jp_string(jp *p, jj_val *out) {
     p->i++;
     for (;;) {
         if (p->i >= p->n) {
-            free(b.p);
+            twk_host_free(b.p);
             return jp_err(p, "unterminated string");
         }
         unsigned char c = (unsigned char)p->s[p->i];
         if (c == '"') break;
         if (c < 0x20) {
-            free(b.p);
+            twk_host_free(b.p);
             return jp_err(p, "control character in string");
         }
         if (c != '\\') {
@@ -480,7 +481,7 @@ static twk_status jp_string(jp *p, jj_val *out) {
             continue;
         }
         if (p->i + 1 >= p->n) {
-            free(b.p);
+            twk_host_free(b.p);
             return jp_err(p, "bad escape");
         }
         char e = p->s[p->i + 1];
@@ -492,7 +493,7 @@ static twk_status jp_string(jp *p, jj_val *out) {
             continue;
         }
         if (e != 'u' || p->i + 4 > p->n || hex4(p->s + p->i) < 0) {
-            free(b.p);
+            twk_host_free(b.p);
             return jp_err(p, "bad escape");
         }
         uint32_t cp = (uint32_t)hex4(p->s + p->i);
@@ -508,11 +509,11 @@ static twk_status jp_string(jp *p, jj_val *out) {
     }
     p->i++;
     if (b.oom) {
-        free(b.p);
+        twk_host_free(b.p);
         return twk_error(TWK_ERR_OOM, "JSON: out of memory");
     }
     *out = jj_str(p->a, b.p ? b.p : "", b.n);
-    free(b.p);
+    twk_host_free(b.p);
     return TWK_OK;
 }
 
@@ -645,9 +646,9 @@ size_t jj_utf8_offset(const char *s, size_t n, int64_t cp) {
 }
 
 void jj_output_free(jj_output *o) {
-    free(o->text.p);
-    free(o->owner);
-    free(o->spans);
+    twk_host_free(o->text.p);
+    twk_host_free(o->owner);
+    twk_host_free(o->spans);
     memset(o, 0, sizeof *o);
 }
 

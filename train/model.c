@@ -44,7 +44,7 @@ twk_status twk_model_get_weight(const twk_model *m, const char *name, float *dst
     if (w->nelem != nelem)
         return twk_error(TWK_ERR_INVALID_ARG, "model: weight '%s' has %lld elements, not %lld", name,
                          (long long)w->nelem, (long long)nelem);
-    return twk_buffer_download(m->dev, w->buf, 0, dst, (size_t)nelem * 4);
+    return twk_buffer_download(m->dev, w->buf, 0, dst, nb_bytes(w));
 }
 
 /* Every tensor the architecture needs, with its expected shape. */
@@ -117,7 +117,7 @@ twk_status twk_model_random(const twk_model_config *cfg, twk_device *dev, uint64
         int is_norm = w->ndim == 1 && strstr(w->name, "norm");
         for (int64_t k = 0; h && k < w->nelem; k++) h[k] = is_norm ? 1.0f : (float)(0.02 * twk_rng_normal(&r));
         if (st == TWK_OK) st = twk_buffer_alloc(dev, nb_bytes(w), &w->buf);
-        if (st == TWK_OK) st = twk_buffer_upload(dev, w->buf, 0, h, (size_t)w->nelem * 4);
+        if (st == TWK_OK) st = twk_buffer_upload(dev, w->buf, 0, h, nb_bytes(w));
         twk_host_free(h);
         m->n_w = i + 1;
     }
@@ -175,7 +175,7 @@ twk_status twk_model_load(const char *dir, twk_device *dev, twk_model **out) {
         if (!tmp) st = TWK_ERR_OOM;
         if (st == TWK_OK) st = twk_st_to_f32(t, tmp);
         if (st == TWK_OK) st = twk_buffer_alloc(dev, nb_bytes(w), &w->buf);
-        if (st == TWK_OK) st = twk_buffer_upload(dev, w->buf, 0, tmp, (size_t)w->nelem * 4);
+        if (st == TWK_OK) st = twk_buffer_upload(dev, w->buf, 0, tmp, nb_bytes(w));
         twk_host_free(tmp);
         tmp = NULL;
         m->n_w = i + 1;
@@ -276,7 +276,7 @@ static twk_status make_adapter(twk_trainer *t) {
                     nb->ne[2] = ab ? t->slot_rank : in;
                     nb->nelem = nb->ne[0] * nb->ne[1] * nb->ne[2];
                     twk_status st = twk_buffer_alloc(t->m->dev, nb_bytes(nb), &nb->buf);
-                    if (st == TWK_OK) st = twk_buffer_zero(t->m->dev, nb->buf, 0, (size_t)nb->nelem * 4);
+                    if (st == TWK_OK) st = twk_buffer_zero(t->m->dev, nb->buf, 0, nb_bytes(nb));
                     if (st != TWK_OK) return st;
                     continue;
                 }
@@ -290,7 +290,7 @@ static twk_status make_adapter(twk_trainer *t) {
                 double bound = 1.0 / sqrt((double)in);
                 for (int64_t i = 0; !ab && i < nb->nelem; i++) h[i] = (float)((2 * twk_rng_uniform(&r) - 1) * bound);
                 twk_status st = twk_buffer_alloc(t->m->dev, nb_bytes(nb), &nb->buf);
-                if (st == TWK_OK) st = twk_buffer_upload(t->m->dev, nb->buf, 0, h, (size_t)nb->nelem * 4);
+                if (st == TWK_OK) st = twk_buffer_upload(t->m->dev, nb->buf, 0, h, nb_bytes(nb));
                 twk_host_free(h);
                 if (st != TWK_OK) return st;
             }
@@ -506,8 +506,8 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
     if (st == TWK_OK) {
         twk_rope_inv_freq(&m->cfg, f);
         t->inv_freq.nelem = half;
-        st = twk_buffer_alloc(m->dev, (size_t)half * 4, &t->inv_freq.buf);
-        if (st == TWK_OK) st = twk_buffer_upload(m->dev, t->inv_freq.buf, 0, f, (size_t)half * 4);
+        st = twk_buffer_alloc(m->dev, nb_bytes(&t->inv_freq), &t->inv_freq.buf);
+        if (st == TWK_OK) st = twk_buffer_upload(m->dev, t->inv_freq.buf, 0, f, nb_bytes(&t->inv_freq));
     }
     if (st == TWK_OK && sampling) st = make_kv(t);
     if (st == TWK_OK && !(t->g = twk_graph_new())) st = TWK_ERR_OOM;
@@ -587,20 +587,20 @@ static twk_status bind_batch(twk_trainer *t, twk_plan *p, const twk_batch *b) {
         if (b->positions[i] < 0)
             return twk_error(TWK_ERR_INVALID_ARG, "batch: positions[%lld] = %d is negative", (long long)i, b->positions[i]);
     }
-    size_t n4 = (size_t)b->n * 4;
-    twk_status st = twk_plan_write(p, t->tokens, b->n, b->tokens, n4);
-    if (st == TWK_OK) st = twk_plan_write(p, t->targets, b->n, b->targets, n4);
-    if (st == TWK_OK) st = twk_plan_write(p, t->positions, b->n, b->positions, n4);
-    if (st == TWK_OK) st = twk_plan_write(p, t->seg, b->n, b->seg_start, n4);
-    if (st == TWK_OK) st = twk_plan_write(p, t->weights, b->n, b->weights, n4);
+    size_t n = (size_t)b->n;
+    twk_status st = twk_plan_write(p, t->tokens, b->n, b->tokens, n * sizeof *b->tokens);
+    if (st == TWK_OK) st = twk_plan_write(p, t->targets, b->n, b->targets, n * sizeof *b->targets);
+    if (st == TWK_OK) st = twk_plan_write(p, t->positions, b->n, b->positions, n * sizeof *b->positions);
+    if (st == TWK_OK) st = twk_plan_write(p, t->seg, b->n, b->seg_start, n * sizeof *b->seg_start);
+    if (st == TWK_OK) st = twk_plan_write(p, t->weights, b->n, b->weights, n * sizeof *b->weights);
     return st;
 }
 
 static twk_status run(twk_trainer *t, twk_plan *p, const twk_batch *b, float *logprobs, float *loss) {
     twk_status st = bind_batch(t, p, b);
     if (st == TWK_OK) st = twk_plan_run(p, b->n);
-    if (st == TWK_OK && logprobs) st = twk_plan_read(p, t->logprobs, b->n, logprobs, (size_t)b->n * 4);
-    if (st == TWK_OK && loss) st = twk_plan_read(p, t->loss, b->n, loss, 4);
+    if (st == TWK_OK && logprobs) st = twk_plan_read(p, t->logprobs, b->n, logprobs, (size_t)b->n * sizeof *logprobs);
+    if (st == TWK_OK && loss) st = twk_plan_read(p, t->loss, b->n, loss, sizeof *loss);
     return st;
 }
 
@@ -621,11 +621,11 @@ twk_status twk_trainer_forward_base(twk_trainer *t, const twk_batch *b, float *l
         int64_t ne = 0;
         const char *name = twk_trainer_param_name(t, i, &ne);
         if (!strstr(name, ".lora_B.")) continue;
-        float *b_val = twk_host_alloc((size_t)ne * 4, "adapter B"), *zero = twk_host_alloc((size_t)ne * 4, "zeros");
+        float *b_val = twk_host_alloc((size_t)ne * sizeof *b_val, "adapter B"), *zero = twk_host_alloc((size_t)ne * sizeof *zero, "zeros");
         if (!b_val || !zero) st = TWK_ERR_OOM;
         if (st == TWK_OK) st = twk_trainer_get(t, name, b_val, ne);
         if (st == TWK_OK) keep[i] = b_val, b_val = NULL; /* restored below even if zeroing fails */
-        if (st == TWK_OK) memset(zero, 0, (size_t)ne * 4), st = twk_trainer_set(t, name, zero, ne);
+        if (st == TWK_OK) memset(zero, 0, (size_t)ne * sizeof *zero), st = twk_trainer_set(t, name, zero, ne);
         twk_host_free(b_val);
         twk_host_free(zero);
     }
@@ -650,7 +650,7 @@ twk_status twk_trainer_forward_backward(twk_trainer *t, const twk_batch *b, floa
         tparam *p = &t->tp[i];
         tmp = twk_host_alloc(nb_bytes(p->nb), "gradient");
         if (!tmp) return TWK_ERR_OOM;
-        st = twk_plan_read(t->fwdbwd, p->grad, b->n, tmp, (size_t)p->nb->nelem * 4);
+        st = twk_plan_read(t->fwdbwd, p->grad, b->n, tmp, nb_bytes(p->nb));
         for (int64_t k = 0; st == TWK_OK && k < p->nb->nelem; k++) p->acc[k] += tmp[k];
         twk_host_free(tmp);
     }
@@ -682,13 +682,13 @@ static tparam *find_tp(twk_trainer *t, const char *name, int64_t nelem, twk_stat
 twk_status twk_trainer_get(twk_trainer *t, const char *name, float *dst, int64_t nelem) {
     twk_status st = TWK_OK;
     tparam *p = find_tp(t, name, nelem, &st);
-    return p ? twk_buffer_download(t->m->dev, p->nb->buf, 0, dst, (size_t)nelem * 4) : st;
+    return p ? twk_buffer_download(t->m->dev, p->nb->buf, 0, dst, nb_bytes(p->nb)) : st;
 }
 
 twk_status twk_trainer_set(twk_trainer *t, const char *name, const float *src, int64_t nelem) {
     twk_status st = TWK_OK;
     tparam *p = find_tp(t, name, nelem, &st);
-    return p ? twk_buffer_upload(t->m->dev, p->nb->buf, 0, src, (size_t)nelem * 4) : st;
+    return p ? twk_buffer_upload(t->m->dev, p->nb->buf, 0, src, nb_bytes(p->nb)) : st;
 }
 
 twk_status twk_trainer_get_grad(twk_trainer *t, const char *name, float *dst, int64_t nelem) {
@@ -696,7 +696,7 @@ twk_status twk_trainer_get_grad(twk_trainer *t, const char *name, float *dst, in
     tparam *p = find_tp(t, name, nelem, &st);
     if (!p) return st;
     if (!p->acc) return twk_error(TWK_ERR_STATE, "trainer: '%s' has no gradient here (a sampler)", name);
-    memcpy(dst, p->acc, (size_t)nelem * 4);
+    memcpy(dst, p->acc, (size_t)nelem * sizeof *dst);
     return TWK_OK;
 }
 
@@ -708,7 +708,7 @@ float *twk_trainer_grad_data(twk_trainer *t, int i, int64_t *nelem) {
 
 void twk_trainer_zero_grad(twk_trainer *t) {
     for (int i = 0; t && i < t->n_tp; i++)
-        if (t->tp[i].acc) memset(t->tp[i].acc, 0, (size_t)t->tp[i].nb->nelem * 4);
+        if (t->tp[i].acc) memset(t->tp[i].acc, 0, (size_t)t->tp[i].nb->nelem * sizeof *t->tp[i].acc);
 }
 
 const twk_lora_config *twk_trainer_lora(const twk_trainer *t) { return t && t->lora ? &t->lc : NULL; }

@@ -50,9 +50,9 @@ twk_status twk_trainer_optim_step(twk_trainer *t, const twk_adam_params *p, floa
     for (int i = 0; i < t->n_tp && st == TWK_OK; i++) {
         tparam *tp = &t->tp[i];
         int64_t n = tp->nb->nelem;
-        float *w = twk_host_alloc((size_t)n * 4, "optimizer weights");
+        float *w = twk_host_alloc((size_t)n * sizeof *w, "optimizer weights");
         if (!w) return TWK_ERR_OOM;
-        st = twk_buffer_download(t->m->dev, tp->nb->buf, 0, w, (size_t)n * 4);
+        st = twk_buffer_download(t->m->dev, tp->nb->buf, 0, w, nb_bytes(tp->nb));
         for (int64_t k = 0; st == TWK_OK && k < n; k++) {
             float g = tp->acc[k] * clip;
             w[k] *= decay;
@@ -61,7 +61,7 @@ twk_status twk_trainer_optim_step(twk_trainer *t, const twk_adam_params *p, floa
             float denom = sqrtf(tp->v[k]) / c2_sqrt + p->eps;
             w[k] -= step_size * tp->m[k] / denom;
         }
-        if (st == TWK_OK) st = twk_buffer_upload(t->m->dev, tp->nb->buf, 0, w, (size_t)n * 4);
+        if (st == TWK_OK) st = twk_buffer_upload(t->m->dev, tp->nb->buf, 0, w, nb_bytes(tp->nb));
         twk_host_free(w);
     }
     twk_trainer_zero_grad(t);

@@ -23,6 +23,7 @@
 
 #include "tokenizer_impl.h"
 #include "unicode.h"
+#include "twinkle/hal.h"
 
 #define TOK_MAX_FILE (1LL << 30)   /* 1 GiB of JSON */
 #define TOK_MAX_ID ((1 << 24) - 1) /* ids are below 16M (largest vocabularies: ~260k) */
@@ -38,7 +39,7 @@ int twk_tok_buf_reserve(buf_t *b, size_t extra) {
     if (need <= b->cap) return 1;
     size_t cap = b->cap ? b->cap : 64;
     while (cap < need) cap *= 2;
-    char *nb = realloc(b->b, cap);
+    char *nb = twk_host_realloc(b->b, b->cap, cap, "tokenizer buffer");
     if (!nb) return 0;
     b->b = nb;
     b->cap = cap;
@@ -59,7 +60,7 @@ int twk_tok_grow(void *pv, size_t n, size_t *cap, size_t size) {
     memcpy(&p, pv, sizeof p);
     size_t c = *cap ? 2 * *cap : 16;
     if (c > SIZE_MAX / size) return 0;
-    void *q = realloc(p, c * size);
+    void *q = twk_host_realloc(p, *cap * size, c * size, "tokenizer");
     if (!q) return 0;
     memcpy(pv, &q, sizeof q);
     *cap = c;
@@ -171,7 +172,7 @@ static uint64_t hash_bytes(const char *s, size_t n) {
 static int htab_init(htab *h, size_t n) {
     size_t cap = 16;
     while (cap < 2 * n + 2) cap *= 2;
-    h->slot = malloc(cap * sizeof *h->slot);
+    h->slot = twk_host_alloc(cap * sizeof *h->slot, "tokenizer table");
     if (!h->slot) return 0;
     memset(h->slot, 0xff, cap * sizeof *h->slot);
     h->mask = cap - 1;
@@ -226,7 +227,7 @@ static twk_status read_file(const char *path, char **data, size_t *len) {
                          path, (long long)st.st_size, (long long)TOK_MAX_FILE);
     }
     size_t n = (size_t)st.st_size;
-    char *d = malloc(n + 1);
+    char *d = twk_host_alloc(n + 1, "tokenizer.json");
     if (!d) {
         fclose(f);
         return twk_error(TWK_ERR_OOM, "%s: out of memory reading %zu bytes", path, n);
@@ -235,7 +236,7 @@ static twk_status read_file(const char *path, char **data, size_t *len) {
     int bad = ferror(f);
     fclose(f);
     if (got != n || bad) {
-        free(d);
+        twk_host_free(d);
         return twk_error(TWK_ERR_IO, "%s: read %zu of %zu bytes", path, got, n);
     }
     d[n] = 0;
@@ -323,7 +324,7 @@ static twk_status load_model(twk_tokenizer *t, const char *path, const cJSON *mo
     if (cap > 4 * (count + n_added_json) + 4096)
         return twk_error(TWK_ERR_INVALID_ARG, "%s: model.vocab ids reach %lld for %lld tokens (mostly holes)", path,
                          (long long)max_id, (long long)count);
-    t->ent = malloc((size_t)(cap ? cap : 1) * sizeof *t->ent);
+    t->ent = twk_host_alloc((size_t)(cap ? cap : 1) * sizeof *t->ent, "tokenizer vocab");
     if (!t->ent || !htab_init(&t->vocab, (size_t)count)) return twk_error(TWK_ERR_OOM, "%s: out of memory", path);
     for (int64_t i = 0; i < cap; i++) t->ent[i] = (tok_entry){.added = -1};
     t->size = (int32_t)(max_id + 1);
@@ -358,7 +359,7 @@ static twk_status load_added(twk_tokenizer *t, const char *path, const cJSON *li
     if (!list || cJSON_IsNull(list)) return TWK_OK;
     if (!cJSON_IsArray(list)) return twk_error(TWK_ERR_INVALID_ARG, "%s: 'added_tokens' is not an array", path);
     int32_t n = cJSON_GetArraySize(list);
-    t->added = malloc(((size_t)n + 1) * sizeof *t->added);
+    t->added = twk_host_alloc(((size_t)n + 1) * sizeof *t->added, "tokenizer added tokens");
     if (!t->added || !htab_init(&t->added_tab, (size_t)n)) return twk_error(TWK_ERR_OOM, "%s: out of memory", path);
     t->cap_added = n + 1;
     int64_t next_id = t->n_model; /* model.get_vocab_size(): the count, not the max id */
@@ -414,7 +415,7 @@ static twk_status load_added(twk_tokenizer *t, const char *path, const cJSON *li
                 en->norm_len = (uint32_t)b.len;
                 en->flags |= ENT_NORM;
             }
-            free(b.b);
+            twk_host_free(b.b);
             if (s) return s;
         }
         if (k < 0) {
@@ -445,7 +446,8 @@ static twk_status add_step(twk_tokenizer *t, const char *path, dec_step s) {
     if (t->n_dec == t->cap_dec) {
         int cap = t->cap_dec ? 2 * t->cap_dec : 8;
         if (cap > 4096) return twk_error(TWK_ERR_INVALID_ARG, "%s: the decoder has too many steps", path);
-        dec_step *d = realloc(t->dec, (size_t)cap * sizeof *d);
+        dec_step *d =
+            twk_host_realloc(t->dec, (size_t)t->cap_dec * sizeof *d, (size_t)cap * sizeof *d, "tokenizer decoder");
         if (!d) return twk_error(TWK_ERR_OOM, "%s: out of memory", path);
         t->dec = d;
         t->cap_dec = cap;
@@ -565,7 +567,8 @@ static twk_status load_json(twk_tokenizer *t, const char *path, const cJSON *j) 
     twk_status ns = twk_tok_norm_parse(path, cJSON_GetObjectItemCaseSensitive(j, "normalizer"), &t->norm);
     if (ns) {
         t->norm_err = ns;
-        if (!(t->norm_msg = strdup(twk_last_error()))) return twk_error(TWK_ERR_OOM, "%s: out of memory", path);
+        if (!(t->norm_msg = twk_host_strdup(twk_last_error(), "tokenizer")))
+            return twk_error(TWK_ERR_OOM, "%s: out of memory", path);
     }
     if ((s = load_added(t, path, added))) return s;
     const cJSON *dec = cJSON_GetObjectItemCaseSensitive(j, "decoder");
@@ -599,10 +602,10 @@ twk_status twk_tokenizer_load(const char *path, twk_tokenizer **out) {
     struct stat st;
     size_t pl = strlen(path);
     if (!stat(path, &st) && S_ISDIR(st.st_mode)) {
-        file = malloc(pl + 17);
+        file = twk_host_alloc(pl + 17, "tokenizer path");
         if (file) snprintf(file, pl + 17, "%s/tokenizer.json", path);
     } else {
-        file = malloc(pl + 1);
+        file = twk_host_alloc(pl + 1, "tokenizer path");
         if (file) memcpy(file, path, pl + 1);
     }
     if (!file) return twk_error(TWK_ERR_OOM, "%s: out of memory", path);
@@ -626,11 +629,11 @@ twk_status twk_tokenizer_load(const char *path, twk_tokenizer **out) {
         }
     }
     twk_tokenizer *t = NULL;
-    if (!s && !(t = calloc(1, sizeof *t))) s = twk_error(TWK_ERR_OOM, "%s: out of memory", file);
+    if (!s && !(t = twk_host_calloc(sizeof *t, "tokenizer"))) s = twk_error(TWK_ERR_OOM, "%s: out of memory", file);
     if (!s) s = load_json(t, file, j);
     cJSON_Delete(j);
-    free(data);
-    free(file);
+    twk_host_free(data);
+    twk_host_free(file);
     if (s) {
         twk_tokenizer_free(t);
         return s;
@@ -641,16 +644,16 @@ twk_status twk_tokenizer_load(const char *path, twk_tokenizer **out) {
 
 void twk_tokenizer_free(twk_tokenizer *t) {
     if (!t) return;
-    free(t->arena);
-    free(t->ent);
-    free(t->vocab.slot);
-    free(t->added);
-    free(t->added_tab.slot);
-    free(t->dec);
+    twk_host_free(t->arena);
+    twk_host_free(t->ent);
+    twk_host_free(t->vocab.slot);
+    twk_host_free(t->added);
+    twk_host_free(t->added_tab.slot);
+    twk_host_free(t->dec);
     twk_tok_norm_free(t->norm);
-    free(t->norm_msg);
+    twk_host_free(t->norm_msg);
     twk_tok_enc_free(t->enc);
-    free(t);
+    twk_host_free(t);
 }
 
 int32_t twk_tokenizer_size(const twk_tokenizer *t) { return t ? t->size : 0; }
@@ -700,8 +703,8 @@ static void pl_clear(plist *p) {
 }
 
 static void pl_free(plist *p) {
-    free(p->b.b);
-    free(p->st);
+    twk_host_free(p->b.b);
+    twk_host_free(p->st);
 }
 
 /* piece s[0..n) with every pat replaced by rep, appended to the last piece of o */
@@ -861,7 +864,7 @@ twk_status twk_tokenizer_decode(const twk_tokenizer *t, const int32_t *ids, int6
     pl_free(&p);
     pl_free(&tmp);
     if (!ok) {
-        free(r.b);
+        twk_host_free(r.b);
         return twk_error(TWK_ERR_OOM, "tokenizer decode: out of memory (%lld ids)", (long long)n);
     }
     *out = r.b;

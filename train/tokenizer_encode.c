@@ -19,6 +19,7 @@
 #include "tokenizer_impl.h"
 #include "tokenizer_pretok.h"
 #include "unicode.h"
+#include "twinkle/hal.h"
 
 #define ENC_MAX_PRE 16
 #define TOK_MAX_TEXT (1 << 30) /* bytes per call: symbol positions are int32 */
@@ -133,7 +134,7 @@ static void enc_fail(tok_enc *e, twk_status code, const char *fmt, ...) {
     char m[600];
     vsnprintf(m, sizeof m, fmt, ap);
     va_end(ap);
-    e->err = strdup(m);
+    e->err = twk_host_strdup(m, "tokenizer error");
     e->err_code = code;
 }
 
@@ -215,7 +216,7 @@ static int parse_merges(twk_tokenizer *t, tok_enc *e, const char *path, const cJ
     int n = cJSON_IsArray(m) ? cJSON_GetArraySize(m) : 0;
     size_t cap = 16;
     while (cap < 2 * (size_t)n + 2) cap *= 2;
-    e->merges = malloc(cap * sizeof *e->merges);
+    e->merges = twk_host_alloc(cap * sizeof *e->merges, "tokenizer merges");
     if (!e->merges) return enc_fail(e, TWK_ERR_OOM, "%s: out of memory", path), 0;
     for (size_t i = 0; i < cap; i++) e->merges[i].key = ~0ull;
     e->merge_mask = cap - 1;
@@ -227,7 +228,7 @@ static int parse_merges(twk_tokenizer *t, tok_enc *e, const char *path, const cJ
         if (cJSON_IsString(x)) {
             const char *sp = strchr(x->valuestring, ' ');
             if (!sp || strchr(sp + 1, ' ')) {
-                free(w.b);
+                twk_host_free(w.b);
                 return enc_fail(e, TWK_ERR_INVALID_ARG, "%s: model.merges[%d] is not two tokens", path, rank), 0;
             }
             a = x->valuestring, an = (size_t)(sp - a), b = sp + 1, bn = strlen(b);
@@ -235,14 +236,14 @@ static int parse_merges(twk_tokenizer *t, tok_enc *e, const char *path, const cJ
                    cJSON_IsString(x->child->next)) {
             a = x->child->valuestring, an = strlen(a), b = x->child->next->valuestring, bn = strlen(b);
         } else {
-            free(w.b);
+            twk_host_free(w.b);
             return enc_fail(e, TWK_ERR_INVALID_ARG, "%s: model.merges[%d] is not two tokens", path, rank), 0;
         }
         w.len = 0;
         int32_t ia = twk_tok_model_find(t, a, an), ib = twk_tok_model_find(t, b, bn), ic = -1;
         if (twk_tok_buf_add(&w, a, an) && twk_tok_buf_add(&w, b, bn)) ic = twk_tok_model_find(t, w.b, w.len);
         if (ia < 0 || ib < 0 || ic < 0) {
-            free(w.b);
+            twk_host_free(w.b);
             return enc_fail(e, TWK_ERR_INVALID_ARG, "%s: model.merges[%d]: a token or its merge is not in the vocab",
                             path, rank),
                    0;
@@ -253,7 +254,7 @@ static int parse_merges(twk_tokenizer *t, tok_enc *e, const char *path, const cJ
         s->rank = (uint32_t)rank;
         s->id = ic;
     }
-    free(w.b);
+    twk_host_free(w.b);
     return 1;
 }
 
@@ -267,7 +268,7 @@ static int cmp_apat(const void *x, const void *y) {
 
 static int build_matcher(const twk_tokenizer *t, amatcher *m, int normalized) {
     int n = 0;
-    m->p = malloc(((size_t)t->n_added + 1) * sizeof *m->p);
+    m->p = twk_host_alloc(((size_t)t->n_added + 1) * sizeof *m->p, "tokenizer added tokens");
     if (!m->p) return 0;
     for (int32_t k = 0; k < t->n_added; k++) {
         const tok_added *a = &t->added[k];
@@ -351,13 +352,13 @@ static int parse_template(twk_tokenizer *t, tok_enc *e, const char *path, const 
         ids_t np = {0}, ns = {0};
         ok = ids_add(&np, pre.v, pre.n) && ids_add(&np, e->prefix, (size_t)e->n_prefix) &&
              ids_add(&ns, e->suffix, (size_t)e->n_suffix) && ids_add(&ns, suf.v, suf.n);
-        free(e->prefix);
-        free(e->suffix);
+        twk_host_free(e->prefix);
+        twk_host_free(e->suffix);
         e->prefix = np.v, e->n_prefix = (int)np.n, e->suffix = ns.v, e->n_suffix = (int)ns.n;
         if (!ok) enc_fail(e, TWK_ERR_OOM, "%s: out of memory", path);
     }
-    free(pre.v);
-    free(suf.v);
+    twk_host_free(pre.v);
+    twk_host_free(suf.v);
     return ok;
 }
 
@@ -386,7 +387,7 @@ static void load(twk_tokenizer *t, tok_enc *e, const char *path, const cJSON *j)
     e->unk = -1;
     if (cJSON_IsString(unk)) {
         e->unk = twk_tok_model_find(t, unk->valuestring, strlen(unk->valuestring));
-        if (e->unk < 0) e->unk = -2, e->unk_name = strdup(unk->valuestring);
+        if (e->unk < 0) e->unk = -2, e->unk_name = twk_host_strdup(unk->valuestring, "tokenizer unk");
     }
     for (int b = 0; b < 256; b++) {
         char s[8];
@@ -413,12 +414,12 @@ static void load(twk_tokenizer *t, tok_enc *e, const char *path, const cJSON *j)
     }
     if (!build_matcher(t, &e->raw, 0) || !build_matcher(t, &e->norm, 1))
         return enc_fail(e, TWK_ERR_OOM, "%s: out of memory", path);
-    e->cache = calloc(CACHE_SLOTS, sizeof *e->cache);
+    e->cache = twk_host_calloc(CACHE_SLOTS * sizeof *e->cache, "tokenizer cache");
     if (!e->cache) return enc_fail(e, TWK_ERR_OOM, "%s: out of memory", path);
 }
 
 void twk_tok_enc_load(twk_tokenizer *t, const char *path, const cJSON *j) {
-    tok_enc *e = calloc(1, sizeof *e);
+    tok_enc *e = twk_host_calloc(sizeof *e, "tokenizer");
     t->enc = e;
     if (!e) return;
     pthread_mutex_init(&e->lock, NULL);
@@ -428,17 +429,17 @@ void twk_tok_enc_load(twk_tokenizer *t, const char *path, const cJSON *j) {
 void twk_tok_enc_free(tok_enc *e) {
     if (!e) return;
     pthread_mutex_destroy(&e->lock);
-    free(e->err);
-    free(e->merges);
-    free(e->unk_name);
-    free(e->raw.p);
-    free(e->norm.p);
-    free(e->prefix);
-    free(e->suffix);
-    free(e->cache);
-    free(e->cache_keys.b);
-    free(e->cache_vals);
-    free(e);
+    twk_host_free(e->err);
+    twk_host_free(e->merges);
+    twk_host_free(e->unk_name);
+    twk_host_free(e->raw.p);
+    twk_host_free(e->norm.p);
+    twk_host_free(e->prefix);
+    twk_host_free(e->suffix);
+    twk_host_free(e->cache);
+    twk_host_free(e->cache_keys.b);
+    twk_host_free(e->cache_vals);
+    twk_host_free(e);
 }
 
 /* ---- encoding ------------------------------------------------------------------------------------ */
@@ -494,7 +495,8 @@ static void cache_put(tok_enc *e, uint64_t h, const char *s, size_t n, const int
     if (!e->cache_vals || e->cache_nvals + nv > e->cache_capvals) {
         size_t cap = e->cache_capvals ? 2 * e->cache_capvals : 1 << 16;
         while (cap < e->cache_nvals + nv) cap *= 2;
-        int32_t *nvp = realloc(e->cache_vals, cap * sizeof *nvp);
+        int32_t *nvp =
+            twk_host_realloc(e->cache_vals, e->cache_nvals * sizeof *nvp, cap * sizeof *nvp, "tokenizer cache");
         if (!nvp) return;
         e->cache_vals = nvp;
         e->cache_capvals = cap;
@@ -837,7 +839,7 @@ static char *sanitize(const char *s, size_t n, size_t *on, int *fail) {
     *on = b.len;
     return b.b;
 oom:
-    free(b.b);
+    twk_host_free(b.b);
     *fail = 1;
     return NULL;
 }
@@ -863,12 +865,13 @@ twk_status twk_tokenizer_encode(const twk_tokenizer *t, const char *text, size_t
     if (!ok) ctx_oom(&c);
     ok = ok && split_added(&c, &e->raw, clean ? clean : text ? text : "", sn, 1, text_raw);
     if (ok && add_special && !ids_add(&c.out, e->suffix, (size_t)e->n_suffix)) ok = ctx_oom(&c);
-    if (ok && !c.out.v && !(c.out.v = malloc(sizeof *c.out.v))) ok = ctx_oom(&c);
-    free(clean);
-    free(c.pa.b.b), free(c.pa.p), free(c.pb.b.b), free(c.pb.p), free(c.nb.b), free(c.tmp.b);
-    free(c.sym), free(c.prev), free(c.next), free(c.heap);
+    if (ok && !c.out.v && !(c.out.v = twk_host_alloc(sizeof *c.out.v, "token ids"))) ok = ctx_oom(&c);
+    twk_host_free(clean);
+    twk_host_free(c.pa.b.b), twk_host_free(c.pa.p), twk_host_free(c.pb.b.b), twk_host_free(c.pb.p);
+    twk_host_free(c.nb.b), twk_host_free(c.tmp.b);
+    twk_host_free(c.sym), twk_host_free(c.prev), twk_host_free(c.next), twk_host_free(c.heap);
     if (!ok) {
-        free(c.out.v);
+        twk_host_free(c.out.v);
         return c.st ? c.st : twk_error(TWK_ERR_OOM, "tokenizer encode: out of memory");
     }
     *ids = c.out.v;

@@ -6,6 +6,7 @@
 
 #include "tokenizer_impl.h"
 #include "unicode.h"
+#include "twinkle/hal.h"
 
 #define NORM_MAX_DEPTH 32
 #define NORM_MAX_STEPS 256
@@ -25,7 +26,7 @@ struct tok_norm {
 
 static char *dup(const char *s, size_t *n) {
     *n = strlen(s);
-    char *d = malloc(*n + 1);
+    char *d = twk_host_alloc(*n + 1, "tokenizer normalizer");
     if (d) memcpy(d, s, *n + 1);
     return d;
 }
@@ -98,7 +99,7 @@ static twk_status parse(const char *path, const cJSON *j, tok_norm *t, int depth
 twk_status twk_tok_norm_parse(const char *path, const cJSON *j, tok_norm **out) {
     *out = NULL;
     if (!j || cJSON_IsNull(j)) return TWK_OK;
-    tok_norm *t = calloc(1, sizeof *t);
+    tok_norm *t = twk_host_calloc(sizeof *t, "tokenizer normalizer");
     if (!t) return twk_error(TWK_ERR_OOM, "%s: out of memory", path);
     twk_status s = parse(path, j, t, 0);
     if (s) {
@@ -112,10 +113,10 @@ twk_status twk_tok_norm_parse(const char *path, const cJSON *j, tok_norm **out) 
 void twk_tok_norm_free(tok_norm *t) {
     if (!t) return;
     for (int i = 0; i < t->n; i++) {
-        free(t->s[i].a);
-        free(t->s[i].b);
+        twk_host_free(t->s[i].a);
+        twk_host_free(t->s[i].b);
     }
-    free(t);
+    twk_host_free(t);
 }
 
 static int is_ascii(const char *s, size_t n) {
@@ -137,11 +138,11 @@ static int replace_all(buf_t *b, const char *pat, size_t pn, const char *rep, si
         if (!twk_tok_buf_add(&o, rep, rn)) goto oom;
         i = j + pn;
     }
-    free(b->b);
+    twk_host_free(b->b);
     *b = o;
     return 1;
 oom:
-    free(o.b);
+    twk_host_free(o.b);
     return 0;
 }
 
@@ -170,7 +171,7 @@ static int step(const norm_step *s, buf_t *b) {
         char *o;
         size_t on;
         if (twk_uc_normalize(b->b, b->len, s->form, &o, &on)) return 0;
-        free(b->b);
+        twk_host_free(b->b);
         b->b = o, b->len = on, b->cap = on + 1;
         return 1;
     }
@@ -209,7 +210,7 @@ static int step(const norm_step *s, buf_t *b) {
         for (size_t i = 0; i < b->len; i++)
             o.len += (size_t)twk_tok_put_utf8(twk_tok_byte_char[(unsigned char)b->b[i]], o.b + o.len);
         o.b[o.len] = 0;
-        free(b->b);
+        twk_host_free(b->b);
         *b = o;
         return 1;
     }

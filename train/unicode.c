@@ -1,6 +1,7 @@
 /* Unicode categories and normalization forms (see unicode.h): UAX #15's algorithm over the
  * tables of unicode_data.c, Hangul by arithmetic. */
 #include "unicode.h"
+#include "twinkle/hal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -86,7 +87,7 @@ typedef struct {
 static int cps_push(cps *c, uint32_t x) {
     if (c->n == c->cap) {
         size_t cap = c->cap ? 2 * c->cap : 64;
-        uint32_t *v = realloc(c->v, cap * sizeof *v);
+        uint32_t *v = twk_host_realloc(c->v, c->n * sizeof *v, cap * sizeof *v, "unicode normalization");
         if (!v) return 0;
         c->v = v;
         c->cap = cap;
@@ -185,7 +186,7 @@ int twk_uc_normalize(const char *s, size_t n, int form, char **out, size_t *out_
         }
         c.n = w;
     }
-    char *o = malloc(4 * c.n + 1);
+    char *o = twk_host_alloc(4 * c.n + 1, "unicode normalization");
     if (!o) goto oom;
     size_t m = 0;
     for (size_t i = 0; i < c.n; i++) {
@@ -202,11 +203,11 @@ int twk_uc_normalize(const char *s, size_t n, int form, char **out, size_t *out_
             o[m++] = (char)(0x80 | ((cp >> 6) & 0x3F)), o[m++] = (char)(0x80 | (cp & 0x3F));
     }
     o[m] = 0;
-    free(c.v);
+    twk_host_free(c.v);
     *out = o;
     *out_len = m;
     return 0;
 oom:
-    free(c.v);
+    twk_host_free(c.v);
     return -1;
 }

@@ -51,7 +51,7 @@ int twk_uc_is_word(uint32_t cp);
 
 enum { TWK_NFC, TWK_NFD, TWK_NFKC, TWK_NFKD };
 
-/* Normalizes the valid UTF-8 s[0..n) to `form`; *out is malloc'd (NUL-terminated), *out_len its
+/* Normalizes the valid UTF-8 s[0..n) to `form`; *out (NUL-terminated; free with twk_host_free), *out_len its
  * length. Returns 0 on success, -1 when out of memory. */
 int twk_uc_normalize(const char *s, size_t n, int form, char **out, size_t *out_len);
 

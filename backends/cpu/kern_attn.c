@@ -72,7 +72,7 @@ static void block_softmax(float *S, int64_t b0, int64_t nq, float *lse) {
         }
         float inv = 1.0f / sum;
         for (int64_t j = 0; j < n; j++) row[j] *= inv;
-        memset(row + n, 0, (size_t)(lk - n) * sizeof(float));
+        memset(row + n, 0, (size_t)(lk - n) * sizeof *row);
         if (lse) lse[r] = m + logf(sum);
     }
 }
@@ -85,7 +85,7 @@ static void block_probs(float *S, int64_t b0, int64_t nq, const float *lse, int6
         int64_t n = visible(b0, r);
 #pragma omp simd
         for (int64_t j = 0; j < n; j++) row[j] = cpu_expf(row[j] - l);
-        memset(row + n, 0, (size_t)(lk - n) * sizeof(float));
+        memset(row + n, 0, (size_t)(lk - n) * sizeof *row);
     }
 }
 
@@ -94,7 +94,7 @@ typedef void (*block_fn)(const cpu_call *c, const attn_shape *a, int64_t s, int6
 
 /* Calls fn for every (segment, query head, query block). */
 static twk_status for_blocks(const cpu_call *c, const attn_shape *a, block_fn fn) {
-    float *S = cpu_scratch(c->ctx, (size_t)(2 * QB * a->T) * sizeof(float));
+    float *S = cpu_scratch(c->ctx, (size_t)(2 * QB * a->T) * sizeof *S);
     if (!S) return TWK_ERR_OOM;
     float *S2 = S + QB * a->T;
     for (int64_t s = 0; s < a->T;) {
@@ -180,6 +180,6 @@ static void back_block(const cpu_call *c, const attn_shape *a, int64_t s, int64_
 twk_status cpu_attn_back(const cpu_call *c) {
     attn_shape a;
     shape_of(&a, c, 3);
-    if (c->l->ip[0] != 0) memset(c->dst.data, 0, (size_t)c->dst.nelem * sizeof(float)); /* dK, dV accumulate */
+    if (c->l->ip[0] != 0) memset(c->dst.data, 0, (size_t)c->dst.nelem * twk_dtype_size(c->dst.type)); /* dK, dV accumulate */
     return for_blocks(c, &a, back_block);
 }

@@ -12,7 +12,7 @@ twk_status cpu_kv_write(const cpu_call *c) {
     int64_t row = x->ne[1] * x->ne[2];
     for (int64_t t = 0; t < x->ne[0]; t++) {
         int64_t r = cpu_id_at(rows, t); /* checked before the launch (cpu_backend.c) */
-        memcpy(cache + r * row, (const float *)x->data + t * row, (size_t)row * sizeof(float));
+        memcpy(cache + r * row, (const float *)x->data + t * row, (size_t)row * sizeof *cache);
     }
     return TWK_OK;
 }
@@ -52,7 +52,7 @@ static void attn_cache_rows(void *arg, int64_t it0, int64_t it1) {
             sum += sc[r];
         }
         float *oi = o + it * D, inv = 1.0f / sum;
-        memset(oi, 0, (size_t)D * sizeof(float));
+        memset(oi, 0, (size_t)D * sizeof *oi);
         for (int64_t r = lo; r < hi; r++) {
             const float *vr = vc + (r * j->Hkv + hk) * D;
             float p = sc[r - lo] * inv;
@@ -66,7 +66,7 @@ twk_status cpu_attn_cache(const cpu_call *c) {
     cache_job j = {.c = c, .Hq = c->src[0].ne[1], .Hkv = c->src[1].ne[1], .D = c->src[0].ne[2], .R = c->src[1].ne[0]};
     j.group = j.Hq / j.Hkv;
     int64_t T = c->src[0].ne[0];
-    j.scratch = cpu_scratch(c->ctx, (size_t)(c->ctx->n_threads * j.R) * sizeof(float));
+    j.scratch = cpu_scratch(c->ctx, (size_t)(c->ctx->n_threads * j.R) * sizeof *j.scratch);
     if (!j.scratch) return TWK_ERR_OOM;
     int64_t per = j.R * j.D + 1;
     cpu_parallel_for(c->ctx->pool, T * j.Hq, CPU_GRAIN_ELEMS / per + 1, attn_cache_rows, &j);

@@ -18,7 +18,7 @@ static void get_rows_range(void *arg, int64_t r0, int64_t r1) {
     float *y = c->dst.data;
     int64_t D = c->dst.ne[1];
     for (int64_t r = r0; r < r1; r++)
-        memcpy(y + r * D, tab + cpu_id_at(&c->src[1], r) * D, (size_t)D * sizeof(float));
+        memcpy(y + r * D, tab + cpu_id_at(&c->src[1], r) * D, (size_t)D * sizeof *y);
 }
 
 twk_status cpu_get_rows(const cpu_call *c) {
@@ -34,7 +34,7 @@ static void get_rows_back_cols(void *arg, int64_t d0, int64_t d1) {
     const float *dy = c->src[0].data;
     float *g = c->dst.data;
     int64_t T = c->src[0].ne[0], D = c->dst.ne[1], V = c->dst.ne[0];
-    for (int64_t v = 0; v < V; v++) memset(g + v * D + d0, 0, (size_t)(d1 - d0) * sizeof(float));
+    for (int64_t v = 0; v < V; v++) memset(g + v * D + d0, 0, (size_t)(d1 - d0) * sizeof *g);
     for (int64_t t = 0; t < T; t++) {
         float *row = g + cpu_id_at(&c->src[1], t) * D;
         const float *dr = dy + t * D;
@@ -137,7 +137,8 @@ static void rms_w_cols(void *arg, int64_t d0, int64_t d1) {
 
 twk_status cpu_rmsnorm_back_w(const cpu_call *c) {
     int64_t D = c->dst.ne[0], R = rows_of(&c->src[0]);
-    rms_w_job j = {c, cpu_scratch(c->ctx, (size_t)R * sizeof(float))};
+    rms_w_job j = {c, NULL};
+    j.rstd = cpu_scratch(c->ctx, (size_t)R * sizeof *j.rstd);
     if (!j.rstd) return TWK_ERR_OOM;
     cpu_parallel_for(c->ctx->pool, R, CPU_GRAIN_ELEMS / D + 1, rstd_rows, &j);
     cpu_parallel_for(c->ctx->pool, D, c->src[0].nelem < CPU_GRAIN_ELEMS ? D : 16, rms_w_cols, &j);
@@ -193,7 +194,7 @@ twk_status cpu_rope(const cpu_call *c) {
     if (c->l->nsrc > 2) {
         j.inv_freq = c->src[2].data;
     } else {
-        float *f = cpu_scratch(c->ctx, (size_t)half * sizeof(float));
+        float *f = cpu_scratch(c->ctx, (size_t)half * sizeof *f);
         if (!f) return TWK_ERR_OOM;
         default_inv_freq(f, half, c->l->fp[0]);
         j.inv_freq = f;

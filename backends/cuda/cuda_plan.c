@@ -181,7 +181,7 @@ static twk_status run_gemm(cuda_ctx *c, const twk_launch *l, const kd_gemm *g) {
     CUdeviceptr B = ((const cuda_buffer *)db->buf)->ptr + db->offset;
     CUdeviceptr C = ((const cuda_buffer *)dc->buf)->ptr + dc->offset;
     if (g->k == 0) /* an empty sum: C = 0 (not left to cuBLAS's quick-return rules) */
-        return cuda_check(c, cu->cuMemsetD8Async(C, 0, (size_t)(g->m * g->n * g->batch) * sizeof(float), c->stream),
+        return cuda_check(c, cu->cuMemsetD8Async(C, 0, (size_t)(g->m * g->n * g->batch) * twk_dtype_size(dc->type), c->stream),
                           "matmul (k = 0)");
     cublasOperation_t opa = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, opb = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     const float alpha = 1.0f, beta = 0.0f;

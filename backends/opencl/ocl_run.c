@@ -74,13 +74,17 @@ twk_status ocl_prepare(void *vctx, const twk_hal_plan *plan, void **out) {
 
 static cl_mem mem_of(const twk_tensor_desc *d) { return d->buf ? ((ocl_buffer *)d->buf)->mem : NULL; }
 
+/* The tensor's offset into its buffer in elements of its dtype (CLBlast counts elements). */
+static size_t elem_offset(const twk_tensor_desc *d) { return d->offset / twk_dtype_size(d->type); }
+
 static twk_status run_gemm(ocl_ctx *ctx, const twk_launch *l, const kd_gemm *g) {
     if (g->m == 0 || g->n == 0 || g->batch == 0) return TWK_OK;
     cl_mem a = mem_of(&l->src[0]), b = mem_of(&l->src[1]), c = mem_of(&l->dst);
-    size_t ao = l->src[0].offset / 4, bo = l->src[1].offset / 4, co = l->dst.offset / 4;
+    size_t ao = elem_offset(&l->src[0]), bo = elem_offset(&l->src[1]), co = elem_offset(&l->dst);
     if (g->k == 0) { /* an empty sum: C = 0 */
         unsigned char zero = 0;
-        cl_int e = clEnqueueFillBuffer(ctx->queue, c, &zero, 1, co * 4, (size_t)(g->m * g->n * g->batch) * 4, 0,
+        size_t es = twk_dtype_size(l->dst.type);
+        cl_int e = clEnqueueFillBuffer(ctx->queue, c, &zero, 1, co * es, (size_t)(g->m * g->n * g->batch) * es, 0,
                                        NULL, NULL);
         return e == CL_SUCCESS ? TWK_OK : ocl_fail(e, "matmul (k = 0)");
     }

@@ -174,25 +174,25 @@ static void block_inputs(block *b, twk_plan *p, int64_t n) {
     twk_id params[7] = {b->x, b->w[0], b->w[1], b->w[2], b->w[3], b->w[4], b->w[5]};
     for (int i = 0; i < 7; i++) {
         int64_t ne = nelem_of(b->g, params[i], n);
-        float *v = malloc((size_t)ne * 4);
+        float *v = malloc((size_t)ne * sizeof *v);
         for (int64_t k = 0; k < ne; k++) {
             s = s * 1664525u + 1013904223u;
             v[k] = ((float)(s >> 8) / 16777216.0f - 0.5f) * (i == 1 ? 2.0f : 0.5f) + (i == 1 ? 1.0f : 0.0f);
         }
-        twk_plan_write(p, params[i], n, v, (size_t)ne * 4);
+        twk_plan_write(p, params[i], n, v, (size_t)ne * sizeof *v);
         free(v);
     }
-    int32_t *pos = malloc((size_t)n * 4), *seg = malloc((size_t)n * 4);
-    int64_t *tgt = malloc((size_t)n * 8), start = 0;
+    int32_t *pos = malloc((size_t)n * sizeof *pos), *seg = malloc((size_t)n * sizeof *seg);
+    int64_t *tgt = malloc((size_t)n * sizeof *tgt), start = 0;
     for (int64_t t = 0; t < n; t++) {
         if (t == n / 3 || t == n / 2 + 7) start = t;
         seg[t] = (int32_t)start;
         pos[t] = (int32_t)(t - start);
         tgt[t] = (t * 7919) % VOCAB;
     }
-    twk_plan_write(p, b->pos, n, pos, (size_t)n * 4);
-    twk_plan_write(p, b->seg, n, seg, (size_t)n * 4);
-    twk_plan_write(p, b->tgt, n, tgt, (size_t)n * 8);
+    twk_plan_write(p, b->pos, n, pos, (size_t)n * sizeof *pos);
+    twk_plan_write(p, b->seg, n, seg, (size_t)n * sizeof *seg);
+    twk_plan_write(p, b->tgt, n, tgt, (size_t)n * sizeof *tgt);
     free(pos);
     free(seg);
     free(tgt);
@@ -202,7 +202,7 @@ static void block_inputs(block *b, twk_plan *p, int64_t n) {
 static float *block_run(block *b, twk_plan *p, int64_t n, int64_t *count) {
     int64_t total = 0;
     for (int i = 0; i < b->n_out; i++) total += nelem_of(b->g, b->out[i], n);
-    float *all = malloc((size_t)total * 4);
+    float *all = malloc((size_t)total * sizeof *all);
     block_inputs(b, p, n);
     if (twk_plan_run(p, n) != TWK_OK) {
         check(0, "run the block", twk_last_error());
@@ -212,7 +212,7 @@ static float *block_run(block *b, twk_plan *p, int64_t n, int64_t *count) {
     int64_t at = 0;
     for (int i = 0; i < b->n_out; i++) {
         int64_t ne = nelem_of(b->g, b->out[i], n);
-        twk_plan_read(p, b->out[i], n, all + at, (size_t)ne * 4);
+        twk_plan_read(p, b->out[i], n, all + at, (size_t)ne * sizeof *all);
         at += ne;
     }
     *count = total;
@@ -251,11 +251,11 @@ static void block_checks(twk_device *vk, twk_device *cpu, twk_device *staged) {
         double e = rel_err(yv, yc, nv);
         snprintf(msg, sizeof msg, "max error %.2e relative to the largest value (tol 1e-4)", e);
         check(e < 1e-4, "block (150 tokens, vocab 3001) vs cpu: logprobs and 7 gradients", msg);
-        check(memcmp(yv, yv2, (size_t)nv * 4) == 0, "two runs give identical bits", "");
+        check(memcmp(yv, yv2, (size_t)nv * sizeof *yv) == 0, "two runs give identical bits", "");
     }
     if (ps && yv) {
         float *ys = block_run(&b, ps, cap, &ns);
-        check(ys && memcmp(yv, ys, (size_t)nv * 4) == 0, "staging-buffer path equals the mapped path", "");
+        check(ys && memcmp(yv, ys, (size_t)nv * sizeof *yv) == 0, "staging-buffer path equals the mapped path", "");
         free(ys);
     }
     /* more distinct n than the 8 cached command buffers, then back to n = cap */
@@ -268,7 +268,7 @@ static void block_checks(twk_device *vk, twk_device *cpu, twk_device *staged) {
         free(c);
     }
     float *yv3 = block_run(&b, pv, cap, &nv2);
-    check(ok && yv3 && yv && memcmp(yv, yv3, (size_t)nv * 4) == 0,
+    check(ok && yv3 && yv && memcmp(yv, yv3, (size_t)nv * sizeof *yv) == 0,
           "12 run-time counts (cache evictions) agree with cpu; n = cap again is bit-identical", "");
     free(yv);
     free(yc);
@@ -293,7 +293,7 @@ static void big_buffer(twk_device *vk, twk_device *cpu) {
     twk_graph_output(g, y);
     twk_buffer *buf = NULL;
     twk_plan *pv = NULL, *pc = NULL;
-    size_t xbytes = 300 * 257 * 4, wbytes = 129 * 257 * 4;
+    size_t xbytes = 300 * 257 * sizeof(float), wbytes = 129 * 257 * sizeof(float);
     if (twk_buffer_alloc(vk, big, &buf) != TWK_OK) {
         check(0, "allocate 160 MiB", twk_last_error());
         twk_graph_free(g);
@@ -303,7 +303,7 @@ static void big_buffer(twk_device *vk, twk_device *cpu) {
     if (twk_plan_compile(g, vk, 1, b, 2, &pv) != TWK_OK || twk_plan_compile(g, cpu, 1, NULL, 0, &pc) != TWK_OK) {
         check(0, "compile with tensors past 128 MiB", twk_last_error());
     } else {
-        float *hx = malloc(xbytes), *hw = malloc(wbytes), *yv = malloc(300 * 129 * 4), *yc = malloc(300 * 129 * 4);
+        float *hx = malloc(xbytes), *hw = malloc(wbytes), *yv = malloc(300 * 129 * sizeof *yv), *yc = malloc(300 * 129 * sizeof *yc);
         int32_t hi[300];
         for (int i = 0; i < 300 * 257; i++) hx[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
         for (int i = 0; i < 129 * 257; i++) hw[i] = (float)((i * 53) % 89) / 44.0f - 1.0f;
@@ -314,7 +314,7 @@ static void big_buffer(twk_device *vk, twk_device *cpu) {
             twk_plan_write(ps[k], w, 1, hw, wbytes);
             twk_plan_write(ps[k], ids, 1, hi, sizeof hi);
             if (twk_plan_run(ps[k], 1) != TWK_OK) check(0, "run with tensors past 128 MiB", twk_last_error());
-            twk_plan_read(ps[k], y, 1, k ? yc : yv, 300 * 129 * 4);
+            twk_plan_read(ps[k], y, 1, k ? yc : yv, 300 * 129 * sizeof *yv);
         }
         char msg[96];
         double e = rel_err(yv, yc, 300 * 129);
@@ -368,7 +368,8 @@ static void gemm_modes(const twk_backend_iface *be, twk_device *vk) {
             twk_graph_output(g, y);
             twk_device *devs[3] = {d, vk, NULL};
             float *out[3] = {NULL, NULL, NULL};
-            size_t abytes = (size_t)(B * M * K) * 4, bbytes = (size_t)(B * K * N) * 4, ybytes = (size_t)(B * M * N) * 4;
+            size_t abytes = (size_t)(B * M * K) * sizeof(float), bbytes = (size_t)(B * K * N) * sizeof(float),
+                   ybytes = (size_t)(B * M * N) * sizeof(float);
             float *ha = malloc(abytes), *hb = malloc(bbytes);
             for (int64_t i = 0; i < B * M * K; i++) ha[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
             for (int64_t i = 0; i < B * K * N; i++) hb[i] = (float)((i * 53) % 89) / 44.0f - 1.0f;

@@ -63,7 +63,8 @@ static void copy_box(vk_dispatch *x, const int64_t box[4], const int64_t sst[4],
 }
 
 size_t vk_const_bytes(const twk_launch *l) {
-    if (l->op == TWK_OP_ROPE && l->nsrc <= 2) return ((size_t)(l->dst.ne[2] / 2) * 4 + 15) / 16 * 16;
+    /* rope without an inv_freq source: the C floats vk_write_consts writes, padded to 16 bytes */
+    if (l->op == TWK_OP_ROPE && l->nsrc <= 2) return ((size_t)(l->dst.ne[2] / 2) * sizeof(float) + 15) / 16 * 16;
     return 0;
 }
 
@@ -380,7 +381,7 @@ static int lower_rmsnorm_back_w(vk_low *w) {
     x->p[0] = (int32_t)R;
     x->p[1] = (int32_t)D;
     x->groups[0] = groups_for(w->c, D, 64);
-    w->scratch = (size_t)R * 4;
+    w->scratch = (size_t)R * sizeof(float); /* one float rstd per row (rownorm.comp) */
     return 0;
 }
 

@@ -52,12 +52,12 @@ void twk_chat_template_free(twk_chat_template *t);
  * variable (enable_thinking, date_string, ...), as apply_chat_template's keyword arguments.
  * Messages are normalized as transformers does (keys whose value is null are dropped; the
  * reasoning under reasoning_content / thinking / reasoning is given under both reasoning_content
- * and thinking). *out is malloc'd and NUL-terminated; *len (may be NULL) excludes the NUL.
+ * and thinking). *out (free with twk_host_free) is NUL-terminated; *len (may be NULL) excludes the NUL.
  * Errors: TWK_ERR_INVALID_ARG (bad JSON naming the offset or field, raise_exception's message,
  * a runtime error naming the template line), TWK_ERR_UNSUPPORTED (naming the line), TWK_ERR_OOM. */
 twk_status twk_chat_render(const twk_chat_template *t, const char *request_json, char **out, size_t *len);
 
-/* Renders like twk_chat_render and gives a malloc'd mask of *len bytes: 1 where the byte carries
+/* Renders like twk_chat_render and gives a mask of *len bytes (free with twk_host_free): 1 where the byte carries
  * loss weight under `mode`. Assistant spans are the template's {% generation %} blocks when it
  * has any; otherwise, for each assistant message, the bytes its loop iteration wrote, less the
  * leading part shared with the generation prompt (the header, e.g. "<|im_start|>assistant\n";

@@ -62,7 +62,7 @@ int32_t twk_tokenizer_token_id(const twk_tokenizer *t, const char *s, size_t len
 /* Whether `id` is dropped by decode with skip_special (see above). */
 bool twk_tokenizer_is_special(const twk_tokenizer *t, int32_t id);
 
-/* UTF-8 bytes of the decoded ids (malloc'd, NUL-terminated; *len without the NUL; the
+/* UTF-8 bytes of the decoded ids (free with twk_host_free; NUL-terminated; *len without the NUL; the
  * bytes may contain NUL and, for ids that split a character, invalid UTF-8). Ids without
  * a token (holes, negative, or >= size) are TWK_ERR_INVALID_ARG naming the position.
  * skip_special: drop added tokens marked special. `len` may be NULL. */
@@ -78,7 +78,7 @@ twk_status twk_tokenizer_decode(const twk_tokenizer *t, const int32_t *ids, int6
  * GPT-2, Llama 3 or Qwen2 regex (behavior Isolated), ByteLevel, Metaspace, Sequence; added
  * tokens with their special / normalized / single_word / lstrip / rstrip flags; post-processors
  * TemplateProcessing (the "single" template), BertProcessing, RobertaProcessing, ByteLevel,
- * Sequence (applied when add_special). *ids is malloc'd (free it; never NULL on success), *n its
+ * Sequence (applied when add_special). *ids (free with twk_host_free; never NULL on success), *n its
  * count. Errors: TWK_ERR_UNSUPPORTED naming the part of the file the encoder lacks (decode
  * still works for such files), TWK_ERR_INVALID_ARG (NULL arguments, an unk_token missing from
  * the vocab, text longer than 1 GiB), TWK_ERR_OOM. */

@@ -16,6 +16,7 @@
 #include <cJSON.h>
 
 #include "fuzz_util.h"
+#include "api_util.h"
 #include "svc.h"
 
 static uv_loop_t loop;
@@ -126,7 +127,11 @@ static void setup(void) {
         abort();
     }
     S->n_models = 1;
-    S->futures = twk_futures_new(&loop, S->cfg.poll_timeout_s);
+    twk_futures_limits fl = twk_futures_limits_default();
+    fl.poll_timeout_s = S->cfg.poll_timeout_s;
+    S->futures = twk_futures_new(&loop, &fl);
+    S->stab = twk_stab_new(S->cfg.stability_ttl_s, S->cfg.stability_records);
+    api_json_hooks();
     S->worker = twk_worker_start(&loop);
     twk_http_limits lim = twk_http_limits_default();
     lim.max_body_bytes = 1 << 16;
