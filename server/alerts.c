@@ -33,14 +33,14 @@ const char *twk_alert_format_name(twk_alert_format f) { return f >= 0 && f <= TW
 
 void twk_alert_config_default(twk_alert_config *a) {
     memset(a, 0, sizeof *a);
-    a->stall_s = 600;
-    a->disk_pct = 90;
-    a->mem_pct = 90;
-    a->check_s = 5;
-    a->rate_s = 60;
-    a->backoff_s = 1;
-    a->retries = 5;
-    a->timeout_s = 10;
+    a->stall_s = TWK_ALERT_DEF_STALL_S;
+    a->disk_pct = TWK_ALERT_DEF_DISK_PCT;
+    a->mem_pct = TWK_ALERT_DEF_MEM_PCT;
+    a->check_s = TWK_ALERT_DEF_CHECK_S;
+    a->rate_s = TWK_ALERT_DEF_RATE_S;
+    a->backoff_s = TWK_ALERT_DEF_BACKOFF_S;
+    a->retries = TWK_ALERT_DEF_RETRIES;
+    a->timeout_s = TWK_ALERT_DEF_TIMEOUT_S;
 }
 
 /* The format a URL's host implies when none is named. */

@@ -24,6 +24,16 @@ typedef enum twk_alert_kind {
     TWK_ALERT_KIND_COUNT
 } twk_alert_kind;
 
+/* The defaults (twk_alert_config_default, serve --help). */
+#define TWK_ALERT_DEF_STALL_S 600
+#define TWK_ALERT_DEF_DISK_PCT 90
+#define TWK_ALERT_DEF_MEM_PCT 90
+#define TWK_ALERT_DEF_CHECK_S 5
+#define TWK_ALERT_DEF_RATE_S 60
+#define TWK_ALERT_DEF_BACKOFF_S 1
+#define TWK_ALERT_DEF_RETRIES 5
+#define TWK_ALERT_DEF_TIMEOUT_S 10
+
 typedef struct twk_alert_config {
     int n_targets;
     struct {
