@@ -327,6 +327,7 @@ static int put_summed(sbuf *b, const family_def *d, const series *xs, int n) {
 }
 
 char *twk_metrics_render(twk_metrics *m, int per_tenant, size_t *len) {
+    if (!m) return NULL;
     sbuf b = {twk_host_alloc(16384, "metrics text"), 0, 16384, 0};
     if (!b.p) return NULL;
     b.p[0] = 0;
