@@ -61,6 +61,19 @@ static void usage(FILE *f) {
             "  --log-format F       text (default: a line per failed request or future) or json (one JSON\n"
             "                       object per line: every request with level, request_id, tenant, route,\n"
             "                       status and duration_ms; failed futures; the server's messages)\n"
+            "metrics and alerts:\n"
+            "  --metrics-auth M     who may read GET /metrics: key (default: any accepted key; an admin\n"
+            "                       key sees per-tenant labels, others service-wide sums), admin, open\n"
+            "  --alert-webhook [F=]URL  post alerts to URL (repeatable, up to 8); F slack, feishu, dingtalk\n"
+            "                       or generic (default: guessed from the host, else generic JSON)\n"
+            "  --alert-stall-s S    alert when the compute worker finishes nothing for S seconds while it\n"
+            "                       has work (default %d; 0 off)\n"
+            "  --alert-disk-pct P   alert when the data dir's disk is fuller than P %% (default %d; 0 off)\n"
+            "  --alert-mem-pct P    alert when the host's memory in use passes P %% (default %d; 0 off)\n"
+            "  --alert-check-s S    how often those checks run (default %d)\n"
+            "  --alert-rate-s S     at most one alert of a kind per S seconds (default %d)\n"
+            "  --alert-retries N    retries of a failed post (default %d), the first after\n"
+            "  --alert-backoff-s S  seconds, doubling (default %d); --alert-timeout-s S per post (default %d)\n"
             "  --jwt-auth           have the SDK exchange its key for a short-lived JWT (auth/token), which\n"
             "                       its whoami reads (tenant as tml:user:TENANT)\n"
             "  --quiet              no log lines\n",
@@ -70,7 +83,9 @@ static void usage(FILE *f) {
             TWK_SERVE_DEF_FWDBWD_CHUNK_LEN, TWK_SERVE_DEF_EARLY_MB_RUN, TWK_SERVE_DEF_EARLY_MB_TENANT,
             TWK_SERVE_DEF_RESULTS_MB_TENANT, TWK_SERVE_DEF_RESULT_KEEP_S, TWK_SERVE_DEF_RESULT_TTL_S,
             TWK_SERVE_DEF_SAMPLE_QUEUE, TWK_SERVE_CAP_SAMPLER_SLOTS, TWK_SERVE_DEF_SAMPLER_SLOTS,
-            twk_lora_default().rank, TWK_SERVE_CAP_LIVE_SAMPLERS, TWK_SERVE_DEF_LIVE_SAMPLERS);
+            twk_lora_default().rank, TWK_SERVE_CAP_LIVE_SAMPLERS, TWK_SERVE_DEF_LIVE_SAMPLERS,
+            TWK_ALERT_DEF_STALL_S, TWK_ALERT_DEF_DISK_PCT, TWK_ALERT_DEF_MEM_PCT, TWK_ALERT_DEF_CHECK_S,
+            TWK_ALERT_DEF_RATE_S, TWK_ALERT_DEF_RETRIES, TWK_ALERT_DEF_BACKOFF_S, TWK_ALERT_DEF_TIMEOUT_S);
 }
 
 int twk_cmd_serve(int argc, char **argv) {

@@ -1,5 +1,6 @@
 /* The pluggable host allocator: every host allocation of the engine goes
  * through here so tests can make the n-th allocation fail. */
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -7,18 +8,25 @@
 
 #define TWK_HOST_ALIGN 64
 
+/* Bytes held by the default allocator's blocks (their usable size), for twk_host_bytes_in_use. */
+static size_t held;
+
 static void *default_alloc(void *user, size_t bytes, size_t align) {
     (void)user;
     void *p = NULL;
     size_t rounded = (bytes + align - 1) / align * align;
     if (posix_memalign(&p, align, rounded ? rounded : align) != 0) return NULL;
+    __atomic_add_fetch(&held, malloc_usable_size(p), __ATOMIC_RELAXED);
     return p;
 }
 
 static void default_free(void *user, void *ptr) {
     (void)user;
+    __atomic_sub_fetch(&held, malloc_usable_size(ptr), __ATOMIC_RELAXED);
     free(ptr);
 }
+
+size_t twk_host_bytes_in_use(void) { return __atomic_load_n(&held, __ATOMIC_RELAXED); }
 
 static twk_allocator current = {default_alloc, default_free, NULL};
 

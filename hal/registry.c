@@ -14,6 +14,7 @@ struct twk_device {
     void *ctx;
     int index;
     char spec[48];
+    size_t buffer_bytes; /* live buffers from twk_buffer_alloc (atomic: read from any thread) */
 };
 
 static const twk_backend_iface *backends[TWK_MAX_BACKENDS];
@@ -206,11 +207,19 @@ size_t twk_buffer_size(const twk_buffer *buf) { return buf ? buf->size : 0; }
 twk_status twk_buffer_alloc(twk_device *dev, size_t bytes, twk_buffer **out) {
     if (!dev || !out) return twk_error(TWK_ERR_INVALID_ARG, "buffer_alloc: NULL argument");
     *out = NULL;
-    return dev->iface->buffer_alloc(dev->ctx, bytes, out);
+    twk_status st = dev->iface->buffer_alloc(dev->ctx, bytes, out);
+    if (st == TWK_OK && *out) __atomic_add_fetch(&dev->buffer_bytes, (*out)->size, __ATOMIC_RELAXED);
+    return st;
 }
 
 void twk_buffer_free(twk_device *dev, twk_buffer *buf) {
-    if (dev && buf) dev->iface->buffer_free(dev->ctx, buf);
+    if (!dev || !buf) return;
+    __atomic_sub_fetch(&dev->buffer_bytes, buf->size, __ATOMIC_RELAXED);
+    dev->iface->buffer_free(dev->ctx, buf);
+}
+
+size_t twk_device_buffer_bytes(const twk_device *dev) {
+    return dev ? __atomic_load_n(&dev->buffer_bytes, __ATOMIC_RELAXED) : 0;
 }
 
 static twk_status check_range(const char *what, const twk_buffer *b, size_t off, size_t bytes) {

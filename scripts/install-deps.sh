@@ -19,6 +19,7 @@ libhttp-parser-dev
 libprotobuf-c-dev
 protobuf-c-compiler
 libsqlite3-dev
+libcurl4-openssl-dev
 mpich
 libmpich-dev
 python3-venv

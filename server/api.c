@@ -887,6 +887,10 @@ void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     twk_log_context(NULL, req->path);
     twk_log_request_id(NULL);
     twk_http_log_fields(c, NULL, req->path, NULL);
+    if (!strcmp(req->path, "/metrics")) { /* Prometheus (svc_metrics.c) */
+        api_metrics(s, c, req);
+        return;
+    }
     if (!strncmp(req->path, "/v1/", 4)) { /* the OpenAI-compatible routes (api_openai.c) */
         api_openai(s, c, req);
         return;

@@ -59,6 +59,8 @@ struct twk_futures {
     tenant_use *uses;
     int pending, finished;
     uv_timer_t gc;
+    twk_futures_fail_fn on_fail; /* metrics */
+    void *on_fail_user;
 };
 
 static unsigned hash(const char *s) {
@@ -157,6 +159,7 @@ static void enforce_bytes(twk_futures *f, tenant_use *u) {
         x->state = 3; /* failed: dropped */
         twk_log_failure(x->id, x->tenant, x->route, 0, "user",
                         "result dropped: the tenant's unretrieved results passed --max-results-mb-tenant");
+        if (f->on_fail) f->on_fail(f->on_fail_user, x->tenant, x->route, "user");
     }
 }
 
@@ -327,10 +330,16 @@ void twk_futures_complete(twk_futures *f, const char *id, const char *content_ty
     enforce_bytes(f, x->use);
 }
 
+void twk_futures_on_fail(twk_futures *f, twk_futures_fail_fn fn, void *user) {
+    f->on_fail = fn;
+    f->on_fail_user = user;
+}
+
 void twk_futures_fail(twk_futures *f, const char *id, const char *category, const char *message) {
     future *x = find(f, id);
     if (!x || x->state) return;
     twk_log_failure(x->id, x->tenant, x->route, 0, category, message);
+    if (f->on_fail) f->on_fail(f->on_fail_user, x->tenant, x->route, category);
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "error", message);
     cJSON_AddStringToObject(j, "category", category);

@@ -38,6 +38,11 @@ void twk_futures_complete(twk_futures *f, const char *id, const char *content_ty
 /* Fails with {"error": message, "category": category}. */
 void twk_futures_fail(twk_futures *f, const char *id, const char *category, const char *message);
 
+/* Called (loop thread) for every failed future, with its tenant, route and category: the metrics'
+ * error counters. */
+typedef void (*twk_futures_fail_fn)(void *user, const char *tenant, const char *route, const char *category);
+void twk_futures_on_fail(twk_futures *f, twk_futures_fail_fn fn, void *user);
+
 /* 1 if the future finished with a result (not failed, cancelled, dropped or unknown). */
 int twk_futures_succeeded(twk_futures *f, const char *id);
 /* cancel_future: a pending future of tenant fails now with category "cancelled" (1); a later

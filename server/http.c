@@ -131,6 +131,8 @@ struct twk_http_server {
     twk_http_conn *conns; /* every conn not yet freed, zombies included */
     uv_tcp_t refuse;      /* accepts and closes a connection there is no memory for */
     int refuse_busy;      /* refuse is open or closing */
+    twk_http_observer observe; /* per answer (metrics) */
+    void *observe_user;
 };
 
 typedef struct wreq {
@@ -538,7 +540,10 @@ static void json_escape_into(char *out, size_t cap, const char *s) {
 static void conn_send_error(twk_http_conn *c, int status, const char *msg) {
     char esc[512], json[600];
     twk_log_failure(NULL, NULL, NULL, status, NULL, msg);
-    twk_log_request(NULL, NULL, NULL, NULL, status, 0);
+    /* the time since the refused request's first byte (0 when no request had begun: an idle timeout) */
+    double ms = c->in_message || c->msg_start ? (double)(uv_now(c->srv->loop) - c->msg_start) : 0;
+    twk_log_request(NULL, NULL, NULL, NULL, status, ms);
+    if (c->srv->observe) c->srv->observe(c->srv->observe_user, "", "", "", status, ms / 1e3);
     json_escape_into(esc, sizeof esc, msg);
     int n = snprintf(json, sizeof json, "{\"error\":\"%s\"}", esc);
     c->is_head = 0;
@@ -853,6 +858,9 @@ static int conn_answer(twk_http_conn *c, int status) {
     c->streaming = 0;
     twk_log_request(c->log_id[0] ? c->log_id : twk_log_current_id(), c->log_tenant, c->log_route, c->req.method, status,
                     (double)(uv_hrtime() - c->t_start) / 1e6);
+    if (c->srv->observe)
+        c->srv->observe(c->srv->observe_user, c->req.method, c->log_tenant, c->log_route, status,
+                        (double)(uv_hrtime() - c->t_start) / 1e9);
     c->abandon_fn = NULL;
     c->abandon_user = NULL;
     return !c->closing; /* when closing, on_handle_closed frees it */
@@ -934,6 +942,11 @@ void twk_http_log_fields(twk_http_conn *c, const char *tenant, const char *route
     if (tenant) snprintf(c->log_tenant, sizeof c->log_tenant, "%s", tenant);
     if (route) snprintf(c->log_route, sizeof c->log_route, "%s", route);
     if (request_id) snprintf(c->log_id, sizeof c->log_id, "%s", request_id);
+}
+
+void twk_http_server_set_observer(twk_http_server *s, twk_http_observer fn, void *user) {
+    s->observe = fn;
+    s->observe_user = user;
 }
 
 void twk_http_respond_json(twk_http_conn *c, int status, const char *json) {

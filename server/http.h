@@ -74,6 +74,13 @@ void twk_http_server_stop(twk_http_server *s);
 /* What the access log line of c's outstanding request names (twk_log_request, written when it is
  * answered); a NULL argument leaves that field as it is. Every field starts empty per request. */
 void twk_http_log_fields(twk_http_conn *c, const char *tenant, const char *route, const char *request_id);
+
+/* Called once per answer (also the HTTP layer's own 4xx) on the loop thread, with the fields
+ * twk_http_log_fields set ("" where unknown) and the time from the parsed request to the answer
+ * (0 for the HTTP layer's errors): the metrics' request counters. */
+typedef void (*twk_http_observer)(void *user, const char *method, const char *tenant, const char *route, int status,
+                                  double seconds);
+void twk_http_server_set_observer(twk_http_server *s, twk_http_observer fn, void *user);
 /* Sends a response with Content-Length and the given content type (may be
  * NULL for an empty body). extra_headers: NULL or "Name: value\r\n..." lines.
  * Keeps the connection open unless the client asked to close. Safe to call

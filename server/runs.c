@@ -14,6 +14,7 @@
 #include <cJSON.h>
 
 #include "api_util.h"
+#include "metrics.h"
 #include "svc.h"
 
 static double wall_now(void) { return (double)time(NULL); }
@@ -31,6 +32,21 @@ void svc_new_id(svc *s, const char *prefix, char *out, size_t len) {
 
 const char *svc_save_kind(op_kind k) {
     return k == OP_SAVE ? "weights" : k == OP_SAVE_EXTERNAL ? "external_weights" : "sampler_weights";
+}
+
+const char *svc_op_route(op_kind k) {
+    switch (k) {
+    case OP_CREATE: return "create_model";
+    case OP_FB: return "forward_backward";
+    case OP_OPTIM: return "optim_step";
+    case OP_SAVE:
+    case OP_SAVE_SAMPLER:
+    case OP_SAVE_EXTERNAL: return svc_save_type(k);
+    case OP_LOAD: return "load_weights";
+    case OP_UNLOAD: return "unload_model";
+    case OP_SKIP: break;
+    }
+    return "skip";
 }
 
 const char *svc_save_type(op_kind k) {
@@ -199,6 +215,7 @@ static void run_fb(op *o) {
         op_fail(o, st == TWK_ERR_RANGE || st == TWK_ERR_INVALID_ARG, "%s", lp ? twk_last_error() : "out of memory");
     else
         fb_encode(o, &fb, lp, &res);
+    if (st == TWK_OK) o->loss_value = res.loss;
     twk_host_free(lp);
     fb_batch_free(&fb);
 }
@@ -339,11 +356,23 @@ static void run_unload(op *o) {
     set_json(o, j);
 }
 
+/* TWK_FAULT (svc_fault): sleeps before the op, or fails it with a server error (1: failed). */
+static int svc_fault_point(op *o) {
+    const char *route = o->kind == OP_FB && o->fb && o->fb->forward_only ? "forward" : svc_op_route(o->kind);
+    double secs = 0;
+    if (svc_fault("sleep", route, &secs)) usleep((useconds_t)(secs * 1e6));
+    if (!svc_fault("fail", route, NULL)) return 0;
+    op_fail(o, 0, "injected fault (TWK_FAULT=fail:%s)", route);
+    return 1;
+}
+
 static void op_run(twk_job *j) {
     op *o = j->arg;
+    o->t_started = twk_metrics_now();
     o->st = TWK_OK;
     twk_clear_error();
     api_json_oom();
+    if (svc_fault_point(o)) return;
     if (o->kind != OP_CREATE && !o->run->trainer) {
         op_fail(o, 1, "model %s is not loaded (unloaded, or its state was lost in a server restart: create a "
                       "training client from a saved checkpoint)",
@@ -385,6 +414,7 @@ static void record_checkpoint(op *o) {
 static void op_done(twk_job *j) {
     op *o = j->arg;
     svc *s = o->svc;
+    svc_metrics_op_done(s, o);
     if (o->st == TWK_OK && (o->kind == OP_SAVE || o->kind == OP_SAVE_SAMPLER || o->kind == OP_SAVE_EXTERNAL) &&
         !o->snapshot) {
         record_checkpoint(o);
@@ -416,12 +446,17 @@ static void dispatch(svc *s, op *o) {
     }
     if (o->prefail[0]) {
         twk_futures_fail(s->futures, o->request_id, o->prefail_server ? "server" : "user", o->prefail);
+        if (o->prefail_server)
+            twk_alerts_raise(s->alerts, TWK_ALERT_OP_FAILED, o->run->tenant, o->run->id, o->request_id,
+                             "an operation of run %s failed with a server error (request %s): %s", o->run->id,
+                             o->request_id, o->prefail);
         svc_op_free(o);
         return;
     }
     o->job.run = op_run;
     o->job.done = op_done;
     o->job.arg = o;
+    svc_metrics_op_queued(s, o);
     twk_worker_submit(s->worker, &o->job);
 }
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "api_util.h"
+#include "metrics.h"
 #include "svc.h"
 
 #define MAX_NUM_SAMPLES TWK_SERVE_MAX_NUM_SAMPLES
@@ -257,6 +258,8 @@ typedef struct sample_job {
     char err[512];
     uint8_t *out;
     size_t out_len;
+    double t_queued, t_started; /* metrics: queued (loop), started (worker) */
+    int64_t gen_tokens;         /* generated tokens (worker) */
 } sample_job;
 
 /* record_stability_info: each sequence under its id ("<request_id>:<i>", as
@@ -333,6 +336,7 @@ static void gen_result_free(svc_gen_result *g) {
 /* Encodes one finished request (or records why it failed). */
 static void finish_request(sample_job *sj, twk_sampled_seq *res, twk_status st) {
     sampler_unit *u = sj->ss->unit;
+    for (int i = 0; st == TWK_OK && res && i < sj->num_samples; i++) sj->gen_tokens += res[i].n;
     if (sj->done) {
         if (st == TWK_OK) st = keep_generation(sj, res);
         if (st == TWK_OK) sj->ok = 1;
@@ -457,6 +461,7 @@ static void drain_run(twk_job *j) {
     }
     pthread_mutex_unlock(&u->mu);
     dj->batch = take;
+    for (sample_job *sj = take; sj; sj = sj->next) sj->t_started = twk_metrics_now();
     if (!take) return;
     twk_status st = svc_sampler_ready(dj->s, u, NULL);
     if (st != TWK_OK) {
@@ -533,6 +538,8 @@ static void drain_done(twk_job *j) {
     while (sj) {
         sample_job *next = sj->next;
         s->sample_inflight--;
+        twk_metrics_job_done(s->metrics, sj->ss->tenant, "sample", sj->t_queued, sj->t_started);
+        if (sj->ok) twk_metrics_tokens(s->metrics, sj->ss->tenant, "sample", (double)sj->gen_tokens);
         if (sj->done) { /* a generation for another front end: no future, no session event */
             sj->gen.ok = sj->ok;
             sj->gen.user_error = sj->user_error;
@@ -564,6 +571,7 @@ int svc_sample_cancel(svc *s, const char *request_id) {
         pthread_mutex_unlock(&u->mu);
         if (found) { /* its drain job finds one request fewer */
             s->sample_inflight--;
+            twk_metrics_job_done(s->metrics, found->ss->tenant, "sample", found->t_queued, 0);
             sample_finish(s, found, 0, "cancelled", "cancelled by the client (cancel_future)");
             return 1;
         }
@@ -765,6 +773,7 @@ static int enqueue(svc *s, sample_job *sj) {
     drain_job *dj = twk_host_calloc(sizeof *dj, "sampling dj");
     if (!dj) return 0;
     s->sample_inflight++;
+    sj->t_queued = twk_metrics_job_queued(s->metrics, sj->ss->tenant, "sample");
     sampler_unit *u = sj->ss->unit;
     pthread_mutex_lock(&u->mu);
     sample_job **pp = &u->pending;

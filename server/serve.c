@@ -40,6 +40,7 @@ void twk_serve_config_default(twk_serve_config *c) {
     c->live_samplers = TWK_SERVE_DEF_LIVE_SAMPLERS;
     c->url_ttl_s = 3600;
     c->ckpt_sweep_s = 60;
+    twk_alert_config_default(&c->alerts);
     /* connection limits */
     c->max_connections = 4096;
     c->max_connections_per_addr = 512;
@@ -69,6 +70,17 @@ twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char
             return twk_error(TWK_ERR_INVALID_ARG, "--log-format wants text or json, got '%s'", val ? val : "");
         c->log_json = !strcmp(val, "json");
         return TWK_OK;
+    }
+    twk_status ast;
+    if (twk_alert_config_arg(&c->alerts, opt, val, &ast)) return ast;
+    if (!strcmp(opt, "metrics-auth")) {
+        static const char *const modes[] = {[TWK_METRICS_KEY] = "key", [TWK_METRICS_OPEN] = "open", [TWK_METRICS_ADMIN] = "admin"};
+        for (int i = 0; val && i < 3; i++)
+            if (!strcmp(val, modes[i])) {
+                c->metrics_auth = i;
+                return TWK_OK;
+            }
+        return twk_error(TWK_ERR_INVALID_ARG, "--metrics-auth wants open, key or admin, got '%s'", val ? val : "");
     }
     /* a known option without its value says so; an unknown one is "unknown option" */
     double v;
@@ -295,6 +307,7 @@ static int serve_open(svc *s, const twk_serve_config *cfg, uv_loop_t *loop) {
     char key_err[1300];
     if (st == TWK_OK && twk_sign_key_load(cfg->data_dir, s->url_key, key_err, sizeof key_err) != 0)
         st = twk_error(TWK_ERR_IO, "%s", key_err);
+    if (st == TWK_OK && svc_metrics_open(s) != 0) st = twk_error(TWK_ERR_OOM, "out of memory starting the metrics");
     if (st != TWK_OK) {
         fprintf(stderr, "twinkle serve: %s\n", twk_last_error());
         return 1;
@@ -323,6 +336,7 @@ static int serve_open(svc *s, const twk_serve_config *cfg, uv_loop_t *loop) {
         uv_run(loop, UV_RUN_DEFAULT);
         return 1;
     }
+    svc_metrics_attach(s);
     uv_timer_init(loop, &s->gap_timer);
     s->gap_timer.data = s;
     uv_timer_start(&s->gap_timer, on_gap_timer, 1000, 1000);
@@ -343,6 +357,7 @@ static int serve_open(svc *s, const twk_serve_config *cfg, uv_loop_t *loop) {
 
 /* Frees what serve_open made, after the loop ended. */
 static void serve_close(svc *s, uv_loop_t *loop) {
+    svc_metrics_close(s);
     svc_free_samplers(s);
     svc_free_runs(s);
     for (int i = 0; i < s->n_models; i++) {

@@ -9,6 +9,7 @@
 
 #include <uv.h>
 
+#include "alerts.h"
 #include "http.h"
 #include "store.h"
 #include "twinkle/twinkle.h"
@@ -19,6 +20,8 @@ typedef struct twk_serve_model_spec {
     char dir[1024];
     char name[128];
 } twk_serve_model_spec;
+
+enum { TWK_METRICS_KEY = 0, TWK_METRICS_OPEN, TWK_METRICS_ADMIN };
 
 typedef struct twk_serve_config {
     char host[64];
@@ -44,6 +47,9 @@ typedef struct twk_serve_config {
     double result_keep_s;     /* a retrieved result stays this long for re-polls; default 120 */
     double result_ttl_s;      /* an unretrieved result stays this long; default 3600 */
     double ckpt_sweep_s;      /* expired checkpoints are deleted every this many seconds; default 60 */
+    /* metrics and alerts (svc_metrics.c, alerts.c) */
+    int metrics_auth;         /* GET /metrics: TWK_METRICS_OPEN, _KEY (default) or _ADMIN (--metrics-auth) */
+    twk_alert_config alerts;  /* --alert-webhook and the other --alert-* options */
     /* connection limits (server/http.h): idle unauthenticated connections are
      * closed first to make room, and time out after header_timeout_s */
     int max_connections;          /* in total; default 4096 */

@@ -798,6 +798,27 @@ twk_status twk_store_run_list(twk_store *s, const char *tenant, const char *sess
     return status;
 }
 
+twk_status twk_store_tenant_stats(twk_store *s, double live_since, twk_store_stats_fn fn, void *user) {
+    const char *op = "tenant stats";
+    NEED(s, "store", op);
+    NEED(fn, "fn", op);
+    static const char sql[] =
+        "SELECT tenant, SUM(live), SUM(ck), SUM(bytes) FROM ("
+        " SELECT tenant, 1 AS live, 0 AS ck, 0 AS bytes FROM sessions WHERE finished = 0 AND last_heartbeat >= ?1"
+        " UNION ALL SELECT tenant, 0, 1, size_bytes FROM checkpoints) GROUP BY tenant";
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(s->db, sql, -1, &st, NULL);
+    if (rc != SQLITE_OK) return db_fail(s, op, rc);
+    sqlite3_bind_double(st, 1, live_since);
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const unsigned char *t = sqlite3_column_text(st, 0);
+        fn(user, t ? (const char *)t : "", sqlite3_column_int64(st, 1), sqlite3_column_int64(st, 2),
+           sqlite3_column_int64(st, 3));
+    }
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE ? TWK_OK : db_fail(s, op, rc);
+}
+
 /* ---- checkpoints -------------------------------------------------------- */
 
 static twk_status ckpt_write(twk_store *s, const twk_store_ckpt *c, int which, const char *op) {

@@ -81,6 +81,12 @@ twk_status twk_store_run_touch(twk_store *s, const char *id, double now);
 twk_status twk_store_run_list(twk_store *s, const char *tenant, const char *session_id, int limit, int offset,
                               twk_store_run **runs, int *n_out, int *total);
 
+/* For the metrics: calls fn once per tenant with its sessions not finished whose last heartbeat is
+ * at or after live_since, its checkpoints and their bytes. The store's error otherwise. */
+typedef void (*twk_store_stats_fn)(void *user, const char *tenant, int64_t sessions_live, int64_t checkpoints,
+                                   int64_t checkpoint_bytes);
+twk_status twk_store_tenant_stats(twk_store *s, double live_since, twk_store_stats_fn fn, void *user);
+
 /* TWK_ERR_STATE if (run_id, checkpoint_id) exists. */
 twk_status twk_store_ckpt_create(twk_store *s, const twk_store_ckpt *c);
 /* Replaces an existing row (overwrite=true saves). Another tenant's row is

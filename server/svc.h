@@ -73,6 +73,8 @@ typedef struct op {
     size_t out_len;
     int out_proto;
     int64_t size_bytes;
+    double t_queued, t_started; /* metrics: when it was submitted to the worker, and started there (worker) */
+    double loss_value;         /* OP_FB: the loss:sum metric (worker), for the non-finite-loss alert */
     twk_job job;
     struct op *next;
 } op;
@@ -174,6 +176,8 @@ typedef struct svc {
     unsigned long long id_counter;
     int stopping;
     unsigned char url_key[32];  /* HMAC key of signed download URLs (DATA_DIR/url_signing.key) */
+    struct twk_metrics *metrics; /* svc_metrics.c: GET /metrics */
+    struct twk_alerts *alerts;   /* alerts.c: webhooks */
 } svc;
 
 /* ---- lookups.c ---- */
@@ -229,6 +233,15 @@ void svc_free_runs(svc *s);
 void svc_rm_tree(const char *dir);
 /* A unique id with a prefix ("sess", ...). */
 void svc_new_id(svc *s, const char *prefix, char *out, size_t len);
+
+/* The route that queues an op of kind k ("forward_backward" also for forward). */
+const char *svc_op_route(op_kind k);
+
+/* ---- fault.c ---- */
+/* Fault injection for tests: 1 when the environment's TWK_FAULT (a comma-separated list of
+ * ACTION:ROUTE[:ARG], e.g. "fail:optim_step,sleep:forward_backward:2") lists action for route, with
+ * ARG (0 when absent) in *arg; 0 otherwise (inert unless set). */
+int svc_fault(const char *action, const char *route, double *arg);
 
 /* ---- ckpt_fs.c ---- */
 /* Fault injection: _exit(86)s when the environment's TWK_CRASH_AT is "<mode>:<step>" (mode "save" or
@@ -330,6 +343,24 @@ int svc_sample_cancel(svc *s, const char *request_id);
 /* A training op of tenant still held in its run's seq order becomes a no-op that fails "cancelled"
  * in its turn (1), else 0 (dispatched ops run, and their result is discarded). */
 int svc_op_cancel(svc *s, const char *tenant, const char *request_id);
+
+/* ---- svc_metrics.c: GET /metrics, and the hooks that feed the metrics and the alerts ---- */
+/* Starts the metrics and the alerts (the unclean-shutdown check); -1 when out of memory. */
+int svc_metrics_open(svc *s);
+/* Hooks them to the HTTP server and the futures (once both run). */
+void svc_metrics_attach(svc *s);
+/* Stops the alert thread (a clean shutdown: the marker goes) and frees the metrics. */
+void svc_metrics_close(svc *s);
+/* GET /metrics (--metrics-auth decides who may read it; an admin key sees tenant labels). */
+void api_metrics(svc *s, twk_http_conn *c, const twk_http_req *req);
+/* A training op was submitted to the worker (its tenant's queue depth). */
+void svc_metrics_op_queued(svc *s, op *o);
+/* A training op finished (loop thread): queue, tokens, and the alerts for a server error or a loss
+ * that is not finite. */
+void svc_metrics_op_done(svc *s, const op *o);
+/* A route for metric labels: the path below /api/v1/ (or /v1/...) with every segment that is not
+ * a word of the API replaced by {id}; "other" for unknown routes, "none" for none. */
+void svc_metrics_route(const char *route, char *out, size_t len);
 
 /* ---- api.c ---- */
 

@@ -51,6 +51,9 @@ void *twk_host_realloc(void *ptr, size_t old_bytes, size_t new_bytes, const char
 char *twk_host_strdup(const char *s, const char *what);
 /* Frees memory from twk_host_alloc; NULL is ignored. */
 void twk_host_free(void *ptr);
+/* Bytes the default allocator holds now (usable sizes of its live blocks); blocks of an allocator
+ * installed with twk_set_allocator are not counted. Any thread. */
+size_t twk_host_bytes_in_use(void);
 
 /* ---- element types ------------------------------------------------------- */
 
@@ -115,6 +118,8 @@ twk_status twk_buffer_copy(twk_device *dev, twk_buffer *dst, size_t doff,
 twk_status twk_buffer_zero(twk_device *dev, twk_buffer *dst, size_t off, size_t bytes);
 /* Size in bytes the buffer was allocated with (0 for NULL). */
 size_t twk_buffer_size(const twk_buffer *buf);
+/* Bytes of the buffers now allocated on dev through twk_buffer_alloc (0 for NULL). Any thread. */
+size_t twk_device_buffer_bytes(const twk_device *dev);
 
 /* Waits for all queued work on the device. */
 twk_status twk_device_synchronize(twk_device *dev);

@@ -135,8 +135,10 @@ static void setup(void) {
     S->worker = twk_worker_start(&loop);
     twk_http_limits lim = twk_http_limits_default();
     lim.max_body_bytes = 1 << 16;
-    if (!S->futures || !S->worker || twk_http_server_start(&loop, "127.0.0.1", 0, &lim, svc_handle, S, &S->http) != 0)
+    if (!S->futures || !S->worker || svc_metrics_open(S) != 0 ||
+        twk_http_server_start(&loop, "127.0.0.1", 0, &lim, svc_handle, S, &S->http) != 0)
         abort();
+    svc_metrics_attach(S); /* the metrics' hooks run on every answer and op, as in serve */
     static const char cs[] = "{\"tags\":[],\"user_metadata\":{},\"sdk_version\":\"0.38.0\",\"type\":\"create_session\"}";
     send_req("POST", "create_session", (const uint8_t *)cs, sizeof cs - 1);
     resp_field("session_id", ses_id, sizeof ses_id);
