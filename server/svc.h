@@ -73,6 +73,9 @@ typedef struct op {
     size_t out_len;
     int out_proto;
     int64_t size_bytes;
+    twk_loss_result fb_res;    /* OP_FB (worker): the loss's metrics, for the per-step log (steps.c) */
+    int64_t trainer_step;      /* OP_FB / OP_OPTIM (worker): optimizer steps taken (after an optim_step) */
+    float grad_norm;           /* OP_OPTIM (worker) */
     twk_job job;
     struct op *next;
 } op;
@@ -143,6 +146,7 @@ struct run_state {
     int64_t next_seq;
     op *pending;               /* arrived ahead of next_seq, sorted by seq */
     size_t early_bytes;        /* held by pending: body bytes + sizeof(op) each (--max-early-mb-run) */
+    int running;               /* ops handed to the worker and not done yet (the dashboard's queue) */
     double gap_since;          /* loop time when ops started waiting on a gap */
     double last_touch;         /* wall time of the last last_request update in the store */
     int64_t ring_seq[TWK_SERVE_DEDUPE_RING];
@@ -174,6 +178,7 @@ typedef struct svc {
     unsigned long long id_counter;
     int stopping;
     unsigned char url_key[32];  /* HMAC key of signed download URLs (DATA_DIR/url_signing.key) */
+    struct svc_steps *steps;    /* steps.c: per-step metrics waiting to be stored */
 } svc;
 
 /* ---- lookups.c ---- */
@@ -317,6 +322,24 @@ int svc_sample_cancel(svc *s, const char *request_id);
 /* A training op of tenant still held in its run's seq order becomes a no-op that fails "cancelled"
  * in its turn (1), else 0 (dispatched ops run, and their result is discarded). */
 int svc_op_cancel(svc *s, const char *tenant, const char *request_id);
+
+/* ---- steps.c: the per-step metrics log (the dashboard's curves) ---- */
+/* Starts the timer that writes collected rows to the store; -1 without memory. */
+int svc_steps_start(svc *s);
+/* Writes what is collected, stops the timer (the loop frees it). */
+void svc_steps_stop(svc *s);
+/* A finished op (loop thread): a successful forward_backward, forward or optim_step becomes a row. */
+void svc_steps_note(svc *s, const op *o);
+/* Writes the collected rows now (one transaction); a store failure is logged, the rows dropped. */
+void svc_steps_flush(svc *s);
+
+/* ---- api_dashboard.c: the runs dashboard ---- */
+/* GET / and /dashboard/<file>: the page embedded at build time (no key needed). 0 if the path is not
+ * one of them (nothing answered). */
+int api_dashboard_static(twk_http_conn *c, const twk_http_req *req);
+/* GET dashboard, dashboard/steps (under /api/v1/, key checked): 0 if route is neither. */
+int api_dashboard(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant, const char *key,
+                  const char *route);
 
 /* ---- api.c ---- */
 
