@@ -1124,13 +1124,18 @@ static twk_status step_insert(twk_store *s, const twk_store_step *r, const char 
     return step_done(s, st, op, NULL);
 }
 
+/* Halves (run, kind) until it holds at most cap rows: each pass drops every second row by seq but
+ * the newest, and does nothing once the series is within cap. */
 static twk_status step_thin(twk_store *s, const char *run_id, int kind, int cap, const char *op) {
-    sqlite3_stmt *st;
-    TRY(stmt_get(s, ST_STEP_THIN, op, &st));
-    BIND(bind_text(s, st, 1, run_id, op));
-    BIND(bind_int64(s, st, 2, kind, op));
-    BIND(bind_int64(s, st, 3, cap, op));
-    return step_done(s, st, op, NULL);
+    for (int changes = 1; changes > 0;) {
+        sqlite3_stmt *st;
+        TRY(stmt_get(s, ST_STEP_THIN, op, &st));
+        BIND(bind_text(s, st, 1, run_id, op));
+        BIND(bind_int64(s, st, 2, kind, op));
+        BIND(bind_int64(s, st, 3, cap, op));
+        TRY(step_done(s, st, op, &changes));
+    }
+    return TWK_OK;
 }
 
 twk_status twk_store_steps_add(twk_store *s, const twk_store_step *rows, int n, int cap, int *n_failed) {

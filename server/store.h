@@ -129,7 +129,8 @@ typedef struct twk_store_step {
 } twk_store_step;
 /* Adds rows in one transaction (a row of an existing (run_id, kind, seq) replaces it), then thins:
  * each (run, kind) of the batch that holds more than cap (>= 2) rows loses every second row in seq
- * order, the newest always kept, so it keeps its whole span at halved resolution. A row that cannot
+ * order, the first and the newest always kept, until it holds at most cap — so a series keeps its
+ * whole span, older stretches at coarser resolution. A row that cannot
  * be stored (bad field, run_id not in runs) is skipped and counted in *n_failed, the others are
  * committed, and the first such error is returned. A failed commit stores nothing (*n_failed = n).
  * The rows go with their run's row (ON DELETE CASCADE). */
