@@ -32,6 +32,7 @@ libvulkan-dev
 glslc
 mesa-vulkan-drivers
 vulkan-tools
+chromium
 "
 
 missing=""
