@@ -242,22 +242,39 @@ static void h_overview(svc *s, twk_http_conn *c, const char *tenant, int admin) 
     api_ok(c, j);
 }
 
-/* Appends a row's metrics to the series' columns (metrics: key -> array); a key first seen at row
- * `row` gets nulls before it, and every column is padded to row + 1 entries. */
-static void series_add_metrics(cJSON *metrics, const char *text, int row) {
-    cJSON *m = cJSON_Parse(text);
-    for (const cJSON *v = m ? m->child : NULL; v; v = v->next) {
-        cJSON *col = cJSON_GetObjectItemCaseSensitive(metrics, v->string);
-        if (!col) {
-            col = cJSON_CreateArray();
-            for (int i = 0; i < row; i++) api_json_push(col, cJSON_CreateNull());
-            if (!api_json_put(metrics, v->string, col)) continue;
-        }
-        api_json_push(col, cJSON_IsNumber(v) ? cJSON_CreateNumber(v->valuedouble) : cJSON_CreateNull());
+#define DASH_MAX_KEYS 64 /* metric keys per series (a loss has a handful) */
+
+/* The metrics of rows[0..n) as columns: key -> array of n values (null where a row lacks the key or
+ * its value is not a finite number), keys in order of first appearance. NULL without memory. */
+static cJSON *series_columns(const twk_store_step *rows, int n) {
+    cJSON **parsed = twk_host_calloc((size_t)(n ? n : 1) * sizeof *parsed, "dashboard rows");
+    cJSON *cols = cJSON_CreateObject();
+    if (!parsed || !cols) {
+        twk_host_free(parsed);
+        cJSON_Delete(cols);
+        return NULL;
     }
-    cJSON_Delete(m);
-    for (cJSON *col = metrics->child; col; col = col->next)
-        while (cJSON_GetArraySize(col) < row + 1) api_json_push(col, cJSON_CreateNull());
+    const char *keys[DASH_MAX_KEYS];
+    int n_keys = 0;
+    for (int i = 0; i < n; i++) {
+        parsed[i] = cJSON_Parse(rows[i].metrics_json ? rows[i].metrics_json : "{}");
+        for (const cJSON *v = parsed[i] ? parsed[i]->child : NULL; v && n_keys < DASH_MAX_KEYS; v = v->next) {
+            int seen = 0;
+            for (int k = 0; k < n_keys && !seen; k++) seen = !strcmp(keys[k], v->string);
+            if (!seen) keys[n_keys++] = v->string;
+        }
+    }
+    for (int k = 0; k < n_keys; k++) {
+        cJSON *col = cJSON_CreateArray();
+        for (int i = 0; i < n && col; i++) {
+            const cJSON *v = parsed[i] ? cJSON_GetObjectItemCaseSensitive(parsed[i], keys[k]) : NULL;
+            if (!api_json_push(col, cJSON_IsNumber(v) ? cJSON_CreateNumber(v->valuedouble) : cJSON_CreateNull())) break;
+        }
+        api_json_put(cols, keys[k], col);
+    }
+    for (int i = 0; i < n; i++) cJSON_Delete(parsed[i]); /* keys[] pointed into these */
+    twk_host_free(parsed);
+    return cols;
 }
 
 static void h_steps(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant, int admin) {
@@ -285,21 +302,20 @@ static void h_steps(svc *s, twk_http_conn *c, const twk_http_req *req, const cha
     cJSON_AddStringToObject(j, "run_id", run_id);
     cJSON_AddNumberToObject(j, "max_points", TWK_SERVE_STEP_POINTS);
     for (int i = 0; i < n;) {
-        int kind = rows[i].kind, k = 0;
+        int kind = rows[i].kind, first = i;
         cJSON *sj = cJSON_CreateObject(), *seq = cJSON_CreateArray(), *step = cJSON_CreateArray(),
-              *t = cJSON_CreateArray(), *metrics = cJSON_CreateObject();
+              *t = cJSON_CreateArray();
         cJSON_AddStringToObject(sj, "kind", kind >= 0 && kind <= TWK_STEP_OPTIM ? step_kinds[kind] : "?");
-        for (; i < n && rows[i].kind == kind; i++, k++) {
+        for (; i < n && rows[i].kind == kind; i++) {
             api_json_push(seq, cJSON_CreateNumber((double)rows[i].seq));
             api_json_push(step, cJSON_CreateNumber((double)rows[i].step));
             api_json_push(t, cJSON_CreateNumber(rows[i].time));
-            series_add_metrics(metrics, rows[i].metrics_json, k);
         }
-        cJSON_AddNumberToObject(sj, "points", k);
+        cJSON_AddNumberToObject(sj, "points", i - first);
         api_json_put(sj, "seq", seq);
         api_json_put(sj, "step", step);
         api_json_put(sj, "time", t);
-        api_json_put(sj, "metrics", metrics);
+        api_json_put(sj, "metrics", series_columns(rows + first, i - first)); /* NULL: marks out of memory */
         api_json_push(series, sj);
     }
     twk_store_steps_free(rows, n);

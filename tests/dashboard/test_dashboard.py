@@ -112,6 +112,7 @@ def train(base: str, key: str, steps: int) -> tuple[str, list[float]]:
         opt = tc.optim_step(types.AdamParams(learning_rate=1e-2))
         losses.append(fb.result(timeout=120).metrics["loss:sum"])
         opt.result(timeout=120)
+    tc.forward([counting_datum(0)], "cross_entropy").result(timeout=120)  # an eval loss: the "forward" series
     tc.save_state("dash").result(timeout=120)
     return tc.model_id, losses
 
@@ -158,6 +159,8 @@ def test_api_isolation_and_losses(trained):
             assert fb["points"] == n and opt["points"] == n
             assert fb["step"] == list(range(n)) and opt["step"] == list(range(1, n + 1))
             assert opt["metrics"]["learning_rate"] == [pytest.approx(1e-2)] * n
+            assert series["forward"]["points"] == 1 and series["forward"]["step"] == [n]
+            assert all(g is not None and math.isfinite(g) for g in opt["metrics"]["grad_norm"])
             err = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(fb["metrics"]["loss:sum"], losses))
             print(f"{tenant}: {n} stored losses vs the SDK's, max relative error {err:.2e} (tolerance 1e-6)")
             assert err <= 1e-6 and all(math.isfinite(x) for x in fb["metrics"]["loss:sum"])
