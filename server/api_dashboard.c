@@ -87,12 +87,6 @@ static int query_str(const char *query, const char *name, char *out, size_t cap)
 
 static const char *const step_kinds[] = {"forward_backward", "forward", "optim_step"};
 
-static const char *ckpt_type(const char *checkpoint_id) {
-    return !strncmp(checkpoint_id, "weights/", 8)            ? "training"
-           : !strncmp(checkpoint_id, "external_weights/", 17) ? "external"
-                                                              : "sampler";
-}
-
 static const run_state *live_run(const svc *s, const char *id) {
     for (const run_state *r = s->runs; r; r = r->next)
         if (!strcmp(r->id, id)) return r;
@@ -157,7 +151,7 @@ static cJSON *ckpts_json(svc *s, const char *tenant, int admin, double now, int 
         cJSON_AddStringToObject(j, "run_id", c->run_id);
         cJSON_AddStringToObject(j, "checkpoint_id", c->checkpoint_id);
         cJSON_AddStringToObject(j, "tenant", c->tenant);
-        cJSON_AddStringToObject(j, "type", ckpt_type(c->checkpoint_id));
+        cJSON_AddStringToObject(j, "type", svc_ckpt_type(c->checkpoint_id));
         cJSON_AddNumberToObject(j, "size_bytes", (double)c->size_bytes);
         cJSON_AddNumberToObject(j, "created", c->created);
         if (c->expires_at > 0) {

@@ -204,6 +204,9 @@ twk_lora_config svc_run_lora(const twk_store_run *src);
  * and the `type` its result carries. */
 const char *svc_save_kind(op_kind k);
 const char *svc_save_type(op_kind k);
+/* The checkpoint_type of a stored checkpoint id ("weights/…", "sampler_weights/…", "external_weights/…"):
+ * "training", "sampler" or "external". */
+const char *svc_ckpt_type(const char *checkpoint_id);
 /* DATA_DIR/checkpoints/<run>/<kind>/<name> */
 void svc_ckpt_dir(const svc *s, const char *run, const char *kind, const char *name, char *out, size_t len);
 
