@@ -127,7 +127,11 @@ def trained(tmp_path_factory):
         runs = {"alice": train(srv.base_url, KEYS["alice"], N_ALICE), "bob": train(srv.base_url, KEYS["bob"], N_BOB)}
         yield srv, runs, d
     finally:
-        srv.kill()
+        srv.stop()  # SIGTERM: a clean shutdown, so a sanitizer build reports leaks into the log
+    log = srv.log_text()
+    assert srv.proc.returncode == 0, f"twinkle serve exited {srv.proc.returncode}:\n{log}"
+    for bad in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"):
+        assert bad not in log, log
 
 
 def test_api_isolation_and_losses(trained):
