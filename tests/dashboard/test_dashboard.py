@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sdk"))
 from conftest import Server, counting_datum, new_training_client, service_client  # noqa: E402
 
 N_ALICE, N_BOB = 7, 5
+LR = 5e-3
 KEYS = {"alice": "tml-alice-dash", "bob": "tml-bob-dash", "ops": "tml-ops-dash"}
 
 
@@ -108,8 +109,8 @@ def train(base: str, key: str, steps: int) -> tuple[str, list[float]]:
     tc = new_training_client(service_client(base, key), rank=4, seed=7)
     losses = []
     for i in range(steps):
-        fb = tc.forward_backward([counting_datum(i)], "cross_entropy")
-        opt = tc.optim_step(types.AdamParams(learning_rate=1e-2))
+        fb = tc.forward_backward([counting_datum(0), counting_datum(5)], "cross_entropy")
+        opt = tc.optim_step(types.AdamParams(learning_rate=LR))
         losses.append(fb.result(timeout=120).metrics["loss:sum"])
         opt.result(timeout=120)
     tc.forward([counting_datum(0)], "cross_entropy").result(timeout=120)  # an eval loss: the "forward" series
@@ -162,7 +163,7 @@ def test_api_isolation_and_losses(trained):
             fb, opt = series["forward_backward"], series["optim_step"]
             assert fb["points"] == n and opt["points"] == n
             assert fb["step"] == list(range(n)) and opt["step"] == list(range(1, n + 1))
-            assert opt["metrics"]["learning_rate"] == [pytest.approx(1e-2)] * n
+            assert opt["metrics"]["learning_rate"] == [pytest.approx(LR)] * n
             assert series["forward"]["points"] == 1 and series["forward"]["step"] == [n]
             assert all(g is not None and math.isfinite(g) for g in opt["metrics"]["grad_norm"])
             err = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(fb["metrics"]["loss:sum"], losses))
