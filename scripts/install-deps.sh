@@ -33,6 +33,7 @@ libvulkan-dev
 glslc
 mesa-vulkan-drivers
 vulkan-tools
+chromium
 "
 
 missing=""

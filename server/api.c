@@ -895,6 +895,7 @@ void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
         api_openai(s, c, req);
         return;
     }
+    if (api_dashboard_static(c, req)) return; /* GET /: the dashboard's page (api_dashboard.c) */
     /* the path is normalised by http.c (no "..", ".", "//" or encoded separators);
      * every endpoint is under /api/v1/ exactly */
     if (strncmp(req->path, "/api/v1/", 8) != 0) {
@@ -929,6 +930,7 @@ void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     twk_log_context(tenant, route);
     twk_http_log_fields(c, tenant, NULL, NULL);
     if (api_sessions(s, c, req, tenant, route)) return;
+    if (api_dashboard(s, c, req, tenant, key, route)) return;
     if (get || !strcmp(req->method, "DELETE") || !strcmp(req->method, "PUT") ||
         (post && (!strncmp(route, "training_runs/", 14) || !strncmp(route, "sessions/", 9)))) {
         api_rest(s, c, req, tenant, route);

@@ -19,9 +19,7 @@ static cJSON *ckpt_json(const twk_store_ckpt *c) {
     cJSON *j = cJSON_CreateObject();
     char t[40], path[512];
     cJSON_AddStringToObject(j, "checkpoint_id", c->checkpoint_id);
-    cJSON_AddStringToObject(j, "checkpoint_type", !strncmp(c->checkpoint_id, "weights/", 8)            ? "training"
-                                                  : !strncmp(c->checkpoint_id, "external_weights/", 17) ? "external"
-                                                                                                        : "sampler");
+    cJSON_AddStringToObject(j, "checkpoint_type", svc_ckpt_type(c->checkpoint_id));
     api_iso_time(c->created, t, sizeof t);
     cJSON_AddStringToObject(j, "time", t);
     snprintf(path, sizeof path, "tinker://%s/%s", c->run_id, c->checkpoint_id);

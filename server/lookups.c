@@ -129,3 +129,9 @@ int svc_session_exists(svc *s, twk_http_conn *c, const char *tenant, const char 
     return 1;
 }
 
+
+const char *svc_ckpt_type(const char *checkpoint_id) {
+    return !strncmp(checkpoint_id, "weights/", 8)            ? "training"
+           : !strncmp(checkpoint_id, "external_weights/", 17) ? "external"
+                                                              : "sampler";
+}

@@ -213,9 +213,12 @@ static void run_fb(op *o) {
     twk_status st = lp ? twk_loss_step(o->run->trainer, &o->loss, &fb.b, !o->fb->forward_only, lp, &res) : TWK_ERR_OOM;
     if (st != TWK_OK)
         op_fail(o, st == TWK_ERR_RANGE || st == TWK_ERR_INVALID_ARG, "%s", lp ? twk_last_error() : "out of memory");
-    else
+    else {
         fb_encode(o, &fb, lp, &res);
-    if (st == TWK_OK) o->loss_value = res.loss;
+        o->loss_value = res.loss;
+        o->fb_res = res; /* the per-step log (steps.c) */
+        o->trainer_step = twk_trainer_step(o->run->trainer);
+    }
     twk_host_free(lp);
     fb_batch_free(&fb);
 }
@@ -227,6 +230,8 @@ static void run_optim(op *o) {
         op_fail(o, st == TWK_ERR_INVALID_ARG || st == TWK_ERR_RANGE, "%s", twk_last_error());
         return;
     }
+    o->grad_norm = norm; /* the per-step log (steps.c) */
+    o->trainer_step = twk_trainer_step(o->run->trainer);
     cJSON *j = cJSON_CreateObject();
     cJSON *m = cJSON_AddObjectToObject(j, "metrics");
     cJSON_AddNumberToObject(m, "grad_norm:mean", isfinite(norm) ? norm : 0);
@@ -424,6 +429,8 @@ static void op_done(twk_job *j) {
         twk_store_run_touch(s->store, o->run->id, wall_now());
     }
     if (o->kind == OP_UNLOAD && o->st == TWK_OK) o->run->unloaded = 1;
+    o->run->running--;
+    svc_steps_note(s, o);
     if (o->st != TWK_OK)
         twk_futures_fail(s->futures, o->request_id, o->user_error && o->st != TWK_ERR_OOM ? "user" : "server", o->err);
     else
@@ -457,6 +464,7 @@ static void dispatch(svc *s, op *o) {
     o->job.done = op_done;
     o->job.arg = o;
     svc_metrics_op_queued(s, o);
+    o->run->running++;
     twk_worker_submit(s->worker, &o->job);
 }
 

@@ -243,6 +243,7 @@ static void shut_down(svc *s) {
     s->futures = NULL;
     twk_worker_stop(s->worker);
     s->worker = NULL;
+    svc_steps_stop(s); /* after the worker: its last ops' rows are written too */
     uv_timer_stop(&s->gap_timer);
     uv_close((uv_handle_t *)&s->gap_timer, NULL);
     svc_sweeper_stop(s);
@@ -341,6 +342,7 @@ static int serve_open(svc *s, const twk_serve_config *cfg, uv_loop_t *loop) {
     s->gap_timer.data = s;
     uv_timer_start(&s->gap_timer, on_gap_timer, 1000, 1000);
     svc_sweeper_start(s);
+    if (svc_steps_start(s) != 0) twk_log_info("out of memory for the step metrics log: no curves this time");
     uv_signal_init(loop, &s->sigint);
     uv_signal_init(loop, &s->sigterm);
     s->sigint.data = s->sigterm.data = s;

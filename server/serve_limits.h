@@ -47,4 +47,12 @@ static_assert(TWK_SERVE_DEF_LIVE_SAMPLERS >= 1 && TWK_SERVE_DEF_LIVE_SAMPLERS <=
 #define TWK_SERVE_MAX_STOP_STRING_LEN 256
 #define TWK_SERVE_DEDUPE_RING 512            /* resubmitted seq_ids answered with their original future, per run */
 
+/* ---- the per-step metrics log (steps.c: the dashboard's curves; fixed, not options) ---- */
+#define TWK_SERVE_STEP_POINTS 4096           /* rows kept per run and kind (forward_backward, forward, optim_step);
+                                                one more thins that series to every second row (twk_store_steps_add) */
+#define TWK_SERVE_STEP_FLUSH_MS 1000         /* rows wait at most this long to be written, one transaction per write */
+#define TWK_SERVE_STEP_BATCH 1024            /* ... or are written at once when this many wait */
+#define TWK_SERVE_DASH_RUNS 200              /* runs (newest first) GET /api/v1/dashboard lists at most */
+#define TWK_SERVE_DASH_CKPTS 500             /* checkpoints (newest first) it lists at most */
+
 #endif

@@ -53,6 +53,9 @@ enum {
     ST_CK_LISTED,
     ST_CK_GET_PUBLIC,
     ST_CK_EXPIRED,
+    ST_STEP_INSERT,
+    ST_STEP_THIN,
+    ST_STEP_LIST,
     ST_COUNT
 };
 
@@ -76,8 +79,9 @@ static const char *const stmt_sql[ST_COUNT] = {
     [ST_RUN_INSERT] = "INSERT INTO runs (" RUN_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
     [ST_RUN_GET] = "SELECT " RUN_COLS " FROM runs WHERE tenant = ?1 AND id = ?2",
     [ST_RUN_TOUCH] = "UPDATE runs SET last_request = ?2 WHERE id = ?1",
-    [ST_RUN_COUNT] = "SELECT COUNT(*) FROM runs WHERE tenant = ?1 AND (?2 IS NULL OR session_id = ?2)",
-    [ST_RUN_LIST] = "SELECT " RUN_COLS " FROM runs WHERE tenant = ?1 AND (?2 IS NULL OR session_id = ?2) "
+    /* ?5 = 1: every tenant's (twk_store_run_list_all, the admin's dashboard) */
+    [ST_RUN_COUNT] = "SELECT COUNT(*) FROM runs WHERE (tenant = ?1 OR ?5 = 1) AND (?2 IS NULL OR session_id = ?2)",
+    [ST_RUN_LIST] = "SELECT " RUN_COLS " FROM runs WHERE (tenant = ?1 OR ?5 = 1) AND (?2 IS NULL OR session_id = ?2) "
                     "ORDER BY created DESC, id ASC LIMIT ?3 OFFSET ?4",
     [ST_CK_INSERT] = "INSERT INTO checkpoints (" CK_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
     /* a conflicting row of another tenant is left alone (changes() == 0) */
@@ -89,10 +93,11 @@ static const char *const stmt_sql[ST_COUNT] = {
                      "WHERE checkpoints.tenant = excluded.tenant",
     [ST_CK_GET] = "SELECT " CK_COLS " FROM checkpoints WHERE tenant = ?1 AND run_id = ?2 AND checkpoint_id = ?3",
     [ST_CK_DELETE] = "DELETE FROM checkpoints WHERE tenant = ?1 AND run_id = ?2 AND checkpoint_id = ?3",
-    /* tenant NULL: the published checkpoints of run ?2 (twk_store_ckpt_list_public) */
-    [ST_CK_COUNT] = "SELECT COUNT(*) FROM checkpoints WHERE (tenant = ?1 OR (?1 IS NULL AND is_public = 1)) "
+    /* tenant NULL: the published checkpoints of run ?2 (twk_store_ckpt_list_public); ?5 = 1: every
+     * tenant's (twk_store_ckpt_list_all) */
+    [ST_CK_COUNT] = "SELECT COUNT(*) FROM checkpoints WHERE (tenant = ?1 OR (?1 IS NULL AND is_public = 1) OR ?5 = 1) "
                     "AND (?2 IS NULL OR run_id = ?2)",
-    [ST_CK_LIST] = "SELECT " CK_COLS " FROM checkpoints WHERE (tenant = ?1 OR (?1 IS NULL AND is_public = 1)) "
+    [ST_CK_LIST] = "SELECT " CK_COLS " FROM checkpoints WHERE (tenant = ?1 OR (?1 IS NULL AND is_public = 1) OR ?5 = 1) "
                    "AND (?2 IS NULL OR run_id = ?2) "
                    "ORDER BY created DESC, run_id ASC, checkpoint_id ASC LIMIT ?3 OFFSET ?4",
     [ST_CK_TTL] = "UPDATE checkpoints SET expires_at = ?4 WHERE tenant = ?1 AND run_id = ?2 AND checkpoint_id = ?3",
@@ -102,6 +107,15 @@ static const char *const stmt_sql[ST_COUNT] = {
                          "AND checkpoint_id = ?3",
     [ST_CK_EXPIRED] = "SELECT " CK_COLS " FROM checkpoints WHERE expires_at > 0 AND expires_at <= ?1 "
                       "ORDER BY expires_at LIMIT ?2",
+    [ST_STEP_INSERT] = "INSERT OR REPLACE INTO run_steps (run_id, tenant, kind, seq, step, time, metrics) "
+                       "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    /* every second row of (run, kind) by seq, never the newest: what thinning drops */
+    [ST_STEP_THIN] = "DELETE FROM run_steps WHERE run_id = ?1 AND kind = ?2 AND seq IN (SELECT seq FROM (SELECT seq, "
+                     "ROW_NUMBER() OVER (ORDER BY seq) AS rn, COUNT(*) OVER () AS n FROM run_steps "
+                     "WHERE run_id = ?1 AND kind = ?2) WHERE rn % 2 = 0 AND rn < n AND n > ?3)",
+    /* ?1 NULL: any tenant's run (the admin's dashboard) */
+    [ST_STEP_LIST] = "SELECT run_id, tenant, kind, seq, step, time, metrics FROM run_steps "
+                     "WHERE (?1 IS NULL OR tenant = ?1) AND run_id = ?2 ORDER BY kind, seq",
 };
 
 /* Constant DDL (no user data), run once at open inside a write transaction. */
@@ -142,7 +156,17 @@ static const char schema_sql[] =
     " is_public INTEGER NOT NULL DEFAULT 0,"
     " user_metadata TEXT NOT NULL DEFAULT '{}',"
     " PRIMARY KEY (run_id, checkpoint_id));"
-    "CREATE INDEX IF NOT EXISTS checkpoints_tenant_created ON checkpoints (tenant, created);";
+    "CREATE INDEX IF NOT EXISTS checkpoints_tenant_created ON checkpoints (tenant, created);"
+    /* per-step metrics of training ops (the dashboard's curves), gone with their run's row */
+    "CREATE TABLE IF NOT EXISTS run_steps ("
+    " run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,"
+    " tenant TEXT NOT NULL,"
+    " kind INTEGER NOT NULL,"
+    " seq INTEGER NOT NULL,"
+    " step INTEGER NOT NULL,"
+    " time REAL NOT NULL,"
+    " metrics TEXT NOT NULL DEFAULT '{}',"
+    " PRIMARY KEY (run_id, kind, seq));";
 
 struct twk_store {
     sqlite3 *db;
@@ -732,12 +756,13 @@ static void free_runs(twk_store_run *runs, int n) {
     twk_host_free(runs);
 }
 
-static twk_status run_page(twk_store *s, const char *tenant, const char *session_id, int limit, int offset,
+static twk_status run_page(twk_store *s, const char *tenant, int all, const char *session_id, int limit, int offset,
                            twk_store_run **runs, int *n_out, int *total, const char *op) {
     sqlite3_stmt *st;
     TRY(stmt_get(s, ST_RUN_COUNT, op, &st));
     BIND(bind_text(s, st, 1, tenant, op));
     BIND(bind_text(s, st, 2, session_id, op));
+    BIND(bind_int64(s, st, 5, all, op));
     TRY(count_rows(s, st, op, total));
     int cap = page_cap(*total, limit, offset);
     if (cap == 0) return TWK_OK;
@@ -750,6 +775,7 @@ static twk_status run_page(twk_store *s, const char *tenant, const char *session
     if (status == TWK_OK) status = bind_text(s, st, 2, session_id, op);
     if (status == TWK_OK) status = bind_int64(s, st, 3, limit, op);
     if (status == TWK_OK) status = bind_int64(s, st, 4, offset, op);
+    if (status == TWK_OK) status = bind_int64(s, st, 5, all, op);
     while (status == TWK_OK && n < cap) {
         int rc = sqlite3_step(st);
         if (rc == SQLITE_DONE) break;
@@ -774,9 +800,8 @@ static twk_status run_page(twk_store *s, const char *tenant, const char *session
     return TWK_OK;
 }
 
-twk_status twk_store_run_list(twk_store *s, const char *tenant, const char *session_id, int limit, int offset,
-                              twk_store_run **runs, int *n_out, int *total) {
-    const char *op = "run list";
+static twk_status run_list(twk_store *s, const char *tenant, const char *session_id, int limit, int offset,
+                           twk_store_run **runs, int *n_out, int *total, const char *op) {
     NEED(runs, "runs", op);
     NEED(n_out, "n_out", op);
     NEED(total, "total", op);
@@ -784,10 +809,9 @@ twk_status twk_store_run_list(twk_store *s, const char *tenant, const char *sess
     *n_out = 0;
     *total = 0;
     NEED(s, "store", op);
-    NEED(tenant, "tenant", op);
     TRY(list_args(&limit, offset, op));
     TRY(read_begin(s, op));
-    twk_status status = run_page(s, tenant, session_id, limit, offset, runs, n_out, total, op);
+    twk_status status = run_page(s, tenant, !tenant, session_id, limit, offset, runs, n_out, total, op);
     status = read_end(s, status, op);
     if (status != TWK_OK) {
         free_runs(*runs, *n_out);
@@ -820,6 +844,22 @@ twk_status twk_store_tenant_stats(twk_store *s, double live_since, twk_store_sta
 }
 
 /* ---- checkpoints -------------------------------------------------------- */
+
+twk_status twk_store_run_list(twk_store *s, const char *tenant, const char *session_id, int limit, int offset,
+                              twk_store_run **runs, int *n_out, int *total) {
+    const char *op = "run list";
+    if (!tenant) { /* NULL never means "all" here */
+        if (runs) *runs = NULL;
+        if (n_out) *n_out = 0;
+        if (total) *total = 0;
+    }
+    NEED(tenant, "tenant", op);
+    return run_list(s, tenant, session_id, limit, offset, runs, n_out, total, op);
+}
+
+twk_status twk_store_run_list_all(twk_store *s, int limit, int offset, twk_store_run **runs, int *n_out, int *total) {
+    return run_list(s, NULL, NULL, limit, offset, runs, n_out, total, "run list (all tenants)");
+}
 
 static twk_status ckpt_write(twk_store *s, const twk_store_ckpt *c, int which, const char *op) {
     NEED(s, "store", op);
@@ -992,12 +1032,13 @@ twk_status twk_store_ckpt_set_public(twk_store *s, const char *tenant, const cha
                        is_public ? 1 : 0);
 }
 
-static twk_status ckpt_page(twk_store *s, const char *tenant, const char *run_id, int limit, int offset,
+static twk_status ckpt_page(twk_store *s, const char *tenant, int all, const char *run_id, int limit, int offset,
                             twk_store_ckpt **out, int *n_out, int *total, const char *op) {
     sqlite3_stmt *st;
     TRY(stmt_get(s, ST_CK_COUNT, op, &st));
     BIND(bind_text(s, st, 1, tenant, op));
     BIND(bind_text(s, st, 2, run_id, op));
+    BIND(bind_int64(s, st, 5, all, op));
     TRY(count_rows(s, st, op, total));
     int cap = page_cap(*total, limit, offset);
     if (cap == 0) return TWK_OK;
@@ -1010,6 +1051,7 @@ static twk_status ckpt_page(twk_store *s, const char *tenant, const char *run_id
     if (status == TWK_OK) status = bind_text(s, st, 2, run_id, op);
     if (status == TWK_OK) status = bind_int64(s, st, 3, limit, op);
     if (status == TWK_OK) status = bind_int64(s, st, 4, offset, op);
+    if (status == TWK_OK) status = bind_int64(s, st, 5, all, op);
     if (status == TWK_OK) status = ckpt_rows(s, st, arr, cap, &n, op);
     if (st) stmt_done(st);
     if (status != TWK_OK || n == 0) {
@@ -1021,24 +1063,28 @@ static twk_status ckpt_page(twk_store *s, const char *tenant, const char *run_id
     return TWK_OK;
 }
 
-static twk_status ckpt_list(twk_store *s, const char *tenant, const char *run_id, int limit, int offset,
+static twk_status ckpt_list(twk_store *s, const char *tenant, int all, const char *run_id, int limit, int offset,
                             twk_store_ckpt **out, int *n_out, int *total, const char *op);
 
 twk_status twk_store_ckpt_list(twk_store *s, const char *tenant, const char *run_id, int limit, int offset,
                                twk_store_ckpt **out, int *n_out, int *total) {
     const char *op = "checkpoint list";
     NEED(tenant, "tenant", op);
-    return ckpt_list(s, tenant, run_id, limit, offset, out, n_out, total, op);
+    return ckpt_list(s, tenant, 0, run_id, limit, offset, out, n_out, total, op);
 }
 
 twk_status twk_store_ckpt_list_public(twk_store *s, const char *run_id, int limit, int offset, twk_store_ckpt **out,
                                       int *n_out, int *total) {
     const char *op = "public checkpoint list";
     NEED(run_id, "run_id", op);
-    return ckpt_list(s, NULL, run_id, limit, offset, out, n_out, total, op);
+    return ckpt_list(s, NULL, 0, run_id, limit, offset, out, n_out, total, op);
 }
 
-static twk_status ckpt_list(twk_store *s, const char *tenant, const char *run_id, int limit, int offset,
+twk_status twk_store_ckpt_list_all(twk_store *s, int limit, int offset, twk_store_ckpt **out, int *n_out, int *total) {
+    return ckpt_list(s, NULL, 1, NULL, limit, offset, out, n_out, total, "checkpoint list (all tenants)");
+}
+
+static twk_status ckpt_list(twk_store *s, const char *tenant, int all, const char *run_id, int limit, int offset,
                             twk_store_ckpt **out, int *n_out, int *total, const char *op) {
     NEED(out, "out", op);
     NEED(n_out, "n_out", op);
@@ -1049,7 +1095,7 @@ static twk_status ckpt_list(twk_store *s, const char *tenant, const char *run_id
     NEED(s, "store", op);
     TRY(list_args(&limit, offset, op));
     TRY(read_begin(s, op));
-    twk_status status = ckpt_page(s, tenant, run_id, limit, offset, out, n_out, total, op);
+    twk_status status = ckpt_page(s, tenant, all, run_id, limit, offset, out, n_out, total, op);
     status = read_end(s, status, op);
     if (status != TWK_OK) {
         twk_host_free(*out);
@@ -1069,5 +1115,144 @@ twk_status twk_store_ckpt_listed(twk_store *s, const char *run_id, const char *c
     int n = 0;
     TRY(count_rows(s, st, op, &n));
     *listed = n > 0;
+    return TWK_OK;
+}
+
+/* ---- per-step metrics (run_steps) --------------------------------------- */
+
+void twk_store_steps_free(twk_store_step *rows, int n) {
+    if (!rows) return;
+    for (int i = 0; i < n; i++) twk_host_free(rows[i].metrics_json);
+    twk_host_free(rows);
+}
+
+static twk_status step_insert(twk_store *s, const twk_store_step *r, const char *op) {
+    TRY(check_field(r->run_id, sizeof r->run_id, 1, "run_id", op));
+    TRY(check_field(r->tenant, sizeof r->tenant, 1, "tenant", op));
+    TRY(check_finite(r->time, "time", op));
+    if (r->kind < TWK_STEP_FORWARD_BACKWARD || r->kind > TWK_STEP_OPTIM)
+        return twk_error(TWK_ERR_INVALID_ARG, "store: %s: kind %d is not a step kind", op, r->kind);
+    TRY(check_json(r->metrics_json, 0, "metrics", op));
+    sqlite3_stmt *st;
+    TRY(stmt_get(s, ST_STEP_INSERT, op, &st));
+    BIND(bind_text(s, st, 1, r->run_id, op));
+    BIND(bind_text(s, st, 2, r->tenant, op));
+    BIND(bind_int64(s, st, 3, r->kind, op));
+    BIND(bind_int64(s, st, 4, r->seq, op));
+    BIND(bind_int64(s, st, 5, r->step, op));
+    BIND(bind_double(s, st, 6, r->time, op));
+    BIND(bind_text(s, st, 7, r->metrics_json ? r->metrics_json : "{}", op));
+    return step_done(s, st, op, NULL);
+}
+
+/* Halves (run, kind) until it holds at most cap rows: each pass drops every second row by seq but
+ * the newest, and does nothing once the series is within cap. */
+static twk_status step_thin(twk_store *s, const char *run_id, int kind, int cap, const char *op) {
+    for (int changes = 1; changes > 0;) {
+        sqlite3_stmt *st;
+        TRY(stmt_get(s, ST_STEP_THIN, op, &st));
+        BIND(bind_text(s, st, 1, run_id, op));
+        BIND(bind_int64(s, st, 2, kind, op));
+        BIND(bind_int64(s, st, 3, cap, op));
+        TRY(step_done(s, st, op, &changes));
+    }
+    return TWK_OK;
+}
+
+twk_status twk_store_steps_add(twk_store *s, const twk_store_step *rows, int n, int cap, int *n_failed) {
+    const char *op = "steps add";
+    NEED(n_failed, "n_failed", op);
+    *n_failed = 0;
+    NEED(s, "store", op);
+    if (n <= 0) return TWK_OK;
+    NEED(rows, "rows", op);
+    if (cap < 2) return twk_error(TWK_ERR_INVALID_ARG, "store: %s: cap %d is below 2", op, cap);
+    TRY(exec_sql(s, "BEGIN IMMEDIATE", op));
+    char first[1024] = "";
+    twk_status first_st = TWK_OK;
+    for (int i = 0; i < n; i++) {
+        twk_status st = step_insert(s, &rows[i], op);
+        if (st == TWK_OK) continue;
+        if (first_st == TWK_OK) {
+            first_st = st;
+            snprintf(first, sizeof first, "%s", twk_last_error());
+        }
+        ++*n_failed;
+    }
+    /* each (run, kind) of the batch once: thinning runs after its rows went in */
+    for (int i = 0; i < n; i++) {
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++)
+            seen = rows[j].kind == rows[i].kind && !strcmp(rows[j].run_id, rows[i].run_id);
+        if (seen) continue;
+        twk_status st = step_thin(s, rows[i].run_id, rows[i].kind, cap, op);
+        if (st != TWK_OK && first_st == TWK_OK) {
+            first_st = st;
+            snprintf(first, sizeof first, "%s", twk_last_error());
+        }
+    }
+    twk_status st = exec_sql(s, "COMMIT", op);
+    if (st != TWK_OK) {
+        char saved[1024];
+        snprintf(saved, sizeof saved, "%s", twk_last_error());
+        sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+        *n_failed = n;
+        return twk_error(st, "%s", saved);
+    }
+    return first_st == TWK_OK ? TWK_OK : twk_error(first_st, "%s", first);
+}
+
+twk_status twk_store_steps_list(twk_store *s, const char *tenant, const char *run_id, twk_store_step **out,
+                                int *n_out) {
+    const char *op = "steps list";
+    NEED(out, "out", op);
+    NEED(n_out, "n_out", op);
+    *out = NULL;
+    *n_out = 0;
+    NEED(s, "store", op);
+    NEED(run_id, "run_id", op);
+    sqlite3_stmt *st;
+    TRY(stmt_get(s, ST_STEP_LIST, op, &st));
+    BIND(bind_text(s, st, 1, tenant, op));
+    BIND(bind_text(s, st, 2, run_id, op));
+    twk_store_step *arr = NULL;
+    int n = 0, cap = 0;
+    twk_status status = TWK_OK;
+    for (;;) {
+        int rc = sqlite3_step(st);
+        if (rc == SQLITE_DONE) break;
+        if (rc != SQLITE_ROW) {
+            status = db_fail(s, op, sqlite3_extended_errcode(s->db));
+            break;
+        }
+        if (n == cap) {
+            int ncap = cap ? cap * 2 : 256;
+            twk_store_step *grown = twk_host_realloc(arr, (size_t)cap * sizeof *arr, (size_t)ncap * sizeof *arr, "steps list");
+            if (!grown) {
+                status = TWK_ERR_OOM;
+                break;
+            }
+            arr = grown;
+            cap = ncap;
+        }
+        twk_store_step *r = &arr[n];
+        memset(r, 0, sizeof *r);
+        status = col_field(s, st, 0, r->run_id, sizeof r->run_id, op);
+        if (status == TWK_OK) status = col_field(s, st, 1, r->tenant, sizeof r->tenant, op);
+        r->kind = sqlite3_column_int(st, 2);
+        r->seq = sqlite3_column_int64(st, 3);
+        r->step = sqlite3_column_int64(st, 4);
+        r->time = sqlite3_column_double(st, 5);
+        if (status == TWK_OK) status = col_owned(s, st, 6, "{}", &r->metrics_json, "step metrics");
+        if (status != TWK_OK) break;
+        n++;
+    }
+    stmt_done(st);
+    if (status != TWK_OK || n == 0) {
+        twk_store_steps_free(arr, n);
+        return status;
+    }
+    *out = arr;
+    *n_out = n;
     return TWK_OK;
 }

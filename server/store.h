@@ -116,4 +116,35 @@ twk_status twk_store_ckpt_set_ttl(twk_store *s, const char *tenant, const char *
 twk_status twk_store_ckpt_set_public(twk_store *s, const char *tenant, const char *run_id, const char *checkpoint_id,
                                      int is_public);
 
+/* ---- all tenants (the admin's dashboard only) ---- */
+/* Every tenant's runs / checkpoints, newest first; as twk_store_run_list / twk_store_ckpt_list. */
+twk_status twk_store_run_list_all(twk_store *s, int limit, int offset, twk_store_run **runs, int *n_out, int *total);
+twk_status twk_store_ckpt_list_all(twk_store *s, int limit, int offset, twk_store_ckpt **out, int *n_out, int *total);
+
+/* ---- per-step metrics of training ops (table run_steps; the dashboard's curves) ---- */
+typedef enum twk_step_kind { TWK_STEP_FORWARD_BACKWARD = 0, TWK_STEP_FORWARD = 1, TWK_STEP_OPTIM = 2 } twk_step_kind;
+typedef struct twk_store_step {
+    char run_id[128];
+    char tenant[64];
+    int kind;           /* twk_step_kind */
+    int64_t seq;        /* the op's seq_id in its run */
+    int64_t step;       /* optimizer steps the run had taken: before the op (forward_backward, forward),
+                           after it (optim_step) */
+    double time;        /* unix seconds when the op finished */
+    char *metrics_json; /* owned; a JSON object {"loss:sum": 1.5, ...}, non-finite values as null */
+} twk_store_step;
+/* Adds rows in one transaction (a row of an existing (run_id, kind, seq) replaces it), then thins:
+ * each (run, kind) of the batch that holds more than cap (>= 2) rows loses every second row in seq
+ * order, the first and the newest always kept, until it holds at most cap — so a series keeps its
+ * whole span, older stretches at coarser resolution. A row that cannot
+ * be stored (bad field, run_id not in runs) is skipped and counted in *n_failed, the others are
+ * committed, and the first such error is returned. A failed commit stores nothing (*n_failed = n).
+ * The rows go with their run's row (ON DELETE CASCADE). */
+twk_status twk_store_steps_add(twk_store *s, const twk_store_step *rows, int n, int cap, int *n_failed);
+/* A run's rows ordered by kind, then seq; tenant NULL: any tenant's run (the admin's view). *out:
+ * n_out rows (twk_store_steps_free), NULL when none. */
+twk_status twk_store_steps_list(twk_store *s, const char *tenant, const char *run_id, twk_store_step **out,
+                                int *n_out);
+void twk_store_steps_free(twk_store_step *rows, int n);
+
 #endif

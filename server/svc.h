@@ -75,6 +75,9 @@ typedef struct op {
     int64_t size_bytes;
     double t_queued, t_started; /* metrics: when it was submitted to the worker, and started there (worker) */
     double loss_value;         /* OP_FB: the loss:sum metric (worker), for the non-finite-loss alert */
+    twk_loss_result fb_res;    /* OP_FB (worker): the loss's metrics, for the per-step log (steps.c) */
+    int64_t trainer_step;      /* OP_FB / OP_OPTIM (worker): optimizer steps taken (after an optim_step) */
+    float grad_norm;           /* OP_OPTIM (worker) */
     twk_job job;
     struct op *next;
 } op;
@@ -145,6 +148,7 @@ struct run_state {
     int64_t next_seq;
     op *pending;               /* arrived ahead of next_seq, sorted by seq */
     size_t early_bytes;        /* held by pending: body bytes + sizeof(op) each (--max-early-mb-run) */
+    int running;               /* ops handed to the worker and not done yet (the dashboard's queue) */
     double gap_since;          /* loop time when ops started waiting on a gap */
     double last_touch;         /* wall time of the last last_request update in the store */
     int64_t ring_seq[TWK_SERVE_DEDUPE_RING];
@@ -178,6 +182,7 @@ typedef struct svc {
     unsigned char url_key[32];  /* HMAC key of signed download URLs (DATA_DIR/url_signing.key) */
     struct twk_metrics *metrics; /* svc_metrics.c: GET /metrics */
     struct twk_alerts *alerts;   /* alerts.c: webhooks */
+    struct svc_steps *steps;    /* steps.c: per-step metrics waiting to be stored */
 } svc;
 
 /* ---- lookups.c ---- */
@@ -203,6 +208,9 @@ twk_lora_config svc_run_lora(const twk_store_run *src);
  * and the `type` its result carries. */
 const char *svc_save_kind(op_kind k);
 const char *svc_save_type(op_kind k);
+/* The checkpoint_type of a stored checkpoint id ("weights/…", "sampler_weights/…", "external_weights/…"):
+ * "training", "sampler" or "external". */
+const char *svc_ckpt_type(const char *checkpoint_id);
 /* DATA_DIR/checkpoints/<run>/<kind>/<name> */
 void svc_ckpt_dir(const svc *s, const char *run, const char *kind, const char *name, char *out, size_t len);
 
@@ -361,6 +369,23 @@ void svc_metrics_op_done(svc *s, const op *o);
 /* A route for metric labels: the path below /api/v1/ (or /v1/...) with every segment that is not
  * a word of the API replaced by {id}; "other" for unknown routes, "none" for none. */
 void svc_metrics_route(const char *route, char *out, size_t len);
+/* ---- steps.c: the per-step metrics log (the dashboard's curves) ---- */
+/* Starts the timer that writes collected rows to the store; -1 without memory. */
+int svc_steps_start(svc *s);
+/* Writes what is collected, stops the timer (the loop frees it). */
+void svc_steps_stop(svc *s);
+/* A finished op (loop thread): a successful forward_backward, forward or optim_step becomes a row. */
+void svc_steps_note(svc *s, const op *o);
+/* Writes the collected rows now (one transaction); a store failure is logged, the rows dropped. */
+void svc_steps_flush(svc *s);
+
+/* ---- api_dashboard.c: the runs dashboard ---- */
+/* GET / and /dashboard/<file>: the page embedded at build time (no key needed). 0 if the path is not
+ * one of them (nothing answered). */
+int api_dashboard_static(twk_http_conn *c, const twk_http_req *req);
+/* GET dashboard, dashboard/steps (under /api/v1/, key checked): 0 if route is neither. */
+int api_dashboard(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant, const char *key,
+                  const char *route);
 
 /* ---- api.c ---- */
 

@@ -4,7 +4,8 @@
  * creates; upsert; ttl/public; overlong and malformed input refused; the
  * data survives close + reopen; injected allocation failures; and a child
  * killed with SIGKILL while it writes loses no row it reported committed,
- * leaving a database that passes PRAGMA integrity_check. */
+ * leaving a database that passes PRAGMA integrity_check; per-step metrics (run_steps): tenant
+ * isolation, bad rows skipped, thinning against a reference, removal with their run. */
 #include <errno.h>
 #include <ftw.h>
 #include <math.h>
@@ -473,6 +474,158 @@ static void test_reopen(const char *dir) {
     twk_store_close(st);
 }
 
+/* ---- per-step metrics (run_steps) --------------------------------------- */
+
+static twk_store_step mk_step(const char *tenant, const char *run, int kind, int64_t seq, const char *metrics) {
+    twk_store_step r;
+    memset(&r, 0, sizeof r);
+    COPY(r.run_id, run);
+    COPY(r.tenant, tenant);
+    r.kind = kind;
+    r.seq = seq;
+    r.step = seq / 2;
+    r.time = 1000.0 + (double)seq;
+    r.metrics_json = (char *)metrics;
+    return r;
+}
+
+/* The seqs of a run's rows of one kind, in order; -1 on a store error. */
+static int list_seqs(twk_store *st, const char *tenant, const char *run, int kind, int64_t *seqs, int cap) {
+    twk_store_step *rows = NULL;
+    int n = 0, k = 0;
+    if (twk_store_steps_list(st, tenant, run, &rows, &n) != TWK_OK) return -1;
+    for (int i = 0; i < n; i++)
+        if (rows[i].kind == kind && k < cap) seqs[k++] = rows[i].seq;
+    twk_store_steps_free(rows, n);
+    return k;
+}
+
+/* The reference of thinning: past cap, drop every second entry (1-based even ranks) but the last,
+ * until at most cap are left. */
+static void ref_thin(int64_t *v, int *n, int cap) {
+    while (*n > cap) {
+        int k = 0;
+        for (int i = 0; i < *n; i++)
+            if ((i + 1) % 2 == 1 || i == *n - 1) v[k++] = v[i];
+        *n = k;
+    }
+}
+
+static void test_steps(const char *root) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/steps", root);
+    twk_store *st = NULL;
+    if (!expect(twk_store_open(dir, &st), TWK_OK, "steps: open")) return;
+    twk_store_run ra = mk_run("tenA", "run-a", "sess-a", 10.0), rb = mk_run("tenB", "run-b", "sess-b", 20.0);
+    expect(twk_store_run_create(st, &ra), TWK_OK, "steps: run A");
+    expect(twk_store_run_create(st, &rb), TWK_OK, "steps: run B");
+
+    /* rows round trip, per tenant */
+    twk_store_step rows[64];
+    char metrics[64][64];
+    for (int i = 0; i < 10; i++) {
+        snprintf(metrics[i], sizeof metrics[i], "{\"loss:sum\":%d.5,\"x\":null}", i);
+        rows[i] = mk_step("tenA", "run-a", TWK_STEP_FORWARD_BACKWARD, 2 * i, metrics[i]);
+    }
+    rows[10] = mk_step("tenA", "run-a", TWK_STEP_OPTIM, 1, "{\"learning_rate\":0.01}");
+    rows[11] = mk_step("tenB", "run-b", TWK_STEP_FORWARD, 0, "{}");
+    int failed = -1;
+    expect(twk_store_steps_add(st, rows, 12, 100, &failed), TWK_OK, "steps: add 12 rows");
+    check(failed == 0, "steps: none failed (%d)", failed);
+    twk_store_step *got = NULL;
+    int n = 0;
+    expect(twk_store_steps_list(st, "tenA", "run-a", &got, &n), TWK_OK, "steps: list tenant A's run");
+    int same = n == 11;
+    for (int i = 0; same && i < 10; i++)
+        same = got[i].kind == TWK_STEP_FORWARD_BACKWARD && got[i].seq == 2 * i && got[i].step == i &&
+               got[i].time == 1000.0 + 2 * i && !strcmp(got[i].metrics_json, metrics[i]) && !strcmp(got[i].tenant, "tenA");
+    same = same && got[10].kind == TWK_STEP_OPTIM && !strcmp(got[10].metrics_json, "{\"learning_rate\":0.01}");
+    check(same, "steps: 11 rows back by kind then seq, fields equal (%d)", n);
+    twk_store_steps_free(got, n);
+    expect(twk_store_steps_list(st, "tenB", "run-a", &got, &n), TWK_OK, "steps: tenant B lists tenant A's run");
+    check(n == 0 && !got, "steps: another tenant's rows are absent (%d)", n);
+    expect(twk_store_steps_list(st, NULL, "run-a", &got, &n), TWK_OK, "steps: admin lists tenant A's run");
+    check(n == 11, "steps: the admin view sees them (%d)", n);
+    twk_store_steps_free(got, n);
+
+    /* bad rows are skipped, the rest committed */
+    twk_store_step bad[4] = {mk_step("tenA", "no-such-run", TWK_STEP_OPTIM, 1, "{}"),
+                             mk_step("tenA", "run-a", TWK_STEP_OPTIM, 3, "[1]"),
+                             mk_step("tenA", "run-a", 7, 5, "{}"),
+                             mk_step("tenA", "run-a", TWK_STEP_OPTIM, 7, "{\"learning_rate\":0.02}")};
+    twk_status bst = twk_store_steps_add(st, bad, 4, 100, &failed);
+    check(bst != TWK_OK && failed == 3, "steps: a run not in runs, non-object metrics, a bad kind refused (%d: %s)",
+          failed, twk_last_error());
+    int64_t seqs[256];
+    int k = list_seqs(st, "tenA", "run-a", TWK_STEP_OPTIM, seqs, 256);
+    check(k == 2 && seqs[1] == 7, "steps: the good row of that batch is stored (%d)", k);
+
+    /* thinning: one row at a time, and batches, against the reference */
+    int64_t ref[256];
+    int nref = 0, ok_all = 1;
+    const int cap = 8;
+    for (int i = 0; i < 70; i++) {
+        twk_store_step r = mk_step("tenB", "run-b", TWK_STEP_FORWARD_BACKWARD, 100 + i, "{\"loss:sum\":1}");
+        if (twk_store_steps_add(st, &r, 1, cap, &failed) != TWK_OK) ok_all = 0;
+        ref[nref++] = 100 + i;
+        ref_thin(ref, &nref, cap);
+        k = list_seqs(st, "tenB", "run-b", TWK_STEP_FORWARD_BACKWARD, seqs, 256);
+        int eq = k == nref;
+        for (int j = 0; eq && j < k; j++) eq = seqs[j] == ref[j];
+        if (!eq) ok_all = 0;
+    }
+    check(ok_all && nref <= cap && ref[0] == 100 && ref[nref - 1] == 169,
+          "steps: 70 rows one by one with cap %d keep the reference's %d rows, first and newest", cap, nref);
+    for (int i = 0; i < 40; i++) rows[i] = mk_step("tenB", "run-b", TWK_STEP_FORWARD_BACKWARD, 200 + i, "{}");
+    expect(twk_store_steps_add(st, rows, 40, cap, &failed), TWK_OK, "steps: add a batch of 40");
+    for (int i = 0; i < 40; i++) ref[nref++] = 200 + i;
+    ref_thin(ref, &nref, cap);
+    k = list_seqs(st, "tenB", "run-b", TWK_STEP_FORWARD_BACKWARD, seqs, 256);
+    int eq = k == nref;
+    for (int j = 0; eq && j < k; j++) eq = seqs[j] == ref[j];
+    check(eq && k <= cap && seqs[k - 1] == 239, "steps: a batch past the cap thins to the reference (%d rows)", k);
+    k = list_seqs(st, "tenB", "run-b", TWK_STEP_FORWARD, seqs, 256);
+    check(k == 1, "steps: thinning leaves the run's other kinds alone (%d)", k);
+    expect(twk_store_steps_add(st, rows, 1, 1, &failed), TWK_ERR_INVALID_ARG, "steps: cap 1 refused");
+
+    /* the admin's lists; a tenant list never reads NULL as "all" */
+    twk_store_run *runs = NULL;
+    int total = 0;
+    expect(twk_store_run_list_all(st, 10, 0, &runs, &n, &total), TWK_OK, "steps: run list, all tenants");
+    check(n == 2 && total == 2 && !strcmp(runs[0].id, "run-b") && !strcmp(runs[1].id, "run-a"),
+          "steps: both tenants' runs, newest first");
+    for (int i = 0; i < n; i++) twk_store_run_clear(&runs[i]);
+    twk_host_free(runs);
+    expect(twk_store_run_list(st, NULL, NULL, 10, 0, &runs, &n, &total), TWK_ERR_INVALID_ARG,
+           "steps: run list with a NULL tenant refused");
+    twk_store_ckpt ca = mk_ckpt("tenA", "run-a", "weights/x", 30.0), cb = mk_ckpt("tenB", "run-b", "weights/y", 40.0);
+    twk_store_ckpt_create(st, &ca);
+    twk_store_ckpt_create(st, &cb);
+    twk_store_ckpt *cs = NULL;
+    expect(twk_store_ckpt_list_all(st, 10, 0, &cs, &n, &total), TWK_OK, "steps: checkpoint list, all tenants");
+    check(n == 2 && !strcmp(cs[0].tenant, "tenB") && !strcmp(cs[1].tenant, "tenA"), "steps: both tenants' checkpoints");
+    twk_host_free(cs);
+    expect(twk_store_ckpt_list(st, "tenA", NULL, 10, 0, &cs, &n, &total), TWK_OK, "steps: checkpoint list, tenant A");
+    check(n == 1 && total == 1, "steps: tenant A's one checkpoint only");
+    twk_host_free(cs);
+    twk_store_close(st);
+
+    /* a run's rows go with the run's row */
+    char db_path[600];
+    snprintf(db_path, sizeof db_path, "%s/twinkle.db", dir);
+    sqlite3 *db = NULL;
+    int rc = sqlite3_open(db_path, &db);
+    if (rc == SQLITE_OK) rc = sqlite3_exec(db, "PRAGMA foreign_keys=ON; DELETE FROM runs WHERE id = 'run-a'", NULL, NULL, NULL);
+    sqlite3_close(db);
+    check(rc == SQLITE_OK, "steps: run-a's row deleted");
+    if (!expect(twk_store_open(dir, &st), TWK_OK, "steps: reopen")) return;
+    expect(twk_store_steps_list(st, NULL, "run-a", &got, &n), TWK_OK, "steps: list the deleted run");
+    check(n == 0, "steps: the deleted run's rows are gone (%d)", n);
+    k = list_seqs(st, NULL, "run-b", TWK_STEP_FORWARD_BACKWARD, seqs, 256);
+    check(k == nref, "steps: the other run's rows stay (%d)", k);
+    twk_store_close(st);
+}
+
 /* ---- injected allocation failures --------------------------------------- */
 
 static int alloc_countdown = -1; /* fail when it reaches 0; -1 = never */
@@ -697,6 +850,7 @@ int main(void) {
     test_reopen(dir);
     test_oom(dir);
     test_schema_version(root);
+    test_steps(root);
 
     char crash_dir[512];
     snprintf(crash_dir, sizeof crash_dir, "%s/crash", root);

@@ -1,5 +1,5 @@
 /* The SPIR-V of every shader, embedded at build time (spv_*.h are generated
- * from shaders/<name>.comp by glslc and embed_spv.cmake). */
+ * from shaders/<name>.comp by glslc and ../../cmake/embed.cmake). */
 #include "vk_internal.h"
 
 #include "spv_attn.h"
