@@ -6,6 +6,7 @@
 #include "service.h"
 #include "cli.h"
 #include "dist.h"
+#include "dist_serve.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -73,12 +74,21 @@ static void usage(FILE *f) {
             twk_lora_default().rank, TWK_SERVE_CAP_LIVE_SAMPLERS, TWK_SERVE_DEF_LIVE_SAMPLERS);
 }
 
-int twk_cmd_serve(int argc, char **argv) {
-    if (twk_dist_launched_size() > 1) { /* N servers would fight over one port and one data dir */
-        fprintf(stderr, "twinkle serve: started as one of %d ranks; the multi-rank service is not built yet: "
-                        "run one process (mpirun is for twinkle train)\n", twk_dist_launched_size());
+/* One rank, or `mpirun -np N twinkle serve`: rank 0 serves HTTP, the others follow its commands. */
+static int serve_ranks(const twk_serve_config *cfg, int argc, char **argv) {
+    if (twk_dist_launched_size() <= 1) return twk_serve_run(cfg);
+    twk_dist_init(&argc, &argv);
+    if (twk_dist_size() == 1) { /* built without MPI: N copies would fight over one port and one data dir */
+        fprintf(stderr, "twinkle serve: started as one of %d ranks, but this twinkle was built without MPI "
+                        "(TWK_MPI=OFF): run one process\n", twk_dist_launched_size());
         return 2;
     }
+    int rc = twk_dist_rank() == 0 ? twk_serve_run(cfg) : twk_serve_follower(cfg);
+    twk_dist_finalize();
+    return rc;
+}
+
+int twk_cmd_serve(int argc, char **argv) {
     twk_serve_config cfg;
     twk_serve_config_default(&cfg);
     for (int i = 1; i < argc; i++) {
@@ -101,5 +111,5 @@ int twk_cmd_serve(int argc, char **argv) {
         }
         i += used;
     }
-    return twk_serve_run(&cfg);
+    return serve_ranks(&cfg, argc, argv);
 }

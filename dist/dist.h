@@ -56,6 +56,24 @@ twk_status twk_dist_sum_grads(twk_trainer *t, size_t bucket_bytes, twk_dist_stat
  * differs from rank 0's, or -1 when all agree (-2 when a download failed). */
 int twk_dist_params_differ(twk_trainer *t);
 
+/* ---- point to point (the multi-rank service, server/dist_serve.c) ---- */
+
+/* Sends n bytes to rank `to` with `tag` (blocking until the buffer may be
+ * reused). TWK_ERR_INVALID_ARG past 2 GiB; TWK_ERR_BACKEND when MPI fails;
+ * TWK_ERR_STATE with one rank. */
+twk_status twk_dist_send(int to, int tag, const void *buf, int64_t n);
+/* Waits for a message from rank `from` with `tag`, polling with short sleeps
+ * (an idle rank does not spin a core), and returns it in *buf (host
+ * allocator; the caller frees) with its size in *n. Errors as twk_dist_send,
+ * TWK_ERR_OOM when the buffer cannot be allocated. */
+twk_status twk_dist_recv(int from, int tag, void **buf, int64_t *n);
+
+/* The share of n sequences (offsets: n + 1 token offsets) that rank `rank`
+ * of `size` takes: sequences [*s0, *s1), whole groups of `group` (pairs for
+ * DPO), contiguous, the boundaries at the group starts nearest each rank's
+ * even share of the tokens. May be empty (*s0 == *s1). */
+void twk_dist_shard(const int64_t *offsets, int n, int group, int rank, int size, int *s0, int *s1);
+
 /* Ends every rank of the job at once with exit code `code` (MPI_Abort);
  * without MPI, exit(code). For fatal paths where agreement is impossible. */
 void twk_dist_abort(int code);

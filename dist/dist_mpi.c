@@ -1,9 +1,11 @@
 /* twk_dist over MPI (MPICH): ranks, node-local ranks, agreement, and the
  * bucketed gradient sum. The only file that includes mpi.h. */
 #include <mpi.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dist.h"
@@ -15,7 +17,9 @@ void twk_dist_init(int *argc, char ***argv) {
     if (g_init || twk_dist_launched_size() == 0) return;
     int already = 0;
     MPI_Initialized(&already);
-    if (!already) MPI_Init(argc, argv);
+    /* serialized: the service makes its MPI calls on its compute worker, not the main thread */
+    int provided = 0;
+    if (!already) MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
     g_init = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
@@ -138,6 +142,41 @@ int twk_dist_params_differ(twk_trainer *t) {
         if (all[r] != all[0]) differ = r;
     free(all);
     return differ;
+}
+
+twk_status twk_dist_send(int to, int tag, const void *buf, int64_t n) {
+    if (g_size == 1) return twk_error(TWK_ERR_STATE, "dist: no other rank to send to");
+    if (n < 0 || n > INT_MAX) return twk_error(TWK_ERR_INVALID_ARG, "dist: a message of %lld bytes", (long long)n);
+    if (MPI_Send(buf, (int)n, MPI_BYTE, to, tag, MPI_COMM_WORLD) != MPI_SUCCESS)
+        return twk_error(TWK_ERR_BACKEND, "dist: sending to rank %d failed", to);
+    return TWK_OK;
+}
+
+twk_status twk_dist_recv(int from, int tag, void **buf, int64_t *n) {
+    *buf = NULL;
+    *n = 0;
+    if (g_size == 1) return twk_error(TWK_ERR_STATE, "dist: no other rank to receive from");
+    MPI_Status st;
+    long wait_ns = 20000; /* 20 us, doubling to 5 ms while nothing arrives */
+    for (int flag = 0;;) {
+        if (MPI_Iprobe(from, tag, MPI_COMM_WORLD, &flag, &st) != MPI_SUCCESS)
+            return twk_error(TWK_ERR_BACKEND, "dist: probing rank %d failed", from);
+        if (flag) break;
+        struct timespec ts = {0, wait_ns};
+        nanosleep(&ts, NULL);
+        wait_ns = wait_ns < 5000000 ? wait_ns * 2 : 5000000;
+    }
+    int count = 0;
+    MPI_Get_count(&st, MPI_BYTE, &count);
+    *buf = twk_host_alloc((size_t)(count ? count : 1), "dist message");
+    if (!*buf) return twk_error(TWK_ERR_OOM, "dist: no memory for a %d-byte message from rank %d", count, from);
+    if (MPI_Recv(*buf, count, MPI_BYTE, from, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+        twk_host_free(*buf);
+        *buf = NULL;
+        return twk_error(TWK_ERR_BACKEND, "dist: receiving from rank %d failed", from);
+    }
+    *n = count;
+    return TWK_OK;
 }
 
 void twk_dist_abort(int code) {

@@ -1,0 +1,311 @@
+/* The multi-rank service, rank 0's side: every op that touches a trainer is
+ * replayed on the other ranks (dist_follower.c), forward_backward split across
+ * them by tokens. Called on the compute worker (start and stop on the main
+ * thread, before the worker starts and after it stopped), so MPI is only ever
+ * entered by one thread at a time (MPI_THREAD_SERIALIZED). */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "dist.h"
+#include "dist_serve.h"
+
+/* the gradient allreduce's bucket (as `twinkle train --bucket-mb`'s default) */
+#define DSV_BUCKET_BYTES ((size_t)16 << 20)
+
+int svc_dist_active(void) { return twk_dist_size() > 1; }
+
+int64_t dsv_input_width(const twk_loss_input_def *def, int k) {
+    return def->shape == TWK_SHAPE_TOKENS ? 1 : k > 0 ? k : 1;
+}
+
+float *dsv_grads_save(twk_trainer *t) {
+    int64_t total = 0, ne = 0;
+    for (int i = 0; i < twk_trainer_param_count(t); i++) twk_trainer_grad_data(t, i, &ne), total += ne;
+    float *g = twk_host_alloc((size_t)(total ? total : 1) * sizeof(float), "gradient snapshot");
+    int64_t at = 0;
+    for (int i = 0; g && i < twk_trainer_param_count(t); i++) {
+        const float *src = twk_trainer_grad_data(t, i, &ne);
+        memcpy(g + at, src, (size_t)ne * sizeof(float));
+        at += ne;
+    }
+    return g;
+}
+
+void dsv_grads_restore(twk_trainer *t, const float *g) {
+    int64_t at = 0, ne = 0;
+    for (int i = 0; g && i < twk_trainer_param_count(t); i++) {
+        float *dst = twk_trainer_grad_data(t, i, &ne);
+        memcpy(dst, g + at, (size_t)ne * sizeof(float));
+        at += ne;
+    }
+}
+
+/* A command: the header, then `n` arrays. */
+static twk_status send_cmd(int rank, const dsv_cmd *h, const void *const *parts, const int64_t *sizes, int n) {
+    int64_t len = (int64_t)sizeof *h;
+    for (int i = 0; i < n; i++) len += sizes[i];
+    unsigned char *buf = twk_host_alloc((size_t)len, "dist command");
+    if (!buf) return twk_error(TWK_ERR_OOM, "out of memory for a command to rank %d", rank);
+    memcpy(buf, h, sizeof *h);
+    int64_t at = (int64_t)sizeof *h;
+    for (int i = 0; i < n; i++) {
+        if (sizes[i]) memcpy(buf + at, parts[i], (size_t)sizes[i]);
+        at += sizes[i];
+    }
+    twk_status st = twk_dist_send(rank, DSV_TAG_CMD, buf, len);
+    twk_host_free(buf);
+    return st;
+}
+
+/* A follower's answer; its failure becomes this thread's error, naming the rank. *extra (may be
+ * NULL) gets the floats after the header (host allocator). */
+static twk_status recv_reply(int rank, dsv_reply *rep, float **extra) {
+    void *buf = NULL;
+    int64_t n = 0;
+    if (extra) *extra = NULL;
+    twk_status st = twk_dist_recv(rank, DSV_TAG_REPLY, &buf, &n);
+    if (st != TWK_OK) return st;
+    if (n < (int64_t)sizeof *rep) {
+        twk_host_free(buf);
+        return twk_error(TWK_ERR_BACKEND, "rank %d sent a short reply", rank);
+    }
+    memcpy(rep, buf, sizeof *rep);
+    rep->err[sizeof rep->err - 1] = 0;
+    if (extra && rep->n_logprobs > 0 && n >= (int64_t)sizeof *rep + rep->n_logprobs * (int64_t)sizeof(float)) {
+        *extra = twk_host_alloc((size_t)rep->n_logprobs * sizeof(float), "logprobs");
+        if (*extra) memcpy(*extra, (unsigned char *)buf + sizeof *rep, (size_t)rep->n_logprobs * sizeof(float));
+    }
+    twk_host_free(buf);
+    if (rep->st != TWK_OK) return twk_error((twk_status)rep->st, "%s", rep->err);
+    return TWK_OK;
+}
+
+/* Sends h to every follower and collects their replies; the first failure's message (prefixed
+ * with its rank when `name_rank`) is the thread's error. */
+static twk_status all_followers(const dsv_cmd *h, int name_rank) {
+    int n = twk_dist_size();
+    twk_status first = TWK_OK;
+    char msg[900] = "";
+    for (int r = 1; r < n; r++) {
+        twk_status st = send_cmd(r, h, NULL, NULL, 0);
+        if (st != TWK_OK) return st;
+    }
+    for (int r = 1; r < n; r++) {
+        dsv_reply rep;
+        twk_status st = recv_reply(r, &rep, NULL);
+        if (st != TWK_OK && first == TWK_OK) {
+            first = st;
+            snprintf(msg, sizeof msg, "%s", twk_last_error());
+            if (name_rank) snprintf(msg, sizeof msg, "rank %d of %d: %.800s", r, n, twk_last_error());
+        }
+    }
+    return first == TWK_OK ? TWK_OK : twk_error(first, "%s", msg);
+}
+
+static dsv_cmd cmd_for(dsv_kind kind, const run_state *r) {
+    dsv_cmd h;
+    memset(&h, 0, sizeof h);
+    h.kind = kind;
+    if (r) snprintf(h.run, sizeof h.run, "%s", r->id);
+    return h;
+}
+
+int svc_dist_start(char *err, size_t err_len) {
+    if (!svc_dist_active()) return 0;
+    dsv_cmd h = cmd_for(DSV_START, NULL);
+    if (all_followers(&h, 1) != TWK_OK) {
+        snprintf(err, err_len, "%s", twk_last_error());
+        svc_dist_stop();
+        return -1;
+    }
+    return 0;
+}
+
+void svc_dist_stop(void) {
+    static int stopped;
+    if (!svc_dist_active() || stopped) return;
+    stopped = 1;
+    dsv_cmd h = cmd_for(DSV_STOP, NULL);
+    (void)all_followers(&h, 1);
+}
+
+twk_status svc_dist_trainer_new(svc *s, run_state *r) {
+    twk_status st = twk_trainer_new(r->base->m, &r->lora, s->cfg.max_context, &r->trainer);
+    if (st != TWK_OK || !svc_dist_active()) return st;
+    dsv_cmd h = cmd_for(DSV_CREATE, r);
+    h.model = (int32_t)(r->base - s->models);
+    h.lora = r->lora;
+    h.capacity = s->cfg.max_context;
+    if ((st = all_followers(&h, 1)) != TWK_OK) {
+        char msg[900];
+        snprintf(msg, sizeof msg, "%s", twk_last_error());
+        svc_dist_trainer_free(r); /* nothing stays on any rank (unloading an absent run is a no-op there) */
+        return twk_error(st, "%s", msg);
+    }
+    return TWK_OK;
+}
+
+void svc_dist_trainer_free(run_state *r) {
+    if (svc_dist_active()) {
+        dsv_cmd h = cmd_for(DSV_UNLOAD, r);
+        (void)all_followers(&h, 1);
+    }
+    twk_trainer_free(r->trainer);
+    r->trainer = NULL;
+}
+
+twk_status svc_dist_load_state(run_state *r, const char *dir, int load_optimizer) {
+    twk_status st = twk_trainer_load_state(r->trainer, dir, load_optimizer);
+    if (st != TWK_OK || !svc_dist_active()) return st;
+    dsv_cmd h = cmd_for(DSV_LOAD, r);
+    snprintf(h.path, sizeof h.path, "%s", dir);
+    h.load_optimizer = load_optimizer;
+    return all_followers(&h, 1);
+}
+
+twk_status svc_dist_optim_step(run_state *r, const twk_adam_params *p, float *grad_norm) {
+    if (!svc_dist_active()) return twk_trainer_optim_step(r->trainer, p, grad_norm);
+    dsv_cmd h = cmd_for(DSV_OPTIM, r);
+    h.adam = *p;
+    int n = twk_dist_size();
+    for (int k = 1; k < n; k++) {
+        twk_status st = send_cmd(k, &h, NULL, NULL, 0);
+        if (st != TWK_OK) return st;
+    }
+    /* every rank in the same collective: the sum lands bit-identical on each, so the steps agree */
+    twk_status st = twk_dist_sum_grads(r->trainer, DSV_BUCKET_BYTES, NULL);
+    if (st == TWK_OK) st = twk_trainer_optim_step(r->trainer, p, grad_norm);
+    char msg[900];
+    snprintf(msg, sizeof msg, "%s", twk_last_error());
+    for (int k = 1; k < n; k++) {
+        dsv_reply rep;
+        if (recv_reply(k, &rep, NULL) != TWK_OK && st == TWK_OK) /* rank 0 succeeded: the follower's error */
+            st = twk_error((twk_status)rep.st, "rank %d of %d: %.800s", k, n, rep.err), snprintf(msg, sizeof msg, "%s", twk_last_error());
+    }
+    return st == TWK_OK ? TWK_OK : twk_error(st, "%s", msg);
+}
+
+/* ---- forward_backward across the ranks ---- */
+
+/* Whether the loss is a sum over datums (or pairs), so shares' results add up to the whole batch's.
+ * The GRPO family and GSPO normalise over the batch, and the KL term's kl:mean over its counted
+ * tokens: those run on rank 0 alone (exact, not faster). */
+static int shardable(const twk_loss_spec *spec) {
+    const twk_loss_def *d = spec->def;
+    double kl = spec->config[TWK_CFG_KL_BETA];
+    return d->family != TWK_FAMILY_RL || (d->aggregation == TWK_AGG_SUM && !(kl > 0));
+}
+
+/* Sends sequences [s0, s1) of b to rank `to`. */
+static twk_status send_share(int to, const run_state *r, const twk_loss_spec *spec, const twk_loss_batch *b,
+                             int backward, int s0, int s1) {
+    dsv_cmd h = cmd_for(DSV_FB, r);
+    const twk_loss_def *d = spec->def;
+    snprintf(h.loss, sizeof h.loss, "%s", d->name);
+    memcpy(h.config, spec->config, sizeof h.config);
+    h.backward = backward;
+    h.k = b->k;
+    h.n_seqs = s1 - s0;
+    int64_t a = b->offsets[s0], ntok = b->offsets[s1] - a, kw = b->k > 0 ? b->k : 1;
+    h.n_tokens = ntok;
+    int64_t *off = twk_host_alloc((size_t)(h.n_seqs + 1) * sizeof(int64_t), "share offsets");
+    if (!off) return twk_error(TWK_ERR_OOM, "out of memory for a share of %d sequences", h.n_seqs);
+    for (int i = s0; i <= s1; i++) off[i - s0] = b->offsets[i] - a;
+    const void *parts[3 + TWK_LOSS_MAX_INPUTS];
+    int64_t sizes[3 + TWK_LOSS_MAX_INPUTS];
+    int np = 0;
+    parts[np] = off, sizes[np++] = (int64_t)(h.n_seqs + 1) * (int64_t)sizeof(int64_t);
+    parts[np] = b->tokens + a, sizes[np++] = ntok * (int64_t)sizeof(int32_t);
+    parts[np] = b->targets + a * kw, sizes[np++] = ntok * kw * (int64_t)sizeof(int32_t);
+    for (int i = 0; i < d->n_inputs; i++) { /* in the registry's order, which the follower walks too */
+        const twk_loss_input_def *in = &d->inputs[i];
+        if (in->dtype != TWK_LOSS_F32 || !b->in[in->id]) continue;
+        int64_t w = dsv_input_width(in, b->k);
+        h.in_mask |= 1u << in->id;
+        parts[np] = b->in[in->id] + a * w, sizes[np++] = ntok * w * (int64_t)sizeof(float);
+    }
+    twk_status st = send_cmd(to, &h, parts, sizes, np);
+    twk_host_free(off);
+    return st;
+}
+
+/* The whole batch's metrics from the shares': sums add; means weigh each share by what it averaged
+ * over (tokens for the RL losses, pairs for the preference losses); `mean` as twk_loss_step sets it. */
+static void combine(const twk_loss_def *d, const twk_loss_result *parts, const int *used, int n, twk_loss_result *res) {
+    memset(res, 0, sizeof *res);
+    int wi = d->family == TWK_FAMILY_PREF ? 2 : 1;
+    double wsum = 0;
+    for (int r = 0; r < n; r++)
+        if (used[r]) {
+            res->n_metrics = parts[r].n_metrics;
+            wsum += parts[r].values[wi];
+        }
+    for (int i = 0; i < res->n_metrics; i++) {
+        res->keys[i] = d->metrics[i];
+        int is_mean = strstr(d->metrics[i], ":mean") != NULL;
+        for (int r = 0; r < n; r++)
+            if (used[r])
+                res->values[i] += is_mean ? (wsum > 0 ? parts[r].values[i] * parts[r].values[wi] / wsum : 0) : parts[r].values[i];
+    }
+    res->loss = res->values[0];
+    double norm = d->family == TWK_FAMILY_RL ? res->values[1] : res->values[2];
+    res->mean = d->family == TWK_FAMILY_RL ? (norm ? res->loss / norm : 0) : norm != 0 ? res->loss / norm : res->loss;
+}
+
+twk_status svc_dist_loss_step(run_state *r, const twk_loss_spec *spec, const twk_loss_batch *b, int backward,
+                              float *logprobs, twk_loss_result *res) {
+    twk_trainer *t = r->trainer;
+    if (!svc_dist_active() || !shardable(spec)) return twk_loss_step(t, spec, b, backward, logprobs, res);
+    int n = twk_dist_size(), kw = b->k > 0 ? b->k : 1;
+    int *s0 = twk_host_calloc((size_t)n * 3 * sizeof(int), "shares");
+    twk_loss_result *parts = twk_host_calloc((size_t)n * sizeof *parts, "share results");
+    float *saved = backward ? dsv_grads_save(t) : NULL;
+    if (!s0 || !parts || (backward && !saved)) {
+        twk_host_free(s0);
+        twk_host_free(parts);
+        twk_host_free(saved);
+        return twk_error(TWK_ERR_OOM, "out of memory splitting a batch of %d sequences", b->n_seqs);
+    }
+    int *s1 = s0 + n, *used = s0 + 2 * n;
+    for (int k = 0; k < n; k++) {
+        twk_dist_shard(b->offsets, b->n_seqs, spec->def->group, k, n, &s0[k], &s1[k]);
+        used[k] = s1[k] > s0[k];
+    }
+    twk_status st = TWK_OK, sent = TWK_OK;
+    for (int k = 1; k < n && sent == TWK_OK; k++)
+        if (used[k] && (sent = send_share(k, r, spec, b, backward, s0[k], s1[k])) != TWK_OK) used[k] = 0;
+    if (sent != TWK_OK) st = sent;
+    if (used[0]) { /* rank 0's own share, while the others run theirs */
+        twk_loss_batch mine = *b;
+        mine.n_seqs = s1[0]; /* rank 0's share starts at sequence 0: the same arrays, fewer sequences */
+        twk_status own = twk_loss_step(t, spec, &mine, backward, logprobs, &parts[0]);
+        if (st == TWK_OK) st = own;
+    }
+    for (int k = 1; k < n; k++) {
+        if (!used[k]) continue;
+        dsv_reply rep;
+        float *lp = NULL;
+        twk_status rs = recv_reply(k, &rep, &lp);
+        if (rs == TWK_OK && logprobs && lp && rep.n_logprobs == (b->offsets[s1[k]] - b->offsets[s0[k]]) * kw)
+            memcpy(logprobs + b->offsets[s0[k]] * kw, lp, (size_t)rep.n_logprobs * sizeof(float));
+        parts[k].n_metrics = rep.n_metrics;
+        parts[k].loss = rep.loss;
+        memcpy(parts[k].values, rep.values, sizeof rep.values);
+        twk_host_free(lp);
+        if (st == TWK_OK) st = rs;
+    }
+    if (backward) { /* the verdict: keep the shares' gradients, or put every rank's back */
+        int32_t verdict = st == TWK_OK;
+        for (int k = 1; k < n; k++)
+            if (used[k]) (void)twk_dist_send(k, DSV_TAG_VERDICT, &verdict, sizeof verdict);
+        if (st != TWK_OK) dsv_grads_restore(t, saved);
+    }
+    if (st == TWK_OK) combine(spec->def, parts, used, n, res);
+    else /* the whole batch on rank 0: its result, or its failure with the single process's message */
+        st = twk_loss_step(t, spec, b, backward, logprobs, res);
+    twk_host_free(s0);
+    twk_host_free(parts);
+    twk_host_free(saved);
+    return st;
+}
