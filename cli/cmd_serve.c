@@ -1,4 +1,5 @@
 /* `twinkle serve`: the Tinker-compatible training service. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -83,6 +84,8 @@ static int serve_ranks(const twk_serve_config *cfg, int argc, char **argv) {
                         "(TWK_MPI=OFF): run one process\n", twk_dist_launched_size());
         return 2;
     }
+    twk_dist_watch_failures(); /* a lost rank: MPI errors return and no wait outlasts a failure notice */
+    signal(SIGPIPE, SIG_IGN);  /* the process manager's output forwarding may go with a lost rank */
     int rc = twk_dist_rank() == 0 ? twk_serve_run(cfg) : twk_serve_follower(cfg);
     twk_dist_finalize();
     return rc;

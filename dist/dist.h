@@ -22,7 +22,8 @@ int twk_dist_launched_size(void);
  * CPU ranks split the cores. Idempotent; never fails (MPI errors abort the
  * job). */
 void twk_dist_init(int *argc, char ***argv);
-/* Ends the rank (MPI_Finalize); after it no collective may be called. */
+/* Ends the rank (MPI_Finalize; skipped after twk_dist_failed, whose peers may be gone); after it no
+ * collective may be called. */
 void twk_dist_finalize(void);
 /* This process's rank, the number of ranks, and the same within this machine. */
 int twk_dist_rank(void);
@@ -57,6 +58,16 @@ twk_status twk_dist_sum_grads(twk_trainer *t, size_t bucket_bytes, twk_dist_stat
 int twk_dist_params_differ(twk_trainer *t);
 
 /* ---- point to point (the multi-rank service, server/dist_serve.c) ---- */
+
+/* Survives the loss of another rank instead of aborting: MPI errors return
+ * (MPI_ERRORS_RETURN), and the process manager's notice of a failed process
+ * (MPICH's hydra sends SIGUSR1 when started with -disable-auto-cleanup) is
+ * recorded. From then on twk_dist_send / twk_dist_recv / twk_dist_sum_grads
+ * return TWK_ERR_BACKEND instead of waiting, and twk_dist_finalize skips
+ * MPI_Finalize. */
+void twk_dist_watch_failures(void);
+/* 1 once a failure was noticed (a notice, or an MPI call that failed). */
+int twk_dist_failed(void);
 
 /* Sends n bytes to rank `to` with `tag` (blocking until the buffer may be
  * reused). TWK_ERR_INVALID_ARG past 2 GiB; TWK_ERR_BACKEND when MPI fails;

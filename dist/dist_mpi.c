@@ -2,6 +2,7 @@
  * bucketed gradient sum. The only file that includes mpi.h. */
 #include <mpi.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,44 @@
 #include "dist.h"
 
 static int g_init, g_rank, g_size = 1, g_local_rank, g_local_size = 1;
+static volatile sig_atomic_t g_failed; /* a process of the job failed (twk_dist_watch_failures) */
+
+static void on_failure_notice(int sig) {
+    (void)sig;
+    g_failed = 1;
+}
+
+void twk_dist_watch_failures(void) {
+    if (!g_init || g_size == 1) return;
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_failure_notice;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
+int twk_dist_failed(void) { return g_failed != 0; }
+
+static twk_status lost(const char *what) {
+    g_failed = 1;
+    return twk_error(TWK_ERR_BACKEND, "a rank of the job was lost (%s)", what);
+}
+
+/* Waits for request q, polling with short sleeps; gives up once a failure is noticed. */
+static twk_status wait_req(MPI_Request *q, const char *what) {
+    long wait_ns = 20000; /* after 2 ms of spinning: sleeps of 20 us, doubling to 5 ms */
+    double spin_until = MPI_Wtime() + 2e-3;
+    for (int done = 0;;) {
+        if (MPI_Test(q, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return lost(what);
+        if (done) return TWK_OK;
+        if (g_failed) return lost(what); /* the request is abandoned with its peer */
+        if (MPI_Wtime() < spin_until) continue;
+        struct timespec ts = {0, wait_ns};
+        nanosleep(&ts, NULL);
+        wait_ns = wait_ns < 5000000 ? wait_ns * 2 : 5000000;
+    }
+}
 
 void twk_dist_init(int *argc, char ***argv) {
     /* not started by a process manager: one rank, and MPI stays out of the process */
@@ -38,7 +77,7 @@ void twk_dist_init(int *argc, char ***argv) {
 
 void twk_dist_finalize(void) {
     int done = 0;
-    if (!g_init) return;
+    if (!g_init || g_failed) return; /* MPI_Finalize waits for every peer, and one is gone */
     MPI_Finalized(&done);
     if (!done) MPI_Finalize();
 }
@@ -62,10 +101,15 @@ void twk_dist_sum_f64(double *v, int n) {
 /* One bucket: a reduce-scatter gives each rank the sum of its slice (summed
  * once, by one rank), the allgather hands every rank the same sums. n is a
  * multiple of the rank count. */
-static void reduce_bucket(float *buf, float *slice, int64_t n) {
+static twk_status reduce_bucket(float *buf, float *slice, int64_t n) {
     int per = (int)(n / g_size);
-    MPI_Reduce_scatter_block(buf, slice, per, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    MPI_Allgather(slice, per, MPI_FLOAT, buf, per, MPI_FLOAT, MPI_COMM_WORLD);
+    MPI_Request q;
+    if (MPI_Ireduce_scatter_block(buf, slice, per, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &q) != MPI_SUCCESS)
+        return lost("gradient sum");
+    twk_status st = wait_req(&q, "gradient sum");
+    if (st == TWK_OK && MPI_Iallgather(slice, per, MPI_FLOAT, buf, per, MPI_FLOAT, MPI_COMM_WORLD, &q) != MPI_SUCCESS)
+        return lost("gradient sum");
+    return st == TWK_OK ? wait_req(&q, "gradient sum") : st;
 }
 
 twk_status twk_dist_sum_grads(twk_trainer *t, size_t bucket_bytes, twk_dist_stats *stats) {
@@ -100,7 +144,11 @@ twk_status twk_dist_sum_grads(twk_trainer *t, size_t bucket_bytes, twk_dist_stat
         if (fill == 0) break;
         int64_t padded = (fill + g_size - 1) / g_size * g_size;
         memset(buf + fill, 0, (size_t)(padded - fill) * sizeof(float));
-        reduce_bucket(buf, slice, padded);
+        if (reduce_bucket(buf, slice, padded) != TWK_OK) {
+            twk_host_free(buf);
+            twk_host_free(slice);
+            return TWK_ERR_BACKEND;
+        }
         s.buckets++;
         s.bytes += fill * (int64_t)sizeof(float);
         for (int64_t at = 0; at < fill;) {
@@ -147,9 +195,10 @@ int twk_dist_params_differ(twk_trainer *t) {
 twk_status twk_dist_send(int to, int tag, const void *buf, int64_t n) {
     if (g_size == 1) return twk_error(TWK_ERR_STATE, "dist: no other rank to send to");
     if (n < 0 || n > INT_MAX) return twk_error(TWK_ERR_INVALID_ARG, "dist: a message of %lld bytes", (long long)n);
-    if (MPI_Send(buf, (int)n, MPI_BYTE, to, tag, MPI_COMM_WORLD) != MPI_SUCCESS)
-        return twk_error(TWK_ERR_BACKEND, "dist: sending to rank %d failed", to);
-    return TWK_OK;
+    if (g_failed) return lost("sending");
+    MPI_Request q;
+    if (MPI_Isend(buf, (int)n, MPI_BYTE, to, tag, MPI_COMM_WORLD, &q) != MPI_SUCCESS) return lost("sending");
+    return wait_req(&q, "sending");
 }
 
 twk_status twk_dist_recv(int from, int tag, void **buf, int64_t *n) {
@@ -159,9 +208,9 @@ twk_status twk_dist_recv(int from, int tag, void **buf, int64_t *n) {
     MPI_Status st;
     long wait_ns = 20000; /* 20 us, doubling to 5 ms while nothing arrives */
     for (int flag = 0;;) {
-        if (MPI_Iprobe(from, tag, MPI_COMM_WORLD, &flag, &st) != MPI_SUCCESS)
-            return twk_error(TWK_ERR_BACKEND, "dist: probing rank %d failed", from);
+        if (MPI_Iprobe(from, tag, MPI_COMM_WORLD, &flag, &st) != MPI_SUCCESS) return lost("receiving");
         if (flag) break;
+        if (g_failed) return lost("receiving");
         struct timespec ts = {0, wait_ns};
         nanosleep(&ts, NULL);
         wait_ns = wait_ns < 5000000 ? wait_ns * 2 : 5000000;
@@ -173,7 +222,7 @@ twk_status twk_dist_recv(int from, int tag, void **buf, int64_t *n) {
     if (MPI_Recv(*buf, count, MPI_BYTE, from, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
         twk_host_free(*buf);
         *buf = NULL;
-        return twk_error(TWK_ERR_BACKEND, "dist: receiving from rank %d failed", from);
+        return lost("receiving");
     }
     *n = count;
     return TWK_OK;

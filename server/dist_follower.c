@@ -188,6 +188,7 @@ int twk_serve_follower(const twk_serve_config *cfg) {
         snprintf(f->dev_err, sizeof f->dev_err, "%s", twk_last_error());
     while (step(f)) {
     }
+    int rc = twk_dist_failed() ? 1 : 0; /* a rank was lost (this one stops; rank 0 serves alone) */
     while (f->runs) run_unload(f, f->runs->id);
     for (int i = 0; i < f->n_models; i++) {
         twk_model_free(f->models[i].m);
@@ -195,5 +196,5 @@ int twk_serve_follower(const twk_serve_config *cfg) {
     }
     twk_device_close(f->dev);
     twk_host_free(f);
-    return 0;
+    return rc;
 }

@@ -13,7 +13,7 @@
 /* the gradient allreduce's bucket (as `twinkle train --bucket-mb`'s default) */
 #define DSV_BUCKET_BYTES ((size_t)16 << 20)
 
-int svc_dist_active(void) { return twk_dist_size() > 1; }
+int svc_dist_active(void) { return twk_dist_size() > 1 && !twk_dist_failed(); }
 
 int64_t dsv_input_width(const twk_loss_input_def *def, int k) {
     return def->shape == TWK_SHAPE_TOKENS ? 1 : k > 0 ? k : 1;
@@ -302,6 +302,8 @@ twk_status svc_dist_loss_step(run_state *r, const twk_loss_spec *spec, const twk
         if (st != TWK_OK) dsv_grads_restore(t, saved);
     }
     if (st == TWK_OK) combine(spec->def, parts, used, n, res);
+    else if (twk_dist_failed()) /* a rank was lost: the run's gradients are gone with it */
+        st = twk_error(TWK_ERR_BACKEND, "%s", twk_last_error());
     else /* the whole batch on rank 0: its result, or its failure with the single process's message */
         st = twk_loss_step(t, spec, b, backward, logprobs, res);
     twk_host_free(s0);
