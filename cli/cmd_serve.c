@@ -65,7 +65,13 @@ static void usage(FILE *f) {
             "                       status and duration_ms; failed futures; the server's messages)\n"
             "  --jwt-auth           have the SDK exchange its key for a short-lived JWT (auth/token), which\n"
             "                       its whoami reads (tenant as tml:user:TENANT)\n"
-            "  --quiet              no log lines\n",
+            "  --quiet              no log lines\n"
+            "\n"
+            "mpirun -np N twinkle serve ...: one service over N ranks (MPI). Rank 0 answers HTTP and keeps\n"
+            "the store; every rank loads the base models and a replica of each run; forward_backward's\n"
+            "datums are split across the ranks by tokens and the gradients summed before each optim_step.\n"
+            "A GPU --device without an index becomes KIND:LOCAL_RANK. The data dir must be readable by\n"
+            "every rank (load_weights reads checkpoints on each). A rank that dies ends the whole job.\n",
             TWK_DEFAULT_MODEL_NAME, TWK_SERVE_DEF_PORT, TWK_SERVE_DEF_MAX_LORA_RANK, TWK_SERVE_DEF_MAX_CONTEXT,
             TWK_SERVE_DEF_MAX_DATUMS, TWK_SERVE_DEF_MAX_BODY_MB, TWK_SERVE_DEF_SEQ_TIMEOUT_S,
             TWK_SERVE_DEF_STABILITY_TTL_S, TWK_SERVE_DEF_STABILITY_RECORDS, TWK_SERVE_DEF_POLL_TIMEOUT_S,
@@ -84,8 +90,12 @@ static int serve_ranks(const twk_serve_config *cfg, int argc, char **argv) {
                         "(TWK_MPI=OFF): run one process\n", twk_dist_launched_size());
         return 2;
     }
+    twk_serve_config mine = *cfg; /* --device cuda: cuda:LOCAL_RANK on each rank (an explicit :N wins) */
+    char dev[sizeof mine.device];
+    snprintf(mine.device, sizeof mine.device, "%s", twk_dist_device(cfg->device, dev, sizeof dev));
+    cfg = &mine;
     twk_dist_watch_failures(); /* a lost rank: MPI errors return and no wait outlasts a failure notice */
-    signal(SIGPIPE, SIG_IGN);  /* the process manager's output forwarding may go with a lost rank */
+    signal(SIGPIPE, SIG_IGN);  /* a closed output pipe of the process manager must not end a rank mid-shutdown */
     int rc = twk_dist_rank() == 0 ? twk_serve_run(cfg) : twk_serve_follower(cfg);
     twk_dist_finalize();
     return rc;

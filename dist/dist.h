@@ -25,6 +25,9 @@ void twk_dist_init(int *argc, char ***argv);
 /* Ends the rank (MPI_Finalize; skipped after twk_dist_failed, whose peers may be gone); after it no
  * collective may be called. */
 void twk_dist_finalize(void);
+/* --device for this rank: a GPU kind without an index ("cuda") gets the node-local rank's
+ * device ("cuda:LOCAL_RANK", written into buf); an explicit index or "cpu" is returned as is. */
+const char *twk_dist_device(const char *spec, char *buf, size_t cap);
 /* This process's rank, the number of ranks, and the same within this machine. */
 int twk_dist_rank(void);
 int twk_dist_size(void);
