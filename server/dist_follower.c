@@ -143,6 +143,7 @@ static int step(follower *f) {
     twk_clear_error();
     twk_status st = TWK_OK;
     twk_trainer *t = NULL;
+    float *saved = NULL;
     int more = 1;
     switch ((dsv_kind)h.kind) {
     case DSV_START:
@@ -155,8 +156,11 @@ static int step(follower *f) {
     case DSV_OPTIM:
         /* the collective first, whatever happens: rank 0 and every other follower are in it */
         t = trainer_of(f, h.run);
-        st = t ? twk_dist_sum_grads(t, (size_t)16 << 20, NULL) : TWK_ERR_STATE;
+        saved = t ? dsv_grads_save(t) : NULL; /* put back if the step is refused, as on rank 0 */
+        st = t ? twk_dist_sum_grads(t, DSV_BUCKET_BYTES, NULL) : TWK_ERR_STATE;
         if (st == TWK_OK) st = twk_trainer_optim_step(t, &h.adam, NULL);
+        if (st != TWK_OK && t && saved) dsv_grads_restore(t, saved);
+        twk_host_free(saved);
         reply(st, NULL, NULL, 0);
         break;
     case DSV_LOAD:

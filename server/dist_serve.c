@@ -10,9 +10,6 @@
 #include "dist.h"
 #include "dist_serve.h"
 
-/* the gradient allreduce's bucket (as `twinkle train --bucket-mb`'s default) */
-#define DSV_BUCKET_BYTES ((size_t)16 << 20)
-
 int svc_dist_active(void) { return twk_dist_size() > 1 && !twk_dist_failed(); }
 
 int64_t dsv_input_width(const twk_loss_input_def *def, int k) {
@@ -169,13 +166,22 @@ twk_status svc_dist_optim_step(run_state *r, const twk_adam_params *p, float *gr
     dsv_cmd h = cmd_for(DSV_OPTIM, r);
     h.adam = *p;
     int n = twk_dist_size();
+    /* this rank's share of the gradients, put back if the step is refused (a bad hyper-parameter, a
+     * non-finite norm), so a later step does not sum the sum again: as one process, the gradients stay */
+    float *saved = dsv_grads_save(r->trainer);
+    if (!saved) return twk_error(TWK_ERR_OOM, "out of memory for optim_step");
     for (int k = 1; k < n; k++) {
         twk_status st = send_cmd(k, &h, NULL, NULL, 0);
-        if (st != TWK_OK) return st;
+        if (st != TWK_OK) {
+            twk_host_free(saved);
+            return st;
+        }
     }
     /* every rank in the same collective: the sum lands bit-identical on each, so the steps agree */
     twk_status st = twk_dist_sum_grads(r->trainer, DSV_BUCKET_BYTES, NULL);
     if (st == TWK_OK) st = twk_trainer_optim_step(r->trainer, p, grad_norm);
+    if (st != TWK_OK) dsv_grads_restore(r->trainer, saved);
+    twk_host_free(saved);
     char msg[900];
     snprintf(msg, sizeof msg, "%s", twk_last_error());
     for (int k = 1; k < n; k++) {

@@ -19,6 +19,9 @@
 
 enum { DSV_TAG_CMD = 71, DSV_TAG_REPLY = 72, DSV_TAG_VERDICT = 73 };
 
+/* the gradient allreduce's bucket (as `twinkle train --bucket-mb`'s default) */
+#define DSV_BUCKET_BYTES ((size_t)16 << 20)
+
 typedef enum dsv_kind {
     DSV_START,  /* the base models are in place (rank 0 made the built-in one): load them */
     DSV_CREATE, /* a run's trainer: model index, LoRA config, capacity */
