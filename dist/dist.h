@@ -76,6 +76,10 @@ int twk_dist_failed(void);
  * reused). TWK_ERR_INVALID_ARG past 2 GiB; TWK_ERR_BACKEND when MPI fails;
  * TWK_ERR_STATE with one rank. */
 twk_status twk_dist_send(int to, int tag, const void *buf, int64_t n);
+/* Sends n bytes without waiting: buf (host allocator) is taken and freed once the send completes,
+ * which every later dist wait (and twk_dist_finalize) drives. So a rank may answer and move on
+ * while the receiver is busy elsewhere. Errors as twk_dist_send (buf freed). */
+twk_status twk_dist_send_async(int to, int tag, void *buf, int64_t n);
 /* Waits for a message from rank `from` with `tag`, polling with short sleeps
  * (an idle rank does not spin a core), and returns it in *buf (host
  * allocator; the caller frees) with its size in *n. Errors as twk_dist_send,

@@ -31,6 +31,29 @@ void twk_dist_watch_failures(void) {
 
 int twk_dist_failed(void) { return g_failed != 0; }
 
+/* twk_dist_send_async's sends in flight, completed (and their buffers freed) by every wait */
+typedef struct pending_send {
+    MPI_Request q;
+    void *buf;
+    struct pending_send *next;
+} pending_send;
+static pending_send *g_pending;
+
+static void progress_sends(void) {
+    for (pending_send **pp = &g_pending; *pp;) {
+        int done = 0;
+        if (MPI_Test(&(*pp)->q, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) g_failed = 1, done = 1;
+        if (!done) {
+            pp = &(*pp)->next;
+            continue;
+        }
+        pending_send *p = *pp;
+        *pp = p->next;
+        twk_host_free(p->buf);
+        twk_host_free(p);
+    }
+}
+
 static twk_status lost(const char *what) {
     g_failed = 1;
     return twk_error(TWK_ERR_BACKEND, "a rank of the job was lost (%s)", what);
@@ -43,6 +66,7 @@ static twk_status wait_req(MPI_Request *q, const char *what) {
     for (int done = 0;;) {
         if (MPI_Test(q, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return lost(what);
         if (done) return TWK_OK;
+        progress_sends();
         if (g_failed) return lost(what); /* the request is abandoned with its peer */
         if (MPI_Wtime() < spin_until) continue;
         struct timespec ts = {0, wait_ns};
@@ -78,6 +102,11 @@ void twk_dist_init(int *argc, char ***argv) {
 void twk_dist_finalize(void) {
     int done = 0;
     if (!g_init || g_failed) return; /* MPI_Finalize waits for every peer, and one is gone */
+    while (g_pending && !g_failed) { /* the answers still on their way */
+        progress_sends();
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
     MPI_Finalized(&done);
     if (!done) MPI_Finalize();
 }
@@ -201,6 +230,24 @@ twk_status twk_dist_send(int to, int tag, const void *buf, int64_t n) {
     return wait_req(&q, "sending");
 }
 
+twk_status twk_dist_send_async(int to, int tag, void *buf, int64_t n) {
+    pending_send *p = g_size > 1 && !g_failed && n >= 0 && n <= INT_MAX ? twk_host_calloc(sizeof *p, "dist send") : NULL;
+    if (!p) {
+        twk_host_free(buf);
+        return g_size == 1 ? twk_error(TWK_ERR_STATE, "dist: no other rank to send to")
+                           : twk_error(TWK_ERR_OOM, "dist: an asynchronous send of %lld bytes failed", (long long)n);
+    }
+    if (MPI_Isend(buf, (int)n, MPI_BYTE, to, tag, MPI_COMM_WORLD, &p->q) != MPI_SUCCESS) {
+        twk_host_free(buf);
+        twk_host_free(p);
+        return lost("sending");
+    }
+    p->buf = buf;
+    p->next = g_pending;
+    g_pending = p;
+    return TWK_OK;
+}
+
 twk_status twk_dist_recv(int from, int tag, void **buf, int64_t *n) {
     *buf = NULL;
     *n = 0;
@@ -211,6 +258,7 @@ twk_status twk_dist_recv(int from, int tag, void **buf, int64_t *n) {
         if (MPI_Iprobe(from, tag, MPI_COMM_WORLD, &flag, &st) != MPI_SUCCESS) return lost("receiving");
         if (flag) break;
         if (g_failed) return lost("receiving");
+        progress_sends();
         struct timespec ts = {0, wait_ns};
         nanosleep(&ts, NULL);
         wait_ns = wait_ns < 5000000 ? wait_ns * 2 : 5000000;

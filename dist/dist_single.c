@@ -31,6 +31,11 @@ twk_status twk_dist_send(int to, int tag, const void *buf, int64_t n) {
     (void)to, (void)tag, (void)buf, (void)n;
     return twk_error(TWK_ERR_STATE, "dist: no other rank to send to");
 }
+twk_status twk_dist_send_async(int to, int tag, void *buf, int64_t n) {
+    (void)to, (void)tag, (void)n;
+    twk_host_free(buf);
+    return twk_error(TWK_ERR_STATE, "dist: no other rank to send to");
+}
 twk_status twk_dist_recv(int from, int tag, void **buf, int64_t *n) {
     (void)from, (void)tag;
     *buf = NULL;

@@ -20,6 +20,7 @@ typedef struct follower {
     base_model models[TWK_MAX_BASE_MODELS];
     int n_models;
     frun *runs;
+    twk_sampler *samplers[TWK_MAX_BASE_MODELS]; /* each base model's slotted sampler replica, made on first use */
     char dev_err[512];         /* why the device did not open */
 } follower;
 
@@ -105,6 +106,123 @@ static void run_fb(follower *f, const dsv_cmd *h, const unsigned char *p, int64_
     twk_host_free(lp);
 }
 
+/* A snapshot's tensors inside the command: (name, nelem, floats) * n, for twk_sampler_slot_set. */
+typedef struct msg_adapter {
+    const unsigned char *at;
+    int n;
+} msg_adapter;
+
+static int get_from_msg(void *ctx, const char *name, float *dst, int64_t nelem) {
+    const msg_adapter *a = ctx;
+    const unsigned char *p = a->at;
+    for (int i = 0; i < a->n; i++) {
+        int64_t ne;
+        memcpy(&ne, p + 224, 8);
+        if (!strcmp((const char *)p, name)) {
+            if (ne != nelem) return 0;
+            memcpy(dst, p + 232, (size_t)ne * sizeof(float));
+            return 1;
+        }
+        p += 232 + ne * (int64_t)sizeof(float);
+    }
+    return 0;
+}
+
+/* Reads one adapter of a DSV_SAMPLE (svc_dist_sample_send's put_adapter) into slot `slot`. */
+static twk_status load_slot(twk_sampler *sm, int slot, const unsigned char *msg, int64_t len, int64_t *at) {
+    const int32_t *kind = dsv_take(msg, len, at, 4), *rank = dsv_take(msg, len, at, 4);
+    const float *alpha = dsv_take(msg, len, at, 4);
+    const char *dir = dsv_take(msg, len, at, 1024);
+    const int32_t *n = dsv_take(msg, len, at, 4);
+    if (!n) return twk_error(TWK_ERR_BACKEND, "a short decode batch");
+    msg_adapter ma = {msg + *at, *n};
+    for (int i = 0; *kind == 2 && i < *n; i++) {
+        const unsigned char *t = dsv_take(msg, len, at, 232);
+        int64_t ne;
+        if (!t) return twk_error(TWK_ERR_BACKEND, "a short decode batch");
+        memcpy(&ne, t + 224, 8);
+        if (!dsv_take(msg, len, at, ne * (int64_t)sizeof(float))) return twk_error(TWK_ERR_BACKEND, "a short decode batch");
+    }
+    if (*kind == 1) return twk_sampler_slot_load_dir(sm, slot, dir);
+    if (*kind == 2) return twk_sampler_slot_set(sm, slot, *rank, *alpha, get_from_msg, &ma);
+    return twk_sampler_slot_clear(sm, slot);
+}
+
+/* A decode batch: its adapters into slots 1.., the requests decoded together, the sequences sent
+ * back under the batch's tag without waiting for rank 0 to take them. */
+static void run_sample(follower *f, const dsv_cmd *h, const unsigned char *msg, int64_t len) {
+    enum { SEQS = TWK_SERVE_SAMPLER_SEQS };
+    int64_t at = sizeof *h;
+    twk_status st = h->model >= 0 && h->model < f->n_models && h->n_seqs >= 1 && h->n_seqs <= SEQS
+                        ? TWK_OK : twk_error(TWK_ERR_STATE, "a decode batch for model %d of %d requests", h->model, h->n_seqs);
+    twk_sampler **sm = st == TWK_OK ? &f->samplers[h->model] : NULL;
+    if (st == TWK_OK && !*sm)
+        st = twk_sampler_new_slots(f->models[h->model].m, f->cfg.sampler_slots, f->cfg.slot_rank, SEQS,
+                                   f->cfg.max_context, sm);
+    if (st == TWK_OK && h->k >= f->cfg.sampler_slots) st = twk_error(TWK_ERR_STATE, "%d adapters in a decode batch", h->k);
+    for (int a = 0; st == TWK_OK && a < h->k; a++) st = load_slot(*sm, a + 1, msg, len, &at);
+    twk_sample_request reqs[SEQS];
+    twk_sample_params params[SEQS];
+    int32_t stops[SEQS][TWK_SERVE_MAX_STOP_TOKENS];
+    char strs[SEQS][TWK_SERVE_MAX_STOP_STRINGS][TWK_SERVE_MAX_STOP_STRING_LEN + 1];
+    const char *str_ptr[SEQS][TWK_SERVE_MAX_STOP_STRINGS];
+    int total = 0;
+    for (int i = 0; st == TWK_OK && i < h->n_seqs; i++) {
+        const int32_t *head = dsv_take(msg, len, &at, 32);
+        const float *fl = dsv_take(msg, len, &at, 8);
+        const uint64_t *seed = dsv_take(msg, len, &at, 8);
+        const int64_t *np = dsv_take(msg, len, &at, 8);
+        const int32_t *prompt = np ? dsv_take(msg, len, &at, *np * 4) : NULL;
+        const void *stop = prompt && head[5] >= 0 && head[5] <= TWK_SERVE_MAX_STOP_TOKENS ? dsv_take(msg, len, &at, head[5] * 4) : NULL;
+        if (!stop || head[6] < 0 || head[6] > TWK_SERVE_MAX_STOP_STRINGS) {
+            st = twk_error(TWK_ERR_BACKEND, "a short decode batch");
+            break;
+        }
+        memcpy(stops[i], stop, (size_t)head[5] * 4);
+        for (int k = 0; st == TWK_OK && k < head[6]; k++) {
+            const int32_t *sl = dsv_take(msg, len, &at, 4);
+            const char *sv = sl && *sl >= 0 && *sl <= TWK_SERVE_MAX_STOP_STRING_LEN ? dsv_take(msg, len, &at, *sl) : NULL;
+            if (!sv) st = twk_error(TWK_ERR_BACKEND, "a short decode batch");
+            else {
+                memcpy(strs[i][k], sv, (size_t)*sl);
+                strs[i][k][*sl] = 0;
+                str_ptr[i][k] = strs[i][k];
+            }
+        }
+        params[i] = (twk_sample_params){head[2], fl[0], head[3], fl[1], *seed, head[4] != 0, stops[i], head[5],
+                                        str_ptr[i], head[6], f->models[h->model].tok};
+        reqs[i] = (twk_sample_request){prompt, *np, head[1], &params[i], NULL, head[0]};
+        total += head[1];
+    }
+    twk_sampled_seq *res = st == TWK_OK ? twk_host_calloc((size_t)(total ? total : 1) * sizeof *res, "sampled") : NULL;
+    if (st == TWK_OK && !res) st = twk_error(TWK_ERR_OOM, "out of memory for a decode batch");
+    for (int i = 0, off = 0; st == TWK_OK && i < h->n_seqs; off += reqs[i].num_samples, i++) reqs[i].out = res + off;
+    if (st == TWK_OK) st = twk_sampler_generate_many(*sm, reqs, h->n_seqs);
+    dsv_reply rep;
+    memset(&rep, 0, sizeof rep);
+    rep.st = st;
+    if (st != TWK_OK) snprintf(rep.err, sizeof rep.err, "%s", twk_last_error());
+    dsv_buf b = {0};
+    dsv_put(&b, &rep, sizeof rep);
+    for (int i = 0; st == TWK_OK && i < total; i++) {
+        int32_t why = res[i].stop_reason;
+        dsv_put(&b, &res[i].n, 8);
+        dsv_put(&b, &why, 4);
+        dsv_put(&b, res[i].tokens, res[i].n * 4);
+        dsv_put(&b, res[i].logprobs, res[i].n * 4);
+    }
+    for (int i = 0; res && i < total; i++) twk_sampled_seq_free(&res[i]);
+    twk_host_free(res);
+    if (b.oom) { /* the header alone, failed */
+        twk_host_free(b.p);
+        b = (dsv_buf){0};
+        rep.st = TWK_ERR_OOM;
+        snprintf(rep.err, sizeof rep.err, "out of memory for the decoded sequences");
+        dsv_put(&b, &rep, sizeof rep);
+    }
+    if (b.p) (void)twk_dist_send_async(0, DSV_TAG_SAMPLE + h->tag, b.p, b.n);
+}
+
 static twk_status run_create(follower *f, const dsv_cmd *h) {
     if (h->model < 0 || h->model >= f->n_models) return twk_error(TWK_ERR_STATE, "no base model %d on this rank", h->model);
     frun *r = twk_host_calloc(sizeof *r, "run");
@@ -167,6 +285,7 @@ static int step(follower *f) {
         t = trainer_of(f, h.run);
         reply(t ? twk_trainer_load_state(t, h.path, h.load_optimizer) : TWK_ERR_STATE, NULL, NULL, 0);
         break;
+    case DSV_SAMPLE: run_sample(f, &h, buf, len); break;
     case DSV_UNLOAD:
         run_unload(f, h.run);
         reply(TWK_OK, NULL, NULL, 0);
@@ -195,6 +314,7 @@ int twk_serve_follower(const twk_serve_config *cfg) {
     int rc = twk_dist_failed() ? 1 : 0; /* a rank was lost (this one stops; rank 0 serves alone) */
     while (f->runs) run_unload(f, f->runs->id);
     for (int i = 0; i < f->n_models; i++) {
+        twk_sampler_free(f->samplers[i]);
         twk_model_free(f->models[i].m);
         twk_tokenizer_free(f->models[i].tok);
     }

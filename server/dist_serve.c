@@ -317,3 +317,146 @@ twk_status svc_dist_loss_step(run_state *r, const twk_loss_spec *spec, const twk
     twk_host_free(saved);
     return st;
 }
+
+/* ---- decode batches on the other ranks ---- */
+
+void dsv_put(dsv_buf *b, const void *src, int64_t n) {
+    if (b->oom || n <= 0) return;
+    if (b->n + n > b->cap) {
+        int64_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->n + n) cap *= 2;
+        unsigned char *p = twk_host_realloc(b->p, (size_t)b->cap, (size_t)cap, "dist message");
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, src, (size_t)n);
+    b->n += n;
+}
+
+const void *dsv_take(const unsigned char *msg, int64_t len, int64_t *at, int64_t n) {
+    if (n < 0 || *at + n > len) return NULL;
+    const void *p = msg + *at;
+    *at += n;
+    return p;
+}
+
+/* decode batches sent to each rank (written by the worker, read by /healthz on the loop) */
+static _Atomic long g_batches_to[64];
+
+int svc_dist_health(char *body, size_t len) {
+    int n = twk_dist_size();
+    if (n == 1) return 0;
+    int at = snprintf(body, len, "{\"status\":\"ok\",\"ranks\":%d,\"decode_batches_sent\":[", n);
+    for (int r = 1; r < n && at > 0 && (size_t)at < len; r++)
+        at += snprintf(body + at, len - (size_t)at, "%s%ld", r > 1 ? "," : "", r < 64 ? (long)g_batches_to[r] : -1L);
+    if (at > 0 && (size_t)at < len) snprintf(body + at, len - (size_t)at, "]}");
+    return 1;
+}
+
+int svc_dist_sample_rank(void) {
+    static unsigned next;
+    return svc_dist_active() ? (int)(next++ % (unsigned)twk_dist_size()) : 0;
+}
+
+/* The adapter of a session as the other rank loads it: kind 0 the base model, 1 a checkpoint
+ * folder, 2 a snapshot's tensors. */
+static void put_adapter(dsv_buf *b, const sampler_session *ss) {
+    int32_t kind = !ss->has_adapter ? 0 : ss->adapter_dir[0] ? 1 : 2, rank = ss->rank, n = ss->copy ? ss->copy->n : 0;
+    char dir[sizeof ss->adapter_dir];
+    snprintf(dir, sizeof dir, "%s", ss->adapter_dir);
+    dsv_put(b, &kind, 4);
+    dsv_put(b, &rank, 4);
+    dsv_put(b, &ss->alpha, 4);
+    dsv_put(b, dir, sizeof dir);
+    dsv_put(b, &n, 4);
+    for (int i = 0; kind == 2 && i < n; i++) {
+        dsv_put(b, ss->copy->names[i], sizeof ss->copy->names[i]);
+        dsv_put(b, &ss->copy->nelem[i], 8);
+        dsv_put(b, ss->copy->data[i], ss->copy->nelem[i] * (int64_t)sizeof(float));
+    }
+}
+
+twk_status svc_dist_sample_send(int rank, int model, const twk_sample_request *reqs, sampler_session *const *sessions,
+                                int n, int *tag) {
+    static unsigned counter;
+    dsv_cmd h = cmd_for(DSV_SAMPLE, NULL);
+    h.model = model;
+    h.n_seqs = n;
+    h.tag = (int32_t)(counter++ % DSV_SAMPLE_TAGS);
+    *tag = h.tag;
+    /* the batch's distinct adapters (slot 0 the base model), then each request naming its own */
+    const sampler_session *adapters[TWK_SERVE_CAP_SAMPLER_SLOTS];
+    int32_t which[TWK_SERVE_SAMPLER_SEQS];
+    int n_ad = 0;
+    if (n > TWK_SERVE_SAMPLER_SEQS) return twk_error(TWK_ERR_STATE, "a decode batch of %d requests", n);
+    for (int i = 0; i < n; i++) {
+        which[i] = 0;
+        for (int a = 0; sessions[i]->has_adapter && !which[i] && a < n_ad; a++)
+            if (adapters[a] == sessions[i]) which[i] = a + 1;
+        if (sessions[i]->has_adapter && !which[i]) {
+            if (n_ad + 1 >= TWK_SERVE_CAP_SAMPLER_SLOTS) return twk_error(TWK_ERR_STATE, "too many adapters in a batch");
+            adapters[n_ad++] = sessions[i];
+            which[i] = n_ad;
+        }
+    }
+    h.k = n_ad;
+    dsv_buf b = {0};
+    dsv_put(&b, &h, sizeof h);
+    for (int a = 0; a < n_ad; a++) put_adapter(&b, adapters[a]);
+    for (int i = 0; i < n; i++) {
+        const twk_sample_params *p = reqs[i].params;
+        int32_t head[8] = {which[i], reqs[i].num_samples, p->max_tokens, p->top_k, p->has_seed, p->n_stop_tokens,
+                           p->n_stop_strings, 0};
+        float f[2] = {p->temperature, p->top_p};
+        dsv_put(&b, head, sizeof head);
+        dsv_put(&b, f, sizeof f);
+        dsv_put(&b, &p->seed, 8);
+        dsv_put(&b, &reqs[i].n_prompt, 8);
+        dsv_put(&b, reqs[i].prompt, reqs[i].n_prompt * 4);
+        dsv_put(&b, p->stop_tokens, p->n_stop_tokens * 4);
+        for (int k = 0; k < p->n_stop_strings; k++) {
+            int32_t len = (int32_t)strlen(p->stop_strings[k]);
+            dsv_put(&b, &len, 4);
+            dsv_put(&b, p->stop_strings[k], len);
+        }
+    }
+    twk_status st = b.oom ? twk_error(TWK_ERR_OOM, "out of memory for a decode batch") : twk_dist_send(rank, DSV_TAG_CMD, b.p, b.n);
+    twk_host_free(b.p);
+    if (st == TWK_OK && rank < 64) g_batches_to[rank]++;
+    return st;
+}
+
+twk_status svc_dist_sample_recv(int rank, int tag, twk_sampled_seq *res, int n_seqs) {
+    void *buf = NULL;
+    int64_t len = 0, at = 0;
+    twk_status st = twk_dist_recv(rank, DSV_TAG_SAMPLE + tag, &buf, &len);
+    if (st != TWK_OK) return st;
+    const dsv_reply *rep = dsv_take(buf, len, &at, sizeof *rep);
+    if (!rep) st = twk_error(TWK_ERR_BACKEND, "rank %d sent a short decode answer", rank);
+    else if (rep->st != TWK_OK) st = twk_error((twk_status)rep->st, "%.700s", rep->err);
+    for (int i = 0; st == TWK_OK && i < n_seqs; i++) {
+        const int64_t *nn = dsv_take(buf, len, &at, 8);
+        const int32_t *why = dsv_take(buf, len, &at, 4);
+        const void *tok = nn && *nn >= 0 ? dsv_take(buf, len, &at, *nn * 4) : NULL;
+        const void *lp = tok ? dsv_take(buf, len, &at, *nn * 4) : NULL;
+        if (!lp) {
+            st = twk_error(TWK_ERR_BACKEND, "rank %d sent a short decode answer", rank);
+            break;
+        }
+        res[i].n = *nn;
+        res[i].stop_reason = (twk_stop_reason)*why;
+        res[i].tokens = twk_host_alloc((size_t)(*nn ? *nn : 1) * 4, "sampled tokens");
+        res[i].logprobs = twk_host_alloc((size_t)(*nn ? *nn : 1) * 4, "sampled logprobs");
+        if (!res[i].tokens || !res[i].logprobs) st = twk_error(TWK_ERR_OOM, "out of memory for sampled sequences");
+        else {
+            memcpy(res[i].tokens, tok, (size_t)*nn * 4);
+            memcpy(res[i].logprobs, lp, (size_t)*nn * 4);
+        }
+    }
+    twk_host_free(buf);
+    return st;
+}

@@ -19,6 +19,7 @@ Tolerances (u = 2^-24, float32):
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -26,13 +27,14 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 from tinker import types
 
-from conftest import REPO, Server, adam, counting_datum, logprobs_of, new_training_client, service_client
+from conftest import BASE_MODEL, REPO, Server, adam, counting_datum, logprobs_of, new_training_client, service_client
 
 MPIRUN = os.environ.get("TWK_SERVE_MPIRUN", "")
 pytestmark = pytest.mark.skipif(not MPIRUN, reason="TWK_SERVE_MPIRUN is not set (the multi-rank service)")
@@ -158,6 +160,52 @@ def test_training_steps_equal_the_one_process_server(pair):
     assert r.returncode == 0
     # both servers started from the same adapter (the seed), saved once, by rank 0
     assert paths[0][0].read_bytes()[-4096:] == paths[1][0].read_bytes()[-4096:]
+
+
+def health(srv):
+    with urllib.request.urlopen(srv.base_url + "/api/v1/healthz", timeout=30) as r:
+        return json.loads(r.read())
+
+
+def ready(x):
+    return x.result(timeout=60) if hasattr(x, "result") else x
+
+
+def test_sampling_spreads_over_the_ranks(pair):
+    """Decode batches go to the ranks in turn: seeded samples from the base model, a snapshot of a
+    run and a checkpoint equal one process's, and rank 1 did part of the decoding."""
+    tcs = clients(pair, seed=17)
+    data = uneven_data(4)
+    both(tcs, lambda tc: tc.forward_backward(data, "cross_entropy"))
+    both(tcs, lambda tc: tc.optim_step(adam(1e-2)))
+    samplers = []
+    for tc, srv in zip(tcs, pair):
+        sc = service_client(srv.base_url)
+        path = tc.save_weights_for_sampler("spread").result(timeout=60).path
+        samplers.append([ready(sc.create_sampling_client(base_model=BASE_MODEL)),
+                         ready(tc.save_weights_and_get_sampling_client()),
+                         ready(sc.create_sampling_client(model_path=path))])
+    prompt = types.ModelInput.from_ints([100 + i for i in range(6)])
+    sent_before = health(pair[1])["decode_batches_sent"][0]
+    outs = []
+    for trio in samplers:
+        futs = [s.sample(prompt, 2, types.SamplingParams(max_tokens=24, temperature=1.0, seed=100 + i))
+                for i in range(6) for s in trio]
+        outs.append([f.result(timeout=120) for f in futs])
+    h = health(pair[1])
+    sent = h["decode_batches_sent"][0] - sent_before
+    worst = 0.0
+    for a, b in zip(*outs):
+        for x, y in zip(a.sequences, b.sequences):
+            assert x.tokens == y.tokens, "a seeded sample differs between 1 and 2 ranks"
+            err = np.abs(np.asarray(x.logprobs) - np.asarray(y.logprobs))
+            assert (err <= FWD_REL * (1 + np.abs(np.asarray(x.logprobs)))).all(), err.max()
+            worst = max(worst, float(err.max()))
+    print(f"18 requests x 2 samples x 24 tokens (base, snapshot, checkpoint): tokens equal, max |logprob diff| "
+          f"{worst:.2e}; decode batches sent to rank 1: {sent}; /healthz {h}")
+    assert h["status"] == "ok" and h["ranks"] == 2
+    assert sent >= 1, "rank 1 decoded nothing"
+    assert health(pair[0]) == {"status": "ok"}
 
 
 def test_bad_input_on_one_share_fails_with_the_one_process_message(pair):
