@@ -170,9 +170,11 @@ static void run_sample(follower *f, const dsv_cmd *h, const unsigned char *msg, 
     for (int i = 0; st == TWK_OK && i < h->n_seqs; i++) {
         const int32_t *head = dsv_take(msg, len, &at, 32);
         const float *fl = dsv_take(msg, len, &at, 8);
-        const uint64_t *seed = dsv_take(msg, len, &at, 8);
-        const int64_t *np = dsv_take(msg, len, &at, 8);
-        const int32_t *prompt = np ? dsv_take(msg, len, &at, *np * 4) : NULL;
+        const void *seed_at = dsv_take(msg, len, &at, 8), *np_at = dsv_take(msg, len, &at, 8);
+        uint64_t seed = 0;
+        int64_t np = -1; /* 8-byte fields at 4-byte offsets: copied out */
+        if (seed_at && np_at) memcpy(&seed, seed_at, 8), memcpy(&np, np_at, 8);
+        const int32_t *prompt = np >= 0 ? dsv_take(msg, len, &at, np * 4) : NULL;
         const void *stop = prompt && head[5] >= 0 && head[5] <= TWK_SERVE_MAX_STOP_TOKENS ? dsv_take(msg, len, &at, head[5] * 4) : NULL;
         if (!stop || head[6] < 0 || head[6] > TWK_SERVE_MAX_STOP_STRINGS) {
             st = twk_error(TWK_ERR_BACKEND, "a short decode batch");
@@ -189,9 +191,9 @@ static void run_sample(follower *f, const dsv_cmd *h, const unsigned char *msg, 
                 str_ptr[i][k] = strs[i][k];
             }
         }
-        params[i] = (twk_sample_params){head[2], fl[0], head[3], fl[1], *seed, head[4] != 0, stops[i], head[5],
+        params[i] = (twk_sample_params){head[2], fl[0], head[3], fl[1], seed, head[4] != 0, stops[i], head[5],
                                         str_ptr[i], head[6], f->models[h->model].tok};
-        reqs[i] = (twk_sample_request){prompt, *np, head[1], &params[i], NULL, head[0]};
+        reqs[i] = (twk_sample_request){prompt, np, head[1], &params[i], NULL, head[0]};
         total += head[1];
     }
     twk_sampled_seq *res = st == TWK_OK ? twk_host_calloc((size_t)(total ? total : 1) * sizeof *res, "sampled") : NULL;

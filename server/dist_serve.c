@@ -439,22 +439,24 @@ twk_status svc_dist_sample_recv(int rank, int tag, twk_sampled_seq *res, int n_s
     if (!rep) st = twk_error(TWK_ERR_BACKEND, "rank %d sent a short decode answer", rank);
     else if (rep->st != TWK_OK) st = twk_error((twk_status)rep->st, "%.700s", rep->err);
     for (int i = 0; st == TWK_OK && i < n_seqs; i++) {
-        const int64_t *nn = dsv_take(buf, len, &at, 8);
-        const int32_t *why = dsv_take(buf, len, &at, 4);
-        const void *tok = nn && *nn >= 0 ? dsv_take(buf, len, &at, *nn * 4) : NULL;
-        const void *lp = tok ? dsv_take(buf, len, &at, *nn * 4) : NULL;
+        const void *nn_at = dsv_take(buf, len, &at, 8), *why = dsv_take(buf, len, &at, 4);
+        int64_t nn = -1;
+        int32_t reason = 0;
+        if (nn_at && why) memcpy(&nn, nn_at, 8), memcpy(&reason, why, 4); /* 8-byte fields at 4-byte offsets */
+        const void *tok = nn >= 0 ? dsv_take(buf, len, &at, nn * 4) : NULL;
+        const void *lp = tok ? dsv_take(buf, len, &at, nn * 4) : NULL;
         if (!lp) {
             st = twk_error(TWK_ERR_BACKEND, "rank %d sent a short decode answer", rank);
             break;
         }
-        res[i].n = *nn;
-        res[i].stop_reason = (twk_stop_reason)*why;
-        res[i].tokens = twk_host_alloc((size_t)(*nn ? *nn : 1) * 4, "sampled tokens");
-        res[i].logprobs = twk_host_alloc((size_t)(*nn ? *nn : 1) * 4, "sampled logprobs");
+        res[i].n = nn;
+        res[i].stop_reason = (twk_stop_reason)reason;
+        res[i].tokens = twk_host_alloc((size_t)(nn ? nn : 1) * 4, "sampled tokens");
+        res[i].logprobs = twk_host_alloc((size_t)(nn ? nn : 1) * 4, "sampled logprobs");
         if (!res[i].tokens || !res[i].logprobs) st = twk_error(TWK_ERR_OOM, "out of memory for sampled sequences");
         else {
-            memcpy(res[i].tokens, tok, (size_t)*nn * 4);
-            memcpy(res[i].logprobs, lp, (size_t)*nn * 4);
+            memcpy(res[i].tokens, tok, (size_t)nn * 4);
+            memcpy(res[i].logprobs, lp, (size_t)nn * 4);
         }
     }
     twk_host_free(buf);
