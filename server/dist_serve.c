@@ -1,8 +1,9 @@
 /* The multi-rank service, rank 0's side: every op that touches a trainer is
  * replayed on the other ranks (dist_follower.c), forward_backward split across
- * them by tokens. Called on the compute worker (start and stop on the main
- * thread, before the worker starts and after it stopped), so MPI is only ever
- * entered by one thread at a time (MPI_THREAD_SERIALIZED). */
+ * them by tokens, decode batches sent to them in turn. Called on the compute
+ * worker (start and stop on the main thread, before the worker starts and
+ * after it stopped), so MPI is only ever entered by one thread at a time
+ * (MPI_THREAD_SERIALIZED). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -40,18 +41,12 @@ void dsv_grads_restore(twk_trainer *t, const float *g) {
 
 /* A command: the header, then `n` arrays. */
 static twk_status send_cmd(int rank, const dsv_cmd *h, const void *const *parts, const int64_t *sizes, int n) {
-    int64_t len = (int64_t)sizeof *h;
-    for (int i = 0; i < n; i++) len += sizes[i];
-    unsigned char *buf = twk_host_alloc((size_t)len, "dist command");
-    if (!buf) return twk_error(TWK_ERR_OOM, "out of memory for a command to rank %d", rank);
-    memcpy(buf, h, sizeof *h);
-    int64_t at = (int64_t)sizeof *h;
-    for (int i = 0; i < n; i++) {
-        if (sizes[i]) memcpy(buf + at, parts[i], (size_t)sizes[i]);
-        at += sizes[i];
-    }
-    twk_status st = twk_dist_send(rank, DSV_TAG_CMD, buf, len);
-    twk_host_free(buf);
+    dsv_buf b = {0};
+    dsv_put(&b, h, sizeof *h);
+    for (int i = 0; i < n; i++) dsv_put(&b, parts[i], sizes[i]);
+    twk_status st = b.oom ? twk_error(TWK_ERR_OOM, "out of memory for a command to rank %d", rank)
+                          : twk_dist_send(rank, DSV_TAG_CMD, b.p, b.n);
+    twk_host_free(b.p);
     return st;
 }
 
