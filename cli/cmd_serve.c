@@ -1,4 +1,5 @@
 /* `twinkle serve`: the Tinker-compatible training service. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -6,6 +7,7 @@
 #include "service.h"
 #include "cli.h"
 #include "dist.h"
+#include "dist_serve.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -76,7 +78,13 @@ static void usage(FILE *f) {
             "  --alert-backoff-s S  seconds, doubling (default %d); --alert-timeout-s S per post (default %d)\n"
             "  --jwt-auth           have the SDK exchange its key for a short-lived JWT (auth/token), which\n"
             "                       its whoami reads (tenant as tml:user:TENANT)\n"
-            "  --quiet              no log lines\n",
+            "  --quiet              no log lines\n"
+            "\n"
+            "mpirun -np N twinkle serve ...: one service over N ranks (MPI). Rank 0 answers HTTP and keeps\n"
+            "the store; every rank loads the base models and a replica of each run; forward_backward's\n"
+            "datums are split across the ranks by tokens and the gradients summed before each optim_step.\n"
+            "A GPU --device without an index becomes KIND:LOCAL_RANK. The data dir must be readable by\n"
+            "every rank (load_weights reads checkpoints on each). A rank that dies ends the whole job.\n",
             TWK_DEFAULT_MODEL_NAME, TWK_SERVE_DEF_PORT, TWK_SERVE_DEF_MAX_LORA_RANK, TWK_SERVE_DEF_MAX_CONTEXT,
             TWK_SERVE_DEF_MAX_DATUMS, TWK_SERVE_DEF_MAX_BODY_MB, TWK_SERVE_DEF_SEQ_TIMEOUT_S,
             TWK_SERVE_DEF_STABILITY_TTL_S, TWK_SERVE_DEF_STABILITY_RECORDS, TWK_SERVE_DEF_POLL_TIMEOUT_S,
@@ -88,12 +96,27 @@ static void usage(FILE *f) {
             TWK_ALERT_DEF_RATE_S, TWK_ALERT_DEF_RETRIES, TWK_ALERT_DEF_BACKOFF_S, TWK_ALERT_DEF_TIMEOUT_S);
 }
 
-int twk_cmd_serve(int argc, char **argv) {
-    if (twk_dist_launched_size() > 1) { /* N servers would fight over one port and one data dir */
-        fprintf(stderr, "twinkle serve: started as one of %d ranks; the multi-rank service is not built yet: "
-                        "run one process (mpirun is for twinkle train)\n", twk_dist_launched_size());
+/* One rank, or `mpirun -np N twinkle serve`: rank 0 serves HTTP, the others follow its commands. */
+static int serve_ranks(const twk_serve_config *cfg, int argc, char **argv) {
+    if (twk_dist_launched_size() <= 1) return twk_serve_run(cfg);
+    twk_dist_init(&argc, &argv);
+    if (twk_dist_size() == 1) { /* built without MPI: N copies would fight over one port and one data dir */
+        fprintf(stderr, "twinkle serve: started as one of %d ranks, but this twinkle was built without MPI "
+                        "(TWK_MPI=OFF): run one process\n", twk_dist_launched_size());
         return 2;
     }
+    twk_serve_config mine = *cfg; /* --device cuda: cuda:LOCAL_RANK on each rank (an explicit :N wins) */
+    char dev[sizeof mine.device];
+    snprintf(mine.device, sizeof mine.device, "%s", twk_dist_device(cfg->device, dev, sizeof dev));
+    cfg = &mine;
+    twk_dist_watch_failures(); /* a lost rank: MPI errors return and no wait outlasts a failure notice */
+    signal(SIGPIPE, SIG_IGN);  /* a closed output pipe of the process manager must not end a rank mid-shutdown */
+    int rc = twk_dist_rank() == 0 ? twk_serve_run(cfg) : twk_serve_follower(cfg);
+    twk_dist_finalize();
+    return rc;
+}
+
+int twk_cmd_serve(int argc, char **argv) {
     twk_serve_config cfg;
     twk_serve_config_default(&cfg);
     for (int i = 1; i < argc; i++) {
@@ -116,5 +139,5 @@ int twk_cmd_serve(int argc, char **argv) {
         }
         i += used;
     }
-    return twk_serve_run(&cfg);
+    return serve_ranks(&cfg, argc, argv);
 }

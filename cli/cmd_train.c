@@ -286,13 +286,6 @@ static void dump_batch(FILE *f, long step, const twk_packed *p) {
     fflush(f);
 }
 
-/* --device for this rank: a GPU kind without an index gets the node-local rank's device. */
-static const char *rank_device(const char *spec, char *buf, size_t cap) {
-    if (twk_dist_local_size() < 2 || strchr(spec, ':') || !strcmp(spec, "cpu")) return spec;
-    snprintf(buf, cap, "%s:%d", spec, twk_dist_local_rank());
-    return buf;
-}
-
 /* The RL aggregations that normalise over the whole batch (per-sequence or
  * per-token means) do not split into a sum over ranks; 0 with the reason. */
 static int splits_across_ranks(const train_opts *o) {
@@ -350,7 +343,7 @@ static int train(train_opts *o) {
     FILE *dump = NULL, *metrics = NULL;
     int rc = 1, tty = me == 0 && isatty(1);
     char devname[256], where[96] = ""; /* a failing rank's share, for its message */
-    if (twk_device_open(rank_device(o->device, devname, sizeof devname), &dev) != TWK_OK ||
+    if (twk_device_open(twk_dist_device(o->device, devname, sizeof devname), &dev) != TWK_OK ||
         twk_model_load(o->model, dev, &model) != TWK_OK ||
         (o->dopts.vocab = twk_model_cfg(model)->vocab,
          twk_train_data_load(&o->files, &o->dopts, o->spec.def->group, (uint64_t)o->seed, o->eval_data,

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist.h"
 #include "train_step.h"
 
 /* Sequence start offsets of a packed batch (n_seqs + 1 entries); NULL on OOM. */
@@ -22,24 +23,9 @@ static int64_t *seq_offsets(const twk_packed *pk) {
 
 void twk_train_shard(const twk_packed *pk, int group, int rank, int size, int *s0, int *s1) {
     int64_t *off = seq_offsets(pk);
-    int n = pk->n_seqs, g = group > 0 ? group : 1;
-    int b[2] = {0, n};
-    for (int e = 0; off && e < 2; e++) {
-        int r = rank + e;
-        if (r <= 0 || r >= size) {
-            b[e] = r <= 0 ? 0 : n;
-            continue;
-        }
-        /* the group boundary whose token offset is nearest r/size of the batch (ties: the lower) */
-        double target = (double)off[n] * r / size;
-        int best = 0;
-        for (int s = 0; s <= n; s += g)
-            if (fabs((double)off[s] - target) < fabs((double)off[best] - target)) best = s;
-        b[e] = best;
-    }
+    twk_dist_shard(off, pk->n_seqs, group, rank, size, s0, s1); /* off NULL (OOM): every share empty */
+    if (!off) *s0 = *s1 = 0;
     free(off);
-    *s0 = b[0];
-    *s1 = b[1];
 }
 
 /* The teacher's top-k next tokens and their logprobs at every position:

@@ -22,8 +22,12 @@ int twk_dist_launched_size(void);
  * CPU ranks split the cores. Idempotent; never fails (MPI errors abort the
  * job). */
 void twk_dist_init(int *argc, char ***argv);
-/* Ends the rank (MPI_Finalize); after it no collective may be called. */
+/* Ends the rank (MPI_Finalize; skipped after twk_dist_failed, whose peers may be gone); after it no
+ * collective may be called. */
 void twk_dist_finalize(void);
+/* --device for this rank: a GPU kind without an index ("cuda") gets the node-local rank's
+ * device ("cuda:LOCAL_RANK", written into buf); an explicit index or "cpu" is returned as is. */
+const char *twk_dist_device(const char *spec, char *buf, size_t cap);
 /* This process's rank, the number of ranks, and the same within this machine. */
 int twk_dist_rank(void);
 int twk_dist_size(void);
@@ -55,6 +59,38 @@ twk_status twk_dist_sum_grads(twk_trainer *t, size_t bucket_bytes, twk_dist_stat
 /* FNV-1a over every trainable tensor's value; the lowest rank whose hash
  * differs from rank 0's, or -1 when all agree (-2 when a download failed). */
 int twk_dist_params_differ(twk_trainer *t);
+
+/* ---- point to point (the multi-rank service, server/dist_serve.c) ---- */
+
+/* Survives the loss of another rank instead of aborting: MPI errors return
+ * (MPI_ERRORS_RETURN), and the process manager's notice of a failed process
+ * (MPICH's hydra sends SIGUSR1 when started with -disable-auto-cleanup) is
+ * recorded. From then on twk_dist_send / twk_dist_recv / twk_dist_sum_grads
+ * return TWK_ERR_BACKEND instead of waiting, and twk_dist_finalize skips
+ * MPI_Finalize. */
+void twk_dist_watch_failures(void);
+/* 1 once a failure was noticed (a notice, or an MPI call that failed). */
+int twk_dist_failed(void);
+
+/* Sends n bytes to rank `to` with `tag` (blocking until the buffer may be
+ * reused). TWK_ERR_INVALID_ARG past 2 GiB; TWK_ERR_BACKEND when MPI fails;
+ * TWK_ERR_STATE with one rank. */
+twk_status twk_dist_send(int to, int tag, const void *buf, int64_t n);
+/* Sends n bytes without waiting: buf (host allocator) is taken and freed once the send completes,
+ * which every later dist wait (and twk_dist_finalize) drives. So a rank may answer and move on
+ * while the receiver is busy elsewhere. Errors as twk_dist_send (buf freed). */
+twk_status twk_dist_send_async(int to, int tag, void *buf, int64_t n);
+/* Waits for a message from rank `from` with `tag`, polling with short sleeps
+ * (an idle rank does not spin a core), and returns it in *buf (host
+ * allocator; the caller frees) with its size in *n. Errors as twk_dist_send,
+ * TWK_ERR_OOM when the buffer cannot be allocated. */
+twk_status twk_dist_recv(int from, int tag, void **buf, int64_t *n);
+
+/* The share of n sequences (offsets: n + 1 token offsets) that rank `rank`
+ * of `size` takes: sequences [*s0, *s1), whole groups of `group` (pairs for
+ * DPO), contiguous, the boundaries at the group starts nearest each rank's
+ * even share of the tokens. May be empty (*s0 == *s1). */
+void twk_dist_shard(const int64_t *offsets, int n, int group, int rank, int size, int *s0, int *s1);
 
 /* Ends every rank of the job at once with exit code `code` (MPI_Abort);
  * without MPI, exit(code). For fatal paths where agreement is impossible. */

@@ -9,6 +9,7 @@
 
 #include "api_util.h"
 #include "svc.h"
+#include "dist_serve.h" /* /healthz of the multi-rank service */
 
 void api_rest(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant, const char *route);
 
@@ -907,7 +908,8 @@ void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     int get = !strcmp(req->method, "GET"), post = !strcmp(req->method, "POST");
     if (get && api_weights_download(s, c, req)) return; /* signed URL: no API key */
     if (get && !strcmp(route, "healthz")) {
-        twk_http_respond_json(c, 200, "{\"status\":\"ok\"}");
+        char health[512]; /* multi-rank: the ranks and the decode batches sent to each (dist_serve.c) */
+        twk_http_respond_json(c, 200, svc_dist_health(health, sizeof health) ? health : "{\"status\":\"ok\"}");
         return;
     }
     char tenant[64];

@@ -16,6 +16,7 @@
 #include "api_util.h"
 #include "metrics.h"
 #include "svc.h"
+#include "dist_serve.h" /* the multi-rank service */
 
 static double wall_now(void) { return (double)time(NULL); }
 
@@ -103,7 +104,7 @@ static void set_json(op *o, cJSON *j) {
 
 static void run_create(op *o) {
     run_state *r = o->run;
-    twk_status st = twk_trainer_new(r->base->m, &r->lora, o->svc->cfg.max_context, &r->trainer);
+    twk_status st = svc_dist_trainer_new(o->svc, r); /* multi-rank: on every rank */
     if (st != TWK_OK) {
         op_fail(o, 0, "creating the model failed: %s", twk_last_error());
         return;
@@ -210,7 +211,8 @@ static void run_fb(op *o) {
     int64_t nk = fb.offsets[fb.b.n_seqs] * (fb.b.k > 0 ? fb.b.k : 1);
     float *lp = twk_host_alloc((size_t)(nk ? nk : 1) * sizeof(float), "logprobs");
     twk_loss_result res;
-    twk_status st = lp ? twk_loss_step(o->run->trainer, &o->loss, &fb.b, !o->fb->forward_only, lp, &res) : TWK_ERR_OOM;
+    /* multi-rank: the datums split across the ranks (dist_serve.c); one rank: twk_loss_step */
+    twk_status st = lp ? svc_dist_loss_step(o->run, &o->loss, &fb.b, !o->fb->forward_only, lp, &res) : TWK_ERR_OOM;
     if (st != TWK_OK)
         op_fail(o, st == TWK_ERR_RANGE || st == TWK_ERR_INVALID_ARG, "%s", lp ? twk_last_error() : "out of memory");
     else {
@@ -225,7 +227,7 @@ static void run_fb(op *o) {
 
 static void run_optim(op *o) {
     float norm = 0;
-    twk_status st = twk_trainer_optim_step(o->run->trainer, &o->adam, &norm);
+    twk_status st = svc_dist_optim_step(o->run, &o->adam, &norm); /* multi-rank: gradients summed, then every rank */
     if (st != TWK_OK) {
         op_fail(o, st == TWK_ERR_INVALID_ARG || st == TWK_ERR_RANGE, "%s", twk_last_error());
         return;
@@ -341,7 +343,7 @@ static void run_save(op *o) {
 }
 
 static void run_load(op *o) {
-    twk_status st = twk_trainer_load_state(o->run->trainer, o->dir, o->load_optimizer);
+    twk_status st = svc_dist_load_state(o->run, o->dir, o->load_optimizer); /* multi-rank: every rank */
     if (st != TWK_OK) {
         op_fail(o, st == TWK_ERR_INVALID_ARG || st == TWK_ERR_SHAPE, "loading failed: %s", twk_last_error());
         return;
@@ -353,8 +355,7 @@ static void run_load(op *o) {
 }
 
 static void run_unload(op *o) {
-    twk_trainer_free(o->run->trainer);
-    o->run->trainer = NULL;
+    svc_dist_trainer_free(o->run); /* multi-rank: every rank */
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "model_id", o->run->id);
     cJSON_AddStringToObject(j, "type", "unload_model");

@@ -10,6 +10,7 @@
 #include "api_util.h"
 #include "metrics.h"
 #include "svc.h"
+#include "dist_serve.h" /* multi-rank: decode batches on other ranks */
 
 #define MAX_NUM_SAMPLES TWK_SERVE_MAX_NUM_SAMPLES
 #define SAMPLER_SEQS TWK_SERVE_SAMPLER_SEQS
@@ -424,7 +425,57 @@ typedef struct drain_job {
     svc *s;
     sampler_unit *unit;
     sample_job *batch; /* the requests this job took */
+    int rank, tag;     /* multi-rank: the batch decodes on this rank (> 0), answered under tag */
 } drain_job;
+
+/* ---- multi-rank: decode batches on the other ranks' sampler replicas (dist_serve.c) ---- */
+
+static void drain_done(twk_job *j);
+
+/* Worker: the sequences of a batch another rank decoded, finished as a local batch would be. */
+static void remote_collect(twk_job *j) {
+    drain_job *dj = j->arg;
+    int used = 0;
+    for (sample_job *sj = dj->batch; sj; sj = sj->next) used += sj->num_samples;
+    twk_sampled_seq *res = twk_host_calloc((size_t)used * sizeof *res, "sampling res");
+    twk_status st = res ? svc_dist_sample_recv(dj->rank, dj->tag, res, used) : TWK_ERR_OOM;
+    int off = 0;
+    for (sample_job *sj = dj->batch; sj; off += sj->num_samples, sj = sj->next) {
+        if (st != TWK_OK) snprintf(sj->err, sizeof sj->err, "sampling on rank %d failed: %s", dj->rank, twk_last_error());
+        finish_request(sj, res ? res + off : NULL, st);
+    }
+    for (int i = 0; res && i < used; i++) twk_sampled_seq_free(&res[i]);
+    twk_host_free(res);
+}
+
+/* Worker: sends the batch to the next rank in turn when it is another one and the batch needs
+ * nothing but decoding (a shared unit; no prompt scoring, top-k or other front end, which use
+ * this rank's sampler); a job collecting its answer queues behind the work already waiting, so
+ * the ranks decode side by side. 1 when sent (dj keeps no batch), 0 to decode here. */
+static int sample_remote(drain_job *dj) {
+    sampler_unit *u = dj->unit;
+    int n = 0;
+    for (sample_job *sj = dj->batch; sj; sj = sj->next, n++)
+        if (!u->n_slots || sj->prompt_logprobs || sj->topk > 0 || sj->done || n >= SAMPLER_SEQS) return 0;
+    int rank = svc_dist_sample_rank();
+    drain_job *cj = rank > 0 ? twk_host_calloc(sizeof *cj, "sampling collect") : NULL;
+    if (!cj) return 0;
+    twk_sample_request reqs[SAMPLER_SEQS];
+    sampler_session *sessions[SAMPLER_SEQS];
+    int k = 0;
+    for (sample_job *sj = dj->batch; sj; sj = sj->next, k++) {
+        reqs[k] = (twk_sample_request){sj->prompt, sj->n_prompt, sj->num_samples, &sj->p, NULL, 0};
+        sessions[k] = sj->ss;
+    }
+    if (svc_dist_sample_send(rank, (int)(u->base - dj->s->models), reqs, sessions, n, &cj->tag) != TWK_OK) {
+        twk_host_free(cj);
+        return 0; /* decoded here instead */
+    }
+    *cj = (drain_job){{remote_collect, drain_done, cj, NULL}, dj->s, u, dj->batch, rank, cj->tag};
+    dj->batch = NULL;
+    twk_worker_submit(dj->s->worker, &cj->job);
+    return 1;
+}
 
 /* Worker: takes every waiting request of the unit that fits one decode batch
  * and decodes them together; a request for more samples than a batch holds
@@ -463,6 +514,7 @@ static void drain_run(twk_job *j) {
     dj->batch = take;
     for (sample_job *sj = take; sj; sj = sj->next) sj->t_started = twk_metrics_now();
     if (!take) return;
+    if (take->num_samples <= SAMPLER_SEQS && sample_remote(dj)) return; /* multi-rank: another rank decodes it */
     twk_status st = svc_sampler_ready(dj->s, u, NULL);
     if (st != TWK_OK) {
         for (sample_job *sj = take; sj; sj = sj->next)

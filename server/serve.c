@@ -13,6 +13,7 @@
 #include "api_util.h"
 #include "sign.h"
 #include "svc.h"
+#include "dist_serve.h" /* the multi-rank service */
 
 void twk_serve_config_default(twk_serve_config *c) {
     memset(c, 0, sizeof *c);
@@ -260,23 +261,23 @@ static void on_signal(uv_signal_t *h, int signum) {
     shut_down(s);
 }
 
-static twk_status load_models(svc *s) {
+twk_status svc_load_models(const twk_serve_config *cfg, twk_device *dev, base_model *models, int *n_models) {
     twk_serve_model_spec def;
-    const twk_serve_model_spec *specs = s->cfg.models;
-    int n = s->cfg.n_models;
+    const twk_serve_model_spec *specs = cfg->models;
+    int n = cfg->n_models;
     if (n == 0) {
-        twk_status st = twk_serve_default_model(s->cfg.data_dir, def.dir, sizeof def.dir);
+        twk_status st = twk_serve_default_model(cfg->data_dir, def.dir, sizeof def.dir);
         if (st != TWK_OK) return st;
         snprintf(def.name, sizeof def.name, "%s", TWK_DEFAULT_MODEL_NAME);
         specs = &def;
         n = 1;
     }
     for (int i = 0; i < n; i++) {
-        base_model *b = &s->models[s->n_models];
+        base_model *b = &models[*n_models];
         snprintf(b->name, sizeof b->name, "%s", specs[i].name);
         char abs_dir[PATH_MAX]; /* absolute: get_info's tokenizer_id is this folder */
         snprintf(b->dir, sizeof b->dir, "%.1000s", realpath(specs[i].dir, abs_dir) ? abs_dir : specs[i].dir);
-        twk_status st = twk_model_load(b->dir, s->dev, &b->m);
+        twk_status st = twk_model_load(b->dir, dev, &b->m);
         if (st != TWK_OK) return twk_error(st, "model '%s': %s", b->name, twk_last_error());
         char tok[1100];
         snprintf(tok, sizeof tok, "%s/tokenizer.json", b->dir);
@@ -286,7 +287,7 @@ static twk_status load_models(svc *s) {
             twk_log_info("model '%s': %s (stop strings disabled)", b->name, twk_last_error());
             b->tok = NULL;
         }
-        s->n_models++;
+        (*n_models)++;
     }
     return TWK_OK;
 }
@@ -302,10 +303,12 @@ static int serve_open(svc *s, const twk_serve_config *cfg, uv_loop_t *loop) {
     twk_status st = twk_store_open(cfg->data_dir, &s->store);
     if (st == TWK_OK) st = twk_auth_load(cfg->keys_file, &s->auth);
     if (st == TWK_OK) st = twk_device_open(cfg->device, &s->dev);
-    if (st == TWK_OK) st = load_models(s);
+    if (st == TWK_OK) st = svc_load_models(cfg, s->dev, s->models, &s->n_models);
     if (st == TWK_OK && !(s->stab = twk_stab_new(cfg->stability_ttl_s, cfg->stability_records)))
         st = twk_error(TWK_ERR_OOM, "out of memory for the stability records");
     char key_err[1300];
+    if (st == TWK_OK && svc_dist_start(key_err, sizeof key_err) != 0) /* multi-rank: the others load the models */
+        st = twk_error(TWK_ERR_BACKEND, "%s", key_err);
     if (st == TWK_OK && twk_sign_key_load(cfg->data_dir, s->url_key, key_err, sizeof key_err) != 0)
         st = twk_error(TWK_ERR_IO, "%s", key_err);
     if (st == TWK_OK && svc_metrics_open(s) != 0) st = twk_error(TWK_ERR_OOM, "out of memory starting the metrics");
@@ -386,6 +389,7 @@ int twk_serve_run(const twk_serve_config *cfg) {
         fflush(stdout);
         uv_run(&loop, UV_RUN_DEFAULT);
     }
+    svc_dist_stop(); /* multi-rank: the other ranks leave their command loops */
     serve_close(s, &loop);
     return rc;
 }

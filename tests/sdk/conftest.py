@@ -4,11 +4,14 @@ driven by the official `tinker` SDK (unchanged) and by raw HTTP.
 Environment:
   TWINKLE_BIN       the twinkle binary (default: <repo>/build/twinkle)
   TWK_SERVE_DEVICE  --device for the shared server (default: the CPU)
+  TWK_SERVE_MPIRUN  a launcher prefix, e.g. "mpirun -np 2": every server the suite starts is the
+                    multi-rank service (rank 0 answers HTTP; tests/sdk/test_mpi_serve.py)
 """
 from __future__ import annotations
 
 import os
 import select
+import shlex
 import signal
 import subprocess
 import time
@@ -41,7 +44,10 @@ def pytest_configure(config):
 class Server:
     """One `twinkle serve` process on a free port with its own data dir."""
 
-    def __init__(self, data_dir: Path, extra_args=(), log_path: Path | None = None, port: int = 0):
+    def __init__(self, data_dir: Path, extra_args=(), log_path: Path | None = None, port: int = 0,
+                 launcher: str | None = None):
+        # launcher: a prefix such as "mpirun -np 2" (default $TWK_SERVE_MPIRUN; "" = one process)
+        self.launcher = shlex.split(os.environ.get("TWK_SERVE_MPIRUN", "") if launcher is None else launcher)
         self.data_dir = Path(data_dir)
         self.extra_args = list(extra_args)
         self.log_path = Path(log_path) if log_path else self.data_dir.parent / (self.data_dir.name + ".log")
@@ -53,7 +59,8 @@ class Server:
         binary = twinkle_bin()
         if not binary.exists():
             pytest.fail(f"twinkle binary not found at {binary} (build it, or set TWINKLE_BIN)")
-        cmd = [str(binary), "serve", "--port", str(port), "--data-dir", str(self.data_dir), *self.extra_args]
+        cmd = [*self.launcher, str(binary), "serve", "--port", str(port), "--data-dir", str(self.data_dir),
+               *self.extra_args]
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL)
         deadline = time.time() + 60
@@ -92,16 +99,46 @@ class Server:
 
     def kill(self, sig=signal.SIGKILL):
         if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
+            if self.launcher and sig == signal.SIGKILL:  # every rank, then the launcher: one crash
+                self._kill_ranks()
+            os.kill(self.proc.pid, sig)  # mpirun forwards SIGTERM; rank 0 shuts down and stops the others
             try:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
+                self._kill_ranks()
                 os.kill(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=20)
+        if self.launcher and self.proc is not None:  # none outlives its launcher
+            self._kill_ranks()
         if self.proc is not None and self.proc.stdout:
             self.proc.stdout.close()
         if getattr(self, "log", None):
             self.log.close()
+
+    def rank_pids(self) -> dict[int, int]:
+        """Under a launcher: {rank: pid} of this server's rank processes (each in its own session, so
+        found by their --data-dir and PMI_RANK)."""
+        ranks = {}
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                args = (d / "cmdline").read_bytes().split(b"\0")
+                if b"serve" not in args or str(self.data_dir).encode() not in args:
+                    continue
+                env = dict(e.split(b"=", 1) for e in (d / "environ").read_bytes().split(b"\0") if b"=" in e)
+            except (OSError, ValueError):
+                continue
+            if b"PMI_RANK" in env:
+                ranks[int(env[b"PMI_RANK"])] = int(d.name)
+        return ranks
+
+    def _kill_ranks(self):
+        for pid in self.rank_pids().values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
     def stop(self):
         """Graceful shutdown (SIGTERM), SIGKILL if it hangs."""
