@@ -111,10 +111,19 @@ twk_adam_params twk_adam_default(void);
 /* One AdamW step over every trainable tensor, equal to torch.optim.AdamW
  * (bias correction, decoupled weight decay) after
  * torch.nn.utils.clip_grad_norm_ when grad_clip_norm > 0; then zeroes the
- * accumulated gradients. *grad_norm (may be NULL) gets the pre-clip norm.
+ * accumulated gradients. It runs on the device (the trainer's optimizer plan):
+ * only the hyper-parameters (32 bytes) go up and the norm (8 bytes) comes back. *grad_norm (may be NULL) gets the pre-clip norm.
  * TWK_ERR_INVALID_ARG names a bad hyper-parameter; TWK_ERR_RANGE a non-finite
  * gradient (nothing is updated then). */
 twk_status twk_trainer_optim_step(twk_trainer *t, const twk_adam_params *p, float *grad_norm);
+
+/* The host reference twk_trainer_optim_step runs on the device (tests compare the two): one
+ * AdamW step number `step` (>= 1) over `count` tensors of host arrays w[i], g[i], m[i], v[i] of
+ * n[i] elements, with the global norm summed in double and clip_grad_norm_'s coefficient; g is
+ * left as it is. *grad_norm (may be NULL) gets the pre-clip norm. TWK_ERR_INVALID_ARG names a bad
+ * hyper-parameter; TWK_ERR_RANGE a non-finite gradient (nothing changed then). */
+twk_status twk_adamw_host(float *const *w, const float *const *g, float *const *m, float *const *v, const int64_t *n,
+                          int count, const twk_adam_params *p, int64_t step, float *grad_norm);
 
 TWK_API_END
 #ifdef __cplusplus
