@@ -38,6 +38,14 @@ static int on_cpu;
 
 enum { N_TOK = 24, PASSES = 3, STEPS = 3 };
 
+/* The backend name of a device spec ("opencl:0" -> "opencl"). */
+static const char *spec_backend(const char *spec) {
+    static char name[32];
+    snprintf(name, sizeof name, "%s", spec);
+    name[strcspn(name, ":")] = 0;
+    return name;
+}
+
 /* Pass p of step s: two packed sequences of random ids, weights on most targets. */
 typedef struct {
     int32_t tok[N_TOK], tgt[N_TOK], pos[N_TOK], seg[N_TOK];
@@ -202,10 +210,7 @@ static void check_non_finite(twk_trainer *t, int vocab) {
 
 /* After warm-up, a step of PASSES passes moves the batch, the loss, the hyper-parameters and the norm. */
 static void check_bytes(twk_trainer *t, twk_device *dev, int vocab, const char *what) {
-    char name[32];
-    snprintf(name, sizeof name, "%s", twk_device_spec(dev));
-    name[strcspn(name, ":")] = 0;
-    const twk_backend_iface *be = twk_backend_find(name);
+    const twk_backend_iface *be = twk_backend_find(spec_backend(twk_device_spec(dev)));
     batch_buf bb[PASSES];
     for (int p = 0; p < PASSES; p++) make_batch(&bb[p], vocab, (unsigned)(900 + p));
     twk_adam_params ap = step_params(1);
@@ -235,6 +240,41 @@ static void check_bytes(twk_trainer *t, twk_device *dev, int vocab, const char *
     twk_backend_transfers_reset(be);
     twk_transfer_stats z = twk_backend_transfers(be);
     CHECK(z.upload_bytes == 0 && z.download_bytes == 0 && z.uploads == 0, "reset");
+}
+
+/* The step every caller runs (train/'s twk_loss_step, as the service and `twinkle train` do):
+ * cross-entropy moves the batch up and the loss and logprobs down; ppo (a forward for the
+ * logprobs, then a backward pass with -dL/dp as weights) at most twice that. */
+static void check_loss_step_bytes(twk_trainer *t, const twk_backend_iface *be, int vocab) {
+    batch_buf bb;
+    make_batch(&bb, vocab, 77);
+    int64_t off[3] = {0, 10, N_TOK};
+    float adv[N_TOK], q[N_TOK];
+    for (int i = 0; i < N_TOK; i++) adv[i] = (float)(i % 3) - 1.0f, q[i] = -3.0f;
+    twk_loss_batch b = {2, off, bb.tok, 0, bb.tgt, {0}};
+    b.in[TWK_IN_WEIGHTS] = bb.w;
+    b.in[TWK_IN_ADVANTAGES] = adv;
+    b.in[TWK_IN_LOGPROBS] = q;
+    twk_adam_params ap = step_params(1);
+    uint64_t batch = N_TOK * (4 * sizeof(int32_t) + sizeof(float)), hyper = 8 * sizeof(float);
+    uint64_t back = N_TOK * sizeof(float) + sizeof(float) + 2 * sizeof(float);
+    const char *losses[2] = {"cross_entropy", "ppo"};
+    for (int k = 0; k < 2; k++) {
+        twk_loss_spec spec;
+        twk_loss_result res;
+        OK(twk_loss_spec_init(losses[k], &spec));
+        for (int warm = 0; warm < 2; warm++) {
+            twk_backend_transfers_reset(be);
+            OK(twk_loss_step(t, &spec, &b, 1, NULL, &res));
+            OK(twk_trainer_optim_step(t, &ap, NULL));
+        }
+        twk_transfer_stats s = twk_backend_transfers(be);
+        printf("     loss_step %s: up %llu, down %llu bytes per step (one pass: batch %llu up, logprobs + loss %llu down)\n",
+               losses[k], (unsigned long long)s.upload_bytes, (unsigned long long)s.download_bytes,
+               (unsigned long long)batch, (unsigned long long)back - 8);
+        if (k == 0) CHECK(s.upload_bytes == batch + hyper && s.download_bytes == back, "loss_step %s bytes", losses[k]);
+        else CHECK(s.upload_bytes <= 2 * batch + hyper && s.download_bytes <= 2 * back, "loss_step %s bytes", losses[k]);
+    }
 }
 
 /* Save after step 2, resume in a fresh trainer: step 3 gives the same bits as the original's. */
@@ -304,6 +344,7 @@ int main(void) {
         check_against_reference(what, t1, t2, cfg.vocab);
         check_non_finite(t1, cfg.vocab);
         check_bytes(t1, dev, cfg.vocab, what);
+        if (!full) check_loss_step_bytes(t1, twk_backend_find(spec_backend(spec)), cfg.vocab);
         twk_trainer_free(t1), twk_trainer_free(t2);
         twk_model_free(m1), twk_model_free(m2);
     }
