@@ -43,7 +43,8 @@ twk_status twk_trainer_forward(twk_trainer *t, const twk_batch *b, float *logpro
  * for DPO); the adapter is unchanged afterwards. TWK_ERR_INVALID_ARG
  * without an adapter. */
 twk_status twk_trainer_forward_base(twk_trainer *t, const twk_batch *b, float *logprobs, float *loss);
-/* Forward and backward; gradients are added to the accumulated ones. */
+/* Forward and backward; gradients are added to the accumulated ones (on the device: only the
+ * batch goes up, and the logprobs and loss asked for come down). */
 twk_status twk_trainer_forward_backward(twk_trainer *t, const twk_batch *b, float *logprobs, float *loss);
 /* Number of trainable tensors and the i-th one's name (PEFT names for LoRA,
  * Hugging Face names for full training) and element count. */
@@ -56,9 +57,11 @@ twk_status twk_trainer_set(twk_trainer *t, const char *name, const float *src, i
 twk_status twk_trainer_get_grad(twk_trainer *t, const char *name, float *dst, int64_t nelem);
 void twk_trainer_zero_grad(twk_trainer *t);
 /* The i-th trainable tensor's accumulated gradient on the host, writable in
- * place (e.g. to sum it across data-parallel ranks before the optimizer step);
- * valid until the trainer is freed. NULL (and *nelem 0) for a bad index or a
- * sampler, which has no gradients. */
+ * place (e.g. to sum it across data-parallel ranks before the optimizer step):
+ * the first call after a pass downloads every gradient into one host copy,
+ * which is then the gradient until the next pass or optimizer step uploads it
+ * back. The pointer stays valid until the trainer is freed. NULL (and *nelem 0)
+ * for a bad index, a sampler (which has no gradients) or a failed download. */
 float *twk_trainer_grad_data(twk_trainer *t, int i, int64_t *nelem);
 
 /* The adapter's configuration, or NULL for full-parameter training. */
