@@ -36,7 +36,8 @@ static int on_cpu;
         }                                                                                \
     } while (0)
 
-enum { N_TOK = 24, PASSES = 3, STEPS = 3 };
+enum { N_TOK = 24, MAX_PASSES = 3, STEPS = 3 };
+static int n_passes = MAX_PASSES; /* passes per step: 2 with --quick (the fake CUDA driver is slow) */
 
 /* The backend name of a device spec ("opencl:0" -> "opencl"). */
 static const char *spec_backend(const char *spec) {
@@ -122,7 +123,7 @@ static twk_adam_params step_params(int s) {
     return p;
 }
 
-/* STEPS optimizer steps of PASSES passes on trainer `dev_t` (the device's
+/* STEPS optimizer steps of n_passes passes on trainer `dev_t` (the device's
  * optimizer) against the host reference fed with per-pass gradients from a
  * twin trainer `ref_t` on an identical model. */
 static void check_against_reference(const char *what, twk_trainer *dev_t, twk_trainer *ref_t, int vocab) {
@@ -133,7 +134,7 @@ static void check_against_reference(const char *what, twk_trainer *dev_t, twk_tr
     double w_tol = on_cpu ? 0 : 1e-4, norm_tol = on_cpu ? 0 : 1e-5;
     for (int s = 0; s < STEPS; s++) {
         for (int i = 0; i < acc.n; i++) memset(acc.x[i], 0, (size_t)acc.ne[i] * sizeof(float));
-        for (int p = 0; p < PASSES; p++) {
+        for (int p = 0; p < n_passes; p++) {
             batch_buf bb;
             make_batch(&bb, vocab, (unsigned)(100 * s + p + 1));
             float l_dev = 0, l_ref = 0;
@@ -150,7 +151,7 @@ static void check_against_reference(const char *what, twk_trainer *dev_t, twk_tr
         double rel;
         int64_t nd = compare(&got, &acc, &rel);
         printf("     %s step %d: accumulated gradients over %d passes: %lld elements differ, max rel err %.3g\n", what, s + 1,
-               PASSES, (long long)nd, rel);
+               n_passes, (long long)nd, rel);
         CHECK(on_cpu ? nd == 0 : rel <= 1e-3, "%s step %d: accumulated gradient differs (%lld, %.3g)", what, s + 1,
               (long long)nd, rel);
         if (s == 2) { /* a gradient changed through the host copy (as dist's allreduce does) is the one used */
@@ -208,20 +209,20 @@ static void check_non_finite(twk_trainer *t, int vocab) {
     host_free(&before), host_free(&after);
 }
 
-/* After warm-up, a step of PASSES passes moves the batch, the loss, the hyper-parameters and the norm. */
+/* After warm-up, a step of n_passes passes moves the batch, the loss, the hyper-parameters and the norm. */
 static void check_bytes(twk_trainer *t, twk_device *dev, int vocab, const char *what) {
     const twk_backend_iface *be = twk_backend_find(spec_backend(twk_device_spec(dev)));
-    batch_buf bb[PASSES];
-    for (int p = 0; p < PASSES; p++) make_batch(&bb[p], vocab, (unsigned)(900 + p));
+    batch_buf bb[MAX_PASSES];
+    for (int p = 0; p < n_passes; p++) make_batch(&bb[p], vocab, (unsigned)(900 + p));
     twk_adam_params ap = step_params(1);
     for (int warm = 0; warm < 2; warm++) {
         twk_backend_transfers_reset(be);
         float loss, norm, lp[N_TOK];
-        for (int p = 0; p < PASSES; p++) OK(twk_trainer_forward_backward(t, &bb[p].b, p == 0 ? lp : NULL, &loss));
+        for (int p = 0; p < n_passes; p++) OK(twk_trainer_forward_backward(t, &bb[p].b, p == 0 ? lp : NULL, &loss));
         OK(twk_trainer_optim_step(t, &ap, &norm));
         twk_transfer_stats s = twk_backend_transfers(be);
-        uint64_t batch = (uint64_t)PASSES * N_TOK * (4 * sizeof(int32_t) + sizeof(float)), hyper = 8 * sizeof(float);
-        uint64_t back = (uint64_t)PASSES * sizeof(float) + N_TOK * sizeof(float) + 2 * sizeof(float);
+        uint64_t batch = (uint64_t)n_passes * N_TOK * (4 * sizeof(int32_t) + sizeof(float)), hyper = 8 * sizeof(float);
+        uint64_t back = (uint64_t)n_passes * sizeof(float) + N_TOK * sizeof(float) + 2 * sizeof(float);
         int64_t params = 0;
         for (int i = 0; i < twk_trainer_param_count(t); i++) {
             int64_t ne = 0;
@@ -322,7 +323,10 @@ static void check_resume(twk_device *dev, const twk_lora_config *lc, int vocab) 
     twk_model_free(ma), twk_model_free(mb);
 }
 
-int main(void) {
+/* --quick: LoRA only, 2 passes a step (for the host-emulated CUDA driver, slow under sanitizers). */
+int main(int argc, char **argv) {
+    int quick = argc > 1 && !strcmp(argv[1], "--quick");
+    if (quick) n_passes = 2;
     const char *spec = getenv("TWK_TEST_DEVICE") ? getenv("TWK_TEST_DEVICE") : "cpu";
     twk_device *dev = NULL;
     OK(twk_device_open(spec, &dev));
@@ -333,7 +337,7 @@ int main(void) {
     twk_lora_config lc = twk_lora_default();
     lc.rank = 8;
     lc.train_unembed = true;
-    for (int full = 0; full < 2; full++) {
+    for (int full = 0; full < (quick ? 1 : 2); full++) {
         const char *what = full ? "full" : "lora";
         twk_model *m1 = NULL, *m2 = NULL;
         twk_trainer *t1 = NULL, *t2 = NULL;
