@@ -28,6 +28,7 @@ typedef struct step_result {
     double tps, best, warm, loss;
     double matmul_params; /* weights a token passes through in matmuls (LoRA included) */
     double lora_params;
+    double up, down; /* bytes per step after warm-up (twk_backend_transfers) */
     int threads;
     char name[200];
 } step_result;
@@ -85,6 +86,8 @@ static int run_step(const char *spec, const step_shape *sh, step_result *res) {
         goto out;
     res->warm = twk_now() - t0;
     res->best = 1e30;
+    const twk_backend_iface *be = twk_device_backend(dev);
+    twk_backend_transfers_reset(be);
     for (int s = 0; s < sh->steps; s++) {
         t0 = twk_now();
         if (twk_trainer_forward_backward(t, &b, NULL, &loss) != TWK_OK || twk_trainer_optim_step(t, &ap, NULL) != TWK_OK)
@@ -92,6 +95,9 @@ static int run_step(const char *spec, const step_shape *sh, step_result *res) {
         double dt = twk_now() - t0;
         if (dt < res->best) res->best = dt;
     }
+    twk_transfer_stats moved = twk_backend_transfers(be);
+    res->up = (double)moved.upload_bytes / sh->steps;
+    res->down = (double)moved.download_bytes / sh->steps;
     res->tps = tokens / res->best;
     res->loss = loss;
     ok = 1;
@@ -108,6 +114,9 @@ out:
 static void print_result(const step_result *r, const step_shape *sh, double peak) {
     printf("twinkle  %8.1f tokens/s  (best step %.3f s of %d, first %.3f s)  peak RSS %.0f MiB  loss %.3f  on %s\n",
            r->tps, r->best, sh->steps, r->warm, peak_rss_mib(), r->loss, r->name);
+    printf("         bytes per step after warm-up: %.0f up (the batch: %d tokens x 20 bytes = %d, + 32 of hyper-parameters), "
+           "%.0f down (loss + norm); the %.1f MB of trainable weights and their gradients stay on the device\n",
+           r->up, sh->tokens, sh->tokens * 20, r->down, r->lora_params * 4e-6);
     if (peak > 0) {
         double n = r->matmul_params;
         printf("         MFU %.2f%% (6 N tokens / time / peak; N = %.1fM matmul parameters incl. the unembedding and "

@@ -657,3 +657,76 @@ twk_id twk_lora_gather(twk_graph *g, twk_id x, twk_id w, twk_id slot) {
     n.src[2] = slot;
     return twk_graph_push(g, &n);
 }
+
+/* ---- the optimizer step ---- */
+
+/* A static f32 tensor of n elements (n < 0: any count); 0 with the error set otherwise. */
+static int want_static(twk_graph *g, twk_id id, const char *op, const char *which, int64_t n) {
+    const twk_node *x = arg(g, id, op, which);
+    if (!x || !want_dtype(g, x, id, op, which, 1, 0)) return 0;
+    int64_t e = 1;
+    for (int i = 0; i < x->ndim; i++) e *= x->ne[i];
+    if (x->dyn || (n >= 0 && e != n)) {
+        char b[96];
+        twk_graph_fail(g, TWK_ERR_SHAPE, "%s: %s %s must be a static tensor%s", op, which, SHAPE(g, id, b),
+                       n == 2 ? " of 2 elements" : n == TWK_HYPER_N ? " of 8 elements (hyper)" : "");
+        return 0;
+    }
+    return 1;
+}
+
+static twk_id push_optim(twk_graph *g, twk_op op, const twk_node *shape, int nsrc, const twk_id *src) {
+    twk_node n;
+    init_node(&n, op, TWK_F32);
+    copy_shape(&n, shape);
+    n.nsrc = nsrc;
+    for (int i = 0; i < nsrc; i++) n.src[i] = src[i];
+    return twk_graph_push(g, &n);
+}
+
+twk_id twk_grad_acc(twk_graph *g, twk_id acc, twk_id grad) {
+    if (!want_static(g, acc, "grad_acc", "acc", -1) || !want_static(g, grad, "grad_acc", "grad", -1)) return -1;
+    if (!twk_same_shape(&g->nodes[acc], &g->nodes[grad])) {
+        char s1[96], s2[96];
+        return twk_graph_fail(g, TWK_ERR_SHAPE, "grad_acc: acc %s and grad %s differ", SHAPE(g, acc, s1),
+                              SHAPE(g, grad, s2));
+    }
+    twk_id s[2] = {acc, grad};
+    return push_optim(g, TWK_OP_GRAD_ACC, &g->nodes[acc], 2, s);
+}
+
+twk_id twk_sqsum_parts(twk_graph *g, twk_id x, int parts) {
+    if (!want_static(g, x, "sqsum_parts", "x", -1)) return -1;
+    if (parts < 1 || parts > 65536)
+        return twk_graph_fail(g, TWK_ERR_SHAPE, "sqsum_parts: %d parts outside 1..65536", parts);
+    twk_node shape = {.ndim = 2, .ne = {parts, 2}};
+    return push_optim(g, TWK_OP_SQSUM_PARTS, &shape, 1, &x);
+}
+
+twk_id twk_grad_norm(twk_graph *g, twk_id parts, twk_id hyper) {
+    if (!want_static(g, parts, "grad_norm", "parts", -1) || !want_static(g, hyper, "grad_norm", "hyper", TWK_HYPER_N))
+        return -1;
+    const twk_node *p = &g->nodes[parts];
+    if (p->ndim != 2 || p->ne[1] != 2) {
+        char b[96];
+        return twk_graph_fail(g, TWK_ERR_SHAPE, "grad_norm: parts %s must be [P, 2]", SHAPE(g, parts, b));
+    }
+    twk_node shape = {.ndim = 1, .ne = {2}};
+    twk_id s[2] = {parts, hyper};
+    return push_optim(g, TWK_OP_GRAD_NORM, &shape, 2, s);
+}
+
+twk_id twk_adamw(twk_graph *g, twk_id w, twk_id grad, twk_id m, twk_id v, twk_id hyper, twk_id norm) {
+    static const char *const which[] = {"w", "grad", "m", "v"};
+    twk_id s[6] = {w, grad, m, v, hyper, norm};
+    for (int i = 0; i < 4; i++) {
+        if (!want_static(g, s[i], "adamw", which[i], -1)) return -1;
+        if (!twk_same_shape(&g->nodes[w], &g->nodes[s[i]])) {
+            char s1[96], s2[96];
+            return twk_graph_fail(g, TWK_ERR_SHAPE, "adamw: w %s and %s %s differ", SHAPE(g, w, s1), which[i],
+                                  SHAPE(g, s[i], s2));
+        }
+    }
+    if (!want_static(g, hyper, "adamw", "hyper", TWK_HYPER_N) || !want_static(g, norm, "adamw", "norm", 2)) return -1;
+    return push_optim(g, TWK_OP_ADAMW, &g->nodes[w], 6, s);
+}

@@ -1,6 +1,7 @@
 /* The backend registry and opened devices. Backends are found by name here,
  * never through their headers. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,8 @@ struct twk_device {
 
 static const twk_backend_iface *backends[TWK_MAX_BACKENDS];
 static int n_backends;
+/* per registry slot: bytes up, bytes down, uploads, downloads (twk_backend_transfers) */
+static _Atomic uint64_t transfers[TWK_MAX_BACKENDS][4];
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t builtin_once = PTHREAD_ONCE_INIT;
 
@@ -114,6 +117,9 @@ twk_status twk_backend_unregister(const char *name) {
     for (int i = 0; name && i < n_backends; i++) {
         if (strcmp(backends[i]->name, name) == 0) {
             memmove(&backends[i], &backends[i + 1], (size_t)(n_backends - i - 1) * sizeof *backends);
+            for (int j = i; j < TWK_MAX_BACKENDS; j++) /* the counters follow their backends */
+                for (int k = 0; k < 4; k++)
+                    atomic_store(&transfers[j][k], j + 1 < TWK_MAX_BACKENDS ? atomic_load(&transfers[j + 1][k]) : 0);
             n_backends--;
             s = TWK_OK;
             twk_clear_error();
@@ -230,12 +236,48 @@ static twk_status check_range(const char *what, const twk_buffer *b, size_t off,
     return TWK_OK;
 }
 
+/* The registry slot of backend b, or -1. */
+static int slot_of(const twk_backend_iface *b) {
+    for (int i = 0; b && i < n_backends; i++)
+        if (backends[i] == b) return i;
+    return -1;
+}
+
+/* Counts `bytes` moved by dev in direction dir (0 up, 1 down). */
+static void count_transfer(const twk_device *dev, int dir, size_t bytes) {
+    int i = slot_of(dev->iface);
+    if (i < 0) return;
+    atomic_fetch_add(&transfers[i][dir], (uint64_t)bytes);
+    atomic_fetch_add(&transfers[i][2 + dir], 1);
+}
+
+twk_transfer_stats twk_backend_transfers(const twk_backend_iface *b) {
+    twk_transfer_stats s = {0, 0, 0, 0};
+    int only = b ? slot_of(b) : -1;
+    for (int i = 0; i < n_backends && (!b || only >= 0); i++) {
+        if (b && i != only) continue;
+        s.upload_bytes += atomic_load(&transfers[i][0]);
+        s.download_bytes += atomic_load(&transfers[i][1]);
+        s.uploads += atomic_load(&transfers[i][2]);
+        s.downloads += atomic_load(&transfers[i][3]);
+    }
+    return s;
+}
+
+void twk_backend_transfers_reset(const twk_backend_iface *b) {
+    int only = b ? slot_of(b) : -1;
+    for (int i = 0; i < TWK_MAX_BACKENDS; i++)
+        for (int k = 0; k < 4 && (!b || i == only); k++) atomic_store(&transfers[i][k], 0);
+}
+
 twk_status twk_buffer_upload(twk_device *dev, twk_buffer *dst, size_t off, const void *src,
                              size_t bytes) {
     twk_status s = check_range("buffer_upload", dst, off, bytes);
     if (s != TWK_OK) return s;
     if (!src && bytes) return twk_error(TWK_ERR_INVALID_ARG, "buffer_upload: NULL source");
-    return bytes ? dev->iface->upload(dev->ctx, dst, off, src, bytes) : TWK_OK;
+    if (!bytes) return TWK_OK;
+    count_transfer(dev, 0, bytes);
+    return dev->iface->upload(dev->ctx, dst, off, src, bytes);
 }
 
 twk_status twk_buffer_download(twk_device *dev, const twk_buffer *src, size_t off, void *dst,
@@ -243,7 +285,9 @@ twk_status twk_buffer_download(twk_device *dev, const twk_buffer *src, size_t of
     twk_status s = check_range("buffer_download", src, off, bytes);
     if (s != TWK_OK) return s;
     if (!dst && bytes) return twk_error(TWK_ERR_INVALID_ARG, "buffer_download: NULL destination");
-    return bytes ? dev->iface->download(dev->ctx, src, off, dst, bytes) : TWK_OK;
+    if (!bytes) return TWK_OK;
+    count_transfer(dev, 1, bytes);
+    return dev->iface->download(dev->ctx, src, off, dst, bytes);
 }
 
 twk_status twk_buffer_copy(twk_device *dev, twk_buffer *dst, size_t doff, const twk_buffer *src,

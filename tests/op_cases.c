@@ -74,6 +74,31 @@ static void r_attn_cache(const op_case *c, rt *in, rt *y) {
 }
 static twk_id b_lora_gather(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_lora_gather(g, in[0], in[1], in[2]); }
 static void r_lora_gather(const op_case *c, rt *in, rt *y) { (void)c; ref_lora_gather(&in[0], &in[1], &in[2], y); }
+static twk_id b_grad_acc(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_grad_acc(g, in[0], in[1]); }
+static void r_grad_acc(const op_case *c, rt *in, rt *y) { (void)c; ref_add(&in[0], &in[1], y); }
+static twk_id b_sqsum(twk_graph *g, const twk_id *in, const op_case *c) { return twk_sqsum_parts(g, in[0], c->ip[0]); }
+static void r_sqsum(const op_case *c, rt *in, rt *y) { ref_sqsum_parts(&in[0], c->ip[0], y); }
+static twk_id b_grad_norm(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_grad_norm(g, in[0], in[1]); }
+static void r_grad_norm(const op_case *c, rt *in, rt *y) { (void)c; ref_grad_norm(&in[0], &in[1], y); }
+/* hyper: beta1 = beta2 = 0.9, eps 1e-3, step size 1e-2, sqrt(1 - beta2^step) 0.5, decay 0.99 */
+static const double adam_h[TWK_HYPER_N] = {0, 0.9, 0.9, 1e-3, 1e-2, 0.5, 0.99, 0};
+static twk_id b_adamw(twk_graph *g, const twk_id *in, const op_case *c) {
+    (void)c;
+    twk_id h = -1; /* a fill per value, concatenated */
+    for (int i = 0; i < TWK_HYPER_N; i++) {
+        int64_t one[1] = {1};
+        twk_id e = twk_fill(g, 1, one, (float)adam_h[i]);
+        h = i == 0 ? e : twk_concat(g, h, e, 0);
+    }
+    return twk_adamw(g, in[0], in[1], in[2], in[3], h, in[4]);
+}
+static void r_adamw(const op_case *c, rt *in, rt *y) {
+    (void)c;
+    double hd[TWK_HYPER_N];
+    memcpy(hd, adam_h, sizeof hd);
+    rt h = {1, {TWK_HYPER_N}, hd};
+    ref_adamw(&in[0], &in[1], &in[2], &in[3], &h, &in[4], y);
+}
 static twk_id b_reshape(twk_graph *g, const twk_id *in, const op_case *c) {
     int64_t ne[4] = {c->ip[0], c->ip[1], c->ip[2], c->ip[3]};
     int nd = 0;
@@ -92,6 +117,7 @@ static void r_reshape(const op_case *c, rt *in, rt *y) { (void)c; ref_copy(&in[0
 #define SEGL(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_SEG_LONG}
 #define ROWS(lim, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_ROWS, .limit = lim}
 #define HI(lim, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_HI, .limit = lim}
+#define POSC(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_F32, .gen = G_POSITIVE}
 #define T_ (-1)
 
 const op_case opc_cases[] = {
@@ -167,6 +193,16 @@ const op_case opc_cases[] = {
     {"attn_cache 5x6x67 over 300x3x67", 5, {F32C(5, 6, 67), F32C(300, 3, 67), F32C(300, 3, 67), IDS(299, 5), HI(300, 5)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {0.12}},
     {"lora_gather 1x1 over 1x1x1", 3, {F32C(1, 1), F32C(1, 1, 1), IDS(1, 1)}, b_lora_gather, r_lora_gather, 1e-6, 1},
     {"lora_gather Tx67 over 5x13x67", 3, {F32C(T_, 67), F32C(5, 13, 67), IDS(5, T_)}, b_lora_gather, r_lora_gather, 1e-5, 1, .cap = 19},
+    /* the optimizer step */
+    {"grad_acc 1", 2, {F32C(1), F32C(1)}, b_grad_acc, r_grad_acc, 1e-6, 1},
+    {"grad_acc 37x67", 2, {F32C(37, 67), F32C(37, 67)}, b_grad_acc, r_grad_acc, 1e-6, 1},
+    {"sqsum_parts 1 in 1", 1, {F32C(1)}, b_sqsum, r_sqsum, 1e-6, 1, .ip = {1}},
+    {"sqsum_parts 3x5 in 7 (some empty)", 1, {F32C(3, 5)}, b_sqsum, r_sqsum, 1e-6, 1, .ip = {7}},
+    {"sqsum_parts 131x257 in 13", 1, {F32C(131, 257)}, b_sqsum, r_sqsum, 1e-6, 1, .ip = {13}},
+    {"grad_norm 5 parts, clipping", 2, {POSC(5, 2), POSC(8)}, b_grad_norm, r_grad_norm, 1e-6, 1},
+    {"grad_norm 300 parts", 2, {POSC(300, 2), POSC(8)}, b_grad_norm, r_grad_norm, 1e-6, 1},
+    {"adamw 1", 5, {F32C(1), F32C(1), F32C(1), POSC(1), POSC(2)}, b_adamw, r_adamw, 1e-6, 1},
+    {"adamw 37x67", 5, {F32C(37, 67), F32C(37, 67), F32C(37, 67), POSC(37, 67), POSC(2)}, b_adamw, r_adamw, 1e-6, 1},
     /* layout */
     {"reshape 6x35 -> 5x7x6", 1, {F32(6, 35)}, b_reshape, r_reshape, 0, 1e-5, .ip = {5, 7, 6, 0}},
     {"reshape Tx12 -> Tx3x4", 1, {F32(T_, 12)}, b_reshape, r_reshape, 0, 1e-5, .ip = {-1, 3, 4, 0}, .cap = 11},

@@ -218,3 +218,37 @@ void ref_lora_gather(const rt *x, const rt *w, const rt *slot, rt *y) {
             y->d[t * N + n] = s;
         }
 }
+
+/* ---- the optimizer step ---- */
+
+void ref_sqsum_parts(const rt *x, int64_t parts, rt *y) {
+    int64_t n = rt_nelem(x), q = n / parts, r = n % parts;
+    for (int64_t p = 0; p < parts; p++) {
+        int64_t b = p * q + (p < r ? p : r), e = b + q + (p < r);
+        double s = 0;
+        for (int64_t i = b; i < e; i++) s += x->d[i] * x->d[i];
+        y->d[2 * p] = s;
+        y->d[2 * p + 1] = 0;
+    }
+}
+
+void ref_grad_norm(const rt *parts, const rt *hyper, rt *y) {
+    double s = 0;
+    for (int64_t i = 0; i < rt_nelem(parts); i++) s += parts->d[i];
+    double norm = sqrt(s), coef = hyper->d[0] / (norm + 1e-6); /* torch.nn.utils.clip_grad_norm_ */
+    y->d[0] = norm;
+    y->d[1] = hyper->d[0] > 0 && coef < 1 ? coef : 1;
+}
+
+/* torch.optim.AdamW's update of one tensor (p.mul_(1 - lr wd); exp_avg.lerp_(g, 1 - b1);
+ * exp_avg_sq.mul_(b2).addcmul_(g, g, 1 - b2); p.addcdiv_(exp_avg, sqrt(exp_avg_sq) / c2_sqrt + eps,
+ * -step_size)) with the hyper vector's constants, for g = grad * norm[1] */
+void ref_adamw(const rt *w, const rt *grad, const rt *m, const rt *v, const rt *hyper, const rt *norm, rt *y) {
+    const double *h = hyper->d;
+    for (int64_t i = 0; i < rt_nelem(w); i++) {
+        double g = grad->d[i] * norm->d[1];
+        double mi = m->d[i] + (1 - h[1]) * (g - m->d[i]);
+        double vi = v->d[i] * h[2] + (1 - h[2]) * g * g;
+        y->d[i] = w->d[i] * h[6] - h[4] * mi / (sqrt(vi) / h[5] + h[3]);
+    }
+}

@@ -35,5 +35,10 @@ void ref_copy(const rt *x, rt *y); /* reshape */
 void ref_kv_write(const rt *cache, const rt *x, const rt *rows, rt *y);
 void ref_lora_gather(const rt *x, const rt *w, const rt *slot, rt *y);
 void ref_attn_cache(const rt *q, const rt *kc, const rt *vc, const rt *lo, const rt *hi, double scale, rt *y);
+/* The optimizer step (ops.h's twk_hyper vector): slices' sums of squares as (sum, 0) pairs,
+ * (norm, clip coefficient), and the AdamW update of w. */
+void ref_sqsum_parts(const rt *x, int64_t parts, rt *y);
+void ref_grad_norm(const rt *parts, const rt *hyper, rt *y);
+void ref_adamw(const rt *w, const rt *grad, const rt *m, const rt *v, const rt *hyper, const rt *norm, rt *y);
 
 #endif

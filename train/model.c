@@ -406,11 +406,7 @@ void twk_trainer_free(twk_trainer *t) {
     for (int i = 0; t->kv && i < 2 * t->m->cfg.layers; i++) twk_buffer_free(t->m->dev, t->kv[i].buf);
     twk_host_free(t->kv);
     twk_host_free(t->adapter);
-    for (int i = 0; i < t->n_tp; i++) {
-        twk_host_free(t->tp[i].acc);
-        twk_host_free(t->tp[i].m);
-        twk_host_free(t->tp[i].v);
-    }
+    twk_trainer_grads_free(t);
     twk_host_free(t->tp);
     twk_host_free(t->param_ids);
     twk_host_free(t);
@@ -418,7 +414,7 @@ void twk_trainer_free(twk_trainer *t) {
 
 static twk_status compile(twk_trainer *t, twk_plan **out, int with_grads) {
     int n_all = t->m->n_w + t->n_adapter;
-    twk_binding *b = twk_host_alloc((size_t)(n_all + 1 + 2 * t->m->cfg.layers) * sizeof *b, "trainer bindings");
+    twk_binding *b = twk_host_alloc((size_t)(n_all + 1 + 2 * t->m->cfg.layers + t->n_tp) * sizeof *b, "trainer bindings");
     if (!b) return TWK_ERR_OOM;
     for (int i = 0; i < n_all; i++) {
         named_buf *nb = i < t->m->n_w ? &t->m->w[i] : &t->adapter[i - t->m->n_w];
@@ -427,7 +423,7 @@ static twk_status compile(twk_trainer *t, twk_plan **out, int with_grads) {
     b[n_all] = (twk_binding){t->inv_freq_id, t->inv_freq.buf, 0};
     int nb = n_all + 1;
     for (int i = 0; t->sampling && i < 2 * t->m->cfg.layers; i++) b[nb++] = (twk_binding){t->param_ids[n_all + i], t->kv[i].buf, 0};
-    (void)with_grads;
+    if (with_grads) nb += twk_trainer_grad_bindings(t, b + nb); /* the accumulators */
     twk_status st = twk_plan_compile(t->g, t->m->dev, t->capacity, b, nb, out);
     twk_host_free(b);
     return st;
@@ -561,12 +557,11 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
             p->nb = i < m->n_w ? &m->w[i] : &t->adapter[i - m->n_w];
             p->id = t->param_ids[i];
             p->grad = g;
-            p->acc = twk_host_calloc(nb_bytes(p->nb), "gradient accumulator");
-            if (!p->acc) st = TWK_ERR_OOM;
-            else twk_graph_output(t->g, g);
         }
     }
+    if (st == TWK_OK) st = twk_trainer_grads_init(t);
     if (st == TWK_OK) st = compile(t, &t->fwdbwd, 1);
+    if (st == TWK_OK) st = twk_trainer_optim_plan(t);
     if (st != TWK_OK) {
         twk_trainer_free(t);
         return st;
@@ -613,30 +608,28 @@ twk_status twk_trainer_forward_base(twk_trainer *t, const twk_batch *b, float *l
     if (!t) return twk_error(TWK_ERR_INVALID_ARG, "trainer_forward_base: NULL trainer");
     if (!twk_trainer_lora(t))
         return twk_error(TWK_ERR_INVALID_ARG, "trainer_forward_base: full-parameter training has no adapter to turn off");
-    /* the adapter's delta is scale * B A: zero every B, run, put them back */
-    int n = twk_trainer_param_count(t), saved = 0;
-    float **keep = twk_host_calloc((size_t)n * sizeof *keep, "adapter B copies");
+    /* the adapter's delta is scale * B A: every B is copied aside on the device, zeroed, run, put back */
+    twk_device *dev = t->m->dev;
+    twk_buffer **keep = twk_host_calloc((size_t)t->n_adapter * sizeof *keep, "adapter B copies");
     twk_status st = keep ? TWK_OK : twk_error(TWK_ERR_OOM, "trainer_forward_base: out of memory");
-    for (int i = 0; st == TWK_OK && i < n; i++, saved = i) {
-        int64_t ne = 0;
-        const char *name = twk_trainer_param_name(t, i, &ne);
-        if (!strstr(name, ".lora_B.")) continue;
-        float *b_val = twk_host_alloc((size_t)ne * sizeof *b_val, "adapter B"), *zero = twk_host_alloc((size_t)ne * sizeof *zero, "zeros");
-        if (!b_val || !zero) st = TWK_ERR_OOM;
-        if (st == TWK_OK) st = twk_trainer_get(t, name, b_val, ne);
-        if (st == TWK_OK) keep[i] = b_val, b_val = NULL; /* restored below even if zeroing fails */
-        if (st == TWK_OK) memset(zero, 0, (size_t)ne * sizeof *zero), st = twk_trainer_set(t, name, zero, ne);
-        twk_host_free(b_val);
-        twk_host_free(zero);
+    int saved = 0;
+    for (int i = 0; st == TWK_OK && i < t->n_adapter; i++, saved = i) {
+        named_buf *nb = &t->adapter[i];
+        if (!strstr(nb->name, ".lora_B.")) continue;
+        twk_buffer *copy = NULL;
+        st = twk_buffer_alloc(dev, nb_bytes(nb), &copy);
+        if (st == TWK_OK) st = twk_buffer_copy(dev, copy, 0, nb->buf, 0, nb_bytes(nb));
+        if (st == TWK_OK) keep[i] = copy, copy = NULL; /* restored below even if zeroing fails */
+        twk_buffer_free(dev, copy);
+        if (st == TWK_OK) st = twk_buffer_zero(dev, nb->buf, 0, nb_bytes(nb));
     }
-    if (st == TWK_OK) saved = n, st = run(t, t->fwd, b, logprobs, loss);
+    if (st == TWK_OK) saved = t->n_adapter, st = run(t, t->fwd, b, logprobs, loss);
     for (int i = 0; keep && i < saved; i++) {
         if (!keep[i]) continue;
-        int64_t ne = 0;
-        const char *name = twk_trainer_param_name(t, i, &ne);
-        twk_status rs = twk_trainer_set(t, name, keep[i], ne);
+        named_buf *nb = &t->adapter[i];
+        twk_status rs = twk_buffer_copy(dev, nb->buf, 0, keep[i], 0, nb_bytes(nb));
         if (st == TWK_OK) st = rs;
-        twk_host_free(keep[i]);
+        twk_buffer_free(dev, keep[i]);
     }
     twk_host_free(keep);
     return st;
@@ -644,17 +637,8 @@ twk_status twk_trainer_forward_base(twk_trainer *t, const twk_batch *b, float *l
 
 twk_status twk_trainer_forward_backward(twk_trainer *t, const twk_batch *b, float *logprobs, float *loss) {
     if (!t) return twk_error(TWK_ERR_INVALID_ARG, "trainer_forward_backward: NULL trainer");
-    twk_status st = run(t, t->fwdbwd, b, logprobs, loss);
-    float *tmp = NULL;
-    for (int i = 0; st == TWK_OK && i < t->n_tp; i++) {
-        tparam *p = &t->tp[i];
-        tmp = twk_host_alloc(nb_bytes(p->nb), "gradient");
-        if (!tmp) return TWK_ERR_OOM;
-        st = twk_plan_read(t->fwdbwd, p->grad, b->n, tmp, nb_bytes(p->nb));
-        for (int64_t k = 0; st == TWK_OK && k < p->nb->nelem; k++) p->acc[k] += tmp[k];
-        twk_host_free(tmp);
-    }
-    return st;
+    twk_status st = twk_trainer_grads_to_device(t);
+    return st == TWK_OK ? run(t, t->fwdbwd, b, logprobs, loss) : st; /* the plan adds to the accumulators */
 }
 
 int twk_trainer_param_count(const twk_trainer *t) { return t ? t->n_tp : 0; }
@@ -689,26 +673,6 @@ twk_status twk_trainer_set(twk_trainer *t, const char *name, const float *src, i
     twk_status st = TWK_OK;
     tparam *p = find_tp(t, name, nelem, &st);
     return p ? twk_buffer_upload(t->m->dev, p->nb->buf, 0, src, nb_bytes(p->nb)) : st;
-}
-
-twk_status twk_trainer_get_grad(twk_trainer *t, const char *name, float *dst, int64_t nelem) {
-    twk_status st = TWK_OK;
-    tparam *p = find_tp(t, name, nelem, &st);
-    if (!p) return st;
-    if (!p->acc) return twk_error(TWK_ERR_STATE, "trainer: '%s' has no gradient here (a sampler)", name);
-    memcpy(dst, p->acc, (size_t)nelem * sizeof *dst);
-    return TWK_OK;
-}
-
-float *twk_trainer_grad_data(twk_trainer *t, int i, int64_t *nelem) {
-    int ok = t && i >= 0 && i < t->n_tp && t->tp[i].acc;
-    if (nelem) *nelem = ok ? t->tp[i].nb->nelem : 0;
-    return ok ? t->tp[i].acc : NULL;
-}
-
-void twk_trainer_zero_grad(twk_trainer *t) {
-    for (int i = 0; t && i < t->n_tp; i++)
-        if (t->tp[i].acc) memset(t->tp[i].acc, 0, (size_t)t->tp[i].nb->nelem * sizeof *t->tp[i].acc);
 }
 
 const twk_lora_config *twk_trainer_lora(const twk_trainer *t) { return t && t->lora ? &t->lc : NULL; }

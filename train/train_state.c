@@ -34,22 +34,22 @@ static twk_status save_full(twk_trainer *t, const char *dir) {
     return st;
 }
 
+/* The moments come from the device here, at save time only. */
 static twk_status save_optimizer(twk_trainer *t, const char *dir) {
     int n = 2 * t->n_tp + 1;
     twk_st_entry *e = twk_host_calloc((size_t)n * sizeof *e, "optimizer entries");
     char (*names)[240] = twk_host_calloc((size_t)n * sizeof *names, "optimizer names");
-    float *zeros = NULL;
-    twk_status st = e && names ? TWK_OK : TWK_ERR_OOM;
-    int64_t max = 1;
-    for (int i = 0; i < t->n_tp; i++)
-        if (t->tp[i].nb->nelem > max) max = t->tp[i].nb->nelem;
-    if (st == TWK_OK && !(zeros = twk_host_calloc((size_t)max * sizeof *zeros, "zero moments"))) st = TWK_ERR_OOM;
+    float **d = twk_host_calloc((size_t)n * sizeof *d, "optimizer moments");
+    twk_status st = e && names && d ? TWK_OK : TWK_ERR_OOM;
     for (int i = 0; st == TWK_OK && i < t->n_tp; i++) {
         named_buf *nb = t->tp[i].nb;
+        d[2 * i] = twk_host_alloc(nb_bytes(nb), "adam m");
+        d[2 * i + 1] = twk_host_alloc(nb_bytes(nb), "adam v");
+        st = d[2 * i] && d[2 * i + 1] ? twk_trainer_moments_get(t, i, d[2 * i], d[2 * i + 1]) : TWK_ERR_OOM;
         snprintf(names[2 * i], sizeof names[0], "m.%s", nb->name);
         snprintf(names[2 * i + 1], sizeof names[0], "v.%s", nb->name);
-        e[2 * i] = (twk_st_entry){names[2 * i], TWK_ST_F32, nb->ndim, {nb->ne[0], nb->ne[1]}, t->tp[i].m ? t->tp[i].m : zeros};
-        e[2 * i + 1] = (twk_st_entry){names[2 * i + 1], TWK_ST_F32, nb->ndim, {nb->ne[0], nb->ne[1]}, t->tp[i].v ? t->tp[i].v : zeros};
+        e[2 * i] = (twk_st_entry){names[2 * i], TWK_ST_F32, nb->ndim, {nb->ne[0], nb->ne[1]}, d[2 * i]};
+        e[2 * i + 1] = (twk_st_entry){names[2 * i + 1], TWK_ST_F32, nb->ndim, {nb->ne[0], nb->ne[1]}, d[2 * i + 1]};
     }
     int64_t step = t->step;
     if (st == TWK_OK) {
@@ -58,7 +58,8 @@ static twk_status save_optimizer(twk_trainer *t, const char *dir) {
         snprintf(path, sizeof path, "%s/optimizer_state.safetensors", dir);
         st = twk_st_write(path, e, n, NULL, 0);
     }
-    twk_host_free(zeros);
+    for (int i = 0; d && i < n; i++) twk_host_free(d[i]);
+    twk_host_free(d);
     twk_host_free(names);
     twk_host_free(e);
     return st;
@@ -123,19 +124,11 @@ static twk_status load_optimizer(twk_trainer *t, const char *dir) {
             else m[i] = d;
         }
     }
-    if (st == TWK_OK) {
-        for (int i = 0; i < t->n_tp; i++) {
-            twk_host_free(t->tp[i].m);
-            twk_host_free(t->tp[i].v);
-            t->tp[i].m = m[i];
-            t->tp[i].v = v[i];
-        }
-        memcpy(&t->step, step->data, 8);
-    } else {
-        for (int i = 0; m && v && i < t->n_tp; i++) {
-            twk_host_free(m[i]);
-            twk_host_free(v[i]);
-        }
+    for (int i = 0; st == TWK_OK && i < t->n_tp; i++) st = twk_trainer_moments_set(t, i, m[i], v[i]);
+    if (st == TWK_OK) memcpy(&t->step, step->data, 8);
+    for (int i = 0; m && v && i < t->n_tp; i++) {
+        twk_host_free(m[i]);
+        twk_host_free(v[i]);
     }
     twk_host_free(m);
     twk_host_free(v);
@@ -149,11 +142,6 @@ twk_status twk_trainer_load_state(twk_trainer *t, const char *dir, bool with_opt
     if (st != TWK_OK) return st;
     twk_trainer_zero_grad(t);
     if (with_optimizer) return load_optimizer(t, dir);
-    for (int i = 0; i < t->n_tp; i++) {
-        twk_host_free(t->tp[i].m);
-        twk_host_free(t->tp[i].v);
-        t->tp[i].m = t->tp[i].v = NULL;
-    }
     t->step = 0;
-    return TWK_OK;
+    return twk_trainer_moments_zero(t);
 }

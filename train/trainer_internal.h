@@ -25,13 +25,14 @@ struct twk_model {
     int n_w;
 };
 
-/* A trainable tensor of a trainer and its host-side gradient and moments. */
+/* A trainable tensor of a trainer; its accumulated gradient and AdamW moments live on the
+ * device, at element `off` of the trainer's flat buffers (train/optim_plan.c). */
 typedef struct tparam {
     named_buf *nb;   /* storage (model weight or adapter tensor) */
     twk_id id;       /* param node */
     twk_id grad;     /* gradient node in the backward graph */
-    float *acc;      /* accumulated gradient (host) */
-    float *m, *v;    /* AdamW moments (host), allocated at the first step */
+    twk_id acc;      /* its accumulator leaf in the backward graph (bound to grad_acc at off) */
+    int64_t off;     /* element offset in grad_acc, adam_m, adam_v */
 } tparam;
 
 struct twk_trainer {
@@ -50,6 +51,15 @@ struct twk_trainer {
     twk_plan *fwd, *fwdbwd;
     int64_t capacity;
     int64_t step;
+    /* the optimizer on the device (optim_plan.c): flat gradient accumulator and moments, the
+     * optimizer plan, and a host copy of the gradients handed out by twk_trainer_grad_data */
+    twk_buffer *grad_acc, *adam_m, *adam_v;
+    int64_t flat_n;
+    twk_graph *g_opt;
+    twk_plan *opt;
+    twk_id opt_hyper, opt_norm;
+    float *grad_host;
+    int grads_on_host; /* grad_host is the current gradient (the device copy is stale) */
     /* sampling mode (train/sampler.c): attention over per-layer KV caches */
     int sampling;
     int max_seqs;
@@ -77,5 +87,23 @@ twk_status twk_trainer_create(twk_model *m, const twk_lora_config *lora, int64_t
  * every module (attention, MLP, unembedding); slots start as zeros (base). */
 twk_status twk_trainer_create_slots(twk_model *m, int n_slots, int slot_rank, int max_seqs, int64_t max_len,
                                     twk_trainer **out);
+
+/* optim_plan.c: the trainer's gradients and optimizer on the device. After the backward graph
+ * exists: gives each trainable tensor its place in the flat buffers (allocated, zeroed) and an
+ * accumulating GRAD_ACC output in t->g; errors: out of memory, the graph's. */
+twk_status twk_trainer_grads_init(twk_trainer *t);
+/* Writes the accumulator bindings of the backward plan into b (n_tp of them); their count. */
+int twk_trainer_grad_bindings(const twk_trainer *t, twk_binding *b);
+/* Builds and compiles the optimizer plan (norm, clipping, AdamW); the compiler's error otherwise. */
+twk_status twk_trainer_optim_plan(twk_trainer *t);
+/* Uploads the host copy of the gradients when it is the current one (after twk_trainer_grad_data). */
+twk_status twk_trainer_grads_to_device(twk_trainer *t);
+/* Frees what twk_trainer_grads_init and twk_trainer_optim_plan made. */
+void twk_trainer_grads_free(twk_trainer *t);
+/* The AdamW moments of trainable tensor i to or from the host (training-state checkpoints). */
+twk_status twk_trainer_moments_get(twk_trainer *t, int i, float *m, float *v);
+twk_status twk_trainer_moments_set(twk_trainer *t, int i, const float *m, const float *v);
+/* Zeroes every moment (the optimizer restarts). */
+twk_status twk_trainer_moments_zero(twk_trainer *t);
 
 #endif

@@ -52,6 +52,10 @@ static const kd_entry table[TWK_OP_COUNT] = {
     [TWK_OP_KV_WRITE] = {kd_lower_kv_write, "kv_write_f32"},
     [TWK_OP_ATTN_CACHE] = {kd_lower_attn_fwd, "attn_fwd_f32"},
     [TWK_OP_LORA_GATHER] = {kd_lower_lora_gather, "lora_gather_f32"},
+    [TWK_OP_GRAD_ACC] = {kd_lower_map, "grad_acc_f32"},
+    [TWK_OP_SQSUM_PARTS] = {kd_lower_sqsum_parts, "sqsum_parts_f32"},
+    [TWK_OP_GRAD_NORM] = {kd_lower_grad_norm, "grad_norm_f32"},
+    [TWK_OP_ADAMW] = {kd_lower_adamw, "adamw_f32"},
 };
 _Static_assert(sizeof table / sizeof table[0] == TWK_OP_COUNT, "one entry per op");
 

@@ -50,6 +50,10 @@ int kd_lower_permute(const twk_launch *l, int64_t n, kd_call *calls, const char 
 int kd_lower_slice(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 int kd_lower_slice_back(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 int kd_lower_concat(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+/* kd_lower_ew.c: the optimizer step (optim.cl); grad_acc is a plain map. */
+int kd_lower_sqsum_parts(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_grad_norm(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_adamw(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 /* kd_lower_nn.c: transformer ops, the KV cache, attention. */
 int kd_lower_get_rows(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 int kd_lower_get_rows_back(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);

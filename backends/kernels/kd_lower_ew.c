@@ -187,3 +187,39 @@ int kd_lower_concat(const twk_launch *l, int64_t n, kd_call *calls, const char *
     if (lb > 0) copy_axis(l, n, &calls[k++], 1, axis, 0, la, lb, w);
     return k;
 }
+
+/* ---- the optimizer step (optim.cl) ---- */
+
+/* one work-group per slice */
+int kd_lower_sqsum_parts(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
+    int64_t parts = kd_dim(&l->dst, 0, n);
+    kd_begin(calls, kernel);
+    kd_buf(calls, l, -1, 4);
+    kd_buf(calls, l, 0, 4);
+    kd_i64(calls, kd_nelem(&l->src[0], n));
+    kd_i64(calls, parts);
+    kd_grid_groups(calls, parts, KD_REDUCE_LOCAL);
+    return 1;
+}
+
+/* one item sums the slices */
+int kd_lower_grad_norm(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
+    kd_begin(calls, kernel);
+    kd_buf(calls, l, -1, 4);
+    kd_buf(calls, l, 0, 4);
+    kd_buf(calls, l, 1, 4);
+    kd_i64(calls, kd_dim(&l->src[0], 0, n));
+    kd_grid_groups(calls, 1, 32);
+    return 1;
+}
+
+/* adamw_f32(w, g, m, v, hyper, norm, n): the dst is w's storage (in place) */
+int kd_lower_adamw(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
+    int64_t ne = kd_nelem(&l->dst, n);
+    kd_begin(calls, kernel);
+    kd_buf(calls, l, -1, 4);
+    for (int i = 1; i < 6; i++) kd_buf(calls, l, i, 4);
+    kd_i64(calls, ne);
+    kd_grid_items(calls, ne, KD_LOCAL_1D);
+    return 1;
+}

@@ -486,6 +486,24 @@ static void check_ids(vk_low *w) {
 
 /* ---- the table ---- */
 
+/* the optimizer step (optim.comp): grad_acc, sqsum_parts (a group per slice), grad_norm, adamw */
+static int lower_optim(vk_low *w) {
+    int per_slice = w->mode == 1, one_item = w->mode == 2;
+    vk_dispatch *x = next(w, VKS_OPTIM, per_slice ? 256 : 128, w->mode);
+    while (per_slice && x->spec[0] > w->c->props.limits.maxComputeWorkGroupInvocations) x->spec[0] /= 2;
+    x->bind[0] = VKB_DST;
+    if (w->mode == 0) x->bind[1] = 1;
+    if (w->mode == 1 || w->mode == 2) x->bind[1] = 0;
+    if (w->mode == 2) x->bind[2] = 1;
+    for (int i = 1; w->mode == 3 && i < 6; i++) x->bind[i] = i;
+    int64_t n = twk_desc_nelem(per_slice ? &w->s[0] : w->y, w->n);
+    if (n > INT32_MAX) return VK_TOO_BIG;
+    x->p[0] = (int32_t)n;
+    x->p[1] = (int32_t)(w->mode == 2 ? dim(&w->s[0], 0, w->n) : dim(w->y, 0, w->n));
+    x->groups[0] = per_slice ? (uint32_t)x->p[1] : one_item ? 1u : groups_for(w->c, n, 128);
+    return 0;
+}
+
 /* One op's entry: its lowering and the MODE spec constant it gives its
  * shader (see the shader's header comment), or why Vulkan does not run an
  * op that has a CPU kernel. */
@@ -530,6 +548,10 @@ static const vk_entry table[TWK_OP_COUNT] = {
     [TWK_OP_KV_WRITE] = {lower_kv_write, 2},
     [TWK_OP_ATTN_CACHE] = {lower_attn, 2},
     [TWK_OP_LORA_GATHER] = {lower_lora_gather, 3},
+    [TWK_OP_GRAD_ACC] = {lower_optim, 0},
+    [TWK_OP_SQSUM_PARTS] = {lower_optim, 1},
+    [TWK_OP_GRAD_NORM] = {lower_optim, 2},
+    [TWK_OP_ADAMW] = {lower_optim, 3},
 };
 _Static_assert(sizeof table / sizeof table[0] == TWK_OP_COUNT, "one entry per op");
 

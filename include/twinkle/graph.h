@@ -110,6 +110,20 @@ twk_id twk_lora_gather(twk_graph *g, twk_id x, twk_id w, twk_id slot);
 /* log_softmax(logits)[t, targets[t]]: logits [T, V], targets i32/i64 [T] -> [T]. */
 twk_id twk_logprobs(twk_graph *g, twk_id logits, twk_id targets);
 
+/* ---- the optimizer step (not differentiable; ops.h's twk_hyper describes `hyper`) ---- */
+/* acc += g in place (acc a parameter or bound tensor of g's shape, no token dims): gradient
+ * accumulation across passes; the result is acc after the add. */
+twk_id twk_grad_acc(twk_graph *g, twk_id acc, twk_id grad);
+/* Sums of squares of x's elements over `parts` equal slices, each as an f32 pair (hi, lo) whose
+ * sum is the slice's sum: [parts, 2]. The first stage of the global gradient norm. */
+twk_id twk_sqsum_parts(twk_graph *g, twk_id x, int parts);
+/* [2]: the norm sqrt(sum of parts) and the clip coefficient of torch.nn.utils.clip_grad_norm_
+ * (min(1, max_norm / (norm + 1e-6)); 1 without clipping) from parts [P, 2] and hyper f32 [8]. */
+twk_id twk_grad_norm(twk_graph *g, twk_id parts, twk_id hyper);
+/* One torch.optim.AdamW step of w in place from grad * norm[1], with moments m and v (updated
+ * in place too); grad is zeroed (consumed). Nothing changes when norm[0] is not finite. w, grad,
+ * m and v: one shape, parameters or bound tensors; hyper f32 [8]; norm [2] from twk_grad_norm. */
+twk_id twk_adamw(twk_graph *g, twk_id w, twk_id grad, twk_id m, twk_id v, twk_id hyper, twk_id norm);
 /* ---- autograd ---- */
 /* Appends the backward graph of scalar `loss` ([1]): every trainable param
  * that `loss` depends on gets a gradient (see twk_graph_grad). Only tensors

@@ -121,6 +121,20 @@ size_t twk_buffer_size(const twk_buffer *buf);
 /* Bytes of the buffers now allocated on dev through twk_buffer_alloc (0 for NULL). Any thread. */
 size_t twk_device_buffer_bytes(const twk_device *dev);
 
+/* Data moved between the host and a backend's devices through twk_buffer_upload and
+ * twk_buffer_download (plan writes and reads go through them), counted per backend since the
+ * process started or the last reset. A backend's own control words (the per-launch error words
+ * GPU backends read after a run) are not data and are not counted. */
+typedef struct twk_transfer_stats {
+    uint64_t upload_bytes, download_bytes;
+    uint64_t uploads, downloads; /* calls */
+} twk_transfer_stats;
+
+/* The counters of backend b (all backends together when b is NULL); zeros for an unregistered b. */
+twk_transfer_stats twk_backend_transfers(const twk_backend_iface *b);
+/* Sets backend b's counters (every backend's when b is NULL) to zero. */
+void twk_backend_transfers_reset(const twk_backend_iface *b);
+
 /* Waits for all queued work on the device. */
 twk_status twk_device_synchronize(twk_device *dev);
 

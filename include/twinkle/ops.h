@@ -82,8 +82,26 @@ TWK_API_BEGIN
     /* decoding with a KV cache (no gradients) */                                                               \
     X(KV_WRITE,       "kv_write",       3, INPLACE, TWK_SRC(2),           TWK_SRC(2),           0,           NONE, EXACT, TWK_IDS(RANGE, "rows", "the cache ", -1, 0)) /* (cache [R,H,D], x [T,H,D], rows [T]) */ \
     X(ATTN_CACHE,     "attn_cache",     5, COMPUTE, TWK_SRC(3) | TWK_SRC(4), TWK_SRC(3) | TWK_SRC(4), 0,     NONE, ACCUM, TWK_IDS(ROWS, "rows", "", 1, 0)) /* (q [T,Hq,D], kc, vc [R,Hkv,D], lo [T], hi [T]) */ \
-    X(LORA_GATHER,    "lora_gather",    3, COMPUTE, TWK_SRC(2),           TWK_SRC(2),           0,           NONE, ACCUM, TWK_IDS(RANGE, "slot", "", 1, 0)) /* (x [T,K], w [S,N,K], slot [T]) -> [T,N]: w[slot[t]] x[t] */
+    X(LORA_GATHER,    "lora_gather",    3, COMPUTE, TWK_SRC(2),           TWK_SRC(2),           0,           NONE, ACCUM, TWK_IDS(RANGE, "slot", "", 1, 0)) /* (x [T,K], w [S,N,K], slot [T]) -> [T,N]: w[slot[t]] x[t] */ \
+    /* the optimizer step on the device (no gradients; hyper = twk_optim_hyper's 8 floats) */                  \
+    X(GRAD_ACC,       "grad_acc",       2, INPLACE, 0,                    0,                    0,           NONE, EXACT, TWK_NO_IDS) /* (acc, g): acc += g */ \
+    X(SQSUM_PARTS,    "sqsum_parts",    1, COMPUTE, 0,                    0,                    0,           NONE, ACCUM, TWK_NO_IDS) /* x [N] -> [P,2]: sum x^2 of slice p as (hi, lo) */ \
+    X(GRAD_NORM,      "grad_norm",      2, COMPUTE, 0,                    0,                    0,           NONE, ACCUM, TWK_NO_IDS) /* (parts [P,2], hyper) -> [2]: norm, clip coefficient */ \
+    X(ADAMW,          "adamw",          6, INPLACE, 0,                    0,                    0,           NONE, TRANSCENDENTAL, TWK_NO_IDS) /* (w, g, m, v, hyper, norm) -> w; also writes m, v and zeroes g */
 /* clang-format on */
+
+/* The optimizer's hyper-parameter vector (f32 [TWK_HYPER_N]), a run-time input of GRAD_NORM and
+ * ADAMW so a new learning rate needs no recompile: torch.optim.AdamW's constants for one step. */
+enum twk_hyper {
+    TWK_HYPER_CLIP = 0,      /* max global norm (clip_grad_norm_'s max_norm); 0: no clipping */
+    TWK_HYPER_BETA1 = 1,
+    TWK_HYPER_BETA2 = 2,
+    TWK_HYPER_EPS = 3,
+    TWK_HYPER_STEP_SIZE = 4, /* lr / (1 - beta1^step) */
+    TWK_HYPER_C2_SQRT = 5,   /* sqrt(1 - beta2^step) */
+    TWK_HYPER_DECAY = 6,     /* 1 - lr * weight_decay */
+    TWK_HYPER_N = 8
+};
 
 typedef enum twk_op {
 #define TWK_OP_ENUM_(e, ...) TWK_OP_##e,

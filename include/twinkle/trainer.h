@@ -43,7 +43,8 @@ twk_status twk_trainer_forward(twk_trainer *t, const twk_batch *b, float *logpro
  * for DPO); the adapter is unchanged afterwards. TWK_ERR_INVALID_ARG
  * without an adapter. */
 twk_status twk_trainer_forward_base(twk_trainer *t, const twk_batch *b, float *logprobs, float *loss);
-/* Forward and backward; gradients are added to the accumulated ones. */
+/* Forward and backward; gradients are added to the accumulated ones (on the device: only the
+ * batch goes up, and the logprobs and loss asked for come down). */
 twk_status twk_trainer_forward_backward(twk_trainer *t, const twk_batch *b, float *logprobs, float *loss);
 /* Number of trainable tensors and the i-th one's name (PEFT names for LoRA,
  * Hugging Face names for full training) and element count. */
@@ -56,9 +57,11 @@ twk_status twk_trainer_set(twk_trainer *t, const char *name, const float *src, i
 twk_status twk_trainer_get_grad(twk_trainer *t, const char *name, float *dst, int64_t nelem);
 void twk_trainer_zero_grad(twk_trainer *t);
 /* The i-th trainable tensor's accumulated gradient on the host, writable in
- * place (e.g. to sum it across data-parallel ranks before the optimizer step);
- * valid until the trainer is freed. NULL (and *nelem 0) for a bad index or a
- * sampler, which has no gradients. */
+ * place (e.g. to sum it across data-parallel ranks before the optimizer step):
+ * the first call after a pass downloads every gradient into one host copy,
+ * which is then the gradient until the next pass or optimizer step uploads it
+ * back. The pointer stays valid until the trainer is freed. NULL (and *nelem 0)
+ * for a bad index, a sampler (which has no gradients) or a failed download. */
 float *twk_trainer_grad_data(twk_trainer *t, int i, int64_t *nelem);
 
 /* The adapter's configuration, or NULL for full-parameter training. */
@@ -111,10 +114,19 @@ twk_adam_params twk_adam_default(void);
 /* One AdamW step over every trainable tensor, equal to torch.optim.AdamW
  * (bias correction, decoupled weight decay) after
  * torch.nn.utils.clip_grad_norm_ when grad_clip_norm > 0; then zeroes the
- * accumulated gradients. *grad_norm (may be NULL) gets the pre-clip norm.
+ * accumulated gradients. It runs on the device (the trainer's optimizer plan):
+ * only the hyper-parameters (32 bytes) go up and the norm (8 bytes) comes back. *grad_norm (may be NULL) gets the pre-clip norm.
  * TWK_ERR_INVALID_ARG names a bad hyper-parameter; TWK_ERR_RANGE a non-finite
  * gradient (nothing is updated then). */
 twk_status twk_trainer_optim_step(twk_trainer *t, const twk_adam_params *p, float *grad_norm);
+
+/* The host reference twk_trainer_optim_step runs on the device (tests compare the two): one
+ * AdamW step number `step` (>= 1) over `count` tensors of host arrays w[i], g[i], m[i], v[i] of
+ * n[i] elements, with the global norm summed in double and clip_grad_norm_'s coefficient; g is
+ * left as it is. *grad_norm (may be NULL) gets the pre-clip norm. TWK_ERR_INVALID_ARG names a bad
+ * hyper-parameter; TWK_ERR_RANGE a non-finite gradient (nothing changed then). */
+twk_status twk_adamw_host(float *const *w, const float *const *g, float *const *m, float *const *v, const int64_t *n,
+                          int count, const twk_adam_params *p, int64_t step, float *grad_norm);
 
 TWK_API_END
 #ifdef __cplusplus
