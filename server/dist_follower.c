@@ -193,7 +193,7 @@ static void run_sample(follower *f, const dsv_cmd *h, const unsigned char *msg, 
         }
         params[i] = (twk_sample_params){head[2], fl[0], head[3], fl[1], seed, head[4] != 0, stops[i], head[5],
                                         str_ptr[i], head[6], f->models[h->model].tok};
-        reqs[i] = (twk_sample_request){prompt, np, head[1], &params[i], NULL, head[0]};
+        reqs[i] = (twk_sample_request){prompt, np, head[1], &params[i], NULL, head[0], NULL, NULL};
         total += head[1];
     }
     twk_sampled_seq *res = st == TWK_OK ? twk_host_calloc((size_t)(total ? total : 1) * sizeof *res, "sampled") : NULL;

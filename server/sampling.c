@@ -464,7 +464,7 @@ static int sample_remote(drain_job *dj) {
     sampler_session *sessions[SAMPLER_SEQS];
     int k = 0;
     for (sample_job *sj = dj->batch; sj; sj = sj->next, k++) {
-        reqs[k] = (twk_sample_request){sj->prompt, sj->n_prompt, sj->num_samples, &sj->p, NULL, 0};
+        reqs[k] = (twk_sample_request){sj->prompt, sj->n_prompt, sj->num_samples, &sj->p, NULL, 0, NULL, NULL};
         sessions[k] = sj->ss;
     }
     if (svc_dist_sample_send(rank, (int)(u->base - dj->s->models), reqs, sessions, n, &cj->tag) != TWK_OK) {
