@@ -527,7 +527,16 @@ static void drain_run(twk_job *j) {
     sample_job *take = NULL, **tail = &take, **pp = &u->pending;
     int used = 0, n_adapters = 0;
     sampler_session *adapters[TWK_SERVE_CAP_SAMPLER_SLOTS];
-    while (*pp) {
+    int alone = 0;
+    for (sample_job **own = &u->pending; *own; own = &(*own)->next) /* its own big request: alone, in rounds */
+        if ((*own)->serial == dj->own && (*own)->num_samples > SAMPLER_SEQS) {
+            take = *own;
+            *own = take->next;
+            take->next = NULL;
+            alone = 1;
+            break;
+        }
+    while (!alone && *pp) {
         sample_job *sj = *pp;
         int n = sj->num_samples;
         /* a shared unit fits n_slots - 1 different adapters per batch */
@@ -538,15 +547,13 @@ static void drain_run(twk_job *j) {
             pp = &sj->next;
             continue;
         }
-        if ((n > SAMPLER_SEQS && used == 0 && !take && sj->serial == dj->own) ||
-            (n <= SAMPLER_SEQS && used + n <= SAMPLER_SEQS)) {
+        if (n <= SAMPLER_SEQS && used + n <= SAMPLER_SEQS) { /* big requests are their own job's */
             if (new_adapter) adapters[n_adapters++] = sj->ss;
             *pp = sj->next;
             sj->next = NULL;
             *tail = sj;
             tail = &sj->next;
             used += n;
-            if (n > SAMPLER_SEQS) break;
         } else {
             pp = &sj->next;
         }
