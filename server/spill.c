@@ -279,6 +279,7 @@ static void free_job_done(twk_job *j) {
 
 /* Frees an unnamed snapshot now (nothing in flight) or once its last request ends. */
 static void snapshot_free(svc *s, sampler_session *ss, int why) {
+    if (s->stopping) return; /* shutdown frees every session; the worker takes no more jobs */
     if (ss->inflight) {
         ss->doomed = why;
         return;
