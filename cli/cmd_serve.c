@@ -59,6 +59,15 @@ static void usage(FILE *f) {
             "                       (default %d, the default LoRA rank)\n"
             "  --live-samplers N    samplers (each a KV cache) alive at once, the least recently used\n"
             "                       dropped first, 1..%d (default %d)\n"
+            "scheduling and memory (server/README.md, \"Fair scheduling\", \"Bounded memory\"):\n"
+            "  --max-queue-per-tenant N  jobs of one tenant waiting for the compute worker; 429 past it\n"
+            "                       (default %d)\n"
+            "  --run-idle-s S       a run idle S seconds is spilled to the data dir, restored on its next op\n"
+            "                       (default %d)\n"
+            "  --max-live-runs N    runs resident in memory; the least recently used are spilled (default %d)\n"
+            "  --sampler-idle-s S   an unnamed sampler snapshot unused S seconds is freed (default %d)\n"
+            "  --max-sampler-host-mb M  host memory of unnamed snapshots; the least recently used freed\n"
+            "                       past it (default %d)\n"
             "  --config FILE        the same options as 'key = value' lines (model may repeat)\n"
             "  --log-format F       text (default: a line per failed request or future) or json (one JSON\n"
             "                       object per line: every request with level, request_id, tenant, route,\n"
@@ -92,6 +101,8 @@ static void usage(FILE *f) {
             TWK_SERVE_DEF_RESULTS_MB_TENANT, TWK_SERVE_DEF_RESULT_KEEP_S, TWK_SERVE_DEF_RESULT_TTL_S,
             TWK_SERVE_DEF_SAMPLE_QUEUE, TWK_SERVE_CAP_SAMPLER_SLOTS, TWK_SERVE_DEF_SAMPLER_SLOTS,
             twk_lora_default().rank, TWK_SERVE_CAP_LIVE_SAMPLERS, TWK_SERVE_DEF_LIVE_SAMPLERS,
+            TWK_SERVE_DEF_MAX_QUEUE_TENANT, TWK_SERVE_DEF_RUN_IDLE_S, TWK_SERVE_DEF_MAX_LIVE_RUNS,
+            TWK_SERVE_DEF_SAMPLER_IDLE_S, TWK_SERVE_DEF_SAMPLER_HOST_MB,
             TWK_ALERT_DEF_STALL_S, TWK_ALERT_DEF_DISK_PCT, TWK_ALERT_DEF_MEM_PCT, TWK_ALERT_DEF_CHECK_S,
             TWK_ALERT_DEF_RATE_S, TWK_ALERT_DEF_RETRIES, TWK_ALERT_DEF_BACKOFF_S, TWK_ALERT_DEF_TIMEOUT_S);
 }

@@ -690,6 +690,7 @@ static void h_save(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant,
             snprintf(id, sizeof id, "%s:sample:%lld", r->session_id, ss_seq);
             o->snapshot = svc_new_snapshot_session(s, r, id);
             if (!o->snapshot) snprintf(o->prefail, sizeof o->prefail, "sampling session '%s' exists already", id);
+            else svc_snapshot_use(s, o->snapshot); /* released when the op is freed */
         }
     } else if (!api_valid_name(name)) {
         snprintf(o->prefail, sizeof o->prefail,

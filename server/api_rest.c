@@ -291,7 +291,10 @@ void api_rest(svc *s, twk_http_conn *c, const twk_http_req *req, const char *ten
             session_get(s, c, tenant, id);
         } else if (!strcmp(req->method, "POST") && slash && !strcmp(slash, "/finish")) {
             if (twk_store_session_finish(s->store, tenant, id) != TWK_OK) api_error(c, 404, "session '%s' not found", id);
-            else twk_http_respond_json(c, 200, "{}");
+            else {
+                svc_session_finished(s, tenant, id); /* its unnamed snapshots freed, its runs spilled */
+                twk_http_respond_json(c, 200, "{}");
+            }
         } else {
             api_error(c, 404, "no such endpoint: %s %s", req->method, req->path);
         }

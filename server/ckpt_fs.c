@@ -74,7 +74,11 @@ static int exchange(const char *a, const char *b) {
 }
 
 int svc_ckpt_publish(const char *tmp, const char *dir, const char *old, int existed, char *err, size_t err_len) {
-    const char *mode = existed ? "overwrite" : "save";
+    return svc_ckpt_publish_mode(existed ? "overwrite" : "save", tmp, dir, old, existed, err, err_len);
+}
+
+int svc_ckpt_publish_mode(const char *mode, const char *tmp, const char *dir, const char *old, int existed, char *err,
+                          size_t err_len) {
     svc_crash_point(mode, "written");
     if (sync_tree(tmp) != 0) {
         snprintf(err, err_len, "cannot sync %s: %s", tmp, strerror(errno));
@@ -140,7 +144,8 @@ static int leftover_name(const char *e, const char *prefix, char *name, size_t l
     return 1;
 }
 
-/* One DATA_DIR/checkpoints/<run>/<kind> folder. */
+/* One DATA_DIR/checkpoints/<run>/<kind> folder (run NULL: a folder whose entries have no store
+ * rows, DATA_DIR/spill: only the leftovers are handled). */
 static void recover_kind(svc *s, const char *run, const char *kind, const char *kdir, int *n_fixed) {
     DIR *d = opendir(kdir);
     if (!d) return;
@@ -182,7 +187,7 @@ static void recover_kind(svc *s, const char *run, const char *kind, const char *
                 svc_rm_tree(path);
                 twk_log_info("recovery: removed %s (a save interrupted by a crash)", path);
                 (*n_fixed)++;
-            } else if (pass == 2 && names[i][0] != '.' && S_ISDIR(sb.st_mode)) {
+            } else if (pass == 2 && run && names[i][0] != '.' && S_ISDIR(sb.st_mode)) {
                 char ckid[400];
                 int listed = 1;
                 snprintf(ckid, sizeof ckid, "%s/%s", kind, names[i]);
@@ -218,6 +223,11 @@ void svc_ckpt_recover(svc *s) {
         twk_log_info("recovery: %d leftover checkpoint folder(s) handled", fixed);
 }
 
+void svc_ckpt_recover_folder(svc *s, const char *dir) {
+    int fixed = 0;
+    recover_kind(s, NULL, NULL, dir, &fixed);
+}
+
 /* The worker's half of a removal: the renamed-aside folder goes. */
 static void rm_job_run(twk_job *j) { svc_rm_tree((const char *)j->arg); }
 static void rm_job_done(twk_job *j) { twk_host_free(j); }
@@ -243,6 +253,7 @@ int svc_ckpt_remove(svc *s, const twk_store_ckpt *ck, char *err, size_t err_len)
     }
     memcpy(j + 1, gone, n);
     j->arg = j + 1;
+    twk_job_route(j, "", "checkpoint removal", 1);
     j->run = rm_job_run;
     j->done = rm_job_done;
     twk_worker_submit(s->worker, j);

@@ -114,6 +114,7 @@ run_state *svc_find_run(svc *s, const char *tenant, const char *id) {
         r->base = svc_find_model(s, sr.base_model);
         r->lora.rank = sr.lora_rank;
         snprintf(r->session_id, sizeof r->session_id, "%s", sr.session_id);
+        svc_spill_adopt(s, r, &sr); /* its state was spilled: it continues from there */
     }
     twk_store_run_clear(&sr);
     return r;

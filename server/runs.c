@@ -68,6 +68,7 @@ op *svc_op_new(svc *s, run_state *r, op_kind kind, int64_t seq) {
 
 void svc_op_free(op *o) {
     if (!o) return;
+    if (o->snapshot) svc_snapshot_release(o->svc, o->snapshot); /* the save that fills it is over */
     twk_wire_fb_request_free(o->fb);
     twk_host_free(o->out);
     twk_host_free(o);
@@ -296,6 +297,11 @@ static void run_save(op *o) {
             op_fail(o, 0, "creating the sampler failed: %s", twk_last_error());
             return;
         }
+        for (int i = 0; i < twk_trainer_param_count(o->run->trainer); i++) { /* its host copy's size */
+            int64_t ne = 0;
+            twk_trainer_param_name(o->run->trainer, i, &ne);
+            o->size_bytes += ne * (int64_t)sizeof(float);
+        }
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "sampling_session_id", o->snapshot->id);
         cJSON_AddStringToObject(j, "type", "save_weights_for_sampler");
@@ -356,6 +362,8 @@ static void run_load(op *o) {
 
 static void run_unload(op *o) {
     svc_dist_trainer_free(o->run); /* multi-rank: every rank */
+    o->run->on_disk = 0;
+    svc_spill_remove(o->svc, o->run);
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "model_id", o->run->id);
     cJSON_AddStringToObject(j, "type", "unload_model");
@@ -379,6 +387,15 @@ static void op_run(twk_job *j) {
     twk_clear_error();
     api_json_oom();
     if (svc_fault_point(o)) return;
+    if (o->kind != OP_CREATE && o->kind != OP_UNLOAD && !o->run->trainer && o->run->on_disk &&
+        svc_restore_run(o->svc, o->run) != TWK_OK) {
+        op_fail(o, 0, "%s", twk_last_error());
+        return;
+    }
+    if (o->kind == OP_UNLOAD && !o->run->trainer && o->run->on_disk) { /* spilled: its folder goes */
+        run_unload(o);
+        return;
+    }
     if (o->kind != OP_CREATE && !o->run->trainer) {
         op_fail(o, 1, "model %s is not loaded (unloaded, or its state was lost in a server restart: create a "
                       "training client from a saved checkpoint)",
@@ -432,6 +449,12 @@ static void op_done(twk_job *j) {
     if (o->kind == OP_UNLOAD && o->st == TWK_OK) o->run->unloaded = 1;
     o->run->running--;
     svc_steps_note(s, o);
+    svc_run_op_done(s, o->run);
+    if (o->kind == OP_UNLOAD && o->st == TWK_OK && o->run->resident) {
+        o->run->resident = 0;
+        s->n_resident--;
+    }
+    if (o->snapshot && o->st == TWK_OK) svc_snapshot_captured(s, o->snapshot, (size_t)o->size_bytes);
     if (o->st != TWK_OK)
         twk_futures_fail(s->futures, o->request_id, o->user_error && o->st != TWK_ERR_OOM ? "user" : "server", o->err);
     else
@@ -445,6 +468,15 @@ static void op_done(twk_job *j) {
         o->run->last_touch = now;
     }
     svc_op_free(o);
+}
+
+/* The scheduler's estimate of an op's work: tokens x passes for forward (1) and
+ * forward_backward (3: forward, backward through activations and weights); 1 for the rest. */
+static double op_cost(const op *o) {
+    if (o->kind != OP_FB || !o->fb) return 1;
+    double tokens = 0;
+    for (int d = 0; d < o->fb->n_data; d++) tokens += (double)o->fb->data[d].n_tokens;
+    return tokens * (o->fb->forward_only ? 1 : 3);
 }
 
 static void dispatch(svc *s, op *o) {
@@ -461,11 +493,18 @@ static void dispatch(svc *s, op *o) {
         svc_op_free(o);
         return;
     }
+    if (o->run->diverged) { /* ops after its spill were lost in a restart */
+        twk_futures_fail(s->futures, o->request_id, "user", o->run->lost_msg);
+        svc_op_free(o);
+        return;
+    }
     o->job.run = op_run;
     o->job.done = op_done;
     o->job.arg = o;
     svc_metrics_op_queued(s, o);
     o->run->running++;
+    twk_job_route(&o->job, o->run->tenant, o->run->id, op_cost(o));
+    svc_run_dispatched(s, o->run);
     twk_worker_submit(s->worker, &o->job);
 }
 
@@ -587,6 +626,10 @@ int svc_submit_op(svc *s, run_state *r, op *o, char *request_id, char *err, size
         twk_futures_fail(s->futures, request_id, "user", "seq_id is older than the run's current position");
         return 0;
     }
+    if (svc_queue_full(s, r->tenant, err, err_len)) { /* nothing queued: the client (the SDK backs off on 429) resends */
+        svc_op_free(o);
+        return 429;
+    }
     size_t held = op_held_bytes(o);
     if (o->seq > r->next_seq) { /* it would wait for seq_id next_seq: bounded */
         const char *which = NULL;
@@ -635,6 +678,7 @@ static void pending_insert(svc *s, run_state *r, op *o) {
     r->early_bytes += held;
     while (r->pending && r->pending->seq == r->next_seq) {
         op *h = pending_pop(r);
+        r->restored = 0; /* it continues in order from its spilled state: nothing was lost */
         r->next_seq++;
         dispatch(s, h);
     }
@@ -659,12 +703,22 @@ void svc_check_gaps(svc *s) {
     for (run_state *r = s->runs; r; r = r->next) {
         if (!r->pending || now - r->gap_since < s->cfg.seq_timeout_s) continue;
         long long missing = (long long)r->next_seq;
+        if (r->restored) { /* after a restart: the ops after its last spill are lost, and so is the rest */
+            r->diverged = 1;
+            snprintf(r->lost_msg, sizeof r->lost_msg,
+                     "model %s was restored after a server restart from its state at optimizer step %lld (the "
+                     "state after seq_id %lld); the operations from seq_id %lld on were lost with the restart, so "
+                     "this run cannot continue: load a saved checkpoint (create_training_client_from_state)",
+                     r->id, (long long)r->restored_step, missing - 1, missing);
+        }
         while (r->pending) {
             op *h = pending_pop(r);
-            char msg[256];
-            snprintf(msg, sizeof msg,
-                     "seq_id %lld of model %s never arrived within %.0f s; failing the operations queued after it",
-                     missing, r->id, s->cfg.seq_timeout_s);
+            char msg[sizeof r->lost_msg];
+            if (r->diverged) snprintf(msg, sizeof msg, "%s", r->lost_msg);
+            else
+                snprintf(msg, sizeof msg,
+                         "seq_id %lld of model %s never arrived within %.0f s; failing the operations queued after it",
+                         missing, r->id, s->cfg.seq_timeout_s);
             if (h->kind != OP_SKIP) twk_futures_fail(s->futures, h->request_id, "user", msg);
             if (h->seq >= r->next_seq) r->next_seq = h->seq + 1;
             svc_op_free(h);

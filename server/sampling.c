@@ -94,6 +94,7 @@ sampler_session *svc_new_snapshot_session(svc *s, run_state *r, const char *id) 
     if (!r->base) return NULL;
     sampler_session *ss = adapter_session(s, r->tenant, id, r->base, &r->lora, NULL);
     if (!ss) return NULL;
+    ss->snapshot = 1;
     snprintf(ss->model_path, sizeof ss->model_path, "tinker://%s/sampler_weights/%s", r->id, id);
     return ss;
 }
@@ -210,14 +211,41 @@ twk_status svc_sampler_ready(svc *s, sampler_unit *u, twk_trainer *from) {
     return TWK_OK;
 }
 
+void svc_snapshot_drop_worker(svc *s, sampler_session *ss) {
+    sampler_unit *u = ss->unit;
+    if (ss->owns_unit) {
+        for (int i = 0; i < s->n_live_units; i++)
+            if (s->live_units[i] == u) s->live_units[i--] = s->live_units[--s->n_live_units];
+        unit_free(u);
+        ss->unit = NULL;
+    } else {
+        for (int i = 0; i < u->n_slots; i++)
+            if (u->slot_owner[i] == ss) u->slot_owner[i] = NULL;
+    }
+    host_adapter_free(ss->copy);
+    ss->copy = NULL;
+}
+
+void svc_sampler_unlink(svc *s, sampler_session *ss) {
+    for (sampler_session **pp = &s->samplers; *pp; pp = &(*pp)->next)
+        if (*pp == ss) {
+            *pp = ss->next;
+            return;
+        }
+}
+
+void svc_sampler_free(sampler_session *ss) {
+    if (ss->owns_unit) unit_free(ss->unit);
+    host_adapter_free(ss->copy);
+    svc_session_events_free(ss);
+    twk_host_free(ss);
+}
+
 void svc_free_samplers(svc *s) {
     sampler_session *ss = s->samplers;
     while (ss) {
         sampler_session *next = ss->next;
-        if (ss->owns_unit) unit_free(ss->unit);
-        host_adapter_free(ss->copy);
-        svc_session_events_free(ss);
-        twk_host_free(ss);
+        svc_sampler_free(ss);
         ss = next;
     }
     s->samplers = NULL;
@@ -243,6 +271,7 @@ typedef struct sample_job {
     int32_t stop[MAX_STOP_TOKENS];
     char stop_str[MAX_STOP_STRINGS][MAX_STOP_STRING_LEN + 1];
     const char *stop_ptr[MAX_STOP_STRINGS];
+    unsigned long long serial; /* which drain job may take it when it needs rounds of its own */
     int prompt_logprobs, topk;
     int record; /* record_stability_info: keep each sequence for stable_reinforce */
     int64_t last_n; /* prompt_logprobs_last_n: score only the last N prompt tokens (0 = all) */
@@ -424,8 +453,11 @@ typedef struct drain_job {
     twk_job job;
     svc *s;
     sampler_unit *unit;
-    sample_job *batch; /* the requests this job took */
-    int rank, tag;     /* multi-rank: the batch decodes on this rank (> 0), answered under tag */
+    unsigned long long own;  /* the serial of the request this job was queued for */
+    sample_job *batch;       /* the requests this job took */
+    twk_sampled_seq *res;    /* a request for more samples than a batch holds: its rounds so far */
+    int rounds_done;         /* samples of it decoded */
+    int rank, tag;           /* multi-rank: the batch decodes on this rank (> 0), answered under tag */
 } drain_job;
 
 /* ---- multi-rank: decode batches on the other ranks' sampler replicas (dist_serve.c) ---- */
@@ -471,23 +503,97 @@ static int sample_remote(drain_job *dj) {
         twk_host_free(cj);
         return 0; /* decoded here instead */
     }
-    *cj = (drain_job){{remote_collect, drain_done, cj, NULL}, dj->s, u, dj->batch, rank, cj->tag};
+    *cj = (drain_job){.job = {.run = remote_collect, .done = drain_done, .arg = cj}, .s = dj->s, .unit = u, .batch = dj->batch,
+                      .rank = rank, .tag = cj->tag};
     dj->batch = NULL;
     twk_worker_submit(dj->s->worker, &cj->job);
     return 1;
 }
 
+/* Worker: the unit's sampler ready and every adapter of the batch in a slot; else each request's
+ * err says why. */
+static twk_status batch_ready(drain_job *dj) {
+    sampler_unit *u = dj->unit;
+    twk_status st = svc_sampler_ready(dj->s, u, NULL);
+    if (st != TWK_OK) {
+        for (sample_job *sj = dj->batch; sj; sj = sj->next)
+            snprintf(sj->err, sizeof sj->err, "sampler unavailable: %s", twk_last_error());
+        return st;
+    }
+    if (!u->n_slots) return TWK_OK;
+    int busy[TWK_SERVE_CAP_SAMPLER_SLOTS] = {0};
+    for (sample_job *sj = dj->batch; sj; sj = sj->next) {
+        sj->slot = assign_slot(dj->s, u, sj->ss, busy, &st);
+        if (st != TWK_OK) {
+            for (sample_job *x = dj->batch; x; x = x->next)
+                snprintf(x->err, sizeof x->err, "loading the adapter failed: %s", twk_last_error());
+            return st;
+        }
+    }
+    return TWK_OK;
+}
+
+/* Worker: the estimated cost of decoding n samples of sj (the scheduler's unit: tokens). */
+static double sample_cost(const sample_job *sj, int n) {
+    return (double)n * (double)(sj->p.max_tokens > 0 ? sj->p.max_tokens : 1) + (double)sj->n_prompt;
+}
+
+/* Worker: one round (at most a batch) of a request for more samples than a batch holds, with
+ * its own seed stream per round; between rounds the job yields to the scheduler (requeue), so
+ * other tenants' work runs in between. */
+static void big_round(twk_job *j, drain_job *dj) {
+    sample_job *take = dj->batch;
+    twk_status st = TWK_OK;
+    if (!dj->res) {
+        dj->res = twk_host_calloc((size_t)take->num_samples * sizeof *dj->res, "sampling res");
+        st = dj->res ? TWK_OK : TWK_ERR_OOM;
+    }
+    if (st == TWK_OK) st = batch_ready(dj);
+    int done = dj->rounds_done;
+    if (st == TWK_OK) {
+        int n = take->num_samples - done < SAMPLER_SEQS ? take->num_samples - done : SAMPLER_SEQS;
+        twk_sample_params p = take->p;
+        if (p.has_seed) p.seed = take->p.seed + 0x2545f4914f6cdd1dull * (uint64_t)done;
+        twk_sample_request one = {take->prompt, take->n_prompt, n, &p, dj->res + done, take->slot, NULL, NULL};
+        st = twk_sampler_generate_many(dj->unit->sampler, &one, 1);
+        dj->rounds_done = done += n;
+    }
+    if (st == TWK_OK && done < take->num_samples) {
+        int next = take->num_samples - done < SAMPLER_SEQS ? take->num_samples - done : SAMPLER_SEQS;
+        j->cost = sample_cost(take, next);
+        j->requeue = 1;
+        return;
+    }
+    finish_request(take, dj->res, st);
+    for (int i = 0; dj->res && i < take->num_samples; i++) twk_sampled_seq_free(&dj->res[i]);
+    twk_host_free(dj->res);
+    dj->res = NULL;
+}
+
 /* Worker: takes every waiting request of the unit that fits one decode batch
  * and decodes them together; a request for more samples than a batch holds
- * runs alone, in rounds. */
+ * is taken only by its own job and runs alone, a round per turn (big_round). */
 static void drain_run(twk_job *j) {
     drain_job *dj = j->arg;
     sampler_unit *u = dj->unit;
+    if (dj->batch) { /* a yielded big request: its next round */
+        big_round(j, dj);
+        return;
+    }
     pthread_mutex_lock(&u->mu);
     sample_job *take = NULL, **tail = &take, **pp = &u->pending;
     int used = 0, n_adapters = 0;
     sampler_session *adapters[TWK_SERVE_CAP_SAMPLER_SLOTS];
-    while (*pp) {
+    int alone = 0;
+    for (sample_job **own = &u->pending; *own; own = &(*own)->next) /* its own big request: alone, in rounds */
+        if ((*own)->serial == dj->own && (*own)->num_samples > SAMPLER_SEQS) {
+            take = *own;
+            *own = take->next;
+            take->next = NULL;
+            alone = 1;
+            break;
+        }
+    while (!alone && *pp) {
         sample_job *sj = *pp;
         int n = sj->num_samples;
         /* a shared unit fits n_slots - 1 different adapters per batch */
@@ -498,14 +604,13 @@ static void drain_run(twk_job *j) {
             pp = &sj->next;
             continue;
         }
-        if ((n > SAMPLER_SEQS && used == 0 && !take) || (n <= SAMPLER_SEQS && used + n <= SAMPLER_SEQS)) {
+        if (n <= SAMPLER_SEQS && used + n <= SAMPLER_SEQS) { /* big requests are their own job's */
             if (new_adapter) adapters[n_adapters++] = sj->ss;
             *pp = sj->next;
             sj->next = NULL;
             *tail = sj;
             tail = &sj->next;
             used += n;
-            if (n > SAMPLER_SEQS) break;
         } else {
             pp = &sj->next;
         }
@@ -515,39 +620,12 @@ static void drain_run(twk_job *j) {
     for (sample_job *sj = take; sj; sj = sj->next) sj->t_started = twk_metrics_now();
     if (!take) return;
     if (take->num_samples <= SAMPLER_SEQS && sample_remote(dj)) return; /* multi-rank: another rank decodes it */
-    twk_status st = svc_sampler_ready(dj->s, u, NULL);
-    if (st != TWK_OK) {
-        for (sample_job *sj = take; sj; sj = sj->next)
-            snprintf(sj->err, sizeof sj->err, "sampler unavailable: %s", twk_last_error());
+    if (take->num_samples > SAMPLER_SEQS) {
+        big_round(j, dj);
         return;
     }
-    if (u->n_slots) { /* every adapter of the batch into a slot */
-        int busy[TWK_SERVE_CAP_SAMPLER_SLOTS] = {0};
-        for (sample_job *sj = take; st == TWK_OK && sj; sj = sj->next) {
-            sj->slot = assign_slot(dj->s, u, sj->ss, busy, &st);
-            if (st != TWK_OK) {
-                for (sample_job *x = take; x; x = x->next)
-                    snprintf(x->err, sizeof x->err, "loading the adapter failed: %s", twk_last_error());
-                return;
-            }
-        }
-    }
-    if (take->num_samples > SAMPLER_SEQS) { /* alone, in rounds with their own seed streams */
-        twk_sampled_seq *res = twk_host_calloc((size_t)take->num_samples * sizeof *res, "sampling res");
-        st = res ? TWK_OK : TWK_ERR_OOM;
-        for (int done = 0; st == TWK_OK && done < take->num_samples;) {
-            int n = take->num_samples - done < SAMPLER_SEQS ? take->num_samples - done : SAMPLER_SEQS;
-            twk_sample_params p = take->p;
-            if (p.has_seed) p.seed = take->p.seed + 0x2545f4914f6cdd1dull * (uint64_t)done;
-            twk_sample_request one = {take->prompt, take->n_prompt, n, &p, res + done, take->slot, NULL, NULL};
-            st = twk_sampler_generate_many(u->sampler, &one, 1);
-            done += n;
-        }
-        finish_request(take, res, st);
-        for (int i = 0; res && i < take->num_samples; i++) twk_sampled_seq_free(&res[i]);
-        twk_host_free(res);
-        return;
-    }
+    twk_status st = batch_ready(dj);
+    if (st != TWK_OK) return;
     int n_req = 0;
     for (sample_job *sj = take; sj; sj = sj->next) n_req++;
     twk_sample_request *reqs = twk_host_calloc((size_t)n_req * sizeof *reqs, "sampling reqs");
@@ -589,6 +667,7 @@ static void drain_done(twk_job *j) {
     sample_job *sj = dj->batch;
     while (sj) {
         sample_job *next = sj->next;
+        sampler_session *ss = sj->ss;
         s->sample_inflight--;
         twk_metrics_job_done(s->metrics, sj->ss->tenant, "sample", sj->t_queued, sj->t_started);
         if (sj->ok) twk_metrics_tokens(s->metrics, sj->ss->tenant, "sample", (double)sj->gen_tokens);
@@ -604,6 +683,7 @@ static void drain_done(twk_job *j) {
             twk_host_free(sj);
         } else
             sample_finish(s, sj, sj->ok, sj->user_error ? "user" : "server", sj->err[0] ? sj->err : "sampling failed");
+        svc_snapshot_release(s, ss);
         sj = next;
     }
     twk_host_free(dj);
@@ -625,6 +705,7 @@ int svc_sample_cancel(svc *s, const char *request_id) {
             s->sample_inflight--;
             twk_metrics_job_done(s->metrics, found->ss->tenant, "sample", found->t_queued, 0);
             sample_finish(s, found, 0, "cancelled", "cancelled by the client (cancel_future)");
+            svc_snapshot_release(s, ss);
             return 1;
         }
     }
@@ -826,7 +907,9 @@ static int enqueue(svc *s, sample_job *sj) {
     if (!dj) return 0;
     s->sample_inflight++;
     sj->t_queued = twk_metrics_job_queued(s->metrics, sj->ss->tenant, "sample");
+    svc_snapshot_use(s, sj->ss);
     sampler_unit *u = sj->ss->unit;
+    sj->serial = ++s->id_counter;
     pthread_mutex_lock(&u->mu);
     sample_job **pp = &u->pending;
     while (*pp) pp = &(*pp)->next;
@@ -834,6 +917,9 @@ static int enqueue(svc *s, sample_job *sj) {
     pthread_mutex_unlock(&u->mu);
     dj->s = s;
     dj->unit = u;
+    dj->own = sj->serial;
+    twk_job_route(&dj->job, sj->ss->tenant, sj->ss->id,
+                  sample_cost(sj, sj->num_samples < SAMPLER_SEQS ? sj->num_samples : SAMPLER_SEQS));
     dj->job.run = drain_run;
     dj->job.done = drain_done;
     dj->job.arg = dj;
@@ -841,16 +927,32 @@ static int enqueue(svc *s, sample_job *sj) {
     return 1;
 }
 
+/* 404 for a sampling session that is not (or no longer) there; a freed unnamed snapshot says why. */
+static void sampler_not_found(svc *s, twk_http_conn *c, const char *tenant, const char *id) {
+    const char *why = svc_sampler_gone(s, tenant, id);
+    if (why)
+        api_error(c, 404,
+                  "sampling session '%s' was an unnamed snapshot (save_weights_and_get_sampling_client) and has been "
+                  "freed: %s; save it with a name (save_weights_for_sampler) to keep it",
+                  id, why);
+    else
+        api_error(c, 404, "sampling session '%s' not found", id);
+}
+
 static void h_asample(svc *s, twk_http_conn *c, const cJSON *b, const char *tenant) {
     const char *sid;
-    char err[256];
+    char err[512];
     if (!api_str(b, "sampling_session_id", 1, &sid, err, sizeof err)) {
         api_error(c, 400, "%s (base_model / model_path sampling needs create_sampling_session first)", err);
         return;
     }
     sampler_session *ss = svc_find_sampler(s, tenant, sid);
     if (!ss) {
-        api_error(c, 404, "sampling session '%s' not found", sid);
+        sampler_not_found(s, c, tenant, sid);
+        return;
+    }
+    if (svc_queue_full(s, tenant, err, sizeof err)) {
+        api_error(c, 429, "%s", err);
         return;
     }
     if (s->sample_inflight >= s->cfg.sample_queue) {
@@ -897,6 +999,10 @@ static void h_asample(svc *s, twk_http_conn *c, const cJSON *b, const char *tena
 int svc_generate(svc *s, sampler_session *ss, int32_t *prompt, int64_t n_prompt, int num_samples,
                  const twk_sample_params *p, int top_k, svc_gen_fn done, svc_gen_step_fn step, void *ctx, char *err,
                  size_t err_len) {
+    if (svc_queue_full(s, ss->tenant, err, err_len)) {
+        twk_host_free(prompt);
+        return 429;
+    }
     if (s->sample_inflight >= s->cfg.sample_queue) {
         twk_host_free(prompt);
         snprintf(err, err_len, "the sampling queue is full (%d requests); retry shortly", s->sample_inflight);
@@ -1007,7 +1113,7 @@ void api_sampling(svc *s, twk_http_conn *c, const twk_http_req *req, const char 
     if (!strncmp(route, "samplers/", 9)) {
         sampler_session *ss = svc_find_sampler(s, tenant, route + 9);
         if (!ss) {
-            api_error(c, 404, "sampler '%s' not found", route + 9);
+            sampler_not_found(s, c, tenant, route + 9);
             return;
         }
         cJSON *j = cJSON_CreateObject();

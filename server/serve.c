@@ -39,6 +39,11 @@ void twk_serve_config_default(twk_serve_config *c) {
     c->sampler_slots = TWK_SERVE_DEF_SAMPLER_SLOTS;
     c->slot_rank = twk_lora_default().rank;
     c->live_samplers = TWK_SERVE_DEF_LIVE_SAMPLERS;
+    c->max_queue_tenant = TWK_SERVE_DEF_MAX_QUEUE_TENANT;
+    c->run_idle_s = TWK_SERVE_DEF_RUN_IDLE_S;
+    c->max_live_runs = TWK_SERVE_DEF_MAX_LIVE_RUNS;
+    c->sampler_idle_s = TWK_SERVE_DEF_SAMPLER_IDLE_S;
+    c->max_sampler_host_bytes = (size_t)TWK_SERVE_DEF_SAMPLER_HOST_MB << 20;
     c->url_ttl_s = 3600;
     c->ckpt_sweep_s = 60;
     twk_alert_config_default(&c->alerts);
@@ -104,6 +109,7 @@ twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char
         {"max-early-mb-run", &c->max_early_bytes_run, 0.01, 1 << 20},
         {"max-early-mb-tenant", &c->max_early_bytes_tenant, 0.01, 1 << 20},
         {"max-results-mb-tenant", &c->max_result_bytes_tenant, 0.01, 1 << 20},
+        {"max-sampler-host-mb", &c->max_sampler_host_bytes, 0.01, 1 << 20},
     };
     for (size_t i = 0; i < sizeof mbs / sizeof mbs[0]; i++)
         if (!strcmp(opt, mbs[i].name)) {
@@ -133,6 +139,10 @@ twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char
     NUM("sampler-slots", 2, TWK_SERVE_CAP_SAMPLER_SLOTS, sampler_slots, int)
     NUM("slot-rank", 1, 4096, slot_rank, int)
     NUM("live-samplers", 1, TWK_SERVE_CAP_LIVE_SAMPLERS, live_samplers, int)
+    NUM("max-queue-per-tenant", 1, 1 << 20, max_queue_tenant, int)
+    NUM("run-idle-s", 0.1, 1e7, run_idle_s, double)
+    NUM("max-live-runs", 1, 1 << 20, max_live_runs, int)
+    NUM("sampler-idle-s", 0.1, 1e7, sampler_idle_s, double)
 #undef NUM
     struct { const char *name; char *dst; size_t len; } strs[] = {
         {"host", c->host, sizeof c->host},
@@ -240,6 +250,7 @@ static void on_gap_timer(uv_timer_t *t) { svc_check_gaps(t->data); }
 static void shut_down(svc *s) {
     s->stopping = 1;
     twk_http_server_stop(s->http);
+    svc_spill_stop(s); /* every resident run's state to DATA_DIR/spill, queued before the worker stops */
     twk_futures_free(s->futures);
     s->futures = NULL;
     twk_worker_stop(s->worker);
@@ -346,6 +357,7 @@ static int serve_open(svc *s, const twk_serve_config *cfg, uv_loop_t *loop) {
     uv_timer_start(&s->gap_timer, on_gap_timer, 1000, 1000);
     svc_sweeper_start(s);
     if (svc_steps_start(s) != 0) twk_log_info("out of memory for the step metrics log: no curves this time");
+    svc_spill_start(s);
     uv_signal_init(loop, &s->sigint);
     uv_signal_init(loop, &s->sigterm);
     s->sigint.data = s->sigterm.data = s;

@@ -27,6 +27,12 @@
 #define TWK_SERVE_DEF_SAMPLE_QUEUE 64        /* --sample-queue: asample requests queued or running (429 past it) */
 #define TWK_SERVE_DEF_SAMPLER_SLOTS 8        /* --sampler-slots: adapter slots of a base model's shared sampler (slot 0: the base) */
 #define TWK_SERVE_DEF_LIVE_SAMPLERS 4        /* --live-samplers: samplers (each a KV cache) alive at once */
+/* scheduling and memory (scheduler.c, spill.c) */
+#define TWK_SERVE_DEF_MAX_QUEUE_TENANT 32    /* --max-queue-per-tenant: jobs of a tenant waiting for the worker (429 past it) */
+#define TWK_SERVE_DEF_RUN_IDLE_S 600         /* --run-idle-s: a run idle this long is spilled to the data dir */
+#define TWK_SERVE_DEF_MAX_LIVE_RUNS 64       /* --max-live-runs: runs resident in memory (least recently used spilled) */
+#define TWK_SERVE_DEF_SAMPLER_IDLE_S 600     /* --sampler-idle-s: an unnamed snapshot unused this long is freed */
+#define TWK_SERVE_DEF_SAMPLER_HOST_MB 1024   /* --max-sampler-host-mb: host copies of unnamed snapshots, least recently used freed past it */
 /* --slot-rank: adapters up to this rank share the base model's sampler; its default is the
  * default LoRA rank, twk_lora_default().rank (train/model.c) */
 
@@ -45,6 +51,7 @@ static_assert(TWK_SERVE_DEF_LIVE_SAMPLERS >= 1 && TWK_SERVE_DEF_LIVE_SAMPLERS <=
 #define TWK_SERVE_MAX_STOP_TOKENS 64
 #define TWK_SERVE_MAX_STOP_STRINGS 16
 #define TWK_SERVE_MAX_STOP_STRING_LEN 256
+#define TWK_SERVE_GONE_RING 4096             /* freed unnamed snapshots remembered for a clear 404 */
 #define TWK_SERVE_DEDUPE_RING 512            /* resubmitted seq_ids answered with their original future, per run */
 
 /* ---- the per-step metrics log (steps.c: the dashboard's curves; fixed, not options) ---- */

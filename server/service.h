@@ -63,6 +63,12 @@ typedef struct twk_serve_config {
     int slot_rank;            /* adapters up to this rank use a slot; larger ones get their own sampler */
     int live_samplers;        /* samplers (each a KV cache) alive at once; <= TWK_SERVE_CAP_LIVE_SAMPLERS */
     int stability_records;    /* stable_reinforce: recorded sequences kept at most (least recently used go first) */
+    /* scheduling and memory (defaults in serve_limits.h) */
+    int max_queue_tenant;     /* jobs of one tenant waiting for the worker; 429 past it */
+    double run_idle_s;        /* a run idle this long is spilled to DATA_DIR/spill */
+    int max_live_runs;        /* runs resident in memory; the least recently used are spilled */
+    double sampler_idle_s;    /* an unnamed sampler snapshot unused this long is freed */
+    size_t max_sampler_host_bytes; /* host copies of unnamed snapshots; the least recently used freed past it */
     int quiet;
     int jwt_auth;             /* --jwt-auth: client/config turns on the SDK's JWT exchange (auth/token, whoami) */
     int log_json;             /* --log-format json: one JSON object per line, every request */

@@ -129,6 +129,13 @@ typedef struct sampler_session {
     char adapter_dir[1024];   /* a checkpoint folder, or "" */
     host_adapter *copy;       /* worker-written snapshot copy, or NULL */
     int n_clients;            /* join_sampling_session: clients allocated so far (the original is 0) */
+    /* an unnamed snapshot (save_weights_and_get_sampling_client) is freed by spill.c when its
+     * training session finishes, when unused --sampler-idle-s, or past --max-sampler-host-mb */
+    int snapshot;
+    int doomed;               /* to be freed once inflight reaches 0 */
+    int inflight;             /* requests (and the save op filling it) that still point at it */
+    double last_used;         /* wall time of its last request */
+    size_t host_bytes;        /* its host copy's size, once captured */
     struct session_events *events; /* retrieve_futures: finished requests not yet acknowledged */
     struct sampler_session *next;
 } sampler_session;
@@ -153,6 +160,17 @@ struct run_state {
     double last_touch;         /* wall time of the last last_request update in the store */
     int64_t ring_seq[TWK_SERVE_DEDUPE_RING];
     char ring_req[TWK_SERVE_DEDUPE_RING][64];
+    /* residency (spill.c): loop view */
+    int resident;              /* its trainer is (or will be, once queued ops run) in memory */
+    int inflight;              /* ops on the worker */
+    double last_used;          /* wall time of its last op */
+    /* a run restored from its spill after a restart (spill.c) */
+    int restored;              /* until an op arrives in order: ops after its spill may have been lost */
+    int64_t restored_step;     /* the optimizer step of the spilled state */
+    int diverged;              /* ops after the spill were lost: every op fails with lost_msg */
+    char lost_msg[600];
+    /* worker */
+    int on_disk;               /* the trainer was freed after spilling; restored before its next op */
     run_state *next;
 };
 
@@ -183,6 +201,14 @@ typedef struct svc {
     struct twk_metrics *metrics; /* svc_metrics.c: GET /metrics */
     struct twk_alerts *alerts;   /* alerts.c: webhooks */
     struct svc_steps *steps;    /* steps.c: per-step metrics waiting to be stored */
+    /* spill.c */
+    uv_timer_t spill_timer;    /* idle runs and idle snapshots */
+    int n_resident;            /* runs with resident set */
+    unsigned long long runs_spilled; /* spills written since start (a counter for /metrics) */
+    unsigned long long snapshots_freed;
+    uint64_t gone_hash[TWK_SERVE_GONE_RING]; /* freed unnamed snapshots (tenant + id hashed), for a clear 404 */
+    unsigned char gone_why[TWK_SERVE_GONE_RING];
+    int gone_next;
 } svc;
 
 /* ---- lookups.c ---- */
@@ -260,6 +286,12 @@ void svc_crash_point(const char *mode, const char *step);
  * above, removes the replaced one. -1 with a message in err; a crash at any point leaves dir
  * holding the old or the new checkpoint, or (a first save) absent, plus leftovers svc_ckpt_recover handles. */
 int svc_ckpt_publish(const char *tmp, const char *dir, const char *old, int existed, char *err, size_t err_len);
+/* Start-up recovery of one folder of published folders that have no store rows (DATA_DIR/spill):
+ * .old-* put back where their folder is missing, .tmp-* removed. */
+void svc_ckpt_recover_folder(svc *s, const char *dir);
+/* The same with TWK_CRASH_AT's mode named (spill.c publishes as "spill"). */
+int svc_ckpt_publish_mode(const char *mode, const char *tmp, const char *dir, const char *old, int existed, char *err,
+                          size_t err_len);
 /* Start-up: puts back a replaced checkpoint whose replacement never arrived (.old-*), removes
  * interrupted saves (.tmp-*), replaced copies and folders published but never recorded in the
  * store; logs one line for each. */
@@ -268,6 +300,46 @@ void svc_ckpt_recover(svc *s);
  * .tmp-* leftover (which start-up recovery removes after a crash) and removed on the worker.
  * -1 with a message in err when the row could not be deleted (nothing changed). */
 int svc_ckpt_remove(svc *s, const twk_store_ckpt *ck, char *err, size_t err_len);
+
+/* ---- spill.c: bounded memory and live state across restarts ---- */
+/* Starts the idle timer (runs past --run-idle-s, snapshots past --sampler-idle-s) after putting
+ * back or removing what a crash left in DATA_DIR/spill. */
+void svc_spill_start(svc *s);
+/* Shutdown: queues a spill of every resident run (before the worker stops) and stops the timer. */
+void svc_spill_stop(svc *s);
+/* An op of r is about to go to the worker: r becomes resident (least recently used runs are
+ * spilled past --max-live-runs) and in flight. */
+void svc_run_dispatched(svc *s, run_state *r);
+/* An op of r finished (loop). */
+void svc_run_op_done(svc *s, run_state *r);
+/* Queues a spill of r (its state written to DATA_DIR/spill/<run>, the trainer freed); nothing when
+ * r is not resident. */
+void svc_spill_run(svc *s, run_state *r);
+/* Worker: the trainer of a spilled run read back; else an error naming the folder. */
+twk_status svc_restore_run(svc *s, run_state *r);
+/* Worker: removes r's spill folder (unload). */
+void svc_spill_remove(svc *s, const run_state *r);
+/* A run known from the store after a restart: 1 when it has a spill (r continues from it, its
+ * next seq_id and step set), else 0 (lost). */
+int svc_spill_adopt(svc *s, run_state *r, const twk_store_run *sr);
+/* The tenant's session `session_id` finished: its unnamed snapshots are freed and its runs spilled. */
+void svc_session_finished(svc *s, const char *tenant, const char *session_id);
+/* A request of ss starts / ends (loop). */
+void svc_snapshot_use(svc *s, sampler_session *ss);
+void svc_snapshot_release(svc *s, sampler_session *ss);
+/* An unnamed snapshot's host copy was captured (bytes): the --max-sampler-host-mb cap is applied. */
+void svc_snapshot_captured(svc *s, sampler_session *ss, size_t bytes);
+/* Why tenant's sampling session `id` is gone (a freed unnamed snapshot), or NULL. */
+const char *svc_sampler_gone(const svc *s, const char *tenant, const char *id);
+/* 429 text when tenant has --max-queue-per-tenant jobs waiting for the worker: 1 with err set. */
+int svc_queue_full(svc *s, const char *tenant, char *err, size_t err_len);
+/* Worker, sampling.c: frees a snapshot session's worker-side state (slots pointing at it, its
+ * own unit, its host copy). */
+void svc_snapshot_drop_worker(svc *s, sampler_session *ss);
+/* Loop, sampling.c: takes ss out of the session list (lookups no longer find it). */
+void svc_sampler_unlink(svc *s, sampler_session *ss);
+/* Loop, sampling.c: frees an unlinked session (its retrieve_futures events answered). */
+void svc_sampler_free(sampler_session *ss);
 
 /* ---- sweeper.c ---- */
 /* Starts the timer that deletes expired checkpoints every --checkpoint-sweep seconds. */

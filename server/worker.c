@@ -1,8 +1,11 @@
-/* The compute worker thread and its hand-back queue to the loop thread. */
+/* The compute worker thread, its fair queue (scheduler.c) and its hand-back
+ * queue to the loop thread. */
 #include "twinkle/hal.h"
+#include "scheduler.h"
 #include "worker.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 struct twk_worker {
@@ -11,10 +14,17 @@ struct twk_worker {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    twk_job *todo_head, *todo_tail; /* submitted, not yet run */
+    twk_sched *sched;               /* submitted, not yet run */
+    twk_job *fifo_head, *fifo_tail; /* submitted when the scheduler had no memory: served first */
     twk_job *done_head, *done_tail; /* run, waiting for the loop thread */
     int stop, depth;
 };
+
+void twk_job_route(twk_job *j, const char *tenant, const char *flow, double cost) {
+    snprintf(j->tenant, sizeof j->tenant, "%s", tenant ? tenant : "");
+    snprintf(j->flow, sizeof j->flow, "%s", flow ? flow : "");
+    j->cost = cost;
+}
 
 static void push(twk_job **head, twk_job **tail, twk_job *j) {
     j->next = NULL;
@@ -23,18 +33,37 @@ static void push(twk_job **head, twk_job **tail, twk_job *j) {
     *tail = j;
 }
 
+/* Queues j (mu held). */
+static void enqueue_locked(twk_worker *w, twk_job *j) {
+    if (twk_sched_push(w->sched, j) != 0) push(&w->fifo_head, &w->fifo_tail, j);
+}
+
+/* The next job to run (mu held); NULL when none waits. */
+static twk_job *next_locked(twk_worker *w) {
+    twk_job *j = w->fifo_head;
+    if (j) {
+        w->fifo_head = j->next;
+        if (!w->fifo_head) w->fifo_tail = NULL;
+        return j;
+    }
+    return twk_sched_pop(w->sched);
+}
+
 static void *worker_main(void *arg) {
     twk_worker *w = arg;
     pthread_mutex_lock(&w->mu);
     for (;;) {
-        while (!w->todo_head && !w->stop) pthread_cond_wait(&w->cv, &w->mu);
-        if (!w->todo_head && w->stop) break;
-        twk_job *j = w->todo_head;
-        w->todo_head = j->next;
-        if (!w->todo_head) w->todo_tail = NULL;
+        twk_job *j;
+        while (!(j = next_locked(w)) && !w->stop) pthread_cond_wait(&w->cv, &w->mu);
+        if (!j) break;
         pthread_mutex_unlock(&w->mu);
+        j->requeue = 0;
         if (j->run) j->run(j);
         pthread_mutex_lock(&w->mu);
+        if (j->requeue) { /* it yields: back to its flow's tail, others go first */
+            enqueue_locked(w, j);
+            continue;
+        }
         push(&w->done_head, &w->done_tail, j);
         uv_async_send(&w->async);
     }
@@ -62,9 +91,14 @@ twk_worker *twk_worker_start(uv_loop_t *loop) {
     twk_worker *w = twk_host_calloc(sizeof *w, "worker w");
     if (!w) return NULL;
     w->loop = loop;
+    if (!(w->sched = twk_sched_new())) {
+        twk_host_free(w);
+        return NULL;
+    }
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     if (uv_async_init(loop, &w->async, drain) != 0) {
+        twk_sched_free(w->sched);
         twk_host_free(w);
         return NULL;
     }
@@ -78,17 +112,41 @@ twk_worker *twk_worker_start(uv_loop_t *loop) {
 
 void twk_worker_submit(twk_worker *w, twk_job *j) {
     pthread_mutex_lock(&w->mu);
-    push(&w->todo_head, &w->todo_tail, j);
+    j->requeue = 0;
+    enqueue_locked(w, j);
     w->depth++;
     pthread_cond_signal(&w->cv);
     pthread_mutex_unlock(&w->mu);
 }
 
+int twk_worker_tenant_depth(twk_worker *w, const char *tenant) {
+    pthread_mutex_lock(&w->mu);
+    int n = twk_sched_depth(w->sched, tenant);
+    pthread_mutex_unlock(&w->mu);
+    return n;
+}
+
+int twk_worker_take_ready(twk_worker *w, int (*keep)(const twk_job *j, void *ctx), void *ctx, twk_job **out, int max) {
+    pthread_mutex_lock(&w->mu);
+    int n = twk_sched_heads(w->sched, keep, ctx, out, max), k = 0;
+    for (int i = 0; i < n; i++)
+        if (twk_sched_take(w->sched, out[i]) == 0) out[k++] = out[i];
+    pthread_mutex_unlock(&w->mu);
+    return k;
+}
+
+void twk_worker_finish(twk_worker *w, twk_job *j) {
+    pthread_mutex_lock(&w->mu);
+    push(&w->done_head, &w->done_tail, j);
+    uv_async_send(&w->async);
+    pthread_mutex_unlock(&w->mu);
+}
 
 static void free_after_close(uv_handle_t *h) {
     twk_worker *w = h->data;
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
+    twk_sched_free(w->sched);
     twk_host_free(w);
 }
 

@@ -1,0 +1,257 @@
+"""Bounded memory and live state across restarts (server/spill.c), through the official SDK:
+
+- a run spilled to the data dir (least recently used past --max-live-runs, also in the middle of
+  a gradient accumulation) resumes bit-identically: its losses and logprobs equal a never-spilled
+  twin's on another server exactly;
+- 100 runs left idle with --max-live-runs 8: the server's RSS stays flat (bound below);
+- 200 save_weights_and_get_sampling_client() snapshots across 20 finished sessions: RSS returns
+  to within 8 MiB of its start, and a freed snapshot's sampler answers 404 naming it;
+- snapshots idle past --sampler-idle-s, or past --max-sampler-host-mb, are freed the same way;
+- restart: a clean shutdown (SIGTERM) spills every run and kill -9 after a spill keeps it: the
+  SDK client continues with its next seq_id and reaches the same loss as an uninterrupted run;
+  kill -9 after ops that were never spilled: the run says which step it was restored at.
+
+Bounds are relative to figures measured in the same test, never absolute times."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import tinker
+from tinker import types
+
+from conftest import adam, counting_datum, logprobs_of, new_training_client, service_client
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    raise AssertionError("no VmRSS")
+
+
+def batch(step, n=4):
+    return [counting_datum((step * 5 + i * 7) % 32, 12) for i in range(n)]
+
+
+PROBE = [counting_datum(3, 12), counting_datum(20, 12)]
+
+
+def resolve(x, timeout=60):
+    return x.result(timeout=timeout) if hasattr(x, "result") else x
+
+
+@pytest.fixture(autouse=True)
+def no_telemetry(monkeypatch):
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
+
+
+def get_sampler(port, sid, key):
+    """GET samplers/{id} over raw HTTP: (status, body text)."""
+    import http.client
+
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", f"/api/v1/samplers/{sid}", headers={"X-API-Key": key})
+    r = c.getresponse()
+    body = r.read().decode()
+    c.close()
+    return r.status, body
+
+
+def spill_dirs(data_dir):
+    d = data_dir / "spill"
+    return sorted(p.name for p in d.iterdir() if not p.name.startswith(".")) if d.exists() else []
+
+
+def test_spilled_run_resumes_bit_identically(start_server, tmp_path):
+    """Two runs on a server that keeps one resident: every switch spills the other, one of them
+    between its forward_backward and its optim_step (gradients pending). A twin pair trains the
+    same ops on a server that never spills; every loss and logprob must be equal (tolerance 0)."""
+    spilling = start_server("--max-live-runs", "1", data_dir=tmp_path / "spilling")
+    plain = start_server(data_dir=tmp_path / "plain")
+    results = {}
+    for name, srv in (("spilling", spilling), ("plain", plain)):
+        sc = service_client(srv.base_url, "tml-spill")
+        a = new_training_client(sc, rank=8, seed=5)
+        b = new_training_client(sc, rank=8, seed=6)
+        out = []
+        for step in range(3):
+            fa = a.forward_backward(batch(step), "cross_entropy").result(timeout=60)
+            fb = b.forward_backward(batch(step + 7), "cross_entropy").result(timeout=60)  # spills a (grads pending)
+            a.optim_step(adam()).result(timeout=60)  # a back from disk, its gradients with it
+            b.optim_step(adam()).result(timeout=60)
+            out.append((fa.metrics["loss:sum"], fb.metrics["loss:sum"]))
+        out.append(logprobs_of(a.forward(PROBE, "cross_entropy").result(timeout=60)))
+        out.append(logprobs_of(b.forward(PROBE, "cross_entropy").result(timeout=60)))
+        results[name] = out
+    assert len(spill_dirs(tmp_path / "spilling")) == 2, "both runs were spilled"
+    assert spill_dirs(tmp_path / "plain") == []
+    worst = max(
+        abs(x - y)
+        for p, q in zip(results["spilling"][-2:], results["plain"][-2:])
+        for u, v in zip(p, q)
+        for x, y in zip(u, v)
+    )
+    print(f"spilled vs never spilled: losses {results['spilling'][:3]} vs {results['plain'][:3]}, "
+          f"worst logprob difference {worst}")
+    assert results["spilling"] == results["plain"], "a spilled run must resume bit-identically"
+
+
+def test_idle_runs_keep_rss_flat(start_server, tmp_path):
+    """100 runs, each trained one step and left idle, with --max-live-runs 8. Per-run resident
+    memory m is measured in the same server (RSS growth over the first 8 runs, which all stay
+    resident, / 8); the RSS growth over the next 92 runs must stay under 92 x m / 4 — a quarter
+    of what keeping them resident would cost."""
+    srv = start_server("--max-live-runs", "8")
+    sc = service_client(srv.base_url, "tml-idle")
+    warm = new_training_client(sc, rank=32, seed=1)  # the first trainer's one-off allocations
+    warm.forward_backward(batch(0), "cross_entropy").result(timeout=60)
+    warm.optim_step(adam()).result(timeout=60)
+    rss = [rss_mib(srv.pid)]
+    clients = []
+    for i in range(100):
+        tc = new_training_client(sc, rank=32, seed=100 + i)
+        tc.forward_backward(batch(i), "cross_entropy").result(timeout=60)
+        tc.optim_step(adam()).result(timeout=60)
+        clients.append(tc)
+        if i in (6, 99):  # 7 new + the warm one: 8 resident, nothing spilled yet
+            rss.append(rss_mib(srv.pid))
+    per_run = (rss[1] - rss[0]) / 7
+    growth = rss[2] - rss[1]
+    print(f"RSS start {rss[0]:.1f} MiB, after 8 resident runs {rss[1]:.1f} MiB ({per_run * 1024:.0f} KiB per run), "
+          f"after 100 runs {rss[2]:.1f} MiB (+{growth:.1f} MiB for 93 more; resident would be "
+          f"+{93 * per_run:.1f} MiB); spilled: {len(spill_dirs(srv.data_dir))}")
+    assert len(spill_dirs(srv.data_dir)) >= 92
+    assert per_run > 0
+    assert growth < 93 * per_run / 4, "idle runs must not stay resident"
+    # a spilled one still trains
+    clients[0].forward_backward(batch(1), "cross_entropy").result(timeout=60)
+
+
+def test_snapshots_freed_with_their_sessions(start_server):
+    """20 sessions x 10 save_weights_and_get_sampling_client() each, every session closed
+    (ServiceClient.close → sessions/{id}/finish): RSS returns to within 8 MiB of the RSS after a
+    first warm-up session; a freed snapshot's sampler is a 404 naming it."""
+    srv = start_server()
+
+    def one_session(n):
+        sc = service_client(srv.base_url, "tml-snap")
+        tc = new_training_client(sc, rank=8, seed=9)
+        samplers = []
+        for i in range(n):
+            tc.forward_backward(batch(i), "cross_entropy").result(timeout=60)
+            tc.optim_step(adam()).result(timeout=60)
+            samp = resolve(tc.save_weights_and_get_sampling_client())
+            samp.sample(types.ModelInput.from_ints([100, 101, 102]), 1,
+                        types.SamplingParams(max_tokens=4, temperature=0.0)).result(timeout=60)
+            samplers.append(samp)
+        sc.close("success").result(timeout=60)
+        return samplers
+
+    one_session(10)  # warm-up: first trainer, first sampler, the allocator's arenas
+    time.sleep(0.5)
+    start = rss_mib(srv.pid)
+    peak = start
+    last = None
+    for _ in range(19):
+        last = one_session(10)
+        peak = max(peak, rss_mib(srv.pid))
+    time.sleep(1.0)  # the free jobs run on the worker
+    end = rss_mib(srv.pid)
+    print(f"200 snapshots in 20 finished sessions: RSS start {start:.1f} MiB, peak {peak:.1f}, end {end:.1f} "
+          f"(+{end - start:.2f} MiB)")
+    assert end - start < 8, "unnamed snapshots of finished sessions must be freed"
+    sid = last[-1]._sampling_session_id
+    status, body = get_sampler(srv.port, sid, "tml-snap")
+    print("after the session finished:", status, body[:300])
+    assert status == 404 and sid in body and "freed" in body and "its training session finished" in body
+
+
+def test_snapshot_idle_and_host_cap(start_server):
+    """--sampler-idle-s frees a snapshot nobody uses; --max-sampler-host-mb keeps only the most
+    recently used snapshots' host copies (the older one goes first)."""
+    srv = start_server("--sampler-idle-s", "1")
+    sc = service_client(srv.base_url, "tml-idle-snap")
+    tc = new_training_client(sc, rank=8, seed=3)
+    samp = resolve(tc.save_weights_and_get_sampling_client())
+    p = types.ModelInput.from_ints([100, 101, 102])
+    samp.sample(p, 1, types.SamplingParams(max_tokens=2)).result(timeout=60)
+    time.sleep(3)
+    with pytest.raises(Exception) as e:
+        samp.sample(p, 1, types.SamplingParams(max_tokens=2)).result(timeout=30)
+    assert "--sampler-idle-s" in str(e.value), str(e.value)
+
+    # the tiny model's rank-8 adapter is a few KiB: a cap of 0.01 MiB holds about one
+    srv2 = start_server("--max-sampler-host-mb", "0.01")
+    sc2 = service_client(srv2.base_url, "tml-cap")
+    tc2 = new_training_client(sc2, rank=8, seed=3)
+    first = resolve(tc2.save_weights_and_get_sampling_client())
+    second = resolve(tc2.save_weights_and_get_sampling_client())
+    second.sample(p, 1, types.SamplingParams(max_tokens=2)).result(timeout=60)
+    with pytest.raises(Exception) as e:
+        first.sample(p, 1, types.SamplingParams(max_tokens=2)).result(timeout=30)
+    assert "--max-sampler-host-mb" in str(e.value), str(e.value)
+
+
+def train(tc, steps, start=0):
+    losses = []
+    for step in range(start, start + steps):
+        r = tc.forward_backward(batch(step), "cross_entropy").result(timeout=60)
+        tc.optim_step(adam()).result(timeout=60)
+        losses.append(r.metrics["loss:sum"])
+    return losses
+
+
+def test_restart_continues_spilled_runs(start_server, tmp_path):
+    """An uninterrupted run trains 6 steps. The same run (same seed) on a server that is stopped
+    cleanly (SIGTERM) after step 2 and killed with SIGKILL after step 4 — once its idle spill was
+    written (--run-idle-s 0.5) — continues with its next seq_id each time, and its 6 losses and
+    final logprobs equal the uninterrupted run's exactly."""
+    ref_srv = start_server()
+    ref = new_training_client(service_client(ref_srv.base_url, "tml-restart"), rank=8, seed=21)
+    want = train(ref, 6)
+    want_lp = logprobs_of(ref.forward(PROBE, "cross_entropy").result(timeout=60))
+
+    d = tmp_path / "restarting"
+    s1 = start_server("--run-idle-s", "0.5", data_dir=d)
+    port = s1.port
+    sc = service_client(s1.base_url, "tml-restart")
+    tc = new_training_client(sc, rank=8, seed=21)
+    got = train(tc, 2)
+    s1.stop()  # clean: the run's state is spilled
+    assert spill_dirs(d) == [tc.model_id]
+    s2 = start_server("--run-idle-s", "0.5", data_dir=d, port=port)
+    got += train(tc, 2, 2)
+    time.sleep(2.0)  # idle past --run-idle-s: spilled
+    s2.kill()  # SIGKILL
+    s3 = start_server("--run-idle-s", "0.5", data_dir=d, port=port)
+    got += train(tc, 2, 4)
+    got_lp = logprobs_of(tc.forward(PROBE, "cross_entropy").result(timeout=60))
+    print(f"uninterrupted losses {want}\nrestarted twice      {got}")
+    assert got == want and got_lp == want_lp
+    s3.stop()
+
+
+def test_restart_after_lost_ops_names_the_step(start_server, tmp_path):
+    """kill -9 after ops that no spill holds: the run's next op (its seq_id is past the spilled
+    position) fails after --seq-timeout with a message naming the step it was restored at."""
+    d = tmp_path / "lost"
+    s1 = start_server("--run-idle-s", "0.5", data_dir=d)
+    port = s1.port
+    sc = service_client(s1.base_url, "tml-lost")
+    tc = new_training_client(sc, rank=8, seed=4)
+    train(tc, 2)
+    time.sleep(2.0)  # spilled at step 2
+    s1_dirs = spill_dirs(d)
+    assert s1_dirs == [tc.model_id]
+    train(tc, 1, 2)  # step 3: restored, never spilled again before the kill
+    s1.kill()
+    start_server("--run-idle-s", "600", "--seq-timeout", "1", data_dir=d, port=port)
+    with pytest.raises(Exception) as e:
+        tc.forward_backward(batch(5), "cross_entropy").result(timeout=60)
+    msg = str(e.value)
+    print("lost ops:", msg[:400])
+    assert "optimizer step 2" in msg and "lost" in msg
