@@ -52,6 +52,7 @@ static const kd_entry table[TWK_OP_COUNT] = {
     [TWK_OP_KV_WRITE] = {kd_lower_kv_write, "kv_write_f32"},
     [TWK_OP_ATTN_CACHE] = {kd_lower_attn_fwd, "attn_fwd_f32"},
     [TWK_OP_LORA_GATHER] = {kd_lower_lora_gather, "lora_gather_f32"},
+    [TWK_OP_LORA_GATHER_BACK] = {kd_lower_lora_gather_back, "lora_gather_back_f32"},
 };
 _Static_assert(sizeof table / sizeof table[0] == TWK_OP_COUNT, "one entry per op");
 
