@@ -6,9 +6,11 @@
  * forward, then a backward) — on a thread of its own, but only one thread
  * runs at a time (a baton, as coroutines): a job runs until it asks for a
  * pass, then hands the baton back. When every unfinished job is waiting, the
- * waiting passes run: the forward ones (adapter on or off) packed together,
- * then the backward ones, as many jobs per pass as fit the pack's capacity
- * and slots. So every job sees exactly the passes it would alone, in the same
+ * waiting forward passes (adapter on or off) run packed together; only when
+ * no job waits for a forward do the waiting backward passes run — so jobs
+ * whose losses need forwards first (RL, DPO) still share the backward pass
+ * with plain cross-entropy jobs. As many jobs per pass as fit the pack's
+ * capacity and slots. So every job sees exactly the passes it would alone, in the same
  * order, and host code never runs concurrently (allocators, error texts and
  * the caller's state need no locks). */
 #include <pthread.h>
@@ -163,11 +165,14 @@ twk_status twk_loss_steps(twk_pack *pack, twk_loss_job *jobs, int n) {
                 give_baton(&pk, i);
                 take_baton(&pk, BATON_MAIN);
             }
-            for (int i = 0; i < n; i++) any |= pk.req[i].waiting;
+            int forward = 0;
+            for (int i = 0; i < n; i++) {
+                any |= pk.req[i].waiting;
+                forward |= pk.req[i].waiting && pk.req[i].mode != PASS_BACKWARD;
+            }
             if (!any) break;
             pthread_mutex_unlock(&pk.mu);
-            run_kind(&pk, 0, segs, who);
-            run_kind(&pk, 1, segs, who);
+            run_kind(&pk, !forward, segs, who); /* forwards first: backwards wait to gather more company */
             pthread_mutex_lock(&pk.mu);
         }
         pthread_mutex_unlock(&pk.mu);
