@@ -57,6 +57,10 @@ static void usage(FILE *f) {
             "                       (default %d, the default LoRA rank)\n"
             "  --live-samplers N    samplers (each a KV cache) alive at once, the least recently used\n"
             "                       dropped first, 1..%d (default %d)\n"
+            "packed training (several runs of one base model in one pass):\n"
+            "  --pack-runs N        forward / forward_backward ops of up to N runs that are ready together\n"
+            "                       run as one pass, 1..%d (default %d; 1: each op alone, time-shared)\n"
+            "  --pack-tokens N      tokens of one packed pass (default: --max-context; at least that)\n"
             "  --config FILE        the same options as 'key = value' lines (model may repeat)\n"
             "  --log-format F       text (default: a line per failed request or future) or json (one JSON\n"
             "                       object per line: every request with level, request_id, tenant, route,\n"
@@ -70,7 +74,8 @@ static void usage(FILE *f) {
             TWK_SERVE_DEF_FWDBWD_CHUNK_LEN, TWK_SERVE_DEF_EARLY_MB_RUN, TWK_SERVE_DEF_EARLY_MB_TENANT,
             TWK_SERVE_DEF_RESULTS_MB_TENANT, TWK_SERVE_DEF_RESULT_KEEP_S, TWK_SERVE_DEF_RESULT_TTL_S,
             TWK_SERVE_DEF_SAMPLE_QUEUE, TWK_SERVE_CAP_SAMPLER_SLOTS, TWK_SERVE_DEF_SAMPLER_SLOTS,
-            twk_lora_default().rank, TWK_SERVE_CAP_LIVE_SAMPLERS, TWK_SERVE_DEF_LIVE_SAMPLERS);
+            twk_lora_default().rank, TWK_SERVE_CAP_LIVE_SAMPLERS, TWK_SERVE_DEF_LIVE_SAMPLERS, TWK_SERVE_CAP_PACK_RUNS,
+            TWK_SERVE_DEF_PACK_RUNS);
 }
 
 int twk_cmd_serve(int argc, char **argv) {

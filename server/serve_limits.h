@@ -27,12 +27,15 @@
 #define TWK_SERVE_DEF_SAMPLE_QUEUE 64        /* --sample-queue: asample requests queued or running (429 past it) */
 #define TWK_SERVE_DEF_SAMPLER_SLOTS 8        /* --sampler-slots: adapter slots of a base model's shared sampler (slot 0: the base) */
 #define TWK_SERVE_DEF_LIVE_SAMPLERS 4        /* --live-samplers: samplers (each a KV cache) alive at once */
+#define TWK_SERVE_DEF_PACK_RUNS 32           /* --pack-runs: runs' forward / forward_backward ops packed into one pass at most (1: time-shared) */
 /* --slot-rank: adapters up to this rank share the base model's sampler; its default is the
  * default LoRA rank, twk_lora_default().rank (train/model.c) */
 
 /* ---- caps (the options' upper bounds; they size arrays) ---- */
 #define TWK_SERVE_CAP_SAMPLER_SLOTS 64
 #define TWK_SERVE_CAP_LIVE_SAMPLERS 64
+#define TWK_SERVE_CAP_PACK_RUNS 256
+static_assert(TWK_SERVE_DEF_PACK_RUNS >= 1 && TWK_SERVE_DEF_PACK_RUNS <= TWK_SERVE_CAP_PACK_RUNS, "--pack-runs default within its cap");
 static_assert(TWK_SERVE_DEF_SAMPLER_SLOTS >= 2 && TWK_SERVE_DEF_SAMPLER_SLOTS <= TWK_SERVE_CAP_SAMPLER_SLOTS,
               "--sampler-slots default within its cap");
 static_assert(TWK_SERVE_DEF_LIVE_SAMPLERS >= 1 && TWK_SERVE_DEF_LIVE_SAMPLERS <= TWK_SERVE_CAP_LIVE_SAMPLERS,
