@@ -5,28 +5,36 @@
  * added into its run's own accumulators.
  *
  * Every reduction a run's results depend on stays inside its own tokens
- * (per-row GEMMs, attention per sequence, per-slot sums in token order, the
- * loss summed on the host), so on the CPU a run's logprobs, loss and gradients
- * are bit-identical whatever else shares the pass. The slots' rank and the set
- * of adapted modules are the largest any run needed so far: padding is zeros
- * at the end of each sum, which changes nothing. */
+ * (GEMM rows, attention per sequence, per-slot sums in token order, the loss
+ * summed on the host), so on the CPU a run's logprobs, loss and gradients
+ * are bit-identical whatever else shares the pass. For the base GEMMs that
+ * takes one more step: OpenBLAS computes a row the same way whatever the row
+ * count only when the count is a multiple of its tile height and the row sits
+ * at a multiple of it (else tail kernels and the thread split differ), so each
+ * segment starts at a multiple of TWK_PACK_ALIGN tokens and is padded to one
+ * (weight-0 tokens of their own, scale 0: they touch no run's sums). The
+ * slots' rank and the set of adapted modules are the largest any run needed
+ * so far: padding is zeros at the end of each sum, which changes nothing. */
 #include <math.h>
 #include <string.h>
 
 #include "trainer_internal.h"
 #include "twinkle/train.h"
 
+#define TWK_PACK_ALIGN 16
+
 struct twk_pack {
     twk_model *m;
-    int64_t capacity;
+    int64_t capacity;       /* tokens of the segments */
+    int64_t rows;           /* the packed trainer's capacity: the segments padded to TWK_PACK_ALIGN */
     int max_slots;
     twk_trainer *t;         /* the packed trainer; NULL until the first pass */
     int rank;               /* its slots' rank */
     twk_lora_config mods;   /* the modules it adapts */
     float *host;            /* staging for one stacked tensor */
     size_t host_bytes;
-    int32_t *ids;           /* capacity x 5: tokens, targets, positions, seg, slot */
-    float *fl;              /* capacity x 2: weights, scale */
+    int32_t *ids;           /* rows x 5: tokens, targets, positions, seg, slot */
+    float *fl;              /* rows x 2: weights, scale */
     twk_pack_stats stats;
 };
 
@@ -40,8 +48,9 @@ twk_status twk_pack_new(twk_model *m, int64_t capacity, int max_slots, twk_pack 
     p->m = m;
     p->capacity = capacity;
     p->max_slots = max_slots;
-    p->ids = twk_host_alloc((size_t)capacity * 5 * sizeof *p->ids, "pack batch");
-    p->fl = twk_host_alloc((size_t)capacity * 2 * sizeof *p->fl, "pack batch");
+    p->rows = (capacity + (int64_t)max_slots * (TWK_PACK_ALIGN - 1) + TWK_PACK_ALIGN - 1) / TWK_PACK_ALIGN * TWK_PACK_ALIGN;
+    p->ids = twk_host_alloc((size_t)p->rows * 5 * sizeof *p->ids, "pack batch");
+    p->fl = twk_host_alloc((size_t)p->rows * 2 * sizeof *p->fl, "pack batch");
     if (!p->ids || !p->fl) {
         twk_pack_free(p);
         return TWK_ERR_OOM;
@@ -89,7 +98,7 @@ static twk_status ensure_trainer(twk_pack *p, const twk_pack_seg *segs, int n) {
         return TWK_OK;
     twk_trainer_free(p->t);
     p->t = NULL;
-    twk_status st = twk_trainer_create_packed(p->m, &mods, p->max_slots, rank, p->capacity, &p->t);
+    twk_status st = twk_trainer_create_packed(p->m, &mods, p->max_slots, rank, p->rows, &p->t);
     if (st != TWK_OK) return st;
     p->rank = rank;
     p->mods = mods;
@@ -194,11 +203,12 @@ twk_status twk_pack_pass(twk_pack *p, int backward, twk_pack_seg *segs, int n) {
     if (st == TWK_OK) st = upload_slots(p, segs, n);
     if (st != TWK_OK) return st;
     twk_trainer *pt = p->t;
-    int64_t C = p->capacity;
+    int64_t C = p->rows;
     int32_t *tok = p->ids, *tgt = tok + C, *pos = tgt + C, *seg = pos + C, *slot = seg + C;
     float *w = p->fl, *scale = w + C;
     int64_t a = 0;
     for (int i = 0; i < n; i++) {
+        segs[i].row = a;
         const twk_batch *b = &segs[i].b;
         if (!b->tokens || !b->targets || !b->positions || !b->seg_start || !b->weights || b->n < 1)
             return twk_error(TWK_ERR_INVALID_ARG, "batch: tokens, targets, positions, seg_start and weights are required");
@@ -216,7 +226,14 @@ twk_status twk_pack_pass(twk_pack *p, int backward, twk_pack_seg *segs, int n) {
             scale[a + k] = segs[i].base ? 0.0f : segs[i].t->scale;
         }
         a += b->n;
+        for (; a % TWK_PACK_ALIGN; a++) { /* padding: a one-token sequence of weight 0 that adds nothing anywhere */
+            tok[a] = tgt[a] = pos[a] = 0;
+            seg[a] = (int32_t)a;
+            slot[a] = i;
+            w[a] = scale[a] = 0.0f;
+        }
     }
+    total = a;
     twk_plan *plan = backward ? pt->fwdbwd : pt->fwd;
     twk_batch all = {total, tok, tgt, pos, seg, w};
     st = twk_trainer_bind_batch(pt, plan, &all);
@@ -224,14 +241,13 @@ twk_status twk_pack_pass(twk_pack *p, int backward, twk_pack_seg *segs, int n) {
     if (st == TWK_OK) st = twk_plan_write(plan, pt->slot_scale, total, scale, (size_t)total * sizeof *scale);
     if (st == TWK_OK) st = twk_plan_run(plan, total);
     if (st == TWK_OK) st = twk_plan_read(plan, pt->logprobs, total, p->fl, (size_t)total * sizeof *p->fl);
-    a = 0;
     for (int i = 0; st == TWK_OK && i < n; i++) { /* logprobs, and each run's loss summed on the host in token order */
         const twk_batch *b = &segs[i].b;
         float s = 0;
+        a = segs[i].row;
         for (int64_t k = 0; k < b->n; k++) s += b->weights[k] * p->fl[a + k];
         if (segs[i].lp) memcpy(segs[i].lp, p->fl + a, (size_t)b->n * sizeof *segs[i].lp);
         segs[i].loss = -s;
-        a += b->n;
     }
     if (st == TWK_OK && backward) st = gather_grads(p, segs, n, total);
     if (st == TWK_OK) {

@@ -91,7 +91,7 @@ static void run_kind(twk_packer *pk, int backward, twk_pack_seg *segs, int *who)
             pass_req *r = &pk->req[i];
             if (!r->waiting || (r->mode == PASS_BACKWARD) != backward) continue;
             if (n && tokens + r->b.n > cap) continue; /* the next pass takes it */
-            segs[n] = (twk_pack_seg){r->t, r->b, r->mode == PASS_BASE, r->lp, 0};
+            segs[n] = (twk_pack_seg){.t = r->t, .b = r->b, .base = r->mode == PASS_BASE, .lp = r->lp};
             who[n++] = i;
             tokens += r->b.n;
         }
@@ -113,7 +113,7 @@ twk_status twk_packer_pass(twk_packer *pk, int job, twk_trainer *t, pass_mode mo
     pass_req *r = &pk->req[job];
     *r = (pass_req){t, mode, *b, lp, 0, TWK_OK, "", 1, 0};
     if (pk->sync) {
-        twk_pack_seg seg = {t, *b, mode == PASS_BASE, lp, 0};
+        twk_pack_seg seg = {.t = t, .b = *b, .base = mode == PASS_BASE, .lp = lp};
         twk_status st = twk_pack_pass(pk->pack, mode == PASS_BACKWARD, &seg, 1);
         *loss = seg.loss;
         r->waiting = 0;

@@ -89,6 +89,7 @@ typedef struct twk_pack_seg {
     int base;
     float *lp;
     float loss;
+    int64_t row; /* set by the pass: where the segment starts in it */
 } twk_pack_seg;
 /* A pack for passes of up to `capacity` tokens and `max_slots` trainers;
  * its packed trainer is built at the first pass. TWK_ERR_INVALID_ARG / TWK_ERR_OOM. */
