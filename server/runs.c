@@ -321,9 +321,9 @@ static void dispatch(svc *s, op *o) {
     o->job.run = op_run;
     o->job.done = op_done;
     o->job.arg = o;
+    o->job.owner = o->run; /* every op of the run: none of its later ops may be packed ahead of it */
     if (o->kind == OP_FB) { /* packed training: ready forward / forward_backward heads of one base model run together */
         o->job.batch_key = o->run->base;
-        o->job.owner = o->run;
         o->job.run_batch = svc_run_fb_jobs;
     }
     twk_worker_submit(s->worker, &o->job);
