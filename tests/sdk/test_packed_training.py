@@ -11,8 +11,9 @@ depend on stays inside its own tokens, and each run's segment sits at a
 16-row boundary so the base GEMM computes its rows the same way:
 train/lora_pack.c); 1e-4 absolute on other devices (TWK_SERVE_DEVICE), whose
 GEMMs may sum rows of different batches in another order. The max abs diffs
-are printed. That the requests really were packed is shown by a C test
-(tests/test_serve_pack.c, the pass counter)."""
+are printed. That passes really are shared is shown at the train/ level by
+tests/test_lora_pack.c (the pass counter); the server's counter is
+twk_serve_pack_stats (no C test reads it yet)."""
 from __future__ import annotations
 
 import os
