@@ -68,6 +68,10 @@ static void usage(FILE *f) {
             "  --sampler-idle-s S   an unnamed sampler snapshot unused S seconds is freed (default %d)\n"
             "  --max-sampler-host-mb M  host memory of unnamed snapshots; the least recently used freed\n"
             "                       past it (default %d)\n"
+            "packed training (several runs of one base model in one pass):\n"
+            "  --pack-runs N        forward / forward_backward ops of up to N runs that are ready together\n"
+            "                       run as one pass, 1..%d (default %d; 1: each op alone, time-shared)\n"
+            "  --pack-tokens N      tokens of one packed pass (default: --max-context; at least that)\n"
             "  --config FILE        the same options as 'key = value' lines (model may repeat)\n"
             "  --log-format F       text (default: a line per failed request or future) or json (one JSON\n"
             "                       object per line: every request with level, request_id, tenant, route,\n"
@@ -102,7 +106,7 @@ static void usage(FILE *f) {
             TWK_SERVE_DEF_SAMPLE_QUEUE, TWK_SERVE_CAP_SAMPLER_SLOTS, TWK_SERVE_DEF_SAMPLER_SLOTS,
             twk_lora_default().rank, TWK_SERVE_CAP_LIVE_SAMPLERS, TWK_SERVE_DEF_LIVE_SAMPLERS,
             TWK_SERVE_DEF_MAX_QUEUE_TENANT, TWK_SERVE_DEF_RUN_IDLE_S, TWK_SERVE_DEF_MAX_LIVE_RUNS,
-            TWK_SERVE_DEF_SAMPLER_IDLE_S, TWK_SERVE_DEF_SAMPLER_HOST_MB,
+            TWK_SERVE_DEF_SAMPLER_IDLE_S, TWK_SERVE_DEF_SAMPLER_HOST_MB, TWK_SERVE_CAP_PACK_RUNS, TWK_SERVE_DEF_PACK_RUNS,
             TWK_ALERT_DEF_STALL_S, TWK_ALERT_DEF_DISK_PCT, TWK_ALERT_DEF_MEM_PCT, TWK_ALERT_DEF_CHECK_S,
             TWK_ALERT_DEF_RATE_S, TWK_ALERT_DEF_RETRIES, TWK_ALERT_DEF_BACKOFF_S, TWK_ALERT_DEF_TIMEOUT_S);
 }

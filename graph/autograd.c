@@ -238,6 +238,18 @@ static int grad_logprobs(grad_step *st) {
     return 1;
 }
 
+/* y = w[slot] x: dx = w[slot]^T dy (the transposed slots gathered), dw per slot (lora_gather_back) */
+static int grad_lora_gather(grad_step *st) {
+    twk_graph *g = st->g;
+    const twk_id *s = st->n.src;
+    if (wants(st, 0)) {
+        int axes[3] = {0, 2, 1};
+        st->c[0] = twk_lora_gather(g, st->gy, twk_permute(g, s[1], axes), s[2]);
+    }
+    if (wants(st, 1)) st->c[1] = twk_lora_gather_back(g, s[0], st->gy, s[2], g->nodes[s[1]].ne[0]);
+    return 1;
+}
+
 /* The rules of the ops that are not MAPs (a MAP's rule is its BACK op). */
 static const grad_rule rules[TWK_OP_COUNT] = {
     [TWK_OP_RESHAPE] = grad_reshape,
@@ -261,6 +273,7 @@ static const grad_rule rules[TWK_OP_COUNT] = {
     [TWK_OP_ROPE] = grad_rope,
     [TWK_OP_ATTN] = grad_attn,
     [TWK_OP_LOGPROBS] = grad_logprobs,
+    [TWK_OP_LORA_GATHER] = grad_lora_gather,
 };
 _Static_assert(sizeof rules / sizeof rules[0] == TWK_OP_COUNT, "one entry per op");
 

@@ -730,3 +730,29 @@ twk_id twk_adamw(twk_graph *g, twk_id w, twk_id grad, twk_id m, twk_id v, twk_id
     if (!want_static(g, hyper, "adamw", "hyper", TWK_HYPER_N) || !want_static(g, norm, "adamw", "norm", 2)) return -1;
     return push_optim(g, TWK_OP_ADAMW, &g->nodes[w], 6, s);
 }
+twk_id twk_lora_gather_back(twk_graph *g, twk_id x, twk_id dy, twk_id slot, int64_t n_slots) {
+    const twk_node *X = arg(g, x, "lora_gather_back", "x");
+    const twk_node *D = arg(g, dy, "lora_gather_back", "dy");
+    const twk_node *S = arg(g, slot, "lora_gather_back", "slot");
+    if (!X || !D || !S) return -1;
+    if (!want_dtype(g, X, x, "lora_gather_back", "x", 1, 0) || !want_dtype(g, D, dy, "lora_gather_back", "dy", 1, 0) ||
+        !want_dtype(g, S, slot, "lora_gather_back", "slot", 0, 1))
+        return -1;
+    char s1[96], s2[96], s3[96];
+    if (X->ndim != 2 || (X->dyn & 2) || D->ndim != 2 || (D->dyn & 2) || D->ne[0] != X->ne[0] ||
+        (D->dyn & 1) != (X->dyn & 1) || !is_vector_of(S, X) || n_slots < 1)
+        return twk_graph_fail(g, TWK_ERR_SHAPE,
+                              "lora_gather_back: want x [T, K], dy [T, N], slot [T], n_slots >= 1; got %s, %s, %s, %lld",
+                              SHAPE(g, x, s1), SHAPE(g, dy, s2), SHAPE(g, slot, s3), (long long)n_slots);
+    twk_node n;
+    init_node(&n, TWK_OP_LORA_GATHER_BACK, TWK_F32);
+    n.ndim = 3;
+    n.ne[0] = n_slots;
+    n.ne[1] = D->ne[1];
+    n.ne[2] = X->ne[1];
+    n.nsrc = 3;
+    n.src[0] = x;
+    n.src[1] = dy;
+    n.src[2] = slot;
+    return twk_graph_push(g, &n);
+}

@@ -74,8 +74,7 @@ void svc_op_free(op *o) {
     twk_host_free(o);
 }
 
-static void op_fail(op *o, int user, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void op_fail(op *o, int user, const char *fmt, ...) {
+void svc_op_fail(op *o, int user, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(o->err, sizeof o->err, fmt, ap);
@@ -107,7 +106,7 @@ static void run_create(op *o) {
     run_state *r = o->run;
     twk_status st = svc_dist_trainer_new(o->svc, r); /* multi-rank: on every rank */
     if (st != TWK_OK) {
-        op_fail(o, 0, "creating the model failed: %s", twk_last_error());
+        svc_op_fail(o, 0, "creating the model failed: %s", twk_last_error());
         return;
     }
     cJSON *j = cJSON_CreateObject();
@@ -116,121 +115,11 @@ static void run_create(op *o) {
     set_json(o, j);
 }
 
-/* ---- forward_backward: decode into a loss batch, run the loss step, encode ---- */
-
-/* The request as a loss batch: datums as sequences, targets as int32, each
- * input the loss reads dense over all tokens (the registry's `absent` value
- * where a datum lacks it; NULL where every datum does). Arrays are owned by
- * the batch; fb_batch_free releases them. 0 on OOM. */
-typedef struct fb_batch {
-    twk_loss_batch b;
-    int64_t *offsets;
-    int32_t *tokens, *targets;
-    float *in[TWK_IN_COUNT];
-} fb_batch;
-
-static void fb_batch_free(fb_batch *fb) {
-    twk_host_free(fb->offsets);
-    twk_host_free(fb->tokens);
-    twk_host_free(fb->targets);
-    for (int i = 0; i < TWK_IN_COUNT; i++) twk_host_free(fb->in[i]);
-}
-
-/* One float input of the loss over all datums; NULL (and *oom 0) when no datum gives it. */
-static float *fb_gather_input(const twk_wire_fb_request *q, const twk_loss_input_def *def, const int64_t *offsets,
-                              int K, int *oom) {
-    const char *key = twk_loss_input_key(def->id);
-    int any = 0;
-    for (int d = 0; d < q->n_data && !any; d++) any = twk_wire_datum_input(&q->data[d], key) != NULL;
-    if (!any) return NULL;
-    int64_t per = def->shape == TWK_SHAPE_TOKENS ? 1 : K > 0 ? K : 1, n = offsets[q->n_data] * per;
-    float *v = twk_host_alloc((size_t)(n ? n : 1) * sizeof(float), key);
-    if (!v) {
-        *oom = 1;
-        return NULL;
-    }
-    for (int d = 0; d < q->n_data; d++) {
-        const twk_wire_tensor *x = twk_wire_datum_input(&q->data[d], key);
-        int64_t m = q->data[d].n_tokens * per;
-        for (int64_t i = 0; i < m; i++) v[offsets[d] * per + i] = x ? ((const float *)x->data)[i] : def->absent;
-    }
-    return v;
-}
-
-static int fb_gather(const twk_wire_fb_request *q, const twk_loss_def *loss, fb_batch *fb) {
-    memset(fb, 0, sizeof *fb);
-    const twk_wire_tensor *t0 = twk_wire_datum_input(&q->data[0], "target_tokens");
-    int K = t0 && t0->ndim == 2 ? (int)t0->shape[1] : 0;
-    fb->offsets = twk_host_alloc((size_t)(q->n_data + 1) * sizeof(int64_t), "offsets");
-    if (!fb->offsets) return 0;
-    fb->offsets[0] = 0;
-    for (int d = 0; d < q->n_data; d++) fb->offsets[d + 1] = fb->offsets[d] + q->data[d].n_tokens;
-    int64_t total = fb->offsets[q->n_data], nk = total * (K > 0 ? K : 1);
-    fb->tokens = twk_host_alloc((size_t)(total ? total : 1) * sizeof(int32_t), "tokens");
-    fb->targets = twk_host_alloc((size_t)(nk ? nk : 1) * sizeof(int32_t), "targets");
-    if (!fb->tokens || !fb->targets) return 0;
-    for (int d = 0; d < q->n_data; d++) {
-        const twk_wire_tensor *tt = twk_wire_datum_input(&q->data[d], "target_tokens");
-        int64_t per = K > 0 ? K : 1;
-        memcpy(fb->tokens + fb->offsets[d], q->data[d].tokens, (size_t)q->data[d].n_tokens * sizeof(int32_t));
-        for (int64_t i = 0; i < q->data[d].n_tokens * per; i++)
-            fb->targets[fb->offsets[d] * per + i] = (int32_t)((const int64_t *)tt->data)[i];
-    }
-    int oom = 0;
-    for (int i = 0; i < loss->n_inputs; i++)
-        if (loss->inputs[i].dtype == TWK_LOSS_F32)
-            fb->in[loss->inputs[i].id] = fb_gather_input(q, &loss->inputs[i], fb->offsets, K, &oom);
-    if (oom) return 0;
-    fb->b = (twk_loss_batch){q->n_data, fb->offsets, fb->tokens, K, fb->targets, {0}};
-    for (int i = 0; i < TWK_IN_COUNT; i++) fb->b.in[i] = fb->in[i];
-    return 1;
-}
-
-/* The ForwardBackwardOutput: logprobs per datum ([N] or [N, K]) and the loss's metrics. */
-static void fb_encode(op *o, const fb_batch *fb, const float *lp, const twk_loss_result *res) {
-    int K = fb->b.k, n_data = fb->b.n_seqs;
-    int64_t *offk = twk_host_alloc((size_t)(n_data + 1) * sizeof(int64_t), "offsets");
-    if (!offk) {
-        op_fail(o, 0, "out of memory");
-        return;
-    }
-    for (int d = 0; d <= n_data; d++) offk[d] = fb->offsets[d] * (K > 0 ? K : 1);
-    twk_wire_field f = {"logprobs", K, lp, offk};
-    if (twk_wire_encode_fb_output(n_data, &f, 1, res->keys, res->values, res->n_metrics, &o->out, &o->out_len) != TWK_OK)
-        op_fail(o, 0, "encoding the result failed: %s", twk_last_error());
-    o->out_proto = 1;
-    twk_host_free(offk);
-}
-
-static void run_fb(op *o) {
-    fb_batch fb;
-    if (!fb_gather(o->fb, o->loss.def, &fb)) {
-        op_fail(o, 0, "out of memory for a batch of %d datums", o->fb->n_data);
-        fb_batch_free(&fb);
-        return;
-    }
-    int64_t nk = fb.offsets[fb.b.n_seqs] * (fb.b.k > 0 ? fb.b.k : 1);
-    float *lp = twk_host_alloc((size_t)(nk ? nk : 1) * sizeof(float), "logprobs");
-    twk_loss_result res;
-    /* multi-rank: the datums split across the ranks (dist_serve.c); one rank: twk_loss_step */
-    twk_status st = lp ? svc_dist_loss_step(o->run, &o->loss, &fb.b, !o->fb->forward_only, lp, &res) : TWK_ERR_OOM;
-    if (st != TWK_OK)
-        op_fail(o, st == TWK_ERR_RANGE || st == TWK_ERR_INVALID_ARG, "%s", lp ? twk_last_error() : "out of memory");
-    else {
-        fb_encode(o, &fb, lp, &res);
-        o->loss_value = res.loss;
-        o->fb_res = res; /* the per-step log (steps.c) */
-        o->trainer_step = twk_trainer_step(o->run->trainer);
-    }
-    twk_host_free(lp);
-    fb_batch_free(&fb);
-}
-
 static void run_optim(op *o) {
     float norm = 0;
     twk_status st = svc_dist_optim_step(o->run, &o->adam, &norm); /* multi-rank: gradients summed, then every rank */
     if (st != TWK_OK) {
-        op_fail(o, st == TWK_ERR_INVALID_ARG || st == TWK_ERR_RANGE, "%s", twk_last_error());
+        svc_op_fail(o, st == TWK_ERR_INVALID_ARG || st == TWK_ERR_RANGE, "%s", twk_last_error());
         return;
     }
     o->grad_norm = norm; /* the per-step log (steps.c) */
@@ -294,7 +183,7 @@ static void run_save(op *o) {
         twk_status cap = svc_snapshot_capture(o->snapshot, o->run->trainer);
         if (cap == TWK_ERR_STATE) cap = svc_sampler_ready(o->svc, o->snapshot->unit, o->run->trainer);
         if (cap != TWK_OK) {
-            op_fail(o, 0, "creating the sampler failed: %s", twk_last_error());
+            svc_op_fail(o, 0, "creating the sampler failed: %s", twk_last_error());
             return;
         }
         for (int i = 0; i < twk_trainer_param_count(o->run->trainer); i++) { /* its host copy's size */
@@ -313,7 +202,7 @@ static void run_save(op *o) {
     char *slash = strrchr(parent, '/');
     if (slash) *slash = 0;
     if (mkdirs(parent) != 0) {
-        op_fail(o, 0, "cannot create %s: %s", parent, strerror(errno));
+        svc_op_fail(o, 0, "cannot create %s: %s", parent, strerror(errno));
         return;
     }
     snprintf(tmp, sizeof tmp, "%s/.tmp-%s-%s", parent, o->name, o->request_id);
@@ -322,7 +211,7 @@ static void run_save(op *o) {
     twk_status st = o->kind == OP_SAVE ? twk_trainer_save_state(o->run->trainer, tmp, o->run->base->name)
                                        : twk_adapter_save(o->run->trainer, tmp, o->run->base->name);
     if (st != TWK_OK) {
-        op_fail(o, 0, "saving failed: %s", twk_last_error());
+        svc_op_fail(o, 0, "saving failed: %s", twk_last_error());
         svc_rm_tree(tmp);
         return;
     }
@@ -330,11 +219,11 @@ static void run_save(op *o) {
     int existed = stat(o->dir, &sb) == 0;
     if (existed && !o->overwrite) {
         svc_rm_tree(tmp);
-        op_fail(o, 1, "checkpoint '%s' exists (pass overwrite=True to replace it)", o->name);
+        svc_op_fail(o, 1, "checkpoint '%s' exists (pass overwrite=True to replace it)", o->name);
         return;
     }
     if (svc_ckpt_publish(tmp, o->dir, old, existed, o->err, sizeof o->err) != 0) {
-        op_fail(o, 0, "%.700s", o->err);
+        svc_op_fail(o, 0, "%.700s", o->err);
         svc_rm_tree(tmp);
         return;
     }
@@ -351,7 +240,7 @@ static void run_save(op *o) {
 static void run_load(op *o) {
     twk_status st = svc_dist_load_state(o->run, o->dir, o->load_optimizer); /* multi-rank: every rank */
     if (st != TWK_OK) {
-        op_fail(o, st == TWK_ERR_INVALID_ARG || st == TWK_ERR_SHAPE, "loading failed: %s", twk_last_error());
+        svc_op_fail(o, st == TWK_ERR_INVALID_ARG || st == TWK_ERR_SHAPE, "loading failed: %s", twk_last_error());
         return;
     }
     cJSON *j = cJSON_CreateObject();
@@ -376,35 +265,40 @@ static int svc_fault_point(op *o) {
     double secs = 0;
     if (svc_fault("sleep", route, &secs)) usleep((useconds_t)(secs * 1e6));
     if (!svc_fault("fail", route, NULL)) return 0;
-    op_fail(o, 0, "injected fault (TWK_FAULT=fail:%s)", route);
+    svc_op_fail(o, 0, "injected fault (TWK_FAULT=fail:%s)", route);
+    return 1;
+}
+
+int svc_op_start(op *o) {
+    o->t_started = twk_metrics_now();
+    o->st = TWK_OK;
+    twk_clear_error();
+    api_json_oom();
+    if (svc_fault_point(o)) return 0;
+    if (o->kind != OP_CREATE && o->kind != OP_UNLOAD && !o->run->trainer && o->run->on_disk &&
+        svc_restore_run(o->svc, o->run) != TWK_OK) {
+        svc_op_fail(o, 0, "%s", twk_last_error());
+        return 0;
+    }
+    if (o->kind == OP_UNLOAD && !o->run->trainer && o->run->on_disk) { /* spilled: its folder goes */
+        run_unload(o);
+        return 0;
+    }
+    if (o->kind != OP_CREATE && !o->run->trainer) {
+        svc_op_fail(o, 1, "model %s is not loaded (unloaded, or its state was lost in a server restart: create a "
+                          "training client from a saved checkpoint)",
+                    o->run->id);
+        return 0;
+    }
     return 1;
 }
 
 static void op_run(twk_job *j) {
     op *o = j->arg;
-    o->t_started = twk_metrics_now();
-    o->st = TWK_OK;
-    twk_clear_error();
-    api_json_oom();
-    if (svc_fault_point(o)) return;
-    if (o->kind != OP_CREATE && o->kind != OP_UNLOAD && !o->run->trainer && o->run->on_disk &&
-        svc_restore_run(o->svc, o->run) != TWK_OK) {
-        op_fail(o, 0, "%s", twk_last_error());
-        return;
-    }
-    if (o->kind == OP_UNLOAD && !o->run->trainer && o->run->on_disk) { /* spilled: its folder goes */
-        run_unload(o);
-        return;
-    }
-    if (o->kind != OP_CREATE && !o->run->trainer) {
-        op_fail(o, 1, "model %s is not loaded (unloaded, or its state was lost in a server restart: create a "
-                      "training client from a saved checkpoint)",
-                o->run->id);
-        return;
-    }
+    if (!svc_op_start(o)) return;
     switch (o->kind) {
     case OP_CREATE: run_create(o); break;
-    case OP_FB: run_fb(o); break;
+    case OP_FB: svc_run_fb(&o, 1); break;
     case OP_OPTIM: run_optim(o); break;
     case OP_SAVE:
     case OP_SAVE_SAMPLER:
@@ -505,6 +399,11 @@ static void dispatch(svc *s, op *o) {
     o->run->running++;
     twk_job_route(&o->job, o->run->tenant, o->run->id, op_cost(o));
     svc_run_dispatched(s, o->run);
+    o->job.owner = o->run; /* every op of the run: none of its later ops may be packed ahead of it */
+    if (o->kind == OP_FB) { /* packed training: ready forward / forward_backward heads of one base model run together */
+        o->job.batch_key = o->run->base;
+        o->job.run_batch = svc_run_fb_jobs;
+    }
     twk_worker_submit(s->worker, &o->job);
 }
 

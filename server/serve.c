@@ -44,6 +44,7 @@ void twk_serve_config_default(twk_serve_config *c) {
     c->max_live_runs = TWK_SERVE_DEF_MAX_LIVE_RUNS;
     c->sampler_idle_s = TWK_SERVE_DEF_SAMPLER_IDLE_S;
     c->max_sampler_host_bytes = (size_t)TWK_SERVE_DEF_SAMPLER_HOST_MB << 20;
+    c->pack_runs = TWK_SERVE_DEF_PACK_RUNS;
     c->url_ttl_s = 3600;
     c->ckpt_sweep_s = 60;
     twk_alert_config_default(&c->alerts);
@@ -103,6 +104,8 @@ twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char
     NUM("max-lora-rank", 1, 4096, max_lora_rank, int)
     NUM("max-context", 2, 1 << 20, max_context, int64_t)
     NUM("max-datums", 1, 1 << 20, max_datums, int64_t)
+    NUM("pack-runs", 1, TWK_SERVE_CAP_PACK_RUNS, pack_runs, int)
+    NUM("pack-tokens", 0, 1 << 22, pack_tokens, int64_t)
     struct { const char *name; size_t *dst; double lo, hi; } mbs[] = {
         {"max-body-mb", &c->max_body_bytes, 1, 4096},
         /* buffering limits */
@@ -331,6 +334,7 @@ static int serve_open(svc *s, const twk_serve_config *cfg, uv_loop_t *loop) {
     svc_ckpt_recover(s);
     s->futures = twk_futures_new(loop, &fl);
     s->worker = twk_worker_start(loop);
+    if (s->worker) twk_worker_set_batch_max(s->worker, cfg->pack_runs); /* packed training: batch_train.c */
     twk_http_limits lim = twk_http_limits_default();
     lim.max_body_bytes = cfg->max_body_bytes;
     /* connection limits */
@@ -378,6 +382,7 @@ static void serve_close(svc *s, uv_loop_t *loop) {
     svc_free_samplers(s);
     svc_free_runs(s);
     for (int i = 0; i < s->n_models; i++) {
+        twk_pack_free(s->models[i].pack);
         twk_model_free(s->models[i].m);
         twk_tokenizer_free(s->models[i].tok);
         twk_chat_template_free(s->models[i].chat);
@@ -458,6 +463,18 @@ twk_status twk_serve_start(const twk_serve_config *cfg, twk_serve **out) {
 }
 
 int twk_serve_port(const twk_serve *h) { return h ? twk_http_server_port(h->s->http) : 0; }
+
+void twk_serve_pack_stats(const twk_serve *h, twk_pack_stats *out) {
+    memset(out, 0, sizeof *out);
+    for (int i = 0; h && i < h->s->n_models; i++) {
+        twk_pack_stats one;
+        svc_pack_stats(&h->s->models[i], &one);
+        out->passes += one.passes;
+        out->segments += one.segments;
+        out->shared_passes += one.shared_passes;
+        if (one.max_segments > out->max_segments) out->max_segments = one.max_segments;
+    }
+}
 
 void twk_serve_stop(twk_serve *h) {
     if (!h) return;

@@ -33,12 +33,15 @@
 #define TWK_SERVE_DEF_MAX_LIVE_RUNS 64       /* --max-live-runs: runs resident in memory (least recently used spilled) */
 #define TWK_SERVE_DEF_SAMPLER_IDLE_S 600     /* --sampler-idle-s: an unnamed snapshot unused this long is freed */
 #define TWK_SERVE_DEF_SAMPLER_HOST_MB 1024   /* --max-sampler-host-mb: host copies of unnamed snapshots, least recently used freed past it */
+#define TWK_SERVE_DEF_PACK_RUNS 32           /* --pack-runs: runs' forward / forward_backward ops packed into one pass at most (1: time-shared) */
 /* --slot-rank: adapters up to this rank share the base model's sampler; its default is the
  * default LoRA rank, twk_lora_default().rank (train/model.c) */
 
 /* ---- caps (the options' upper bounds; they size arrays) ---- */
 #define TWK_SERVE_CAP_SAMPLER_SLOTS 64
 #define TWK_SERVE_CAP_LIVE_SAMPLERS 64
+#define TWK_SERVE_CAP_PACK_RUNS 256
+static_assert(TWK_SERVE_DEF_PACK_RUNS >= 1 && TWK_SERVE_DEF_PACK_RUNS <= TWK_SERVE_CAP_PACK_RUNS, "--pack-runs default within its cap");
 static_assert(TWK_SERVE_DEF_SAMPLER_SLOTS >= 2 && TWK_SERVE_DEF_SAMPLER_SLOTS <= TWK_SERVE_CAP_SAMPLER_SLOTS,
               "--sampler-slots default within its cap");
 static_assert(TWK_SERVE_DEF_LIVE_SAMPLERS >= 1 && TWK_SERVE_DEF_LIVE_SAMPLERS <= TWK_SERVE_CAP_LIVE_SAMPLERS,

@@ -62,6 +62,9 @@ typedef struct twk_serve_config {
     int sampler_slots;        /* adapter slots of a base model's shared sampler, slot 0 the base; <= TWK_SERVE_CAP_SAMPLER_SLOTS */
     int slot_rank;            /* adapters up to this rank use a slot; larger ones get their own sampler */
     int live_samplers;        /* samplers (each a KV cache) alive at once; <= TWK_SERVE_CAP_LIVE_SAMPLERS */
+    /* packed training (batch_train.c) */
+    int pack_runs;            /* runs' forward / forward_backward ops in one pass at most; 1 = time-shared */
+    int64_t pack_tokens;      /* tokens of one packed pass; 0 (default) = max_context; at least max_context */
     int stability_records;    /* stable_reinforce: recorded sequences kept at most (least recently used go first) */
     /* scheduling and memory (defaults in serve_limits.h) */
     int max_queue_tenant;     /* jobs of one tenant waiting for the worker; 429 past it */
@@ -92,6 +95,10 @@ int twk_serve_run(const twk_serve_config *cfg);
 typedef struct twk_serve twk_serve;
 twk_status twk_serve_start(const twk_serve_config *cfg, twk_serve **out);
 int twk_serve_port(const twk_serve *h);
+/* Packed training's pass counter summed over the base models (train/'s
+ * twk_pack_stats: passes, runs in them, passes shared by several runs, the
+ * most runs in one). Written by the worker: read it when no op is running. */
+void twk_serve_pack_stats(const twk_serve *h, twk_pack_stats *out);
 void twk_serve_stop(twk_serve *h);
 
 /* The built-in default model: a small Qwen3-architecture model generated

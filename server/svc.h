@@ -29,6 +29,7 @@ typedef struct base_model {
     char name[128];
     char dir[1024];
     twk_model *m;
+    twk_pack *pack;              /* batch_train.c: its runs' forward / forward_backward passes (worker) */
     int has_tokenizer;
     twk_tokenizer *tok;          /* DIR/tokenizer.json when present (stop strings) */
     struct sampler_unit *shared; /* base-model sampling for every tenant */
@@ -260,6 +261,21 @@ void svc_skip_seq(svc *s, run_state *r, int64_t seq);
 int svc_dispatch_now(svc *s, run_state *r, op *o, char *request_id);
 op *svc_op_new(svc *s, run_state *r, op_kind kind, int64_t seq);
 void svc_op_free(op *o);
+/* Starts op o on the worker (status and error cleared); 0 when it failed
+ * already (its run's trainer is not loaded). */
+int svc_op_start(op *o);
+/* Fails op o (worker): the message, category user (1) or server (0). */
+void svc_op_fail(op *o, int user, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* ---- batch_train.c: forward / forward_backward, packed ---- */
+/* Runs n forward / forward_backward ops of distinct runs on one base model
+ * (worker) as packed passes of the model's pack (twk_loss_steps); each op
+ * gets its result or its error (its future is settled by op_done). */
+void svc_run_fb(op **ops, int n);
+/* The worker's run_batch for packed OP_FB jobs: svc_run_fb over their ops. */
+void svc_run_fb_jobs(twk_job **jobs, int n);
+/* The pass counter of a base model's pack (zeros before its first pass); worker-written. */
+void svc_pack_stats(const base_model *bm, twk_pack_stats *out);
 /* Fails ops stuck behind a missing seq_id longer than the configured timeout. */
 void svc_check_gaps(svc *s);
 void svc_free_runs(svc *s);

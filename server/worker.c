@@ -18,6 +18,8 @@ struct twk_worker {
     twk_job *fifo_head, *fifo_tail; /* submitted when the scheduler had no memory: served first */
     twk_job *done_head, *done_tail; /* run, waiting for the loop thread */
     int stop, depth;
+    int batch_max;    /* packed training: jobs run together at most */
+    twk_job **batch;  /* batch_max entries */
 };
 
 void twk_job_route(twk_job *j, const char *tenant, const char *flow, double cost) {
@@ -49,6 +51,37 @@ static twk_job *next_locked(twk_worker *w) {
     return twk_sched_pop(w->sched);
 }
 
+/* ---- packed training (server/batch_train.c): the company of a packable job ----
+ * The flow heads (each run's first waiting op, so no run's own ops are reordered) with j's
+ * batch_key of other owners, taken out of the scheduler and charged to their tenants, up to
+ * max. Nothing waits for company: only what is queued now joins. Returns how many joined. */
+static int same_batch(const twk_job *k, void *ctx) {
+    const twk_job *j = ctx;
+    return k->batch_key == j->batch_key && k->run_batch == j->run_batch && k->owner && k->owner != j->owner;
+}
+
+/* The waiting flow heads keep selects, taken out of the scheduler (mu held); how many. */
+static int take_ready_locked(twk_worker *w, int (*keep)(const twk_job *j, void *ctx), void *ctx, twk_job **out,
+                             int max) {
+    int n = twk_sched_heads(w->sched, keep, ctx, out, max), k = 0;
+    for (int i = 0; i < n; i++)
+        if (twk_sched_take(w->sched, out[i]) == 0) out[k++] = out[i];
+    return k;
+}
+
+static int take_company(twk_worker *w, twk_job *j, twk_job **out, int max) {
+    return take_ready_locked(w, same_batch, j, out, max);
+}
+
+void twk_worker_set_batch_max(twk_worker *w, int n) {
+    twk_job **b = n > 1 ? twk_host_alloc((size_t)n * sizeof *b, "worker batch") : NULL;
+    pthread_mutex_lock(&w->mu);
+    twk_host_free(w->batch);
+    w->batch = b;
+    w->batch_max = b ? n : 1;
+    pthread_mutex_unlock(&w->mu);
+}
+
 static void *worker_main(void *arg) {
     twk_worker *w = arg;
     pthread_mutex_lock(&w->mu);
@@ -56,15 +89,21 @@ static void *worker_main(void *arg) {
         twk_job *j;
         while (!(j = next_locked(w)) && !w->stop) pthread_cond_wait(&w->cv, &w->mu);
         if (!j) break;
+        int n = 1; /* packed training: the jobs that run with j */
+        if (j->batch_key && j->run_batch && w->batch_max > 1) {
+            w->batch[0] = j;
+            n += take_company(w, j, w->batch + 1, w->batch_max - 1);
+        }
         pthread_mutex_unlock(&w->mu);
         j->requeue = 0;
-        if (j->run) j->run(j);
+        if (n > 1) j->run_batch(w->batch, n);
+        else if (j->run) j->run(j);
         pthread_mutex_lock(&w->mu);
-        if (j->requeue) { /* it yields: back to its flow's tail, others go first */
+        if (n == 1 && j->requeue) { /* it yields: back to its flow's tail, others go first */
             enqueue_locked(w, j);
             continue;
         }
-        push(&w->done_head, &w->done_tail, j);
+        for (int i = 0; i < n; i++) push(&w->done_head, &w->done_tail, n > 1 ? w->batch[i] : j);
         uv_async_send(&w->async);
     }
     pthread_mutex_unlock(&w->mu);
@@ -128,9 +167,7 @@ int twk_worker_tenant_depth(twk_worker *w, const char *tenant) {
 
 int twk_worker_take_ready(twk_worker *w, int (*keep)(const twk_job *j, void *ctx), void *ctx, twk_job **out, int max) {
     pthread_mutex_lock(&w->mu);
-    int n = twk_sched_heads(w->sched, keep, ctx, out, max), k = 0;
-    for (int i = 0; i < n; i++)
-        if (twk_sched_take(w->sched, out[i]) == 0) out[k++] = out[i];
+    int k = take_ready_locked(w, keep, ctx, out, max);
     pthread_mutex_unlock(&w->mu);
     return k;
 }
@@ -147,6 +184,7 @@ static void free_after_close(uv_handle_t *h) {
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
     twk_sched_free(w->sched);
+    twk_host_free(w->batch);
     twk_host_free(w);
 }
 

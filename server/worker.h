@@ -12,6 +12,9 @@ typedef struct twk_job twk_job;
 /* run: on the worker thread. done: on the loop thread, afterwards; it owns the job. */
 typedef void (*twk_job_fn)(twk_job *j);
 
+/* run_batch: on the worker thread, instead of run, for a job and the company it took. */
+typedef void (*twk_job_batch_fn)(twk_job **jobs, int n);
+
 #define TWK_JOB_TENANT_LEN 64
 #define TWK_JOB_FLOW_LEN 160
 
@@ -26,6 +29,13 @@ struct twk_job {
     double cost;                     /* estimated work: tokens x passes, or samples x max_tokens */
     int requeue;                     /* set by run: the job yields and goes back to its flow's tail
                                       * (with its updated cost) instead of finishing */
+    /* packed training (batch_train.c): a job with a batch_key takes along the
+     * queued jobs with the same key whose owner has no job queued before them
+     * (each owner's first), up to the worker's batch size, and runs_batch runs
+     * them all; owner: whose order must hold (a run), NULL for none */
+    const void *batch_key;
+    const void *owner;
+    twk_job_batch_fn run_batch;
 };
 
 /* Sets j's tenant, flow and cost (strings are cut to fit). */
@@ -35,6 +45,8 @@ typedef struct twk_worker twk_worker;
 
 /* Starts the worker thread; NULL on failure. */
 twk_worker *twk_worker_start(uv_loop_t *loop);
+/* Jobs run together at most (packed training); 1 = each alone. Call before submitting. */
+void twk_worker_set_batch_max(twk_worker *w, int n);
 /* Queues a job (loop thread). Never fails: a job the scheduler has no memory for waits in
  * a plain FIFO that the worker serves first. */
 void twk_worker_submit(twk_worker *w, twk_job *j);

@@ -99,6 +99,8 @@ static void r_adamw(const op_case *c, rt *in, rt *y) {
     rt h = {1, {TWK_HYPER_N}, hd};
     ref_adamw(&in[0], &in[1], &in[2], &in[3], &h, &in[4], y);
 }
+static twk_id b_lora_gather_back(twk_graph *g, const twk_id *in, const op_case *c) { return twk_lora_gather_back(g, in[0], in[1], in[2], c->ip[0]); }
+static void r_lora_gather_back(const op_case *c, rt *in, rt *y) { (void)c; ref_lora_gather_back(&in[0], &in[1], &in[2], y); }
 static twk_id b_reshape(twk_graph *g, const twk_id *in, const op_case *c) {
     int64_t ne[4] = {c->ip[0], c->ip[1], c->ip[2], c->ip[3]};
     int nd = 0;
@@ -131,6 +133,7 @@ const op_case opc_cases[] = {
     {"mul same 131x257", 2, {F32(131, 257), F32(131, 257)}, b_mul, r_mul, 1e-6, 1e-5},
     {"mul bias 11x31+31", 2, {F32(11, 31), F32(31)}, b_mul, r_mul, 1e-6, 1e-5},
     {"mul col 2x3x5+3x1", 2, {F32(2, 3, 5), F32(3, 1)}, b_mul, r_mul, 1e-6, 1e-5},
+    {"mul per-token col Tx7+Tx1", 2, {F32(T_, 7), F32(T_, 1)}, b_mul, r_mul, 1e-6, 1e-5, .cap = 19},
     {"scale 1", 1, {F32(1)}, b_scale, r_scale, 1e-6, 1e-5, .fp = {-2.5}},
     {"scale 17x19", 1, {F32(17, 19)}, b_scale, r_scale, 1e-6, 1e-5, .fp = {0.37}},
     {"silu 1", 1, {F32(1)}, b_silu, r_silu, 1e-6, 1e-5},
@@ -203,6 +206,9 @@ const op_case opc_cases[] = {
     {"grad_norm 300 parts", 2, {POSC(300, 2), POSC(8)}, b_grad_norm, r_grad_norm, 1e-6, 1},
     {"adamw 1", 5, {F32C(1), F32C(1), F32C(1), POSC(1), POSC(2)}, b_adamw, r_adamw, 1e-6, 1},
     {"adamw 37x67", 5, {F32C(37, 67), F32C(37, 67), F32C(37, 67), POSC(37, 67), POSC(2)}, b_adamw, r_adamw, 1e-6, 1},
+    /* packed multi-LoRA training: lora_gather's gradients (x and w) and lora_gather_back itself */
+    {"lora_gather Tx9 over 3x5x9 with gradients", 3, {F32(T_, 9), F32(3, 5, 9), IDS(3, T_)}, b_lora_gather, r_lora_gather, 1e-5, 1e-4, .cap = 23},
+    {"lora_gather_back Tx11, Tx6 into 4x6x11", 3, {F32C(T_, 11), F32C(T_, 6), IDS(4, T_)}, b_lora_gather_back, r_lora_gather_back, 1e-5, 1, .ip = {4}, .cap = 17},
     /* layout */
     {"reshape 6x35 -> 5x7x6", 1, {F32(6, 35)}, b_reshape, r_reshape, 0, 1e-5, .ip = {5, 7, 6, 0}},
     {"reshape Tx12 -> Tx3x4", 1, {F32(T_, 12)}, b_reshape, r_reshape, 0, 1e-5, .ip = {-1, 3, 4, 0}, .cap = 11},

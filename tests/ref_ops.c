@@ -209,6 +209,14 @@ void ref_attn_cache(const rt *q, const rt *kc, const rt *vc, const rt *lo, const
         }
 }
 
+void ref_lora_gather_back(const rt *x, const rt *dy, const rt *slot, rt *y) {
+    int64_t T = x->ne[0], K = x->ne[1], N = dy->ne[1], S = y->ne[0];
+    for (int64_t i = 0; i < S * N * K; i++) y->d[i] = 0;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t k = 0; k < K; k++) y->d[((int64_t)slot->d[t] * N + n) * K + k] += dy->d[t * N + n] * x->d[t * K + k];
+}
+
 void ref_lora_gather(const rt *x, const rt *w, const rt *slot, rt *y) {
     int64_t T = x->ne[0], K = x->ne[1], N = w->ne[1];
     for (int64_t t = 0; t < T; t++)

@@ -34,6 +34,8 @@ void ref_concat(const rt *a, const rt *b, int axis, rt *y);
 void ref_copy(const rt *x, rt *y); /* reshape */
 void ref_kv_write(const rt *cache, const rt *x, const rt *rows, rt *y);
 void ref_lora_gather(const rt *x, const rt *w, const rt *slot, rt *y);
+/* lora_gather's weight gradient: y [S, N, K] (S from y) summed per slot over tokens */
+void ref_lora_gather_back(const rt *x, const rt *dy, const rt *slot, rt *y);
 void ref_attn_cache(const rt *q, const rt *kc, const rt *vc, const rt *lo, const rt *hi, double scale, rt *y);
 /* The optimizer step (ops.h's twk_hyper vector): slices' sums of squares as (sum, 0) pairs,
  * (norm, clip coefficient), and the AdamW update of w. */

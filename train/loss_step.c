@@ -3,16 +3,18 @@
  * loss is a forward for the model's logprobs p, the loss and dL/dp on the
  * host (losses.c, loss_rl.c), then a cross-entropy backward with weights
  * -dL/dp, which has exactly the loss's gradient. Sequences are packed whole
- * into passes of at most the trainer's capacity. */
+ * into passes of at most the trainer's capacity. Several trainers' steps run
+ * together through twk_loss_steps (loss_steps.c), which packs their passes. */
 #include <math.h>
 #include <string.h>
 
+#include "loss_pack.h"
 #include "twinkle/train.h"
-
-typedef enum pass_mode { PASS_FORWARD, PASS_BACKWARD, PASS_BASE } pass_mode;
 
 /* Scratch of one pass: tokens, targets, positions, segment starts and weights. */
 typedef struct step_ctx {
+    twk_packer *pk; /* non-NULL: passes go through the packer (twk_loss_steps) as job `job` */
+    int job;
     twk_trainer *t;
     const twk_loss_batch *b;
     int64_t cap, total;
@@ -47,7 +49,8 @@ static twk_status passes(step_ctx *c, pass_mode mode, const int32_t *targets, co
             }
         twk_batch pb = {n, b->tokens + a, c->tgt, c->pos, c->seg, c->w};
         float loss = 0;
-        twk_status st = mode == PASS_BACKWARD ? twk_trainer_forward_backward(c->t, &pb, lp + a, &loss)
+        twk_status st = c->pk                 ? twk_packer_pass(c->pk, c->job, c->t, mode, &pb, lp + a, &loss)
+                        : mode == PASS_BACKWARD ? twk_trainer_forward_backward(c->t, &pb, lp + a, &loss)
                         : mode == PASS_BASE   ? twk_trainer_forward_base(c->t, &pb, lp + a, &loss)
                                               : twk_trainer_forward(c->t, &pb, lp + a, &loss);
         if (st != TWK_OK) return st;
@@ -236,11 +239,16 @@ static twk_status step_distill(step_ctx *c, const twk_loss_spec *s, int backward
 
 twk_status twk_loss_step(twk_trainer *t, const twk_loss_spec *spec, const twk_loss_batch *b, int backward,
                          float *logprobs, twk_loss_result *res) {
+    return twk_loss_step_in(NULL, 0, t, spec, b, backward, logprobs, res);
+}
+
+twk_status twk_loss_step_in(twk_packer *pk, int job, twk_trainer *t, const twk_loss_spec *spec, const twk_loss_batch *b,
+                            int backward, float *logprobs, twk_loss_result *res) {
     if (!t || !spec || !spec->def || !b || !res || b->n_seqs < 1 || !b->offsets || !b->tokens || !b->targets)
         return twk_error(TWK_ERR_INVALID_ARG, "loss step: NULL argument or no sequences");
     const twk_loss_def *d = spec->def;
     memset(res, 0, sizeof *res);
-    step_ctx c = {t, b, twk_trainer_capacity(t), b->offsets[b->n_seqs], NULL, NULL, NULL, NULL};
+    step_ctx c = {pk, job, t, b, twk_trainer_capacity(t), b->offsets[b->n_seqs], NULL, NULL, NULL, NULL};
     int64_t cap = c.cap > 0 ? c.cap : 1, nk = c.total * (b->k > 0 ? b->k : 1);
     c.tgt = twk_host_alloc((size_t)cap * 3 * sizeof(int32_t), "batch");
     c.w = twk_host_alloc((size_t)cap * sizeof(float), "batch weights");

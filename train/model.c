@@ -205,6 +205,17 @@ static twk_id adapter_node(twk_trainer *t, const char *name) {
     return -1;
 }
 
+/* The low-rank term of adapter slots: B[slot] A[slot] x per token; a packed
+ * trainer (not sampling) then scales each token by its run's alpha / rank
+ * (a sampler's slots hold B already scaled). */
+static twk_id slot_lora(twk_trainer *t, twk_id x, twk_id A, twk_id B, twk_id slot) {
+    twk_graph *g = t->g;
+    twk_id low = twk_lora_gather(g, twk_lora_gather(g, x, A, slot), B, slot);
+    if (t->sampling) return low;
+    int64_t col[2] = {TWK_T, 1};
+    return twk_mul(g, low, twk_reshape(g, t->slot_scale, 2, col));
+}
+
 /* y = x W^T (+ b) (+ scale * (x A^T) B^T when the module has an adapter). */
 static twk_id linear(twk_trainer *t, twk_id x, const char *module, int has_bias) {
     twk_graph *g = t->g;
@@ -220,9 +231,8 @@ static twk_id linear(twk_trainer *t, twk_id x, const char *module, int has_bias)
     snprintf(bn, sizeof bn, "base_model.model.%s.lora_B.weight", module);
     twk_id A = adapter_node(t, an), B = adapter_node(t, bn);
     if (A >= 0 && B >= 0 && t->n_slots) { /* each token through its own slot's adapter */
-        twk_id sl = !strcmp(module, "lm_head") ? t->slot_sel : t->slot_in; /* lm_head sees the selected rows */
-        twk_id low = twk_lora_gather(g, twk_lora_gather(g, x, A, sl), B, sl);
-        y = twk_add(g, y, low);
+        twk_id sl = t->sampling && !strcmp(module, "lm_head") ? t->slot_sel : t->slot_in; /* lm_head sees the selected rows */
+        y = twk_add(g, y, slot_lora(t, x, A, B, sl));
     } else if (A >= 0 && B >= 0) {
         twk_id low = twk_matmul(g, twk_matmul(g, x, A, false, true), B, false, true);
         y = twk_add(g, y, twk_scale(g, low, t->scale));
@@ -259,7 +269,7 @@ static twk_status make_adapter(twk_trainer *t) {
             } else {
                 break;
             }
-            if (!t->n_slots && !lora_targets(&t->lc, module)) continue;
+            if (!(t->n_slots && t->sampling) && !lora_targets(&t->lc, module)) continue; /* a sampler's slots: every module */
             char wn[200];
             snprintf(wn, sizeof wn, "%s.weight", module);
             named_buf *base = find_w(t->m->w, t->m->n_w, !strcmp(module, "lm_head") && c->tie_embeddings
@@ -308,6 +318,10 @@ static twk_status build(twk_trainer *t) {
     t->positions = twk_input(g, "positions", TWK_I32, 1, T1);
     t->seg = twk_input(g, "seg_start", TWK_I32, 1, T1);
     t->weights = twk_input(g, "weights", TWK_F32, 1, T1);
+    if (t->n_slots && !t->sampling) { /* a packed trainer: each token's slot and its run's LoRA scale */
+        t->slot_in = twk_input(g, "lora_slot", TWK_I32, 1, T1);
+        t->slot_scale = twk_input(g, "lora_scale", TWK_F32, 1, T1);
+    }
     int n_all = t->m->n_w + t->n_adapter, n_kv = t->sampling ? 2 * c->layers : 0;
     if (!t->param_ids) t->param_ids = twk_host_calloc((size_t)(n_all + n_kv) * sizeof *t->param_ids, "trainer params");
     if (!t->param_ids) return TWK_ERR_OOM;
@@ -374,7 +388,7 @@ static twk_status build(twk_trainer *t) {
         twk_id A = adapter_node(t, "base_model.model.lm_head.lora_A.weight");
         twk_id B = adapter_node(t, "base_model.model.lm_head.lora_B.weight");
         if (A >= 0 && B >= 0 && t->n_slots)
-            logits = twk_add(g, logits, twk_lora_gather(g, twk_lora_gather(g, h, A, t->slot_sel), B, t->slot_sel));
+            logits = twk_add(g, logits, slot_lora(t, h, A, B, t->sampling ? t->slot_sel : t->slot_in));
         else if (A >= 0 && B >= 0)
             logits = twk_add(g, logits, twk_scale(g, twk_matmul(g, twk_matmul(g, h, A, false, true), B, false, true), t->scale));
     } else {
@@ -466,6 +480,16 @@ twk_status twk_trainer_create_slots(twk_model *m, int n_slots, int slot_rank, in
     lc.train_attn = lc.train_mlp = lc.train_unembed = 1;
     int64_t cap = max_len > max_seqs ? max_len : max_seqs;
     return trainer_create(m, &lc, cap, 1, max_seqs, max_len, n_slots, slot_rank, out);
+}
+
+twk_status twk_trainer_create_packed(twk_model *m, const twk_lora_config *modules, int n_slots, int slot_rank,
+                                     int64_t capacity, twk_trainer **out) {
+    if (!modules || n_slots < 1 || n_slots > 4096 || slot_rank < 1 || slot_rank > 4096)
+        return twk_error(TWK_ERR_INVALID_ARG, "packed trainer: %d adapter slots of rank %d are out of range", n_slots, slot_rank);
+    twk_lora_config lc = *modules;
+    lc.rank = slot_rank;
+    lc.alpha = (float)slot_rank; /* unused: each token carries its run's scale */
+    return trainer_create(m, &lc, capacity, 0, 0, 0, n_slots, slot_rank, out);
 }
 
 static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int64_t capacity, int sampling,
@@ -570,7 +594,7 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
     return TWK_OK;
 }
 
-static twk_status bind_batch(twk_trainer *t, twk_plan *p, const twk_batch *b) {
+twk_status twk_trainer_bind_batch(twk_trainer *t, twk_plan *p, const twk_batch *b) {
     if (!b || b->n < 1 || b->n > t->capacity)
         return twk_error(TWK_ERR_INVALID_ARG, "batch: %lld tokens outside 1..%lld", b ? (long long)b->n : 0LL,
                          (long long)t->capacity);
@@ -592,7 +616,7 @@ static twk_status bind_batch(twk_trainer *t, twk_plan *p, const twk_batch *b) {
 }
 
 static twk_status run(twk_trainer *t, twk_plan *p, const twk_batch *b, float *logprobs, float *loss) {
-    twk_status st = bind_batch(t, p, b);
+    twk_status st = twk_trainer_bind_batch(t, p, b);
     if (st == TWK_OK) st = twk_plan_run(p, b->n);
     if (st == TWK_OK && logprobs) st = twk_plan_read(p, t->logprobs, b->n, logprobs, (size_t)b->n * sizeof *logprobs);
     if (st == TWK_OK && loss) st = twk_plan_read(p, t->loss, b->n, loss, sizeof *loss);

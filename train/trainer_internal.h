@@ -76,6 +76,7 @@ struct twk_trainer {
      * (B already scaled by alpha / rank); each token names its slot */
     int n_slots, slot_rank;
     twk_id slot_in, slot_sel; /* per token; per selected row (the unembedding's inputs) */
+    twk_id slot_scale;        /* a packed trainer (lora_pack.c): each token's LoRA scale (alpha / rank of its run; 0: base) */
 };
 
 /* Creates a trainer (sampling = 0) or, with sampling = 1, the decoding
@@ -105,5 +106,13 @@ twk_status twk_trainer_moments_get(twk_trainer *t, int i, float *m, float *v);
 twk_status twk_trainer_moments_set(twk_trainer *t, int i, const float *m, const float *v);
 /* Zeroes every moment (the optimizer restarts). */
 twk_status twk_trainer_moments_zero(twk_trainer *t);
+/* A packed trainer (lora_pack.c): adapter slots A [n_slots, slot_rank, in],
+ * B [n_slots, out, slot_rank] on the modules `modules` selects, trainable, with
+ * per-token inputs lora_slot and lora_scale; forward and forward+backward plans. */
+twk_status twk_trainer_create_packed(twk_model *m, const twk_lora_config *modules, int n_slots, int slot_rank,
+                                     int64_t capacity, twk_trainer **out);
+/* Checks a batch (token count within the capacity, finite weights, positions
+ * >= 0) and writes it into plan p's inputs; TWK_ERR_INVALID_ARG names the field. */
+twk_status twk_trainer_bind_batch(twk_trainer *t, twk_plan *p, const twk_batch *b);
 
 #endif

@@ -77,6 +77,9 @@ typedef struct {
     const cpu_call *c;
 } gather_job;
 
+/* Each y[t, n] is one sum over k in order (no split accumulators): a slot
+ * padded with zeros past a smaller rank gives bit-identical results. Eight
+ * rows n run side by side so the loop still vectorizes (across n). */
 static void gather_rows(void *arg, int64_t t0, int64_t t1) {
     const cpu_call *c = ((gather_job *)arg)->c;
     const float *x = c->src[0].data, *w = c->src[1].data;
@@ -84,10 +87,17 @@ static void gather_rows(void *arg, int64_t t0, int64_t t1) {
     int64_t K = c->src[0].ne[1], N = c->src[1].ne[1];
     for (int64_t t = t0; t < t1; t++) {
         const float *ws = w + cpu_id_at(&c->src[2], t) * N * K, *xt = x + t * K;
-        for (int64_t n = 0; n < N; n++) {
+        int64_t n = 0;
+        for (; n + 8 <= N; n += 8) {
+            float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            const float *wr = ws + n * K;
+            for (int64_t k = 0; k < K; k++)
+                for (int i = 0; i < 8; i++) s[i] += wr[i * K + k] * xt[k];
+            for (int i = 0; i < 8; i++) y[t * N + n + i] = s[i];
+        }
+        for (; n < N; n++) {
             const float *wr = ws + n * K;
             float s = 0;
-#pragma omp simd reduction(+ : s)
             for (int64_t k = 0; k < K; k++) s += wr[k] * xt[k];
             y[t * N + n] = s;
         }
@@ -100,5 +110,47 @@ twk_status cpu_lora_gather(const cpu_call *c) {
     gather_job j = {c};
     int64_t per = c->src[1].ne[1] * c->src[0].ne[1] + 1;
     cpu_parallel_for(c->ctx->pool, T, CPU_GRAIN_ELEMS / per + 1, gather_rows, &j);
+    return TWK_OK;
+}
+
+typedef struct {
+    const cpu_call *c;
+    int64_t *order, *start; /* the tokens of each slot in token order: order[start[s] .. start[s + 1]) */
+} gather_back_job;
+
+/* dw[s, n, :] for the (s, n) pairs in [i0, i1): each element one sum over the slot's tokens in order. */
+static void gather_back_rows(void *arg, int64_t i0, int64_t i1) {
+    const gather_back_job *j = arg;
+    const cpu_call *c = j->c;
+    const float *x = c->src[0].data, *dy = c->src[1].data;
+    float *dw = c->dst.data;
+    int64_t K = c->src[0].ne[1], N = c->src[1].ne[1];
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t s = i / N, n = i % N;
+        float *out = dw + i * K;
+        memset(out, 0, (size_t)K * sizeof *out);
+        for (int64_t p = j->start[s]; p < j->start[s + 1]; p++) {
+            int64_t t = j->order[p];
+            float g = dy[t * N + n];
+            const float *xt = x + t * K;
+            for (int64_t k = 0; k < K; k++) out[k] += g * xt[k];
+        }
+    }
+}
+
+/* dw[s] = sum over the tokens of slot s of dy[t] x[t]^T: lora_gather's weight gradient. */
+twk_status cpu_lora_gather_back(const cpu_call *c) {
+    int64_t T = c->src[0].ne[0], S = c->dst.ne[0], N = c->src[1].ne[1], K = c->src[0].ne[1];
+    int64_t *buf = cpu_scratch(c->ctx, (size_t)(T + 2 * S + 2) * sizeof *buf);
+    if (!buf) return TWK_ERR_OOM;
+    gather_back_job j = {c, buf, buf + T};
+    int64_t *fill = buf + T + S + 1;
+    memset(j.start, 0, (size_t)(S + 1) * sizeof *j.start);
+    for (int64_t t = 0; t < T; t++) j.start[cpu_id_at(&c->src[2], t) + 1]++; /* ids checked before the launch */
+    for (int64_t s = 0; s < S; s++) j.start[s + 1] += j.start[s];
+    memcpy(fill, j.start, (size_t)(S + 1) * sizeof *fill);
+    for (int64_t t = 0; t < T; t++) j.order[fill[cpu_id_at(&c->src[2], t)]++] = t;
+    int64_t per = (T / S + 1) * K + 1;
+    cpu_parallel_for(c->ctx->pool, S * N, CPU_GRAIN_ELEMS / per + 1, gather_back_rows, &j);
     return TWK_OK;
 }

@@ -56,6 +56,7 @@ static const kd_entry table[TWK_OP_COUNT] = {
     [TWK_OP_SQSUM_PARTS] = {kd_lower_sqsum_parts, "sqsum_parts_f32"},
     [TWK_OP_GRAD_NORM] = {kd_lower_grad_norm, "grad_norm_f32"},
     [TWK_OP_ADAMW] = {kd_lower_adamw, "adamw_f32"},
+    [TWK_OP_LORA_GATHER_BACK] = {kd_lower_lora_gather_back, "lora_gather_back_f32"},
 };
 _Static_assert(sizeof table / sizeof table[0] == TWK_OP_COUNT, "one entry per op");
 

@@ -64,6 +64,7 @@ int kd_lower_logprobs(const twk_launch *l, int64_t n, kd_call *calls, const char
 int kd_lower_logprobs_back(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 int kd_lower_kv_write(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 int kd_lower_lora_gather(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_lora_gather_back(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 int kd_lower_attn_fwd(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 int kd_lower_attn_back(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 

@@ -150,6 +150,23 @@ int kd_lower_lora_gather(const twk_launch *l, int64_t n, kd_call *calls, const c
     return 1;
 }
 
+int kd_lower_lora_gather_back(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
+    int64_t T = kd_dim(&l->src[0], 0, n), K = kd_dim(&l->src[0], 1, n), N = kd_dim(&l->src[1], 1, n);
+    int64_t S = kd_dim(&l->dst, 0, n);
+    kd_call *c = &calls[0];
+    kd_begin(c, kernel);
+    kd_buf(c, l, -1, 4);
+    for (int i = 0; i < 3; i++) kd_buf(c, l, i, 4);
+    kd_err(c);
+    kd_i64(c, T);
+    kd_i64(c, N);
+    kd_i64(c, K);
+    kd_i64(c, S);
+    kd_i32(c, is64(l, 2));
+    kd_grid_items(c, S * N * K, KD_LOCAL_1D);
+    return 1;
+}
+
 /* attn, attn_lse and attn_cache: one kernel, one 64-item group per (query, head) */
 int kd_lower_attn_fwd(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
     const twk_tensor_desc *q = &l->src[0], *k = &l->src[1];

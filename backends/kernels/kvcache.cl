@@ -36,3 +36,23 @@ TWK_KERNEL lora_gather_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const flo
     for (long k = 0; k < K; k++) s += wr[k] * xt[k];
     y[y_off + i] = s;
 }
+
+/* dw[s, n, k] = sum over the tokens t of slot s, in order, of dy[t, n] x[t, k]
+ * for x [T, K], dy [T, N]; one item per (s, n, k) */
+TWK_KERNEL lora_gather_back_f32(TWK_GLOBAL float *dw, long dw_off, TWK_GLOBAL const float *x, long x_off,
+                                TWK_GLOBAL const float *dy, long dy_off, TWK_GLOBAL const int *slot, long slot_off,
+                                TWK_GLOBAL int *err, long err_off, long T, long N, long K, long S, int is64) {
+    long i = TWK_GID(0);
+    if (i >= S * N * K) return;
+    long s = i / (N * K), n = (i / K) % N, k = i % K;
+    float acc = 0.0f;
+    for (long t = 0; t < T; t++) {
+        long sl = kd_id(slot + slot_off, t, is64);
+        if (sl < 0 || sl >= S) {
+            err[err_off] = KD_ERR_ID_RANGE;
+            continue;
+        }
+        if (sl == s) acc += dy[dy_off + t * N + n] * x[x_off + t * K + k];
+    }
+    dw[dw_off + i] = acc;
+}

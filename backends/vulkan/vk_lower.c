@@ -332,10 +332,13 @@ static int lower_kv_write(vk_low *w) {
     return 0;
 }
 
+/* lora_gather (MODE 3) and its weight gradient (MODE 4, one item per output element) */
 static int lower_lora_gather(vk_low *w) {
     const twk_tensor_desc *s = w->s;
     int64_t n = w->n;
-    int64_t T = dim(&s[0], 0, n), K = dim(&s[0], 1, n), S = dim(&s[1], 0, n), N = dim(&s[1], 1, n);
+    int back = w->l->op == TWK_OP_LORA_GATHER_BACK;
+    int64_t T = dim(&s[0], 0, n), K = dim(&s[0], 1, n);
+    int64_t S = back ? dim(w->y, 0, n) : dim(&s[1], 0, n), N = dim(&s[1], 1, n);
     vk_dispatch *x = next(w, VKS_ROWS, 64, w->mode);
     x->bind[0] = VKB_DST;
     x->bind[1] = 0;
@@ -346,7 +349,7 @@ static int lower_lora_gather(vk_low *w) {
     x->p[2] = (int32_t)S;
     x->p[3] = (int32_t)K;
     x->p[7] = s[2].type == TWK_I64;
-    x->groups[0] = groups_for(w->c, T * N, 64);
+    x->groups[0] = groups_for(w->c, back ? S * N * K : T * N, 64);
     return 0;
 }
 
@@ -552,6 +555,7 @@ static const vk_entry table[TWK_OP_COUNT] = {
     [TWK_OP_SQSUM_PARTS] = {lower_optim, 1},
     [TWK_OP_GRAD_NORM] = {lower_optim, 2},
     [TWK_OP_ADAMW] = {lower_optim, 3},
+    [TWK_OP_LORA_GATHER_BACK] = {lower_lora_gather, 4},
 };
 _Static_assert(sizeof table / sizeof table[0] == TWK_OP_COUNT, "one entry per op");
 

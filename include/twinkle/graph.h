@@ -105,8 +105,12 @@ twk_id twk_kv_write(twk_graph *g, twk_id cache, twk_id x, twk_id rows);
  * [R, Hkv, D] (grouped-query heads; Hq % Hkv == 0). Not differentiable. */
 twk_id twk_attention_cached(twk_graph *g, twk_id q, twk_id kc, twk_id vc, twk_id lo, twk_id hi, float scale);
 /* Per-row matrix from a stack: y[t] = w[slot[t]] @ x[t] for x [T, K] and
- * w [S, N, K] -> [T, N] (LoRA of several adapters in one batch). Not differentiable. */
+ * w [S, N, K] -> [T, N] (LoRA of several adapters in one batch). Each sum runs over k
+ * in order, so zero-padded slots (a smaller rank) change nothing. Differentiable in x and w. */
 twk_id twk_lora_gather(twk_graph *g, twk_id x, twk_id w, twk_id slot);
+/* The gradient of lora_gather's w: [n_slots, N, K], slot s the sum over the
+ * tokens t with slot[t] == s (in token order) of dy[t] x[t]^T (x [T, K], dy [T, N]). */
+twk_id twk_lora_gather_back(twk_graph *g, twk_id x, twk_id dy, twk_id slot, int64_t n_slots);
 /* log_softmax(logits)[t, targets[t]]: logits [T, V], targets i32/i64 [T] -> [T]. */
 twk_id twk_logprobs(twk_graph *g, twk_id logits, twk_id targets);
 

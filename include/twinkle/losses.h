@@ -151,6 +151,30 @@ typedef struct twk_loss_result {
 twk_status twk_loss_step(twk_trainer *t, const twk_loss_spec *spec, const twk_loss_batch *b, int backward,
                          float *logprobs, twk_loss_result *res);
 
+/* The steps of several LoRA trainers of one model at once (twk_loss_step's
+ * arguments per job, and its results). */
+typedef struct twk_pack twk_pack;
+typedef struct twk_loss_job {
+    twk_trainer *t;
+    const twk_loss_spec *spec;
+    const twk_loss_batch *b;
+    int backward;
+    float *logprobs;     /* N x max(k, 1) floats, or NULL */
+    twk_loss_result res; /* out */
+    twk_status st;       /* out: the job's own status */
+    char err[512];       /* out: its error text when st != TWK_OK */
+} twk_loss_job;
+/* Runs each job's step exactly as twk_loss_step does, but with the passes of
+ * all jobs packed into shared passes of `pack` (twk_pack_pass: one base GEMM
+ * over every job's tokens, each trainer through its own adapter): forward
+ * passes with forward passes, backward with backward, as many jobs per pass
+ * as the pack holds. Trainers must be distinct LoRA trainers of the pack's
+ * model. A job's results do not depend on the other jobs (bit-identical on the
+ * CPU to the job alone through the pack). Returns TWK_OK when the jobs ran
+ * (each job's st says whether it succeeded); TWK_ERR_INVALID_ARG / TWK_ERR_OOM
+ * when none could. */
+twk_status twk_loss_steps(twk_pack *pack, twk_loss_job *jobs, int n);
+
 /* ---- the formulas: loss and dL/dp on the host, from per-token logprobs ---- */
 
 typedef enum twk_loss_kind {

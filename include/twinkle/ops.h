@@ -82,7 +82,9 @@ TWK_API_BEGIN
     /* decoding with a KV cache (no gradients) */                                                               \
     X(KV_WRITE,       "kv_write",       3, INPLACE, TWK_SRC(2),           TWK_SRC(2),           0,           NONE, EXACT, TWK_IDS(RANGE, "rows", "the cache ", -1, 0)) /* (cache [R,H,D], x [T,H,D], rows [T]) */ \
     X(ATTN_CACHE,     "attn_cache",     5, COMPUTE, TWK_SRC(3) | TWK_SRC(4), TWK_SRC(3) | TWK_SRC(4), 0,     NONE, ACCUM, TWK_IDS(ROWS, "rows", "", 1, 0)) /* (q [T,Hq,D], kc, vc [R,Hkv,D], lo [T], hi [T]) */ \
-    X(LORA_GATHER,    "lora_gather",    3, COMPUTE, TWK_SRC(2),           TWK_SRC(2),           0,           NONE, ACCUM, TWK_IDS(RANGE, "slot", "", 1, 0)) /* (x [T,K], w [S,N,K], slot [T]) -> [T,N]: w[slot[t]] x[t] */ \
+    /* multi-adapter LoRA (the sampler's adapter slots; packed training of several runs) */                    \
+    X(LORA_GATHER,    "lora_gather",    3, COMPUTE, TWK_SRC(2),           TWK_SRC(2),           TWK_SRC(0) | TWK_SRC(1), NONE, ACCUM, TWK_IDS(RANGE, "slot", "", 1, 0)) /* (x [T,K], w [S,N,K], slot [T]) -> [T,N]: w[slot[t]] x[t], sums over k in order */ \
+    X(LORA_GATHER_BACK, "lora_gather_back", 3, COMPUTE, TWK_SRC(2),       TWK_SRC(2),           0,           NONE, ACCUM, TWK_IDS(RANGE, "slot", "", -1, 0)) /* (x [T,K], dy [T,N], slot [T]) -> [S,N,K]: per slot, sum of dy[t] x[t]^T over its tokens in token order */ \
     /* the optimizer step on the device (no gradients; hyper = twk_optim_hyper's 8 floats) */                  \
     X(GRAD_ACC,       "grad_acc",       2, INPLACE, 0,                    0,                    0,           NONE, EXACT, TWK_NO_IDS) /* (acc, g): acc += g */ \
     X(SQSUM_PARTS,    "sqsum_parts",    1, COMPUTE, 0,                    0,                    0,           NONE, ACCUM, TWK_NO_IDS) /* x [N] -> [P,2]: sum x^2 of slice p as (hi, lo) */ \

@@ -68,6 +68,45 @@ float *twk_trainer_grad_data(twk_trainer *t, int i, int64_t *nelem);
 const twk_lora_config *twk_trainer_lora(const twk_trainer *t);
 const twk_model *twk_trainer_model(const twk_trainer *t);
 
+/* ---- packed multi-LoRA passes: several LoRA trainers on one model in one pass ---- */
+
+/* A pack runs the forward (or forward and backward) of several LoRA trainers
+ * of one model as one pass: one base GEMM over all their tokens, each
+ * trainer's segment through its own adapter (ranks and adapted modules may
+ * differ), each trainer's gradients added into its own accumulators. On the
+ * CPU every trainer's logprobs, loss and gradients are bit-identical to a
+ * pass of that trainer alone through the pack, whatever shares the pass. */
+typedef struct twk_pack twk_pack;
+/* How many passes ran, how many segments (runs) they held in all, how many
+ * held more than one, and the most in one pass. */
+typedef struct twk_pack_stats {
+    int64_t passes, segments, shared_passes;
+    int max_segments;
+} twk_pack_stats;
+/* One trainer's part of a pass: its batch, base = 1 for the adapter turned
+ * off (forward only), lp (b.n floats; may be NULL) and loss (-sum w lp,
+ * summed in token order) filled by the pass. */
+typedef struct twk_pack_seg {
+    twk_trainer *t;
+    twk_batch b;
+    int base;
+    float *lp;
+    float loss;
+    int64_t row; /* set by the pass: where the segment starts in it */
+} twk_pack_seg;
+/* A pack for passes of up to `capacity` tokens and `max_slots` trainers;
+ * its packed trainer is built at the first pass. TWK_ERR_INVALID_ARG / TWK_ERR_OOM. */
+twk_status twk_pack_new(twk_model *m, int64_t capacity, int max_slots, twk_pack **out);
+void twk_pack_free(twk_pack *p);
+int64_t twk_pack_capacity(const twk_pack *p);
+int twk_pack_max_slots(const twk_pack *p);
+void twk_pack_get_stats(const twk_pack *p, twk_pack_stats *out);
+/* One pass over n segments of distinct LoRA trainers of the pack's model
+ * (at most max_slots, their tokens within the capacity); backward adds each
+ * trainer's gradients. Errors (TWK_ERR_INVALID_ARG names the field) leave
+ * every trainer's gradients as they were unless the pass itself failed mid-way. */
+twk_status twk_pack_pass(twk_pack *p, int backward, twk_pack_seg *segs, int n);
+
 /* Writes the LoRA adapter in PEFT's layout into folder `dir` (created if
  * missing): adapter_config.json + adapter_model.safetensors, atomically, so
  * peft.PeftModel.from_pretrained loads it. `base_model` names the base for

@@ -8,6 +8,8 @@
 //                       (binding 0 = the cache, binding 1 = x).
 // MODE 3 lora_gather:   y[t, n] = sum_k w[slot[t], n, k] x[t, k]; p: 0 T, 1 N,
 //                       2 S, 3 K (binding 1 = x, 3 = w).
+// MODE 4 lora_gather_back: y[s, n, k] = sum over t with slot[t] = s, in token
+//                       order, of dy[t, n] x[t, k]; p as MODE 3 (binding 3 = dy).
 #include "common.glsl"
 layout(std430, binding = 0) buffer Y { float y[]; };
 layout(std430, binding = 1) buffer X { float x[]; };
@@ -23,6 +25,17 @@ void main() {
                 int id = ID_AT(ids, pc.off[2], t, w64);
                 if (id >= 0 && id < lim) y[pc.off[0] + uint(id) * D + d] += x[pc.off[1] + t * D + d];
             }
+        }
+        return;
+    }
+    if (MODE == 4) {
+        uint K = uint(pc.p[3]), S = uint(lim), total = S * D * K;
+        for (uint i = gl_GlobalInvocationID.x; i < total; i += GSTRIDE) {
+            uint s = i / (D * K), nn = (i / K) % D, k = i % K;
+            float acc = 0.0;
+            for (uint t = 0u; t < T; t++)
+                if (ID_AT(ids, pc.off[2], t, w64) == int(s)) acc = fma(w[pc.off[3] + t * D + nn], x[pc.off[1] + t * K + k], acc);
+            y[pc.off[0] + i] = acc;
         }
         return;
     }
