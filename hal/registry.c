@@ -1,6 +1,7 @@
 /* The backend registry and opened devices. Backends are found by name here,
  * never through their headers. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@ struct twk_device {
     void *ctx;
     int index;
     char spec[48];
+    _Atomic uint64_t mem_live, mem_peak; /* bytes of buffers allocated through twk_buffer_alloc */
 };
 
 static const twk_backend_iface *backends[TWK_MAX_BACKENDS];
@@ -206,11 +208,24 @@ size_t twk_buffer_size(const twk_buffer *buf) { return buf ? buf->size : 0; }
 twk_status twk_buffer_alloc(twk_device *dev, size_t bytes, twk_buffer **out) {
     if (!dev || !out) return twk_error(TWK_ERR_INVALID_ARG, "buffer_alloc: NULL argument");
     *out = NULL;
-    return dev->iface->buffer_alloc(dev->ctx, bytes, out);
+    twk_status st = dev->iface->buffer_alloc(dev->ctx, bytes, out);
+    if (st != TWK_OK) return st;
+    uint64_t live = atomic_fetch_add(&dev->mem_live, (uint64_t)bytes) + bytes, peak = atomic_load(&dev->mem_peak);
+    while (live > peak && !atomic_compare_exchange_weak(&dev->mem_peak, &peak, live)) {
+    }
+    return TWK_OK;
 }
 
 void twk_buffer_free(twk_device *dev, twk_buffer *buf) {
-    if (dev && buf) dev->iface->buffer_free(dev->ctx, buf);
+    if (!dev || !buf) return;
+    atomic_fetch_sub(&dev->mem_live, (uint64_t)twk_buffer_size(buf));
+    dev->iface->buffer_free(dev->ctx, buf);
+}
+
+void twk_device_memory(twk_device *dev, uint64_t *live, uint64_t *peak, bool reset_peak) {
+    if (live) *live = dev ? atomic_load(&dev->mem_live) : 0;
+    if (peak) *peak = dev ? atomic_load(&dev->mem_peak) : 0;
+    if (dev && reset_peak) atomic_store(&dev->mem_peak, atomic_load(&dev->mem_live));
 }
 
 static twk_status check_range(const char *what, const twk_buffer *b, size_t off, size_t bytes) {

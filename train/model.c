@@ -94,6 +94,22 @@ static int expected_tensors(const twk_model_config *c, named_buf *out) {
     return n;
 }
 
+twk_model *twk_model_shapes(const twk_model_config *cfg, twk_dtype dtype) {
+    twk_model *m = twk_host_calloc(sizeof *m, "model shapes");
+    if (!m) return NULL;
+    m->cfg = *cfg;
+    int n = expected_tensors(cfg, NULL);
+    m->w = twk_host_calloc((size_t)n * sizeof *m->w, "model shapes");
+    if (!m->w) {
+        twk_host_free(m);
+        return NULL;
+    }
+    expected_tensors(cfg, m->w);
+    for (int i = 0; i < n; i++) m->w[i].dtype = dtype;
+    m->n_w = n;
+    return m;
+}
+
 twk_status twk_model_random(const twk_model_config *cfg, twk_device *dev, uint64_t seed, twk_model **out) {
     if (!out || !cfg || !dev) return twk_error(TWK_ERR_INVALID_ARG, "model_random: NULL argument");
     *out = NULL;
@@ -269,6 +285,13 @@ static twk_status make_adapter(twk_trainer *t) {
             for (int ab = 0; ab < 2; ab++) {
                 named_buf *nb = &t->adapter[t->n_adapter++];
                 snprintf(nb->name, sizeof nb->name, "base_model.model.%s.lora_%c.weight", module, ab ? 'B' : 'A');
+                if (t->dry) { /* shapes only */
+                    nb->ndim = 2;
+                    nb->ne[0] = ab ? out : t->lc.rank;
+                    nb->ne[1] = ab ? t->lc.rank : in;
+                    nb->nelem = nb->ne[0] * nb->ne[1];
+                    continue;
+                }
                 if (t->n_slots) { /* stacked per slot, zeros */
                     nb->ndim = 3;
                     nb->ne[0] = t->n_slots;
@@ -338,6 +361,7 @@ static twk_status build(twk_trainer *t) {
     int64_t flat[2] = {TWK_T, (int64_t)c->heads * c->head_dim};
     char nm[160], mod[160];
     for (int l = 0; l < c->layers; l++) {
+        if (t->recompute) twk_graph_checkpoint(g, x); /* each layer's input */
 #define W(s) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, s), weight_node(t, nm))
 #define M(s) (snprintf(mod, sizeof mod, "model.layers.%d.%s", l, s), mod)
         twk_id h = twk_rmsnorm(g, x, W("input_layernorm.weight"), eps);
@@ -366,6 +390,7 @@ static twk_status build(twk_trainer *t) {
 #undef W
 #undef M
     }
+    if (t->recompute) twk_graph_checkpoint(g, x); /* the head after it is kept */
     twk_id h = twk_rmsnorm(g, x, weight_node(t, "model.norm.weight"), eps);
     if (t->sampling) h = twk_get_rows(g, h, t->sel); /* only the rows that sample next */
     twk_id logits;
@@ -399,6 +424,7 @@ void twk_trainer_free(twk_trainer *t) {
     twk_plan_free(t->fwd);
     twk_plan_free(t->fwdbwd);
     twk_plan_free(t->decode);
+    twk_buffer_free(t->m->dev, t->arena);
     twk_graph_free(t->g);
     twk_graph_free(t->g_decode);
     for (int i = 0; i < t->n_adapter; i++) twk_buffer_free(t->m->dev, t->adapter[i].buf);
@@ -416,25 +442,80 @@ void twk_trainer_free(twk_trainer *t) {
     twk_host_free(t);
 }
 
-static twk_status compile(twk_trainer *t, twk_plan **out, int with_grads) {
+/* The plan of t->g's outputs: compiled into *out (in `arena` when it holds the peak), or,
+ * with out NULL, estimated into *est; the same bindings either way. */
+static twk_status plan_of(twk_trainer *t, twk_plan **out, twk_plan_stats *est, twk_buffer *arena) {
     int n_all = t->m->n_w + t->n_adapter;
     twk_binding *b = twk_host_alloc((size_t)(n_all + 1 + 2 * t->m->cfg.layers) * sizeof *b, "trainer bindings");
-    if (!b) return TWK_ERR_OOM;
-    for (int i = 0; i < n_all; i++) {
+    twk_id *ids = twk_host_alloc((size_t)(n_all + 1 + 2 * t->m->cfg.layers) * sizeof *ids, "trainer bindings");
+    twk_status st = b && ids ? TWK_OK : TWK_ERR_OOM;
+    for (int i = 0; st == TWK_OK && i < n_all; i++) {
         named_buf *nb = i < t->m->n_w ? &t->m->w[i] : &t->adapter[i - t->m->n_w];
         b[i] = (twk_binding){t->param_ids[i], nb->buf, 0};
     }
-    b[n_all] = (twk_binding){t->inv_freq_id, t->inv_freq.buf, 0};
     int nb = n_all + 1;
-    for (int i = 0; t->sampling && i < 2 * t->m->cfg.layers; i++) b[nb++] = (twk_binding){t->param_ids[n_all + i], t->kv[i].buf, 0};
-    (void)with_grads;
-    twk_status st = twk_plan_compile(t->g, t->m->dev, t->capacity, b, nb, out);
+    if (st == TWK_OK) b[n_all] = (twk_binding){t->inv_freq_id, t->inv_freq.buf, 0};
+    for (int i = 0; st == TWK_OK && t->sampling && i < 2 * t->m->cfg.layers; i++)
+        b[nb++] = (twk_binding){t->param_ids[n_all + i], t->kv[i].buf, 0};
+    for (int i = 0; st == TWK_OK && i < nb; i++) ids[i] = b[i].id;
+    if (st == TWK_OK)
+        st = out ? twk_plan_compile_in(t->g, t->m->dev, t->capacity, b, nb, arena, out)
+                 : twk_plan_estimate(t->g, t->capacity, ids, nb, est);
     twk_host_free(b);
+    twk_host_free(ids);
     return st;
 }
 
+static twk_status compile(twk_trainer *t, twk_plan **out, int with_grads) {
+    (void)with_grads;
+    return plan_of(t, out, NULL, NULL);
+}
+
+/* A trainer's two plans in one arena (they never run at the same time): the caller's
+ * `shared` buffer when it holds both peaks, else the trainer's own of the larger one. The
+ * forward plan is compiled from the graph built again without backward (the same ids). */
+static twk_status compile_train(twk_trainer *t, twk_buffer *shared) {
+    size_t need = t->est_fwd.arena_bytes > t->est_fwdbwd.arena_bytes ? t->est_fwd.arena_bytes : t->est_fwdbwd.arena_bytes;
+    twk_buffer *arena = shared;
+    twk_status st = TWK_OK;
+    if (need && (!arena || twk_buffer_size(arena) < need)) {
+        st = twk_buffer_alloc(t->m->dev, need, &t->arena);
+        arena = t->arena;
+    }
+    if (st == TWK_OK) st = plan_of(t, &t->fwdbwd, NULL, arena);
+    if (st != TWK_OK) return st;
+    twk_graph *train = t->g;
+    twk_id lp = t->logprobs, loss = t->loss;
+    t->g = twk_graph_new();
+    st = t->g ? build(t) : TWK_ERR_OOM;
+    if (st == TWK_OK && (t->logprobs != lp || t->loss != loss))
+        st = twk_error(TWK_ERR_STATE, "trainer: the forward graph was built differently the second time");
+    if (st == TWK_OK) {
+        twk_graph_output(t->g, t->logprobs);
+        twk_graph_output(t->g, t->loss);
+        st = plan_of(t, &t->fwd, NULL, arena);
+    }
+    twk_graph_free(t->g);
+    t->g = train;
+    return st;
+}
+
+static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int64_t capacity, int sampling,
+                                 int max_seqs, int64_t max_len, int n_slots, int slot_rank, const twk_trainer_opts *o,
+                                 int dry, twk_trainer **out);
+
 twk_status twk_trainer_new(twk_model *m, const twk_lora_config *lora, int64_t capacity, twk_trainer **out) {
     return twk_trainer_create(m, lora, capacity, 0, 0, 0, out);
+}
+
+twk_status twk_trainer_new_opts(twk_model *m, const twk_lora_config *lora, int64_t capacity,
+                                const twk_trainer_opts *o, twk_trainer **out) {
+    return trainer_create(m, lora, capacity, 0, 0, 0, 0, 0, o, 0, out);
+}
+
+twk_status twk_trainer_create_dry(twk_model *m, const twk_lora_config *lora, int64_t capacity,
+                                  const twk_trainer_opts *o, twk_trainer **out) {
+    return trainer_create(m, lora, capacity, 0, 0, 0, 0, 0, o, 1, out);
 }
 
 static twk_status make_kv(twk_trainer *t) {
@@ -452,12 +533,9 @@ static twk_status make_kv(twk_trainer *t) {
     return TWK_OK;
 }
 
-static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int64_t capacity, int sampling,
-                                 int max_seqs, int64_t max_len, int n_slots, int slot_rank, twk_trainer **out);
-
 twk_status twk_trainer_create(twk_model *m, const twk_lora_config *lora, int64_t capacity, int sampling, int max_seqs,
                               int64_t max_len, twk_trainer **out) {
-    return trainer_create(m, lora, capacity, sampling, max_seqs, max_len, 0, 0, out);
+    return trainer_create(m, lora, capacity, sampling, max_seqs, max_len, 0, 0, NULL, 0, out);
 }
 
 twk_status twk_trainer_create_slots(twk_model *m, int n_slots, int slot_rank, int max_seqs, int64_t max_len,
@@ -469,11 +547,12 @@ twk_status twk_trainer_create_slots(twk_model *m, int n_slots, int slot_rank, in
     lc.alpha = (float)slot_rank; /* the scale is folded into each slot's B */
     lc.train_attn = lc.train_mlp = lc.train_unembed = 1;
     int64_t cap = max_len > max_seqs ? max_len : max_seqs;
-    return trainer_create(m, &lc, cap, 1, max_seqs, max_len, n_slots, slot_rank, out);
+    return trainer_create(m, &lc, cap, 1, max_seqs, max_len, n_slots, slot_rank, NULL, 0, out);
 }
 
 static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int64_t capacity, int sampling,
-                                 int max_seqs, int64_t max_len, int n_slots, int slot_rank, twk_trainer **out) {
+                                 int max_seqs, int64_t max_len, int n_slots, int slot_rank, const twk_trainer_opts *o,
+                                 int dry, twk_trainer **out) {
     if (!out) return twk_error(TWK_ERR_INVALID_ARG, "trainer_new: out is NULL");
     *out = NULL;
     if (!m || capacity < 1) return twk_error(TWK_ERR_INVALID_ARG, "trainer_new: NULL model or capacity < 1");
@@ -494,6 +573,8 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
     t->n_slots = n_slots;
     t->slot_rank = slot_rank;
     t->lora = lora != NULL;
+    t->dry = dry;
+    t->recompute = o && o->recompute && !sampling;
     if (lora) {
         t->lc = *lora;
         t->scale = lora->alpha / (float)lora->rank;
@@ -503,7 +584,8 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
     int half = m->cfg.head_dim / 2;
     float f[4096];
     if (st == TWK_OK && half > 4096) st = twk_error(TWK_ERR_UNSUPPORTED, "trainer_new: head_dim %d too large", m->cfg.head_dim);
-    if (st == TWK_OK) {
+    if (st == TWK_OK && dry) t->inv_freq.nelem = half;
+    else if (st == TWK_OK) {
         twk_rope_inv_freq(&m->cfg, f);
         t->inv_freq.nelem = half;
         st = twk_buffer_alloc(m->dev, nb_bytes(&t->inv_freq), &t->inv_freq.buf);
@@ -547,7 +629,7 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
     if (st == TWK_OK) {
         twk_graph_output(t->g, t->logprobs);
         twk_graph_output(t->g, t->loss);
-        st = compile(t, &t->fwd, 0);
+        st = plan_of(t, NULL, &t->est_fwd, NULL);
     }
     if (st == TWK_OK) st = twk_graph_backward(t->g, t->loss);
     if (st == TWK_OK) {
@@ -561,12 +643,14 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
             p->nb = i < m->n_w ? &m->w[i] : &t->adapter[i - m->n_w];
             p->id = t->param_ids[i];
             p->grad = g;
-            p->acc = twk_host_calloc(nb_bytes(p->nb), "gradient accumulator");
-            if (!p->acc) st = TWK_ERR_OOM;
+            p->acc = dry ? NULL : twk_host_calloc(nb_bytes(p->nb), "gradient accumulator");
+            if (!dry && !p->acc) st = TWK_ERR_OOM;
             else twk_graph_output(t->g, g);
         }
     }
-    if (st == TWK_OK) st = compile(t, &t->fwdbwd, 1);
+    if (st == TWK_OK && t->recompute) st = twk_graph_recompute(t->g);
+    if (st == TWK_OK) st = plan_of(t, NULL, &t->est_fwdbwd, NULL);
+    if (st == TWK_OK && !dry) st = compile_train(t, o ? o->arena : NULL);
     if (st != TWK_OK) {
         twk_trainer_free(t);
         return st;

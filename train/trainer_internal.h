@@ -66,6 +66,11 @@ struct twk_trainer {
      * (B already scaled by alpha / rank); each token names its slot */
     int n_slots, slot_rank;
     twk_id slot_in, slot_sel; /* per token; per selected row (the unembedding's inputs) */
+    /* memory planning (memplan.c): per-layer activation recompute; a dry trainer has
+     * shapes only (no buffers, no host state) and estimates its plans instead of compiling */
+    int recompute, dry;
+    twk_plan_stats est_fwd, est_fwdbwd;
+    twk_buffer *arena; /* the trainer's own arena of both plans (NULL: none, or the caller's) */
 };
 
 /* Creates a trainer (sampling = 0) or, with sampling = 1, the decoding
@@ -77,5 +82,13 @@ twk_status twk_trainer_create(twk_model *m, const twk_lora_config *lora, int64_t
  * every module (attention, MLP, unembedding); slots start as zeros (base). */
 twk_status twk_trainer_create_slots(twk_model *m, int n_slots, int slot_rank, int max_seqs, int64_t max_len,
                                     twk_trainer **out);
+
+/* The model's weights as shapes only, of dtype `dtype` (no device, no buffers): the
+ * base of a dry trainer; NULL on allocation failure. Freed with twk_model_free. */
+twk_model *twk_model_shapes(const twk_model_config *cfg, twk_dtype dtype);
+/* A trainer as twk_trainer_new_opts would make it, with dry = 1 on a twk_model_shapes
+ * model: its plans are estimated (t->est_fwd, t->est_fwdbwd), nothing is allocated on a device. */
+twk_status twk_trainer_create_dry(twk_model *m, const twk_lora_config *lora, int64_t capacity,
+                                  const twk_trainer_opts *o, twk_trainer **out);
 
 #endif

@@ -115,6 +115,9 @@ twk_status twk_buffer_copy(twk_device *dev, twk_buffer *dst, size_t doff,
 twk_status twk_buffer_zero(twk_device *dev, twk_buffer *dst, size_t off, size_t bytes);
 /* Size in bytes the buffer was allocated with (0 for NULL). */
 size_t twk_buffer_size(const twk_buffer *buf);
+/* The device's allocation counters: bytes of its live buffers and their peak since it was
+ * opened (or since the last reset_peak, which sets the peak to the live bytes); 0 for NULL. */
+void twk_device_memory(twk_device *dev, uint64_t *live, uint64_t *peak, bool reset_peak);
 
 /* Waits for all queued work on the device. */
 twk_status twk_device_synchronize(twk_device *dev);
