@@ -85,6 +85,14 @@ static const twk_node *node_at(const twk_graph *g, twk_id id) {
 
 int twk_graph_size(const twk_graph *g) { return g ? g->n : 0; }
 
+size_t twk_graph_host_bytes(const twk_graph *g) {
+    if (!g) return 0;
+    size_t b = sizeof *g + (size_t)g->cap * sizeof *g->nodes;
+    if (g->grads) b += (size_t)g->n_grads * sizeof *g->grads;
+    if (g->order) b += (size_t)g->cap * sizeof *g->order;
+    return b;
+}
+
 twk_op twk_node_op(const twk_graph *g, twk_id id) {
     const twk_node *n = node_at(g, id);
     return n ? n->op : TWK_OP_COUNT;

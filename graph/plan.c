@@ -363,6 +363,8 @@ static int lay_out(const twk_graph *g, twk_plan *p, const twk_binding *binds, in
     p->stats.arena_bytes = *peak;
     p->stats.naive_bytes = naive;
     p->stats.leaf_bytes = leaf_bytes;
+    size_t per_launch = sizeof *p->launches + sizeof *p->launch_node + sizeof *p->names;
+    p->stats.host_bytes = sizeof *p + (size_t)g->n * sizeof *p->slots + (size_t)(n_launch ? n_launch : 1) * per_launch;
     return n_launch;
 }
 

@@ -47,9 +47,14 @@ twk_status twk_mem_plan_config(const twk_model_config *cfg, const twk_mem_reques
         out->n_launches = b->n_launches;
         out->kv_cache = (uint64_t)2 * (uint64_t)cfg->layers * (uint64_t)rq->kv_seqs * (uint64_t)rq->kv_len *
                         (uint64_t)cfg->kv_heads * (uint64_t)cfg->head_dim * twk_dtype_size(rq->dtype);
+        /* host structures: the train graph, both plans, the trainer's and model's tables */
+        out->bookkeeping = twk_graph_host_bytes(t->g) + f->host_bytes + b->host_bytes + sizeof *t +
+                           (size_t)(cfg->layers * 14 + 2) * sizeof *t->adapter +
+                           (size_t)(m->n_w + t->n_adapter) * (sizeof *t->tp + sizeof *t->param_ids) + sizeof *m +
+                           (size_t)m->n_w * sizeof *m->w;
         out->per_run = out->adapter + out->grads + out->moments;
         out->device = out->weights + out->adapter + out->activations + out->kv_cache;
-        out->host = out->grads + out->moments;
+        out->host = out->grads + out->moments + out->bookkeeping;
         out->total = out->device + out->host;
     }
     twk_trainer_free(t);
@@ -93,6 +98,7 @@ const char *twk_mem_plan_table(const twk_mem_plan *p, const twk_mem_request *rq,
         {"AdamW moments (f32)", p->moments, "host"},
         {rq->recompute ? "activations (arena peak, recompute)" : "activations (arena peak)", p->activations, "device"},
         {kv, p->kv_cache, "device"},
+        {"graph and plans (bookkeeping)", p->bookkeeping, "host"},
         {"total", p->total, ""},
     };
     for (size_t i = 0; i < sizeof row / sizeof row[0] && n < len; i++)

@@ -131,6 +131,8 @@ twk_status twk_graph_recompute(twk_graph *g);
 
 /* ---- inspection ---- */
 int twk_graph_size(const twk_graph *g);
+/* Host bytes the graph holds (its node storage and autograd tables); 0 for NULL. */
+size_t twk_graph_host_bytes(const twk_graph *g);
 twk_op twk_node_op(const twk_graph *g, twk_id id);
 twk_dtype twk_node_dtype(const twk_graph *g, twk_id id);
 /* Writes ne (token dims resolved for n tokens) and returns ndim; -1 bad id. */
@@ -163,6 +165,7 @@ typedef struct twk_plan_stats {
     size_t naive_bytes;     /* sum of all planned intermediates */
     size_t leaf_bytes;      /* inputs/params the plan allocated itself */
     int arena_shared;       /* runs in a caller's arena (twk_plan_compile_in) */
+    size_t host_bytes;      /* the plan's own host bookkeeping (slots, launches, names) */
 } twk_plan_stats;
 
 /* Compiles the graph's outputs for `dev` at token capacity `capacity` (>= 1):

@@ -32,7 +32,7 @@ typedef struct twk_mem_request {
 } twk_mem_request;
 
 /* Bytes of each part. Device parts: weights, adapter, activations, kv_cache; host
- * parts (today's host AdamW): grads, moments. On the CPU both are host memory. */
+ * parts (today's host AdamW): grads, moments, bookkeeping. On the CPU both are host memory. */
 typedef struct twk_mem_plan {
     uint64_t weights;     /* base weights in the request's dtype, with the RoPE table */
     uint64_t adapter;     /* LoRA A and B (f32); 0 for full training (the weights train) */
@@ -42,6 +42,7 @@ typedef struct twk_mem_plan {
     uint64_t act_train;   /* the forward+backward plan's arena peak and inputs */
     uint64_t activations; /* the arena both plans share (the larger peak) and their inputs */
     uint64_t kv_cache;    /* K and V of kv_seqs x kv_len tokens, in the weights' dtype */
+    uint64_t bookkeeping; /* host: the trainer's graph and plans' own structures */
     uint64_t per_run;     /* adapter + grads + moments: what one more LoRA run of the service costs */
     uint64_t device, host, total;
     int n_launches;       /* of the forward+backward plan */
