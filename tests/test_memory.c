@@ -137,7 +137,7 @@ static void recompute_case(twk_model *m, const char *name, int rank, int64_t n) 
              rank ? "LoRA" : "full", np);
     check(same && !diff && np > 0, "%s", what);
     /* the plan shows the arena shrinking */
-    twk_mem_request rq = {.tokens = n, .rank = rank, .train_unembed = 1, .dtype = TWK_F32};
+    twk_mem_request rq = {.tokens = n, .rank = rank, .train_unembed = 1, .dtype = "f32"};
     twk_mem_plan p0, p1;
     rq.recompute = 0;
     twk_mem_plan_config(c, &rq, &p0);
@@ -163,7 +163,7 @@ static double rel(double a, double b) { return (a > b ? a - b : b - a) / b; }
 /* m was loaded on dev holding w_host bytes of host allocations and w_dev on the device. */
 static void predict_case(twk_device *dev, twk_model *m, size_t w_host, uint64_t w_dev, const char *name, int rank, int64_t n,
                          int recompute) {
-    twk_mem_request rq = {.tokens = n, .rank = rank, .dtype = TWK_F32, .recompute = recompute};
+    twk_mem_request rq = {.tokens = n, .rank = rank, .dtype = "f32", .recompute = recompute};
     twk_mem_plan p;
     twk_status st = twk_mem_plan_config(twk_model_cfg(m), &rq, &p);
     if (st != TWK_OK) {
@@ -226,7 +226,7 @@ static twk_model *load_counted(twk_device *dev, const char *dir, const twk_model
 /* Two trainers in one caller arena: they run in it, one after the other. */
 static void shared_arena_case(twk_model *m) {
     const twk_model_config *c = twk_model_cfg(m);
-    twk_mem_request rq = {.tokens = 48, .rank = 8, .dtype = TWK_F32};
+    twk_mem_request rq = {.tokens = 48, .rank = 8, .dtype = "f32"};
     twk_mem_plan p;
     twk_mem_plan_config(c, &rq, &p);
     twk_device *dev = NULL;

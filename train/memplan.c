@@ -8,12 +8,18 @@
 #include "twinkle/memplan.h"
 #include "trainer_internal.h"
 
+size_t twk_mem_dtype_bytes(const char *dtype) {
+    if (!dtype || !strcmp(dtype, "f32")) return 4;
+    return !strcmp(dtype, "bf16") || !strcmp(dtype, "f16") ? 2 : 0;
+}
+
 static twk_status check_request(const twk_mem_request *rq) {
     if (!rq) return twk_error(TWK_ERR_INVALID_ARG, "memory plan: request is NULL");
     if (rq->tokens < 1) return twk_error(TWK_ERR_INVALID_ARG, "memory plan: tokens %lld must be >= 1", (long long)rq->tokens);
     if (rq->rank < 0 || rq->rank > 4096)
         return twk_error(TWK_ERR_INVALID_ARG, "memory plan: rank %d must be in 0..4096 (0: full training)", rq->rank);
-    if (!twk_dtype_size(rq->dtype)) return twk_error(TWK_ERR_INVALID_ARG, "memory plan: unknown dtype %d", (int)rq->dtype);
+    if (!twk_mem_dtype_bytes(rq->dtype))
+        return twk_error(TWK_ERR_INVALID_ARG, "memory plan: dtype '%s' is not f32, bf16 or f16", rq->dtype);
     if (rq->kv_seqs < 0 || rq->kv_len < 0)
         return twk_error(TWK_ERR_INVALID_ARG, "memory plan: kv_seqs %d and kv_len %lld must be >= 0", rq->kv_seqs,
                          (long long)rq->kv_len);
@@ -25,7 +31,8 @@ twk_status twk_mem_plan_config(const twk_model_config *cfg, const twk_mem_reques
     memset(out, 0, sizeof *out);
     twk_status st = check_request(rq);
     if (st != TWK_OK) return st;
-    twk_model *m = twk_model_shapes(cfg, rq->dtype);
+    size_t wb = twk_mem_dtype_bytes(rq->dtype);
+    twk_model *m = twk_model_shapes(cfg, TWK_F32);
     if (!m) return twk_error(TWK_ERR_OOM, "memory plan: out of memory");
     twk_lora_config lc = twk_lora_default();
     lc.rank = rq->rank;
@@ -35,7 +42,7 @@ twk_status twk_mem_plan_config(const twk_model_config *cfg, const twk_mem_reques
     twk_trainer *t = NULL;
     st = twk_trainer_create_dry(m, rq->rank ? &lc : NULL, rq->tokens, &o, &t);
     if (st == TWK_OK) {
-        for (int i = 0; i < m->n_w; i++) out->weights += nb_bytes(&m->w[i]);
+        for (int i = 0; i < m->n_w; i++) out->weights += (uint64_t)m->w[i].nelem * wb;
         out->weights += nb_bytes(&t->inv_freq);
         for (int i = 0; i < t->n_adapter; i++) out->adapter += nb_bytes(&t->adapter[i]);
         for (int i = 0; i < t->n_tp; i++) out->grads += nb_bytes(t->tp[i].nb);
@@ -46,7 +53,7 @@ twk_status twk_mem_plan_config(const twk_model_config *cfg, const twk_mem_reques
         out->activations = (f->arena_bytes > b->arena_bytes ? f->arena_bytes : b->arena_bytes) + f->leaf_bytes + b->leaf_bytes;
         out->n_launches = b->n_launches;
         out->kv_cache = (uint64_t)2 * (uint64_t)cfg->layers * (uint64_t)rq->kv_seqs * (uint64_t)rq->kv_len *
-                        (uint64_t)cfg->kv_heads * (uint64_t)cfg->head_dim * twk_dtype_size(rq->dtype);
+                        (uint64_t)cfg->kv_heads * (uint64_t)cfg->head_dim * wb;
         /* host structures: the train graph, both plans, the trainer's and model's tables */
         out->bookkeeping = twk_graph_host_bytes(t->g) + f->host_bytes + b->host_bytes + sizeof *t +
                            (size_t)(cfg->layers * 14 + 2) * sizeof *t->adapter +
@@ -87,10 +94,11 @@ const char *twk_mem_bytes_str(uint64_t bytes, char *buf, size_t len) {
 const char *twk_mem_plan_table(const twk_mem_plan *p, const twk_mem_request *rq, char *buf, size_t len) {
     char a[32], w[48], l[64], kv[64];
     size_t n = 0;
-    snprintf(w, sizeof w, "weights (%s)", twk_dtype_name(rq->dtype));
+    snprintf(w, sizeof w, "weights (%s)", rq->dtype ? rq->dtype : "f32");
     if (rq->rank) snprintf(l, sizeof l, "LoRA adapter (rank %d, f32)", rq->rank);
     else snprintf(l, sizeof l, "trainable: the weights (full)");
-    snprintf(kv, sizeof kv, "KV cache (%d x %lld tokens)", rq->kv_seqs, (long long)rq->kv_len);
+    if (rq->kv_seqs && rq->kv_len) snprintf(kv, sizeof kv, "KV cache (%d x %lld tokens)", rq->kv_seqs, (long long)rq->kv_len);
+    else snprintf(kv, sizeof kv, "KV cache (none)");
     const struct { const char *what; uint64_t bytes; const char *where; } row[] = {
         {w, p->weights, "device"},
         {l, p->adapter, "device"},
@@ -132,4 +140,21 @@ twk_status twk_mem_plan_fits(const twk_mem_plan *p, twk_device *dev) {
         return twk_error(TWK_ERR_OOM, "the host needs %s (gradients, moments) but has %s", twk_mem_bytes_str(p->host, a, sizeof a),
                          twk_mem_bytes_str(ram, b, sizeof b));
     return TWK_OK;
+}
+
+twk_status twk_mem_plan_choose(const char *dir, twk_mem_request *rq, bool auto_recompute, twk_device *dev,
+                               twk_mem_plan *out) {
+    twk_status st = twk_mem_plan_dir(dir, rq, out);
+    if (st == TWK_OK) st = twk_mem_plan_fits(out, dev);
+    if (st != TWK_ERR_OOM || rq->recompute || !auto_recompute) return st;
+    char why[512];
+    snprintf(why, sizeof why, "%s", twk_last_error());
+    twk_mem_request r2 = *rq;
+    r2.recompute = true;
+    twk_mem_plan p2;
+    if (twk_mem_plan_dir(dir, &r2, &p2) != TWK_OK) return twk_error(TWK_ERR_OOM, "%s", why);
+    st = twk_mem_plan_fits(&p2, dev);
+    *out = p2;
+    if (st == TWK_OK) *rq = r2;
+    return st;
 }

@@ -25,7 +25,7 @@ typedef struct twk_mem_request {
     int64_t tokens;       /* tokens per pass (the trainer's capacity) */
     int rank;             /* LoRA rank; 0 = full-parameter training */
     bool train_unembed;   /* LoRA on lm_head too (attention + MLP always) */
-    twk_dtype dtype;      /* the frozen weights' dtype (their bytes per element) */
+    const char *dtype;    /* the frozen weights' dtype: "f32" (NULL), "bf16" or "f16" */
     bool recompute;       /* per-layer activation recompute */
     int kv_seqs;          /* KV cache: sequences of kv_len tokens (0: none) */
     int64_t kv_len;
@@ -48,6 +48,8 @@ typedef struct twk_mem_plan {
     int n_launches;       /* of the forward+backward plan */
 } twk_mem_plan;
 
+/* Bytes per element of a weight dtype name ("f32" 4, "bf16" and "f16" 2; NULL: f32); 0 if unknown. */
+size_t twk_mem_dtype_bytes(const char *dtype);
 /* The plan of `rq` for a model configuration; errors name the bad field. */
 twk_status twk_mem_plan_config(const twk_model_config *cfg, const twk_mem_request *rq, twk_mem_plan *out);
 /* The same for a Hugging Face folder's config.json (no weights are read). */
@@ -60,6 +62,12 @@ const char *twk_mem_plan_table(const twk_mem_plan *p, const twk_mem_request *rq,
  * the host's RAM) holds the device parts, and the CPU's the host parts. TWK_OK, or
  * TWK_ERR_OOM naming what does not fit (the table is the caller's to print). */
 twk_status twk_mem_plan_fits(const twk_mem_plan *p, twk_device *dev);
+/* The plan of rq for the folder `dir` on dev. When it does not fit, rq->recompute is off and
+ * `auto_recompute`, the plan with recompute instead (rq->recompute set) if that fits. TWK_OK
+ * when the plan in *out fits; TWK_ERR_OOM naming what does not (*out the last plan tried);
+ * a config error otherwise. */
+twk_status twk_mem_plan_choose(const char *dir, twk_mem_request *rq, bool auto_recompute, twk_device *dev,
+                               twk_mem_plan *out);
 
 TWK_API_END
 #ifdef __cplusplus
