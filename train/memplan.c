@@ -155,6 +155,6 @@ twk_status twk_mem_plan_choose(const char *dir, twk_mem_request *rq, bool auto_r
     if (twk_mem_plan_dir(dir, &r2, &p2) != TWK_OK) return twk_error(TWK_ERR_OOM, "%s", why);
     st = twk_mem_plan_fits(&p2, dev);
     *out = p2;
-    if (st == TWK_OK) *rq = r2;
+    *rq = r2;
     return st;
 }

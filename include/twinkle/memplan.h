@@ -63,9 +63,9 @@ const char *twk_mem_plan_table(const twk_mem_plan *p, const twk_mem_request *rq,
  * TWK_ERR_OOM naming what does not fit (the table is the caller's to print). */
 twk_status twk_mem_plan_fits(const twk_mem_plan *p, twk_device *dev);
 /* The plan of rq for the folder `dir` on dev. When it does not fit, rq->recompute is off and
- * `auto_recompute`, the plan with recompute instead (rq->recompute set) if that fits. TWK_OK
- * when the plan in *out fits; TWK_ERR_OOM naming what does not (*out the last plan tried);
- * a config error otherwise. */
+ * `auto_recompute`, the plan with recompute instead (rq->recompute then set). TWK_OK when the
+ * plan in *out fits; TWK_ERR_OOM naming what does not (*out the smallest plan tried, rq as
+ * planned); a config error otherwise. */
 twk_status twk_mem_plan_choose(const char *dir, twk_mem_request *rq, bool auto_recompute, twk_device *dev,
                                twk_mem_plan *out);
 
