@@ -63,6 +63,11 @@ static void usage(FILE *f) {
             "                       status and duration_ms; failed futures; the server's messages)\n"
             "  --jwt-auth           have the SDK exchange its key for a short-lived JWT (auth/token), which\n"
             "                       its whoami reads (tenant as tml:user:TENANT)\n"
+            "  --recompute          per-layer activation recompute in every run (less memory, identical\n"
+            "                       gradients); chosen by itself when a model fits the device only with it.\n"
+            "                       At start-up each model's memory plan (weights, the activation arena all\n"
+            "                       runs share, the sampler's KV cache, one run at --max-lora-rank) is checked\n"
+            "                       against the device; one that cannot fit is refused with its table\n"
             "  --quiet              no log lines\n",
             TWK_DEFAULT_MODEL_NAME, TWK_SERVE_DEF_PORT, TWK_SERVE_DEF_MAX_LORA_RANK, TWK_SERVE_DEF_MAX_CONTEXT,
             TWK_SERVE_DEF_MAX_DATUMS, TWK_SERVE_DEF_MAX_BODY_MB, TWK_SERVE_DEF_SEQ_TIMEOUT_S,

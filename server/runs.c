@@ -87,7 +87,8 @@ static void set_json(op *o, cJSON *j) {
 
 static void run_create(op *o) {
     run_state *r = o->run;
-    twk_status st = twk_trainer_new(r->base->m, &r->lora, o->svc->cfg.max_context, &r->trainer);
+    twk_trainer_opts to = {.recompute = r->base->recompute, .arena = r->base->arena}; /* runs take turns on the worker */
+    twk_status st = twk_trainer_new_opts(r->base->m, &r->lora, o->svc->cfg.max_context, &to, &r->trainer);
     if (st != TWK_OK) {
         op_fail(o, 0, "creating the model failed: %s", twk_last_error());
         return;

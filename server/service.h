@@ -58,6 +58,7 @@ typedef struct twk_serve_config {
     int live_samplers;        /* samplers (each a KV cache) alive at once; <= TWK_SERVE_CAP_LIVE_SAMPLERS */
     int stability_records;    /* stable_reinforce: recorded sequences kept at most (least recently used go first) */
     int quiet;
+    int recompute;            /* --recompute: per-layer activation recompute in every run (else chosen when only it fits) */
     int jwt_auth;             /* --jwt-auth: client/config turns on the SDK's JWT exchange (auth/token, whoami) */
     int log_json;             /* --log-format json: one JSON object per line, every request */
 } twk_serve_config;

@@ -51,3 +51,10 @@ common="--model $MODEL --data $DIR/data.jsonl --batch-tokens 64 --lr 1e-2 --rank
 cmp -s "$DIR/a/final/adapter_model.safetensors" "$DIR/b/final/adapter_model.safetensors" || fail "recompute changed the adapter"
 cmp -s "$DIR/a/final/optimizer_state.safetensors" "$DIR/b/final/optimizer_state.safetensors" || fail "recompute changed the moments"
 echo "ok   4 steps with --recompute: adapter and optimizer state bit-identical to the run without"
+
+if "$TWINKLE" serve --model "$BENCH8B" --max-context 65536 --port 0 --data-dir "$DIR/srv" > "$DIR/serve.log" 2>&1; then
+    fail "serve started a model beyond the machine's memory"
+fi
+grep -q "cannot be served" "$DIR/serve.log" && grep -q "^  total" "$DIR/serve.log" || { cat "$DIR/serve.log"; fail "serve: no refusal with the table"; }
+grep -q "safetensors" "$DIR/serve.log" && fail "serve looked for weights before the memory check"
+echo "ok   serve refuses at start-up with the table: $(tail -n 1 "$DIR/serve.log")"

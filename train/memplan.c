@@ -50,7 +50,8 @@ twk_status twk_mem_plan_config(const twk_model_config *cfg, const twk_mem_reques
         const twk_plan_stats *f = &t->est_fwd, *b = &t->est_fwdbwd;
         out->act_forward = f->arena_bytes + f->leaf_bytes;
         out->act_train = b->arena_bytes + b->leaf_bytes;
-        out->activations = (f->arena_bytes > b->arena_bytes ? f->arena_bytes : b->arena_bytes) + f->leaf_bytes + b->leaf_bytes;
+        out->arena = f->arena_bytes > b->arena_bytes ? f->arena_bytes : b->arena_bytes;
+        out->activations = out->arena + f->leaf_bytes + b->leaf_bytes;
         out->n_launches = b->n_launches;
         out->kv_cache = (uint64_t)2 * (uint64_t)cfg->layers * (uint64_t)rq->kv_seqs * (uint64_t)rq->kv_len *
                         (uint64_t)cfg->kv_heads * (uint64_t)cfg->head_dim * wb;

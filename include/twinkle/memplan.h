@@ -41,6 +41,7 @@ typedef struct twk_mem_plan {
     uint64_t act_forward; /* the forward plan's arena peak and inputs */
     uint64_t act_train;   /* the forward+backward plan's arena peak and inputs */
     uint64_t activations; /* the arena both plans share (the larger peak) and their inputs */
+    uint64_t arena;       /* that arena alone: the size of a buffer trainers may share (twk_trainer_opts) */
     uint64_t kv_cache;    /* K and V of kv_seqs x kv_len tokens, in the weights' dtype */
     uint64_t bookkeeping; /* host: the trainer's graph and plans' own structures */
     uint64_t per_run;     /* adapter + grads + moments: what one more LoRA run of the service costs */
