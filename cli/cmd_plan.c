@@ -22,6 +22,8 @@ static void usage(FILE *f) {
             "  --train-unembed  LoRA on lm_head too\n"
             "  --dtype D        the weights' dtype: f32 (default), bf16, f16\n"
             "  --recompute      per-layer activation recompute\n"
+            "  --logits         the [T, V] logits path instead of the fused unembedding (backends without\n"
+            "                   it; full training and --train-unembed always take it)\n"
             "  --kv-seqs N      a sampler's KV cache of N sequences of T tokens (default 0: none)\n"
             "  --device SPEC    also check that it fits this device (exit status 1 when it does not)\n");
 }
@@ -49,6 +51,7 @@ int twk_cmd_plan(int argc, char **argv) {
         }
         if (!strcmp(a, "--recompute")) { rq.recompute = true; continue; }
         if (!strcmp(a, "--train-unembed")) { rq.train_unembed = true; continue; }
+        if (!strcmp(a, "--logits")) { rq.logits = true; continue; }
         if (i + 1 >= argc) {
             fprintf(stderr, "twinkle plan: %s needs a value (or is unknown)\n", a);
             return 2;
@@ -76,21 +79,23 @@ int twk_cmd_plan(int argc, char **argv) {
         return 2;
     }
     rq.kv_len = rq.kv_seqs ? rq.tokens : 0;
+    twk_device *dev = NULL;
+    if (device && twk_device_open(device, &dev) != TWK_OK) {
+        fprintf(stderr, "twinkle plan: %s\n", twk_last_error());
+        return 2;
+    }
+    rq.logits = dev && !twk_device_has_op(dev, TWK_OP_UNEMBED_LOGPROBS); /* that backend keeps the logits */
     twk_mem_plan p;
     if (twk_mem_plan_dir(model, &rq, &p) != TWK_OK) {
         fprintf(stderr, "twinkle plan: %s\n", twk_last_error());
+        twk_device_close(dev);
         return 2;
     }
     char table[2048];
     printf("memory plan: %s, %lld tokens per pass, %s, %s weights%s\n", model, (long long)rq.tokens,
            rq.rank ? "LoRA" : "full-parameter training", rq.dtype, rq.recompute ? ", activation recompute" : "");
     fputs(twk_mem_plan_table(&p, &rq, table, sizeof table), stdout);
-    if (!device) return 0;
-    twk_device *dev = NULL;
-    if (twk_device_open(device, &dev) != TWK_OK) {
-        fprintf(stderr, "twinkle plan: %s\n", twk_last_error());
-        return 2;
-    }
+    if (!dev) return 0;
     twk_device_props pr;
     twk_device_get_props(dev, &pr);
     char b[32];

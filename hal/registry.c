@@ -222,6 +222,11 @@ void twk_buffer_free(twk_device *dev, twk_buffer *buf) {
     dev->iface->buffer_free(dev->ctx, buf);
 }
 
+bool twk_device_has_op(const twk_device *dev, twk_op op) {
+    const char *why = NULL;
+    return dev && twk_op_has_kernel(op) && dev->iface->op_kernel(op, &why);
+}
+
 void twk_device_memory(twk_device *dev, uint64_t *live, uint64_t *peak, bool reset_peak) {
     if (live) *live = dev ? atomic_load(&dev->mem_live) : 0;
     if (peak) *peak = dev ? atomic_load(&dev->mem_peak) : 0;

@@ -92,21 +92,20 @@ static void batch_free(batch *x) {
     free(x->w);
 }
 
-/* ---- recompute on / off: identical results ---- */
-static void recompute_case(twk_model *m, const char *name, int rank, int64_t n) {
+/* ---- two ways to plan one step: identical results ---- */
+static void compare_case(twk_model *m, const char *name, int rank, int64_t n, twk_trainer_opts oa, twk_trainer_opts ob,
+                         const char *how) {
     const twk_model_config *c = twk_model_cfg(m);
     twk_lora_config lc = twk_lora_default();
     lc.rank = rank ? rank : 4;
     lc.alpha = 8;
-    lc.train_unembed = 1;
     twk_trainer *t[2] = {NULL, NULL};
-    float loss[2] = {0, 0}, *lp[2];
+    float loss[2] = {0, 0}, *lp[2] = {NULL, NULL};
     batch x;
     batch_make(&x, n, c->vocab, 5);
     for (int k = 0; k < 2; k++) {
-        twk_trainer_opts o = {.recompute = k == 1};
         lp[k] = calloc((size_t)n, sizeof(float));
-        if (twk_trainer_new_opts(m, rank ? &lc : NULL, n, &o, &t[k]) != TWK_OK ||
+        if (twk_trainer_new_opts(m, rank ? &lc : NULL, n, k ? &ob : &oa, &t[k]) != TWK_OK ||
             twk_trainer_forward_backward(t[k], &x.b, lp[k], &loss[k]) != TWK_OK) {
             printf("FAIL %s: %s\n", name, twk_last_error());
             fails++;
@@ -132,23 +131,10 @@ static void recompute_case(twk_model *m, const char *name, int rank, int64_t n) 
     }
     printf("     %s (%s, %lld tokens): loss %.6f / %.6f, %d tensors, %d differ, max |diff| %.3g\n", name,
            rank ? "LoRA" : "full", (long long)n, (double)loss[0], (double)loss[1], np, diff, worst);
-    char what[160];
-    snprintf(what, sizeof what, "%s %s: recompute gives bit-identical loss, logprobs and %d gradients", name,
-             rank ? "LoRA" : "full", np);
+    char what[200];
+    snprintf(what, sizeof what, "%s %s: %s gives bit-identical loss, logprobs and %d gradients", name, rank ? "LoRA" : "full",
+             how, np);
     check(same && !diff && np > 0, "%s", what);
-    /* the plan shows the arena shrinking */
-    twk_mem_request rq = {.tokens = n, .rank = rank, .train_unembed = 1, .dtype = "f32"};
-    twk_mem_plan p0, p1;
-    rq.recompute = 0;
-    twk_mem_plan_config(c, &rq, &p0);
-    rq.recompute = 1;
-    twk_mem_plan_config(c, &rq, &p1);
-    printf("     forward+backward plan: %llu bytes, %llu with recompute (%.1f%%), launches %d -> %d\n",
-           (unsigned long long)p0.act_train, (unsigned long long)p1.act_train, 100.0 * (double)p1.act_train / (double)p0.act_train,
-           p0.n_launches, p1.n_launches);
-    snprintf(what, sizeof what, "%s: recompute plans more launches (LoRA: a smaller forward+backward arena)", name);
-    /* full training keeps every weight's gradient to the end: its peak may not move */
-    check(p1.n_launches > p0.n_launches && (!rank || c->layers < 2 || p1.act_train < p0.act_train), "%s", what);
 out:
     for (int k = 0; k < 2; k++) {
         twk_trainer_free(t[k]);
@@ -157,18 +143,53 @@ out:
     batch_free(&x);
 }
 
+/* recompute on / off, and what the plan says of it */
+static void recompute_case(twk_model *m, const char *name, int rank, int64_t n) {
+    const twk_model_config *c = twk_model_cfg(m);
+    compare_case(m, name, rank, n, (twk_trainer_opts){0}, (twk_trainer_opts){.recompute = true}, "recompute");
+    twk_mem_request rq = {.tokens = n, .rank = rank, .dtype = "f32"};
+    twk_mem_plan p0, p1;
+    rq.recompute = 0;
+    twk_mem_plan_config(c, &rq, &p0);
+    rq.recompute = 1;
+    twk_mem_plan_config(c, &rq, &p1);
+    printf("     forward+backward plan: %llu bytes, %llu with recompute (%.1f%%), launches %d -> %d\n",
+           (unsigned long long)p0.act_train, (unsigned long long)p1.act_train, 100.0 * (double)p1.act_train / (double)p0.act_train,
+           p0.n_launches, p1.n_launches);
+    char what[160];
+    snprintf(what, sizeof what, "%s: recompute plans more launches (LoRA: a smaller forward+backward arena)", name);
+    /* full training keeps every weight's gradient to the end: its peak may not move */
+    check(p1.n_launches > p0.n_launches && (!rank || c->layers < 2 || p1.act_train < p0.act_train), "%s", what);
+}
+
+/* the fused unembedding (token tiles) against matmul + logprobs over [T, V] */
+static void unembed_case(twk_model *m, const char *name, int64_t n) {
+    compare_case(m, name, 8, n, (twk_trainer_opts){.logits = true}, (twk_trainer_opts){0}, "the fused unembedding");
+    compare_case(m, name, 8, n, (twk_trainer_opts){.logits = true}, (twk_trainer_opts){.recompute = true},
+                 "the fused unembedding with recompute");
+}
+
 /* ---- prediction against the measured peak ---- */
 static double rel(double a, double b) { return (a > b ? a - b : b - a) / b; }
 
-/* m was loaded on dev holding w_host bytes of host allocations and w_dev on the device. */
-static void predict_case(twk_device *dev, twk_model *m, size_t w_host, uint64_t w_dev, const char *name, int rank, int64_t n,
-                         int recompute) {
+static twk_model *load_counted(twk_device *dev, const char *dir, const twk_model_config *cfg, size_t *w_host, uint64_t *w_dev);
+
+/* A fresh device (its backend's scratch is allocated anew) with the model of dir or cfg;
+ * the plan against every host allocation and the device's allocation counter, which does
+ * not see the CPU backend's scratch (the fused unembedding's tile: host memory). */
+static void predict_case(const char *dir, const twk_model_config *cfg, const char *name, int rank, int64_t n, int recompute) {
+    twk_device *dev = NULL;
+    size_t w_host = 0;
+    uint64_t w_dev = 0;
+    twk_model *m = twk_device_open("cpu", &dev) == TWK_OK ? load_counted(dev, dir, cfg, &w_host, &w_dev) : NULL;
     twk_mem_request rq = {.tokens = n, .rank = rank, .dtype = "f32", .recompute = recompute};
     twk_mem_plan p;
-    twk_status st = twk_mem_plan_config(twk_model_cfg(m), &rq, &p);
+    twk_status st = m ? twk_mem_plan_config(twk_model_cfg(m), &rq, &p) : TWK_ERR_IO;
     if (st != TWK_OK) {
-        printf("FAIL %s: plan: %s\n", name, twk_last_error());
+        printf("FAIL %s: %s\n", name, twk_last_error());
         fails++;
+        twk_model_free(m);
+        twk_device_close(dev);
         return;
     }
     twk_trainer *t = NULL;
@@ -192,14 +213,17 @@ static void predict_case(twk_device *dev, twk_model *m, size_t w_host, uint64_t 
     if (st != TWK_OK) printf("FAIL %s: %s\n", name, twk_last_error());
     fails += st != TWK_OK;
     twk_trainer_free(t);
+    twk_model_free(m);
+    twk_device_close(dev);
     batch_free(&x);
     if (st != TWK_OK) return;
-    char b1[32], b2[32], b3[32], b4[32];
-    printf("     %s (%s%s, %lld tokens): planned %s (device %s), measured %s (device counter %s); peak RSS %ld MiB\n", name,
-           rank ? "LoRA" : "full", recompute ? ", recompute" : "", (long long)n, twk_mem_bytes_str(p.total, b1, sizeof b1),
-           twk_mem_bytes_str(p.device, b2, sizeof b2), twk_mem_bytes_str(measured, b3, sizeof b3),
-           twk_mem_bytes_str(dev_peak, b4, sizeof b4), rss_peak_kb() / 1024);
-    double e_all = rel((double)measured, (double)p.total), e_dev = rel((double)dev_peak, (double)p.device);
+    char b1[32], b2[32], b3[32], b4[32], b5[32];
+    printf("     %s (%s%s, %lld tokens): planned %s (device %s, of it the logits tile %s), measured %s (device counter %s); "
+           "peak RSS %ld MiB\n",
+           name, rank ? "LoRA" : "full", recompute ? ", recompute" : "", (long long)n, twk_mem_bytes_str(p.total, b1, sizeof b1),
+           twk_mem_bytes_str(p.device, b2, sizeof b2), twk_mem_bytes_str(p.scratch, b5, sizeof b5),
+           twk_mem_bytes_str(measured, b3, sizeof b3), twk_mem_bytes_str(dev_peak, b4, sizeof b4), rss_peak_kb() / 1024);
+    double e_all = rel((double)measured, (double)p.total), e_dev = rel((double)dev_peak, (double)(p.device - p.scratch));
     printf("     error: all host allocations %.2f%%, device counter %.2f%% (tolerance 10%%)\n", 100 * e_all, 100 * e_dev);
     char what[200];
     snprintf(what, sizeof what, "%s: the plan is within 10%% of the measured peak (allocations and device counter)", name);
@@ -278,11 +302,13 @@ int main(void) {
         if (!m) continue;
         recompute_case(m, fixtures[i], 8, 40);
         recompute_case(m, fixtures[i], 0, 40);
+        unembed_case(m, fixtures[i], 40);
+        unembed_case(m, fixtures[i], 1);
         if (i == 0) shared_arena_case(m);
-        predict_case(dev, m, w_host, w_dev, fixtures[i], 8, 256, 0);
-        predict_case(dev, m, w_host, w_dev, fixtures[i], 8, 256, 1);
-        predict_case(dev, m, w_host, w_dev, fixtures[i], 0, 128, 0);
         twk_model_free(m);
+        predict_case(dir, NULL, fixtures[i], 8, 256, 0);
+        predict_case(dir, NULL, fixtures[i], 8, 256, 1);
+        predict_case(dir, NULL, fixtures[i], 0, 128, 0);
     }
     /* a random 4-layer model: more layers show the saving */
     twk_model_config c = {.arch = TWK_ARCH_QWEN3, .vocab = 300, .hidden = 64, .layers = 4, .heads = 4, .kv_heads = 2,
@@ -290,21 +316,18 @@ int main(void) {
     twk_model *m = load_counted(dev, NULL, &c, &w_host, &w_dev);
     if (m) {
         recompute_case(m, "random 4-layer", 8, 64);
-        predict_case(dev, m, w_host, w_dev, "random 4-layer", 8, 64, 1);
+        unembed_case(m, "random 4-layer", 64);
         twk_model_free(m);
     }
+    twk_device_close(dev);
+    predict_case(NULL, &c, "random 4-layer", 8, 64, 1);
     /* a 4-layer model with Qwen3-0.6B's widths (tied embeddings, vocab 151936) */
     twk_model_config q = {.arch = TWK_ARCH_QWEN3, .vocab = 151936, .hidden = 1024, .layers = 4, .heads = 16, .kv_heads = 8,
                           .head_dim = 128, .ffn = 3072, .rope_theta = 1e6, .rms_eps = 1e-6, .qk_norm = true,
                           .tie_embeddings = true};
     snprintf(q.arch_name, sizeof q.arch_name, "Qwen3ForCausalLM");
-    m = load_counted(dev, NULL, &q, &w_host, &w_dev);
-    if (m) {
-        predict_case(dev, m, w_host, w_dev, "Qwen3-0.6B widths, 4 layers", 32, 256, 0);
-        predict_case(dev, m, w_host, w_dev, "Qwen3-0.6B widths, 4 layers", 32, 256, 1);
-        twk_model_free(m);
-    }
-    twk_device_close(dev);
+    predict_case(NULL, &q, "Qwen3-0.6B widths, 4 layers", 32, 256, 0);
+    predict_case(NULL, &q, "Qwen3-0.6B widths, 4 layers", 32, 256, 1);
     twk_set_allocator(NULL);
     printf("%d failures\n", fails);
     return fails ? 1 : 0;

@@ -38,7 +38,7 @@ twk_status twk_mem_plan_config(const twk_model_config *cfg, const twk_mem_reques
     lc.rank = rq->rank;
     lc.alpha = (float)(rq->rank ? rq->rank : 1);
     lc.train_unembed = rq->train_unembed;
-    twk_trainer_opts o = {.recompute = rq->recompute};
+    twk_trainer_opts o = {.recompute = rq->recompute, .logits = rq->logits};
     twk_trainer *t = NULL;
     st = twk_trainer_create_dry(m, rq->rank ? &lc : NULL, rq->tokens, &o, &t);
     if (st == TWK_OK) {
@@ -60,8 +60,9 @@ twk_status twk_mem_plan_config(const twk_model_config *cfg, const twk_mem_reques
                            (size_t)(cfg->layers * 14 + 2) * sizeof *t->adapter +
                            (size_t)(m->n_w + t->n_adapter) * (sizeof *t->tp + sizeof *t->param_ids) + sizeof *m +
                            (size_t)m->n_w * sizeof *m->w;
+        if (t->fused) out->scratch = (uint64_t)TWK_UNEMBED_TILE_ROWS((int64_t)cfg->vocab, rq->tokens) * (uint64_t)cfg->vocab * 4;
         out->per_run = out->adapter + out->grads + out->moments;
-        out->device = out->weights + out->adapter + out->activations + out->kv_cache;
+        out->device = out->weights + out->adapter + out->activations + out->scratch + out->kv_cache;
         out->host = out->grads + out->moments + out->bookkeeping;
         out->total = out->device + out->host;
     }
@@ -106,6 +107,7 @@ const char *twk_mem_plan_table(const twk_mem_plan *p, const twk_mem_request *rq,
         {"gradients (f32)", p->grads, "host"},
         {"AdamW moments (f32)", p->moments, "host"},
         {rq->recompute ? "activations (arena peak, recompute)" : "activations (arena peak)", p->activations, "device"},
+        {p->scratch ? "logits tile (unembedding)" : "logits tile (none: [T, V] in the arena)", p->scratch, "device"},
         {kv, p->kv_cache, "device"},
         {"graph and plans (bookkeeping)", p->bookkeeping, "host"},
         {"total", p->total, ""},
@@ -145,6 +147,7 @@ twk_status twk_mem_plan_fits(const twk_mem_plan *p, twk_device *dev) {
 
 twk_status twk_mem_plan_choose(const char *dir, twk_mem_request *rq, bool auto_recompute, twk_device *dev,
                                twk_mem_plan *out) {
+    if (dev && !twk_device_has_op(dev, TWK_OP_UNEMBED_LOGPROBS)) rq->logits = true;
     twk_status st = twk_mem_plan_dir(dir, rq, out);
     if (st == TWK_OK) st = twk_mem_plan_fits(out, dev);
     if (st != TWK_ERR_OOM || rq->recompute || !auto_recompute) return st;

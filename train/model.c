@@ -322,6 +322,16 @@ static twk_status make_adapter(twk_trainer *t) {
     return TWK_OK;
 }
 
+/* loss = -sum(weights * logprobs), both named; the graph's first error. */
+static twk_status finish_loss(twk_trainer *t) {
+    twk_graph *g = t->g;
+    t->loss = twk_scale(g, twk_weighted_sum(g, t->logprobs, t->weights), -1.0f);
+    twk_node_set_name(g, t->logprobs, "logprobs");
+    twk_node_set_name(g, t->loss, "loss");
+    if (twk_graph_status(g) != TWK_OK) return twk_error(twk_graph_status(g), "%s", twk_graph_error(g));
+    return TWK_OK;
+}
+
 static twk_status build(twk_trainer *t) {
     const twk_model_config *c = &t->m->cfg;
     twk_graph *g = t->g;
@@ -393,6 +403,11 @@ static twk_status build(twk_trainer *t) {
     if (t->recompute) twk_graph_checkpoint(g, x); /* the head after it is kept */
     twk_id h = twk_rmsnorm(g, x, weight_node(t, "model.norm.weight"), eps);
     if (t->sampling) h = twk_get_rows(g, h, t->sel); /* only the rows that sample next */
+    if (t->fused) { /* logprobs without the [T, V] logits */
+        t->logprobs = twk_unembed_logprobs(g, h, weight_node(t, c->tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"),
+                                           t->targets);
+        return finish_loss(t);
+    }
     twk_id logits;
     if (c->tie_embeddings) {
         logits = twk_matmul(g, h, weight_node(t, "model.embed_tokens.weight"), false, true);
@@ -412,11 +427,7 @@ static twk_status build(twk_trainer *t) {
         return TWK_OK;
     }
     t->logprobs = twk_logprobs(g, logits, t->targets);
-    t->loss = twk_scale(g, twk_weighted_sum(g, t->logprobs, t->weights), -1.0f);
-    twk_node_set_name(g, t->logprobs, "logprobs");
-    twk_node_set_name(g, t->loss, "loss");
-    if (twk_graph_status(g) != TWK_OK) return twk_error(twk_graph_status(g), "%s", twk_graph_error(g));
-    return TWK_OK;
+    return finish_loss(t);
 }
 
 void twk_trainer_free(twk_trainer *t) {
@@ -575,6 +586,9 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
     t->lora = lora != NULL;
     t->dry = dry;
     t->recompute = o && o->recompute && !sampling;
+    /* the fused unembedding where the lm_head is frozen and the backend has it */
+    t->fused = !sampling && lora && !lora->train_unembed && !(o && o->logits) &&
+               (dry || twk_device_has_op(m->dev, TWK_OP_UNEMBED_LOGPROBS));
     if (lora) {
         t->lc = *lora;
         t->scale = lora->alpha / (float)lora->rank;

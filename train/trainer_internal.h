@@ -69,6 +69,7 @@ struct twk_trainer {
     /* memory planning (memplan.c): per-layer activation recompute; a dry trainer has
      * shapes only (no buffers, no host state) and estimates its plans instead of compiling */
     int recompute, dry;
+    int fused; /* logprobs by twk_unembed_logprobs (no [T, V] logits) */
     twk_plan_stats est_fwd, est_fwdbwd;
     twk_buffer *arena; /* the trainer's own arena of both plans (NULL: none, or the caller's) */
 };

@@ -109,6 +109,12 @@ twk_id twk_attention_cached(twk_graph *g, twk_id q, twk_id kc, twk_id vc, twk_id
 twk_id twk_lora_gather(twk_graph *g, twk_id x, twk_id w, twk_id slot);
 /* log_softmax(logits)[t, targets[t]]: logits [T, V], targets i32/i64 [T] -> [T]. */
 twk_id twk_logprobs(twk_graph *g, twk_id logits, twk_id targets);
+/* twk_logprobs(h w^T, targets) without the [T, V] logits: h [T, H], a frozen w [V, H]
+ * (TWK_ERR_INVALID_ARG when w is a trainable param), targets [T] -> [T]. Kernels hold one
+ * token tile of logits at a time (TWK_UNEMBED_TILE_ROWS); the backward (dh) recomputes
+ * them. On the CPU bit-identical to twk_logprobs(twk_matmul(h, w, false, true), targets);
+ * backends without the op say so (twk_device_has_op). */
+twk_id twk_unembed_logprobs(twk_graph *g, twk_id h, twk_id w, twk_id targets);
 
 /* ---- autograd ---- */
 /* Appends the backward graph of scalar `loss` ([1]): every trainable param

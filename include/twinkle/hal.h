@@ -119,6 +119,8 @@ size_t twk_buffer_size(const twk_buffer *buf);
  * opened (or since the last reset_peak, which sets the peak to the live bytes); 0 for NULL. */
 void twk_device_memory(twk_device *dev, uint64_t *live, uint64_t *peak, bool reset_peak);
 
+/* Whether the device's backend has a kernel for op (its kernel table); false for NULL. */
+bool twk_device_has_op(const twk_device *dev, twk_op op);
 /* Waits for all queued work on the device. */
 twk_status twk_device_synchronize(twk_device *dev);
 

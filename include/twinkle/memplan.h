@@ -27,6 +27,8 @@ typedef struct twk_mem_request {
     bool train_unembed;   /* LoRA on lm_head too (attention + MLP always) */
     const char *dtype;    /* the frozen weights' dtype: "f32" (NULL), "bf16" or "f16" */
     bool recompute;       /* per-layer activation recompute */
+    bool logits;          /* the [T, V] logits path (twk_trainer_opts.logits; backends without
+                             the fused unembedding); full training and an lm_head adapter take it */
     int kv_seqs;          /* KV cache: sequences of kv_len tokens (0: none) */
     int64_t kv_len;
 } twk_mem_request;
@@ -42,6 +44,7 @@ typedef struct twk_mem_plan {
     uint64_t act_train;   /* the forward+backward plan's arena peak and inputs */
     uint64_t activations; /* the arena both plans share (the larger peak) and their inputs */
     uint64_t arena;       /* that arena alone: the size of a buffer trainers may share (twk_trainer_opts) */
+    uint64_t scratch;     /* the fused unembedding's tile of logits (a backend's scratch) */
     uint64_t kv_cache;    /* K and V of kv_seqs x kv_len tokens, in the weights' dtype */
     uint64_t bookkeeping; /* host: the trainer's graph and plans' own structures */
     uint64_t per_run;     /* adapter + grads + moments: what one more LoRA run of the service costs */
@@ -63,7 +66,8 @@ const char *twk_mem_plan_table(const twk_mem_plan *p, const twk_mem_request *rq,
  * the host's RAM) holds the device parts, and the CPU's the host parts. TWK_OK, or
  * TWK_ERR_OOM naming what does not fit (the table is the caller's to print). */
 twk_status twk_mem_plan_fits(const twk_mem_plan *p, twk_device *dev);
-/* The plan of rq for the folder `dir` on dev. When it does not fit, rq->recompute is off and
+/* The plan of rq for the folder `dir` on dev (rq->logits set when dev lacks the fused
+ * unembedding). When it does not fit, rq->recompute is off and
  * `auto_recompute`, the plan with recompute instead (rq->recompute then set). TWK_OK when the
  * plan in *out fits; TWK_ERR_OOM naming what does not (*out the smallest plan tried, rq as
  * planned); a config error otherwise. */

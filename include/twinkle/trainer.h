@@ -40,6 +40,9 @@ twk_status twk_trainer_new(twk_model *m, const twk_lora_config *lora, int64_t ca
 typedef struct twk_trainer_opts {
     bool recompute; /* per-layer activation recompute: each layer's activations are computed
                        again in the backward (twk_graph_recompute); bit-identical gradients */
+    bool logits;    /* keep the [T, V] logits path (matmul + logprobs) where the fused
+                       unembedding (twk_unembed_logprobs: token tiles, no logits) would run:
+                       LoRA without lm_head on a backend with the op; identical results */
     twk_buffer *arena; /* a caller's device buffer both plans run in when it holds their peak
                           (trainers used one at a time, from one thread, may share one;
                           twk_mem_plan gives the size); NULL: the trainer's own */
