@@ -10,5 +10,6 @@ int twk_cmd_score(int argc, char **argv);
 int twk_cmd_sample(int argc, char **argv);
 int twk_cmd_export(int argc, char **argv);
 int twk_cmd_chat(int argc, char **argv);
+int twk_cmd_plan(int argc, char **argv);
 
 #endif

@@ -30,7 +30,7 @@ typedef struct train_opts {
     double lr, alpha, weight_decay, grad_clip, beta1, beta2, eps;
     double dpo_beta, clip_lo, clip_hi, kl_beta, max_tokens, distill_beta; /* NaN: the loss's default */
     twk_loss_spec spec; /* --loss with the flags above */
-    int full, train_unembed, no_attn, no_mlp;
+    int full, train_unembed, no_attn, no_mlp, recompute;
 } train_opts;
 
 static const char *const lr_names[] = {"constant", "linear", "cosine"};
@@ -67,6 +67,10 @@ static void usage(FILE *f) {
             "  --batch-tokens N     pack whole examples up to N tokens per step (default 2048)\n"
             "  --save-every N       checkpoint every N steps (default 0: only at the end)\n"
             "  --full               train every parameter instead of a LoRA adapter\n"
+            "  --recompute          per-layer activation recompute (less memory, ~1/3 more compute; identical\n"
+            "                       gradients). Chosen by itself when a step would not fit the device otherwise;\n"
+            "                       a configuration that fits neither way is refused with its memory table\n"
+            "                       (`twinkle plan`)\n"
             "  --rank R             LoRA rank (default 32)\n"
             "  --alpha A            LoRA alpha; scale = alpha / rank (default 32)\n"
             "  --train-unembed      also adapt lm_head;  --no-attn / --no-mlp drop those targets\n"
@@ -154,6 +158,7 @@ static int parse(int argc, char **argv, train_opts *o) {
         if (!strcmp(a, "--train-unembed")) { o->train_unembed = 1; continue; }
         if (!strcmp(a, "--no-attn")) { o->no_attn = 1; continue; }
         if (!strcmp(a, "--no-mlp")) { o->no_mlp = 1; continue; }
+        if (!strcmp(a, "--recompute")) { o->recompute = 1; continue; }
         if (i + 1 >= argc) {
             fprintf(stderr, "twinkle train: %s needs a value (or is unknown)\n", a);
             return 0;
@@ -331,6 +336,23 @@ static twk_status eval_pass(twk_trainer *t, const train_opts *o, const twk_datas
     return st;
 }
 
+/* The memory plan of the run on dev (twinkle plan's table): 1 when it fits, recompute
+ * chosen when only that fits (rq->recompute set, a line says so); 0 when nothing does. */
+static int fits_device(const train_opts *o, twk_device *dev, twk_mem_request *rq, int me) {
+    twk_mem_plan p;
+    int asked = rq->recompute;
+    twk_status st = twk_mem_plan_choose(o->model, rq, true, dev, &p);
+    if (st == TWK_OK && rq->recompute && !asked && me == 0)
+        printf("activation recompute is on: a step fits %s only with it\n", twk_device_spec(dev));
+    if (st != TWK_ERR_OOM) return 1; /* a config error is reported by the model load */
+    char table[2048];
+    if (me == 0)
+        fprintf(stderr, "twinkle train: the configuration does not fit: %s\n%s", twk_last_error(),
+                twk_mem_plan_table(&p, rq, table, sizeof table));
+    twk_error(TWK_ERR_OOM, "the configuration does not fit %s (see the table above)", twk_device_spec(dev));
+    return 0;
+}
+
 static int train(train_opts *o) {
     int me = twk_dist_rank(), nr = twk_dist_size();
     twk_device *dev = NULL;
@@ -343,8 +365,10 @@ static int train(train_opts *o) {
     FILE *dump = NULL, *metrics = NULL;
     int rc = 1, tty = me == 0 && isatty(1);
     char devname[256], where[96] = ""; /* a failing rank's share, for its message */
+    twk_mem_request rq = {.tokens = o->batch_tokens, .rank = o->full ? 0 : (int)o->rank, .train_unembed = o->train_unembed,
+                          .recompute = o->recompute};
     if (twk_device_open(twk_dist_device(o->device, devname, sizeof devname), &dev) != TWK_OK ||
-        twk_model_load(o->model, dev, &model) != TWK_OK ||
+        !fits_device(o, dev, &rq, me) || twk_model_load(o->model, dev, &model) != TWK_OK ||
         (o->dopts.vocab = twk_model_cfg(model)->vocab,
          twk_train_data_load(&o->files, &o->dopts, o->spec.def->group, (uint64_t)o->seed, o->eval_data,
                              o->eval_fraction, &data, &eval)) != TWK_OK)
@@ -360,7 +384,8 @@ static int train(train_opts *o) {
     lc.train_mlp = !o->no_mlp;
     lc.train_unembed = o->train_unembed;
     lc.seed = (uint64_t)o->seed;
-    if (twk_trainer_new(model, o->full ? NULL : &lc, o->batch_tokens, &t) != TWK_OK) goto fail;
+    twk_trainer_opts topts = {.recompute = rq.recompute};
+    if (twk_trainer_new_opts(model, o->full ? NULL : &lc, o->batch_tokens, &topts, &t) != TWK_OK) goto fail;
     if (o->resume && twk_trainer_load_state(t, o->resume, 1) != TWK_OK) goto fail;
     if (me == 0 && twk_mkdir_p(o->out, 0755) != TWK_OK) goto fail;
     char mpath[4200];

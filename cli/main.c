@@ -22,6 +22,8 @@ static void usage(FILE *f) {
             "  chat      an interactive conversation with a model (+ adapter), turns read from stdin\n"
             "  score     per-token logprobs of JSONL examples under a model (+ adapter)\n"
             "  export    a checkpoint's adapter (--peft) or the base model with it merged (--merge)\n"
+            "  plan      the memory a training configuration takes (weights, adapter, optimizer,\n"
+            "              activations, KV cache), from config.json alone, and whether it fits a device\n"
             "  devices   list backends and devices\n"
             "  version   print the version\n"
             "  help      this text\n"
@@ -44,6 +46,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "export")) return twk_cmd_export(argc - 1, argv + 1);
     if (!strcmp(cmd, "chat")) return twk_cmd_chat(argc - 1, argv + 1);
     if (!strcmp(cmd, "devices")) return twk_cmd_devices(argc - 1, argv + 1);
+    if (!strcmp(cmd, "plan")) return twk_cmd_plan(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("twinkle %s\n", TWK_VERSION);
         return 0;

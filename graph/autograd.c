@@ -250,6 +250,14 @@ static int grad_lora_gather(grad_step *st) {
     return 1;
 }
 
+static int grad_unembed_logprobs(grad_step *st) {
+    /* dh, the logits recomputed tile by tile from h and w */
+    const twk_id *s = st->n.src;
+    twk_id src5[5] = {s[0], s[1], s[2], st->gy, st->id};
+    st->c[0] = raw(st->g, TWK_OP_UNEMBED_LOGPROBS_BACK, s[0], 5, src5, NULL, NULL);
+    return 1;
+}
+
 /* The rules of the ops that are not MAPs (a MAP's rule is its BACK op). */
 static const grad_rule rules[TWK_OP_COUNT] = {
     [TWK_OP_RESHAPE] = grad_reshape,
@@ -274,6 +282,7 @@ static const grad_rule rules[TWK_OP_COUNT] = {
     [TWK_OP_ATTN] = grad_attn,
     [TWK_OP_LOGPROBS] = grad_logprobs,
     [TWK_OP_LORA_GATHER] = grad_lora_gather,
+    [TWK_OP_UNEMBED_LOGPROBS] = grad_unembed_logprobs,
 };
 _Static_assert(sizeof rules / sizeof rules[0] == TWK_OP_COUNT, "one entry per op");
 

@@ -576,6 +576,32 @@ twk_id twk_logprobs(twk_graph *g, twk_id logits, twk_id targets) {
     return twk_graph_push(g, &n);
 }
 
+twk_id twk_unembed_logprobs(twk_graph *g, twk_id h, twk_id w, twk_id targets) {
+    const twk_node *H = arg(g, h, "unembed_logprobs", "h");
+    const twk_node *W = arg(g, w, "unembed_logprobs", "w");
+    const twk_node *t = arg(g, targets, "unembed_logprobs", "targets");
+    if (!H || !W || !t) return -1;
+    if (!want_dtype(g, H, h, "unembed_logprobs", "h", 1, 0) || !want_dtype(g, W, w, "unembed_logprobs", "w", 1, 0) ||
+        !want_dtype(g, t, targets, "unembed_logprobs", "targets", 0, 1))
+        return -1;
+    char s1[96], s2[96], s3[96];
+    if (H->ndim != 2 || (H->dyn & 2) || W->ndim != 2 || W->dyn || W->ne[1] != H->ne[1] || !is_vector_of(t, H))
+        return twk_graph_fail(g, TWK_ERR_SHAPE, "unembed_logprobs: want h [T, H], w [V, H] and targets [T]; got %s, %s and %s",
+                              SHAPE(g, h, s1), SHAPE(g, w, s2), SHAPE(g, targets, s3));
+    if (W->flags & TWK_NODE_TRAINABLE)
+        return twk_graph_fail(g, TWK_ERR_INVALID_ARG, "unembed_logprobs: w (node %d) is trainable; it must be frozen", w);
+    twk_node n;
+    init_node(&n, TWK_OP_UNEMBED_LOGPROBS, TWK_F32);
+    n.ndim = 1;
+    n.ne[0] = H->ne[0];
+    n.dyn = H->dyn & 1;
+    n.nsrc = 3;
+    n.src[0] = h;
+    n.src[1] = w;
+    n.src[2] = targets;
+    return twk_graph_push(g, &n);
+}
+
 /* ---- decoding with a KV cache ---- */
 
 twk_id twk_kv_write(twk_graph *g, twk_id cache, twk_id x, twk_id rows) {

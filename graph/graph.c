@@ -14,6 +14,7 @@ void twk_graph_free(twk_graph *g) {
     if (!g) return;
     twk_host_free(g->nodes);
     twk_host_free(g->grads);
+    twk_host_free(g->order);
     twk_host_free(g);
 }
 
@@ -38,11 +39,18 @@ twk_id twk_graph_push(twk_graph *g, const twk_node *n) {
         twk_node *nn = twk_host_alloc((size_t)cap * sizeof *nn, "graph nodes");
         if (!nn) return twk_graph_fail(g, TWK_ERR_OOM, "out of memory growing the graph to %d nodes", cap);
         if (g->n) memcpy(nn, g->nodes, (size_t)g->n * sizeof *nn);
+        twk_id *no = g->order ? twk_host_realloc(g->order, (size_t)g->n * sizeof *no, (size_t)cap * sizeof *no, "graph order") : NULL;
+        if (g->order && !no) {
+            twk_host_free(nn);
+            return twk_graph_fail(g, TWK_ERR_OOM, "out of memory growing the graph to %d nodes", cap);
+        }
+        if (no) g->order = no;
         twk_host_free(g->nodes);
         g->nodes = nn;
         g->cap = cap;
     }
     g->nodes[g->n] = *n;
+    if (g->order) g->order[g->n] = g->n; /* a node added after a reordering runs last */
     return g->n++;
 }
 
@@ -76,6 +84,14 @@ static const twk_node *node_at(const twk_graph *g, twk_id id) {
 }
 
 int twk_graph_size(const twk_graph *g) { return g ? g->n : 0; }
+
+size_t twk_graph_host_bytes(const twk_graph *g) {
+    if (!g) return 0;
+    size_t b = sizeof *g + (size_t)g->cap * sizeof *g->nodes;
+    if (g->grads) b += (size_t)g->n_grads * sizeof *g->grads;
+    if (g->order) b += (size_t)g->cap * sizeof *g->order;
+    return b;
+}
 
 twk_op twk_node_op(const twk_graph *g, twk_id id) {
     const twk_node *n = node_at(g, id);
@@ -124,5 +140,14 @@ twk_status twk_graph_output(twk_graph *g, twk_id id) {
     if (id < 0 || id >= g->n)
         return twk_error(TWK_ERR_INVALID_ARG, "graph_output: no tensor %d in a graph of %d", id, g->n);
     g->nodes[id].flags |= TWK_NODE_OUTPUT;
+    return TWK_OK;
+}
+
+twk_status twk_graph_checkpoint(twk_graph *g, twk_id id) {
+    if (!g) return twk_error(TWK_ERR_INVALID_ARG, "graph_checkpoint: graph is NULL");
+    if (id < 0 || id >= g->n)
+        return twk_error(TWK_ERR_INVALID_ARG, "graph_checkpoint: no tensor %d in a graph of %d", id, g->n);
+    if (g->grads) return twk_error(TWK_ERR_STATE, "graph_checkpoint: mark checkpoints before twk_graph_backward");
+    g->nodes[id].flags |= TWK_NODE_CHECKPOINT;
     return TWK_OK;
 }

@@ -7,6 +7,7 @@
 
 #define TWK_NODE_TRAINABLE 1u
 #define TWK_NODE_OUTPUT 2u
+#define TWK_NODE_CHECKPOINT 4u
 
 typedef struct twk_node {
     twk_op op;
@@ -29,7 +30,11 @@ struct twk_graph {
     char error[512];
     twk_id *grads;     /* per node after backward, else NULL */
     int n_grads;       /* nodes that existed when backward ran */
+    twk_id *order;     /* launch order after twk_graph_recompute (every node once); NULL: id order */
 };
+
+/* The k-th node in launch order (id order unless twk_graph_recompute set an order). */
+static inline twk_id twk_graph_at(const twk_graph *g, int k) { return g->order ? g->order[k] : k; }
 
 /* Appends a node (copied); returns its id or -1 with the graph error set. */
 twk_id twk_graph_push(twk_graph *g, const twk_node *n);

@@ -33,6 +33,7 @@ struct twk_plan {
     char (*names)[64];
     twk_hal_plan hal;
     twk_buffer *arena;
+    int arena_shared; /* the caller's buffer: not freed here */
     twk_buffer *leaves;
     void *prepared;
     twk_plan_stats stats;
@@ -49,7 +50,7 @@ static size_t bytes_at(const twk_node *n, int64_t cap) {
 void twk_plan_free(twk_plan *p) {
     if (!p) return;
     if (p->prepared) twk_device_backend(p->dev)->release(twk_device_ctx(p->dev), p->prepared);
-    twk_buffer_free(p->dev, p->arena);
+    if (!p->arena_shared) twk_buffer_free(p->dev, p->arena);
     twk_buffer_free(p->dev, p->leaves);
     twk_host_free(p->slots);
     twk_host_free(p->launches);
@@ -141,7 +142,8 @@ static twk_status compile_fail(twk_plan *p, twk_status st) {
  * stay SLOT_DEAD); the number of outputs. */
 static int mark_live(const twk_graph *g, twk_plan *p) {
     int n_out = 0;
-    for (int i = g->n - 1; i >= 0; i--) {
+    for (int pos = g->n - 1; pos >= 0; pos--) {
+        twk_id i = twk_graph_at(g, pos);
         const twk_node *nd = &g->nodes[i];
         if (nd->flags & TWK_NODE_OUTPUT) {
             p->slots[i].kind = SLOT_ARENA;
@@ -177,7 +179,7 @@ static void classify_slots(const twk_graph *g, twk_plan *p) {
 }
 
 /* Caller-owned storage for bound tensors; an error names a bad binding. */
-static twk_status bind_tensors(const twk_graph *g, twk_plan *p, const twk_binding *binds, int n_binds) {
+static twk_status bind_tensors(const twk_graph *g, twk_plan *p, const twk_binding *binds, int n_binds, int dry) {
     for (int b = 0; b < n_binds; b++) {
         twk_id id = binds[b].id;
         if (id < 0 || id >= g->n)
@@ -187,6 +189,10 @@ static twk_status bind_tensors(const twk_graph *g, twk_plan *p, const twk_bindin
         if (s->kind == SLOT_VIEW)
             return twk_error(TWK_ERR_INVALID_ARG, "plan_compile: cannot bind reshape view '%s' (%d); bind its source",
                              g->nodes[id].name, id);
+        if (dry) {
+            s->kind = SLOT_BOUND;
+            continue;
+        }
         if (!binds[b].buf || binds[b].offset > twk_buffer_size(binds[b].buf) ||
             s->bytes > twk_buffer_size(binds[b].buf) - binds[b].offset)
             return twk_error(TWK_ERR_INVALID_ARG,
@@ -210,7 +216,8 @@ static int order_launches(const twk_graph *g, twk_plan *p) {
     p->names = twk_host_calloc(cap * sizeof *p->names, "plan names");
     if (!p->launches || !p->launch_node || !p->names) return -1;
     int li = 0;
-    for (int i = 0; i < g->n; i++) {
+    for (int pos = 0; pos < g->n; pos++) {
+        twk_id i = twk_graph_at(g, pos);
         slot *s = &p->slots[i];
         const twk_node *nd = &g->nodes[i];
         if (s->kind == SLOT_DEAD || !twk_op_has_kernel(nd->op)) continue;
@@ -302,9 +309,14 @@ static twk_status describe_launches(const twk_graph *g, twk_plan *p, int n_launc
 }
 
 /* The arena and the leaves' buffer (zeroed), then every slot's buffer. */
-static twk_status allocate(twk_plan *p, size_t peak, size_t leaf_bytes) {
+static twk_status allocate(twk_plan *p, size_t peak, size_t leaf_bytes, twk_buffer *shared) {
     twk_status st = TWK_OK;
-    if (peak) st = twk_buffer_alloc(p->dev, peak, &p->arena);
+    if (peak && shared && twk_buffer_size(shared) >= peak) {
+        p->arena = shared;
+        p->arena_shared = 1;
+    } else if (peak) {
+        st = twk_buffer_alloc(p->dev, peak, &p->arena);
+    }
     if (st == TWK_OK && leaf_bytes) st = twk_buffer_alloc(p->dev, leaf_bytes, &p->leaves);
     if (st == TWK_OK && leaf_bytes) st = twk_buffer_zero(p->dev, p->leaves, 0, leaf_bytes);
     if (st != TWK_OK) return st;
@@ -328,31 +340,75 @@ static twk_status check_compile_args(const twk_graph *g, twk_device *dev, int64_
     return TWK_OK;
 }
 
+/* The device-free steps of a compile: dead nodes, storage classes, bindings (dry: ids
+ * only), launch order and live ranges, leaves and the arena's placement. The launch count
+ * (-1 with *st set on failure). */
+static int lay_out(const twk_graph *g, twk_plan *p, const twk_binding *binds, int n_binds, int dry, size_t *peak,
+                   twk_status *st) {
+    p->n_nodes = g->n;
+    p->slots = twk_host_calloc((size_t)g->n * sizeof *p->slots + 1, "plan slots");
+    if (!p->slots) return *st = TWK_ERR_OOM, -1;
+    if (!mark_live(g, p))
+        return *st = twk_error(TWK_ERR_INVALID_ARG, "plan_compile: the graph has no outputs (twk_graph_output)"), -1;
+    classify_slots(g, p);
+    if ((*st = bind_tensors(g, p, binds, n_binds, dry)) != TWK_OK) return -1;
+    int n_launch = order_launches(g, p);
+    if (n_launch < 0) return *st = TWK_ERR_OOM, -1;
+    if ((*st = check_in_place(g, p)) != TWK_OK) return -1;
+    size_t naive, leaf_bytes;
+    place_leaves(p, &leaf_bytes, &naive);
+    if ((*st = plan_memory(p, peak)) != TWK_OK) return -1;
+    p->stats.n_nodes_graph = g->n;
+    p->stats.n_launches = n_launch;
+    p->stats.arena_bytes = *peak;
+    p->stats.naive_bytes = naive;
+    p->stats.leaf_bytes = leaf_bytes;
+    size_t per_launch = sizeof *p->launches + sizeof *p->launch_node + sizeof *p->names;
+    p->stats.host_bytes = sizeof *p + (size_t)g->n * sizeof *p->slots + (size_t)(n_launch ? n_launch : 1) * per_launch;
+    return n_launch;
+}
+
+twk_status twk_plan_estimate(const twk_graph *g, int64_t capacity, const twk_id *bound, int n_bound,
+                             twk_plan_stats *out) {
+    if (!out) return twk_error(TWK_ERR_INVALID_ARG, "plan_estimate: out is NULL");
+    memset(out, 0, sizeof *out);
+    if (!g) return twk_error(TWK_ERR_INVALID_ARG, "plan_estimate: graph is NULL");
+    if (g->status != TWK_OK) return twk_error(g->status, "plan_estimate: graph has an error: %s", g->error);
+    if (capacity < 1) return twk_error(TWK_ERR_INVALID_ARG, "plan_estimate: capacity %lld < 1", (long long)capacity);
+    if (n_bound < 0 || (n_bound && !bound)) return twk_error(TWK_ERR_INVALID_ARG, "plan_estimate: bad bindings (%d)", n_bound);
+    twk_plan *p = twk_host_calloc(sizeof *p, "plan");
+    twk_binding *b = twk_host_calloc((size_t)n_bound * sizeof *b + 1, "plan bindings");
+    twk_status st = p && b ? TWK_OK : TWK_ERR_OOM;
+    for (int i = 0; st == TWK_OK && i < n_bound; i++) b[i].id = bound[i];
+    size_t peak = 0;
+    if (st == TWK_OK) {
+        p->capacity = capacity;
+        if (lay_out(g, p, b, n_bound, 1, &peak, &st) >= 0) *out = p->stats;
+    }
+    twk_host_free(b);
+    twk_plan_free(p);
+    return st;
+}
+
 twk_status twk_plan_compile(const twk_graph *g, twk_device *dev, int64_t capacity,
                             const twk_binding *binds, int n_binds, twk_plan **out) {
+    return twk_plan_compile_in(g, dev, capacity, binds, n_binds, NULL, out);
+}
+
+twk_status twk_plan_compile_in(const twk_graph *g, twk_device *dev, int64_t capacity, const twk_binding *binds,
+                               int n_binds, twk_buffer *arena, twk_plan **out) {
     twk_status st = check_compile_args(g, dev, capacity, binds, n_binds, out);
     if (st != TWK_OK) return st;
     twk_plan *p = twk_host_calloc(sizeof *p, "plan");
     if (!p) return TWK_ERR_OOM;
     p->dev = dev;
     p->capacity = capacity;
-    p->n_nodes = g->n;
-    p->slots = twk_host_calloc((size_t)g->n * sizeof *p->slots + 1, "plan slots");
-    if (!p->slots) return compile_fail(p, TWK_ERR_OOM);
-
-    if (!mark_live(g, p))
-        return compile_fail(p, twk_error(TWK_ERR_INVALID_ARG, "plan_compile: the graph has no outputs (twk_graph_output)"));
-    classify_slots(g, p);
-    if ((st = bind_tensors(g, p, binds, n_binds)) != TWK_OK) return compile_fail(p, st);
-    int n_launch = order_launches(g, p);
-    if (n_launch < 0) return compile_fail(p, TWK_ERR_OOM);
-    if ((st = check_in_place(g, p)) != TWK_OK) return compile_fail(p, st);
-
-    size_t naive, leaf_bytes, peak = 0;
-    place_leaves(p, &leaf_bytes, &naive);
-    if ((st = plan_memory(p, &peak)) != TWK_OK) return compile_fail(p, st);
+    size_t peak = 0;
+    int n_launch = lay_out(g, p, binds, n_binds, 0, &peak, &st);
+    if (n_launch < 0) return compile_fail(p, st);
     if ((st = describe_launches(g, p, n_launch)) != TWK_OK) return compile_fail(p, st);
-    if ((st = allocate(p, peak, leaf_bytes)) != TWK_OK) return compile_fail(p, st);
+    if ((st = allocate(p, peak, p->stats.leaf_bytes, arena)) != TWK_OK) return compile_fail(p, st);
+    p->stats.arena_shared = p->arena_shared;
     describe_buffers(g, p, n_launch); /* buffers are known now */
 
     const twk_backend_iface *be = twk_device_backend(dev);
@@ -361,11 +417,6 @@ twk_status twk_plan_compile(const twk_graph *g, twk_device *dev, int64_t capacit
     p->hal.capacity = capacity;
     if ((st = be->prepare(twk_device_ctx(dev), &p->hal, &p->prepared)) != TWK_OK) return compile_fail(p, st);
 
-    p->stats.n_nodes_graph = g->n;
-    p->stats.n_launches = n_launch;
-    p->stats.arena_bytes = peak;
-    p->stats.naive_bytes = naive;
-    p->stats.leaf_bytes = leaf_bytes;
     *out = p;
     return TWK_OK;
 }

@@ -15,7 +15,7 @@ struct twk_device {
     void *ctx;
     int index;
     char spec[48];
-    size_t buffer_bytes; /* live buffers from twk_buffer_alloc (atomic: read from any thread) */
+    _Atomic uint64_t mem_live, mem_peak; /* bytes of buffers allocated through twk_buffer_alloc */
 };
 
 static const twk_backend_iface *backends[TWK_MAX_BACKENDS];
@@ -214,18 +214,32 @@ twk_status twk_buffer_alloc(twk_device *dev, size_t bytes, twk_buffer **out) {
     if (!dev || !out) return twk_error(TWK_ERR_INVALID_ARG, "buffer_alloc: NULL argument");
     *out = NULL;
     twk_status st = dev->iface->buffer_alloc(dev->ctx, bytes, out);
-    if (st == TWK_OK && *out) __atomic_add_fetch(&dev->buffer_bytes, (*out)->size, __ATOMIC_RELAXED);
-    return st;
+    if (st != TWK_OK) return st;
+    uint64_t live = atomic_fetch_add(&dev->mem_live, (uint64_t)bytes) + bytes, peak = atomic_load(&dev->mem_peak);
+    while (live > peak && !atomic_compare_exchange_weak(&dev->mem_peak, &peak, live)) {
+    }
+    return TWK_OK;
 }
 
 void twk_buffer_free(twk_device *dev, twk_buffer *buf) {
     if (!dev || !buf) return;
-    __atomic_sub_fetch(&dev->buffer_bytes, buf->size, __ATOMIC_RELAXED);
+    atomic_fetch_sub(&dev->mem_live, (uint64_t)twk_buffer_size(buf));
     dev->iface->buffer_free(dev->ctx, buf);
 }
 
+bool twk_device_has_op(const twk_device *dev, twk_op op) {
+    const char *why = NULL;
+    return dev && twk_op_has_kernel(op) && dev->iface->op_kernel(op, &why);
+}
+
+void twk_device_memory(twk_device *dev, uint64_t *live, uint64_t *peak, bool reset_peak) {
+    if (live) *live = dev ? atomic_load(&dev->mem_live) : 0;
+    if (peak) *peak = dev ? atomic_load(&dev->mem_peak) : 0;
+    if (dev && reset_peak) atomic_store(&dev->mem_peak, atomic_load(&dev->mem_live));
+}
+
 size_t twk_device_buffer_bytes(const twk_device *dev) {
-    return dev ? __atomic_load_n(&dev->buffer_bytes, __ATOMIC_RELAXED) : 0;
+    return dev ? (size_t)atomic_load(&((twk_device *)dev)->mem_live) : 0;
 }
 
 static twk_status check_range(const char *what, const twk_buffer *b, size_t off, size_t bytes) {

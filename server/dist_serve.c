@@ -123,7 +123,8 @@ void svc_dist_stop(void) {
 }
 
 twk_status svc_dist_trainer_new(svc *s, run_state *r) {
-    twk_status st = twk_trainer_new(r->base->m, &r->lora, s->cfg.max_context, &r->trainer);
+    twk_trainer_opts to = {.recompute = r->base->recompute, .arena = r->base->arena}; /* runs take turns on the worker */
+    twk_status st = twk_trainer_new_opts(r->base->m, &r->lora, s->cfg.max_context, &to, &r->trainer);
     if (st != TWK_OK || !svc_dist_active()) return st;
     dsv_cmd h = cmd_for(DSV_CREATE, r);
     h.model = (int32_t)(r->base - s->models);

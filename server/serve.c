@@ -67,8 +67,8 @@ static int parse_num(const char *s, double lo, double hi, double *out) {
 twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char *val, int *used) {
     *used = 1;
     while (*opt == '-') opt++;
-    if (!strcmp(opt, "quiet") || !strcmp(opt, "jwt-auth")) { /* flags: no value */
-        *(!strcmp(opt, "quiet") ? &c->quiet : &c->jwt_auth) = 1;
+    if (!strcmp(opt, "quiet") || !strcmp(opt, "jwt-auth") || !strcmp(opt, "recompute")) { /* flags: no value */
+        *(!strcmp(opt, "quiet") ? &c->quiet : !strcmp(opt, "recompute") ? &c->recompute : &c->jwt_auth) = 1;
         *used = 0;
         return TWK_OK;
     }
@@ -202,7 +202,7 @@ twk_status twk_serve_config_file(twk_serve_config *c, const char *path) {
         char *eq = strchr(p, '=');
         char *end = p + strlen(p);
         while (end > p && isspace((unsigned char)end[-1])) *--end = 0;
-        if (!eq && strcmp(p, "quiet") && strcmp(p, "jwt-auth")) {
+        if (!eq && strcmp(p, "quiet") && strcmp(p, "jwt-auth") && strcmp(p, "recompute")) {
             st = twk_error(TWK_ERR_INVALID_ARG, "%s:%d: want 'key = value'", path, lineno);
             break;
         }
@@ -275,6 +275,41 @@ static void on_signal(uv_signal_t *h, int signum) {
     shut_down(s);
 }
 
+/* Before b's weights are read: its memory plan on the device — the weights, the activation
+ * arena every run shares, the base sampler's KV cache and one run at --max-lora-rank — refused
+ * with the table when it cannot fit (recompute chosen when only that fits), and the start-up
+ * line with the per-run cost at --slot-rank (the default LoRA rank). */
+static twk_status plan_model(const twk_serve_config *c, twk_device *dev, base_model *b, twk_mem_plan *p) {
+    twk_mem_request rq = {.tokens = c->max_context, .rank = c->max_lora_rank, .train_unembed = true,
+                          .recompute = c->recompute, .kv_seqs = TWK_SERVE_SAMPLER_SEQS, .kv_len = c->max_context};
+    twk_status st = twk_mem_plan_choose(b->dir, &rq, true, dev, p);
+    char table[2048], w[32], ar[32], kv[32], pr[32], ad[32], mo[32], gr[32];
+    if (st == TWK_ERR_OOM) {
+        char why[600];
+        snprintf(why, sizeof why, "%s", twk_last_error());
+        fprintf(stderr, "twinkle serve: model '%s' cannot be served on %s (--max-context %lld, --max-lora-rank %d):\n%s",
+                b->name, twk_device_spec(dev), (long long)c->max_context, c->max_lora_rank,
+                twk_mem_plan_table(p, &rq, table, sizeof table));
+        return twk_error(st, "does not fit: %s", why);
+    }
+    if (st != TWK_OK) return st;
+    b->recompute = rq.recompute;
+    twk_mem_request one = rq;
+    one.rank = c->slot_rank;
+    one.train_unembed = false;
+    one.kv_seqs = 0;
+    twk_mem_plan run;
+    st = twk_mem_plan_dir(b->dir, &one, &run);
+    if (st != TWK_OK) return st;
+    twk_log_info("model '%s': weights %s (loaded once, shared by every tenant), activations %s (one arena every run "
+                 "shares%s), sampler KV cache %s; each run of rank %d costs %s: adapter %s + gradients %s + AdamW moments %s",
+                 b->name, twk_mem_bytes_str(p->weights, w, sizeof w), twk_mem_bytes_str(p->arena, ar, sizeof ar),
+                 rq.recompute ? ", recompute" : "", twk_mem_bytes_str(p->kv_cache, kv, sizeof kv), c->slot_rank,
+                 twk_mem_bytes_str(run.per_run, pr, sizeof pr), twk_mem_bytes_str(run.adapter, ad, sizeof ad),
+                 twk_mem_bytes_str(run.grads, gr, sizeof gr), twk_mem_bytes_str(run.moments, mo, sizeof mo));
+    return TWK_OK;
+}
+
 twk_status svc_load_models(const twk_serve_config *cfg, twk_device *dev, base_model *models, int *n_models) {
     twk_serve_model_spec def;
     const twk_serve_model_spec *specs = cfg->models;
@@ -291,8 +326,18 @@ twk_status svc_load_models(const twk_serve_config *cfg, twk_device *dev, base_mo
         snprintf(b->name, sizeof b->name, "%s", specs[i].name);
         char abs_dir[PATH_MAX]; /* absolute: get_info's tokenizer_id is this folder */
         snprintf(b->dir, sizeof b->dir, "%.1000s", realpath(specs[i].dir, abs_dir) ? abs_dir : specs[i].dir);
-        twk_status st = twk_model_load(b->dir, dev, &b->m);
-        if (st != TWK_OK) return twk_error(st, "model '%s': %s", b->name, twk_last_error());
+        twk_mem_plan plan;
+        twk_status st = plan_model(cfg, dev, b, &plan);
+        if (st == TWK_OK) st = twk_model_load(b->dir, dev, &b->m);
+        if (st == TWK_OK && plan.arena) st = twk_buffer_alloc(dev, plan.arena, &b->arena);
+        if (st != TWK_OK) {
+            st = twk_error(st, "model '%s': %s", b->name, twk_last_error());
+            twk_buffer_free(dev, b->arena);
+            twk_model_free(b->m);
+            b->arena = NULL;
+            b->m = NULL;
+            return st;
+        }
         char tok[1100];
         snprintf(tok, sizeof tok, "%s/tokenizer.json", b->dir);
         struct stat sb;
@@ -383,6 +428,7 @@ static void serve_close(svc *s, uv_loop_t *loop) {
     svc_free_runs(s);
     for (int i = 0; i < s->n_models; i++) {
         twk_pack_free(s->models[i].pack);
+        twk_buffer_free(s->dev, s->models[i].arena);
         twk_model_free(s->models[i].m);
         twk_tokenizer_free(s->models[i].tok);
         twk_chat_template_free(s->models[i].chat);

@@ -73,6 +73,7 @@ typedef struct twk_serve_config {
     double sampler_idle_s;    /* an unnamed sampler snapshot unused this long is freed */
     size_t max_sampler_host_bytes; /* host copies of unnamed snapshots; the least recently used freed past it */
     int quiet;
+    int recompute;            /* --recompute: per-layer activation recompute in every run (else chosen when only it fits) */
     int jwt_auth;             /* --jwt-auth: client/config turns on the SDK's JWT exchange (auth/token, whoami) */
     int log_json;             /* --log-format json: one JSON object per line, every request */
 } twk_serve_config;

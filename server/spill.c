@@ -165,7 +165,8 @@ twk_status svc_restore_run(svc *s, run_state *r) {
     char dir[1400], file[1500];
     spill_paths(s, r, dir, NULL, NULL, sizeof dir);
     twk_trainer *t = NULL;
-    twk_status st = twk_trainer_new(r->base->m, &r->lora, s->cfg.max_context, &t);
+    twk_trainer_opts to = {.recompute = r->base->recompute, .arena = r->base->arena}; /* runs take turns on the worker */
+    twk_status st = twk_trainer_new_opts(r->base->m, &r->lora, s->cfg.max_context, &to, &t);
     if (st == TWK_OK) st = twk_trainer_load_state(t, dir, true);
     snprintf(file, sizeof file, "%s/grads.bin", dir);
     if (st == TWK_OK) st = read_grads(t, file);

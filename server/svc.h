@@ -30,6 +30,8 @@ typedef struct base_model {
     char dir[1024];
     twk_model *m;
     twk_pack *pack;              /* batch_train.c: its runs' forward / forward_backward passes (worker) */
+    twk_buffer *arena;           /* the activation arena every run's trainer shares (runs execute on one worker) */
+    int recompute;               /* runs use per-layer activation recompute */
     int has_tokenizer;
     twk_tokenizer *tok;          /* DIR/tokenizer.json when present (stop strings) */
     struct sampler_unit *shared; /* base-model sampling for every tenant */

@@ -94,6 +94,22 @@ static int expected_tensors(const twk_model_config *c, named_buf *out) {
     return n;
 }
 
+twk_model *twk_model_shapes(const twk_model_config *cfg, twk_dtype dtype) {
+    twk_model *m = twk_host_calloc(sizeof *m, "model shapes");
+    if (!m) return NULL;
+    m->cfg = *cfg;
+    int n = expected_tensors(cfg, NULL);
+    m->w = twk_host_calloc((size_t)n * sizeof *m->w, "model shapes");
+    if (!m->w) {
+        twk_host_free(m);
+        return NULL;
+    }
+    expected_tensors(cfg, m->w);
+    for (int i = 0; i < n; i++) m->w[i].dtype = dtype;
+    m->n_w = n;
+    return m;
+}
+
 twk_status twk_model_random(const twk_model_config *cfg, twk_device *dev, uint64_t seed, twk_model **out) {
     if (!out || !cfg || !dev) return twk_error(TWK_ERR_INVALID_ARG, "model_random: NULL argument");
     *out = NULL;
@@ -279,6 +295,13 @@ static twk_status make_adapter(twk_trainer *t) {
             for (int ab = 0; ab < 2; ab++) {
                 named_buf *nb = &t->adapter[t->n_adapter++];
                 snprintf(nb->name, sizeof nb->name, "base_model.model.%s.lora_%c.weight", module, ab ? 'B' : 'A');
+                if (t->dry) { /* shapes only */
+                    nb->ndim = 2;
+                    nb->ne[0] = ab ? out : t->lc.rank;
+                    nb->ne[1] = ab ? t->lc.rank : in;
+                    nb->nelem = nb->ne[0] * nb->ne[1];
+                    continue;
+                }
                 if (t->n_slots) { /* stacked per slot, zeros */
                     nb->ndim = 3;
                     nb->ne[0] = t->n_slots;
@@ -306,6 +329,16 @@ static twk_status make_adapter(twk_trainer *t) {
             }
         }
     }
+    return TWK_OK;
+}
+
+/* loss = -sum(weights * logprobs), both named; the graph's first error. */
+static twk_status finish_loss(twk_trainer *t) {
+    twk_graph *g = t->g;
+    t->loss = twk_scale(g, twk_weighted_sum(g, t->logprobs, t->weights), -1.0f);
+    twk_node_set_name(g, t->logprobs, "logprobs");
+    twk_node_set_name(g, t->loss, "loss");
+    if (twk_graph_status(g) != TWK_OK) return twk_error(twk_graph_status(g), "%s", twk_graph_error(g));
     return TWK_OK;
 }
 
@@ -352,6 +385,7 @@ static twk_status build(twk_trainer *t) {
     int64_t flat[2] = {TWK_T, (int64_t)c->heads * c->head_dim};
     char nm[160], mod[160];
     for (int l = 0; l < c->layers; l++) {
+        if (t->recompute) twk_graph_checkpoint(g, x); /* each layer's input */
 #define W(s) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, s), weight_node(t, nm))
 #define M(s) (snprintf(mod, sizeof mod, "model.layers.%d.%s", l, s), mod)
         twk_id h = twk_rmsnorm(g, x, W("input_layernorm.weight"), eps);
@@ -380,8 +414,14 @@ static twk_status build(twk_trainer *t) {
 #undef W
 #undef M
     }
+    if (t->recompute) twk_graph_checkpoint(g, x); /* the head after it is kept */
     twk_id h = twk_rmsnorm(g, x, weight_node(t, "model.norm.weight"), eps);
     if (t->sampling) h = twk_get_rows(g, h, t->sel); /* only the rows that sample next */
+    if (t->fused) { /* logprobs without the [T, V] logits */
+        t->logprobs = twk_unembed_logprobs(g, h, weight_node(t, c->tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"),
+                                           t->targets);
+        return finish_loss(t);
+    }
     twk_id logits;
     if (c->tie_embeddings) {
         logits = twk_matmul(g, h, weight_node(t, "model.embed_tokens.weight"), false, true);
@@ -401,11 +441,7 @@ static twk_status build(twk_trainer *t) {
         return TWK_OK;
     }
     t->logprobs = twk_logprobs(g, logits, t->targets);
-    t->loss = twk_scale(g, twk_weighted_sum(g, t->logprobs, t->weights), -1.0f);
-    twk_node_set_name(g, t->logprobs, "logprobs");
-    twk_node_set_name(g, t->loss, "loss");
-    if (twk_graph_status(g) != TWK_OK) return twk_error(twk_graph_status(g), "%s", twk_graph_error(g));
-    return TWK_OK;
+    return finish_loss(t);
 }
 
 void twk_trainer_free(twk_trainer *t) {
@@ -413,6 +449,7 @@ void twk_trainer_free(twk_trainer *t) {
     twk_plan_free(t->fwd);
     twk_plan_free(t->fwdbwd);
     twk_plan_free(t->decode);
+    twk_buffer_free(t->m->dev, t->arena);
     twk_graph_free(t->g);
     twk_graph_free(t->g_decode);
     for (int i = 0; i < t->n_adapter; i++) twk_buffer_free(t->m->dev, t->adapter[i].buf);
@@ -426,25 +463,81 @@ void twk_trainer_free(twk_trainer *t) {
     twk_host_free(t);
 }
 
-static twk_status compile(twk_trainer *t, twk_plan **out, int with_grads) {
+/* The plan of t->g's outputs: compiled into *out (in `arena` when it holds the peak), or,
+ * with out NULL, estimated into *est; the same bindings either way. */
+/* The plan of t->g (out) or its estimate (est, out NULL); with_grads binds the gradient accumulators. */
+static twk_status plan_of(twk_trainer *t, twk_plan **out, twk_plan_stats *est, twk_buffer *arena, int with_grads) {
     int n_all = t->m->n_w + t->n_adapter;
     twk_binding *b = twk_host_alloc((size_t)(n_all + 1 + 2 * t->m->cfg.layers + t->n_tp) * sizeof *b, "trainer bindings");
-    if (!b) return TWK_ERR_OOM;
-    for (int i = 0; i < n_all; i++) {
+    twk_id *ids = twk_host_alloc((size_t)(n_all + 1 + 2 * t->m->cfg.layers + t->n_tp) * sizeof *ids, "trainer bindings");
+    twk_status st = b && ids ? TWK_OK : TWK_ERR_OOM;
+    for (int i = 0; st == TWK_OK && i < n_all; i++) {
         named_buf *nb = i < t->m->n_w ? &t->m->w[i] : &t->adapter[i - t->m->n_w];
         b[i] = (twk_binding){t->param_ids[i], nb->buf, 0};
     }
-    b[n_all] = (twk_binding){t->inv_freq_id, t->inv_freq.buf, 0};
     int nb = n_all + 1;
-    for (int i = 0; t->sampling && i < 2 * t->m->cfg.layers; i++) b[nb++] = (twk_binding){t->param_ids[n_all + i], t->kv[i].buf, 0};
-    if (with_grads) nb += twk_trainer_grad_bindings(t, b + nb); /* the accumulators */
-    twk_status st = twk_plan_compile(t->g, t->m->dev, t->capacity, b, nb, out);
+    if (st == TWK_OK) b[n_all] = (twk_binding){t->inv_freq_id, t->inv_freq.buf, 0};
+    for (int i = 0; st == TWK_OK && t->sampling && i < 2 * t->m->cfg.layers; i++)
+        b[nb++] = (twk_binding){t->param_ids[n_all + i], t->kv[i].buf, 0};
+    if (st == TWK_OK && with_grads) nb += twk_trainer_grad_bindings(t, b + nb); /* the accumulators */
+    for (int i = 0; st == TWK_OK && i < nb; i++) ids[i] = b[i].id;
+    if (st == TWK_OK)
+        st = out ? twk_plan_compile_in(t->g, t->m->dev, t->capacity, b, nb, arena, out)
+                 : twk_plan_estimate(t->g, t->capacity, ids, nb, est);
     twk_host_free(b);
+    twk_host_free(ids);
     return st;
 }
 
+static twk_status compile(twk_trainer *t, twk_plan **out, int with_grads) {
+    return plan_of(t, out, NULL, NULL, with_grads);
+}
+
+/* A trainer's two plans in one arena (they never run at the same time): the caller's
+ * `shared` buffer when it holds both peaks, else the trainer's own of the larger one. The
+ * forward plan is compiled from the graph built again without backward (the same ids). */
+static twk_status compile_train(twk_trainer *t, twk_buffer *shared) {
+    size_t need = t->est_fwd.arena_bytes > t->est_fwdbwd.arena_bytes ? t->est_fwd.arena_bytes : t->est_fwdbwd.arena_bytes;
+    twk_buffer *arena = shared;
+    twk_status st = TWK_OK;
+    if (need && (!arena || twk_buffer_size(arena) < need)) {
+        st = twk_buffer_alloc(t->m->dev, need, &t->arena);
+        arena = t->arena;
+    }
+    if (st == TWK_OK) st = plan_of(t, &t->fwdbwd, NULL, arena, 1);
+    if (st != TWK_OK) return st;
+    twk_graph *train = t->g;
+    twk_id lp = t->logprobs, loss = t->loss;
+    t->g = twk_graph_new();
+    st = t->g ? build(t) : TWK_ERR_OOM;
+    if (st == TWK_OK && (t->logprobs != lp || t->loss != loss))
+        st = twk_error(TWK_ERR_STATE, "trainer: the forward graph was built differently the second time");
+    if (st == TWK_OK) {
+        twk_graph_output(t->g, t->logprobs);
+        twk_graph_output(t->g, t->loss);
+        st = plan_of(t, &t->fwd, NULL, arena, 0);
+    }
+    twk_graph_free(t->g);
+    t->g = train;
+    return st;
+}
+
+static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int64_t capacity, int sampling,
+                                 int max_seqs, int64_t max_len, int n_slots, int slot_rank, const twk_trainer_opts *o,
+                                 int dry, twk_trainer **out);
+
 twk_status twk_trainer_new(twk_model *m, const twk_lora_config *lora, int64_t capacity, twk_trainer **out) {
     return twk_trainer_create(m, lora, capacity, 0, 0, 0, out);
+}
+
+twk_status twk_trainer_new_opts(twk_model *m, const twk_lora_config *lora, int64_t capacity,
+                                const twk_trainer_opts *o, twk_trainer **out) {
+    return trainer_create(m, lora, capacity, 0, 0, 0, 0, 0, o, 0, out);
+}
+
+twk_status twk_trainer_create_dry(twk_model *m, const twk_lora_config *lora, int64_t capacity,
+                                  const twk_trainer_opts *o, twk_trainer **out) {
+    return trainer_create(m, lora, capacity, 0, 0, 0, 0, 0, o, 1, out);
 }
 
 static twk_status make_kv(twk_trainer *t) {
@@ -462,12 +555,9 @@ static twk_status make_kv(twk_trainer *t) {
     return TWK_OK;
 }
 
-static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int64_t capacity, int sampling,
-                                 int max_seqs, int64_t max_len, int n_slots, int slot_rank, twk_trainer **out);
-
 twk_status twk_trainer_create(twk_model *m, const twk_lora_config *lora, int64_t capacity, int sampling, int max_seqs,
                               int64_t max_len, twk_trainer **out) {
-    return trainer_create(m, lora, capacity, sampling, max_seqs, max_len, 0, 0, out);
+    return trainer_create(m, lora, capacity, sampling, max_seqs, max_len, 0, 0, NULL, 0, out);
 }
 
 twk_status twk_trainer_create_slots(twk_model *m, int n_slots, int slot_rank, int max_seqs, int64_t max_len,
@@ -479,7 +569,7 @@ twk_status twk_trainer_create_slots(twk_model *m, int n_slots, int slot_rank, in
     lc.alpha = (float)slot_rank; /* the scale is folded into each slot's B */
     lc.train_attn = lc.train_mlp = lc.train_unembed = 1;
     int64_t cap = max_len > max_seqs ? max_len : max_seqs;
-    return trainer_create(m, &lc, cap, 1, max_seqs, max_len, n_slots, slot_rank, out);
+    return trainer_create(m, &lc, cap, 1, max_seqs, max_len, n_slots, slot_rank, NULL, 0, out);
 }
 
 twk_status twk_trainer_create_packed(twk_model *m, const twk_lora_config *modules, int n_slots, int slot_rank,
@@ -489,11 +579,12 @@ twk_status twk_trainer_create_packed(twk_model *m, const twk_lora_config *module
     twk_lora_config lc = *modules;
     lc.rank = slot_rank;
     lc.alpha = (float)slot_rank; /* unused: each token carries its run's scale */
-    return trainer_create(m, &lc, capacity, 0, 0, 0, n_slots, slot_rank, out);
+    return trainer_create(m, &lc, capacity, 0, 0, 0, n_slots, slot_rank, NULL, 0, out);
 }
 
 static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int64_t capacity, int sampling,
-                                 int max_seqs, int64_t max_len, int n_slots, int slot_rank, twk_trainer **out) {
+                                 int max_seqs, int64_t max_len, int n_slots, int slot_rank, const twk_trainer_opts *o,
+                                 int dry, twk_trainer **out) {
     if (!out) return twk_error(TWK_ERR_INVALID_ARG, "trainer_new: out is NULL");
     *out = NULL;
     if (!m || capacity < 1) return twk_error(TWK_ERR_INVALID_ARG, "trainer_new: NULL model or capacity < 1");
@@ -514,6 +605,11 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
     t->n_slots = n_slots;
     t->slot_rank = slot_rank;
     t->lora = lora != NULL;
+    t->dry = dry;
+    t->recompute = o && o->recompute && !sampling;
+    /* the fused unembedding where the lm_head is frozen and the backend has it */
+    t->fused = !sampling && lora && !lora->train_unembed && !(o && o->logits) &&
+               (dry || twk_device_has_op(m->dev, TWK_OP_UNEMBED_LOGPROBS));
     if (lora) {
         t->lc = *lora;
         t->scale = lora->alpha / (float)lora->rank;
@@ -523,7 +619,8 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
     int half = m->cfg.head_dim / 2;
     float f[4096];
     if (st == TWK_OK && half > 4096) st = twk_error(TWK_ERR_UNSUPPORTED, "trainer_new: head_dim %d too large", m->cfg.head_dim);
-    if (st == TWK_OK) {
+    if (st == TWK_OK && dry) t->inv_freq.nelem = half;
+    else if (st == TWK_OK) {
         twk_rope_inv_freq(&m->cfg, f);
         t->inv_freq.nelem = half;
         st = twk_buffer_alloc(m->dev, nb_bytes(&t->inv_freq), &t->inv_freq.buf);
@@ -567,7 +664,7 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
     if (st == TWK_OK) {
         twk_graph_output(t->g, t->logprobs);
         twk_graph_output(t->g, t->loss);
-        st = compile(t, &t->fwd, 0);
+        st = plan_of(t, NULL, &t->est_fwd, NULL, 0);
     }
     if (st == TWK_OK) st = twk_graph_backward(t->g, t->loss);
     if (st == TWK_OK) {
@@ -584,8 +681,10 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
         }
     }
     if (st == TWK_OK) st = twk_trainer_grads_init(t);
-    if (st == TWK_OK) st = compile(t, &t->fwdbwd, 1);
-    if (st == TWK_OK) st = twk_trainer_optim_plan(t);
+    if (st == TWK_OK && t->recompute) st = twk_graph_recompute(t->g);
+    if (st == TWK_OK) st = plan_of(t, NULL, &t->est_fwdbwd, NULL, 1);
+    if (st == TWK_OK && !dry) st = compile_train(t, o ? o->arena : NULL);
+    if (st == TWK_OK && !dry) st = twk_trainer_optim_plan(t);
     if (st != TWK_OK) {
         twk_trainer_free(t);
         return st;

@@ -20,7 +20,7 @@ twk_status twk_trainer_grads_init(twk_trainer *t) {
     t->flat_n = n ? n : 1;
     size_t bytes = (size_t)t->flat_n * sizeof(float);
     twk_buffer **bufs[3] = {&t->grad_acc, &t->adam_m, &t->adam_v};
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 3 && !t->dry; k++) { /* a dry trainer (memplan.c): the graph only */
         twk_status st = twk_buffer_alloc(t->m->dev, bytes, bufs[k]);
         if (st == TWK_OK) st = twk_buffer_zero(t->m->dev, *bufs[k], 0, bytes);
         if (st != TWK_OK) return st;

@@ -77,6 +77,12 @@ struct twk_trainer {
     int n_slots, slot_rank;
     twk_id slot_in, slot_sel; /* per token; per selected row (the unembedding's inputs) */
     twk_id slot_scale;        /* a packed trainer (lora_pack.c): each token's LoRA scale (alpha / rank of its run; 0: base) */
+    /* memory planning (memplan.c): per-layer activation recompute; a dry trainer has
+     * shapes only (no buffers, no host state) and estimates its plans instead of compiling */
+    int recompute, dry;
+    int fused; /* logprobs by twk_unembed_logprobs (no [T, V] logits) */
+    twk_plan_stats est_fwd, est_fwdbwd;
+    twk_buffer *arena; /* the trainer's own arena of both plans (NULL: none, or the caller's) */
 };
 
 /* Creates a trainer (sampling = 0) or, with sampling = 1, the decoding
@@ -114,5 +120,12 @@ twk_status twk_trainer_create_packed(twk_model *m, const twk_lora_config *module
 /* Checks a batch (token count within the capacity, finite weights, positions
  * >= 0) and writes it into plan p's inputs; TWK_ERR_INVALID_ARG names the field. */
 twk_status twk_trainer_bind_batch(twk_trainer *t, twk_plan *p, const twk_batch *b);
+/* The model's weights as shapes only, of dtype `dtype` (no device, no buffers): the
+ * base of a dry trainer; NULL on allocation failure. Freed with twk_model_free. */
+twk_model *twk_model_shapes(const twk_model_config *cfg, twk_dtype dtype);
+/* A trainer as twk_trainer_new_opts would make it, with dry = 1 on a twk_model_shapes
+ * model: its plans are estimated (t->est_fwd, t->est_fwdbwd), nothing is allocated on a device. */
+twk_status twk_trainer_create_dry(twk_model *m, const twk_lora_config *lora, int64_t capacity,
+                                  const twk_trainer_opts *o, twk_trainer **out);
 
 #endif

@@ -1,5 +1,7 @@
 /* Transformer kernels: embedding gather, RMSNorm, RoPE, log-probabilities,
  * and their gradients. Ids were checked before the launch (cpu_backend.c). */
+#include <cblas.h>
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 
@@ -216,6 +218,14 @@ static float row_logsumexp(const float *x, int64_t V) {
     return m + logf(s);
 }
 
+/* d logits of one row = dy * (onehot(target) - softmax); lse = logits[target] - logprob */
+static void logprob_back_row(const float *xr, float *gr, int64_t V, int64_t tgt, float lp, float d) {
+    float lse = xr[tgt] - lp;
+#pragma omp simd
+    for (int64_t i = 0; i < V; i++) gr[i] = -d * cpu_expf(xr[i] - lse);
+    gr[tgt] += d;
+}
+
 static void logprobs_rows(void *arg, int64_t r0, int64_t r1) {
     const cpu_call *c = ((job *)arg)->c;
     const float *x = c->src[0].data;
@@ -227,21 +237,12 @@ static void logprobs_rows(void *arg, int64_t r0, int64_t r1) {
     }
 }
 
-/* d logits = dy * (onehot(target) - softmax); lse = logits[target] - logprob */
 static void logprobs_back_rows(void *arg, int64_t r0, int64_t r1) {
     const cpu_call *c = ((job *)arg)->c;
     const float *x = c->src[0].data, *dy = c->src[2].data, *lp = c->src[3].data;
-    float *g = c->dst.data;
     int64_t V = c->src[0].ne[1];
-    for (int64_t r = r0; r < r1; r++) {
-        const float *xr = x + r * V;
-        float *gr = g + r * V;
-        int64_t tgt = cpu_id_at(&c->src[1], r);
-        float lse = xr[tgt] - lp[r], d = dy[r];
-#pragma omp simd
-        for (int64_t i = 0; i < V; i++) gr[i] = -d * cpu_expf(xr[i] - lse);
-        gr[tgt] += d;
-    }
+    for (int64_t r = r0; r < r1; r++)
+        logprob_back_row(x + r * V, (float *)c->dst.data + r * V, V, cpu_id_at(&c->src[1], r), lp[r], dy[r]);
 }
 
 twk_status cpu_logprobs(const cpu_call *c) {
@@ -255,3 +256,74 @@ twk_status cpu_logprobs_back(const cpu_call *c) {
     cpu_parallel_for(c->ctx->pool, c->dst.ne[0], CPU_GRAIN_ELEMS / c->src[0].ne[1] + 1, logprobs_back_rows, &j);
     return TWK_OK;
 }
+
+/* ---- unembed_logprobs: the logits of one token tile at a time ----
+ * Each tile's logits come from the same sgemm (sgemv for a one-token pass) and each
+ * row's log-softmax from the same row functions as matmul + logprobs over the whole
+ * pass, so the results are bit-identical to that path while only a tile is held. */
+
+typedef struct {
+    const cpu_call *c;
+    float *z;       /* the tile's logits [rows, V] (the backward turns them into d logits) */
+    int64_t t0;     /* the tile's first token */
+} tile_job;
+
+static void unembed_rows(void *arg, int64_t r0, int64_t r1) {
+    const tile_job *j = arg;
+    const cpu_call *c = j->c;
+    int64_t V = c->src[1].ne[0];
+    float *y = c->dst.data;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *zr = j->z + r * V;
+        y[j->t0 + r] = zr[cpu_id_at(&c->src[2], j->t0 + r)] - row_logsumexp(zr, V);
+    }
+}
+
+static void unembed_back_rows(void *arg, int64_t r0, int64_t r1) {
+    const tile_job *j = arg;
+    const cpu_call *c = j->c;
+    int64_t V = c->src[1].ne[0];
+    const float *dy = c->src[3].data, *lp = c->src[4].data;
+    for (int64_t r = r0; r < r1; r++) {
+        float *zr = j->z + r * V;
+        int64_t t = j->t0 + r;
+        logprob_back_row(zr, zr, V, cpu_id_at(&c->src[2], t), lp[t], dy[t]);
+    }
+}
+
+/* z = h[t0 : t0 + m] w^T, as cpu_matmul computes h w^T for the pass of T tokens. */
+static void tile_logits(const cpu_call *c, int64_t t0, int64_t m, int64_t T, float *z) {
+    int64_t H = c->src[0].ne[1], V = c->src[1].ne[0];
+    const float *h = (const float *)c->src[0].data + t0 * H, *w = c->src[1].data;
+    if (T == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)V, (int)H, 1.0f, w, (int)H, h, 1, 0.0f, z, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)V, (int)H, 1.0f, h, (int)H, w, (int)H, 0.0f, z,
+                    (int)V);
+}
+
+static twk_status unembed(const cpu_call *c, int back) {
+    int64_t T = c->src[0].ne[0], H = c->src[0].ne[1], V = c->src[1].ne[0];
+    if (T > INT_MAX || H > INT_MAX || V > INT_MAX)
+        return twk_error(TWK_ERR_UNSUPPORTED, "%s '%s': dims exceed the BLAS's int range", twk_op_name(c->l->op), c->l->name);
+    int64_t rows = TWK_UNEMBED_TILE_ROWS(V, T);
+    float *z = cpu_scratch(c->ctx, (size_t)(rows * V) * sizeof *z);
+    if (!z) return TWK_ERR_OOM;
+    for (int64_t t0 = 0; t0 < T; t0 += rows) {
+        int64_t m = T - t0 < rows ? T - t0 : rows;
+        tile_job j = {c, z, t0};
+        tile_logits(c, t0, m, T, z);
+        cpu_parallel_for(c->ctx->pool, m, CPU_GRAIN_ELEMS / V + 1, back ? unembed_back_rows : unembed_rows, &j);
+        if (!back) continue;
+        float *dh = (float *)c->dst.data + t0 * H; /* dh = dz w, as matmul's gradient of h w^T */
+        if (T == 1)
+            cblas_sgemv(CblasRowMajor, CblasTrans, (int)V, (int)H, 1.0f, c->src[1].data, (int)H, z, 1, 0.0f, dh, 1);
+        else
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)H, (int)V, 1.0f, z, (int)V, c->src[1].data,
+                        (int)H, 0.0f, dh, (int)H);
+    }
+    return TWK_OK;
+}
+
+twk_status cpu_unembed_logprobs(const cpu_call *c) { return unembed(c, 0); }
+twk_status cpu_unembed_logprobs_back(const cpu_call *c) { return unembed(c, 1); }

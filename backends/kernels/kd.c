@@ -49,6 +49,8 @@ static const kd_entry table[TWK_OP_COUNT] = {
     [TWK_OP_ATTN_BACK] = {kd_lower_attn_back, NULL},
     [TWK_OP_LOGPROBS] = {kd_lower_logprobs, "logprobs_f32"},
     [TWK_OP_LOGPROBS_BACK] = {kd_lower_logprobs_back, "logprobs_back_f32"},
+    [TWK_OP_UNEMBED_LOGPROBS] = {.unsupported = "the fused unembedding runs on the CPU only; the trainer keeps the logits path here"},
+    [TWK_OP_UNEMBED_LOGPROBS_BACK] = {.unsupported = "the fused unembedding runs on the CPU only; the trainer keeps the logits path here"},
     [TWK_OP_KV_WRITE] = {kd_lower_kv_write, "kv_write_f32"},
     [TWK_OP_ATTN_CACHE] = {kd_lower_attn_fwd, "attn_fwd_f32"},
     [TWK_OP_LORA_GATHER] = {kd_lower_lora_gather, "lora_gather_f32"},

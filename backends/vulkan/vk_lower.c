@@ -548,6 +548,8 @@ static const vk_entry table[TWK_OP_COUNT] = {
     [TWK_OP_ATTN_BACK] = {lower_attn, 0}, /* MODE = iparam 0 (which) */
     [TWK_OP_LOGPROBS] = {lower_logprobs, 4},
     [TWK_OP_LOGPROBS_BACK] = {lower_logprobs, 5},
+    [TWK_OP_UNEMBED_LOGPROBS] = {NULL, 0, "the fused unembedding runs on the CPU only; the trainer keeps the logits path here"},
+    [TWK_OP_UNEMBED_LOGPROBS_BACK] = {NULL, 0, "the fused unembedding runs on the CPU only; the trainer keeps the logits path here"},
     [TWK_OP_KV_WRITE] = {lower_kv_write, 2},
     [TWK_OP_ATTN_CACHE] = {lower_attn, 2},
     [TWK_OP_LORA_GATHER] = {lower_lora_gather, 3},

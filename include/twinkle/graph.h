@@ -113,6 +113,12 @@ twk_id twk_lora_gather(twk_graph *g, twk_id x, twk_id w, twk_id slot);
 twk_id twk_lora_gather_back(twk_graph *g, twk_id x, twk_id dy, twk_id slot, int64_t n_slots);
 /* log_softmax(logits)[t, targets[t]]: logits [T, V], targets i32/i64 [T] -> [T]. */
 twk_id twk_logprobs(twk_graph *g, twk_id logits, twk_id targets);
+/* twk_logprobs(h w^T, targets) without the [T, V] logits: h [T, H], a frozen w [V, H]
+ * (TWK_ERR_INVALID_ARG when w is a trainable param), targets [T] -> [T]. Kernels hold one
+ * token tile of logits at a time (TWK_UNEMBED_TILE_ROWS); the backward (dh) recomputes
+ * them. On the CPU bit-identical to twk_logprobs(twk_matmul(h, w, false, true), targets);
+ * backends without the op say so (twk_device_has_op). */
+twk_id twk_unembed_logprobs(twk_graph *g, twk_id h, twk_id w, twk_id targets);
 
 /* ---- the optimizer step (not differentiable; ops.h's twk_hyper describes `hyper`) ---- */
 /* acc += g in place (acc a parameter or bound tensor of g's shape, no token dims): gradient
@@ -136,9 +142,21 @@ twk_id twk_adamw(twk_graph *g, twk_id w, twk_id grad, twk_id m, twk_id v, twk_id
 twk_status twk_graph_backward(twk_graph *g, twk_id loss);
 /* The gradient of `param` after twk_graph_backward; -1 if it has none. */
 twk_id twk_graph_grad(const twk_graph *g, twk_id param);
+/* Marks a forward tensor (a layer's input) as a checkpoint for twk_graph_recompute.
+ * Call before twk_graph_backward; TWK_ERR_STATE after it, TWK_ERR_INVALID_ARG for a bad id. */
+twk_status twk_graph_checkpoint(twk_graph *g, twk_id id);
+/* Activation recompute, after twk_graph_backward: the forward tensors strictly between
+ * two checkpoints (but the last checkpoint's segment, leaves and outputs) are copied, and
+ * the backward reads the copies, computed right before the first backward op that needs
+ * them; the forward originals then die as soon as the forward has used them. Ids of
+ * existing tensors do not change; plans compiled afterwards run the new order. Gradients
+ * are bit-identical on a deterministic backend. TWK_ERR_STATE before backward or twice. */
+twk_status twk_graph_recompute(twk_graph *g);
 
 /* ---- inspection ---- */
 int twk_graph_size(const twk_graph *g);
+/* Host bytes the graph holds (its node storage and autograd tables); 0 for NULL. */
+size_t twk_graph_host_bytes(const twk_graph *g);
 twk_op twk_node_op(const twk_graph *g, twk_id id);
 twk_dtype twk_node_dtype(const twk_graph *g, twk_id id);
 /* Writes ne (token dims resolved for n tokens) and returns ndim; -1 bad id. */
@@ -170,6 +188,8 @@ typedef struct twk_plan_stats {
     size_t arena_bytes;     /* peak intermediate memory (planned) */
     size_t naive_bytes;     /* sum of all planned intermediates */
     size_t leaf_bytes;      /* inputs/params the plan allocated itself */
+    int arena_shared;       /* runs in a caller's arena (twk_plan_compile_in) */
+    size_t host_bytes;      /* the plan's own host bookkeeping (slots, launches, names) */
 } twk_plan_stats;
 
 /* Compiles the graph's outputs for `dev` at token capacity `capacity` (>= 1):
@@ -179,6 +199,11 @@ typedef struct twk_plan_stats {
  * On failure returns an error and *out is NULL. */
 twk_status twk_plan_compile(const twk_graph *g, twk_device *dev, int64_t capacity,
                             const twk_binding *binds, int n_binds, twk_plan **out);
+/* twk_plan_compile, with the arena in the caller's buffer `arena` when it holds the plan's
+ * peak (else, or with NULL, in its own). Plans sharing an arena must never run at the same
+ * time and must be read right after their own run; the buffer must outlive them. */
+twk_status twk_plan_compile_in(const twk_graph *g, twk_device *dev, int64_t capacity,
+                               const twk_binding *binds, int n_binds, twk_buffer *arena, twk_plan **out);
 void twk_plan_free(twk_plan *p);
 
 /* Copies host data into a tensor for token count n (bytes must equal the
@@ -191,6 +216,12 @@ twk_status twk_plan_read(twk_plan *p, twk_id id, int64_t n, void *dst, size_t by
 twk_status twk_plan_run(twk_plan *p, int64_t n);
 
 void twk_plan_get_stats(const twk_plan *p, twk_plan_stats *out);
+/* The memory a compile at `capacity` would plan, without a device and without allocating
+ * it: the same dead-node removal, storage classes, live ranges and placement as
+ * twk_plan_compile (n_launches, arena_bytes, naive_bytes, leaf_bytes of *out; `bound` are
+ * the ids a compile would bind). The graph's error, or TWK_ERR_INVALID_ARG for bad ids. */
+twk_status twk_plan_estimate(const twk_graph *g, int64_t capacity, const twk_id *bound, int n_bound,
+                             twk_plan_stats *out);
 /* The backend-facing launch list (for tests and tools). */
 const twk_hal_plan *twk_plan_hal(const twk_plan *p);
 /* Arena placement of a tensor: offset/size in bytes at capacity and the

@@ -134,7 +134,12 @@ typedef struct twk_transfer_stats {
 twk_transfer_stats twk_backend_transfers(const twk_backend_iface *b);
 /* Sets backend b's counters (every backend's when b is NULL) to zero. */
 void twk_backend_transfers_reset(const twk_backend_iface *b);
+/* The device's allocation counters: bytes of its live buffers and their peak since it was
+ * opened (or since the last reset_peak, which sets the peak to the live bytes); 0 for NULL. */
+void twk_device_memory(twk_device *dev, uint64_t *live, uint64_t *peak, bool reset_peak);
 
+/* Whether the device's backend has a kernel for op (its kernel table); false for NULL. */
+bool twk_device_has_op(const twk_device *dev, twk_op op);
 /* Waits for all queued work on the device. */
 twk_status twk_device_synchronize(twk_device *dev);
 

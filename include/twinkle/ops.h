@@ -79,6 +79,9 @@ TWK_API_BEGIN
     X(ATTN_BACK,      "attn_back",      7, COMPUTE, TWK_SRC(3),           TWK_SRC(3),           TWK_SRC_ALL, NONE, ACCUM, TWK_IDS(SEGMENTS, "seg_start", "", 0, 0)) /* (q,k,v,seg,o,dO,lse); iparam 0: which */ \
     X(LOGPROBS,       "logprobs",       2, COMPUTE, TWK_SRC(1),           TWK_SRC(1),           TWK_SRC(0),  NONE, ACCUM, TWK_IDS(RANGE, "targets", "", 0, 1)) /* (logits [T,V], targets [T]) -> [T] */ \
     X(LOGPROBS_BACK,  "logprobs_back",  4, COMPUTE, TWK_SRC(1),           TWK_SRC(1),           TWK_SRC_ALL, NONE, ACCUM, TWK_IDS(RANGE, "targets", "", 0, 1)) /* (logits, targets, dy, logprobs) -> [T,V] */ \
+    /* logprobs without the [T, V] logits: the unembedding fused in, token tiles of TWK_UNEMBED_TILE_ROWS */     \
+    X(UNEMBED_LOGPROBS, "unembed_logprobs", 3, COMPUTE, TWK_SRC(2),       TWK_SRC(2),           TWK_SRC(0),  NONE, ACCUM, TWK_IDS(RANGE, "targets", "", 1, 0)) /* (h [T,H], w [V,H] frozen, targets [T]) -> [T] */ \
+    X(UNEMBED_LOGPROBS_BACK, "unembed_logprobs_back", 5, COMPUTE, TWK_SRC(2), TWK_SRC(2),       0,           NONE, ACCUM, TWK_IDS(RANGE, "targets", "", 1, 0)) /* (h, w, targets, dy, logprobs) -> dh [T,H] */ \
     /* decoding with a KV cache (no gradients) */                                                               \
     X(KV_WRITE,       "kv_write",       3, INPLACE, TWK_SRC(2),           TWK_SRC(2),           0,           NONE, EXACT, TWK_IDS(RANGE, "rows", "the cache ", -1, 0)) /* (cache [R,H,D], x [T,H,D], rows [T]) */ \
     X(ATTN_CACHE,     "attn_cache",     5, COMPUTE, TWK_SRC(3) | TWK_SRC(4), TWK_SRC(3) | TWK_SRC(4), 0,     NONE, ACCUM, TWK_IDS(ROWS, "rows", "", 1, 0)) /* (q [T,Hq,D], kc, vc [R,Hkv,D], lo [T], hi [T]) */ \
@@ -104,6 +107,12 @@ enum twk_hyper {
     TWK_HYPER_DECAY = 6,     /* 1 - lr * weight_decay */
     TWK_HYPER_N = 8
 };
+/* UNEMBED_LOGPROBS: a kernel holds at most one tile of [rows, V] logits, rows =
+ * TWK_UNEMBED_TILE_ROWS(V, T) (2^24 floats, 64 MiB, at least 16 rows, at most T). */
+#define TWK_UNEMBED_TILE_FLOATS ((int64_t)1 << 24)
+#define TWK_UNEMBED_TILE_ROWS(V, T)                                                                     \
+    ((T) < 16 || TWK_UNEMBED_TILE_FLOATS / (V) >= (T) ? (T) : TWK_UNEMBED_TILE_FLOATS / (V) < 16 ? 16 \
+                                                                                  : TWK_UNEMBED_TILE_FLOATS / (V))
 
 typedef enum twk_op {
 #define TWK_OP_ENUM_(e, ...) TWK_OP_##e,

@@ -5,6 +5,7 @@
 
 #include "twinkle/data.h"
 #include "twinkle/losses.h"
+#include "twinkle/memplan.h"
 #include "twinkle/model.h"
 #include "twinkle/sampler.h"
 #include "twinkle/trainer.h"

@@ -36,6 +36,20 @@ typedef struct twk_trainer twk_trainer;
 
 /* lora == NULL: full-parameter training (every base weight trainable). */
 twk_status twk_trainer_new(twk_model *m, const twk_lora_config *lora, int64_t capacity, twk_trainer **out);
+/* How a trainer's plans are built. */
+typedef struct twk_trainer_opts {
+    bool recompute; /* per-layer activation recompute: each layer's activations are computed
+                       again in the backward (twk_graph_recompute); bit-identical gradients */
+    bool logits;    /* keep the [T, V] logits path (matmul + logprobs) where the fused
+                       unembedding (twk_unembed_logprobs: token tiles, no logits) would run:
+                       LoRA without lm_head on a backend with the op; identical results */
+    twk_buffer *arena; /* a caller's device buffer both plans run in when it holds their peak
+                          (trainers used one at a time, from one thread, may share one;
+                          twk_mem_plan gives the size); NULL: the trainer's own */
+} twk_trainer_opts;
+/* twk_trainer_new with options (NULL: the defaults, all off). */
+twk_status twk_trainer_new_opts(twk_model *m, const twk_lora_config *lora, int64_t capacity,
+                                const twk_trainer_opts *o, twk_trainer **out);
 void twk_trainer_free(twk_trainer *t);
 /* Forward only: per-token logprobs (n floats) and the loss; NULL outputs skipped. */
 twk_status twk_trainer_forward(twk_trainer *t, const twk_batch *b, float *logprobs, float *loss);

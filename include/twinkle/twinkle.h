@@ -12,6 +12,7 @@
 #include "twinkle/model.h"
 #include "twinkle/data.h"
 #include "twinkle/trainer.h"
+#include "twinkle/memplan.h"
 #include "twinkle/losses.h"
 #include "twinkle/sampler.h"
 #include "twinkle/tokenizer.h"
