@@ -45,7 +45,7 @@ twk_status twk_mem_plan_config(const twk_model_config *cfg, const twk_mem_reques
         for (int i = 0; i < m->n_w; i++) out->weights += (uint64_t)m->w[i].nelem * wb;
         out->weights += nb_bytes(&t->inv_freq);
         for (int i = 0; i < t->n_adapter; i++) out->adapter += nb_bytes(&t->adapter[i]);
-        for (int i = 0; i < t->n_tp; i++) out->grads += nb_bytes(t->tp[i].nb);
+        out->grads = t->n_tp ? (uint64_t)t->flat_n * sizeof(float) : 0; /* the flat accumulator (optim_plan.c) */
         out->moments = 2 * out->grads;
         const twk_plan_stats *f = &t->est_fwd, *b = &t->est_fwdbwd;
         out->act_forward = f->arena_bytes + f->leaf_bytes;
@@ -62,8 +62,8 @@ twk_status twk_mem_plan_config(const twk_model_config *cfg, const twk_mem_reques
                            (size_t)m->n_w * sizeof *m->w;
         if (t->fused) out->scratch = (uint64_t)TWK_UNEMBED_TILE_ROWS((int64_t)cfg->vocab, rq->tokens) * (uint64_t)cfg->vocab * 4;
         out->per_run = out->adapter + out->grads + out->moments;
-        out->device = out->weights + out->adapter + out->activations + out->scratch + out->kv_cache;
-        out->host = out->grads + out->moments + out->bookkeeping;
+        out->device = out->weights + out->adapter + out->grads + out->moments + out->activations + out->scratch + out->kv_cache;
+        out->host = out->bookkeeping;
         out->total = out->device + out->host;
     }
     twk_trainer_free(t);
@@ -104,8 +104,8 @@ const char *twk_mem_plan_table(const twk_mem_plan *p, const twk_mem_request *rq,
     const struct { const char *what; uint64_t bytes; const char *where; } row[] = {
         {w, p->weights, "device"},
         {l, p->adapter, "device"},
-        {"gradients (f32)", p->grads, "host"},
-        {"AdamW moments (f32)", p->moments, "host"},
+        {"gradients (f32)", p->grads, "device"},
+        {"AdamW moments (f32)", p->moments, "device"},
         {rq->recompute ? "activations (arena peak, recompute)" : "activations (arena peak)", p->activations, "device"},
         {p->scratch ? "logits tile (unembedding)" : "logits tile (none: [T, V] in the arena)", p->scratch, "device"},
         {kv, p->kv_cache, "device"},
@@ -140,7 +140,7 @@ twk_status twk_mem_plan_fits(const twk_mem_plan *p, twk_device *dev) {
         return twk_error(TWK_ERR_OOM, "%s needs %s but has %s", twk_device_spec(dev), twk_mem_bytes_str(need, a, sizeof a),
                          twk_mem_bytes_str(pr.memory_bytes, b, sizeof b));
     if (!on_host && ram && p->host > ram)
-        return twk_error(TWK_ERR_OOM, "the host needs %s (gradients, moments) but has %s", twk_mem_bytes_str(p->host, a, sizeof a),
+        return twk_error(TWK_ERR_OOM, "the host needs %s (graphs, plans, tables) but has %s", twk_mem_bytes_str(p->host, a, sizeof a),
                          twk_mem_bytes_str(ram, b, sizeof b));
     return TWK_OK;
 }
