@@ -23,6 +23,8 @@ static void usage(FILE *f) {
             "  --keys FILE          API keys: lines 'tml-KEY TENANT'. Default: open mode — any tml- key\n"
             "                       is accepted and each distinct key is its own tenant\n"
             "  --device SPEC        cpu (default), opencl[:N], vulkan[:N] or cuda[:N]: see twinkle devices\n"
+            "  --dtype D            base weights: f32, bf16 or f16 (default: as each checkpoint stores them)\n"
+            "  --kv-dtype D         samplers' KV caches: f32, bf16 or f16 (default: the weights' dtype)\n"
             "  --max-lora-rank R    (default %d)   --max-context N   tokens per datum (default %d)\n"
             "  --max-datums N       per request (default %d)   --max-body-mb M   (default %d)\n"
             "  --seq-timeout S      fail ops queued behind a seq_id missing this long (default %d)\n"

@@ -20,6 +20,7 @@ void twk_serve_config_default(twk_serve_config *c) {
     c->port = TWK_SERVE_DEF_PORT;
     snprintf(c->data_dir, sizeof c->data_dir, "twinkle-data");
     snprintf(c->device, sizeof c->device, "cpu");
+    c->dtype = c->kv_dtype = -1;
     c->max_lora_rank = TWK_SERVE_DEF_MAX_LORA_RANK;
     c->max_context = TWK_SERVE_DEF_MAX_CONTEXT;
     c->max_datums = TWK_SERVE_DEF_MAX_DATUMS;
@@ -134,6 +135,12 @@ twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char
             snprintf(strs[i].dst, strs[i].len, "%s", val);
             return TWK_OK;
         }
+    if (!strcmp(opt, "dtype") || !strcmp(opt, "kv-dtype")) {
+        int t = twk_dtype_parse_float(val);
+        if (t < 0) return twk_error(TWK_ERR_INVALID_ARG, "--%s: '%s' is not f32, bf16 or f16", opt, val ? val : "");
+        *(opt[0] == 'd' ? &c->dtype : &c->kv_dtype) = t;
+        return TWK_OK;
+    }
     if (!strcmp(opt, "model")) {
         if (!val) return twk_error(TWK_ERR_INVALID_ARG, "--%s needs a value", opt);
         if (c->n_models == TWK_MAX_BASE_MODELS)
@@ -263,7 +270,7 @@ static twk_status load_models(svc *s) {
         snprintf(b->name, sizeof b->name, "%s", specs[i].name);
         char abs_dir[PATH_MAX]; /* absolute: get_info's tokenizer_id is this folder */
         snprintf(b->dir, sizeof b->dir, "%.1000s", realpath(specs[i].dir, abs_dir) ? abs_dir : specs[i].dir);
-        twk_status st = twk_model_load(b->dir, s->dev, &b->m);
+        twk_status st = twk_model_load_as(b->dir, s->dev, s->cfg.dtype, s->cfg.kv_dtype, &b->m);
         if (st != TWK_OK) return twk_error(st, "model '%s': %s", b->name, twk_last_error());
         char tok[1100];
         snprintf(tok, sizeof tok, "%s/tokenizer.json", b->dir);

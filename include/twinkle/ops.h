@@ -83,6 +83,12 @@ TWK_API_BEGIN
     X(KV_WRITE,       "kv_write",       3, INPLACE, TWK_SRC(2),           TWK_SRC(2),           0,           NONE, EXACT, TWK_IDS(RANGE, "rows", "the cache ", -1, 0)) /* (cache [R,H,D], x [T,H,D], rows [T]) */ \
     X(ATTN_CACHE,     "attn_cache",     5, COMPUTE, TWK_SRC(3) | TWK_SRC(4), TWK_SRC(3) | TWK_SRC(4), 0,     NONE, ACCUM, TWK_IDS(ROWS, "rows", "", 1, 0)) /* (q [T,Hq,D], kc, vc [R,Hkv,D], lo [T], hi [T]) */ \
     X(LORA_GATHER,    "lora_gather",    3, COMPUTE, TWK_SRC(2),           TWK_SRC(2),           0,           NONE, ACCUM, TWK_IDS(RANGE, "slot", "", 1, 0)) /* (x [T,K], w [S,N,K], slot [T]) -> [T,N]: w[slot[t]] x[t] */
+
+/* The sources that may hold bf16 / f16 (frozen weights, KV caches), X(OP, mask), on a backend
+ * whose kernels widen them to f32 (twk_launch_dtypes_ok's half_ok); KV_WRITE's output is its
+ * cache's dtype, every other output f32. */
+#define TWK_OP_HALF_SRCS(X) \
+    X(MATMUL, TWK_SRC(1)) X(GET_ROWS, TWK_SRC(0)) X(KV_WRITE, TWK_SRC(0)) X(ATTN_CACHE, TWK_SRC(1) | TWK_SRC(2))
 /* clang-format on */
 
 typedef enum twk_op {
@@ -142,6 +148,8 @@ typedef struct twk_op_traits {
 const twk_op_traits *twk_op_info(twk_op op);
 /* The op's lower-case name ("matmul"); "?" for an out-of-range value. */
 const char *twk_op_name(twk_op op);
+/* The op's TWK_OP_HALF_SRCS mask; 0 for the other ops. */
+unsigned twk_op_half_srcs(twk_op op);
 /* Whether a backend runs a kernel for op (every kind but LEAF and VIEW). */
 bool twk_op_has_kernel(twk_op op);
 
