@@ -103,3 +103,10 @@ twk_status twk_dtype_from_f32(twk_dtype t, const float *src, void *dst, int64_t 
     }
     return TWK_OK;
 }
+
+twk_status twk_dtype_round(twk_dtype t, float *x, int64_t n) {
+    if (t == TWK_F32) return TWK_OK;
+    if (!twk_dtype_is_half(t)) return twk_error(TWK_ERR_DTYPE, "dtype_round: %s is not a float dtype", twk_dtype_name(t));
+    for (int64_t i = 0; i < n; i++) x[i] = t == TWK_BF16 ? twk_bf16_to_f32(twk_f32_to_bf16(x[i])) : twk_f16_to_f32(twk_f32_to_f16(x[i]));
+    return TWK_OK;
+}

@@ -142,10 +142,8 @@ static void kv_case(twk_device *dev, twk_dtype t) {
         twk_plan_read(p, O, 1, o, sizeof o) == TWK_OK) {
         worst = 0;
         float kr[T * H * D], vr[T * H * D];
-        for (int i = 0; i < T * H * D; i++) { /* rounded as the cache holds them */
-            kr[i] = t == TWK_BF16 ? twk_bf16_to_f32(twk_f32_to_bf16(x[i])) : twk_f16_to_f32(twk_f32_to_f16(x[i]));
-            vr[i] = t == TWK_BF16 ? twk_bf16_to_f32(twk_f32_to_bf16(v[i])) : twk_f16_to_f32(twk_f32_to_f16(v[i]));
-        }
+        memcpy(kr, x, sizeof kr), memcpy(vr, v, sizeof vr); /* rounded as the caches hold them */
+        twk_dtype_round(t, kr, T * H * D), twk_dtype_round(t, vr, T * H * D);
         for (int i = 0; i < T; i++)
             for (int hh = 0; hh < H; hh++) {
                 double s[T], mx = -INFINITY, sum = 0;

@@ -77,6 +77,9 @@ uint16_t twk_f32_to_f16(float f);
  * overlap, except a narrowing in place (dst == src). TWK_ERR_DTYPE for another dtype. */
 twk_status twk_dtype_to_f32(twk_dtype t, const void *src, float *dst, int64_t n);
 twk_status twk_dtype_from_f32(twk_dtype t, const float *src, void *dst, int64_t n);
+/* Rounds n f32 values in place to the values dtype t holds (f32: unchanged). TWK_ERR_DTYPE for a
+ * non-float t. */
+twk_status twk_dtype_round(twk_dtype t, float *x, int64_t n);
 
 /* The largest tensor rank. */
 #define TWK_MAX_DIMS 4
