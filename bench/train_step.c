@@ -53,7 +53,7 @@ static int run_step(const char *spec, const step_shape *sh, step_result *res) {
     twk_lora_config lc = twk_lora_default();
     lc.rank = sh->rank;
     lc.alpha = 32;
-    if (twk_model_random(&c, dev, 1, &m) != TWK_OK || twk_model_convert(m, sh->dtype) != TWK_OK ||
+    if (twk_model_random_as(&c, dev, 1, sh->dtype, &m) != TWK_OK ||
         twk_trainer_new(m, &lc, sh->tokens, &t) != TWK_OK)
         goto out;
     double per_layer = (double)c.hidden * c.heads * c.head_dim * 2 + (double)c.hidden * c.kv_heads * c.head_dim * 2 +

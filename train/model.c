@@ -89,6 +89,11 @@ static twk_status upload_as(twk_device *dev, named_buf *w, twk_dtype from, const
     twk_status st = twk_buffer_alloc(dev, nb_bytes(w), &w->buf);
     if (st == TWK_OK && from == w->dtype) {
         st = twk_buffer_upload(dev, w->buf, 0, src, nb_bytes(w));
+    } else if (st == TWK_OK && from == TWK_F32) { /* narrowing: a buffer of the narrow size only */
+        void *tmp = twk_host_alloc(nb_bytes(w), w->name);
+        st = tmp ? twk_dtype_from_f32(w->dtype, src, tmp, w->nelem) : TWK_ERR_OOM;
+        if (st == TWK_OK) st = twk_buffer_upload(dev, w->buf, 0, tmp, nb_bytes(w));
+        twk_host_free(tmp);
     } else if (st == TWK_OK) {
         float *tmp = twk_host_alloc((size_t)w->nelem * sizeof *tmp, w->name);
         st = tmp ? twk_dtype_to_f32(from, src, tmp, w->nelem) : TWK_ERR_OOM;
@@ -171,7 +176,14 @@ static int expected_tensors(const twk_model_config *c, named_buf *out) {
 }
 
 twk_status twk_model_random(const twk_model_config *cfg, twk_device *dev, uint64_t seed, twk_model **out) {
+    return twk_model_random_as(cfg, dev, seed, TWK_F32, out);
+}
+
+twk_status twk_model_random_as(const twk_model_config *cfg, twk_device *dev, uint64_t seed, twk_dtype dtype,
+                               twk_model **out) {
     if (!out || !cfg || !dev) return twk_error(TWK_ERR_INVALID_ARG, "model_random: NULL argument");
+    if (dtype != TWK_F32 && !twk_dtype_is_half(dtype))
+        return twk_error(TWK_ERR_INVALID_ARG, "model_random: dtype %s is not f32, bf16 or f16", twk_dtype_name(dtype));
     *out = NULL;
     if (cfg->vocab < 1 || cfg->hidden < 1 || cfg->layers < 1 || cfg->heads < 1 || cfg->kv_heads < 1 ||
         cfg->heads % cfg->kv_heads || cfg->head_dim < 2 || cfg->head_dim % 2 || cfg->ffn < 1 || !(cfg->rope_theta > 0))
@@ -188,12 +200,12 @@ twk_status twk_model_random(const twk_model_config *cfg, twk_device *dev, uint64
     twk_rng_seed(&r, seed);
     for (int i = 0; st == TWK_OK && i < n; i++) {
         named_buf *w = &m->w[i];
-        float *h = twk_host_alloc(nb_bytes(w), w->name);
+        float *h = twk_host_alloc((size_t)w->nelem * sizeof *h, w->name);
         if (!h) st = TWK_ERR_OOM;
         int is_norm = w->ndim == 1 && strstr(w->name, "norm");
         for (int64_t k = 0; h && k < w->nelem; k++) h[k] = is_norm ? 1.0f : (float)(0.02 * twk_rng_normal(&r));
-        if (st == TWK_OK) st = twk_buffer_alloc(dev, nb_bytes(w), &w->buf);
-        if (st == TWK_OK) st = twk_buffer_upload(dev, w->buf, 0, h, nb_bytes(w));
+        w->dtype = w->ndim == 2 ? dtype : TWK_F32;
+        if (st == TWK_OK) st = upload_as(dev, w, TWK_F32, h);
         twk_host_free(h);
         m->n_w = i + 1;
     }

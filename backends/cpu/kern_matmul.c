@@ -21,8 +21,8 @@ typedef struct {
     twk_dtype bt;
     int64_t M, N, K, lda, ldb, ldc;
     float *buf; /* per thread: K floats (dots) */
-    int64_t n0; /* panel: first column of b's panel */
-    int64_t nb; /* panel width */
+    int64_t n0; /* panel: its first row (of b^T when transposed, of b otherwise) */
+    int64_t nb; /* panel: rows */
     int tb;
 } half_job;
 
@@ -42,16 +42,17 @@ static void half_dots(void *arg, int64_t n0, int64_t n1) {
     }
 }
 
-/* Widens rows [r0, r1) of the panel: b^T's rows n0.. (tb) or b's column block n0..n0+nb (not tb). */
+/* Widens rows [r0, r1) of the panel: b's rows n0.. when b is transposed ([nb, K] of b^T), else b's
+ * rows k0.. (the panel is [nb, N]); both are contiguous runs of b. */
 static void half_widen(void *arg, int64_t r0, int64_t r1) {
     const half_job *j = arg;
-    for (int64_t r = r0; r < r1; r++) {
-        if (j->tb) twk_dtype_to_f32(j->bt, j->B + 2 * ((j->n0 + r) * j->ldb), j->buf + r * j->K, j->K);
-        else twk_dtype_to_f32(j->bt, j->B + 2 * (r * j->ldb + j->n0), j->buf + r * j->nb, j->nb);
-    }
+    int64_t row = j->tb ? j->K : j->N;
+    twk_dtype_to_f32(j->bt, j->B + 2 * (j->n0 + r0) * j->ldb, j->buf + r0 * row, (r1 - r0) * row);
 }
 
-/* C [M, N] = op(A) op(B) for a 16-bit B. */
+/* C [M, N] = op(A) op(B) for a 16-bit B, in f32 panels of B of about HALF_PANEL_ELEMS: blocks of
+ * N (b transposed: C's columns, one sgemm each) or blocks of K (not transposed: every sgemm
+ * adds its block's share to all of C, so op(A) is packed once over the calls). */
 static twk_status half_gemm(const cpu_call *c, half_job *j, int ta) {
     cpu_ctx *ctx = c->ctx;
     if (!ta && j->tb && j->M <= HALF_DOT_ROWS) {
@@ -60,17 +61,21 @@ static twk_status half_gemm(const cpu_call *c, half_job *j, int ta) {
         cpu_parallel_for(ctx->pool, j->N, CPU_GRAIN_ELEMS / (j->K * j->M + 1) + 1, half_dots, j);
         return TWK_OK;
     }
-    int64_t nb = HALF_PANEL_ELEMS / j->K;
-    nb = nb < 64 ? 64 : nb > j->N ? j->N : nb;
-    j->buf = cpu_scratch(ctx, (size_t)(nb * j->K) * sizeof *j->buf);
+    int64_t row = j->tb ? j->K : j->N, total = j->tb ? j->N : j->K; /* a panel is nb rows of `row` */
+    int64_t nb = HALF_PANEL_ELEMS / row;
+    nb = nb < 16 ? 16 : nb > total ? total : nb;
+    j->buf = cpu_scratch(ctx, (size_t)(nb * row) * sizeof *j->buf);
     if (!j->buf) return TWK_ERR_OOM;
-    for (j->n0 = 0; j->n0 < j->N; j->n0 += nb) {
-        j->nb = j->N - j->n0 < nb ? j->N - j->n0 : nb;
-        int64_t rows = j->tb ? j->nb : j->K, per = j->tb ? j->K : j->nb;
-        cpu_parallel_for(ctx->pool, rows, CPU_GRAIN_ELEMS / per + 1, half_widen, j);
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, j->tb ? CblasTrans : CblasNoTrans, (int)j->M,
-                    (int)j->nb, (int)j->K, 1.0f, j->A, (int)j->lda, j->buf, (int)(j->tb ? j->K : j->nb), 0.0f,
-                    j->C + j->n0, (int)j->ldc);
+    for (j->n0 = 0; j->n0 < total; j->n0 += nb) {
+        j->nb = total - j->n0 < nb ? total - j->n0 : nb;
+        cpu_parallel_for(ctx->pool, j->nb, CPU_GRAIN_ELEMS / row + 1, half_widen, j);
+        if (j->tb) /* C[:, n0 : n0 + nb] = op(A) panel^T */
+            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, CblasTrans, (int)j->M, (int)j->nb, (int)j->K, 1.0f,
+                        j->A, (int)j->lda, j->buf, (int)j->K, 0.0f, j->C + j->n0, (int)j->ldc);
+        else /* C += op(A)[:, k0 : k0 + kb] panel */
+            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, CblasNoTrans, (int)j->M, (int)j->N, (int)j->nb, 1.0f,
+                        j->A + (ta ? j->n0 * j->lda : j->n0), (int)j->lda, j->buf, (int)j->N, j->n0 ? 1.0f : 0.0f, j->C,
+                        (int)j->ldc);
     }
     return TWK_OK;
 }

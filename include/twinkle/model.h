@@ -96,6 +96,10 @@ void twk_model_free(twk_model *m);
 /* A model with random weights (normal, std 0.02; norms 1) for `cfg`, for
  * benchmarks and tests; cfg is validated like a config.json. */
 twk_status twk_model_random(const twk_model_config *cfg, twk_device *dev, uint64_t seed, twk_model **out);
+/* twk_model_random with the matrices made in dtype (the same values as twk_model_random's,
+ * rounded to nearest even), never all in f32 at once. */
+twk_status twk_model_random_as(const twk_model_config *cfg, twk_device *dev, uint64_t seed, twk_dtype dtype,
+                               twk_model **out);
 const twk_model_config *twk_model_cfg(const twk_model *m);
 
 /* The built-in model "twinkle/tiny-qwen3" (TWK_BUILTIN_MODEL_NAME): Qwen3, vocab
