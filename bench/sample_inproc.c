@@ -113,9 +113,10 @@ int main(int argc, char **argv) {
     snprintf(c.arch_name, sizeof c.arch_name, "Qwen3ForCausalLM");
     twk_model *m = NULL;
     twk_sampler *s = NULL;
-    if (twk_model_random(&c, dev, 1, &m) != TWK_OK) return fail();
-    if (save && twk_model_save(m, save) != TWK_OK) return fail();
     twk_dtype wt = (twk_dtype)twk_dtype_parse_float(dtype);
+    /* made in f32 only to save it for the peer; else in the decoding dtype (peak memory) */
+    if (twk_model_random_as(&c, dev, 1, save ? TWK_F32 : wt, &m) != TWK_OK) return fail();
+    if (save && twk_model_save(m, save) != TWK_OK) return fail();
     if (twk_model_convert(m, wt) != TWK_OK || (kv && twk_model_set_kv_dtype(m, (twk_dtype)twk_dtype_parse_float(kv)) != TWK_OK))
         return fail();
     if (twk_sampler_new(m, NULL, batch, ctx, &s) != TWK_OK) return fail();
