@@ -48,11 +48,29 @@ static twk_status timed(twk_sampler *s, const int32_t *prompt, int64_t n, int ba
     return TWK_OK;
 }
 
+/* The machine's copy bandwidth in GB/s (STREAM's convention: bytes read + bytes written, per
+ * second), best of 5 memcpy's of 256 MiB. */
+static double copy_gbs(void) {
+    size_t n = (size_t)256 << 20;
+    char *a = malloc(n), *b = malloc(n);
+    double best = 1e30;
+    if (!a || !b) return 0;
+    memset(a, 1, n), memset(b, 2, n);
+    for (int r = 0; r < 5; r++) {
+        double t0 = twk_now();
+        memcpy(r % 2 ? a : b, r % 2 ? b : a, n);
+        double dt = twk_now() - t0;
+        if (dt < best) best = dt;
+    }
+    free(a), free(b);
+    return 2.0 * n / best * 1e-9;
+}
+
 static int want(const char *phase, const char *name) { return !strcmp(phase, "all") || !strcmp(phase, name); }
 
 int main(int argc, char **argv) {
     int layers = 4, vocab = 151936, ctx = 1024, prompt_len = 256, n_new = 32, prefill_len = 960, reps = 2, batch = 16;
-    const char *save = NULL, *phase = "all", *device = "cpu";
+    const char *save = NULL, *phase = "all", *device = "cpu", *dtype = "f32", *kv = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--vocab") && i + 1 < argc) vocab = atoi(argv[++i]);
@@ -65,13 +83,18 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--save") && i + 1 < argc) save = argv[++i];
         else if (!strcmp(argv[i], "--phase") && i + 1 < argc) phase = argv[++i];
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
+        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc && twk_dtype_parse_float(argv[i + 1]) >= 0) dtype = argv[++i];
+        else if (!strcmp(argv[i], "--kv-dtype") && i + 1 < argc && twk_dtype_parse_float(argv[i + 1]) >= 0) kv = argv[++i];
         else {
             fprintf(stderr,
                     "usage: bench_sample_inproc [--layers 4] [--vocab 151936] [--ctx 1024] [--prompt 256] [--new 32]\n"
                     "                           [--prefill 960] [--batch 16] [--reps 2] [--save DIR]\n"
                     "                           [--phase all|prefill|decode1|decode16|temp1|score] [--device cpu]\n"
+                    "                           [--dtype f32|bf16|f16] [--kv-dtype f32|bf16|f16]\n"
                     "  --save DIR: also write the model as a Hugging Face folder (for bench/sample/peer_generate.py)\n"
-                    "  --phase: run one measurement only (with TWK_PROFILE=1, the per-op time of that phase)\n");
+                    "  --phase: run one measurement only (with TWK_PROFILE=1, the per-op time of that phase)\n"
+                    "  --dtype: the weights twinkle decodes with (--save writes f32 first); --kv-dtype: the KV\n"
+                    "  cache (default: the weights' dtype)\n");
             return 2;
         }
     }
@@ -90,8 +113,12 @@ int main(int argc, char **argv) {
     snprintf(c.arch_name, sizeof c.arch_name, "Qwen3ForCausalLM");
     twk_model *m = NULL;
     twk_sampler *s = NULL;
-    if (twk_model_random(&c, dev, 1, &m) != TWK_OK) return fail();
+    twk_dtype wt = (twk_dtype)twk_dtype_parse_float(dtype);
+    /* made in f32 only to save it for the peer; else in the decoding dtype (peak memory) */
+    if (twk_model_random_as(&c, dev, 1, save ? TWK_F32 : wt, &m) != TWK_OK) return fail();
     if (save && twk_model_save(m, save) != TWK_OK) return fail();
+    if (twk_model_convert(m, wt) != TWK_OK || (kv && twk_model_set_kv_dtype(m, (twk_dtype)twk_dtype_parse_float(kv)) != TWK_OK))
+        return fail();
     if (twk_sampler_new(m, NULL, batch, ctx, &s) != TWK_OK) return fail();
 
     /* the prompts: fixed, the same formula as peer_generate.py */
@@ -101,8 +128,8 @@ int main(int argc, char **argv) {
     twk_sampled_seq *out = calloc((size_t)batch, sizeof *out), one = {0};
     twk_sample_params g = {.max_tokens = 1, .temperature = 0, .top_k = -1, .top_p = 1};
     printf("model: Qwen3 widths (hidden 1024, 16 heads / 8 kv, head_dim 128, ffn 3072, vocab %d, tied), %d layers, "
-           "random weights, f32; sampler %d seqs x %d context; %d threads\n",
-           vocab, layers, batch, ctx, props.max_threads);
+           "random weights, %s (KV cache %s); sampler %d seqs x %d context; %d threads\n",
+           vocab, layers, dtype, twk_dtype_name(twk_model_kv_dtype(m)), batch, ctx, props.max_threads);
     /* warm-up: plans, first-touch of the KV cache */
     twk_sample_params w = g;
     w.max_tokens = 2;
@@ -123,6 +150,16 @@ int main(int argc, char **argv) {
         if (timed(s, prompt, prompt_len, 1, &gn, reps, &tn_1, &one) != TWK_OK) return fail();
         printf("twinkle decode b1 %9.1f tokens/s  (%d-token prompt, %d new: %.3f s; 1 new: %.3f s; %.1f ms/step)\n",
                (n_new - 1) / (tn_1 - t1_1), prompt_len, n_new, tn_1, t1_1, 1e3 * (tn_1 - t1_1) / (n_new - 1));
+        /* bytes a step reads: every matrix once (the tied embedding as the unembedding), the KV rows so far */
+        double per_layer = (double)c.hidden * c.heads * c.head_dim * 2 + (double)c.hidden * c.kv_heads * c.head_dim * 2 +
+                           3.0 * c.hidden * c.ffn;
+        double wbytes = (per_layer * layers + (double)vocab * c.hidden) * (double)twk_dtype_size(wt);
+        double kvbytes = 2.0 * layers * (prompt_len + n_new / 2) * c.kv_heads * c.head_dim *
+                         (double)twk_dtype_size(twk_model_kv_dtype(m));
+        double step = (tn_1 - t1_1) / (n_new - 1);
+        printf("twinkle decode b1 reads %.0f MB of weights + %.0f MB of KV cache per step: %.1f GB/s; this machine's "
+               "copy bandwidth (memcpy, read + write) %.1f GB/s\n",
+               wbytes * 1e-6, kvbytes * 1e-6, (wbytes + kvbytes) / step * 1e-9, copy_gbs());
     }
     if (want(phase, "decode16")) {
         if (timed(s, prompt, prompt_len, batch, &g, reps + 2, &t1_b, out) != TWK_OK) return fail();

@@ -9,6 +9,7 @@
 #include <cJSON.h>
 
 #include "cli.h"
+#include "dtype_opts.h"
 #include "textgen.h"
 #include "twinkle/twinkle.h"
 
@@ -23,6 +24,7 @@ static void usage(FILE *f) {
             "  --context N         conversation tokens at most (default: the model's max_position_embeddings,\n"
             "                      at most 8192)\n"
             "  --device SPEC       cpu (default), opencl[:N], vulkan[:N] or cuda[:N]\n"
+            TWK_CLI_DTYPE_HELP
             "Needs DIR/tokenizer.json and a chat_template in DIR/tokenizer_config.json.\n");
 }
 
@@ -69,6 +71,8 @@ int twk_cmd_chat(int argc, char **argv) {
     const char *model = NULL, *adapter = NULL, *device = "cpu", *system = NULL;
     twk_sample_params p = {.max_tokens = 256, .temperature = 0.7f, .top_k = -1, .top_p = 1};
     long context = 0;
+    twk_cli_dtypes dt = TWK_CLI_DTYPES_DEFAULT;
+    int dr = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
@@ -85,7 +89,8 @@ int twk_cmd_chat(int argc, char **argv) {
         else if (!strcmp(o, "--device")) device = v;
         else if (!strcmp(o, "--system")) system = v;
         else if (!strcmp(o, "--context")) context = strtol(v, &end, 10);
-        else if (!twk_cli_sample_option(o, v, &p, &end)) {
+        else if ((dr = twk_cli_dtype_option("chat", o, v, &dt)) < 0) return 2;
+        else if (!dr && !twk_cli_sample_option(o, v, &p, &end)) {
             fprintf(stderr, "twinkle chat: unknown option '%s'\n", o);
             return 2;
         }
@@ -111,7 +116,7 @@ int twk_cmd_chat(int argc, char **argv) {
     size_t cap = 0;
     int rc = 1, tty = isatty(0) && isatty(1);
     twk_lora_config lc = twk_lora_default();
-    if (twk_device_open(device, &dev) != TWK_OK || twk_model_load(model, dev, &m) != TWK_OK ||
+    if (twk_device_open(device, &dev) != TWK_OK || twk_cli_model_load(model, dev, &dt, &m) != TWK_OK ||
         twk_textgen_open(model, twk_model_cfg(m), &g) != TWK_OK)
         goto fail;
     if (!context) context = twk_model_cfg(m)->max_positions > 0 && twk_model_cfg(m)->max_positions < 8192

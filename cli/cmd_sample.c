@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "dtype_opts.h"
 #include "textgen.h"
 #include "twinkle/twinkle.h"
 
@@ -23,6 +24,7 @@ static void usage(FILE *f) {
             "  --seed S            repeatable sampling\n"
             "  --stop 2,7          stop token ids (default: the model's eos_token_id; 'none' = never)\n"
             "  --device SPEC       cpu (default), opencl[:N], vulkan[:N] or cuda[:N]: see twinkle devices\n"
+            TWK_CLI_DTYPE_HELP
             "  --stop 2,7 also takes tokenizer_config.json's eos_token by default with a text prompt.\n"
             "Text prompts print each sample's text (special tokens skipped) on its own line(s).\n"
             "--prompt-tokens prints {\"tokens\": [...], \"logprobs\": [...], \"stop_reason\": \"stop\"|\"length\"} per sample;\n"
@@ -67,6 +69,8 @@ int twk_cmd_sample(int argc, char **argv) {
     twk_textgen g = {0};
     int32_t stop[64];
     twk_sample_params p = {.max_tokens = 32, .temperature = 1, .top_k = -1, .top_p = 1};
+    twk_cli_dtypes dt = TWK_CLI_DTYPES_DEFAULT;
+    int dr = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
@@ -94,7 +98,8 @@ int twk_cmd_sample(int argc, char **argv) {
             }
         } else if (!strcmp(o, "--stop")) stop_arg = v;
         else if (!strcmp(o, "--num-samples")) num = (int)strtol(v, &end, 10);
-        else if (!twk_cli_sample_option(o, v, &p, &end)) {
+        else if ((dr = twk_cli_dtype_option("sample", o, v, &dt)) < 0) return 2;
+        else if (!dr && !twk_cli_sample_option(o, v, &p, &end)) {
             fprintf(stderr, "twinkle sample: unknown option '%s'\n", o);
             return 2;
         }
@@ -116,7 +121,7 @@ int twk_cmd_sample(int argc, char **argv) {
     twk_sampler *s = NULL;
     twk_sampled_seq *out = NULL;
     int rc = 1;
-    if (twk_device_open(device, &dev) != TWK_OK || twk_model_load(model, dev, &m) != TWK_OK) goto fail;
+    if (twk_device_open(device, &dev) != TWK_OK || twk_cli_model_load(model, dev, &dt, &m) != TWK_OK) goto fail;
     if ((text || messages) && (twk_textgen_open(model, twk_model_cfg(m), &g) != TWK_OK ||
                                (n_prompt = text_prompt(&g, text, messages, prompt, 65536)) < 0))
         goto fail;

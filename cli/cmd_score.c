@@ -6,16 +6,20 @@
 #include <string.h>
 
 #include "cli.h"
+#include "dtype_opts.h"
 #include "twinkle/twinkle.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: twinkle score --model DIR [--adapter DIR] --data FILE.jsonl [--device SPEC]\n"
+    fprintf(f, "usage: twinkle score --model DIR [--adapter DIR] --data FILE.jsonl [--device SPEC] [--dtype D]\n"
+               TWK_CLI_DTYPE_HELP
                "  Prints one JSON line {\"logprobs\": [...]} per example {\"tokens\": [...]}: the log-probability\n"
                "  of each token after the first given the ones before it (len(tokens) - 1 values).\n");
 }
 
 int twk_cmd_score(int argc, char **argv) {
     const char *model = NULL, *adapter = NULL, *data = NULL, *device = "cpu";
+    twk_cli_dtypes dt = TWK_CLI_DTYPES_DEFAULT;
+    int dr = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
@@ -29,6 +33,8 @@ int twk_cmd_score(int argc, char **argv) {
         else if (!strcmp(argv[i], "--adapter")) adapter = argv[++i];
         else if (!strcmp(argv[i], "--data")) data = argv[++i];
         else if (!strcmp(argv[i], "--device")) device = argv[++i];
+        else if ((dr = twk_cli_dtype_option("score", argv[i], argv[i + 1], &dt)) < 0) return 2;
+        else if (dr) i++;
         else {
             fprintf(stderr, "twinkle score: unknown option '%s'\n", argv[i]);
             return 2;
@@ -44,7 +50,7 @@ int twk_cmd_score(int argc, char **argv) {
     twk_trainer *t = NULL;
     twk_packed one = {0};
     int rc = 1;
-    if (twk_device_open(device, &dev) != TWK_OK || twk_model_load(model, dev, &m) != TWK_OK ||
+    if (twk_device_open(device, &dev) != TWK_OK || twk_cli_model_load(model, dev, &dt, &m) != TWK_OK ||
         twk_dataset_load_jsonl(data, twk_model_cfg(m)->vocab, &ds) != TWK_OK)
         goto fail;
     twk_lora_config lc = twk_lora_default();

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "dtype_opts.h"
 #include "dist.h"
 #include "train_data.h"
 #include "train_step.h"
@@ -31,6 +32,7 @@ typedef struct train_opts {
     double dpo_beta, clip_lo, clip_hi, kl_beta, max_tokens, distill_beta; /* NaN: the loss's default */
     twk_loss_spec spec; /* --loss with the flags above */
     int full, train_unembed, no_attn, no_mlp, recompute;
+    twk_cli_dtypes dtypes; /* --dtype, --kv-dtype (the teacher's sampler) */
 } train_opts;
 
 static const char *const lr_names[] = {"constant", "linear", "cosine"};
@@ -79,6 +81,8 @@ static void usage(FILE *f) {
             "  --grad-clip X        clip the global gradient norm to X (default 1.0; 0 = off)\n"
             "  --resume DIR         continue from a saved training state (weights + optimizer)\n"
             "  --seed S             LoRA initialisation, shuffling, mixing and eval-split seed (default 0)\n"
+            TWK_CLI_DTYPE_HELP
+            "                      (--full: f32 unless given; full-parameter training needs f32)\n"
             "  --device SPEC        cpu (default), opencl[:N], vulkan[:N] or cuda[:N]: see twinkle devices;\n"
             "                       under mpirun a GPU kind without :N picks device LOCAL_RANK\n"
             "  --bucket-mb X        under mpirun: sum gradients across ranks in buckets of X MB (default 16)\n"
@@ -144,7 +148,7 @@ static int parse(int argc, char **argv, train_opts *o) {
     *o = (train_opts){.out = "train-out", .device = "cpu", .steps = 100, .batch_tokens = 2048, .rank = 32,
                       .lr = 1e-4, .dpo_beta = NAN, .loss = "cross_entropy", .topk = 8, .distill_beta = NAN,
                       .clip_lo = NAN, .clip_hi = NAN, .kl_beta = NAN, .max_tokens = NAN, .alpha = 32, .grad_clip = 1.0, .bucket_mb = 16, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
-                      .dopts = {.train_on = TWK_TRAIN_ON_ASSISTANT}};
+                      .dopts = {.train_on = TWK_TRAIN_ON_ASSISTANT}, .dtypes = TWK_CLI_DTYPES_DEFAULT};
     int steps_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -201,6 +205,7 @@ static int parse(int argc, char **argv, train_opts *o) {
         else if (!strcmp(a, "--out")) o->out = val;
         else if (!strcmp(a, "--resume")) o->resume = val;
         else if (!strcmp(a, "--device")) o->device = val;
+        else if (!strcmp(a, "--dtype") || !strcmp(a, "--kv-dtype")) { if (twk_cli_dtype_option("train", a, val, &o->dtypes) < 0) return 0; }
         else if (!strcmp(a, "--loss")) o->loss = val;
         else if (!strcmp(a, "--dpo-beta")) { if (!num(a, val, 1e-6, 1e6, &o->dpo_beta)) return 0; }
         else if (!strcmp(a, "--clip-low")) { if (!num(a, val, 0, 1e6, &o->clip_lo)) return 0; }
@@ -259,6 +264,7 @@ static int parse(int argc, char **argv, train_opts *o) {
                 o->batch_tokens);
         return 0;
     }
+    if (o->full && o->dtypes.weights < 0) o->dtypes.weights = TWK_F32; /* trainable weights are f32 */
     o->dopts.model_dir = o->model;
     if (!o->dopts.max_targets) o->dopts.max_targets = o->batch_tokens;
     return 1;
@@ -368,7 +374,7 @@ static int train(train_opts *o) {
     twk_mem_request rq = {.tokens = o->batch_tokens, .rank = o->full ? 0 : (int)o->rank, .train_unembed = o->train_unembed,
                           .recompute = o->recompute};
     if (twk_device_open(twk_dist_device(o->device, devname, sizeof devname), &dev) != TWK_OK ||
-        !fits_device(o, dev, &rq, me) || twk_model_load(o->model, dev, &model) != TWK_OK ||
+        !fits_device(o, dev, &rq, me) || twk_cli_model_load(o->model, dev, &o->dtypes, &model) != TWK_OK ||
         (o->dopts.vocab = twk_model_cfg(model)->vocab,
          twk_train_data_load(&o->files, &o->dopts, o->spec.def->group, (uint64_t)o->seed, o->eval_data,
                              o->eval_fraction, &data, &eval)) != TWK_OK)
@@ -403,7 +409,7 @@ static int train(train_opts *o) {
     if (fam == TWK_FAMILY_RL && twk_dataset_require(data, "advantages", o->data, o->loss) != TWK_OK) goto fail;
     if (fam == TWK_FAMILY_DISTILL) { /* the teacher scores every position of a sequence at once */
         twk_lora_config tl;
-        if (twk_model_load(o->teacher, dev, &teacher) != TWK_OK) goto fail;
+        if (twk_cli_model_load(o->teacher, dev, &o->dtypes, &teacher) != TWK_OK) goto fail;
         if (twk_model_cfg(teacher)->vocab != c->vocab) {
             twk_error(TWK_ERR_INVALID_ARG, "--teacher %s has vocabulary %d; the student's is %d", o->teacher,
                       twk_model_cfg(teacher)->vocab, c->vocab);

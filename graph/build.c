@@ -34,6 +34,11 @@ static int want_dtype(twk_graph *g, const twk_node *n, twk_id id, const char *op
     return ok;
 }
 
+/* want_dtype for a source that may also hold bf16 / f16 (a frozen weight, a KV cache). */
+static int want_float(twk_graph *g, const twk_node *n, twk_id id, const char *op, const char *which) {
+    return twk_dtype_is_half(n->type) || want_dtype(g, n, id, op, which, 1, 0);
+}
+
 static int shape_from_spec(twk_graph *g, const char *op, int ndim, const int64_t *ne,
                            twk_node *out) {
     if (ndim < 1 || ndim > TWK_MAX_DIMS || !ne) {
@@ -89,7 +94,14 @@ twk_id twk_input(twk_graph *g, const char *name, twk_dtype t, int ndim, const in
 }
 
 twk_id twk_param(twk_graph *g, const char *name, int ndim, const int64_t *ne, bool trainable) {
-    twk_id id = leaf(g, TWK_OP_PARAM, "param", name, TWK_F32, ndim, ne);
+    return twk_param_dtype(g, name, TWK_F32, ndim, ne, trainable);
+}
+
+twk_id twk_param_dtype(twk_graph *g, const char *name, twk_dtype t, int ndim, const int64_t *ne, bool trainable) {
+    if (trainable && t != TWK_F32)
+        return twk_graph_fail(g, TWK_ERR_DTYPE, "param '%s': a trainable parameter is f32, not %s", name ? name : "",
+                              twk_dtype_name(t));
+    twk_id id = leaf(g, TWK_OP_PARAM, "param", name, t, ndim, ne);
     if (id >= 0 && trainable) g->nodes[id].flags |= TWK_NODE_TRAINABLE;
     return id;
 }
@@ -391,7 +403,7 @@ twk_id twk_matmul(twk_graph *g, twk_id a_id, twk_id b_id, bool ta, bool tb) {
     const twk_node *a = arg(g, a_id, "matmul", "a");
     const twk_node *b = arg(g, b_id, "matmul", "b");
     if (!a || !b) return -1;
-    if (!want_dtype(g, a, a_id, "matmul", "a", 1, 0) || !want_dtype(g, b, b_id, "matmul", "b", 1, 0))
+    if (!want_dtype(g, a, a_id, "matmul", "a", 1, 0) || !want_float(g, b, b_id, "matmul", "b"))
         return -1;
     char s1[96], s2[96];
     int r = a->ndim;
@@ -436,7 +448,7 @@ twk_id twk_get_rows(twk_graph *g, twk_id table, twk_id ids) {
     const twk_node *t = arg(g, table, "get_rows", "table");
     const twk_node *i = arg(g, ids, "get_rows", "ids");
     if (!t || !i) return -1;
-    if (!want_dtype(g, t, table, "get_rows", "table", 1, 0) ||
+    if (!want_float(g, t, table, "get_rows", "table") ||
         !want_dtype(g, i, ids, "get_rows", "ids", 0, 1))
         return -1;
     char s1[96], s2[96];
@@ -609,7 +621,7 @@ twk_id twk_kv_write(twk_graph *g, twk_id cache, twk_id x, twk_id rows) {
     const twk_node *X = arg(g, x, "kv_write", "x");
     const twk_node *R = arg(g, rows, "kv_write", "rows");
     if (!C || !X || !R) return -1;
-    if (!want_dtype(g, C, cache, "kv_write", "cache", 1, 0) || !want_dtype(g, X, x, "kv_write", "x", 1, 0) ||
+    if (!want_float(g, C, cache, "kv_write", "cache") || !want_dtype(g, X, x, "kv_write", "x", 1, 0) ||
         !want_dtype(g, R, rows, "kv_write", "rows", 0, 1))
         return -1;
     char s1[96], s2[96], s3[96];
@@ -618,7 +630,7 @@ twk_id twk_kv_write(twk_graph *g, twk_id cache, twk_id x, twk_id rows) {
         return twk_graph_fail(g, TWK_ERR_SHAPE, "kv_write: want cache [R, H, D], x [T, H, D], rows [T]; got %s, %s, %s",
                               SHAPE(g, cache, s1), SHAPE(g, x, s2), SHAPE(g, rows, s3));
     twk_node n;
-    init_node(&n, TWK_OP_KV_WRITE, TWK_F32);
+    init_node(&n, TWK_OP_KV_WRITE, C->type);
     copy_shape(&n, C);
     n.nsrc = 3;
     n.src[0] = cache;
@@ -634,8 +646,8 @@ twk_id twk_attention_cached(twk_graph *g, twk_id q, twk_id kc, twk_id vc, twk_id
     const twk_node *L = arg(g, lo, "attn_cache", "lo");
     const twk_node *H = arg(g, hi, "attn_cache", "hi");
     if (!Q || !K || !V || !L || !H) return -1;
-    if (!want_dtype(g, Q, q, "attn_cache", "q", 1, 0) || !want_dtype(g, K, kc, "attn_cache", "kc", 1, 0) ||
-        !want_dtype(g, V, vc, "attn_cache", "vc", 1, 0) || !want_dtype(g, L, lo, "attn_cache", "lo", 0, 1) ||
+    if (!want_dtype(g, Q, q, "attn_cache", "q", 1, 0) || !want_float(g, K, kc, "attn_cache", "kc") ||
+        !want_float(g, V, vc, "attn_cache", "vc") || !want_dtype(g, L, lo, "attn_cache", "lo", 0, 1) ||
         !want_dtype(g, H, hi, "attn_cache", "hi", 0, 1))
         return -1;
     char s1[96], s2[96], s3[96];

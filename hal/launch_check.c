@@ -5,7 +5,7 @@
 
 #include "twk_backend.h"
 
-bool twk_launch_dtypes_ok(const twk_launch *l, const char *backend, char *why, size_t why_len) {
+static bool dtypes_ok(const twk_launch *l, bool half_ok, const char *backend, char *why, size_t why_len) {
     const twk_op_traits *op = twk_op_info(l->op);
     if (op->kind == TWK_OPK_COPY) {
         size_t es = twk_dtype_size(l->dst.type);
@@ -17,19 +17,32 @@ bool twk_launch_dtypes_ok(const twk_launch *l, const char *backend, char *why, s
             }
         return true;
     }
-    if (l->dst.type != TWK_F32) {
+    unsigned half = half_ok ? twk_op_half_srcs(l->op) : 0;
+    bool inplace = op->kind == TWK_OPK_INPLACE && l->nsrc > 0;
+    if (inplace ? l->dst.type != l->src[0].type : l->dst.type != TWK_F32) {
         if (why) snprintf(why, why_len, "output dtype %s; %s computes f32", twk_dtype_name(l->dst.type), backend);
         return false;
     }
     for (int i = 0; i < l->nsrc; i++) {
         twk_dtype t = l->src[i].type;
-        bool ok = (op->index >> i & 1) ? (t == TWK_I32 || t == TWK_I64) : t == TWK_F32;
-        if (!ok) {
-            if (why) snprintf(why, why_len, "source %d has dtype %s", i, twk_dtype_name(t));
-            return false;
-        }
+        bool ok = (op->index >> i & 1) ? (t == TWK_I32 || t == TWK_I64)
+                                       : t == TWK_F32 || ((half >> i & 1) && twk_dtype_is_half(t));
+        if (!ok && why && twk_dtype_is_half(t) && !half_ok)
+            snprintf(why, why_len, "source %d has dtype %s: no %s kernel here (load the model with --dtype f32)", i,
+                     twk_dtype_name(t), twk_dtype_name(t));
+        else if (!ok && why)
+            snprintf(why, why_len, "source %d has dtype %s", i, twk_dtype_name(t));
+        if (!ok) return false;
     }
     return true;
+}
+
+bool twk_launch_dtypes_ok(const twk_launch *l, const char *backend, char *why, size_t why_len) {
+    return dtypes_ok(l, false, backend, why, why_len);
+}
+
+bool twk_launch_dtypes_half_ok(const twk_launch *l, const char *backend, char *why, size_t why_len) {
+    return dtypes_ok(l, true, backend, why, why_len);
 }
 
 static int64_t id_at(twk_dtype t, const void *p, int64_t i) {

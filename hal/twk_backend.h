@@ -82,6 +82,9 @@ typedef struct twk_launch {
  * compute f32 from f32 sources and index sources. false with a reason naming
  * `backend` in why (may be NULL) otherwise. */
 bool twk_launch_dtypes_ok(const twk_launch *l, const char *backend, char *why, size_t why_len);
+/* The same rule for a backend whose kernels also take bf16 / f16 in the op's
+ * TWK_OP_HALF_SRCS sources (KV_WRITE: its cache and output alike). */
+bool twk_launch_dtypes_half_ok(const twk_launch *l, const char *backend, char *why, size_t why_len);
 
 /* The first bad id of launch l at token count n, worded alike on every backend
  * ("get_rows 'embed': ids[2] = 7 is outside [0, 5)"), by the op table's IDS

@@ -21,6 +21,7 @@ void twk_serve_config_default(twk_serve_config *c) {
     c->port = TWK_SERVE_DEF_PORT;
     snprintf(c->data_dir, sizeof c->data_dir, "twinkle-data");
     snprintf(c->device, sizeof c->device, "cpu");
+    c->dtype = c->kv_dtype = -1;
     c->max_lora_rank = TWK_SERVE_DEF_MAX_LORA_RANK;
     c->max_context = TWK_SERVE_DEF_MAX_CONTEXT;
     c->max_datums = TWK_SERVE_DEF_MAX_DATUMS;
@@ -160,6 +161,12 @@ twk_status twk_serve_config_arg(twk_serve_config *c, const char *opt, const char
             snprintf(strs[i].dst, strs[i].len, "%s", val);
             return TWK_OK;
         }
+    if (!strcmp(opt, "dtype") || !strcmp(opt, "kv-dtype")) {
+        int t = twk_dtype_parse_float(val);
+        if (t < 0) return twk_error(TWK_ERR_INVALID_ARG, "--%s: '%s' is not f32, bf16 or f16", opt, val ? val : "");
+        *(opt[0] == 'd' ? &c->dtype : &c->kv_dtype) = t;
+        return TWK_OK;
+    }
     if (!strcmp(opt, "model")) {
         if (!val) return twk_error(TWK_ERR_INVALID_ARG, "--%s needs a value", opt);
         if (c->n_models == TWK_MAX_BASE_MODELS)
@@ -328,7 +335,7 @@ twk_status svc_load_models(const twk_serve_config *cfg, twk_device *dev, base_mo
         snprintf(b->dir, sizeof b->dir, "%.1000s", realpath(specs[i].dir, abs_dir) ? abs_dir : specs[i].dir);
         twk_mem_plan plan;
         twk_status st = plan_model(cfg, dev, b, &plan);
-        if (st == TWK_OK) st = twk_model_load(b->dir, dev, &b->m);
+        if (st == TWK_OK) st = twk_model_load_as(b->dir, dev, cfg->dtype, cfg->kv_dtype, &b->m);
         if (st == TWK_OK && plan.arena) st = twk_buffer_alloc(dev, plan.arena, &b->arena);
         if (st != TWK_OK) {
             st = twk_error(st, "model '%s': %s", b->name, twk_last_error());

@@ -29,6 +29,7 @@ typedef struct twk_serve_config {
     char data_dir[512];
     char keys_file[1024];     /* "" = open mode: any tml- key, one tenant per key */
     char device[32];
+    int dtype, kv_dtype;      /* base weights and KV caches: a twk_dtype, -1 = the checkpoint's / the weights' */
     twk_serve_model_spec models[TWK_MAX_BASE_MODELS];
     int n_models;             /* 0 = the built-in default model */
     int max_lora_rank;        /* default 128 */

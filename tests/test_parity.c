@@ -4,7 +4,18 @@
  * every LoRA gradient and, for one model, every full-parameter gradient
  * (relative error ||d|| / ||ref|| <= 1e-3), the LoRA tensors after 3 clipped
  * AdamW steps (relative error <= 1e-4), PEFT's saved adapter loading into
- * twinkle, and twinkle's saved adapter loading back. Errors are printed. */
+ * twinkle, and twinkle's saved adapter loading back. Errors are printed.
+ *
+ * bf16 (fixtures/<model>/bf16.safetensors, generate.py --bf16): the model loaded with its
+ * matrices in bf16 (twk_model_load_as) and the fixture's adapter. Against float64 computations
+ * from the same bf16 values: the f32 tolerances above (twinkle holds exactly those values and
+ * computes in f32, so only f32 summation differs). Against transformers + PEFT running the model
+ * in bf16: by the triangle inequality through the float64 values, |twinkle - transformers| <=
+ * |twinkle - float64| + |transformers - float64|, so the tolerance is the f32 one plus
+ * transformers' own bf16 error, measured from the file (and capped at 0.1 for logprobs and 0.1
+ * relative for gradients, ~25 bf16 roundings of 2^-8: a pass over 2-4 layers rounds each
+ * activation to bf16 about 6 times per layer). A backend without bf16 kernels must refuse the
+ * model naming bf16. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -198,6 +209,85 @@ static void adapter_round_trips(twk_model *m, const twk_lora_config *lc, const t
     twk_trainer_free(t);
 }
 
+/* The bf16 checks of one fixture (see the top of the file). */
+static void replay_bf16(const char *dir, const char *model, twk_device *dev, const twk_lora_config *lc, const twk_batch *b,
+                        const twk_safetensors *exp) {
+    char path[800];
+    snprintf(path, sizeof path, "%s/bf16.safetensors", dir);
+    twk_safetensors *bf = NULL;
+    if (twk_st_open(path, &bf) != TWK_OK) {
+        printf("skip %s bf16: no %s\n", model, path);
+        return;
+    }
+    twk_model *m = NULL;
+    twk_trainer *t = NULL;
+    snprintf(path, sizeof path, "%s/model", dir);
+    twk_status st = twk_model_load_as(path, dev, TWK_BF16, -1, &m);
+    if (st == TWK_OK) st = twk_trainer_new(m, lc, b->n, &t);
+    const char *spec = twk_device_spec(dev);
+    if (st != TWK_OK && strncmp(spec, "cpu", 3)) { /* a backend without bf16 kernels refuses, naming it */
+        int named = strstr(twk_last_error(), "bf16") != NULL;
+        printf("%s %-7s bf16 refused on %s, naming bf16: %s\n", named ? "ok  " : "FAIL", model, spec, twk_last_error());
+        fails += !named;
+        goto out;
+    }
+    if (st != TWK_OK) {
+        printf("FAIL %s bf16: %s\n", model, twk_last_error());
+        fails++;
+        goto out;
+    }
+    set_from(t, exp, "lora_init");
+    int64_t n = b->n;
+    float *lp = malloc((size_t)n * 4), loss = 0;
+    float *ref = f32_of(bf, "logprobs", NULL), *tref = f32_of(bf, "torch_logprobs", NULL);
+    float *lref = f32_of(bf, "loss", NULL), *tl = f32_of(bf, "torch_loss", NULL);
+    st = twk_trainer_forward_backward(t, b, lp, &loss);
+    if (st != TWK_OK || !ref || !tref || !lref || !tl) {
+        printf("FAIL %s bf16: %s\n", model, st != TWK_OK ? twk_last_error() : "bf16.safetensors lacks logprobs / loss");
+        fails++;
+    } else {
+        double e = max_abs_diff(lp, ref, n), te = max_abs_diff(tref, ref, n), e2 = max_abs_diff(lp, tref, n);
+        report(e <= LOGPROB_TOL, model, "bf16: logprobs vs float64 of the bf16 weights", e, LOGPROB_TOL);
+        double tol = LOGPROB_TOL + te;
+        printf("     %-7s bf16: transformers bf16 vs float64: logprobs max |diff| %.3e; loss twinkle %.5f, float64 %.5f, "
+               "transformers %.5f\n", model, te, loss, lref[0], tl[0]);
+        report(e2 <= tol && te <= 0.1, model, "bf16: logprobs vs transformers bf16", e2, tol);
+        e = fabs(loss - lref[0]) / fmax(1.0, fabs(lref[0]));
+        report(e <= LOGPROB_TOL, model, "bf16: loss vs float64", e, LOGPROB_TOL);
+        int count = 0;
+        e = check_grads(t, bf, "lora_grad", &count);
+        char what[96];
+        snprintf(what, sizeof what, "bf16: %d LoRA gradients vs float64 (worst)", count);
+        report(count > 0 && e <= GRAD_TOL, model, what, e, GRAD_TOL);
+        double worst = 0, worst_tol = 0, torch_worst = 0;
+        int ok = 1;
+        for (int i = 0; i < twk_trainer_param_count(t); i++) {
+            int64_t pn = 0, rn = 0, tn = 0;
+            const char *name = twk_trainer_param_name(t, i, &pn);
+            char k1[300], k2[300];
+            snprintf(k1, sizeof k1, "lora_grad.%s", name);
+            snprintf(k2, sizeof k2, "torch_lora_grad.%s", name);
+            float *r64 = f32_of(bf, k1, &rn), *rt = f32_of(bf, k2, &tn), *g = malloc((size_t)pn * 4);
+            if (!r64 || !rt || rn != pn || tn != pn || twk_trainer_get_grad(t, name, g, pn) != TWK_OK) {
+                ok = 0;
+            } else {
+                double et = rel_err(rt, r64, pn), eg = rel_err(g, rt, pn), gt = GRAD_TOL + 1.1 * et;
+                ok = ok && eg <= gt && et <= 0.1;
+                if (eg > worst) worst = eg, worst_tol = gt;
+                torch_worst = fmax(torch_worst, et);
+            }
+            free(r64), free(rt), free(g);
+        }
+        printf("     %-7s bf16: transformers bf16 vs float64: LoRA gradients worst rel %.3e\n", model, torch_worst);
+        report(ok, model, "bf16: LoRA gradients vs transformers bf16 (worst)", worst, worst_tol);
+    }
+    free(lp), free(ref), free(tref), free(lref), free(tl);
+out:
+    twk_trainer_free(t);
+    twk_model_free(m);
+    twk_st_close(bf);
+}
+
 static void replay(const char *root, const char *model) {
     char dir[512], path[600];
     snprintf(dir, sizeof dir, "%s/%s", root, model);
@@ -293,6 +383,7 @@ static void replay(const char *root, const char *model) {
     adapter_round_trips(m, &lc, exp, &b, dir, lp_ref, model);
     twk_trainer_free(t);
     free(lp);
+    replay_bf16(dir, model, dev, &lc, &b, exp);
     if (twk_st_find(exp, "full_grad.model.embed_tokens.weight")) {
         if (twk_trainer_new(m, NULL, n, &t) != TWK_OK) {
             printf("FAIL %s: full trainer: %s\n", model, twk_last_error());

@@ -106,6 +106,8 @@ static twk_status check_base_copy(twk_trainer *t, const char *path, const twk_st
     twk_status st = ours && theirs ? TWK_OK : TWK_ERR_OOM;
     if (st == TWK_OK) st = twk_model_get_weight(twk_trainer_model(t), base, ours, ten->nelem);
     if (st == TWK_OK) st = twk_st_to_f32(ten, theirs);
+    /* a base held in bf16 / f16: the copy as that dtype holds it */
+    if (st == TWK_OK) st = twk_dtype_round(twk_model_dtype(twk_trainer_model(t)), theirs, ten->nelem);
     if (st == TWK_OK && memcmp(ours, theirs, bytes))
         st = twk_error(TWK_ERR_UNSUPPORTED, "%s: tensor '%s' replaces the base weight '%s'; only LoRA deltas are supported",
                        path, ten->name, base);

@@ -21,6 +21,21 @@ twk_lora_config twk_lora_default(void) {
 
 const twk_model_config *twk_model_cfg(const twk_model *m) { return m ? &m->cfg : NULL; }
 
+/* n values of dtype t at the back of dst (2 bytes each) widened to f32 over all of dst. */
+static twk_status widen_in_place(twk_dtype t, float *dst, int64_t n) {
+    const unsigned char *src = (const unsigned char *)dst + (size_t)n * 2;
+    float block[256];
+    /* each block is read whole before it is written; a write reaches bytes below 4i + 1024 <= 2n + 2(i + 256)
+     * (unread source) only when i > n - 256, the last block */
+    for (int64_t i = 0; i < n; i += 256) {
+        int64_t k = n - i < 256 ? n - i : 256;
+        twk_status st = twk_dtype_to_f32(t, src + 2 * i, block, k);
+        if (st != TWK_OK) return st;
+        memcpy(dst + i, block, (size_t)k * sizeof *dst);
+    }
+    return TWK_OK;
+}
+
 static named_buf *find_w(named_buf *w, int n, const char *name) {
     for (int i = 0; i < n; i++)
         if (!strcmp(w[i].name, name)) return &w[i];
@@ -44,7 +59,73 @@ twk_status twk_model_get_weight(const twk_model *m, const char *name, float *dst
     if (w->nelem != nelem)
         return twk_error(TWK_ERR_INVALID_ARG, "model: weight '%s' has %lld elements, not %lld", name,
                          (long long)w->nelem, (long long)nelem);
-    return twk_buffer_download(m->dev, w->buf, 0, dst, nb_bytes(w));
+    /* a 16-bit weight lands in dst's back half, then widens front to back */
+    size_t off = (size_t)nelem * sizeof *dst - nb_bytes(w);
+    twk_status st = twk_buffer_download(m->dev, w->buf, 0, (char *)dst + off, nb_bytes(w));
+    if (st != TWK_OK || w->dtype == TWK_F32) return st;
+    return widen_in_place(w->dtype, dst, nelem);
+}
+
+twk_dtype twk_model_dtype(const twk_model *m) {
+    for (int i = 0; m && i < m->n_w; i++)
+        if (m->w[i].ndim == 2) return m->w[i].dtype;
+    return TWK_F32;
+}
+
+twk_dtype twk_model_kv_dtype(const twk_model *m) { return m && m->kv_set ? m->kv_dtype : twk_model_dtype(m); }
+
+twk_status twk_model_set_kv_dtype(twk_model *m, twk_dtype t) {
+    if (!m || (t != TWK_F32 && !twk_dtype_is_half(t)))
+        return twk_error(TWK_ERR_INVALID_ARG, "model: KV cache dtype %s is not f32, bf16 or f16", twk_dtype_name(t));
+    m->kv_dtype = t;
+    m->kv_set = 1;
+    return TWK_OK;
+}
+
+/* (Re)places weight w's buffer with n values of dtype `from` at src, stored as w->dtype. */
+static twk_status upload_as(twk_device *dev, named_buf *w, twk_dtype from, const void *src) {
+    twk_buffer *old = w->buf;
+    w->buf = NULL;
+    twk_status st = twk_buffer_alloc(dev, nb_bytes(w), &w->buf);
+    if (st == TWK_OK && from == w->dtype) {
+        st = twk_buffer_upload(dev, w->buf, 0, src, nb_bytes(w));
+    } else if (st == TWK_OK && from == TWK_F32) { /* narrowing: a buffer of the narrow size only */
+        void *tmp = twk_host_alloc(nb_bytes(w), w->name);
+        st = tmp ? twk_dtype_from_f32(w->dtype, src, tmp, w->nelem) : TWK_ERR_OOM;
+        if (st == TWK_OK) st = twk_buffer_upload(dev, w->buf, 0, tmp, nb_bytes(w));
+        twk_host_free(tmp);
+    } else if (st == TWK_OK) {
+        float *tmp = twk_host_alloc((size_t)w->nelem * sizeof *tmp, w->name);
+        st = tmp ? twk_dtype_to_f32(from, src, tmp, w->nelem) : TWK_ERR_OOM;
+        if (st == TWK_OK) st = twk_dtype_from_f32(w->dtype, tmp, tmp, w->nelem);
+        if (st == TWK_OK) st = twk_buffer_upload(dev, w->buf, 0, tmp, nb_bytes(w));
+        twk_host_free(tmp);
+    }
+    if (st != TWK_OK) { /* w keeps its old storage */
+        twk_buffer_free(dev, w->buf);
+        w->buf = old;
+        return st;
+    }
+    twk_buffer_free(dev, old);
+    return TWK_OK;
+}
+
+twk_status twk_model_convert(twk_model *m, twk_dtype t) {
+    if (!m || (t != TWK_F32 && !twk_dtype_is_half(t)))
+        return twk_error(TWK_ERR_INVALID_ARG, "model_convert: dtype %s is not f32, bf16 or f16", twk_dtype_name(t));
+    twk_status st = TWK_OK;
+    for (int i = 0; st == TWK_OK && i < m->n_w; i++) {
+        named_buf *w = &m->w[i];
+        if (w->ndim != 2 || w->dtype == t) continue; /* matrices only: norms and biases stay f32 */
+        void *h = twk_host_alloc(nb_bytes(w), w->name);
+        st = h ? twk_buffer_download(m->dev, w->buf, 0, h, nb_bytes(w)) : TWK_ERR_OOM;
+        twk_dtype from = w->dtype;
+        w->dtype = t;
+        if (st == TWK_OK) st = upload_as(m->dev, w, from, h);
+        if (st != TWK_OK) w->dtype = from;
+        twk_host_free(h);
+    }
+    return st;
 }
 
 /* Every tensor the architecture needs, with its expected shape. */
@@ -111,7 +192,14 @@ twk_model *twk_model_shapes(const twk_model_config *cfg, twk_dtype dtype) {
 }
 
 twk_status twk_model_random(const twk_model_config *cfg, twk_device *dev, uint64_t seed, twk_model **out) {
+    return twk_model_random_as(cfg, dev, seed, TWK_F32, out);
+}
+
+twk_status twk_model_random_as(const twk_model_config *cfg, twk_device *dev, uint64_t seed, twk_dtype dtype,
+                               twk_model **out) {
     if (!out || !cfg || !dev) return twk_error(TWK_ERR_INVALID_ARG, "model_random: NULL argument");
+    if (dtype != TWK_F32 && !twk_dtype_is_half(dtype))
+        return twk_error(TWK_ERR_INVALID_ARG, "model_random: dtype %s is not f32, bf16 or f16", twk_dtype_name(dtype));
     *out = NULL;
     if (cfg->vocab < 1 || cfg->hidden < 1 || cfg->layers < 1 || cfg->heads < 1 || cfg->kv_heads < 1 ||
         cfg->heads % cfg->kv_heads || cfg->head_dim < 2 || cfg->head_dim % 2 || cfg->ffn < 1 || !(cfg->rope_theta > 0))
@@ -128,12 +216,12 @@ twk_status twk_model_random(const twk_model_config *cfg, twk_device *dev, uint64
     twk_rng_seed(&r, seed);
     for (int i = 0; st == TWK_OK && i < n; i++) {
         named_buf *w = &m->w[i];
-        float *h = twk_host_alloc(nb_bytes(w), w->name);
+        float *h = twk_host_alloc((size_t)w->nelem * sizeof *h, w->name);
         if (!h) st = TWK_ERR_OOM;
         int is_norm = w->ndim == 1 && strstr(w->name, "norm");
         for (int64_t k = 0; h && k < w->nelem; k++) h[k] = is_norm ? 1.0f : (float)(0.02 * twk_rng_normal(&r));
-        if (st == TWK_OK) st = twk_buffer_alloc(dev, nb_bytes(w), &w->buf);
-        if (st == TWK_OK) st = twk_buffer_upload(dev, w->buf, 0, h, nb_bytes(w));
+        w->dtype = w->ndim == 2 ? dtype : TWK_F32;
+        if (st == TWK_OK) st = upload_as(dev, w, TWK_F32, h);
         twk_host_free(h);
         m->n_w = i + 1;
     }
@@ -146,13 +234,29 @@ twk_status twk_model_random(const twk_model_config *cfg, twk_device *dev, uint64
 }
 
 twk_status twk_model_load(const char *dir, twk_device *dev, twk_model **out) {
+    return twk_model_load_as(dir, dev, TWK_F32, -1, out);
+}
+
+/* Whether t is -1 (a default) or a float dtype. */
+static int float_or_default(int t) { return t == -1 || t == TWK_F32 || twk_dtype_is_half((twk_dtype)t); }
+
+twk_status twk_model_load_as(const char *dir, twk_device *dev, int dtype, int kv_dtype, twk_model **out) {
     if (!out || !dir || !dev) return twk_error(TWK_ERR_INVALID_ARG, "model_load: NULL argument");
     *out = NULL;
+    if (!float_or_default(dtype) || !float_or_default(kv_dtype))
+        return twk_error(TWK_ERR_INVALID_ARG, "model_load: dtype %d / KV dtype %d is not f32, bf16 or f16", dtype, kv_dtype);
+    if (dtype < 0 && strncmp(twk_device_spec(dev), "cpu", 3) != 0) {
+        /* as stored only where the kernels take 16-bit weights (the CPU today); elsewhere f32 */
+        dtype = TWK_F32;
+        if (kv_dtype < 0) kv_dtype = TWK_F32;
+    }
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", dir);
     twk_model *m = twk_host_calloc(sizeof *m, "model");
     if (!m) return TWK_ERR_OOM;
     m->dev = dev;
+    m->kv_set = kv_dtype >= 0;
+    m->kv_dtype = m->kv_set ? (twk_dtype)kv_dtype : TWK_F32;
     twk_status st = twk_hf_config_load(path, &m->cfg);
     if (st == TWK_OK) { /* sampling stops at the EOS ids of both files */
         snprintf(path, sizeof path, "%s/generation_config.json", dir);
@@ -170,7 +274,6 @@ twk_status twk_model_load(const char *dir, twk_device *dev, twk_model **out) {
     }
     int n = expected_tensors(&m->cfg, NULL);
     m->w = twk_host_calloc((size_t)n * sizeof *m->w, "model weights");
-    float *tmp = NULL;
     if (!m->w) st = TWK_ERR_OOM;
     else expected_tensors(&m->cfg, m->w);
     for (int i = 0; st == TWK_OK && i < n; i++) {
@@ -187,13 +290,14 @@ twk_status twk_model_load(const char *dir, twk_device *dev, twk_model **out) {
                            (long long)w->ne[0], w->ndim > 1 ? ", " : "", (long long)w->ne[1]);
             break;
         }
-        tmp = twk_host_alloc(nb_bytes(w), w->name);
-        if (!tmp) st = TWK_ERR_OOM;
-        if (st == TWK_OK) st = twk_st_to_f32(t, tmp);
-        if (st == TWK_OK) st = twk_buffer_alloc(dev, nb_bytes(w), &w->buf);
-        if (st == TWK_OK) st = twk_buffer_upload(dev, w->buf, 0, tmp, nb_bytes(w));
-        twk_host_free(tmp);
-        tmp = NULL;
+        int from = twk_st_hal_dtype(t->dtype);
+        if (from < 0) {
+            st = twk_error(TWK_ERR_DTYPE, "%s: tensor '%s' has dtype %s; expected F32, F16 or BF16", dir, w->name, t->dtype_name);
+            break;
+        }
+        /* matrices in the requested dtype (or as stored); norms and biases f32 */
+        w->dtype = w->ndim != 2 ? TWK_F32 : dtype < 0 ? (twk_dtype)from : (twk_dtype)dtype;
+        st = upload_as(dev, w, (twk_dtype)from, t->data); /* a little-endian host reads the file's bytes */
         m->n_w = i + 1;
     }
     twk_st_close(sf);
@@ -361,11 +465,11 @@ static twk_status build(twk_trainer *t) {
     for (int i = 0; i < n_all; i++) {
         named_buf *nb = i < t->m->n_w ? &t->m->w[i] : &t->adapter[i - t->m->n_w];
         int trainable = t->sampling ? 0 : i < t->m->n_w ? !t->lora : 1;
-        t->param_ids[i] = twk_param(g, nb->name, nb->ndim, nb->ne, trainable);
+        t->param_ids[i] = twk_param_dtype(g, nb->name, nb->dtype, nb->ndim, nb->ne, trainable);
     }
     for (int i = 0; i < n_kv; i++) {
         int64_t ne[3] = {(int64_t)t->max_seqs * t->max_len, c->kv_heads, c->head_dim};
-        t->param_ids[n_all + i] = twk_param(g, t->kv[i].name, 3, ne, false);
+        t->param_ids[n_all + i] = twk_param_dtype(g, t->kv[i].name, t->kv[i].dtype, 3, ne, false);
     }
     if (t->sampling) {
         t->rows = twk_input(g, "kv_rows", TWK_I32, 1, T1);
@@ -549,6 +653,7 @@ static twk_status make_kv(twk_trainer *t) {
         snprintf(nb->name, sizeof nb->name, "kv_cache.%d.%c", i / 2, i % 2 ? 'v' : 'k');
         nb->ndim = 3;
         nb->nelem = (int64_t)t->max_seqs * t->max_len * c->kv_heads * c->head_dim;
+        nb->dtype = twk_model_kv_dtype(t->m);
         twk_status st = twk_buffer_alloc(t->m->dev, nb_bytes(nb), &nb->buf);
         if (st != TWK_OK) return st;
     }
@@ -595,6 +700,9 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
     if (sampling && (max_seqs < 1 || max_len < 2 || (double)max_seqs * (double)max_len > 1e8))
         return twk_error(TWK_ERR_INVALID_ARG, "sampler: max_seqs %d x max_len %lld is out of range", max_seqs,
                          (long long)max_len);
+    if (!lora && !sampling && twk_model_dtype(m) != TWK_F32)
+        return twk_error(TWK_ERR_UNSUPPORTED, "trainer_new: full-parameter training needs f32 weights; this model's are %s "
+                         "(load it with --dtype f32)", twk_dtype_name(twk_model_dtype(m)));
     twk_trainer *t = twk_host_calloc(sizeof *t, "trainer");
     if (!t) return TWK_ERR_OOM;
     t->m = m;

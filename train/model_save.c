@@ -63,14 +63,15 @@ twk_status twk_model_save(const twk_model *m, const char *dir) {
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return twk_error(TWK_ERR_IO, "model_save: cannot create %s: %s", dir, strerror(errno));
     twk_st_entry *e = twk_host_calloc((size_t)m->n_w * sizeof *e, "model entries");
-    float **d = twk_host_calloc((size_t)m->n_w * sizeof *d, "model data");
+    void **d = twk_host_calloc((size_t)m->n_w * sizeof *d, "model data");
     twk_status st = e && d ? TWK_OK : twk_error(TWK_ERR_OOM, "model_save: out of memory");
     for (int i = 0; st == TWK_OK && i < m->n_w; i++) {
         const named_buf *w = &m->w[i];
         d[i] = twk_host_alloc(nb_bytes(w), w->name);
         if (!d[i]) st = twk_error(TWK_ERR_OOM, "model_save: out of memory");
         else st = twk_buffer_download(m->dev, w->buf, 0, d[i], nb_bytes(w));
-        e[i] = (twk_st_entry){w->name, TWK_ST_F32, w->ndim, {w->ne[0], w->ne[1]}, d[i]};
+        twk_st_dtype sd = w->dtype == TWK_BF16 ? TWK_ST_BF16 : w->dtype == TWK_F16 ? TWK_ST_F16 : TWK_ST_F32;
+        e[i] = (twk_st_entry){w->name, sd, w->ndim, {w->ne[0], w->ne[1]}, d[i]}; /* as held */
     }
     char path[4200];
     if (st == TWK_OK) {

@@ -280,83 +280,20 @@ const twk_st_tensor *twk_st_find(const twk_safetensors *st, const char *name) {
     return NULL;
 }
 
-static float half_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0) {
-        if (man == 0) bits = sign;
-        else { /* subnormal: normalise */
-            int e = -1;
-            do { man <<= 1; e++; } while (!(man & 0x400));
-            bits = sign | (uint32_t)(127 - 15 - e) << 23 | (man & 0x3ff) << 13;
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7f800000u | man << 13;
-    } else {
-        bits = sign | (exp + 112) << 23 | man << 13;
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
+int twk_st_hal_dtype(twk_st_dtype d) {
+    return d == TWK_ST_F32 ? TWK_F32 : d == TWK_ST_BF16 ? TWK_BF16 : d == TWK_ST_F16 ? TWK_F16 : -1;
 }
 
 twk_status twk_st_to_f32(const twk_st_tensor *t, float *dst) {
-    const unsigned char *p = t->data;
-    switch (t->dtype) {
-    case TWK_ST_F32: memcpy(dst, p, (size_t)t->nelem * sizeof *dst); return TWK_OK;
-    case TWK_ST_BF16:
-        for (int64_t i = 0; i < t->nelem; i++) {
-            uint32_t bits = (uint32_t)(p[2 * i] | p[2 * i + 1] << 8) << 16;
-            memcpy(&dst[i], &bits, 4);
-        }
-        return TWK_OK;
-    case TWK_ST_F16:
-        for (int64_t i = 0; i < t->nelem; i++) dst[i] = half_to_f32((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
-        return TWK_OK;
-    default:
-        return twk_error(TWK_ERR_DTYPE, "tensor '%s' has dtype %s; expected F32, F16 or BF16", t->name, t->dtype_name);
-    }
-}
-
-static uint16_t f32_to_bf16(uint32_t x) {
-    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)(x >> 16 | 0x40); /* NaN stays a (quiet) NaN */
-    return (uint16_t)((x + 0x7fff + (x >> 16 & 1)) >> 16);
-}
-
-static uint16_t f32_to_half(uint32_t bits) {
-    uint32_t sign = bits >> 16 & 0x8000, x = bits & 0x7fffffff;
-    if (x >= 0x7f800000) return (uint16_t)(sign | (x > 0x7f800000 ? 0x7e00 : 0x7c00));
-    if (x >= 0x477ff000) return (uint16_t)(sign | 0x7c00); /* >= 65520 rounds past 65504 */
-    uint32_t h, rem, half;
-    if (x < 0x38800000) { /* below 2^-14: a subnormal half, k * 2^-24 */
-        if (x < 0x33000000) return (uint16_t)sign; /* <= 2^-25 (ties to even 0) */
-        uint32_t shift = 126 - (x >> 23), m = (x & 0x7fffff) | 0x800000;
-        h = m >> shift;
-        rem = m & ((1u << shift) - 1);
-        half = 1u << (shift - 1);
-    } else {
-        h = ((x >> 23) - 112) << 10 | (x & 0x7fffff) >> 13;
-        rem = x & 0x1fff;
-        half = 0x1000;
-    }
-    if (rem > half || (rem == half && (h & 1))) h++;
-    return (uint16_t)(sign | h);
+    int d = twk_st_hal_dtype(t->dtype);
+    if (d < 0) return twk_error(TWK_ERR_DTYPE, "tensor '%s' has dtype %s; expected F32, F16 or BF16", t->name, t->dtype_name);
+    return twk_dtype_to_f32((twk_dtype)d, t->data, dst, t->nelem); /* little-endian host: the file's bytes */
 }
 
 twk_status twk_st_from_f32(twk_st_dtype dtype, const float *src, int64_t n, void *dst) {
-    if (dtype == TWK_ST_F32) {
-        memmove(dst, src, (size_t)n * 4);
-        return TWK_OK;
-    }
-    if (dtype != TWK_ST_F16 && dtype != TWK_ST_BF16) return twk_error(TWK_ERR_DTYPE, "st_from_f32: not a float dtype");
-    unsigned char *p = dst;
-    for (int64_t i = 0; i < n; i++) { /* front to back: element i's 2 bytes never pass element i's 4 */
-        uint32_t bits;
-        memcpy(&bits, &src[i], 4);
-        uint16_t v = dtype == TWK_ST_BF16 ? f32_to_bf16(bits) : f32_to_half(bits);
-        p[2 * i] = (unsigned char)(v & 0xff);
-        p[2 * i + 1] = (unsigned char)(v >> 8);
-    }
-    return TWK_OK;
+    int d = twk_st_hal_dtype(dtype);
+    if (d < 0) return twk_error(TWK_ERR_DTYPE, "st_from_f32: not a float dtype");
+    return twk_dtype_from_f32((twk_dtype)d, src, dst, n);
 }
 
 static int fsync_dir_of(const char *path) {

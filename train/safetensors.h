@@ -36,6 +36,8 @@ const twk_st_tensor *twk_st_at(const twk_safetensors *st, int i);
 /* The tensor named `name`, or NULL. */
 const twk_st_tensor *twk_st_find(const twk_safetensors *st, const char *name);
 
+/* The hal dtype (TWK_F32, TWK_BF16, TWK_F16) of a float safetensors dtype; -1 for the others. */
+int twk_st_hal_dtype(twk_st_dtype d);
 /* Converts a float tensor (f32, f16, bf16) to f32 into dst (t->nelem floats).
  * TWK_ERR_DTYPE names the tensor and dtype otherwise. */
 twk_status twk_st_to_f32(const twk_st_tensor *t, float *dst);

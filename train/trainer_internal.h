@@ -21,8 +21,10 @@ static inline size_t nb_bytes(const named_buf *nb) { return (size_t)nb->nelem * 
 struct twk_model {
     twk_model_config cfg;
     twk_device *dev;
-    named_buf *w;
+    named_buf *w;      /* matrices in the model's dtype (f32, bf16, f16); norms and biases f32 */
     int n_w;
+    twk_dtype kv_dtype; /* samplers' KV caches, when kv_set; else the weights' dtype */
+    int kv_set;
 };
 
 /* A trainable tensor of a trainer; its accumulated gradient and AdamW moments live on the

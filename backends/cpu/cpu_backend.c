@@ -168,7 +168,7 @@ static bool cpu_supports_op(void *ctx, const twk_launch *l, char *why, size_t wh
         if (why) snprintf(why, why_len, "no cpu kernel for %s", twk_op_name(l->op));
         return false;
     }
-    return twk_launch_dtypes_ok(l, "cpu", why, why_len);
+    return twk_launch_dtypes_half_ok(l, "cpu", why, why_len);
 }
 
 typedef struct cpu_prepared {

@@ -8,11 +8,12 @@
 
 twk_status cpu_kv_write(const cpu_call *c) {
     const cpu_tensor *x = &c->src[1], *rows = &c->src[2];
-    float *cache = c->dst.data; /* the cache itself: written in place */
+    unsigned char *cache = c->dst.data; /* the cache itself (f32, bf16 or f16): written in place */
+    size_t es = twk_dtype_size(c->dst.type);
     int64_t row = x->ne[1] * x->ne[2];
     for (int64_t t = 0; t < x->ne[0]; t++) {
         int64_t r = cpu_id_at(rows, t); /* checked before the launch (cpu_backend.c) */
-        memcpy(cache + r * row, (const float *)x->data + t * row, (size_t)row * sizeof *cache);
+        twk_dtype_from_f32(c->dst.type, (const float *)x->data + t * row, cache + (size_t)(r * row) * es, row);
     }
     return TWK_OK;
 }
@@ -24,20 +25,28 @@ typedef struct {
     int64_t R;
 } cache_job;
 
+/* D floats of cache t from element off: in place for f32, else widened into buf. */
+static const float *cache_row(const cpu_tensor *t, int64_t off, int64_t D, float *buf) {
+    if (t->type == TWK_F32) return (const float *)t->data + off;
+    twk_dtype_to_f32(t->type, (const unsigned char *)t->data + 2 * off, buf, D);
+    return buf;
+}
+
 static void attn_cache_rows(void *arg, int64_t it0, int64_t it1) {
     const cache_job *j = arg;
     const cpu_call *c = j->c;
-    const float *q = c->src[0].data, *kc = c->src[1].data, *vc = c->src[2].data;
+    const float *q = c->src[0].data;
     float *o = c->dst.data, scale = c->l->fp[0];
-    float *sc = j->scratch + (int64_t)cpu_thread_index() * j->R;
     int64_t D = j->D;
+    float *sc = j->scratch + (int64_t)cpu_thread_index() * (j->R + D);
+    float *wide = sc + j->R; /* a bf16 / f16 cache row widened */
     for (int64_t it = it0; it < it1; it++) {
         int64_t t = it / j->Hq, h = it % j->Hq, hk = h / j->group;
         int64_t lo = cpu_id_at(&c->src[3], t), hi = cpu_id_at(&c->src[4], t);
         const float *qi = q + it * D;
         float m = -INFINITY;
         for (int64_t r = lo; r < hi; r++) {
-            const float *kr = kc + (r * j->Hkv + hk) * D;
+            const float *kr = cache_row(&c->src[1], (r * j->Hkv + hk) * D, D, wide);
             float s = 0;
 #pragma omp simd reduction(+ : s)
             for (int64_t d = 0; d < D; d++) s += qi[d] * kr[d];
@@ -54,7 +63,7 @@ static void attn_cache_rows(void *arg, int64_t it0, int64_t it1) {
         float *oi = o + it * D, inv = 1.0f / sum;
         memset(oi, 0, (size_t)D * sizeof *oi);
         for (int64_t r = lo; r < hi; r++) {
-            const float *vr = vc + (r * j->Hkv + hk) * D;
+            const float *vr = cache_row(&c->src[2], (r * j->Hkv + hk) * D, D, wide);
             float p = sc[r - lo] * inv;
 #pragma omp simd
             for (int64_t d = 0; d < D; d++) oi[d] += p * vr[d];
@@ -66,7 +75,7 @@ twk_status cpu_attn_cache(const cpu_call *c) {
     cache_job j = {.c = c, .Hq = c->src[0].ne[1], .Hkv = c->src[1].ne[1], .D = c->src[0].ne[2], .R = c->src[1].ne[0]};
     j.group = j.Hq / j.Hkv;
     int64_t T = c->src[0].ne[0];
-    j.scratch = cpu_scratch(c->ctx, (size_t)(c->ctx->n_threads * j.R) * sizeof *j.scratch);
+    j.scratch = cpu_scratch(c->ctx, (size_t)(c->ctx->n_threads * (j.R + j.D)) * sizeof *j.scratch);
     if (!j.scratch) return TWK_ERR_OOM;
     int64_t per = j.R * j.D + 1;
     cpu_parallel_for(c->ctx->pool, T * j.Hq, CPU_GRAIN_ELEMS / per + 1, attn_cache_rows, &j);

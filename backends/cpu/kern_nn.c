@@ -16,11 +16,12 @@ typedef struct {
 
 static void get_rows_range(void *arg, int64_t r0, int64_t r1) {
     const cpu_call *c = ((job *)arg)->c;
-    const float *tab = c->src[0].data;
+    const unsigned char *tab = c->src[0].data; /* f32, bf16 or f16 rows, widened to f32 */
+    twk_dtype tt = c->src[0].type;
+    size_t es = twk_dtype_size(tt);
     float *y = c->dst.data;
     int64_t D = c->dst.ne[1];
-    for (int64_t r = r0; r < r1; r++)
-        memcpy(y + r * D, tab + cpu_id_at(&c->src[1], r) * D, (size_t)D * sizeof *y);
+    for (int64_t r = r0; r < r1; r++) twk_dtype_to_f32(tt, tab + (size_t)(cpu_id_at(&c->src[1], r) * D) * es, y + r * D, D);
 }
 
 twk_status cpu_get_rows(const cpu_call *c) {

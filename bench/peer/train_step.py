@@ -13,13 +13,15 @@ ap = argparse.ArgumentParser()
 for name, default in [("layers", 4), ("tokens", 1024), ("seqs", 4), ("rank", 16), ("steps", 3),
                       ("vocab", 151936), ("threads", 2)]:
     ap.add_argument("--" + name, type=int, default=default)
+ap.add_argument("--dtype", choices=["f32", "bf16", "f16"], default="f32")  # the base weights; LoRA stays float32
 a = ap.parse_args()
 torch.set_num_threads(a.threads)
 torch.manual_seed(1)
 cfg = Qwen3Config(vocab_size=a.vocab, hidden_size=1024, intermediate_size=3072, num_hidden_layers=a.layers,
                   num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
                   rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=40960)
-model = Qwen3ForCausalLM(cfg).float()
+model = Qwen3ForCausalLM(cfg).to({"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[a.dtype])
+# PEFT's autocast_adapter_dtype (default True) keeps the LoRA tensors float32 over a bf16 / f16 base
 model = get_peft_model(model, LoraConfig(r=a.rank, lora_alpha=32, lora_dropout=0.0,
                                          target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
                                                          "gate_proj", "up_proj", "down_proj"]))
@@ -50,5 +52,6 @@ for _ in range(a.steps):
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 tps = a.tokens / best
 print(f"pytorch  {tps:8.1f} tokens/s  (best step {best:.3f} s of {a.steps}, first {first:.3f} s)  "
-      f"peak RSS {rss:.0f} MiB  loss {loss:.3f}  torch {torch.__version__}, {torch.get_num_threads()} threads")
+      f"peak RSS {rss:.0f} MiB  loss {loss:.3f}  torch {torch.__version__}, {torch.get_num_threads()} threads, "
+      f"weights {a.dtype}")
 print(f"RESULT {tps} {rss}")

@@ -47,6 +47,9 @@ const char *twk_graph_error(const twk_graph *g);
 twk_id twk_input(twk_graph *g, const char *name, twk_dtype t, int ndim, const int64_t *ne);
 /* A parameter; `trainable` ones get gradients from twk_graph_backward. */
 twk_id twk_param(twk_graph *g, const char *name, int ndim, const int64_t *ne, bool trainable);
+/* A parameter of dtype t (f32, or bf16 / f16 for frozen weights and KV caches, which only
+ * matmul's b, get_rows' table and the KV-cache ops take); -1 for a trainable non-f32 one. */
+twk_id twk_param_dtype(twk_graph *g, const char *name, twk_dtype t, int ndim, const int64_t *ne, bool trainable);
 /* A constant tensor with every element `value`. */
 twk_id twk_fill(twk_graph *g, int ndim, const int64_t *ne, float value);
 

@@ -57,12 +57,32 @@ size_t twk_host_bytes_in_use(void);
 
 /* ---- element types ------------------------------------------------------- */
 
-typedef enum twk_dtype { TWK_F32 = 0, TWK_I32, TWK_I64, TWK_DTYPE_COUNT } twk_dtype;
+/* TWK_BF16 and TWK_F16 hold frozen weights and KV caches (the 2-byte encodings, host byte
+ * order); kernels widen them to f32 and accumulate in f32. */
+typedef enum twk_dtype { TWK_F32 = 0, TWK_I32, TWK_I64, TWK_BF16, TWK_F16, TWK_DTYPE_COUNT } twk_dtype;
 
-/* "f32", "i32", "i64"; "?" otherwise. */
+/* "f32", "i32", "i64", "bf16", "f16"; "?" otherwise. */
 const char *twk_dtype_name(twk_dtype t);
 /* Bytes per element; 0 for an unknown dtype. */
 size_t twk_dtype_size(twk_dtype t);
+/* The float dtype named "f32", "bf16" or "f16"; -1 for any other name (NULL included). */
+int twk_dtype_parse_float(const char *name);
+/* Whether t is a 16-bit float (bf16 or f16). */
+static inline int twk_dtype_is_half(twk_dtype t) { return t == TWK_BF16 || t == TWK_F16; }
+
+/* One value between f32 and bf16 / f16: widening is exact; narrowing rounds to
+ * nearest even, NaN stays a quiet NaN, f16 overflows to infinity. */
+float twk_bf16_to_f32(uint16_t h);
+uint16_t twk_f32_to_bf16(float f);
+float twk_f16_to_f32(uint16_t h);
+uint16_t twk_f32_to_f16(float f);
+/* n values of a float dtype (f32, bf16, f16) to f32 / from f32; src and dst must not
+ * overlap, except a narrowing in place (dst == src). TWK_ERR_DTYPE for another dtype. */
+twk_status twk_dtype_to_f32(twk_dtype t, const void *src, float *dst, int64_t n);
+twk_status twk_dtype_from_f32(twk_dtype t, const float *src, void *dst, int64_t n);
+/* Rounds n f32 values in place to the values dtype t holds (f32: unchanged). TWK_ERR_DTYPE for a
+ * non-float t. */
+twk_status twk_dtype_round(twk_dtype t, float *x, int64_t n);
 
 /* The largest tensor rank. */
 #define TWK_MAX_DIMS 4

@@ -78,10 +78,29 @@ typedef struct twk_model twk_model;
  * sharded index) onto `dev`, weights converted to f32. Errors name the file,
  * field or tensor; *out is NULL then. */
 twk_status twk_model_load(const char *dir, twk_device *dev, twk_model **out);
+/* twk_model_load holding the matrices (embedding, projections, unembedding) in `dtype`
+ * (TWK_F32, TWK_BF16, TWK_F16; -1: as stored in the checkpoint on the CPU backend, f32 on backends
+ * without 16-bit kernels), converted with round to
+ * nearest even when it differs; norms and biases are f32. Samplers' KV caches are kv_dtype
+ * (-1: the matrices' dtype). bf16 / f16 models train LoRA adapters (f32) and sample;
+ * full-parameter training needs f32. */
+twk_status twk_model_load_as(const char *dir, twk_device *dev, int dtype, int kv_dtype, twk_model **out);
+/* The dtype the model's matrices are held in. */
+twk_dtype twk_model_dtype(const twk_model *m);
+/* Converts the model's matrices to dtype t in place (TWK_ERR_INVALID_ARG for a non-float t;
+ * on failure the tensors not yet converted keep their dtype). */
+twk_status twk_model_convert(twk_model *m, twk_dtype t);
+/* The dtype of the KV caches of samplers made from m afterwards (default: the weights'). */
+twk_status twk_model_set_kv_dtype(twk_model *m, twk_dtype t);
+twk_dtype twk_model_kv_dtype(const twk_model *m);
 void twk_model_free(twk_model *m);
 /* A model with random weights (normal, std 0.02; norms 1) for `cfg`, for
  * benchmarks and tests; cfg is validated like a config.json. */
 twk_status twk_model_random(const twk_model_config *cfg, twk_device *dev, uint64_t seed, twk_model **out);
+/* twk_model_random with the matrices made in dtype (the same values as twk_model_random's,
+ * rounded to nearest even), never all in f32 at once. */
+twk_status twk_model_random_as(const twk_model_config *cfg, twk_device *dev, uint64_t seed, twk_dtype dtype,
+                               twk_model **out);
 const twk_model_config *twk_model_cfg(const twk_model *m);
 
 /* The built-in model "twinkle/tiny-qwen3" (TWK_BUILTIN_MODEL_NAME): Qwen3, vocab
@@ -95,7 +114,7 @@ twk_status twk_model_builtin(twk_device *dev, twk_model **out);
  * f32) that twk_model_load and transformers read; files are atomic. */
 twk_status twk_model_save(const twk_model *m, const char *dir);
 /* Copies the base weight named `name` (Hugging Face name; "lm_head.weight" of
- * a tied model is the embedding) to dst; TWK_ERR_NOT_FOUND or
+ * a tied model is the embedding) to dst as f32; TWK_ERR_NOT_FOUND or
  * TWK_ERR_INVALID_ARG (wrong element count) otherwise. */
 twk_status twk_model_get_weight(const twk_model *m, const char *name, float *dst, int64_t nelem);
 

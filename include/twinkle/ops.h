@@ -93,6 +93,12 @@ TWK_API_BEGIN
     X(SQSUM_PARTS,    "sqsum_parts",    1, COMPUTE, 0,                    0,                    0,           NONE, ACCUM, TWK_NO_IDS) /* x [N] -> [P,2]: sum x^2 of slice p as (hi, lo) */ \
     X(GRAD_NORM,      "grad_norm",      2, COMPUTE, 0,                    0,                    0,           NONE, ACCUM, TWK_NO_IDS) /* (parts [P,2], hyper) -> [2]: norm, clip coefficient */ \
     X(ADAMW,          "adamw",          6, INPLACE, 0,                    0,                    0,           NONE, TRANSCENDENTAL, TWK_NO_IDS) /* (w, g, m, v, hyper, norm) -> w; also writes m, v and zeroes g */
+
+/* The sources that may hold bf16 / f16 (frozen weights, KV caches), X(OP, mask), on a backend
+ * whose kernels widen them to f32 (twk_launch_dtypes_ok's half_ok); KV_WRITE's output is its
+ * cache's dtype, every other output f32. */
+#define TWK_OP_HALF_SRCS(X) \
+    X(MATMUL, TWK_SRC(1)) X(GET_ROWS, TWK_SRC(0)) X(KV_WRITE, TWK_SRC(0)) X(ATTN_CACHE, TWK_SRC(1) | TWK_SRC(2))
 /* clang-format on */
 
 /* The optimizer's hyper-parameter vector (f32 [TWK_HYPER_N]), a run-time input of GRAD_NORM and
@@ -171,6 +177,8 @@ typedef struct twk_op_traits {
 const twk_op_traits *twk_op_info(twk_op op);
 /* The op's lower-case name ("matmul"); "?" for an out-of-range value. */
 const char *twk_op_name(twk_op op);
+/* The op's TWK_OP_HALF_SRCS mask; 0 for the other ops. */
+unsigned twk_op_half_srcs(twk_op op);
 /* Whether a backend runs a kernel for op (every kind but LEAF and VIEW). */
 bool twk_op_has_kernel(twk_op op);
 

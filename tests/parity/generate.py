@@ -1116,6 +1116,74 @@ def load_logprobs_file(path, T):
     return torch.from_numpy(arr)
 
 
+# --------------------------------------------------------------------------------------
+# bf16 references (--bf16): the committed fixture's model with its matrices rounded to bf16
+
+
+def bf16_refs(name, out_root):
+    """fixtures/<name>/bf16.safetensors from the committed fixture (model/, peft_adapter/ and the batch
+    in expected.safetensors): the model's 2-D weights (embedding, projections, lm_head) rounded to
+    bf16 (round to nearest even, as twinkle's --dtype bf16 does; norms and biases keep their values),
+    with the fixture's LoRA adapter, and
+      logprobs, loss, lora_grad.*              float64 computations from those values (twinkle holds
+                                               exactly them and computes in f32);
+      torch_logprobs, torch_loss, torch_lora_grad.*
+                                               transformers + PEFT running the model in bf16
+                                               (every base tensor bf16, the adapter float32: PEFT's
+                                               autocast_adapter_dtype), log_softmax in float32.
+    Prints transformers' bf16 error against the float64 values."""
+    from peft import PeftModel
+    from safetensors.torch import load_file, save_file
+
+    fx = out_root / name
+    exp = load_file(str(fx / "expected.safetensors"))
+    batch = {k: exp[k] for k in ("tokens", "targets", "positions", "seg_start", "weights")}
+    batch64 = dict(batch, weights=batch["weights"].double())
+
+    def lora_pass(pm, b, compute):
+        """Logprobs (log_softmax in the logits' dtype, at least float32), loss and LoRA gradients."""
+        for n, p in pm.named_parameters():
+            p.requires_grad_("lora_" in n)
+        with compute:
+            logits = seq_logits(pm, b)
+            if logits.dtype == torch.bfloat16:
+                logits = logits.float()
+            lp = torch.log_softmax(logits, -1).gather(-1, b["targets"].long()[:, None])[:, 0]
+            loss = weighted_loss(lp, b)
+            loss.backward()
+        grads = {peft_saved_name(n): p.grad.detach().float().contiguous() for n, p in lora_params(pm)}
+        return lp.detach().float(), loss.detach().float().reshape(1), grads
+
+    # float32 (qwen2's bf16 disk values widened exactly); rounded after PEFT has loaded the adapter,
+    # which for a targeted lm_head also holds a copy of its base weight (base_layer.weight)
+    pm = PeftModel.from_pretrained(load_fixture_model(fx / "model"), str(fx / "peft_adapter"))
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if p.ndim == 2 and "lora_" not in n:
+                p.copy_(p.to(torch.bfloat16).to(torch.float32))
+    pm64 = float64_copy(pm)
+    lp64, loss64, g64 = lora_pass(pm64, batch64, float64_compute(f"{name} bf16 references"))
+
+    tb = load_fixture_model(fx / "model").to(torch.bfloat16)  # transformers' own bf16 model
+    tpm = PeftModel.from_pretrained(tb, str(fx / "peft_adapter"))
+    assert all(p.dtype == torch.float32 for n, p in tpm.named_parameters() if "lora_" in n)
+    assert all(p.dtype == torch.bfloat16 for n, p in tpm.named_parameters() if "lora_" not in n)
+    lpt, losst, gt = lora_pass(tpm, batch, contextlib.nullcontext())
+    assert set(gt) == set(g64)
+    d_lp = (lpt.double() - lp64.double()).abs().max().item()
+    d_g = worst_rel(gt, g64)
+    print(f"  {name} bf16: transformers bf16 vs float64 of the same weights: logprobs max |diff| {d_lp:.3e}, "
+          f"LoRA grads worst rel {d_g:.3e}, loss {losst.item():.6f} vs {loss64.item():.6f}")
+    out = {"logprobs": lp64, "loss": loss64, "torch_logprobs": lpt, "torch_loss": losst}
+    out.update({"lora_grad." + k: v for k, v in g64.items()})
+    out.update({"torch_lora_grad." + k: v for k, v in gt.items()})
+    save_file({k: v.contiguous() for k, v in out.items()}, str(fx / "bf16.safetensors"),
+              metadata={"torch_vs_float64_logprobs_max_abs": f"{d_lp:.6e}", "torch_vs_float64_grads_worst_rel": f"{d_g:.6e}",
+                        "versions": json.dumps(versions(), sort_keys=True)})
+    return {"torch_logprobs_max_abs": d_lp, "torch_grads_worst_rel": d_g}
+
+
+
 def verify_main(args):
     from safetensors.torch import load_file
 
@@ -1158,6 +1226,8 @@ def main():
     ap.add_argument("--tol", type=float, default=1e-4)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--only", nargs="*", choices=sorted(MODELS))
+    ap.add_argument("--bf16", action="store_true",
+                    help="write fixtures/<model>/bf16.safetensors from the committed fixtures (bf16 references)")
     args = ap.parse_args()
 
     setup_torch()
@@ -1174,6 +1244,9 @@ def main():
         return verify_main(args)
 
     print("versions:", versions())
+    if args.bf16:
+        print({name: bf16_refs(name, args.out) for name in args.only or list(MODELS)})
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     summary = {}
     for name in args.only or list(MODELS):

@@ -1,0 +1,363 @@
+/* bf16 / f16 weights on the CPU backend: matmul with a 16-bit b (decode dots and
+ * sgemm panels, b transposed or not, the backward product dX = dY W), get_rows from
+ * a 16-bit table, KV caches in 16 bits, against float64 references computed from
+ * the same 16-bit values; a whole model (forward, LoRA gradients, greedy decoding)
+ * held in bf16 against the same weights held in f32; and the refusals: a trainable
+ * 16-bit parameter, a backend without 16-bit kernels. Tolerances are stated with
+ * each check and the measured errors printed. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "twinkle/twinkle.h"
+
+static int fails;
+
+static void check(int cond, const char *what) {
+    printf("%s %s%s%s\n", cond ? "ok  " : "FAIL", what, cond ? "" : " — ", cond ? "" : twk_last_error());
+    fails += !cond;
+}
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static float urand(void) { /* uniform in [-1, 1) */
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 2 - 1);
+}
+
+/* n random values stored as dtype t (h) and the same values widened (w). */
+static void random_half(twk_dtype t, int64_t n, uint16_t *h, float *w) {
+    for (int64_t i = 0; i < n; i++) {
+        float f = urand();
+        h[i] = t == TWK_BF16 ? twk_f32_to_bf16(f) : twk_f32_to_f16(f);
+        w[i] = t == TWK_BF16 ? twk_bf16_to_f32(h[i]) : twk_f16_to_f32(h[i]);
+    }
+}
+
+/* Runs y = a op(b) with a f32 [M, K], b 16-bit ([N, K] when tb, else [K, N]) and checks it
+ * against float64 sums of the widened values: |err| <= K * 2^-23 * sum_k |a_k b_k| (the
+ * f32 summation bound gamma_K, doubled for the product's rounding). With `back`, also the
+ * gradient of sum(y * r) with respect to a, r W (the product dX = dY W, which reads b the
+ * other way round). Returns the worst err / bound. */
+static double matmul_case(twk_device *dev, twk_dtype t, int64_t M, int64_t K, int64_t N, int tb, int back) {
+    int64_t sa[2] = {M, K}, sb[2] = {tb ? N : K, tb ? K : N}, sy[2] = {M, N};
+    float *a = malloc((size_t)(M * K) * 4), *w = malloc((size_t)(K * N) * 4), *y = malloc((size_t)(M * N) * 4);
+    float *r = malloc((size_t)(M * N) * 4), *da = malloc((size_t)(M * K) * 4);
+    uint16_t *h = malloc((size_t)(K * N) * 2);
+    for (int64_t i = 0; i < M * K; i++) a[i] = urand();
+    for (int64_t i = 0; i < M * N; i++) r[i] = urand();
+    random_half(t, K * N, h, w);
+    twk_graph *g = twk_graph_new();
+    twk_id A = twk_param(g, "a", 2, sa, back), B = twk_param_dtype(g, "b", t, 2, sb, false);
+    twk_id R = twk_input(g, "r", TWK_F32, 2, sy);
+    twk_id Y = twk_matmul(g, A, B, false, tb), L = twk_sum(g, twk_mul(g, Y, R));
+    twk_graph_output(g, Y);
+    twk_id dA = -1;
+    if (back && twk_graph_backward(g, L) == TWK_OK) dA = twk_graph_grad(g, A), twk_graph_output(g, dA);
+    twk_plan *p = NULL;
+    double worst = INFINITY;
+    if (twk_graph_status(g) == TWK_OK && twk_plan_compile(g, dev, 1, NULL, 0, &p) == TWK_OK &&
+        twk_plan_write(p, A, 1, a, (size_t)(M * K) * 4) == TWK_OK &&
+        twk_plan_write(p, B, 1, h, (size_t)(K * N) * 2) == TWK_OK &&
+        (!back || twk_plan_write(p, R, 1, r, (size_t)(M * N) * 4) == TWK_OK) && twk_plan_run(p, 1) == TWK_OK &&
+        twk_plan_read(p, Y, 1, y, (size_t)(M * N) * 4) == TWK_OK &&
+        (!back || twk_plan_read(p, dA, 1, da, (size_t)(M * K) * 4) == TWK_OK)) {
+        worst = 0;
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) {
+                double s = 0, mag = 0;
+                for (int64_t k = 0; k < K; k++) {
+                    double bk = tb ? w[n * K + k] : w[k * N + n];
+                    s += (double)a[m * K + k] * bk;
+                    mag += fabs((double)a[m * K + k] * bk);
+                }
+                double e = fabs(y[m * N + n] - s) / (K * ldexp(1, -23) * mag + 1e-30);
+                worst = e > worst ? e : worst;
+            }
+        for (int64_t m = 0; back && m < M; m++)
+            for (int64_t k = 0; k < K; k++) {
+                double s = 0, mag = 0;
+                for (int64_t n = 0; n < N; n++) {
+                    double bk = tb ? w[n * K + k] : w[k * N + n];
+                    s += (double)r[m * N + n] * bk;
+                    mag += fabs((double)r[m * N + n] * bk);
+                }
+                double e = fabs(da[m * K + k] - s) / (N * ldexp(1, -23) * mag + 1e-30);
+                worst = e > worst ? e : worst;
+            }
+    }
+    twk_plan_free(p);
+    twk_graph_free(g);
+    free(a), free(w), free(y), free(r), free(da), free(h);
+    return worst;
+}
+
+/* get_rows from a 16-bit table: exactly the widened rows. */
+static void get_rows_case(twk_device *dev, twk_dtype t) {
+    enum { V = 37, D = 19, T = 6 };
+    uint16_t h[V * D];
+    float w[V * D], y[T * D];
+    int32_t ids[T] = {0, 36, 5, 5, 17, 2};
+    random_half(t, V * D, h, w);
+    int64_t st[2] = {V, D}, si[1] = {T};
+    twk_graph *g = twk_graph_new();
+    twk_id Tb = twk_param_dtype(g, "table", t, 2, st, false), I = twk_input(g, "ids", TWK_I32, 1, si);
+    twk_id Y = twk_get_rows(g, Tb, I);
+    twk_graph_output(g, Y);
+    twk_plan *p = NULL;
+    int ok = twk_plan_compile(g, dev, 1, NULL, 0, &p) == TWK_OK && twk_plan_write(p, Tb, 1, h, sizeof h) == TWK_OK &&
+             twk_plan_write(p, I, 1, ids, sizeof ids) == TWK_OK && twk_plan_run(p, 1) == TWK_OK &&
+             twk_plan_read(p, Y, 1, y, sizeof y) == TWK_OK;
+    for (int i = 0; ok && i < T; i++) ok = !memcmp(y + i * D, w + ids[i] * D, sizeof(float) * D);
+    char what[96];
+    snprintf(what, sizeof what, "get_rows from a %s table: the rows widened exactly", twk_dtype_name(t));
+    check(ok, what);
+    twk_plan_free(p);
+    twk_graph_free(g);
+}
+
+/* kv_write of f32 keys/values into 16-bit caches, then attn_cache over them, against a float64
+ * softmax attention of the rounded keys/values: |err| <= 1e-5 (f32 dots of D = 16 terms
+ * and an f32 softmax of <= 9 rows; the values are <= 1). */
+static void kv_case(twk_device *dev, twk_dtype t) {
+    enum { R = 12, H = 2, D = 16, T = 9 };
+    float x[T * H * D], v[T * H * D], q[T * H * D], o[T * H * D];
+    int32_t rows[T], lo[T], hi[T];
+    for (int i = 0; i < T * H * D; i++) x[i] = urand(), v[i] = urand(), q[i] = urand();
+    for (int i = 0; i < T; i++) rows[i] = i + 2, lo[i] = 2, hi[i] = i + 3; /* causal over rows 2.. */
+    int64_t sc[3] = {R, H, D}, sx[3] = {T, H, D}, s1[1] = {T};
+    twk_graph *g = twk_graph_new();
+    twk_id Kc = twk_param_dtype(g, "kc", t, 3, sc, false), Vc = twk_param_dtype(g, "vc", t, 3, sc, false);
+    twk_id X = twk_input(g, "k", TWK_F32, 3, sx), Vx = twk_input(g, "v", TWK_F32, 3, sx), Q = twk_input(g, "q", TWK_F32, 3, sx);
+    twk_id Rw = twk_input(g, "rows", TWK_I32, 1, s1), Lo = twk_input(g, "lo", TWK_I32, 1, s1), Hi = twk_input(g, "hi", TWK_I32, 1, s1);
+    twk_id kc = twk_kv_write(g, Kc, X, Rw), vc = twk_kv_write(g, Vc, Vx, Rw);
+    twk_id O = twk_attention_cached(g, Q, kc, vc, Lo, Hi, 0.25f);
+    twk_graph_output(g, O);
+    twk_plan *p = NULL;
+    double worst = INFINITY;
+    if (twk_plan_compile(g, dev, 1, NULL, 0, &p) == TWK_OK && twk_plan_write(p, X, 1, x, sizeof x) == TWK_OK &&
+        twk_plan_write(p, Vx, 1, v, sizeof v) == TWK_OK && twk_plan_write(p, Q, 1, q, sizeof q) == TWK_OK &&
+        twk_plan_write(p, Rw, 1, rows, sizeof rows) == TWK_OK && twk_plan_write(p, Lo, 1, lo, sizeof lo) == TWK_OK &&
+        twk_plan_write(p, Hi, 1, hi, sizeof hi) == TWK_OK && twk_plan_run(p, 1) == TWK_OK &&
+        twk_plan_read(p, O, 1, o, sizeof o) == TWK_OK) {
+        worst = 0;
+        float kr[T * H * D], vr[T * H * D];
+        memcpy(kr, x, sizeof kr), memcpy(vr, v, sizeof vr); /* rounded as the caches hold them */
+        twk_dtype_round(t, kr, T * H * D), twk_dtype_round(t, vr, T * H * D);
+        for (int i = 0; i < T; i++)
+            for (int hh = 0; hh < H; hh++) {
+                double s[T], mx = -INFINITY, sum = 0;
+                for (int j = 0; j <= i; j++) {
+                    s[j] = 0;
+                    for (int d = 0; d < D; d++) s[j] += (double)q[(i * H + hh) * D + d] * kr[(j * H + hh) * D + d];
+                    s[j] *= 0.25;
+                    mx = s[j] > mx ? s[j] : mx;
+                }
+                for (int j = 0; j <= i; j++) sum += s[j] = exp(s[j] - mx);
+                for (int d = 0; d < D; d++) {
+                    double ref = 0;
+                    for (int j = 0; j <= i; j++) ref += s[j] / sum * vr[(j * H + hh) * D + d];
+                    double e = fabs(o[(i * H + hh) * D + d] - ref);
+                    worst = e > worst ? e : worst;
+                }
+            }
+    }
+    char what[128];
+    snprintf(what, sizeof what, "kv_write + attn_cache in %s caches: max |err| %.2e <= 1e-5", twk_dtype_name(t), worst);
+    check(worst <= 1e-5, what);
+    twk_plan_free(p);
+    twk_graph_free(g);
+}
+
+/* A fixture model held in bf16 against the same bf16 values held in f32 (loaded as bf16, widened
+ * with twk_model_convert): logprobs, loss and LoRA gradients agree to f32 summation order
+ * (|err| <= 2e-4 on logprobs of ~-7, relative 1e-3 of the largest gradient), and greedy decoding
+ * with bf16 KV caches picks the same tokens as with f32 ones (the fixture's top-1/top-2 gaps
+ * exceed 1e-3). */
+static void model_case(twk_device *dev, const char *dir) {
+    twk_model *mh = NULL, *mf = NULL;
+    if (twk_model_load_as(dir, dev, TWK_BF16, -1, &mh) != TWK_OK || twk_model_load_as(dir, dev, TWK_BF16, TWK_F32, &mf) != TWK_OK ||
+        twk_model_convert(mf, TWK_F32) != TWK_OK) {
+        check(0, "load the fixture model in bf16");
+        twk_model_free(mh), twk_model_free(mf);
+        return;
+    }
+    check(twk_model_dtype(mh) == TWK_BF16 && twk_model_dtype(mf) == TWK_F32 && twk_model_kv_dtype(mh) == TWK_BF16,
+          "model dtypes: bf16 held as bf16 (KV bf16), converted copy f32");
+    enum { T = 24 };
+    int32_t tok[T], tgt[T], pos[T], seg[T];
+    float wts[T], lp_h[T], lp_f[T], loss_h = 0, loss_f = 0;
+    int vocab = twk_model_cfg(mh)->vocab;
+    for (int i = 0; i < T; i++) {
+        tok[i] = (i * 37 + 11) % vocab, tgt[i] = (i * 53 + 5) % vocab;
+        pos[i] = i < 10 ? i : i - 10, seg[i] = i < 10 ? 0 : 10, wts[i] = i % 3 ? 1.0f : 0.5f;
+    }
+    twk_batch b = {.n = T, .tokens = tok, .targets = tgt, .positions = pos, .seg_start = seg, .weights = wts};
+    twk_lora_config lc = twk_lora_default();
+    lc.rank = 4, lc.seed = 3;
+    twk_trainer *th = NULL, *tf = NULL;
+    int ok = twk_trainer_new(mh, &lc, T, &th) == TWK_OK && twk_trainer_new(mf, &lc, T, &tf) == TWK_OK;
+    /* a nonzero B so that A gets a gradient too */
+    for (int i = 0; ok && i < twk_trainer_param_count(th); i++) {
+        int64_t ne = 0;
+        const char *name = twk_trainer_param_name(th, i, &ne);
+        float *v = malloc((size_t)ne * 4);
+        ok = twk_trainer_get(th, name, v, ne) == TWK_OK;
+        for (int64_t k = 0; ok && strstr(name, "lora_B") && k < ne; k++) v[k] = 0.05f * urand();
+        ok = ok && twk_trainer_set(th, name, v, ne) == TWK_OK && twk_trainer_set(tf, name, v, ne) == TWK_OK;
+        free(v);
+    }
+    ok = ok && twk_trainer_forward_backward(th, &b, lp_h, &loss_h) == TWK_OK &&
+         twk_trainer_forward_backward(tf, &b, lp_f, &loss_f) == TWK_OK;
+    double lp_err = 0, g_err = 0, g_max = 0;
+    for (int i = 0; ok && i < T; i++) lp_err = fmax(lp_err, fabs(lp_h[i] - lp_f[i]));
+    for (int i = 0; ok && i < twk_trainer_param_count(th); i++) {
+        int64_t n1 = 0, n2 = 0;
+        float *gh = twk_trainer_grad_data(th, i, &n1), *gf = twk_trainer_grad_data(tf, i, &n2);
+        for (int64_t k = 0; gh && gf && n1 == n2 && k < n1; k++)
+            g_err = fmax(g_err, fabs(gh[k] - gf[k])), g_max = fmax(g_max, fabs(gf[k]));
+    }
+    char what[200];
+    snprintf(what, sizeof what, "model in bf16 vs the same values in f32: logprobs max |err| %.2e <= 2e-4, loss %.6f vs %.6f, "
+             "LoRA grads max |err| %.2e <= 1e-3 x %.3e", lp_err, loss_h, loss_f, g_err, g_max);
+    check(ok && lp_err <= 2e-4 && g_err <= 1e-3 * g_max && g_max > 0, what);
+    twk_trainer_free(th), twk_trainer_free(tf);
+
+    /* greedy decoding: bf16 weights + bf16 KV caches vs f32 copies + f32 caches */
+    twk_sampler *sh = NULL, *sf = NULL;
+    twk_sampled_seq oh[1] = {0}, of[1] = {0};
+    int32_t prompt[6] = {1, 5, 9, 22, 40, 3};
+    twk_sample_params sp = {.max_tokens = 12, .temperature = 0, .top_k = -1, .top_p = 1};
+    ok = twk_sampler_new(mh, NULL, 1, 64, &sh) == TWK_OK && twk_sampler_new(mf, NULL, 1, 64, &sf) == TWK_OK &&
+         twk_sampler_generate(sh, prompt, 6, 1, &sp, oh) == TWK_OK && twk_sampler_generate(sf, prompt, 6, 1, &sp, of) == TWK_OK;
+    int same = ok && oh[0].n == of[0].n;
+    double dlp = 0;
+    for (int i = 0; same && i < oh[0].n; i++) {
+        same = oh[0].tokens[i] == of[0].tokens[i];
+        dlp = fmax(dlp, fabs(oh[0].logprobs[i] - of[0].logprobs[i]));
+    }
+    snprintf(what, sizeof what, "greedy decoding, bf16 weights + bf16 KV cache: same %d tokens as f32, logprobs max |err| %.2e "
+             "(bf16 cache rounding) <= 5e-2", ok ? (int)oh[0].n : 0, dlp);
+    check(same && dlp <= 5e-2, what);
+    twk_sampled_seq_free(oh), twk_sampled_seq_free(of);
+    twk_sampler_free(sh), twk_sampler_free(sf);
+    twk_model_free(mh), twk_model_free(mf);
+}
+
+/* The demo task (examples/tinker_lora_demo.py: continue counting on a clock of 32 digits, ids
+ * 100..131; rank 16, AdamW lr 5e-3, 40 steps of 16 sequences of 16 targets) on the built-in
+ * model, its weights in f32 and in bf16, the same LoRA init and batches: the mean held-out
+ * logprob per token after training agrees within 0.01 nats (bf16 rounding of the random base
+ * weights, std 0.02, moves each by <= 2^-9 relative; the adapter absorbs it), and both learn
+ * (from about -6.3 to above -0.5). Returns 0 on failure. */
+static double demo_run(twk_dtype t, double *before) {
+    enum { DIGITS = 32, FIRST = 100, LEN = 16, BATCH = 16, STEPS = 40, N = BATCH * LEN };
+    twk_device *dev = NULL;
+    twk_model *m = NULL;
+    twk_trainer *tr = NULL;
+    double heldout = NAN;
+    int32_t tok[N], tgt[N], pos[N], seg[N];
+    float w[N], lp[N], loss = 0;
+    twk_batch b = {.n = N, .tokens = tok, .targets = tgt, .positions = pos, .seg_start = seg, .weights = w};
+    twk_lora_config lc = twk_lora_default();
+    lc.rank = 16, lc.alpha = 32, lc.seed = 1, lc.train_unembed = 1; /* the service's default targets */
+    twk_adam_params ap = twk_adam_default();
+    ap.learning_rate = 5e-3f, ap.beta1 = 0.9f, ap.beta2 = 0.95f, ap.eps = 1e-8f;
+    if (twk_device_open("cpu", &dev) != TWK_OK || twk_model_builtin(dev, &m) != TWK_OK || twk_model_convert(m, t) != TWK_OK ||
+        twk_trainer_new(m, &lc, N, &tr) != TWK_OK)
+        goto out;
+    uint64_t seed = 7;
+    for (int step = 0; step <= STEPS; step++) {
+        for (int s = 0; s < BATCH; s++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            int start = step == STEPS ? s * 2 + 1 : (int)(seed >> 33) % DIGITS; /* the last batch: held out */
+            for (int i = 0; i < LEN; i++) {
+                int k = s * LEN + i;
+                tok[k] = FIRST + (start + i) % DIGITS, tgt[k] = FIRST + (start + i + 1) % DIGITS;
+                pos[k] = i, seg[k] = s * LEN, w[k] = 1;
+            }
+        }
+        if (step == STEPS || step == 0) { /* held-out logprob before and after training */
+            if (twk_trainer_forward(tr, &b, lp, &loss) != TWK_OK) goto out;
+            double sum = 0;
+            for (int k = 0; k < N; k++) sum += lp[k];
+            if (step == 0) *before = sum / N;
+            else heldout = sum / N;
+            if (step == STEPS) break;
+        }
+        if (twk_trainer_forward_backward(tr, &b, NULL, &loss) != TWK_OK || twk_trainer_optim_step(tr, &ap, NULL) != TWK_OK)
+            goto out;
+    }
+out:
+    if (isnan(heldout)) printf("     demo run in %s: %s\n", twk_dtype_name(t), twk_last_error());
+    twk_trainer_free(tr);
+    twk_model_free(m);
+    twk_device_close(dev);
+    return heldout;
+}
+
+static void demo_case(void) {
+    double b32 = 0, b16 = 0, f32 = demo_run(TWK_F32, &b32), bf16 = demo_run(TWK_BF16, &b16);
+    char what[200];
+    snprintf(what, sizeof what, "demo task: held-out logprob/token %.4f -> %.4f (f32), %.4f -> %.4f (bf16); |diff| %.4f <= 0.01",
+             b32, f32, b16, bf16, fabs(f32 - bf16));
+    check(fabs(f32 - bf16) <= 0.01 && f32 > -0.5 && bf16 > -0.5, what);
+}
+
+/* A 16-bit trainable parameter and a backend without 16-bit kernels are refused, naming the dtype. */
+static void refusals(void) {
+    int64_t s[2] = {4, 4};
+    twk_graph *g = twk_graph_new();
+    twk_param_dtype(g, "w", TWK_BF16, 2, s, true);
+    check(twk_graph_status(g) == TWK_ERR_DTYPE && strstr(twk_graph_error(g), "bf16"),
+          "a trainable bf16 parameter is refused (trainable parameters are f32)");
+    twk_graph_free(g);
+    static const char *const others[] = {"opencl", "vulkan", "cuda"};
+    for (int i = 0; i < 3; i++) {
+        twk_device *dev = NULL;
+        if (twk_device_open(others[i], &dev) != TWK_OK) {
+            printf("skip %s: no device\n", others[i]);
+            continue;
+        }
+        g = twk_graph_new();
+        int64_t sa[2] = {3, 4};
+        twk_id A = twk_input(g, "a", TWK_F32, 2, sa), B = twk_param_dtype(g, "b", TWK_BF16, 2, s, false);
+        twk_graph_output(g, twk_matmul(g, A, B, false, true));
+        twk_plan *p = NULL;
+        twk_status st = twk_plan_compile(g, dev, 1, NULL, 0, &p);
+        char what[160];
+        snprintf(what, sizeof what, "%s refuses a bf16 matmul, naming the backend and dtype", others[i]);
+        check(st == TWK_ERR_UNSUPPORTED && strstr(twk_last_error(), others[i]) && strstr(twk_last_error(), "bf16"), what);
+        if (st != TWK_OK) printf("     (%s)\n", twk_last_error());
+        twk_plan_free(p);
+        twk_graph_free(g);
+        twk_device_close(dev);
+    }
+}
+
+int main(int argc, char **argv) {
+    twk_device *dev = NULL;
+    if (twk_device_open("cpu", &dev) != TWK_OK) return 1;
+    static const twk_dtype types[2] = {TWK_BF16, TWK_F16};
+    /* shapes: decode dots (M <= 16), sgemm panels (M > 16, several panels when N K > 2^20), odd K tails */
+    static const int64_t shapes[][3] = {{1, 100, 130}, {5, 37, 70}, {16, 64, 33}, {17, 100, 130}, {40, 64, 17000}};
+    for (int ti = 0; ti < 2; ti++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+            for (int tb = 0; tb < 2; tb++) {
+                const int64_t *sh = shapes[si];
+                double e = matmul_case(dev, types[ti], sh[0], sh[1], sh[2], tb, sh[2] < 1000);
+                char what[200];
+                snprintf(what, sizeof what, "matmul f32 x %s [M %lld, K %lld, N %lld]%s%s: worst err / (K 2^-23 sum|ab|) = %.3f <= 1",
+                         twk_dtype_name(types[ti]), (long long)sh[0], (long long)sh[1], (long long)sh[2], tb ? " b^T" : "",
+                         sh[2] < 1000 ? " + dX = dY W" : "", e);
+                check(e <= 1, what);
+            }
+    for (int ti = 0; ti < 2; ti++) get_rows_case(dev, types[ti]), kv_case(dev, types[ti]);
+    const char *dir = argc > 1 ? argv[1] : NULL;
+    if (dir) model_case(dev, dir);
+    demo_case();
+    refusals();
+    twk_device_close(dev);
+    printf("%s\n", fails ? "FAILED" : "all ok");
+    return fails != 0;
+}
