@@ -25,14 +25,14 @@ demo: build
 
 # The whole test suite.
 test: build
-	cd $(BUILD) && ctest --output-on-failure --timeout 900
+	cd $(BUILD) && ctest --output-on-failure --timeout 900 -j $(JOBS)
 
 # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer (LeakSanitizer ignores
 # leaks inside PoCL / LLVM / CLBlast only: tests/lsan.supp).
 test-sanitize: deps
 	@cmake -S . -B $(BUILD_SAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTWK_SANITIZE=ON >/dev/null
 	@cmake --build $(BUILD_SAN) -j $(JOBS)
-	cd $(BUILD_SAN) && LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ctest --output-on-failure --timeout 1800
+	cd $(BUILD_SAN) && LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ctest --output-on-failure --timeout 1800 -j $(JOBS)
 	@$(MAKE) --no-print-directory fuzz FUZZ_S=$(FUZZ_S)
 
 # Every libFuzzer harness of tests/fuzz for FUZZ_S seconds (default 25) under ASan + UBSan,
