@@ -133,9 +133,9 @@ int kd_lower_kv_write(const twk_launch *l, int64_t n, kd_call *calls, const char
     return 1;
 }
 
-int kd_lower_lora_gather(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
-    int64_t T = kd_dim(&l->src[0], 0, n), K = kd_dim(&l->src[0], 1, n);
-    int64_t S = kd_dim(&l->src[1], 0, n), N = kd_dim(&l->src[1], 1, n);
+/* lora_gather and lora_gather_back: (dst, x, w or dy, slot), sizes T, N, K, S, over `items` items */
+static int lower_lora(const twk_launch *l, kd_call *calls, const char *kernel, int64_t T, int64_t N, int64_t K,
+                      int64_t S, int64_t items) {
     kd_call *c = &calls[0];
     kd_begin(c, kernel);
     kd_buf(c, l, -1, 4);
@@ -146,25 +146,20 @@ int kd_lower_lora_gather(const twk_launch *l, int64_t n, kd_call *calls, const c
     kd_i64(c, K);
     kd_i64(c, S);
     kd_i32(c, is64(l, 2));
-    kd_grid_items(c, T * N, KD_LOCAL_1D);
+    kd_grid_items(c, items, KD_LOCAL_1D);
     return 1;
+}
+
+int kd_lower_lora_gather(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
+    int64_t T = kd_dim(&l->src[0], 0, n), K = kd_dim(&l->src[0], 1, n);
+    int64_t S = kd_dim(&l->src[1], 0, n), N = kd_dim(&l->src[1], 1, n);
+    return lower_lora(l, calls, kernel, T, N, K, S, T * N);
 }
 
 int kd_lower_lora_gather_back(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
     int64_t T = kd_dim(&l->src[0], 0, n), K = kd_dim(&l->src[0], 1, n), N = kd_dim(&l->src[1], 1, n);
     int64_t S = kd_dim(&l->dst, 0, n);
-    kd_call *c = &calls[0];
-    kd_begin(c, kernel);
-    kd_buf(c, l, -1, 4);
-    for (int i = 0; i < 3; i++) kd_buf(c, l, i, 4);
-    kd_err(c);
-    kd_i64(c, T);
-    kd_i64(c, N);
-    kd_i64(c, K);
-    kd_i64(c, S);
-    kd_i32(c, is64(l, 2));
-    kd_grid_items(c, S * N * K, KD_LOCAL_1D);
-    return 1;
+    return lower_lora(l, calls, kernel, T, N, K, S, S * N * K);
 }
 
 /* attn, attn_lse and attn_cache: one kernel, one 64-item group per (query, head) */
