@@ -14,9 +14,9 @@
 #include <unistd.h>
 
 #include <cJSON.h>
-#include <curl/curl.h>
 
 #include "api_util.h"
+#include "curl_dl.h"
 #include "metrics.h"
 #include "twinkle/hal.h"
 
@@ -136,6 +136,7 @@ struct twk_alerts {
     int stalled, disk_high, mem_high;       /* the condition is on (raised once per episode) */
     char host[128];
     char data_dir[1024];
+    const twk_curl_api *curl; /* loaded when there are targets */
 };
 
 static void target_labels(const twk_alerts *a, int t, char *out, size_t n) {
@@ -248,29 +249,30 @@ static int on_progress(void *user, curl_off_t dt, curl_off_t dn, curl_off_t ut, 
 /* 1 if the webhook took the post: a 2xx answer and, for feishu and dingtalk (which answer 200 to
  * refused messages), a JSON "code" / "errcode" of 0 where the answer has one. */
 static int post(twk_alerts *a, int t, const char *body) {
-    CURL *h = curl_easy_init();
+    const twk_curl_api *cu = a->curl;
+    CURL *h = cu->easy_init();
     if (!h) return 0;
-    struct curl_slist *hdr = curl_slist_append(NULL, "Content-Type: application/json");
+    struct curl_slist *hdr = cu->slist_append(NULL, "Content-Type: application/json");
     reply r = {.n = 0};
     r.buf[0] = 0;
-    curl_easy_setopt(h, CURLOPT_URL, a->cfg.targets[t].url);
-    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
-    curl_easy_setopt(h, CURLOPT_USERAGENT, "twinkle-alerts");
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(a->cfg.timeout_s * 1000));
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &r);
-    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
-    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
-    curl_easy_setopt(h, CURLOPT_XFERINFODATA, a);
+    cu->easy_setopt(h, CURLOPT_URL, a->cfg.targets[t].url);
+    cu->easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+    cu->easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    cu->easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+    cu->easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
+    cu->easy_setopt(h, CURLOPT_USERAGENT, "twinkle-alerts");
+    cu->easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    cu->easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(a->cfg.timeout_s * 1000));
+    cu->easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
+    cu->easy_setopt(h, CURLOPT_WRITEDATA, &r);
+    cu->easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+    cu->easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+    cu->easy_setopt(h, CURLOPT_XFERINFODATA, a);
     long code = 0;
-    CURLcode rc = curl_easy_perform(h);
-    if (rc == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
-    curl_slist_free_all(hdr);
-    curl_easy_cleanup(h);
+    CURLcode rc = cu->easy_perform(h);
+    if (rc == CURLE_OK) cu->easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
+    cu->slist_free_all(hdr);
+    cu->easy_cleanup(h);
     int ok = rc == CURLE_OK && code >= 200 && code < 300;
     twk_alert_format f = a->cfg.targets[t].format;
     if (ok && (f == TWK_ALERT_FEISHU || f == TWK_ALERT_DINGTALK)) {
@@ -383,9 +385,19 @@ static void *alert_main(void *arg) {
 }
 
 twk_alerts *twk_alerts_start(const twk_alert_config *cfg, const char *data_dir, twk_metrics *m) {
+    const twk_curl_api *curl = NULL;
+    const char *why = NULL;
+    if (cfg->n_targets > 0 && !(curl = twk_curl_load(&why))) {
+        twk_error(TWK_ERR_BACKEND, "--alert-webhook: %s", why);
+        return NULL;
+    }
     twk_alerts *a = twk_host_calloc(sizeof *a, "alerts");
-    if (!a) return NULL;
+    if (!a) {
+        twk_error(TWK_ERR_OOM, "out of memory starting the alerts");
+        return NULL;
+    }
     a->cfg = *cfg;
+    a->curl = curl;
     a->m = m;
     snprintf(a->data_dir, sizeof a->data_dir, "%s", data_dir);
     if (gethostname(a->host, sizeof a->host) != 0) snprintf(a->host, sizeof a->host, "?");
@@ -405,7 +417,7 @@ twk_alerts *twk_alerts_start(const twk_alert_config *cfg, const char *data_dir, 
         fclose(f);
     }
     if (a->cfg.n_targets > 0) {
-        curl_global_init(CURL_GLOBAL_DEFAULT);
+        a->curl->global_init(CURL_GLOBAL_DEFAULT);
         a->running = pthread_create(&a->thread, NULL, alert_main, a) == 0;
     }
     if (f)
@@ -427,7 +439,7 @@ void twk_alerts_stop(twk_alerts *a) {
     pthread_cond_signal(&a->cv);
     pthread_mutex_unlock(&a->mu);
     if (a->running) pthread_join(a->thread, NULL);
-    if (a->cfg.n_targets > 0) curl_global_cleanup();
+    if (a->curl) a->curl->global_cleanup();
     for (int i = 0; i < a->n; i++) cJSON_free(a->q[i].body);
     unlink(a->marker);
     pthread_mutex_destroy(&a->mu);

@@ -64,7 +64,8 @@ struct twk_metrics;
 typedef struct twk_alerts twk_alerts;
 
 /* Checks the unclean-shutdown marker in data_dir (raising that event when it is there), writes it,
- * and starts the delivery thread when cfg has targets. NULL when out of memory (nothing started). */
+ * and starts the delivery thread when cfg has targets. NULL with the error set when out of memory
+ * or when there are targets and libcurl.so.4 cannot be loaded (nothing started). */
 twk_alerts *twk_alerts_start(const twk_alert_config *cfg, const char *data_dir, struct twk_metrics *m);
 /* Stops the thread (a post in progress is aborted; undelivered alerts are dropped), removes the
  * marker (a clean shutdown) and frees. NULL is ignored. */

@@ -377,7 +377,7 @@ static int serve_open(svc *s, const twk_serve_config *cfg, uv_loop_t *loop) {
         st = twk_error(TWK_ERR_BACKEND, "%s", key_err);
     if (st == TWK_OK && twk_sign_key_load(cfg->data_dir, s->url_key, key_err, sizeof key_err) != 0)
         st = twk_error(TWK_ERR_IO, "%s", key_err);
-    if (st == TWK_OK && svc_metrics_open(s) != 0) st = twk_error(TWK_ERR_OOM, "out of memory starting the metrics");
+    if (st == TWK_OK) st = svc_metrics_open(s);
     if (st != TWK_OK) {
         fprintf(stderr, "twinkle serve: %s\n", twk_last_error());
         return 1;

@@ -443,8 +443,9 @@ int svc_sample_cancel(svc *s, const char *request_id);
 int svc_op_cancel(svc *s, const char *tenant, const char *request_id);
 
 /* ---- svc_metrics.c: GET /metrics, and the hooks that feed the metrics and the alerts ---- */
-/* Starts the metrics and the alerts (the unclean-shutdown check); -1 when out of memory. */
-int svc_metrics_open(svc *s);
+/* Starts the metrics and the alerts (the unclean-shutdown check); an error status (the reason set)
+ * when out of memory or when webhooks are configured and libcurl cannot be loaded. */
+twk_status svc_metrics_open(svc *s);
 /* Hooks them to the HTTP server and the futures (once both run). */
 void svc_metrics_attach(svc *s);
 /* Stops the alert thread (a clean shutdown: the marker goes) and frees the metrics. */

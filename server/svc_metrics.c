@@ -72,10 +72,11 @@ static void on_future_failed(void *user, const char *tenant, const char *route, 
     twk_metrics_add(s->metrics, TWK_M_ERRORS, tenant, l, 1);
 }
 
-int svc_metrics_open(svc *s) {
+twk_status svc_metrics_open(svc *s) {
     s->metrics = twk_metrics_new();
-    s->alerts = s->metrics ? twk_alerts_start(&s->cfg.alerts, s->cfg.data_dir, s->metrics) : NULL;
-    return s->alerts ? 0 : -1;
+    if (!s->metrics) return twk_error(TWK_ERR_OOM, "out of memory starting the metrics");
+    s->alerts = twk_alerts_start(&s->cfg.alerts, s->cfg.data_dir, s->metrics);
+    return s->alerts ? TWK_OK : TWK_ERR_BACKEND; /* the reason is the last error */
 }
 
 void svc_metrics_attach(svc *s) {

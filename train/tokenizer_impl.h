@@ -26,7 +26,7 @@ typedef struct {
 } dec_step;
 
 /* One id. The decoder sees `dec` (added token's normalized content, or its content, or
- * the model's string); `model` is the vocab's own string (for encode, later). */
+ * the model's string); `model` is the vocab's own string (for encode). */
 typedef struct {
     size_t dec_off, model_off, norm_off;
     uint32_t dec_len, model_len, norm_len;

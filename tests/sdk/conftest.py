@@ -35,6 +35,33 @@ def twinkle_bin() -> Path:
     return REPO / "build" / "twinkle"
 
 
+def is_asan_build(binary: Path | None = None) -> bool:
+    """True when the twinkle binary is built with AddressSanitizer, whose quarantine keeps freed
+    memory resident (RSS then cannot show a release; measure engine_mib instead)."""
+    with open(binary or twinkle_bin(), "rb") as f:
+        return b"__asan_init" in f.read()
+
+
+def engine_mib(port: int, key: str) -> float:
+    """MiB the server holds through the engine's allocators, read from GET /metrics: the host
+    allocator (twk_host_alloc: adapters, moments, snapshots, requests, cJSON trees) plus the
+    device buffers of the HAL. Exact under any malloc, so it measures releases under ASan too."""
+    import http.client
+
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/metrics", headers={"X-API-Key": key})
+    r = c.getresponse()
+    text = r.read().decode()
+    c.close()
+    assert r.status == 200, (r.status, text[:300])
+    total = 0.0
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in ("twinkle_host_memory_bytes", "twinkle_device_memory_bytes"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total / (1024.0 * 1024.0)
+
+
 def pytest_configure(config):
     # The suite calls a few SDK methods that 0.38 marks deprecated on purpose
     # (get_server_capabilities, load_state): they are still part of the API.
