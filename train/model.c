@@ -186,7 +186,7 @@ twk_model *twk_model_shapes(const twk_model_config *cfg, twk_dtype dtype) {
         return NULL;
     }
     expected_tensors(cfg, m->w);
-    for (int i = 0; i < n; i++) m->w[i].dtype = dtype;
+    for (int i = 0; i < n; i++) m->w[i].dtype = m->w[i].ndim == 2 ? dtype : TWK_F32; /* as twk_model_load_as holds them */
     m->n_w = n;
     return m;
 }

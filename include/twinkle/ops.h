@@ -119,6 +119,12 @@ enum twk_hyper {
 #define TWK_UNEMBED_TILE_ROWS(V, T)                                                                     \
     ((T) < 16 || TWK_UNEMBED_TILE_FLOATS / (V) >= (T) ? (T) : TWK_UNEMBED_TILE_FLOATS / (V) < 16 ? 16 \
                                                                                   : TWK_UNEMBED_TILE_FLOATS / (V))
+/* MATMUL with a 16-bit b: a kernel widens b to f32 in panels of TWK_HALF_PANEL_ROWS(row, total)
+ * contiguous rows of `row` elements (2^20 floats, 4 MiB, at least 16 rows, at most total). */
+#define TWK_HALF_PANEL_FLOATS ((int64_t)1 << 20)
+#define TWK_HALF_PANEL_ROWS(row, total)                                                                 \
+    (TWK_HALF_PANEL_FLOATS / (row) < 16 ? ((total) < 16 ? (total) : 16)                              \
+                                         : TWK_HALF_PANEL_FLOATS / (row) > (total) ? (total) : TWK_HALF_PANEL_FLOATS / (row))
 
 typedef enum twk_op {
 #define TWK_OP_ENUM_(e, ...) TWK_OP_##e,
