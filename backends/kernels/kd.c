@@ -70,6 +70,11 @@ int kd_op_kernel(twk_op op, const char **why) {
     return e && (e->lower || e->gemm);
 }
 
+unsigned kd_half_srcs(twk_op op) {
+    (void)op;
+    return 0; /* no 16-bit kernels yet */
+}
+
 /* ---- support ---- */
 
 /* Writes a reason to why (if given); returns 0 (not supported). */
@@ -113,7 +118,7 @@ int kd_supports(const twk_launch *l, char *why, size_t why_len) {
     int copy = twk_op_info(l->op)->kind == TWK_OPK_COPY;
     if (copy && twk_dtype_size(l->dst.type) != 4 && twk_dtype_size(l->dst.type) != 8)
         return say(why, why_len, "element size %zu bytes", twk_dtype_size(l->dst.type));
-    if (!twk_launch_dtypes_ok(l, "the kernels", why, why_len)) return 0;
+    if (!twk_launch_dtypes_ok(l, kd_half_srcs(l->op), "the kernel dialect", why, why_len)) return 0;
     return copy || shapes_ok(l, why, why_len);
 }
 

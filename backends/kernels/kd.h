@@ -68,6 +68,8 @@ int kd_lower(const twk_launch *l, int64_t n, kd_call *calls, kd_gemm *gemm, int 
 /* The kernel table's entry for op: 1 when the kernels run it (or hand it to
  * the BLAS); else 0 and *why = the declared reason, or NULL when it is missing. */
 int kd_op_kernel(twk_op op, const char **why);
+/* The sources of op whose bf16 / f16 the kernels widen (the backend's half_srcs); 0 for none. */
+unsigned kd_half_srcs(twk_op op);
 
 /* true when kd_lower handles the launch (op, dtypes, ranks); else a reason in why. */
 int kd_supports(const twk_launch *l, char *why, size_t why_len);
