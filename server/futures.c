@@ -317,7 +317,7 @@ static void finish(twk_futures *f, future *x) {
 void twk_futures_complete(twk_futures *f, const char *id, const char *content_type, const void *body, size_t len) {
     future *x = find(f, id);
     if (!x || x->state) return;
-    x->body = body || !len ? twk_host_alloc(len ? len : 1, "result") : NULL;
+    x->body = body || !len ? twk_host_pool_alloc(TWK_HPOOL_REQUESTS, len ? len : 1, "result") : NULL;
     if (!x->body) { /* out of memory, here or where the result was made (no body) */
         twk_futures_fail(f, id, "server", "out of memory storing the result");
         return;

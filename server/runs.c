@@ -89,7 +89,7 @@ static void set_json(op *o, cJSON *j) {
     char *txt = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     size_t n = txt ? strlen(txt) : 0;
-    o->out = txt && !api_json_oom() ? twk_host_alloc(n + 1, "result") : NULL;
+    o->out = txt && !api_json_oom() ? twk_host_pool_alloc(TWK_HPOOL_REQUESTS, n + 1, "result") : NULL;
     if (!o->out) { /* a part of the tree, its text or the copy is missing */
         cJSON_free(txt);
         o->st = twk_error(TWK_ERR_OOM, "out of memory writing the result");

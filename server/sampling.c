@@ -110,7 +110,7 @@ static void host_adapter_free(host_adapter *h) {
 }
 
 /* Worker: the trainer's adapter copied to the host, for a snapshot session. */
-static twk_status capture_adapter(sampler_session *ss, twk_trainer *from) {
+static twk_status capture_adapter_in(sampler_session *ss, twk_trainer *from) {
     int n = twk_trainer_param_count(from);
     host_adapter *h = twk_host_calloc(sizeof *h, "sampling h");
     if (h) {
@@ -137,6 +137,14 @@ static twk_status capture_adapter(sampler_session *ss, twk_trainer *from) {
     host_adapter_free(ss->copy);
     ss->copy = h;
     return TWK_OK;
+}
+
+/* capture_adapter_in, its copy counted in the host's adapter_copies pool. */
+static twk_status capture_adapter(sampler_session *ss, twk_trainer *from) {
+    twk_host_pool pool = twk_host_pool_enter(TWK_HPOOL_ADAPTER_COPIES);
+    twk_status st = capture_adapter_in(ss, from);
+    twk_host_pool_enter(pool);
+    return st;
 }
 
 static int get_from_host(void *ctx, const char *name, float *dst, int64_t nelem) {
@@ -166,7 +174,7 @@ static void evict_one(svc *s, const sampler_unit *keep) {
     sampler_unit *u = s->live_units[victim];
     if (u->has_lora && !u->adapter_dir[0] && !u->adapter_copy) {
         size_t n = twk_sampler_adapter_bytes(u->sampler);
-        u->adapter_copy = twk_host_alloc(n ? n : 1, "sampling adapter_copy");
+        u->adapter_copy = twk_host_pool_alloc(TWK_HPOOL_ADAPTER_COPIES, n ? n : 1, "sampling adapter_copy");
         if (!u->adapter_copy || twk_sampler_adapter_to_host(u->sampler, u->adapter_copy, n) != TWK_OK) {
             twk_host_free(u->adapter_copy);
             u->adapter_copy = NULL;

@@ -336,7 +336,11 @@ twk_status svc_load_models(const twk_serve_config *cfg, twk_device *dev, base_mo
         twk_mem_plan plan;
         twk_status st = plan_model(cfg, dev, b, &plan);
         if (st == TWK_OK) st = twk_model_load_as(b->dir, dev, cfg->dtype, cfg->kv_dtype, &b->m);
-        if (st == TWK_OK && plan.arena) st = twk_buffer_alloc(dev, plan.arena, &b->arena);
+        if (st == TWK_OK && plan.arena) {
+            twk_device_pool pool = twk_device_pool_enter(TWK_DPOOL_ACTIVATIONS);
+            st = twk_buffer_alloc(dev, plan.arena, &b->arena);
+            twk_device_pool_enter(pool);
+        }
         if (st != TWK_OK) {
             st = twk_error(st, "model '%s': %s", b->name, twk_last_error());
             twk_buffer_free(dev, b->arena);

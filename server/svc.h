@@ -457,6 +457,8 @@ void svc_metrics_op_queued(svc *s, op *o);
 /* A training op finished (loop thread): queue, tokens, and the alerts for a server error or a loss
  * that is not finite. */
 void svc_metrics_op_done(svc *s, const op *o);
+/* Worker, after a packed pass of bm's runs: its pack's pass counters into the metrics. */
+void svc_metrics_pack(svc *s, const base_model *bm);
 /* A route for metric labels: the path below /api/v1/ (or /v1/...) with every segment that is not
  * a word of the API replaced by {id}; "other" for unknown routes, "none" for none. */
 void svc_metrics_route(const char *route, char *out, size_t len);

@@ -115,6 +115,12 @@ void svc_metrics_op_done(svc *s, const op *o) {
                          o->err);
 }
 
+void svc_metrics_pack(svc *s, const base_model *bm) {
+    twk_pack_stats st;
+    svc_pack_stats(bm, &st);
+    twk_metrics_pack(s->metrics, bm->name, &st);
+}
+
 /* ---- GET /metrics ---- */
 
 static void on_tenant_stats(void *user, const char *tenant, int64_t sessions, int64_t ckpts, int64_t bytes) {
@@ -147,17 +153,39 @@ static void collect(svc *s) {
     twk_metrics_clear(m, TWK_M_CHECKPOINTS);
     twk_metrics_clear(m, TWK_M_CHECKPOINT_BYTES);
     twk_store_tenant_stats(s->store, (double)time(NULL) - 300, on_tenant_stats, m);
-    twk_metrics_set(m, TWK_M_HOST_MEMORY, NULL, "", (double)twk_host_bytes_in_use());
-    twk_metrics_set(m, TWK_M_PROCESS_RSS, NULL, "", process_rss());
+    /* the pools as one set of reads, rendered beside their sum: they add up to the total exactly */
+    size_t hp[TWK_HPOOL_COUNT], dp[TWK_DPOOL_COUNT];
+    size_t host = twk_host_pool_snapshot(hp), device = twk_device_pool_snapshot(s->dev, dp);
     char dev[128], l[200];
+    twk_metrics_set(m, TWK_M_HOST_MEMORY, NULL, "", (double)host);
+    for (int i = 0; i < TWK_HPOOL_COUNT; i++) {
+        snprintf(l, sizeof l, "pool=\"%s\"", twk_host_pool_name((twk_host_pool)i));
+        twk_metrics_set(m, TWK_M_HOST_MEMORY_POOL, NULL, l, (double)hp[i]);
+    }
+    twk_metrics_set(m, TWK_M_PROCESS_RSS, NULL, "", process_rss());
     twk_metrics_escape(dev, sizeof dev, twk_device_spec(s->dev));
-    snprintf(l, sizeof l, "device=\"%s\",pool=\"buffers\"", dev);
-    twk_metrics_set(m, TWK_M_DEVICE_MEMORY, NULL, l, (double)twk_device_buffer_bytes(s->dev));
+    for (int i = 0; i < TWK_DPOOL_COUNT; i++) {
+        snprintf(l, sizeof l, "device=\"%s\",pool=\"%s\"", dev, twk_device_pool_name((twk_device_pool)i));
+        twk_metrics_set(m, TWK_M_DEVICE_MEMORY_POOL, NULL, l, (double)dp[i]);
+    }
     twk_device_props p;
     snprintf(l, sizeof l, "device=\"%s\"", dev);
+    twk_metrics_set(m, TWK_M_DEVICE_MEMORY, NULL, l, (double)device);
     if (twk_device_get_props(s->dev, &p) == TWK_OK && p.memory_bytes)
         twk_metrics_set(m, TWK_M_DEVICE_MEMORY_TOTAL, NULL, l, (double)p.memory_bytes);
     twk_metrics_set(m, TWK_M_WORKER_STALL, NULL, "", twk_metrics_stall(m));
+    for (int i = 0; i < s->n_models; i++) { /* the pass counters at 0 before the first pass (the worker sets them) */
+        char mo[96];
+        twk_metrics_escape(mo, sizeof mo, s->models[i].name);
+        static const char *const kinds[] = {"packed", "alone"};
+        for (int k = 0; k < 2; k++) {
+            snprintf(l, sizeof l, "model=\"%s\",kind=\"%s\"", mo, kinds[k]);
+            twk_metrics_add(m, TWK_M_TRAIN_PASSES, NULL, l, 0);
+        }
+        snprintf(l, sizeof l, "model=\"%s\"", mo);
+        twk_metrics_add(m, TWK_M_TRAIN_PACKED_RUNS, NULL, l, 0);
+        twk_metrics_add(m, TWK_M_TRAIN_PASS_RUNS_MAX, NULL, l, 0);
+    }
 }
 
 /* The request's key: X-API-Key, or Authorization: Bearer (what Prometheus' scrape config sends). */
