@@ -14,9 +14,10 @@ GEMMs may sum rows of different batches in another order. The max abs diffs
 are printed. That the concurrent requests really shared passes (not time-shared)
 is read from the server's pass counters in GET /metrics before and after each
 phase (twinkle_train_passes_total{kind="packed"|"alone"}, from the base model's
-pack: server/batch_train.c): together, some passes are packed and there are
-fewer passes than forward_backward requests; tests/test_lora_pack.c counts the
-passes of the pack itself at the train/ level."""
+pack: server/batch_train.c): together, some passes are packed and they carry
+the same run segments in fewer passes than alone; tests/test_serve_pack.c
+shows it in C against the service in-process (twk_serve_pack_stats), and
+tests/test_lora_pack.c counts the passes of the pack itself at the train/ level."""
 from __future__ import annotations
 
 import os
