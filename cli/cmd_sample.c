@@ -13,7 +13,9 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: twinkle sample --model DIR [--adapter DIR] (--prompt TEXT | --messages FILE | --prompt-tokens 1,2,3)\n"
-            "  --prompt TEXT       text, encoded with DIR/tokenizer.json (its post-processor adds BOS where it does)\n"
+            "  --prompt TEXT       text, encoded with DIR/tokenizer.json as transformers' tokenizer(text): bos / eos\n"
+            "                      where its post-processor or DIR/tokenizer_config.json's add_bos_token /\n"
+            "                      add_eos_token add them\n"
             "  --messages FILE     a JSON conversation (a list of messages, or {\"messages\": [...], ...}), rendered\n"
             "                      with DIR/tokenizer_config.json's chat template and the generation prompt\n"
             "  --ids               with --prompt / --messages: also print each sample's JSON line (ids, logprobs)\n"

@@ -21,7 +21,8 @@ char *twk_read_text_file(const char *path);
 twk_status twk_textgen_open(const char *model_dir, const twk_model_config *c, twk_textgen *g);
 void twk_textgen_close(twk_textgen *g);
 
-/* The ids of `text` (with the tokenizer's post-processor: add_special). *ids: free with twk_host_free. */
+/* The ids of `text` with add_special (the post-processor's or tokenizer_config.json's bos / eos, as
+ * transformers' tokenizer(text)). *ids: free with twk_host_free; fails as twk_tokenizer_encode. */
 twk_status twk_textgen_encode_text(twk_textgen *g, const char *text, int32_t **ids, int64_t *n);
 
 /* The ids of a conversation (a JSON array of messages, or an object with "messages" and other

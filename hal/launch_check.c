@@ -1,11 +1,12 @@
 /* The rules of a launch that every backend shares, read from the op table:
  * dtypes (copies keep the element size, index sources are i32/i64, the rest
- * f32) and the one wording of a bad id. */
+ * f32, or 16-bit where the op table and the backend's half_srcs allow) and the
+ * one wording of a bad id. */
 #include <stdio.h>
 
 #include "twk_backend.h"
 
-static bool dtypes_ok(const twk_launch *l, bool half_ok, const char *backend, char *why, size_t why_len) {
+bool twk_launch_dtypes_ok(const twk_launch *l, unsigned half, const char *backend, char *why, size_t why_len) {
     const twk_op_traits *op = twk_op_info(l->op);
     if (op->kind == TWK_OPK_COPY) {
         size_t es = twk_dtype_size(l->dst.type);
@@ -17,7 +18,8 @@ static bool dtypes_ok(const twk_launch *l, bool half_ok, const char *backend, ch
             }
         return true;
     }
-    unsigned half = half_ok ? twk_op_half_srcs(l->op) : 0;
+    unsigned allowed = twk_op_half_srcs(l->op);
+    half &= allowed;
     bool inplace = op->kind == TWK_OPK_INPLACE && l->nsrc > 0;
     if (inplace ? l->dst.type != l->src[0].type : l->dst.type != TWK_F32) {
         if (why) snprintf(why, why_len, "output dtype %s; %s computes f32", twk_dtype_name(l->dst.type), backend);
@@ -27,22 +29,14 @@ static bool dtypes_ok(const twk_launch *l, bool half_ok, const char *backend, ch
         twk_dtype t = l->src[i].type;
         bool ok = (op->index >> i & 1) ? (t == TWK_I32 || t == TWK_I64)
                                        : t == TWK_F32 || ((half >> i & 1) && twk_dtype_is_half(t));
-        if (!ok && why && twk_dtype_is_half(t) && !half_ok)
-            snprintf(why, why_len, "source %d has dtype %s: no %s kernel here (load the model with --dtype f32)", i,
-                     twk_dtype_name(t), twk_dtype_name(t));
+        if (!ok && why && twk_dtype_is_half(t) && (allowed >> i & 1))
+            snprintf(why, why_len, "source %d has dtype %s: %s has no %s %s kernel (load the model with --dtype f32)", i,
+                     twk_dtype_name(t), backend, twk_dtype_name(t), op->name);
         else if (!ok && why)
             snprintf(why, why_len, "source %d has dtype %s", i, twk_dtype_name(t));
         if (!ok) return false;
     }
     return true;
-}
-
-bool twk_launch_dtypes_ok(const twk_launch *l, const char *backend, char *why, size_t why_len) {
-    return dtypes_ok(l, false, backend, why, why_len);
-}
-
-bool twk_launch_dtypes_half_ok(const twk_launch *l, const char *backend, char *why, size_t why_len) {
-    return dtypes_ok(l, true, backend, why, why_len);
 }
 
 static int64_t id_at(twk_dtype t, const void *p, int64_t i) {

@@ -239,6 +239,11 @@ void twk_buffer_free(twk_device *dev, twk_buffer *buf) {
     dev->iface->buffer_free(dev->ctx, buf);
 }
 
+unsigned twk_device_half_srcs(const twk_device *dev, twk_op op) {
+    if (!dev || (int)op < 0 || op >= TWK_OP_COUNT || !dev->iface->half_srcs) return 0;
+    return dev->iface->half_srcs(op) & twk_op_half_srcs(op);
+}
+
 bool twk_device_has_op(const twk_device *dev, twk_op op) {
     const char *why = NULL;
     return dev && twk_op_has_kernel(op) && dev->iface->op_kernel(op, &why);

@@ -80,12 +80,11 @@ typedef struct twk_launch {
 } twk_launch;
 
 /* The dtype rule every backend shares: copies keep the element size; other ops
- * compute f32 from f32 sources and index sources. false with a reason naming
- * `backend` in why (may be NULL) otherwise. */
-bool twk_launch_dtypes_ok(const twk_launch *l, const char *backend, char *why, size_t why_len);
-/* The same rule for a backend whose kernels also take bf16 / f16 in the op's
- * TWK_OP_HALF_SRCS sources (KV_WRITE: its cache and output alike). */
-bool twk_launch_dtypes_half_ok(const twk_launch *l, const char *backend, char *why, size_t why_len);
+ * compute f32 from f32 sources and index sources, and also take bf16 / f16 in
+ * the sources of `half` (the backend's half_srcs(l->op), within the op's
+ * TWK_OP_HALF_SRCS; KV_WRITE: its cache and output alike). false with a reason
+ * naming `backend` in why (may be NULL) otherwise. */
+bool twk_launch_dtypes_ok(const twk_launch *l, unsigned half, const char *backend, char *why, size_t why_len);
 
 /* The first bad id of launch l at token count n, worded alike on every backend
  * ("get_rows 'embed': ids[2] = 7 is outside [0, 5)"), by the op table's IDS
@@ -132,6 +131,9 @@ struct twk_backend_iface {
     /* Runs every launch for token count n (1 <= n <= capacity). */
     twk_status (*run)(void *ctx, void *prepared, const twk_hal_plan *plan, int64_t n);
     twk_status (*synchronize)(void *ctx);
+    /* The sources of op (a TWK_SRC mask within twk_op_half_srcs(op)) whose bf16 / f16
+     * the backend's kernels read, widening to f32; 0 for none. NULL: no op takes them. */
+    unsigned (*half_srcs)(twk_op op);
 };
 
 /* Adds a backend to the registry (built-in backends register themselves on

@@ -163,6 +163,8 @@ def run(tmp):
         ok = ok and "1 dropped" in log
     check(ok, "text trains every token, prompt + completion only ' four', an empty text is dropped and counted: "
           + ([l for l in log.splitlines() if l.startswith("data:")] or [log])[0])
+    if ok:
+        run_bos_eos(tmp, model, common, mixed, seqs, id_bytes)
 
     pairs = tmp / "pairs.jsonl"
     pairs.write_text("".join(json.dumps(x) + "\n" for x in [
@@ -217,6 +219,33 @@ def run(tmp):
           f"--overflow split: piece lengths {lens_s}; {line_s}")
 
     run_order(tmp, model, words, common, data, id_bytes)
+
+
+def run_bos_eos(tmp, model, common, mixed, plain, id_bytes):
+    """A Llama-style tokenizer_config.json (class LlamaTokenizerFast, add_bos_token and add_eos_token true): as
+    transformers 4.x's tokenizer(text), text is bos + text + eos, and prompt + completion is framed as
+    tokenizer(prompt + completion): bos before the prompt, eos after the completion and trained, none between."""
+    le = tmp / "model_le"
+    shutil.copytree(model, le)
+    cfg = json.loads((le / "tokenizer_config.json").read_text())
+    cfg.update(tokenizer_class="LlamaTokenizerFast", add_bos_token=True, add_eos_token=True,
+               bos_token="<|endoftext|>", eos_token="<|im_end|>")
+    (le / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tj = json.loads((le / "tokenizer.json").read_text())
+    ids = {a["content"]: a["id"] for a in tj["added_tokens"]}
+    bos, eos = ids["<|endoftext|>"], ids["<|im_end|>"]
+    args = [a if a != str(model) else str(le) for a in common]
+    rc, log = train([*args, "--data", str(mixed), "--steps", "1", "--dump-batches", str(tmp / "le.dump")], tmp, "le")
+    seqs = [s for b in batches(tmp / "le.dump") for s in sequences(b)]
+    ok = rc == 0 and len(seqs) == 3 and seqs[2][0] == [bos, eos]  # the empty text: tokenizer("") is [bos, eos]
+    if ok:
+        (t_ids, t_w), (p_ids, p_w), _ = seqs
+        (t0, _), (p0, _) = plain
+        trained = b"".join(id_bytes[p_ids[i + 1]] for i, x in enumerate(p_w) if x)
+        ok = (t_ids == [bos] + t0 + [eos] and all(x == 1 for x in t_w) and p_ids == [bos] + p0 + [eos]
+              and trained == b" four<|im_end|>")
+    check(ok, "add_bos_token / add_eos_token (LlamaTokenizerFast): text is bos + text + eos, prompt + completion "
+          "bos + prompt + completion + eos with ' four<|im_end|>' trained, the empty text bos + eos" + ("" if rc == 0 else "\n" + log))
 
 
 def run_sample_chat(tmp, model, adapter, id_bytes):

@@ -119,6 +119,15 @@ int main(void) {
                  n ? "; missing:" : "", missing, declared[0] ? "; declared unsupported:" : "", declared);
         check(n == 0, what);
     }
+    /* per-op 16-bit capability: the CPU reads every 16-bit source the op table allows */
+    twk_device *cd = NULL;
+    int half_ok = twk_device_open("cpu", &cd) == TWK_OK;
+    for (int op = 0; half_ok && op < TWK_OP_COUNT; op++)
+        half_ok = twk_device_half_srcs(cd, (twk_op)op) == twk_op_half_srcs((twk_op)op);
+    half_ok = half_ok && twk_device_half_srcs(cd, TWK_OP_MATMUL) == TWK_SRC(1) && twk_device_half_srcs(cd, TWK_OP_ADD) == 0 &&
+              twk_device_half_srcs(NULL, TWK_OP_MATMUL) == 0;
+    check(half_ok, "twk_device_half_srcs: the cpu's masks are the op table's (matmul: src 1); 0 for other ops and NULL");
+    twk_device_close(cd);
     twk_backend_iface gappy = *cpu;
     gappy.name = "gappy";
     gappy.op_kernel = gappy_op_kernel;

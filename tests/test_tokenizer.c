@@ -622,8 +622,9 @@ static void mutations(void) {
 
 /* ---- encoding --------------------------------------------------------------------------------- */
 
-static const char *const enc_fixtures[] = {"bytelevel", "sp",     "sp_legacy", "metaspace", "gpt2",
-                                           "llama3",    "qwen2",  "llama2",    "mistral",   "nfkc"};
+static const char *const enc_fixtures[] = {"bytelevel", "sp",     "sp_legacy", "metaspace",  "gpt2",
+                                           "llama3",    "qwen2",  "llama2",    "mistral",    "nfkc",
+                                           "llama2_eos", "mistral_nobos", "llama3_cfg"};
 
 static void show_ids(const char *what, const int32_t *v, int64_t n, int64_t at) {
     printf("       %s:", what);
@@ -799,6 +800,119 @@ static void encode_cases(void) {
     twk_tokenizer_free(t);
 }
 
+/* ---- tokenizer_config.json (transformers 4.x's rule; see train/tokenizer_config.c) ------------- */
+
+static const char *const cfg_files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                        "config.json"};
+
+/* tmpdir/NAME holding a link to fixture BASE's tokenizer.json and the given files (NULL: none). */
+static const char *cfg_folder(const char *name, const char *base, const char *cfg, const char *stm,
+                              const char *conf) {
+    static char dir[400];
+    snprintf(dir, sizeof dir, "%s/%s", tmpdir, name);
+    mkdir(dir, 0755);
+    const char *text[] = {NULL, cfg, stm, conf};
+    for (int i = 0; i < 4; i++) {
+        char p[600];
+        snprintf(p, sizeof p, "%s/%s", dir, cfg_files[i]);
+        unlink(p);
+        if (i == 0) {
+            char target[600];
+            snprintf(target, sizeof target, "%s/%s/tokenizer.json", TWK_TOKENIZER_DIR, base);
+            if (symlink(target, p)) perror("symlink");
+        } else if (text[i]) {
+            FILE *f = fopen(p, "wb");
+            fputs(text[i], f);
+            fclose(f);
+        }
+    }
+    return dir;
+}
+
+static void cfg_cleanup(const char *name) {
+    char p[600];
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/%s/%s", tmpdir, name, cfg_files[i]);
+        unlink(p);
+    }
+    snprintf(p, sizeof p, "%s/%s", tmpdir, name);
+    rmdir(p);
+}
+
+/* "Hello world" with add_special through a folder: the ids transformers 4.57's AutoTokenizer gives
+ * (want; n_want < 0: encode fails naming want_msg, decode still working). */
+static void cfg_case(const char *name, const char *base, const char *cfg, const char *stm, const char *conf,
+                     const int32_t *want, int n_want, const char *want_msg) {
+    const char *dir = cfg_folder(name, base, cfg, stm, conf);
+    twk_tokenizer *t = NULL;
+    if (twk_tokenizer_load(dir, &t)) {
+        check(0, "config %s: load: %s", name, twk_last_error());
+        cfg_cleanup(name);
+        return;
+    }
+    int32_t got[64];
+    int64_t n = enc(t, "Hello world", 11, true, got, 64);
+    if (n_want >= 0) {
+        const int32_t *pre, *suf;
+        int np, ns;
+        int32_t plain[64];
+        int64_t k = enc(t, "Hello world", 11, false, plain, 64);
+        int ok = n == n_want && !memcmp(got, want, (size_t)n_want * sizeof *want) &&
+                 !twk_tokenizer_special_ids(t, &pre, &np, &suf, &ns) && np + k + ns == n &&
+                 (!np || !memcmp(pre, got, (size_t)np * sizeof *pre)) &&
+                 (!ns || !memcmp(suf, got + n - ns, (size_t)ns * sizeof *suf));
+        check(ok, "config %-14s ids as transformers 4.57 (%lld ids: %d before, %d after the text)", name,
+              (long long)n, np, ns);
+    } else {
+        const char *m = n < 0 ? twk_last_error() : "";
+        char *d = NULL;
+        int32_t one = 5;
+        twk_status ds = twk_tokenizer_decode(t, &one, 1, false, &d, NULL);
+        twk_host_free(d);
+        const int32_t *pre, *suf;
+        int np, ns;
+        twk_status ss = twk_tokenizer_special_ids(t, &pre, &np, &suf, &ns);
+        check(n < 0 && strstr(m, want_msg) && !ds && ss != TWK_OK, "config %-14s refused, decode works: %s", name, m);
+    }
+    twk_tokenizer_free(t);
+    cfg_cleanup(name);
+}
+
+static void config_cases(void) {
+    /* mistral's tokenizer.json: "Hello world" is these 9 ids, its template "<s> $A </s>" */
+    const int32_t hw[] = {389, 75, 309, 452, 318, 512, 460, 315, 308};
+    int32_t bos_hw[10] = {1}, hw_eos[10], bos_hw_eos[11] = {1};
+    memcpy(bos_hw + 1, hw, sizeof hw);
+    memcpy(hw_eos, hw, sizeof hw), hw_eos[9] = 2;
+    memcpy(bos_hw_eos + 1, hw, sizeof hw), bos_hw_eos[10] = 2;
+    cfg_case("cfg_model_type", "mistral", NULL, NULL, "{\"model_type\": \"mistral\"}", bos_hw, 10, NULL);
+    cfg_case("cfg_stm", "mistral", "{\"add_eos_token\": true, \"eos_token\": \"<s>\"}",
+             "{\"eos_token\": {\"content\": \"</s>\"}}", "{\"model_type\": \"llama\"}", bos_hw_eos, 11, NULL);
+    cfg_case("cfg_neox", "mistral", "{\"bos_token\": \"<s>\"}", NULL,
+             "{\"tokenizer_class\": \"GPTNeoXTokenizer\", \"model_type\": \"llama\"}", hw, 9, NULL);
+    cfg_case("cfg_null_flag", "llama2",
+             "{\"tokenizer_class\": \"LlamaTokenizer\", \"add_bos_token\": null, \"add_eos_token\": true}", NULL,
+             NULL, hw_eos, 10, NULL);
+    cfg_case("cfg_qwen2", "mistral", "{\"tokenizer_class\": \"Qwen2Tokenizer\", \"add_bos_token\": false}", NULL,
+             NULL, bos_hw_eos, 11, NULL);
+    cfg_case("cfg_no_config", "mistral", NULL, NULL, NULL, bos_hw_eos, 11, NULL);
+    cfg_case("cfg_bad_flag", "mistral", "{\"tokenizer_class\": \"LlamaTokenizer\", \"add_eos_token\": \"yes\"}",
+             NULL, NULL, NULL, -1, "tokenizer_config.json: field 'add_eos_token' must be true, false or null");
+    cfg_case("cfg_null_bos", "mistral", "{\"tokenizer_class\": \"LlamaTokenizer\", \"bos_token\": null}", NULL,
+             NULL, NULL, -1, "add_bos_token is true (given, or LlamaTokenizer's default) but bos_token is null");
+    cfg_case("cfg_gemma", "mistral", "{\"tokenizer_class\": \"GemmaTokenizerFast\"}", NULL, NULL, NULL, -1,
+             "bos_token is GemmaTokenizer's default \"<bos>\", which is not a token of tokenizer.json");
+    cfg_case("cfg_unknown_eos", "mistral", "{\"tokenizer_class\": \"LlamaTokenizer\", \"add_eos_token\": true, "
+             "\"eos_token\": \"<no-such-eos>\"}", NULL, NULL, NULL, -1,
+             "tokenizer_config.json: field 'eos_token' (\"<no-such-eos>\") is not a token of tokenizer.json");
+    cfg_case("cfg_bad_type", "mistral", "{\"tokenizer_class\": \"LlamaTokenizer\", \"eos_token\": 7, "
+             "\"add_eos_token\": true}", NULL, NULL, NULL, -1, "field 'eos_token' must be a string or an object");
+    cfg_case("cfg_bad_class", "mistral", "{\"tokenizer_class\": 5}", NULL, NULL, NULL, -1,
+             "field 'tokenizer_class' must be a string");
+    cfg_case("cfg_bad_json", "mistral", "{\"tokenizer_class\": ", NULL, NULL, NULL, -1,
+             "tokenizer_config.json: not a JSON object");
+}
+
 int main(void) {
     size_t n;
     char *text = slurp(TWK_TOKENIZER_DIR "/expected.json", &n);
@@ -824,6 +938,7 @@ int main(void) {
     handmade();
     encode_cases();
     encode_corpus();
+    config_cases();
     mutations();
     /* clean up the temporary folder */
     const char *names[] = {"empty.json",

@@ -53,26 +53,38 @@ static twk_status need(twk_text_ctx *c, int tmpl, const char *path, long lineno,
     return st == TWK_OK ? st : wrap(st, path, lineno, field);
 }
 
-/* Appends the encoding of s (weight w on each token) to seq. */
-static twk_status append_text(twk_text_ctx *c, const char *s, int add_special, float w, twk_text_seq *seq) {
-    int32_t *ids = NULL;
-    int64_t n = 0;
-    twk_status st = twk_tokenizer_encode(c->tok, s, strlen(s), add_special, &ids, &n);
-    if (st != TWK_OK) return st;
+/* Appends ids[0..n) (weight w on each) to seq. */
+static twk_status append_ids(twk_text_seq *seq, const int32_t *ids, int64_t n, float w) {
     size_t had = (size_t)seq->n, want = (size_t)(seq->n + n + 1);
     int32_t *ni = twk_host_realloc(seq->ids, had * sizeof *ni, want * sizeof *ni, "dataset tokens");
     if (ni) seq->ids = ni;
     float *nw = ni ? twk_host_realloc(seq->w, had * sizeof *nw, want * sizeof *nw, "dataset weights") : NULL;
     if (nw) seq->w = nw;
-    if (!ni || !nw) {
-        twk_host_free(ids);
-        return twk_error(TWK_ERR_OOM, "dataset: out of memory");
-    }
-    memcpy(seq->ids + seq->n, ids, (size_t)n * sizeof *ids);
+    if (!ni || !nw) return twk_error(TWK_ERR_OOM, "dataset: out of memory");
+    if (n) memcpy(seq->ids + seq->n, ids, (size_t)n * sizeof *ids);
     for (int64_t i = 0; i < n; i++) seq->w[seq->n + i] = w;
     seq->n += n;
-    twk_host_free(ids);
     return TWK_OK;
+}
+
+enum { FRAME_PREFIX = 1, FRAME_SUFFIX = 2, FRAME_BOTH = 3 };
+
+/* Appends the encoding of s without special tokens (weight w on each token) to seq, after the ids
+ * add_special puts before a text when `frame` has FRAME_PREFIX and followed by those it puts after
+ * one when it has FRAME_SUFFIX (both weighted w): a prompt and its completion, encoded apart, get
+ * the framing tokenizer(prompt + completion) would give them. */
+static twk_status append_text(twk_text_ctx *c, const char *s, int frame, float w, twk_text_seq *seq) {
+    const int32_t *pre = NULL, *suf = NULL;
+    int np = 0, ns = 0;
+    twk_status st = frame ? twk_tokenizer_special_ids(c->tok, &pre, &np, &suf, &ns) : TWK_OK;
+    if (st == TWK_OK && (frame & FRAME_PREFIX)) st = append_ids(seq, pre, np, w);
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    if (st == TWK_OK) st = twk_tokenizer_encode(c->tok, s, strlen(s), false, &ids, &n);
+    if (st == TWK_OK) st = append_ids(seq, ids, n, w);
+    twk_host_free(ids);
+    if (st == TWK_OK && (frame & FRAME_SUFFIX)) st = append_ids(seq, suf, ns, w);
+    return st;
 }
 
 /* Token weights from a byte mask: token i is trained when every byte it decodes to lies in the
@@ -170,8 +182,9 @@ twk_status twk_text_line(twk_text_ctx *c, const cJSON *j, const char *path, long
             fname = k ? "rejected" : "chosen";
             if (chat) st = chat_seq(c, prompt, side, tools, TWK_TRAIN_ON_LAST, &seq[k]);
             else {
-                if (prompt) st = append_text(c, prompt->valuestring, 1, 0.0f, &seq[k]);
-                if (st == TWK_OK) st = append_text(c, side->valuestring, !prompt, 1.0f, &seq[k]);
+                if (prompt) st = append_text(c, prompt->valuestring, FRAME_PREFIX, 0.0f, &seq[k]);
+                if (st == TWK_OK)
+                    st = append_text(c, side->valuestring, prompt ? FRAME_SUFFIX : FRAME_BOTH, 1.0f, &seq[k]);
             }
         }
     } else if (msgs) {
@@ -181,15 +194,15 @@ twk_status twk_text_line(twk_text_ctx *c, const cJSON *j, const char *path, long
         if (st == TWK_OK) st = chat_seq(c, NULL, msgs, tools, (twk_train_on)c->o->train_on, &seq[0]);
     } else if (text) {
         st = need(c, 0, path, lineno, fname);
-        if (st == TWK_OK) st = append_text(c, text->valuestring, 1, 1.0f, &seq[0]);
+        if (st == TWK_OK) st = append_text(c, text->valuestring, FRAME_BOTH, 1.0f, &seq[0]);
     } else {
         fname = "prompt";
         st = field(j, "prompt", 's', 1, path, lineno, &prompt);
         if (st == TWK_OK) st = field(j, "completion", 's', 1, path, lineno, &completion);
         if (st == TWK_OK) st = need(c, 0, path, lineno, fname);
-        if (st == TWK_OK) st = append_text(c, prompt->valuestring, 1, 0.0f, &seq[0]);
+        if (st == TWK_OK) st = append_text(c, prompt->valuestring, FRAME_PREFIX, 0.0f, &seq[0]);
         fname = "completion";
-        if (st == TWK_OK) st = append_text(c, completion->valuestring, 0, 1.0f, &seq[0]);
+        if (st == TWK_OK) st = append_text(c, completion->valuestring, FRAME_SUFFIX, 1.0f, &seq[0]);
     }
     if (st != TWK_OK) {
         if (!strstr(twk_last_error(), path)) st = wrap(st, path, lineno, fname);

@@ -26,13 +26,28 @@ static twk_status check_request(const twk_mem_request *rq) {
     return TWK_OK;
 }
 
+/* The CPU backend's f32 panel of a 16-bit weight in matmul (TWK_HALF_PANEL_ROWS rows of its
+ * contiguous dimension), the largest over the model's 16-bit matrices a matmul reads. */
+static uint64_t widen_panel(const twk_model *m) {
+    uint64_t most = 0;
+    for (int i = 0; i < m->n_w; i++) {
+        const named_buf *w = &m->w[i];
+        if (w->ndim != 2 || !twk_dtype_is_half(w->dtype)) continue;
+        if (!m->cfg.tie_embeddings && !strcmp(w->name, "model.embed_tokens.weight")) continue; /* gathered, not multiplied */
+        uint64_t b = (uint64_t)TWK_HALF_PANEL_ROWS(w->ne[1], w->ne[0]) * (uint64_t)w->ne[1] * sizeof(float);
+        if (b > most) most = b;
+    }
+    return most;
+}
+
 twk_status twk_mem_plan_config(const twk_model_config *cfg, const twk_mem_request *rq, twk_mem_plan *out) {
     if (!cfg || !out) return twk_error(TWK_ERR_INVALID_ARG, "memory plan: NULL argument");
     memset(out, 0, sizeof *out);
     twk_status st = check_request(rq);
     if (st != TWK_OK) return st;
     size_t wb = twk_mem_dtype_bytes(rq->dtype);
-    twk_model *m = twk_model_shapes(cfg, TWK_F32);
+    /* the model in the requested dtype: the trainer picks its unembedding path by it */
+    twk_model *m = twk_model_shapes(cfg, rq->dtype ? (twk_dtype)twk_dtype_parse_float(rq->dtype) : TWK_F32);
     if (!m) return twk_error(TWK_ERR_OOM, "memory plan: out of memory");
     twk_lora_config lc = twk_lora_default();
     lc.rank = rq->rank;
@@ -42,7 +57,7 @@ twk_status twk_mem_plan_config(const twk_model_config *cfg, const twk_mem_reques
     twk_trainer *t = NULL;
     st = twk_trainer_create_dry(m, rq->rank ? &lc : NULL, rq->tokens, &o, &t);
     if (st == TWK_OK) {
-        for (int i = 0; i < m->n_w; i++) out->weights += (uint64_t)m->w[i].nelem * wb;
+        for (int i = 0; i < m->n_w; i++) out->weights += nb_bytes(&m->w[i]); /* matrices in dtype, norms f32 */
         out->weights += nb_bytes(&t->inv_freq);
         for (int i = 0; i < t->n_adapter; i++) out->adapter += nb_bytes(&t->adapter[i]);
         out->grads = t->n_tp ? (uint64_t)t->flat_n * sizeof(float) : 0; /* the flat accumulator (optim_plan.c) */
@@ -60,9 +75,11 @@ twk_status twk_mem_plan_config(const twk_model_config *cfg, const twk_mem_reques
                            (size_t)(cfg->layers * 14 + 2) * sizeof *t->adapter +
                            (size_t)(m->n_w + t->n_adapter) * (sizeof *t->tp + sizeof *t->param_ids) + sizeof *m +
                            (size_t)m->n_w * sizeof *m->w;
+        out->widen = widen_panel(m);
         if (t->fused) out->scratch = (uint64_t)TWK_UNEMBED_TILE_ROWS((int64_t)cfg->vocab, rq->tokens) * (uint64_t)cfg->vocab * 4;
         out->per_run = out->adapter + out->grads + out->moments;
-        out->device = out->weights + out->adapter + out->grads + out->moments + out->activations + out->scratch + out->kv_cache;
+        out->device = out->weights + out->adapter + out->grads + out->moments + out->activations + out->scratch + out->widen +
+                      out->kv_cache;
         out->host = out->bookkeeping;
         out->total = out->device + out->host;
     }
@@ -108,6 +125,7 @@ const char *twk_mem_plan_table(const twk_mem_plan *p, const twk_mem_request *rq,
         {"AdamW moments (f32)", p->moments, "device"},
         {rq->recompute ? "activations (arena peak, recompute)" : "activations (arena peak)", p->activations, "device"},
         {p->scratch ? "logits tile (unembedding)" : "logits tile (none: [T, V] in the arena)", p->scratch, "device"},
+        {p->widen ? "16-bit weight panel (f32, matmul)" : "16-bit weight panel (none: f32)", p->widen, "device"},
         {kv, p->kv_cache, "device"},
         {"graph and plans (bookkeeping)", p->bookkeeping, "host"},
         {"total", p->total, ""},

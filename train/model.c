@@ -188,7 +188,7 @@ twk_model *twk_model_shapes(const twk_model_config *cfg, twk_dtype dtype) {
         return NULL;
     }
     expected_tensors(cfg, m->w);
-    for (int i = 0; i < n; i++) m->w[i].dtype = dtype;
+    for (int i = 0; i < n; i++) m->w[i].dtype = m->w[i].ndim == 2 ? dtype : TWK_F32; /* as twk_model_load_as holds them */
     m->n_w = n;
     return m;
 }
@@ -239,6 +239,9 @@ twk_status twk_model_load(const char *dir, twk_device *dev, twk_model **out) {
     return twk_model_load_as(dir, dev, TWK_F32, -1, out);
 }
 
+/* Whether the device's kernels read every one of op's 16-bit sources in `want`. */
+static int takes_half(twk_device *dev, twk_op op, unsigned want) { return (twk_device_half_srcs(dev, op) & want) == want; }
+
 /* Whether t is -1 (a default) or a float dtype. */
 static int float_or_default(int t) { return t == -1 || t == TWK_F32 || twk_dtype_is_half((twk_dtype)t); }
 
@@ -247,11 +250,13 @@ twk_status twk_model_load_as(const char *dir, twk_device *dev, int dtype, int kv
     *out = NULL;
     if (!float_or_default(dtype) || !float_or_default(kv_dtype))
         return twk_error(TWK_ERR_INVALID_ARG, "model_load: dtype %d / KV dtype %d is not f32, bf16 or f16", dtype, kv_dtype);
-    if (dtype < 0 && strncmp(twk_device_spec(dev), "cpu", 3) != 0) {
-        /* as stored only where the kernels take 16-bit weights (the CPU today); elsewhere f32 */
+    /* by default as stored where the device's kernels read 16-bit weights (matmul, embedding
+     * gather) and 16-bit KV caches (kv_write, attn_cache); f32 where they do not */
+    if (dtype < 0 && !(takes_half(dev, TWK_OP_MATMUL, TWK_SRC(1)) && takes_half(dev, TWK_OP_GET_ROWS, TWK_SRC(0))))
         dtype = TWK_F32;
-        if (kv_dtype < 0) kv_dtype = TWK_F32;
-    }
+    if (kv_dtype < 0 && !(takes_half(dev, TWK_OP_KV_WRITE, TWK_SRC(0)) &&
+                          takes_half(dev, TWK_OP_ATTN_CACHE, TWK_SRC(1) | TWK_SRC(2))))
+        kv_dtype = TWK_F32;
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", dir);
     twk_model *m = twk_host_calloc(sizeof *m, "model");

@@ -577,6 +577,7 @@ static twk_status load_json(twk_tokenizer *t, const char *path, const cJSON *j) 
         if ((s = parse_decoder(t, path, dec, 0))) return s;
     }
     twk_tok_enc_load(t, path, j);
+    twk_tok_enc_config(t, path);
     /* What each id decodes from, and whether skip_special drops it. */
     for (int32_t id = 0; id < t->size; id++) {
         tok_entry *en = &t->ent[id];

@@ -8,7 +8,7 @@
  *   4. each word goes through BPE: its characters (or their <0xNN> bytes with byte_fallback,
  *      or unk, fused with fuse_unk), merged by rank with a heap as Word::merge_all;
  *   5. with add_special, the post-processor's template (TemplateProcessing, Bert/Roberta)
- *      wraps the ids.
+ *      wraps the ids, or the bos / eos that tokenizer_config.json asks for (tokenizer_config.c).
  * Words are cached (a table guarded by a mutex; a thread that finds it busy skips it). */
 #include <pthread.h>
 #include <stdarg.h>
@@ -126,16 +126,44 @@ static void pc_clear(pieces *l) {
 
 /* ---- loading ------------------------------------------------------------------------------------- */
 
-static void enc_fail(tok_enc *e, twk_status code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void enc_fail(tok_enc *e, twk_status code, const char *fmt, ...) {
+static void enc_vfail(tok_enc *e, twk_status code, const char *fmt, va_list ap) {
     if (e->err) return;
-    va_list ap;
-    va_start(ap, fmt);
     char m[600];
     vsnprintf(m, sizeof m, fmt, ap);
-    va_end(ap);
     e->err = twk_host_strdup(m, "tokenizer error");
     e->err_code = code;
+}
+
+static void enc_fail(tok_enc *e, twk_status code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void enc_fail(tok_enc *e, twk_status code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    enc_vfail(e, code, fmt, ap);
+    va_end(ap);
+}
+
+void twk_tok_enc_fail(twk_tokenizer *t, twk_status code, const char *fmt, ...) {
+    if (!t->enc) return;
+    va_list ap;
+    va_start(ap, fmt);
+    enc_vfail(t->enc, code, fmt, ap);
+    va_end(ap);
+}
+
+int twk_tok_enc_usable(const twk_tokenizer *t) { return t->enc && !t->enc->err; }
+
+int twk_tok_enc_set_frame(twk_tokenizer *t, const int32_t *prefix, int n_prefix, const int32_t *suffix, int n_suffix) {
+    tok_enc *e = t->enc;
+    ids_t np = {0}, ns = {0};
+    if (!ids_add(&np, prefix, (size_t)n_prefix) || !ids_add(&ns, suffix, (size_t)n_suffix)) {
+        twk_host_free(np.v);
+        twk_host_free(ns.v);
+        return 0;
+    }
+    twk_host_free(e->prefix);
+    twk_host_free(e->suffix);
+    e->prefix = np.v, e->n_prefix = n_prefix, e->suffix = ns.v, e->n_suffix = n_suffix;
+    return 1;
 }
 
 static int parse_pre(tok_enc *e, const char *path, const cJSON *j, int depth) {
@@ -842,6 +870,20 @@ oom:
     twk_host_free(b.b);
     *fail = 1;
     return NULL;
+}
+
+twk_status twk_tokenizer_special_ids(const twk_tokenizer *t, const int32_t **prefix, int *n_prefix,
+                                     const int32_t **suffix, int *n_suffix) {
+    if (!t || !prefix || !n_prefix || !suffix || !n_suffix)
+        return twk_error(TWK_ERR_INVALID_ARG, "twk_tokenizer_special_ids: NULL argument");
+    *prefix = *suffix = NULL;
+    *n_prefix = *n_suffix = 0;
+    tok_enc *e = t->enc;
+    if (!e) return twk_error(TWK_ERR_OOM, "tokenizer encode: out of memory");
+    if (e->err) return twk_error(e->err_code, "tokenizer encode: %s", e->err);
+    *prefix = e->n_prefix ? e->prefix : NULL, *n_prefix = e->n_prefix;
+    *suffix = e->n_suffix ? e->suffix : NULL, *n_suffix = e->n_suffix;
+    return TWK_OK;
 }
 
 twk_status twk_tokenizer_encode(const twk_tokenizer *t, const char *text, size_t len, bool add_special,

@@ -103,5 +103,14 @@ void twk_tok_norm_free(tok_norm *n);
  * post_processor); a failure is kept in t->enc and reported by twk_tokenizer_encode. */
 void twk_tok_enc_load(twk_tokenizer *t, const char *path, const cJSON *j);
 void twk_tok_enc_free(tok_enc *e);
+/* Marks encode unsupported with this message (the first failure is kept; decode still works). */
+void twk_tok_enc_fail(twk_tokenizer *t, twk_status code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Whether encode works so far (no failure kept); 0 also when t->enc is NULL. */
+int twk_tok_enc_usable(const twk_tokenizer *t);
+/* Replaces the ids add_special puts around the sequence; 0 when out of memory (nothing changed). */
+int twk_tok_enc_set_frame(twk_tokenizer *t, const int32_t *prefix, int n_prefix, const int32_t *suffix, int n_suffix);
+/* Applies the folder's tokenizer_config.json to the post-processing as transformers 4.x does
+ * (tokenizer_config.c); `file` is the tokenizer.json that was loaded. Failures are kept as encode's. */
+void twk_tok_enc_config(twk_tokenizer *t, const char *file);
 
 #endif

@@ -122,8 +122,9 @@ twk_status twk_trainer_create_packed(twk_model *m, const twk_lora_config *module
 /* Checks a batch (token count within the capacity, finite weights, positions
  * >= 0) and writes it into plan p's inputs; TWK_ERR_INVALID_ARG names the field. */
 twk_status twk_trainer_bind_batch(twk_trainer *t, twk_plan *p, const twk_batch *b);
-/* The model's weights as shapes only, of dtype `dtype` (no device, no buffers): the
- * base of a dry trainer; NULL on allocation failure. Freed with twk_model_free. */
+/* The model's weights as shapes only (no device, no buffers), held as twk_model_load_as
+ * holds them: matrices in `dtype`, norms and biases f32; the base of a dry trainer. NULL on
+ * allocation failure. Freed with twk_model_free. */
 twk_model *twk_model_shapes(const twk_model_config *cfg, twk_dtype dtype);
 /* A trainer as twk_trainer_new_opts would make it, with dry = 1 on a twk_model_shapes
  * model: its plans are estimated (t->est_fwd, t->est_fwdbwd), nothing is allocated on a device. */

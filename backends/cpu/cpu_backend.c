@@ -31,6 +31,9 @@ static int cpu_op_kernel(twk_op op, const char **why) {
     return kernel_for(op) != NULL;
 }
 
+/* Every 16-bit source the op table allows: the CPU's kernels widen them all. */
+static unsigned cpu_half_srcs(twk_op op) { return twk_op_half_srcs(op); }
+
 static int cpu_device_count(void) { return 1; }
 
 static int n_threads_wanted(void) {
@@ -168,7 +171,7 @@ static bool cpu_supports_op(void *ctx, const twk_launch *l, char *why, size_t wh
         if (why) snprintf(why, why_len, "no cpu kernel for %s", twk_op_name(l->op));
         return false;
     }
-    return twk_launch_dtypes_half_ok(l, "cpu", why, why_len);
+    return twk_launch_dtypes_ok(l, twk_op_half_srcs(l->op), "cpu", why, why_len);
 }
 
 typedef struct cpu_prepared {
@@ -274,6 +277,7 @@ static const twk_backend_iface cpu_iface = {
     .release = cpu_release,
     .run = cpu_run,
     .synchronize = cpu_synchronize,
+    .half_srcs = cpu_half_srcs,
 };
 
 const twk_backend_iface *twk_cpu_backend(void) { return &cpu_iface; }

@@ -11,8 +11,6 @@
 
 /* Rows of a up to which a half b is read once, row by row (dots), instead of as sgemm panels. */
 #define HALF_DOT_ROWS 16
-/* f32 elements of one widened panel of b (4 MiB). */
-#define HALF_PANEL_ELEMS (1 << 20)
 
 typedef struct {
     const float *A;
@@ -50,7 +48,7 @@ static void half_widen(void *arg, int64_t r0, int64_t r1) {
     twk_dtype_to_f32(j->bt, j->B + 2 * (j->n0 + r0) * j->ldb, j->buf + r0 * row, (r1 - r0) * row);
 }
 
-/* C [M, N] = op(A) op(B) for a 16-bit B, in f32 panels of B of about HALF_PANEL_ELEMS: blocks of
+/* C [M, N] = op(A) op(B) for a 16-bit B, in f32 panels of B of TWK_HALF_PANEL_ROWS rows: blocks of
  * N (b transposed: C's columns, one sgemm each) or blocks of K (not transposed: every sgemm
  * adds its block's share to all of C, so op(A) is packed once over the calls). */
 static twk_status half_gemm(const cpu_call *c, half_job *j, int ta) {
@@ -62,8 +60,7 @@ static twk_status half_gemm(const cpu_call *c, half_job *j, int ta) {
         return TWK_OK;
     }
     int64_t row = j->tb ? j->K : j->N, total = j->tb ? j->N : j->K; /* a panel is nb rows of `row` */
-    int64_t nb = HALF_PANEL_ELEMS / row;
-    nb = nb < 16 ? 16 : nb > total ? total : nb;
+    int64_t nb = TWK_HALF_PANEL_ROWS(row, total);
     j->buf = cpu_scratch(ctx, (size_t)(nb * row) * sizeof *j->buf);
     if (!j->buf) return TWK_ERR_OOM;
     for (j->n0 = 0; j->n0 < total; j->n0 += nb) {

@@ -387,6 +387,7 @@ static const twk_backend_iface cuda_iface = {
     .release = cuda_release,
     .run = cuda_run,
     .synchronize = cuda_synchronize,
+    .half_srcs = kd_half_srcs,
 };
 
 const twk_backend_iface *twk_cuda_backend(void) { return &cuda_iface; }

@@ -43,6 +43,8 @@ typedef struct cuda_prepared {
     uint64_t tick;
     long captures, replays;
     bool graphs_off; /* a capture failed, or captures did not pay: eager from then on */
+    CUdeviceptr scratch; /* the widened panel of a 16-bit weight (kd_gemm_scratch_bytes), shared by the launches */
+    size_t scratch_bytes;
 } cuda_prepared;
 
 /* ---- support --------------------------------------------------------------- */
@@ -101,6 +103,15 @@ static twk_status launch_call(cuda_ctx *c, cuda_prepared *pp, const twk_launch *
             np++;
             break;
         }
+        case KD_SCRATCH:
+            if (!pp->scratch) return bad_call(l, k, "no scratch buffer was prepared");
+            vals[np].ptr = pp->scratch;
+            params[np] = &vals[np];
+            np++;
+            vals[np].i64 = ar->i64;
+            params[np] = &vals[np];
+            np++;
+            break;
         case KD_ERR:
             pp->has_err = true; /* normally known from prepare */
             vals[np].ptr = pp->err;
@@ -164,9 +175,50 @@ static twk_status launch_call(cuda_ctx *c, cuda_prepared *pp, const twk_launch *
     return TWK_OK;
 }
 
+static twk_status blas_fail(cuda_ctx *c, const twk_launch *l, const kd_gemm *g, cublasStatus_t s) {
+    char what[160];
+    snprintf(what, sizeof what, "matmul '%s' (%lld x %lld x %lld, batch %lld, trans %d%d)", l->name, (long long)g->m,
+             (long long)g->n, (long long)g->k, (long long)g->batch, g->trans_a, g->trans_b);
+    return cuda_blas_check(c, s, what);
+}
+
+/* A 16-bit B (a frozen weight): each panel widened into the scratch by widen_h16, then one f32
+ * GEMM of it (kd_gemm_half.c). cublasGemmEx cannot take it as it is stored: its A and B share
+ * one type (an f32 activation times a bf16 / f16 weight is not among its combinations), so the
+ * weight is widened and the GEMM runs in the context's mode (FP32, or TF32 / BF16 compute). */
+static twk_status run_gemm_half(cuda_ctx *c, cuda_prepared *pp, const twk_launch *l, int li, const kd_gemm *g,
+                                CUdeviceptr A, CUdeviceptr C) {
+    const cu_api *cu = c->cu;
+    cublasOperation_t opa = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, opb = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const float alpha = 1.0f;
+    for (int64_t p = 0; p < kd_gemm_panels(g); p++) {
+        kd_call call;
+        kd_gemm_part part;
+        kd_widen_call(l, g, p, &call, &part);
+        twk_status st = launch_call(c, pp, l, li, &call);
+        if (st != TWK_OK) return st;
+        CUdeviceptr Ap = A + (CUdeviceptr)part.a_off * sizeof(float), Cp = C + (CUdeviceptr)part.c_off * sizeof(float);
+        const void *bp = (const void *)(uintptr_t)pp->scratch, *ap = (const void *)(uintptr_t)Ap;
+        cublasStatus_t s;
+        if (c->gemm_mode == CUDA_GEMM_FP32)
+            s = cu->cublasSgemmStridedBatched(c->blas, opb, opa, (int)part.n, (int)part.m, (int)part.k, &alpha, bp,
+                                              (int)g->ldb, 0, ap, (int)g->lda, 0, &part.beta, (float *)(uintptr_t)Cp,
+                                              (int)g->ldc, 0, 1);
+        else
+            s = cu->cublasGemmStridedBatchedEx(c->blas, opb, opa, (int)part.n, (int)part.m, (int)part.k, &alpha, bp,
+                                               CUDA_R_32F, (int)g->ldb, 0, ap, CUDA_R_32F, (int)g->lda, 0, &part.beta,
+                                               (void *)(uintptr_t)Cp, CUDA_R_32F, (int)g->ldc, 0, 1,
+                                               c->gemm_mode == CUDA_GEMM_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                                              : CUBLAS_COMPUTE_32F_FAST_16BF,
+                                               CUBLAS_GEMM_DEFAULT);
+        if (s != CUBLAS_STATUS_SUCCESS) return blas_fail(c, l, g, s);
+    }
+    return TWK_OK;
+}
+
 /* Row-major C = op(A) op(B) as column-major C^T = op(B)^T op(A)^T: cuBLAS
  * gets B first, with m and n swapped. A = src 0, B = src 1, C = dst. */
-static twk_status run_gemm(cuda_ctx *c, const twk_launch *l, const kd_gemm *g) {
+static twk_status run_gemm(cuda_ctx *c, cuda_prepared *pp, const twk_launch *l, int li, const kd_gemm *g) {
     const cu_api *cu = c->cu;
     if (!c->blas) return twk_error(TWK_ERR_UNSUPPORTED, "cuda: matmul '%s': no cuBLAS: %s", l->name, c->blas_why);
     if (g->m == 0 || g->n == 0 || g->batch == 0) return TWK_OK;
@@ -183,6 +235,7 @@ static twk_status run_gemm(cuda_ctx *c, const twk_launch *l, const kd_gemm *g) {
     if (g->k == 0) /* an empty sum: C = 0 (not left to cuBLAS's quick-return rules) */
         return cuda_check(c, cu->cuMemsetD8Async(C, 0, (size_t)(g->m * g->n * g->batch) * twk_dtype_size(dc->type), c->stream),
                           "matmul (k = 0)");
+    if (g->b_half) return run_gemm_half(c, pp, l, li, g, A, C);
     cublasOperation_t opa = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, opb = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     const float alpha = 1.0f, beta = 0.0f;
     int m = (int)g->m, n = (int)g->n, k = (int)g->k, batch = (int)g->batch;
@@ -199,12 +252,7 @@ static twk_status run_gemm(cuda_ctx *c, const twk_launch *l, const kd_gemm *g) {
                                            (int)g->lda, g->stride_a, &beta, (void *)(uintptr_t)C, CUDA_R_32F,
                                            (int)g->ldc, g->stride_c, batch, ct, CUBLAS_GEMM_DEFAULT);
     }
-    if (s != CUBLAS_STATUS_SUCCESS) {
-        char what[160];
-        snprintf(what, sizeof what, "matmul '%s' (%d x %d x %d, batch %d, trans %d%d)", l->name, m, n, k, batch,
-                 g->trans_a, g->trans_b);
-        return cuda_blas_check(c, s, what);
-    }
+    if (s != CUBLAS_STATUS_SUCCESS) return blas_fail(c, l, g, s);
     return TWK_OK;
 }
 
@@ -235,7 +283,7 @@ static twk_status enqueue_all(cuda_ctx *c, cuda_prepared *pp, const twk_hal_plan
         if (nc < 0) return TWK_ERR_UNSUPPORTED; /* kd_lower set the message */
         twk_status st = TWK_OK;
         if (c->profile) st = cuda_check(c, c->cu->cuEventRecord(c->ev[0], c->stream), "cuEventRecord");
-        if (is_gemm && st == TWK_OK) st = run_gemm(c, l, &gemm);
+        if (is_gemm && st == TWK_OK) st = run_gemm(c, pp, l, i, &gemm);
         for (int k = 0; !is_gemm && k < nc && k < KD_MAX_CALLS && st == TWK_OK; k++)
             st = launch_call(c, pp, l, i, &calls[k]);
         if (c->profile && st == TWK_OK) st = profile_launch(c, l);
@@ -338,6 +386,7 @@ static void release_locked(cuda_ctx *c, cuda_prepared *pp) {
         for (int i = 0; i < GRAPH_CACHE; i++)
             if (pp->graphs[i].exec) c->cu->cuGraphExecDestroy(pp->graphs[i].exec);
         if (pp->err) c->cu->cuMemFree(pp->err);
+        if (pp->scratch) c->cu->cuMemFree(pp->scratch);
     }
     twk_host_free(pp->err_host);
     twk_host_free(pp);
@@ -350,6 +399,7 @@ static int packed_sizes(const kd_call *k, size_t *sizes) {
         switch (k->args[a].kind) {
         case KD_BUF:
         case KD_ERR:
+        case KD_SCRATCH:
             sizes[np++] = sizeof(CUdeviceptr);
             sizes[np++] = sizeof(int64_t);
             break;
@@ -397,6 +447,16 @@ static twk_status check_launch(cuda_ctx *c, cuda_prepared *pp, const twk_hal_pla
         if (nc < 0) return TWK_ERR_UNSUPPORTED;
         if (is_gemm && !c->blas)
             return twk_error(TWK_ERR_UNSUPPORTED, "cuda: matmul '%s': no cuBLAS: %s", l->name, c->blas_why);
+        if (is_gemm && gemm.b_half) { /* the widening kernel, and the panel it fills */
+            kd_call wc;
+            kd_gemm_part part;
+            kd_widen_call(l, &gemm, 0, &wc, &part);
+            CUfunction fn;
+            twk_status st = cuda_kernel(c, wc.kernel, &fn);
+            if (st == TWK_OK) st = check_params(c, fn, l, &wc);
+            if (st != TWK_OK) return st;
+            if (kd_gemm_scratch_bytes(&gemm) > pp->scratch_bytes) pp->scratch_bytes = kd_gemm_scratch_bytes(&gemm);
+        }
         for (int k = 0; !is_gemm && k < nc && k < KD_MAX_CALLS; k++) {
             CUfunction fn;
             twk_status st = cuda_kernel(c, calls[k].kernel, &fn);
@@ -423,6 +483,8 @@ static twk_status prepare_locked(cuda_ctx *c, const twk_hal_plan *plan, void **o
         if (st == TWK_OK) st = cuda_check(c, c->cu->cuMemAlloc(&pp->err, bytes), "cuMemAlloc (error words)");
         if (st == TWK_OK) st = cuda_check(c, c->cu->cuMemsetD8Async(pp->err, 0, bytes, c->stream), "memset");
     }
+    if (st == TWK_OK && pp->scratch_bytes)
+        st = cuda_check(c, c->cu->cuMemAlloc(&pp->scratch, pp->scratch_bytes), "cuMemAlloc (16-bit weight panel)");
     if (st != TWK_OK) {
         release_locked(c, pp);
         return st;

@@ -31,8 +31,64 @@ TWK_FN int kd_key_range(const TWK_GLOBAL int *ra, const TWK_GLOBAL int *rb, long
     return 1;
 }
 
+/* The body of attn_fwd_f32 / attn_fwd_h16 (each declares its local qs [KD_ATTN_MAXD] and ps
+ * [KD_ATTN_L] first): keys and values read through KD_KV(p, i). */
+#define KD_ATTN_FWD_BODY \
+    int lid = TWK_LID(0), L = TWK_LSIZE(0);                                                                   \
+    long gi = TWK_GROUP(0), i = gi / Hq, h = gi % Hq, hk = h / (Hq / Hkv);                                    \
+    long j0, j1;                                                                                              \
+    if (!kd_key_range(ra + ra_off, rb + rb_off, i, R, mode, a64, b64, &j0, &j1) && lid == 0)                  \
+        err[err_off] = mode == 0 ? KD_ERR_SEGMENT : KD_ERR_ID_RANGE;                                          \
+    const TWK_GLOBAL float *qi = q + q_off + gi * D;                                                          \
+    for (long d = lid; d < D; d += L) qs[d] = qi[d];                                                          \
+    TWK_BARRIER();                                                                                            \
+    float acc[KD_ATTN_DPI];                                                                                   \
+    for (int e = 0; e < KD_ATTN_DPI; e++) acc[e] = 0.0f;                                                      \
+    float m = KD_NEG_BIG, l = 0.0f;                                                                           \
+    for (long c0 = j0; c0 < j1; c0 += L) {                                                                    \
+        long j = c0 + lid;                                                                                    \
+        float s = KD_NEG_BIG;                                                                                 \
+        if (j < j1) {                                                                                         \
+            long kj = (j * Hkv + hk) * D;                                                                     \
+            float dot = 0.0f;                                                                                 \
+            for (long d = 0; d < D; d++) dot += qs[d] * KD_KV(k + k_off, kj + d);                             \
+            s = dot * scale;                                                                                  \
+        }                                                                                                     \
+        ps[lid] = s;                                                                                          \
+        TWK_BARRIER();                                                                                        \
+        long nc = j1 - c0 < L ? j1 - c0 : L;                                                                  \
+        float mc = m;                                                                                         \
+        for (long t = 0; t < nc; t++) mc = fmax(mc, ps[t]);                                                   \
+        float alpha = exp(m - mc);                                                                            \
+        TWK_BARRIER();                                                                                        \
+        ps[lid] = lid < nc ? exp(s - mc) : 0.0f;                                                              \
+        TWK_BARRIER();                                                                                        \
+        float ls = 0.0f;                                                                                      \
+        for (long t = 0; t < nc; t++) ls += ps[t];                                                            \
+        l = l * alpha + ls;                                                                                   \
+        if (want_o)                                                                                           \
+            for (int e = 0; e < KD_ATTN_DPI; e++) {                                                           \
+                long d = lid + (long)e * L;                                                                   \
+                if (d >= D) break;                                                                            \
+                float a = 0.0f;                                                                               \
+                for (long t = 0; t < nc; t++) a += ps[t] * KD_KV(v + v_off, ((c0 + t) * Hkv + hk) * D + d);   \
+                acc[e] = acc[e] * alpha + a;                                                                  \
+            }                                                                                                 \
+        m = mc;                                                                                               \
+        TWK_BARRIER();                                                                                        \
+    }                                                                                                         \
+    float inv = l > 0.0f ? 1.0f / l : 0.0f;                                                                   \
+    if (want_o)                                                                                               \
+        for (int e = 0; e < KD_ATTN_DPI; e++) {                                                               \
+            long d = lid + (long)e * L;                                                                       \
+            if (d >= D) break;                                                                                \
+            o[o_off + gi * D + d] = acc[e] * inv;                                                             \
+        }                                                                                                     \
+    if (want_lse && lid == 0) lse[lse_off + gi] = l > 0.0f ? m + log(l) : 0.0f;
+
 /* o [T, Hq, D] (want_o) and lse [T, Hq] (want_lse) of q [T, Hq, D] over k, v
  * [R, Hkv, D]; ra/rb as in kd_key_range (mode 0: R = T). */
+#define KD_KV(p, i) (p)[i]
 TWK_KERNEL attn_fwd_f32(TWK_GLOBAL float *o, long o_off, TWK_GLOBAL float *lse, long lse_off,
                         TWK_GLOBAL const float *q, long q_off, TWK_GLOBAL const float *k, long k_off,
                         TWK_GLOBAL const float *v, long v_off, TWK_GLOBAL const int *ra, long ra_off,
@@ -41,58 +97,23 @@ TWK_KERNEL attn_fwd_f32(TWK_GLOBAL float *o, long o_off, TWK_GLOBAL float *lse, 
                         int b64) {
     TWK_LOCAL(float, qs, KD_ATTN_MAXD);
     TWK_LOCAL(float, ps, KD_ATTN_L);
-    int lid = TWK_LID(0), L = TWK_LSIZE(0);
-    long gi = TWK_GROUP(0), i = gi / Hq, h = gi % Hq, hk = h / (Hq / Hkv);
-    long j0, j1;
-    if (!kd_key_range(ra + ra_off, rb + rb_off, i, R, mode, a64, b64, &j0, &j1) && lid == 0)
-        err[err_off] = mode == 0 ? KD_ERR_SEGMENT : KD_ERR_ID_RANGE;
-    const TWK_GLOBAL float *qi = q + q_off + gi * D;
-    for (long d = lid; d < D; d += L) qs[d] = qi[d];
-    TWK_BARRIER();
-    float acc[KD_ATTN_DPI];
-    for (int e = 0; e < KD_ATTN_DPI; e++) acc[e] = 0.0f;
-    float m = KD_NEG_BIG, l = 0.0f;
-    for (long c0 = j0; c0 < j1; c0 += L) {
-        long j = c0 + lid;
-        float s = KD_NEG_BIG;
-        if (j < j1) {
-            const TWK_GLOBAL float *kj = k + k_off + (j * Hkv + hk) * D;
-            float dot = 0.0f;
-            for (long d = 0; d < D; d++) dot += qs[d] * kj[d];
-            s = dot * scale;
-        }
-        ps[lid] = s;
-        TWK_BARRIER();
-        long nc = j1 - c0 < L ? j1 - c0 : L;
-        float mc = m;
-        for (long t = 0; t < nc; t++) mc = fmax(mc, ps[t]);
-        float alpha = exp(m - mc);
-        TWK_BARRIER();
-        ps[lid] = lid < nc ? exp(s - mc) : 0.0f;
-        TWK_BARRIER();
-        float ls = 0.0f;
-        for (long t = 0; t < nc; t++) ls += ps[t];
-        l = l * alpha + ls;
-        if (want_o)
-            for (int e = 0; e < KD_ATTN_DPI; e++) {
-                long d = lid + (long)e * L;
-                if (d >= D) break;
-                float a = 0.0f;
-                for (long t = 0; t < nc; t++) a += ps[t] * v[v_off + ((c0 + t) * Hkv + hk) * D + d];
-                acc[e] = acc[e] * alpha + a;
-            }
-        m = mc;
-        TWK_BARRIER();
-    }
-    float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    if (want_o)
-        for (int e = 0; e < KD_ATTN_DPI; e++) {
-            long d = lid + (long)e * L;
-            if (d >= D) break;
-            o[o_off + gi * D + d] = acc[e] * inv;
-        }
-    if (want_lse && lid == 0) lse[lse_off + gi] = l > 0.0f ? m + log(l) : 0.0f;
+    KD_ATTN_FWD_BODY
 }
+#undef KD_KV
+
+/* attn_fwd_f32 over 16-bit k, v (a bf16 / f16 KV cache: f16 = 1 for f16), widened as read */
+#define KD_KV(p, i) kd_h16((p), (i), f16)
+TWK_KERNEL attn_fwd_h16(TWK_GLOBAL float *o, long o_off, TWK_GLOBAL float *lse, long lse_off,
+                        TWK_GLOBAL const float *q, long q_off, TWK_GLOBAL const ushort *k, long k_off,
+                        TWK_GLOBAL const ushort *v, long v_off, TWK_GLOBAL const int *ra, long ra_off,
+                        TWK_GLOBAL const int *rb, long rb_off, TWK_GLOBAL int *err, long err_off, long Hq,
+                        long Hkv, long D, long R, float scale, int mode, int want_o, int want_lse, int a64,
+                        int b64, int f16) {
+    TWK_LOCAL(float, qs, KD_ATTN_MAXD);
+    TWK_LOCAL(float, ps, KD_ATTN_L);
+    KD_ATTN_FWD_BODY
+}
+#undef KD_KV
 
 /* dQ [T, Hq, D]: dq_i = sum_j dS_ij k_j with dS = P (dO_i . v_j - dO_i . o_i) scale,
  * P = exp(scale q_i . k_j - lse_i); one group per (query, head) */

@@ -70,6 +70,16 @@ int kd_op_kernel(twk_op op, const char **why) {
     return e && (e->lower || e->gemm);
 }
 
+unsigned kd_half_srcs(twk_op op) {
+    switch (op) {
+    case TWK_OP_MATMUL: return TWK_SRC(1);   /* widened in panels (kd_gemm_half.c), then the f32 GEMM */
+    case TWK_OP_GET_ROWS: return TWK_SRC(0); /* get_rows_h16 */
+    case TWK_OP_KV_WRITE: return TWK_SRC(0); /* kv_write_h16: narrowed, round to nearest even */
+    case TWK_OP_ATTN_CACHE: return TWK_SRC(1) | TWK_SRC(2); /* attn_fwd_h16 */
+    default: return 0;
+    }
+}
+
 /* ---- support ---- */
 
 /* Writes a reason to why (if given); returns 0 (not supported). */
@@ -95,10 +105,16 @@ static int shapes_ok(const twk_launch *l, char *why, size_t why_len) {
             return say(why, why_len, "%lld query heads do not group over %lld kv heads", (long long)l->src[0].ne[1],
                        (long long)l->src[1].ne[1]);
     }
+    if (l->op == TWK_OP_ATTN_CACHE && l->src[1].type != l->src[2].type)
+        return say(why, why_len, "K cache %s and V cache %s differ", twk_dtype_name(l->src[1].type),
+                   twk_dtype_name(l->src[2].type));
     if (l->op == TWK_OP_MATMUL) {
         int r = l->src[0].ndim;
         if ((r != 2 && r != 3) || l->src[1].ndim != r)
             return say(why, why_len, "matmul of ranks %d and %d", r, l->src[1].ndim);
+        if (r != 2 && twk_dtype_is_half(l->src[1].type))
+            return say(why, why_len, "a batched matmul with a %s operand (16-bit weights are matrices)",
+                       twk_dtype_name(l->src[1].type));
     }
     return 1;
 }
@@ -113,7 +129,7 @@ int kd_supports(const twk_launch *l, char *why, size_t why_len) {
     int copy = twk_op_info(l->op)->kind == TWK_OPK_COPY;
     if (copy && twk_dtype_size(l->dst.type) != 4 && twk_dtype_size(l->dst.type) != 8)
         return say(why, why_len, "element size %zu bytes", twk_dtype_size(l->dst.type));
-    if (!twk_launch_dtypes_ok(l, "the kernels", why, why_len)) return 0;
+    if (!twk_launch_dtypes_ok(l, kd_half_srcs(l->op), "the kernel dialect", why, why_len)) return 0;
     return copy || shapes_ok(l, why, why_len);
 }
 
@@ -135,6 +151,11 @@ static void lower_gemm(const twk_launch *l, int64_t n, kd_gemm *g) {
     g->stride_a = g->m * g->k;
     g->stride_b = g->k * g->n;
     g->stride_c = g->m * g->n;
+    if (twk_dtype_is_half(b->type)) { /* a frozen weight (rank 2: kd_supports) */
+        g->b_half = (int)b->type;
+        g->b_rows = g->trans_b ? g->n : g->k;
+        g->panel_rows = TWK_HALF_PANEL_ROWS(g->ldb, g->b_rows);
+    }
 }
 
 int kd_lower(const twk_launch *l, int64_t n, kd_call *calls, kd_gemm *gemm, int *is_gemm) {

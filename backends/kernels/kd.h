@@ -28,6 +28,8 @@ typedef enum kd_arg_kind {
     KD_I32,
     KD_I64,
     KD_F32,
+    KD_SCRATCH, /* the backend's f32 scratch buffer of the plan (a widened weight panel), passed like a
+                   buffer with `i64` as its element offset (kd_widen_call) */
 } kd_arg_kind;
 
 typedef struct kd_arg {
@@ -57,7 +59,27 @@ typedef struct kd_gemm {
     int64_t m, n, k, batch;
     int64_t lda, ldb, ldc;
     int64_t stride_a, stride_b, stride_c;
+    /* a 16-bit B (a frozen weight; batch 1): b_half is its dtype (TWK_BF16, TWK_F16; 0 for f32).
+     * B is read as panels of panel_rows of its b_rows stored rows of ldb elements, each widened
+     * into the scratch (kd_widen_call) and multiplied in f32 (kd_gemm_panel). */
+    int b_half;
+    int64_t b_rows, panel_rows;
 } kd_gemm;
+
+/* One f32 GEMM of a 16-bit B's panel: C[c_off..] (+)= op(A)[a_off..] panel, row-major, ldc and
+ * lda as in the whole product, the panel in the scratch with leading dimension ldb. */
+typedef struct kd_gemm_part {
+    int64_t m, n, k;
+    int64_t a_off, c_off; /* elements past the tensors' own offsets */
+    float beta;
+} kd_gemm_part;
+
+/* The scratch bytes (f32) a 16-bit B's panels need; 0 for an f32 B. */
+size_t kd_gemm_scratch_bytes(const kd_gemm *g);
+/* The widening call of panel p (rows [p * panel_rows, ...) of B) into the scratch, and the GEMM
+ * that consumes it; the number of panels is kd_gemm_panels(g). */
+int64_t kd_gemm_panels(const kd_gemm *g);
+void kd_widen_call(const twk_launch *l, const kd_gemm *g, int64_t p, kd_call *call, kd_gemm_part *part);
 
 /* The work of one launch at token count n: either *gemm is filled (return
  * 0, *is_gemm = 1) or up to KD_MAX_CALLS kernel calls, run in order, are
@@ -68,6 +90,8 @@ int kd_lower(const twk_launch *l, int64_t n, kd_call *calls, kd_gemm *gemm, int 
 /* The kernel table's entry for op: 1 when the kernels run it (or hand it to
  * the BLAS); else 0 and *why = the declared reason, or NULL when it is missing. */
 int kd_op_kernel(twk_op op, const char **why);
+/* The sources of op whose bf16 / f16 the kernels widen (the backend's half_srcs); 0 for none. */
+unsigned kd_half_srcs(twk_op op);
 
 /* true when kd_lower handles the launch (op, dtypes, ranks); else a reason in why. */
 int kd_supports(const twk_launch *l, char *why, size_t why_len);

@@ -5,6 +5,11 @@
 
 static int is64(const twk_launch *l, int src) { return l->src[src].type == TWK_I64; }
 
+/* Whether src (-1: dst) is 16-bit: its kernel is the _h16 variant (half.cl), its offset in
+ * 2-byte elements, and an f16 flag follows the arguments. */
+static int half(const twk_launch *l, int src) { return twk_dtype_is_half(src < 0 ? l->dst.type : l->src[src].type); }
+static int f16(const twk_launch *l, int src) { return (src < 0 ? l->dst.type : l->src[src].type) == TWK_F16; }
+
 /* Elements of the last dim, and the rows before it. */
 static int64_t last_dim(const twk_tensor_desc *t, int64_t n) { return kd_dim(t, t->ndim - 1, n); }
 
@@ -23,7 +28,11 @@ static void rows_call(const twk_launch *l, kd_call *c, const char *kernel, int64
 
 int kd_lower_get_rows(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
     int64_t T = kd_dim(&l->dst, 0, n), D = kd_dim(&l->dst, 1, n), V = kd_dim(&l->src[0], 0, n);
-    rows_call(l, calls, kernel, T, D, V);
+    rows_call(l, calls, half(l, 0) ? "get_rows_h16" : kernel, T, D, V);
+    if (half(l, 0)) {
+        calls->args[1].i64 = (int64_t)(l->src[0].offset / 2); /* the table in 2-byte elements */
+        kd_i32(calls, f16(l, 0));
+    }
     kd_grid_items(calls, T * D, KD_LOCAL_1D);
     return 1;
 }
@@ -120,8 +129,8 @@ int kd_lower_kv_write(const twk_launch *l, int64_t n, kd_call *calls, const char
     const twk_tensor_desc *x = &l->src[1];
     int64_t T = kd_dim(x, 0, n), E = kd_dim(x, 1, n) * kd_dim(x, 2, n), R = kd_dim(&l->dst, 0, n);
     kd_call *c = &calls[0];
-    kd_begin(c, kernel);
-    kd_buf(c, l, -1, 4);
+    kd_begin(c, half(l, -1) ? "kv_write_h16" : kernel);
+    kd_buf(c, l, -1, half(l, -1) ? 2 : 4);
     kd_buf(c, l, 1, 4);
     kd_buf(c, l, 2, 4);
     kd_err(c);
@@ -129,6 +138,7 @@ int kd_lower_kv_write(const twk_launch *l, int64_t n, kd_call *calls, const char
     kd_i64(c, E);
     kd_i64(c, R);
     kd_i32(c, is64(l, 2));
+    if (half(l, -1)) kd_i32(c, f16(l, -1));
     kd_grid_items(c, T * E, KD_LOCAL_1D);
     return 1;
 }
@@ -167,14 +177,14 @@ int kd_lower_attn_fwd(const twk_launch *l, int64_t n, kd_call *calls, const char
     const twk_tensor_desc *q = &l->src[0], *k = &l->src[1];
     int64_t T = kd_dim(q, 0, n), Hq = kd_dim(q, 1, n), D = kd_dim(q, 2, n), Hkv = kd_dim(k, 1, n);
     int lse = l->op == TWK_OP_ATTN_LSE, cache = l->op == TWK_OP_ATTN_CACHE;
-    int ra = lse ? 2 : 3, rb = cache ? 4 : ra;
+    int ra = lse ? 2 : 3, rb = cache ? 4 : ra, h16 = cache && half(l, 1); /* 16-bit caches: attn_fwd_h16 */
     kd_call *c = &calls[0];
-    kd_begin(c, kernel);
+    kd_begin(c, h16 ? "attn_fwd_h16" : kernel);
     kd_buf(c, l, -1, 4); /* o (unused for lse) */
     kd_buf(c, l, -1, 4); /* lse (unused otherwise) */
     kd_buf(c, l, 0, 4);
-    kd_buf(c, l, 1, 4);
-    kd_buf(c, l, lse ? 1 : 2, 4); /* v (k stands in for lse) */
+    kd_buf(c, l, 1, h16 ? 2 : 4);
+    kd_buf(c, l, lse ? 1 : 2, h16 ? 2 : 4); /* v (k stands in for lse) */
     kd_buf(c, l, ra, 4);
     kd_buf(c, l, rb, 4);
     kd_err(c);
@@ -188,6 +198,7 @@ int kd_lower_attn_fwd(const twk_launch *l, int64_t n, kd_call *calls, const char
     kd_i32(c, lse);
     kd_i32(c, is64(l, ra));
     kd_i32(c, is64(l, rb));
+    if (h16) kd_i32(c, f16(l, 1));
     kd_grid_groups(c, T * Hq, KD_ATTN_L);
     return 1;
 }

@@ -20,5 +20,7 @@
 #define TWK_GROUP(d) ((long)get_group_id(d))
 #define TWK_LSIZE(d) ((int)get_local_size(d))
 #define TWK_NGROUPS(d) ((long)get_num_groups(d))
+/* element i of f16 storage (a ushort pointer) widened: OpenCL's vload_half, no cl_khr_fp16 needed */
+#define TWK_LOAD_HALF(p, i) vload_half((size_t)(i), (const __global half *)(p))
 
 #endif

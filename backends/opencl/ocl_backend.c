@@ -203,6 +203,7 @@ static const twk_backend_iface ocl_iface = {
     .release = ocl_release,
     .run = ocl_run,
     .synchronize = ocl_synchronize,
+    .half_srcs = kd_half_srcs,
 };
 
 /* The OpenCL backend's table (never NULL; with no runtime it lists no devices). */

@@ -15,6 +15,7 @@ typedef struct ocl_prepared {
     int checks;   /* some launch takes the error words */
     cl_mem err;   /* one int per launch */
     int *err_host;
+    cl_mem scratch; /* the widened panel of a 16-bit weight (kd_gemm_scratch_bytes), shared by the launches */
 } ocl_prepared;
 
 static int calls_check(const kd_call *calls, int n) {
@@ -29,6 +30,7 @@ void ocl_release(void *ctx, void *prepared) {
     ocl_prepared *pp = prepared;
     if (!pp) return;
     if (pp->err) clReleaseMemObject(pp->err);
+    if (pp->scratch) clReleaseMemObject(pp->scratch);
     twk_host_free(pp->err_host);
     twk_host_free(pp);
 }
@@ -41,6 +43,7 @@ twk_status ocl_prepare(void *vctx, const twk_hal_plan *plan, void **out) {
     twk_status s = TWK_OK;
     kd_call calls[KD_MAX_CALLS];
     kd_gemm gemm;
+    size_t scratch = 0;
     pthread_mutex_lock(&ctx->lock);
     for (int i = 0; i < plan->n_launches && s == TWK_OK; i++) {
         int is_gemm = 0;
@@ -49,6 +52,8 @@ twk_status ocl_prepare(void *vctx, const twk_hal_plan *plan, void **out) {
             s = TWK_ERR_UNSUPPORTED; /* kd_lower set the message */
             break;
         }
+        if (is_gemm && kd_gemm_scratch_bytes(&gemm) > scratch) scratch = kd_gemm_scratch_bytes(&gemm);
+        if (is_gemm && gemm.b_half && !ocl_kernel(ctx, "widen_h16")) s = TWK_ERR_BACKEND;
         pp->checks |= calls_check(calls, nc);
         for (int c = 0; c < nc; c++)
             if (!ocl_kernel(ctx, calls[c].kernel)) {
@@ -64,6 +69,11 @@ twk_status ocl_prepare(void *vctx, const twk_hal_plan *plan, void **out) {
         if (e != CL_SUCCESS) s = ocl_fail(e, "error words");
         else if (!(pp->err_host = twk_host_alloc(bytes, "opencl error words"))) s = TWK_ERR_OOM;
     }
+    if (s == TWK_OK && scratch) {
+        cl_int e;
+        pp->scratch = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, scratch, NULL, &e);
+        if (e != CL_SUCCESS) s = ocl_fail(e, "16-bit weight panel");
+    }
     if (s != TWK_OK) {
         ocl_release(ctx, pp);
         return s;
@@ -77,7 +87,35 @@ static cl_mem mem_of(const twk_tensor_desc *d) { return d->buf ? ((ocl_buffer *)
 /* The tensor's offset into its buffer in elements of its dtype (CLBlast counts elements). */
 static size_t elem_offset(const twk_tensor_desc *d) { return d->offset / twk_dtype_size(d->type); }
 
-static twk_status run_gemm(ocl_ctx *ctx, const twk_launch *l, const kd_gemm *g) {
+static twk_status enqueue_call(ocl_ctx *ctx, const twk_launch *l, const kd_call *c, cl_mem err, cl_mem scratch,
+                               int launch);
+
+static twk_status blas_fail(const twk_launch *l, const kd_gemm *g, CLBlastStatusCode st) {
+    return twk_error(TWK_ERR_BACKEND, "opencl: matmul '%s' (%lld x %lld x %lld, batch %lld): CLBlast status %d", l->name,
+                     (long long)g->m, (long long)g->n, (long long)g->k, (long long)g->batch, (int)st);
+}
+
+/* A 16-bit B: each panel widened into the scratch, then one f32 Sgemm of it (kd_gemm_half.c). */
+static twk_status run_gemm_half(ocl_ctx *ctx, const twk_launch *l, const kd_gemm *g, cl_mem scratch) {
+    cl_mem a = mem_of(&l->src[0]), c = mem_of(&l->dst);
+    size_t ao = elem_offset(&l->src[0]), co = elem_offset(&l->dst);
+    CLBlastTranspose ta = g->trans_a ? CLBlastTransposeYes : CLBlastTransposeNo;
+    CLBlastTranspose tb = g->trans_b ? CLBlastTransposeYes : CLBlastTransposeNo;
+    for (int64_t p = 0; p < kd_gemm_panels(g); p++) {
+        kd_call call;
+        kd_gemm_part part;
+        kd_widen_call(l, g, p, &call, &part);
+        twk_status s = enqueue_call(ctx, l, &call, NULL, scratch, 0);
+        if (s != TWK_OK) return s;
+        CLBlastStatusCode st = CLBlastSgemm(CLBlastLayoutRowMajor, ta, tb, (size_t)part.m, (size_t)part.n, (size_t)part.k,
+                                            1.0f, a, ao + (size_t)part.a_off, (size_t)g->lda, scratch, 0, (size_t)g->ldb,
+                                            part.beta, c, co + (size_t)part.c_off, (size_t)g->ldc, &ctx->queue, NULL);
+        if (st != CLBlastSuccess) return blas_fail(l, g, st);
+    }
+    return TWK_OK;
+}
+
+static twk_status run_gemm(ocl_ctx *ctx, const twk_launch *l, const kd_gemm *g, cl_mem scratch) {
     if (g->m == 0 || g->n == 0 || g->batch == 0) return TWK_OK;
     cl_mem a = mem_of(&l->src[0]), b = mem_of(&l->src[1]), c = mem_of(&l->dst);
     size_t ao = elem_offset(&l->src[0]), bo = elem_offset(&l->src[1]), co = elem_offset(&l->dst);
@@ -88,6 +126,7 @@ static twk_status run_gemm(ocl_ctx *ctx, const twk_launch *l, const kd_gemm *g) 
                                        NULL, NULL);
         return e == CL_SUCCESS ? TWK_OK : ocl_fail(e, "matmul (k = 0)");
     }
+    if (g->b_half) return run_gemm_half(ctx, l, g, scratch);
     CLBlastTranspose ta = g->trans_a ? CLBlastTransposeYes : CLBlastTransposeNo;
     CLBlastTranspose tb = g->trans_b ? CLBlastTransposeYes : CLBlastTransposeNo;
     CLBlastStatusCode st;
@@ -99,13 +138,12 @@ static twk_status run_gemm(ocl_ctx *ctx, const twk_launch *l, const kd_gemm *g) 
                                         1.0f, a, ao, (size_t)g->lda, (size_t)g->stride_a, b, bo, (size_t)g->ldb,
                                         (size_t)g->stride_b, 0.0f, c, co, (size_t)g->ldc, (size_t)g->stride_c,
                                         (size_t)g->batch, &ctx->queue, NULL);
-    if (st != CLBlastSuccess)
-        return twk_error(TWK_ERR_BACKEND, "opencl: matmul '%s' (%lld x %lld x %lld, batch %lld): CLBlast status %d",
-                         l->name, (long long)g->m, (long long)g->n, (long long)g->k, (long long)g->batch, (int)st);
+    if (st != CLBlastSuccess) return blas_fail(l, g, st);
     return TWK_OK;
 }
 
-static twk_status enqueue_call(ocl_ctx *ctx, const twk_launch *l, const kd_call *c, cl_mem err, int launch) {
+static twk_status enqueue_call(ocl_ctx *ctx, const twk_launch *l, const kd_call *c, cl_mem err, cl_mem scratch,
+                               int launch) {
     cl_kernel k = ocl_kernel(ctx, c->kernel);
     if (!k) return TWK_ERR_BACKEND;
     cl_uint ai = 0;
@@ -117,6 +155,12 @@ static twk_status enqueue_call(ocl_ctx *ctx, const twk_launch *l, const kd_call 
             cl_mem m = mem_of(x->tensor < 0 ? &l->dst : &l->src[x->tensor]);
             cl_long off = x->i64;
             e = clSetKernelArg(k, ai++, sizeof m, &m);
+            if (e == CL_SUCCESS) e = clSetKernelArg(k, ai++, sizeof off, &off);
+            break;
+        }
+        case KD_SCRATCH: {
+            cl_long off = x->i64;
+            e = clSetKernelArg(k, ai++, sizeof scratch, &scratch);
             if (e == CL_SUCCESS) e = clSetKernelArg(k, ai++, sizeof off, &off);
             break;
         }
@@ -191,8 +235,8 @@ static twk_status run_locked(ocl_ctx *ctx, ocl_prepared *pp, const twk_hal_plan 
         int nc = kd_lower(l, n, calls, &gemm, &is_gemm);
         if (nc < 0) return TWK_ERR_UNSUPPORTED;
         twk_status s = TWK_OK;
-        if (is_gemm) s = run_gemm(ctx, l, &gemm);
-        for (int c = 0; c < nc && s == TWK_OK; c++) s = enqueue_call(ctx, l, &calls[c], pp->err, i);
+        if (is_gemm) s = run_gemm(ctx, l, &gemm, pp->scratch);
+        for (int c = 0; c < nc && s == TWK_OK; c++) s = enqueue_call(ctx, l, &calls[c], pp->err, pp->scratch, i);
         if (s != TWK_OK) return s;
     }
     if (!pp->checks) return TWK_OK;

@@ -437,6 +437,7 @@ static const twk_backend_iface vk_iface = {
     .release = vk_release,
     .run = vk_run,
     .synchronize = vk_synchronize,
+    .half_srcs = vk_half_srcs,
 };
 
 /* The Vulkan backend's table (registered by hal/ as "vulkan"). */

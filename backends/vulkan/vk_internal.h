@@ -158,6 +158,8 @@ void vk_write_consts(const twk_launch *l, void *dst);
 /* The lowering table's entry for op: 1 when Vulkan runs it; else 0 and *why =
  * the declared reason, or NULL when it is missing. */
 int vk_op_kernel(twk_op op, const char **why);
+/* The sources of op whose bf16 / f16 the shaders widen (the backend's half_srcs); 0 for none. */
+unsigned vk_half_srcs(twk_op op);
 /* true if the launch has a lowering; else false and a reason. */
 bool vk_supports(const twk_launch *l, char *why, size_t why_len);
 /* (vk_errors.c) The CPU backend's message for launch l's bad ids at token

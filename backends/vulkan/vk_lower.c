@@ -569,6 +569,11 @@ int vk_op_kernel(twk_op op, const char **why) {
     return e && e->lower;
 }
 
+unsigned vk_half_srcs(twk_op op) {
+    (void)op;
+    return 0; /* no 16-bit shaders yet */
+}
+
 bool vk_supports(const twk_launch *l, char *why, size_t why_len) {
     const char *reason = NULL;
     if (!vk_op_kernel(l->op, &reason)) {
@@ -580,7 +585,7 @@ bool vk_supports(const twk_launch *l, char *why, size_t why_len) {
         if (why) snprintf(why, why_len, "rank %d", l->dst.ndim);
         return false;
     }
-    if (!twk_launch_dtypes_ok(l, "vulkan", why, why_len)) return false;
+    if (!twk_launch_dtypes_ok(l, vk_half_srcs(l->op), "vulkan", why, why_len)) return false;
     if (twk_op_info(l->op)->kind == TWK_OPK_COPY) return true;
     if (l->op == TWK_OP_MATMUL && l->src[0].ndim != 2 && l->src[0].ndim != 3) {
         if (why) snprintf(why, why_len, "matmul of rank %d", l->src[0].ndim);

@@ -63,18 +63,25 @@ typedef struct twk_data_counts {
 
 /* Reads JSONL where each line is one of:
  *   {"tokens": [...], "weights": [...]}       token ids, as twk_dataset_load_jsonl;
- *   {"text": "..."}                            pre-training: encoded with the post-processor
- *                                               (add_special), every target weighted;
- *   {"prompt": "...", "completion": "..."}     prompt encoded with add_special, completion
- *                                               without, appended; weight on the completion only;
+ *   {"text": "..."}                            pre-training: encoded with add_special (the ids of
+ *                                               transformers' tokenizer(text), bos / eos as the
+ *                                               post-processor or tokenizer_config.json's
+ *                                               add_bos_token / add_eos_token say: twk_tokenizer_load),
+ *                                               every target weighted;
+ *   {"prompt": "...", "completion": "..."}     each encoded without add_special, framed as
+ *                                               tokenizer(prompt + completion) is: what add_special
+ *                                               puts before a text goes before the prompt, what it
+ *                                               puts after one (an eos) after the completion;
+ *                                               weight on the completion and that suffix only;
  *   {"messages": [...], "tools": [...]?}        rendered with the model's chat template, encoded
  *                                               without add_special; a token is trained when all its
  *                                               bytes lie in twk_chat_render_mask's mask (train_on);
  *   {"chosen": X, "rejected": Y, "prompt": P?}  a preference pair (two examples, chosen first): X, Y
- *                                               strings (P a string prompt, untrained) or message
+ *                                               strings (P a string prompt, untrained; framed as
+ *                                               prompt + completion) or message
  *                                               lists (P an optional list of messages before them;
  *                                               the last assistant turn is trained).
- * No end-of-sequence token is appended to text. Errors name path:line and the field; a missing
+ * No end-of-sequence token is appended beyond what add_special adds. Errors name path:line and the field; a missing
  * tokenizer.json / tokenizer_config.json is TWK_ERR_IO naming the file. Text lines that end up
  * with fewer than 2 tokens or no trained token are dropped and counted (twk_dataset_counts). */
 twk_status twk_dataset_load(const char *path, const twk_data_opts *opts, twk_dataset **out);

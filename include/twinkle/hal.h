@@ -205,6 +205,9 @@ void twk_backend_transfers_reset(const twk_backend_iface *b);
  * opened (or since the last reset_peak, which sets the peak to the live bytes); 0 for NULL. */
 void twk_device_memory(twk_device *dev, uint64_t *live, uint64_t *peak, bool reset_peak);
 
+/* The sources of op (a TWK_SRC mask within twk_op_half_srcs) whose bf16 / f16 the device's
+ * kernels read; 0 for NULL, an op without 16-bit sources, or a backend without those kernels. */
+unsigned twk_device_half_srcs(const twk_device *dev, twk_op op);
 /* Whether the device's backend has a kernel for op (its kernel table); false for NULL. */
 bool twk_device_has_op(const twk_device *dev, twk_op op);
 /* Waits for all queued work on the device. */

@@ -33,8 +33,9 @@ typedef struct twk_mem_request {
     int64_t kv_len;
 } twk_mem_request;
 
-/* Bytes of each part. Device parts: weights, adapter, activations, kv_cache; host
- * parts (today's host AdamW): grads, moments, bookkeeping. On the CPU both are host memory. */
+/* Bytes of each part. Device parts: weights, adapter, gradients, moments (the optimizer
+ * plan runs on the device), activations, scratch, widen, kv_cache; host part: bookkeeping.
+ * On the CPU both are host memory. */
 typedef struct twk_mem_plan {
     uint64_t weights;     /* base weights in the request's dtype, with the RoPE table */
     uint64_t adapter;     /* LoRA A and B (f32); 0 for full training (the weights train) */
@@ -45,6 +46,7 @@ typedef struct twk_mem_plan {
     uint64_t activations; /* the arena both plans share (the larger peak) and their inputs */
     uint64_t arena;       /* that arena alone: the size of a buffer trainers may share (twk_trainer_opts) */
     uint64_t scratch;     /* the fused unembedding's tile of logits (a backend's scratch) */
+    uint64_t widen;       /* a 16-bit model's largest f32 panel of a weight in matmul (a backend's scratch) */
     uint64_t kv_cache;    /* K and V of kv_seqs x kv_len tokens, in the weights' dtype */
     uint64_t bookkeeping; /* host: the trainer's graph and plans' own structures */
     uint64_t per_run;     /* adapter + grads + moments: what one more LoRA run of the service costs */

@@ -79,10 +79,11 @@ typedef struct twk_model twk_model;
  * field or tensor; *out is NULL then. */
 twk_status twk_model_load(const char *dir, twk_device *dev, twk_model **out);
 /* twk_model_load holding the matrices (embedding, projections, unembedding) in `dtype`
- * (TWK_F32, TWK_BF16, TWK_F16; -1: as stored in the checkpoint on the CPU backend, f32 on backends
- * without 16-bit kernels), converted with round to
+ * (TWK_F32, TWK_BF16, TWK_F16; -1: as stored in the checkpoint where the device's kernels read
+ * 16-bit matmul and get_rows sources (twk_device_half_srcs), else f32), converted with round to
  * nearest even when it differs; norms and biases are f32. Samplers' KV caches are kv_dtype
- * (-1: the matrices' dtype). bf16 / f16 models train LoRA adapters (f32) and sample;
+ * (-1: the matrices' dtype where the device reads 16-bit kv_write / attn_cache sources, else
+ * f32). bf16 / f16 models train LoRA adapters (f32) and sample;
  * full-parameter training needs f32. */
 twk_status twk_model_load_as(const char *dir, twk_device *dev, int dtype, int kv_dtype, twk_model **out);
 /* The dtype the model's matrices are held in. */

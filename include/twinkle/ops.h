@@ -95,7 +95,7 @@ TWK_API_BEGIN
     X(ADAMW,          "adamw",          6, INPLACE, 0,                    0,                    0,           NONE, TRANSCENDENTAL, TWK_NO_IDS) /* (w, g, m, v, hyper, norm) -> w; also writes m, v and zeroes g */
 
 /* The sources that may hold bf16 / f16 (frozen weights, KV caches), X(OP, mask), on a backend
- * whose kernels widen them to f32 (twk_launch_dtypes_ok's half_ok); KV_WRITE's output is its
+ * whose kernels widen them to f32 (its half_srcs; twk_device_half_srcs); KV_WRITE's output is its
  * cache's dtype, every other output f32. */
 #define TWK_OP_HALF_SRCS(X) \
     X(MATMUL, TWK_SRC(1)) X(GET_ROWS, TWK_SRC(0)) X(KV_WRITE, TWK_SRC(0)) X(ATTN_CACHE, TWK_SRC(1) | TWK_SRC(2))
@@ -119,6 +119,12 @@ enum twk_hyper {
 #define TWK_UNEMBED_TILE_ROWS(V, T)                                                                     \
     ((T) < 16 || TWK_UNEMBED_TILE_FLOATS / (V) >= (T) ? (T) : TWK_UNEMBED_TILE_FLOATS / (V) < 16 ? 16 \
                                                                                   : TWK_UNEMBED_TILE_FLOATS / (V))
+/* MATMUL with a 16-bit b: a kernel widens b to f32 in panels of TWK_HALF_PANEL_ROWS(row, total)
+ * contiguous rows of `row` elements (2^20 floats, 4 MiB, at least 16 rows, at most total). */
+#define TWK_HALF_PANEL_FLOATS ((int64_t)1 << 20)
+#define TWK_HALF_PANEL_ROWS(row, total)                                                                 \
+    (TWK_HALF_PANEL_FLOATS / (row) < 16 ? ((total) < 16 ? (total) : 16)                              \
+                                         : TWK_HALF_PANEL_FLOATS / (row) > (total) ? (total) : TWK_HALF_PANEL_FLOATS / (row))
 
 typedef enum twk_op {
 #define TWK_OP_ENUM_(e, ...) TWK_OP_##e,

@@ -43,7 +43,13 @@ TWK_API_BEGIN
 
 typedef struct twk_tokenizer twk_tokenizer;
 
-/* Loads DIR/tokenizer.json when `path` is a directory, else the file `path`. Errors name
+/* Loads DIR/tokenizer.json when `path` is a directory, else the file `path`; the folder's
+ * tokenizer_config.json (with special_tokens_map.json and config.json) then sets the ids
+ * add_special adds, as transformers 4.x's AutoTokenizer.from_pretrained(folder): for the
+ * Llama family of tokenizer classes (Llama, CodeLlama, Gemma, Cohere, GPT-NeoX) add_bos_token /
+ * add_eos_token replace the post-processor with "[bos] $A [eos]"; other classes keep the
+ * post-processor (train/tokenizer_config.c has the details). A bad field there is an encode
+ * error naming the file and the field; loading and decode still work. Errors name
  * the file and what is wrong or unsupported: TWK_ERR_IO (unreadable), TWK_ERR_INVALID_ARG
  * (bad JSON, not UTF-8, wrong field types, ids out of range or duplicated, an added
  * token's "id" not the one the library assigns), TWK_ERR_UNSUPPORTED (model or decoder
@@ -78,12 +84,20 @@ twk_status twk_tokenizer_decode(const twk_tokenizer *t, const int32_t *ids, int6
  * GPT-2, Llama 3 or Qwen2 regex (behavior Isolated), ByteLevel, Metaspace, Sequence; added
  * tokens with their special / normalized / single_word / lstrip / rstrip flags; post-processors
  * TemplateProcessing (the "single" template), BertProcessing, RobertaProcessing, ByteLevel,
- * Sequence (applied when add_special). *ids (free with twk_host_free; never NULL on success), *n its
+ * Sequence, or the template tokenizer_config.json makes (see twk_tokenizer_load; applied when
+ * add_special). *ids (free with twk_host_free; never NULL on success), *n its
  * count. Errors: TWK_ERR_UNSUPPORTED naming the part of the file the encoder lacks (decode
  * still works for such files), TWK_ERR_INVALID_ARG (NULL arguments, an unk_token missing from
  * the vocab, text longer than 1 GiB), TWK_ERR_OOM. */
 twk_status twk_tokenizer_encode(const twk_tokenizer *t, const char *text, size_t len, bool add_special, int32_t **ids,
                                 int64_t *n);
+
+/* The ids add_special puts before (*prefix, *n_prefix) and after (*suffix, *n_suffix) the text:
+ * encode(x, true) == prefix + encode(x, false) + suffix. The arrays belong to t (NULL when the
+ * count is 0). Fails as twk_tokenizer_encode does when t cannot encode (the same error), and
+ * with TWK_ERR_INVALID_ARG for a NULL argument. */
+twk_status twk_tokenizer_special_ids(const twk_tokenizer *t, const int32_t **prefix, int *n_prefix,
+                                     const int32_t **suffix, int *n_suffix);
 
 /* The bytes token `id` contributes when decoded after other tokens, for incremental
  * stop-string matching: writes min(cap, count) bytes to buf (no NUL) and returns count,

@@ -42,6 +42,15 @@ def is_asan_build(binary: Path | None = None) -> bool:
         return b"__asan_init" in f.read()
 
 
+def rss_mib(pid: int) -> float:
+    """The resident set of process pid, in MiB (VmRSS)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    raise AssertionError("no VmRSS")
+
+
 def engine_mib(port: int, key: str) -> float:
     """MiB the server holds through the engine's allocators, read from GET /metrics: the host
     allocator (twk_host_alloc: adapters, moments, snapshots, requests, cJSON trees) plus the

@@ -31,6 +31,7 @@ openai = pytest.importorskip("openai")
 MODEL = "twinkle/oai-qwen3"
 PLAIN = "twinkle/oai-no-template"
 NOTOK = "twinkle/oai-no-tokenizer"
+NOEOS = "twinkle/oai-no-eos"  # MODEL without an eos_token_id: it decodes until max_tokens
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CORPUS = ["The quick brown fox jumps over the lazy dog.", "Say the number three in words: three.",
           "user assistant system\n\n You are a helpful assistant.", "0123456789 + - * / = ( ) . , ? !",
@@ -52,7 +53,8 @@ def _make_models(root: Path) -> dict[str, Path]:
     im_end = tok.token_to_id("<|im_end|>")
     template = (REPO / "tests" / "chat" / "templates" / "qwen2.5.jinja").read_text()
     out = {}
-    for name, with_template, with_tok in ((MODEL, True, True), (PLAIN, False, True), (NOTOK, False, False)):
+    for name, with_template, with_tok in ((MODEL, True, True), (PLAIN, False, True), (NOTOK, False, False),
+                                          (NOEOS, True, True)):
         d = root / name.split("/")[1]
         d.mkdir(parents=True)
         shutil.copy(src / "model.safetensors", d / "model.safetensors")
@@ -65,6 +67,8 @@ def _make_models(root: Path) -> dict[str, Path]:
         (d / "tokenizer_config.json").write_text(json.dumps(tc))
         cfg = json.loads((src / "config.json").read_text())
         cfg.update(max_position_embeddings=4096, eos_token_id=im_end)
+        if name == NOEOS:
+            del cfg["eos_token_id"]  # and no generation_config.json: no stop token at all
         (d / "config.json").write_text(json.dumps(cfg))
         out[name] = d
     return out
@@ -178,12 +182,13 @@ def test_streaming_equals_whole(ctx):
 def test_streaming_is_incremental(ctx):
     """Events leave while decoding: the first content chunk arrives well before the stream ends
     (when all events were built at the end, they arrived together), and the chunks still
-    concatenate to the non-streamed text."""
+    concatenate to the non-streamed text. The model has no stop token (NOEOS) and the request no
+    stop string, so it always decodes all max_tokens: there is always a spread to see."""
     import time
 
     c = client(ctx)
     msgs = [{"role": "user", "content": "Tell me a long story."}]
-    kw = dict(model=MODEL, messages=msgs, max_tokens=400, temperature=1.0, seed=13)
+    kw = dict(model=NOEOS, messages=msgs, max_tokens=400, temperature=1.0, seed=13)
     whole = c.chat.completions.create(**kw)
     t0 = time.monotonic()
     arrivals, text = [], ""
@@ -196,8 +201,7 @@ def test_streaming_is_incremental(ctx):
     n_gen = whole.usage.completion_tokens
     print(f"incremental: {len(arrivals)} content chunks for {n_gen} tokens; first at {arrivals[0]:.3f} s, "
           f"last at {arrivals[-1]:.3f} s")
-    if n_gen < 50:
-        pytest.skip(f"the model stopped after {n_gen} tokens: too few to see the spread")
+    assert n_gen == 400 and whole.choices[0].finish_reason == "length", (n_gen, whole.choices[0].finish_reason)
     assert len(arrivals) >= 2
     assert arrivals[0] < 0.75 * arrivals[-1], arrivals[:3] + arrivals[-3:]  # together (ratio ~1) before
 

@@ -22,16 +22,8 @@ import pytest
 import tinker
 from tinker import types
 
-from conftest import (adam, counting_datum, engine_mib, is_asan_build, logprobs_of, new_training_client,
+from conftest import (adam, counting_datum, engine_mib, is_asan_build, logprobs_of, new_training_client, rss_mib,
                       service_client)
-
-
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    raise AssertionError("no VmRSS")
 
 
 def batch(step, n=4):

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sdk"))
-from conftest import Server, counting_datum, engine_mib, is_asan_build  # noqa: E402
+from conftest import Server, counting_datum, engine_mib, is_asan_build, rss_mib  # noqa: E402
 
 LONG = os.environ.get("TWK_SOAK") == "long"
 CLIENTS = int(os.environ.get("TWK_SOAK_CLIENTS", 32 if LONG else 8))
@@ -42,13 +42,6 @@ RSS_MARGIN_MB = 32
 # the engine's own allocators (GET /metrics: host + device bytes) may end this much above their start
 ENGINE_MARGIN_MB = 16
 FD_MARGIN = 2
-
-
-def rss_mb(pid):
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024.0
-    return 0.0
 
 
 def n_fds(pid):
@@ -220,7 +213,7 @@ def run_soak(srv):
     assert not warm.failures, warm.failures
     gc.collect()
     time.sleep(1)
-    rss0, fds0, eng0 = rss_mb(pid), n_fds(pid), engine_mib(port, "tml-soak-warmup")
+    rss0, fds0, eng0 = rss_mib(pid), n_fds(pid), engine_mib(port, "tml-soak-warmup")
     print(f"\nsoak: {CLIENTS} clients in {TENANTS} tenants x {STEPS} steps (save every {SAVE_EVERY}, "
           f"sample every {SAMPLE_EVERY}); start RSS {rss0:.1f} MiB, {fds0} fds")
 
@@ -235,7 +228,7 @@ def run_soak(srv):
     for t in threads:
         t.start()
     while any(t.is_alive() for t in threads):
-        peak = max(peak, rss_mb(pid))
+        peak = max(peak, rss_mib(pid))
         time.sleep(0.5)
     stop.set()
     bad.join(timeout=60)
@@ -264,7 +257,7 @@ def run_soak(srv):
     while n_fds(pid) > fds0 + FD_MARGIN and time.time() < deadline:
         time.sleep(0.5)
     time.sleep(5)  # past --result-keep and a futures GC tick
-    rss1, fds1, eng1 = rss_mb(pid), n_fds(pid), engine_mib(port, "tml-soak-warmup")
+    rss1, fds1, eng1 = rss_mib(pid), n_fds(pid), engine_mib(port, "tml-soak-warmup")
     lat = {op: (len(v), pct(v, 50), pct(v, 99)) for op, v in sorted(stats.lat.items())}
     total = sum(n for n, _, _ in lat.values())
     all_lat = [x for v in stats.lat.values() for x in v]

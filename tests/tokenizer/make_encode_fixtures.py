@@ -18,8 +18,8 @@ Deterministic (seeded): running it again rewrites identical files. Writes, next 
                     invalid UTF-8 (lone continuation bytes, overlongs, surrogates, truncated
                     sequences, 0xFF).
   <name>/tokenizer.json for gpt2, llama3, qwen2, llama2, mistral, nfkc (below).
-  <name>/expected_ids.bin.gz for every fixture (these six and bytelevel, sp, sp_legacy,
-                    metaspace): b"TWKIDS01", u32 count, then per record a flags byte (bit 0: the
+  <name>/expected_ids.bin.gz for every fixture (these six, bytelevel, sp, sp_legacy, metaspace
+                    and the three CONFIG_FIXTURES below): b"TWKIDS01", u32 count, then per record a flags byte (bit 0: the
                     library's decode(encode(text, add_special_tokens=False)) == text) and the
                     ids of tokenizer.encode(text, add_special_tokens=True) as a LEB128 count
                     followed by LEB128 ids.
@@ -42,6 +42,19 @@ The fixtures (vocab 1000-3000, trained here on the corpus):
   mistral  The same model as transformers converts Mistral / Llama 2 (legacy=False): Metaspace
            (prepend_scheme "first", split false), TemplateProcessing "<s> $A </s>" (bos and eos).
   nfkc     NFKC normalizer, ByteLevel(add_prefix_space=true, use_regex=true).
+
+And the tokenizer_config.json fixtures (CONFIG_FIXTURES), whose expected ids are transformers'
+(4.57) AutoTokenizer.from_pretrained(folder)(text)["input_ids"] (add_special_tokens on): each folder
+holds a tokenizer_config.json and a symbolic link tokenizer.json to another fixture's file.
+  llama2_eos     llama2's tokenizer.json ("<s> $A"), class LlamaTokenizer, add_eos_token true, no
+                 bos_token / eos_token (the class defaults "<s>" / "</s>"): "<s> $A </s>".
+  mistral_nobos  mistral's ("<s> $A </s>"), class LlamaTokenizerFast, add_bos_token false, no
+                 add_eos_token (its default, false), tokens as AddedToken objects: "$A".
+  llama3_cfg     llama3's ("<|begin_of_text|> $A"), class PreTrainedTokenizerFast, add_bos_token
+                 false and add_eos_token true, which that class ignores: the post-processor decides.
+transformers 4.57 wants tokenizers <= 0.23.0 at import; it is installed without its dependencies
+(see tests/tokenizer/README.md) and this script lets the import see 0.23.0: the ids come from
+transformers' loading rules over the same tokenizers library as the other fixtures.
 
 It also checks that the tables of train/unicode_data.c agree with the library's regex engine on
 \\p{L}, \\p{N} and \\s for every code point (see train/unicode_gen.py).
@@ -271,6 +284,49 @@ def build(texts):
     return toks
 
 
+CONFIG_FIXTURES = {
+    "llama2_eos": ("llama2", {"tokenizer_class": "LlamaTokenizer", "add_eos_token": True}),
+    "mistral_nobos": ("mistral", {
+        "tokenizer_class": "LlamaTokenizerFast", "add_bos_token": False,
+        "bos_token": {"__type": "AddedToken", "content": "<s>", "lstrip": False, "normalized": False, "rstrip": False,
+                      "single_word": False},
+        "eos_token": {"__type": "AddedToken", "content": "</s>", "lstrip": False, "normalized": False, "rstrip": False,
+                      "single_word": False},
+        "unk_token": "<unk>"}),
+    "llama3_cfg": ("llama3", {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": False,
+                              "add_eos_token": True, "bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}),
+}
+
+
+def auto_tokenizer_class():
+    """transformers' AutoTokenizer (4.x), imported past its tokenizers <= 0.23.0 check."""
+    import importlib.metadata as md
+    real = md.version
+    md.version = lambda name: "0.23.0" if name == "tokenizers" else real(name)
+    try:
+        import transformers
+        from transformers import AutoTokenizer
+    finally:
+        md.version = real
+    assert transformers.__version__.startswith("4."), f"transformers {transformers.__version__}: want 4.x"
+    print("transformers", transformers.__version__)
+    transformers.logging.set_verbosity_error()
+    return AutoTokenizer
+
+
+def make_config_fixtures():
+    for name, (base, cfg) in sorted(CONFIG_FIXTURES.items()):
+        d = os.path.join(HERE, name)
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+            json.dump(cfg, f, indent=2)
+            f.write("\n")
+        link = os.path.join(d, "tokenizer.json")
+        if os.path.lexists(link):
+            os.remove(link)
+        os.symlink(os.path.join("..", base, "tokenizer.json"), link)
+
+
 def check_unicode_tables():
     """\\p{L}, \\p{N}, \\s of the library's regex engine against train/unicode_data.c's tables."""
     src = open(os.path.join(ROOT, "train", "unicode_data.c"), encoding="utf-8").read()
@@ -307,6 +363,7 @@ def main():
         body += struct.pack("<I", len(r)) + r
     write_gz(os.path.join(HERE, "corpus.bin.gz"), bytes(body))
     texts = texts_of(recs)
+    AutoTokenizer = auto_tokenizer_class()
     toks = {name: Tokenizer.from_file(os.path.join(HERE, name, "tokenizer.json"))
             for name in ("bytelevel", "sp", "sp_legacy", "metaspace")}
     for name, tok in build(texts[: len(texts) // 2]).items():
@@ -315,12 +372,18 @@ def main():
         tok.save(os.path.join(d, "tokenizer.json"), pretty=True)
         print(f"{name}/tokenizer.json: {os.path.getsize(os.path.join(d, 'tokenizer.json'))} bytes")
         toks[name] = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
-    for name, tok in sorted(toks.items()):
+    make_config_fixtures()
+    hf = {name: AutoTokenizer.from_pretrained(os.path.join(HERE, name)) for name in CONFIG_FIXTURES}
+    for name, tok in sorted(list(toks.items()) + list(hf.items())):
+        lib = toks.get(name) or tok.backend_tokenizer
         out = bytearray(b"TWKIDS01" + struct.pack("<I", len(texts)))
         n_ids = n_rt = 0
         for t in texts:
-            ids = tok.encode(t, add_special_tokens=True).ids
-            rt = tok.decode(tok.encode(t, add_special_tokens=False).ids) == t
+            if name in hf:
+                ids = tok(t)["input_ids"]  # add_special_tokens=True
+            else:
+                ids = tok.encode(t, add_special_tokens=True).ids
+            rt = lib.decode(lib.encode(t, add_special_tokens=False).ids) == t
             out.append(1 if rt else 0)
             leb(len(ids), out)
             for i in ids:

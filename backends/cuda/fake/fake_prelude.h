@@ -6,6 +6,7 @@
 #define FAKE_PRELUDE_H
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <tgmath.h>
 
 typedef struct fake_item {
@@ -32,4 +33,18 @@ typedef struct fake_kernel {
 #define TWK_GROUP(d) (fake_cur.group[d])
 #define TWK_LSIZE(d) ((int)fake_cur.lsize[d])
 #define TWK_NGROUPS(d) (fake_cur.ngroups[d])
+
+/* the OpenCL C scalar types and bit casts the kernels use (as kd_prelude_cuda.h spells them) */
+typedef unsigned short ushort;
+typedef unsigned int uint;
+static inline float as_float(uint x) {
+    float f;
+    memcpy(&f, &x, sizeof f);
+    return f;
+}
+static inline uint as_uint(float x) {
+    uint u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
 #endif
