@@ -147,7 +147,7 @@ static int by_time(const void *a, const void *b) {
 /* Lays the rows on lanes (a lane per subject at first; another whenever a slice overlaps every lane
  * of its subject), then writes the trace into *pt. */
 static twk_status encode(rows *t, const char *session_id, int64_t last_seq, twk_pf_trace *pt) {
-    qsort(t->r, (size_t)t->n, sizeof *t->r, by_subject_start);
+    if (t->n) qsort(t->r, (size_t)t->n, sizeof *t->r, by_subject_start); /* (never with NULL: UB) */
     lane *lanes = NULL;
     size_t cap_l = 0;
     int n_lanes = 0;

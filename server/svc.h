@@ -490,8 +490,6 @@ int svc_timeline_start(svc *s);
 void svc_timeline_stop(svc *s);
 /* Writes the collected records now (one transaction); a store failure is logged, the records lost. */
 void svc_timeline_flush(svc *s);
-/* Records lost since start (out of memory, refused by the store); 0 when not started. */
-long long svc_timeline_lost(const svc *s);
 
 /* ---- pftrace.c / api_trace.c: sessions/{id}/trace_export and its signed download ---- */
 /* GET sessions/{id}/trace_export: the session's timeline as a Perfetto trace under DATA_DIR/traces,

@@ -13,7 +13,7 @@ struct svc_timeline {
     uv_timer_t timer;          /* first member: the close callback frees the struct through it */
     twk_store_trace_rec *rows; /* waiting to be written */
     int n, cap;
-    long long lost;            /* records lost since start (no memory, or the store refused them) */
+    long long lost;            /* records lost since start (no memory; or refused by the store, logged) */
 };
 
 static void on_settle(void *user, const twk_future_settled *f) {
@@ -92,5 +92,3 @@ void svc_timeline_stop(svc *s) {
     uv_timer_stop(&t->timer);
     uv_close((uv_handle_t *)&t->timer, on_closed);
 }
-
-long long svc_timeline_lost(const svc *s) { return s->timeline ? s->timeline->lost : 0; }

@@ -316,7 +316,7 @@ def test_trace_export(start_server, tmp_path):
     # the tracks: "session <id>" on top; under it the run's and the sampler's (several same-named
     # lanes where requests overlapped), each slice on its subject's track
     session_uuid = [u for u, (name, parent, _) in tracks.items() if name == f"session {sid}"]
-    assert len(session_uuid) == 1 and "3 dropped" not in tracks[session_uuid[0]][2]
+    assert len(session_uuid) == 1
     assert "11 requests recorded, 0 dropped" in tracks[session_uuid[0]][2], tracks[session_uuid[0]]
     names = {name for u, (name, parent, _) in tracks.items() if u != session_uuid[0]}
     assert names == {tc.model_id, sampler_id}, names
