@@ -660,6 +660,7 @@ static void drain_run(twk_job *j) {
 /* Loop: finishes sj's future (a result when ok, else a failure of category cat with msg),
  * tells the session's retrieve_futures pollers, and frees sj. */
 static void sample_finish(svc *s, sample_job *sj, int ok, const char *cat, const char *msg) {
+    if (ok) twk_futures_set_tokens(s->futures, sj->request_id, sj->gen_tokens);
     if (ok) twk_futures_complete(s->futures, sj->request_id, "application/x-protobuf", sj->out, sj->out_len);
     else twk_futures_fail(s->futures, sj->request_id, cat, msg);
     ok = twk_futures_succeeded(s->futures, sj->request_id); /* a cancelled one's result was discarded */
@@ -978,7 +979,10 @@ static void h_asample(svc *s, twk_http_conn *c, const cJSON *b, const char *tena
     if (cJSON_IsNumber(seq) && seq->valuedouble >= 0 && seq->valuedouble < 9.2e18)
         sj->clone = (int64_t)(seq->valuedouble / 1e9);
     parse_sample(s, b, sj);
-    if (twk_futures_create(s->futures, tenant, sj->request_id)) {
+    char session[96]; /* "<session>:sample:<n>" (a snapshot's too): the session it belongs to */
+    const char *cut = strstr(ss->id, ":sample:");
+    snprintf(session, sizeof session, "%.*s", cut ? (int)(cut - ss->id) : 0, ss->id);
+    if (twk_futures_create(s->futures, tenant, cut ? session : NULL, ss->id, sj->request_id)) {
         api_error(c, 503, "out of memory creating the request's future");
         twk_host_free(sj->prompt);
         twk_host_free(sj);

@@ -261,6 +261,7 @@ static void shut_down(svc *s) {
     s->stopping = 1;
     twk_http_server_stop(s->http);
     svc_spill_stop(s); /* every resident run's state to DATA_DIR/spill, queued before the worker stops */
+    svc_timeline_stop(s); /* the settled requests' records written, before the futures go */
     twk_futures_free(s->futures);
     s->futures = NULL;
     twk_worker_stop(s->worker);
@@ -417,6 +418,7 @@ static int serve_open(svc *s, const twk_serve_config *cfg, uv_loop_t *loop) {
     uv_timer_start(&s->gap_timer, on_gap_timer, 1000, 1000);
     svc_sweeper_start(s);
     if (svc_steps_start(s) != 0) twk_log_info("out of memory for the step metrics log: no curves this time");
+    if (svc_timeline_start(s) != 0) twk_log_info("out of memory for the session timelines: no traces this time");
     svc_spill_start(s);
     uv_signal_init(loop, &s->sigint);
     uv_signal_init(loop, &s->sigterm);

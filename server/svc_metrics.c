@@ -14,7 +14,7 @@
 static const char *const words[] = {
     "healthz", "get_server_capabilities", "client", "config", "dynamic_config", "telemetry", "auth", "token",
     "cancel_future", "retrieve_futures", "retrieve_future", "create_session", "session_heartbeat", "sessions", "search",
-    "finish", "trace_export", "create_model", "get_info", "forward_backward", "forward", "optim_step", "save_weights",
+    "finish", "trace_export", "session_traces", "create_model", "get_info", "forward_backward", "forward", "optim_step", "save_weights",
     "save_weights_for_sampler", "save_weights_external", "training_runs", "checkpoints", "weights", "sampler_weights",
     "external_weights", "external_weights_urls", "ttl", "publish", "copy_weights", "load_weights", "unload_model",
     "weights_info", "create_sampling_session", "asample", "samplers", "join_sampling_session", "compute_logprobs",
