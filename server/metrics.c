@@ -162,10 +162,6 @@ void twk_metrics_clear(twk_metrics *m, twk_metric f) {
     pthread_mutex_unlock(&m->mu);
 }
 
-void twk_metrics_set_spilled(twk_metrics *m, const char *what, const char *tenant, double n) {
-    twk_metrics_set(m, what && !strcmp(what, "samplers") ? TWK_M_SAMPLERS_SPILLED : TWK_M_RUNS_SPILLED, tenant, "", n);
-}
-
 void twk_metrics_tokens(twk_metrics *m, const char *tenant, const char *op, double n) {
     if (!m) return;
     char l[64];

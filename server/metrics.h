@@ -20,10 +20,10 @@ typedef enum twk_metric {
     TWK_M_TOKENS,           /* counter {tenant; op}: forward_backward, forward, sample */
     TWK_M_TOKENS_RATE,      /* gauge {op}: tokens per second over the last minute */
     TWK_M_RUNS_LIVE,        /* gauge {tenant} */
-    TWK_M_RUNS_SPILLED,     /* gauge {tenant}: twk_metrics_set_spilled (0 until spilling exists) */
+    TWK_M_RUNS_SPILLED,     /* gauge {tenant}: live runs not resident (spilled to the data dir), set at each scrape */
     TWK_M_SESSIONS_LIVE,    /* gauge {tenant} */
     TWK_M_SAMPLERS_LIVE,    /* gauge {tenant} */
-    TWK_M_SAMPLERS_SPILLED, /* gauge {tenant}: twk_metrics_set_spilled */
+    TWK_M_SAMPLERS_SPILLED, /* gauge {tenant}: sampling sessions whose sampler is evicted off the device, set at each scrape */
     TWK_M_CHECKPOINTS,      /* gauge {tenant} */
     TWK_M_CHECKPOINT_BYTES, /* gauge {tenant} */
     TWK_M_HOST_MEMORY,      /* gauge: bytes held through twk_host_alloc */
@@ -63,9 +63,6 @@ void twk_metrics_observe(twk_metrics *m, twk_metric f, const char *tenant, const
 void twk_metrics_clear(twk_metrics *m, twk_metric f);
 #define TWK_METRICS_MAX_SERIES 20000
 
-/* For the run scheduler: runs or samplers of tenant whose state was spilled to host or disk.
- * what: "runs" or "samplers"; n: how many now. Any thread. */
-void twk_metrics_set_spilled(twk_metrics *m, const char *what, const char *tenant, double n);
 
 /* Tokens processed by op ("forward_backward", "forward", "sample"): the counter and the per-minute
  * rate behind TWK_M_TOKENS_RATE. */

@@ -184,6 +184,7 @@ static void evict_one(svc *s, const sampler_unit *keep) {
     }
     twk_sampler_free(u->sampler);
     u->sampler = NULL;
+    atomic_store(&u->evicted, 1);
     s->live_units[victim] = s->live_units[--s->n_live_units];
     malloc_trim(0); /* give the cache's pages back to the system */
 }
@@ -211,6 +212,7 @@ twk_status svc_sampler_ready(svc *s, sampler_unit *u, twk_trainer *from) {
             return st;
         }
         if (s->n_live_units < s->cfg.live_samplers) s->live_units[s->n_live_units++] = u;
+        atomic_store(&u->evicted, 0);
     }
     if (from) {
         if (!u->has_lora) return twk_error(TWK_ERR_STATE, "the sampler has no adapter");

@@ -5,6 +5,7 @@
 #define TWK_SERVER_SVC_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include <uv.h>
 
@@ -101,6 +102,7 @@ typedef struct sampler_unit {
     void *adapter_copy;       /* worker: a snapshot's adapter, kept while its sampler is dropped */
     size_t adapter_copy_bytes;
     unsigned long long last_use; /* worker: for dropping the least recently used sampler */
+    _Atomic int evicted;      /* 1 while its sampler is dropped off the device (the worker writes, /metrics reads) */
     pthread_mutex_t mu;       /* guards pending: the loop adds, the worker takes */
     struct sample_job *pending;
     /* a base model's shared unit: a sampler with adapter slots, so requests of

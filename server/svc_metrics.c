@@ -144,11 +144,19 @@ static double process_rss(void) {
 static void collect(svc *s) {
     twk_metrics *m = s->metrics;
     twk_metrics_clear(m, TWK_M_RUNS_LIVE);
-    for (const run_state *r = s->runs; r; r = r->next)
-        twk_metrics_add(m, TWK_M_RUNS_LIVE, r->tenant, "", !r->lost && !r->unloaded);
+    twk_metrics_clear(m, TWK_M_RUNS_SPILLED);
+    for (const run_state *r = s->runs; r; r = r->next) {
+        int live = !r->lost && !r->unloaded;
+        twk_metrics_add(m, TWK_M_RUNS_LIVE, r->tenant, "", live);
+        twk_metrics_add(m, TWK_M_RUNS_SPILLED, r->tenant, "", live && !r->resident);
+    }
     twk_metrics_clear(m, TWK_M_SAMPLERS_LIVE);
-    for (const sampler_session *ss = s->samplers; ss; ss = ss->next)
+    twk_metrics_clear(m, TWK_M_SAMPLERS_SPILLED);
+    for (const sampler_session *ss = s->samplers; ss; ss = ss->next) {
         twk_metrics_add(m, TWK_M_SAMPLERS_LIVE, ss->tenant, "", 1);
+        /* a doomed session's unit may be going away on the worker; others keep theirs */
+        twk_metrics_add(m, TWK_M_SAMPLERS_SPILLED, ss->tenant, "", !ss->doomed && ss->unit && atomic_load(&ss->unit->evicted));
+    }
     twk_metrics_clear(m, TWK_M_SESSIONS_LIVE);
     twk_metrics_clear(m, TWK_M_CHECKPOINTS);
     twk_metrics_clear(m, TWK_M_CHECKPOINT_BYTES);
