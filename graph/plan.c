@@ -311,6 +311,7 @@ static twk_status describe_launches(const twk_graph *g, twk_plan *p, int n_launc
 /* The arena and the leaves' buffer (zeroed), then every slot's buffer. */
 static twk_status allocate(twk_plan *p, size_t peak, size_t leaf_bytes, twk_buffer *shared) {
     twk_status st = TWK_OK;
+    twk_device_pool pool = twk_device_pool_enter(TWK_DPOOL_ACTIVATIONS);
     if (peak && shared && twk_buffer_size(shared) >= peak) {
         p->arena = shared;
         p->arena_shared = 1;
@@ -318,6 +319,7 @@ static twk_status allocate(twk_plan *p, size_t peak, size_t leaf_bytes, twk_buff
         st = twk_buffer_alloc(p->dev, peak, &p->arena);
     }
     if (st == TWK_OK && leaf_bytes) st = twk_buffer_alloc(p->dev, leaf_bytes, &p->leaves);
+    twk_device_pool_enter(pool);
     if (st == TWK_OK && leaf_bytes) st = twk_buffer_zero(p->dev, p->leaves, 0, leaf_bytes);
     if (st != TWK_OK) return st;
     for (int i = 0; i < p->n_nodes; i++) {

@@ -1,32 +1,41 @@
 /* The pluggable host allocator: every host allocation of the engine goes
- * through here so tests can make the n-th allocation fail. */
+ * through here so tests can make the n-th allocation fail. Each block carries
+ * a header (one alignment unit) recording its pool and the bytes it was
+ * charged, so the per-pool counters always sum to the total. */
 #include <malloc.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "twinkle/hal.h"
 
 #define TWK_HOST_ALIGN 64
+#define HDR TWK_HOST_ALIGN /* keeps the caller's block aligned */
 
-/* Bytes held by the default allocator's blocks (their usable size), for twk_host_bytes_in_use. */
-static size_t held;
+typedef struct block_hdr {
+    size_t charged; /* usable size when the default allocator made it; 0 for another allocator */
+    int pool;
+} block_hdr;
+_Static_assert(sizeof(block_hdr) <= HDR, "the block header fits its alignment unit");
+
+/* Bytes held per pool by the default allocator's blocks (their usable size). */
+static size_t held[TWK_HPOOL_COUNT];
+static _Thread_local int cur_pool;
+
+static const char *const pool_names[TWK_HPOOL_COUNT] = {"other", "adapter_copies", "requests", "device_buffers"};
 
 static void *default_alloc(void *user, size_t bytes, size_t align) {
     (void)user;
     void *p = NULL;
     size_t rounded = (bytes + align - 1) / align * align;
     if (posix_memalign(&p, align, rounded ? rounded : align) != 0) return NULL;
-    __atomic_add_fetch(&held, malloc_usable_size(p), __ATOMIC_RELAXED);
     return p;
 }
 
 static void default_free(void *user, void *ptr) {
     (void)user;
-    __atomic_sub_fetch(&held, malloc_usable_size(ptr), __ATOMIC_RELAXED);
     free(ptr);
 }
-
-size_t twk_host_bytes_in_use(void) { return __atomic_load_n(&held, __ATOMIC_RELAXED); }
 
 static twk_allocator current = {default_alloc, default_free, NULL};
 
@@ -40,11 +49,49 @@ void twk_set_allocator(const twk_allocator *a) {
     }
 }
 
-void *twk_host_alloc(size_t bytes, const char *what) {
-    void *p = current.alloc(current.user, bytes, TWK_HOST_ALIGN);
-    if (!p) twk_error(TWK_ERR_OOM, "out of host memory allocating %zu bytes for %s", bytes,
-                      what ? what : "?");
-    return p;
+twk_host_pool twk_host_pool_enter(twk_host_pool p) {
+    int prev = cur_pool;
+    cur_pool = (int)p >= 0 && p < TWK_HPOOL_COUNT ? (int)p : TWK_HPOOL_OTHER;
+    return (twk_host_pool)prev;
+}
+
+size_t twk_host_pool_bytes(twk_host_pool p) {
+    return (int)p >= 0 && p < TWK_HPOOL_COUNT ? __atomic_load_n(&held[p], __ATOMIC_RELAXED) : 0;
+}
+
+size_t twk_host_pool_snapshot(size_t out[TWK_HPOOL_COUNT]) {
+    size_t sum = 0;
+    for (int i = 0; i < TWK_HPOOL_COUNT; i++) sum += out[i] = __atomic_load_n(&held[i], __ATOMIC_RELAXED);
+    return sum;
+}
+
+size_t twk_host_bytes_in_use(void) {
+    size_t v[TWK_HPOOL_COUNT];
+    return twk_host_pool_snapshot(v);
+}
+
+const char *twk_host_pool_name(twk_host_pool p) {
+    return (int)p >= 0 && p < TWK_HPOOL_COUNT ? pool_names[p] : "?";
+}
+
+/* A block of `bytes` charged to pool; NULL (error set) on failure. */
+static void *alloc_in(int pool, size_t bytes, const char *what) {
+    char *raw = bytes <= SIZE_MAX - HDR ? current.alloc(current.user, bytes + HDR, TWK_HOST_ALIGN) : NULL;
+    if (!raw) {
+        twk_error(TWK_ERR_OOM, "out of host memory allocating %zu bytes for %s", bytes, what ? what : "?");
+        return NULL;
+    }
+    block_hdr *h = (block_hdr *)raw;
+    h->pool = pool;
+    h->charged = current.alloc == default_alloc ? malloc_usable_size(raw) : 0;
+    __atomic_add_fetch(&held[pool], h->charged, __ATOMIC_RELAXED);
+    return raw + HDR;
+}
+
+void *twk_host_alloc(size_t bytes, const char *what) { return alloc_in(cur_pool, bytes, what); }
+
+void *twk_host_pool_alloc(twk_host_pool p, size_t bytes, const char *what) {
+    return alloc_in((int)p >= 0 && p < TWK_HPOOL_COUNT ? (int)p : TWK_HPOOL_OTHER, bytes, what);
 }
 
 void *twk_host_calloc(size_t bytes, const char *what) {
@@ -54,11 +101,16 @@ void *twk_host_calloc(size_t bytes, const char *what) {
 }
 
 void twk_host_free(void *ptr) {
-    if (ptr) current.free(current.user, ptr);
+    if (!ptr) return;
+    char *raw = (char *)ptr - HDR;
+    const block_hdr *h = (const block_hdr *)raw;
+    __atomic_sub_fetch(&held[h->pool], h->charged, __ATOMIC_RELAXED);
+    current.free(current.user, raw);
 }
 
 void *twk_host_realloc(void *ptr, size_t old_bytes, size_t new_bytes, const char *what) {
-    void *p = twk_host_alloc(new_bytes, what);
+    int pool = ptr ? ((const block_hdr *)((char *)ptr - HDR))->pool : cur_pool;
+    void *p = alloc_in(pool, new_bytes, what);
     if (!p) return NULL;
     if (ptr) memcpy(p, ptr, old_bytes < new_bytes ? old_bytes : new_bytes);
     twk_host_free(ptr);

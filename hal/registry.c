@@ -16,7 +16,12 @@ struct twk_device {
     int index;
     char spec[48];
     _Atomic uint64_t mem_live, mem_peak; /* bytes of buffers allocated through twk_buffer_alloc */
+    _Atomic uint64_t pool_live[TWK_DPOOL_COUNT]; /* the same bytes per twk_device_pool */
 };
+
+static _Thread_local int cur_pool; /* this thread's twk_device_pool */
+static const char *const pool_names[TWK_DPOOL_COUNT] = {"other", "weights", "adapters", "sampler_adapters",
+                                                         "pack_slots", "activations", "kv_cache"};
 
 static const twk_backend_iface *backends[TWK_MAX_BACKENDS];
 static int n_backends;
@@ -213,8 +218,13 @@ size_t twk_buffer_size(const twk_buffer *buf) { return buf ? buf->size : 0; }
 twk_status twk_buffer_alloc(twk_device *dev, size_t bytes, twk_buffer **out) {
     if (!dev || !out) return twk_error(TWK_ERR_INVALID_ARG, "buffer_alloc: NULL argument");
     *out = NULL;
+    /* a host-memory backend's buffers are the host's device_buffers pool */
+    twk_host_pool hp = twk_host_pool_enter(TWK_HPOOL_DEVICE_BUFFERS);
     twk_status st = dev->iface->buffer_alloc(dev->ctx, bytes, out);
+    twk_host_pool_enter(hp);
     if (st != TWK_OK) return st;
+    (*out)->pool = cur_pool;
+    atomic_fetch_add(&dev->pool_live[cur_pool], (uint64_t)bytes);
     uint64_t live = atomic_fetch_add(&dev->mem_live, (uint64_t)bytes) + bytes, peak = atomic_load(&dev->mem_peak);
     while (live > peak && !atomic_compare_exchange_weak(&dev->mem_peak, &peak, live)) {
     }
@@ -224,6 +234,8 @@ twk_status twk_buffer_alloc(twk_device *dev, size_t bytes, twk_buffer **out) {
 void twk_buffer_free(twk_device *dev, twk_buffer *buf) {
     if (!dev || !buf) return;
     atomic_fetch_sub(&dev->mem_live, (uint64_t)twk_buffer_size(buf));
+    atomic_fetch_sub(&dev->pool_live[buf->pool >= 0 && buf->pool < TWK_DPOOL_COUNT ? buf->pool : 0],
+                     (uint64_t)twk_buffer_size(buf));
     dev->iface->buffer_free(dev->ctx, buf);
 }
 
@@ -245,6 +257,26 @@ void twk_device_memory(twk_device *dev, uint64_t *live, uint64_t *peak, bool res
 
 size_t twk_device_buffer_bytes(const twk_device *dev) {
     return dev ? (size_t)atomic_load(&((twk_device *)dev)->mem_live) : 0;
+}
+
+twk_device_pool twk_device_pool_enter(twk_device_pool p) {
+    int prev = cur_pool;
+    cur_pool = (int)p >= 0 && p < TWK_DPOOL_COUNT ? (int)p : TWK_DPOOL_OTHER;
+    return (twk_device_pool)prev;
+}
+
+size_t twk_device_pool_bytes(const twk_device *dev, twk_device_pool p) {
+    return dev && (int)p >= 0 && p < TWK_DPOOL_COUNT ? (size_t)atomic_load(&((twk_device *)dev)->pool_live[p]) : 0;
+}
+
+size_t twk_device_pool_snapshot(const twk_device *dev, size_t out[TWK_DPOOL_COUNT]) {
+    size_t sum = 0;
+    for (int i = 0; i < TWK_DPOOL_COUNT; i++) sum += out[i] = twk_device_pool_bytes(dev, (twk_device_pool)i);
+    return sum;
+}
+
+const char *twk_device_pool_name(twk_device_pool p) {
+    return (int)p >= 0 && p < TWK_DPOOL_COUNT ? pool_names[p] : "?";
 }
 
 static twk_status check_range(const char *what, const twk_buffer *b, size_t off, size_t bytes) {

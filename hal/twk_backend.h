@@ -39,6 +39,7 @@ extern "C" {
  * can check bounds. */
 struct twk_buffer {
     size_t size;
+    int pool; /* the twk_device_pool it is counted in (set by the HAL after buffer_alloc) */
 };
 
 /* ---- tensors as backends see them --------------------------------------- */

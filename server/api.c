@@ -908,6 +908,7 @@ void svc_handle(twk_http_conn *c, const twk_http_req *req, void *user) {
     twk_http_log_fields(c, NULL, route, NULL);
     int get = !strcmp(req->method, "GET"), post = !strcmp(req->method, "POST");
     if (get && api_weights_download(s, c, req)) return; /* signed URL: no API key */
+    if (get && api_trace_download(s, c, req)) return;   /* signed URL: no API key (api_trace.c) */
     if (get && !strcmp(route, "healthz")) {
         char health[512]; /* multi-rank: the ranks and the decode batches sent to each (dist_serve.c) */
         twk_http_respond_json(c, 200, svc_dist_health(health, sizeof health) ? health : "{\"status\":\"ok\"}");

@@ -1,6 +1,6 @@
 /* The SDK's remaining service calls: cancel_future, join_sampling_session,
- * sessions/search, auth/token (the JWT that the SDK's whoami reads) and
- * sessions/{id}/trace_export. */
+ * sessions/search, auth/token (the JWT that the SDK's whoami reads), and the
+ * routing of sessions/{id}/trace_export (api_trace.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -257,16 +257,6 @@ static void h_search(svc *s, twk_http_conn *c, const cJSON *b, const char *tenan
     api_ok(c, j);
 }
 
-/* ---- sessions/{id}/trace_export ---- */
-
-static void h_trace_export(svc *s, twk_http_conn *c, const char *tenant, const char *id) {
-    if (!svc_session_exists(s, c, tenant, id)) return;
-    twk_http_respond_json(c, 200,
-                          "{\"status\":\"failed\",\"url\":null,\"error\":\"trace export is not available on this "
-                          "server: twinkle keeps no per-request timeline of a session (use --log-format json for "
-                          "per-request records)\"}");
-}
-
 int api_sessions(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant, const char *route) {
     int post = !strcmp(req->method, "POST");
     size_t rl = strlen(route);
@@ -277,7 +267,7 @@ int api_sessions(svc *s, twk_http_conn *c, const twk_http_req *req, const char *
         if (n >= sizeof id || memchr(route + 9, '/', n)) return 0;
         memcpy(id, route + 9, n);
         id[n] = 0;
-        h_trace_export(s, c, tenant, id);
+        api_trace_export(s, c, req, tenant, id); /* api_trace.c */
         return 1;
     }
     if (!post || (strcmp(route, "cancel_future") && strcmp(route, "join_sampling_session") &&

@@ -38,7 +38,7 @@ void api_error(twk_http_conn *c, int status, const char *fmt, ...) {
 static _Thread_local int json_oom;
 
 static void *json_alloc(size_t n) {
-    void *p = twk_host_alloc(n, "JSON");
+    void *p = twk_host_pool_alloc(TWK_HPOOL_REQUESTS, n, "JSON");
     if (!p) json_oom = 1;
     return p;
 }

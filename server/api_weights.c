@@ -18,12 +18,18 @@
 #define URL_ROUTE "external_weights/"
 #define COPY_TTL_MIN_S 3600.0
 
-/* The signed text of one file's URL: "<run>/<name>/<file>\n<expires>". */
+/* The signed text of a URL: "<what>\n<expires>" (a file of a checkpoint: "<run>/<name>/<file>"). */
+void svc_url_sign(const svc *s, const char *what, long long expires, char sig[65]) {
+    char msg[700];
+    snprintf(msg, sizeof msg, "%s\n%lld", what, expires);
+    twk_hmac_hex(s->url_key, msg, sig);
+}
+
 static void sign_file(const svc *s, const char *run, const char *name, const char *file, long long expires,
                       char sig[65]) {
-    char msg[600];
-    snprintf(msg, sizeof msg, "%s/%s/%s\n%lld", run, name, file, expires);
-    twk_hmac_hex(s->url_key, msg, sig);
+    char what[600];
+    snprintf(what, sizeof what, "%s/%s/%s", run, name, file);
+    svc_url_sign(s, what, expires, sig);
 }
 
 /* 1 if every byte of v is in [A-Za-z0-9] or `extra`. */
@@ -34,8 +40,7 @@ static int chars_ok(const char *v, const char *extra) {
     return 1;
 }
 
-/* "http://host:port" as the client reached us (its Host header), else the listen address. */
-static void base_url(const svc *s, const twk_http_req *req, char *out, size_t len) {
+void svc_base_url(const svc *s, const twk_http_req *req, char *out, size_t len) {
     const char *host = twk_http_header_get(req, "Host");
     const char *proto = twk_http_header_get(req, "X-Forwarded-Proto");
     const char *scheme = proto && !strcmp(proto, "https") ? "https" : "http";
@@ -52,7 +57,7 @@ void api_weights_urls(svc *s, twk_http_conn *c, const twk_http_req *req, const t
     }
     long long expires = (long long)time(NULL) + (long long)s->cfg.url_ttl_s;
     char base[300], t[40];
-    base_url(s, req, base, sizeof base);
+    svc_base_url(s, req, base, sizeof base);
     cJSON *j = cJSON_CreateObject();
     cJSON *urls = cJSON_AddObjectToObject(j, "urls");
     struct dirent *e;
@@ -119,11 +124,46 @@ static void dl_done(uv_work_t *w, int status) {
     twk_host_free(d);
 }
 
+void svc_send_file(svc *s, twk_http_conn *c, const char *path, const char *missing) {
+    download *d = twk_host_calloc(sizeof *d, "download");
+    if (!d) {
+        api_error(c, 503, "out of memory");
+        return;
+    }
+    snprintf(d->path, sizeof d->path, "%s", path);
+    snprintf(d->what, sizeof d->what, "%s", missing);
+    d->c = c;
+    d->work.data = d;
+    twk_http_set_abandon(c, dl_abandon, d);
+    if (uv_queue_work(s->loop, &d->work, dl_read, dl_done) != 0) {
+        twk_http_set_abandon(c, NULL, NULL);
+        twk_host_free(d);
+        api_error(c, 503, "cannot queue the download");
+    }
+}
+
+int svc_url_check(svc *s, twk_http_conn *c, const twk_http_req *req, const char *what, const char *renew) {
+    char exp_txt[24], sig[80], want[65];
+    char *end = NULL;
+    long long expires = query_str(req->query, "expires", exp_txt, sizeof exp_txt) ? strtoll(exp_txt, &end, 10) : 0;
+    int have = end && !*end && query_str(req->query, "sig", sig, sizeof sig);
+    svc_url_sign(s, what, expires, want);
+    if (!have || !twk_const_eq(sig, want)) {
+        api_error(c, 403, "the download URL's signature does not match (altered or not signed by this server)");
+        return 0;
+    }
+    if ((long long)time(NULL) > expires) {
+        api_error(c, 410, "the download URL expired; %s", renew);
+        return 0;
+    }
+    return 1;
+}
+
 int api_weights_download(svc *s, twk_http_conn *c, const twk_http_req *req) {
     const char *p = strstr(req->path, "/api/v1/" URL_ROUTE);
     if (!p) return 0;
     p += strlen("/api/v1/" URL_ROUTE);
-    char run[128], name[128], file[128], exp_txt[24], sig[80], want[65];
+    char run[128], name[128], file[128];
     const char *a = strchr(p, '/'), *b = a ? strchr(a + 1, '/') : NULL;
     size_t lr = a ? (size_t)(a - p) : 0, ln = b ? (size_t)(b - a - 1) : 0;
     if (!b || !lr || lr >= sizeof run || !ln || ln >= sizeof name || strlen(b + 1) >= sizeof file) {
@@ -139,35 +179,13 @@ int api_weights_download(svc *s, twk_http_conn *c, const twk_http_req *req) {
         api_error(c, 404, "no such download");
         return 1;
     }
-    char *end = NULL;
-    long long expires = query_str(req->query, "expires", exp_txt, sizeof exp_txt) ? strtoll(exp_txt, &end, 10) : 0;
-    int have = end && !*end && query_str(req->query, "sig", sig, sizeof sig);
-    sign_file(s, run, name, file, expires, want);
-    if (!have || !twk_const_eq(sig, want)) {
-        api_error(c, 403, "the download URL's signature does not match (altered or not signed by this server)");
-        return 1;
-    }
-    if ((long long)time(NULL) > expires) {
-        api_error(c, 410, "the download URL expired; ask external_weights_urls for a new one");
-        return 1;
-    }
-    download *d = twk_host_calloc(sizeof *d, "download");
-    if (!d) {
-        api_error(c, 503, "out of memory");
-        return 1;
-    }
-    char dir[1200];
+    char what[400], dir[1200], path[1400], missing[500];
+    snprintf(what, sizeof what, "%s/%s/%s", run, name, file);
+    if (!svc_url_check(s, c, req, what, "ask external_weights_urls for a new one")) return 1;
     svc_ckpt_dir(s, run, "external_weights", name, dir, sizeof dir);
-    snprintf(d->path, sizeof d->path, "%s/%s", dir, file);
-    snprintf(d->what, sizeof d->what, "tinker://%s/external_weights/%s has no file '%s' (deleted?)", run, name, file);
-    d->c = c;
-    d->work.data = d;
-    twk_http_set_abandon(c, dl_abandon, d);
-    if (uv_queue_work(s->loop, &d->work, dl_read, dl_done) != 0) {
-        twk_http_set_abandon(c, NULL, NULL);
-        twk_host_free(d);
-        api_error(c, 503, "cannot queue the download");
-    }
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    snprintf(missing, sizeof missing, "tinker://%s/external_weights/%s has no file '%s' (deleted?)", run, name, file);
+    svc_send_file(s, c, path, missing);
     return 1;
 }
 

@@ -172,6 +172,7 @@ void svc_run_fb(op **ops, int n) {
         run[m++] = o;
     }
     twk_status st = m ? twk_loss_steps(pack, jobs, m) : TWK_OK;
+    if (m) svc_metrics_pack(ops[0]->svc, ops[0]->run->base);
     for (int i = 0; i < m; i++) {
         op *o = run[i];
         twk_status js = st == TWK_OK ? jobs[i].st : st;

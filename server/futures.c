@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <time.h>
 
 #include <cJSON.h>
 
@@ -22,6 +23,10 @@ typedef struct future {
     char id[64];
     char tenant[64];
     char route[48];      /* the endpoint that created it (for the failure log) */
+    char session[96];    /* the session and the run / sampling session it works for ("" none) */
+    char subject[160];
+    int64_t start_ns;    /* wall clock when it was created (the settle observer) */
+    int64_t tokens;      /* -1 unknown */
     int state; /* 0 pending, 1 done, 2 failed, 3 dropped (--max-results-mb-tenant) */
     char content_type[48];
     unsigned char *body;
@@ -61,6 +66,8 @@ struct twk_futures {
     uv_timer_t gc;
     twk_futures_fail_fn on_fail; /* metrics */
     void *on_fail_user;
+    twk_futures_settle_fn on_settle; /* the sessions' timelines */
+    void *on_settle_user;
 };
 
 static unsigned hash(const char *s) {
@@ -76,6 +83,12 @@ static future *find(twk_futures *f, const char *id) {
 }
 
 static double now_s(twk_futures *f) { return (double)uv_now(f->loop) / 1000.0; }
+
+static int64_t wall_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 static tenant_use *use_of(twk_futures *f, const char *tenant) {
     for (tenant_use *u = f->uses; u; u = u->next)
@@ -272,7 +285,7 @@ int twk_random_hex(char *out, int n_bytes) {
     return 0;
 }
 
-int twk_futures_create(twk_futures *f, const char *tenant, char *id) {
+int twk_futures_create(twk_futures *f, const char *tenant, const char *session, const char *subject, char *id) {
     future *x = twk_host_calloc(sizeof *x, "future");
     char hex[40];
     if (!x || twk_random_hex(hex, 16) != 0) {
@@ -283,6 +296,10 @@ int twk_futures_create(twk_futures *f, const char *tenant, char *id) {
     snprintf(x->id, sizeof x->id, "req-%s", hex);
     snprintf(x->route, sizeof x->route, "%s", twk_log_route());
     snprintf(x->tenant, sizeof x->tenant, "%s", tenant);
+    snprintf(x->session, sizeof x->session, "%s", session ? session : "");
+    snprintf(x->subject, sizeof x->subject, "%s", subject ? subject : "");
+    x->start_ns = wall_ns();
+    x->tokens = -1;
     unsigned h = hash(x->id);
     x->next = f->buckets[h];
     f->buckets[h] = x;
@@ -290,6 +307,25 @@ int twk_futures_create(twk_futures *f, const char *tenant, char *id) {
     snprintf(id, 64, "%s", x->id);
     twk_log_request_id(x->id);
     return 0;
+}
+
+void twk_futures_set_tokens(twk_futures *f, const char *id, int64_t tokens) {
+    future *x = find(f, id);
+    if (x && !x->state) x->tokens = tokens;
+}
+
+void twk_futures_on_settle(twk_futures *f, twk_futures_settle_fn fn, void *user) {
+    f->on_settle = fn;
+    f->on_settle_user = user;
+}
+
+/* The settle observer of x, which just finished (failed: category and message). */
+static void settled(twk_futures *f, const future *x, const char *category, const char *message) {
+    if (!f->on_settle) return;
+    twk_future_settled info = {x->id,       x->tenant, x->route,          x->session,       x->subject,
+                               x->start_ns, wall_ns(), x->state == 1,     category ? category : "",
+                               message ? message : "",  x->tokens};
+    f->on_settle(f->on_settle_user, &info);
 }
 
 static void finish(twk_futures *f, future *x) {
@@ -317,7 +353,7 @@ static void finish(twk_futures *f, future *x) {
 void twk_futures_complete(twk_futures *f, const char *id, const char *content_type, const void *body, size_t len) {
     future *x = find(f, id);
     if (!x || x->state) return;
-    x->body = body || !len ? twk_host_alloc(len ? len : 1, "result") : NULL;
+    x->body = body || !len ? twk_host_pool_alloc(TWK_HPOOL_REQUESTS, len ? len : 1, "result") : NULL;
     if (!x->body) { /* out of memory, here or where the result was made (no body) */
         twk_futures_fail(f, id, "server", "out of memory storing the result");
         return;
@@ -326,6 +362,7 @@ void twk_futures_complete(twk_futures *f, const char *id, const char *content_ty
     x->len = len;
     snprintf(x->content_type, sizeof x->content_type, "%s", content_type);
     x->state = 1;
+    settled(f, x, NULL, NULL);
     finish(f, x);
     enforce_bytes(f, x->use);
 }
@@ -353,6 +390,7 @@ void twk_futures_fail(twk_futures *f, const char *id, const char *category, cons
     x->len = s ? strlen(s) : 0;
     snprintf(x->content_type, sizeof x->content_type, "application/json");
     x->state = 2;
+    settled(f, x, category, message);
     finish(f, x);
     enforce_bytes(f, x->use);
 }

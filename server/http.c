@@ -155,7 +155,9 @@ static int reserve(void **p, size_t *cap, size_t need, size_t elem) {
         if (n > SIZE_MAX / 2 / elem) return -1;
         n *= 2;
     }
+    twk_host_pool pool = twk_host_pool_enter(TWK_HPOOL_REQUESTS); /* a new buffer: the requests pool */
     void *q = twk_host_realloc(*p, *cap * elem, n * elem, "HTTP buffer");
+    twk_host_pool_enter(pool);
     if (!q) return -1;
     *p = q;
     *cap = n;
@@ -447,7 +449,7 @@ static void on_write(uv_write_t *req, int status) {
 /* Queues head, body and tail (NULL: none) as one write. Returns 0 or a libuv error. */
 static int conn_write(twk_http_conn *c, const char *head, size_t hlen, const void *body, size_t blen, const char *tail) {
     size_t tlen = tail ? strlen(tail) : 0;
-    wreq *w = twk_host_alloc(sizeof *w + hlen + blen + tlen, "response");
+    wreq *w = twk_host_pool_alloc(TWK_HPOOL_REQUESTS, sizeof *w + hlen + blen + tlen, "response");
     if (!w) return UV_ENOMEM;
     memcpy(w->data, head, hlen);
     if (blen) memcpy(w->data + hlen, body, blen);
@@ -496,7 +498,7 @@ static int conn_send(twk_http_conn *c, int status, const char *ctype, const void
     size_t elen = extra ? strlen(extra) : 0;
     int extra_crlf = elen > 0 && extra[elen - 1] != '\n';
     size_t cap = 160 + strlen(reason) + (ctype ? strlen(ctype) : 0) + elen;
-    char *head = twk_host_alloc(cap, "response head");
+    char *head = twk_host_pool_alloc(TWK_HPOOL_REQUESTS, cap, "response head");
     if (!head) return UV_ENOMEM;
     int n = snprintf(head, cap, "HTTP/1.1 %d %s\r\n", status, reason);
     if (streamed && !c->http10) n += snprintf(head + n, cap - (size_t)n, "Transfer-Encoding: chunked\r\n");

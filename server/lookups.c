@@ -122,8 +122,13 @@ run_state *svc_find_run(svc *s, const char *tenant, const char *id) {
 
 int svc_session_exists(svc *s, twk_http_conn *c, const char *tenant, const char *session_id) {
     twk_store_session sess;
-    if (twk_store_session_get(s->store, tenant, session_id, &sess) != TWK_OK) {
+    twk_status st = twk_store_session_get(s->store, tenant, session_id, &sess);
+    if (st == TWK_ERR_NOT_FOUND) {
         api_error(c, 404, "session '%s' not found", session_id);
+        return 0;
+    }
+    if (st != TWK_OK) { /* out of memory, a store failure: not an unknown session */
+        api_error(c, st == TWK_ERR_OOM ? 503 : 500, "reading session '%s' failed: %s", session_id, twk_last_error());
         return 0;
     }
     twk_store_session_clear(&sess);

@@ -43,9 +43,17 @@ static const family_def defs[TWK_M_COUNT] = {
     [TWK_M_CHECKPOINTS] = {"twinkle_checkpoints", "gauge", "Checkpoints in the store", NULL, 0},
     [TWK_M_CHECKPOINT_BYTES] = {"twinkle_checkpoint_bytes", "gauge", "Bytes of checkpoint files on disk", NULL, 0},
     [TWK_M_HOST_MEMORY] = {"twinkle_host_memory_bytes", "gauge", "Host memory held through the engine's allocator (twk_host_alloc)", NULL, 0},
+    [TWK_M_HOST_MEMORY_POOL] = {"twinkle_host_memory_pool_bytes", "gauge",
+                                "twinkle_host_memory_bytes by pool (hal's twk_host_pool); the pools sum to it", NULL, 0},
     [TWK_M_PROCESS_RSS] = {"process_resident_memory_bytes", "gauge", "Resident memory of the server process", NULL, 0},
     [TWK_M_DEVICE_MEMORY] = {"twinkle_device_memory_bytes", "gauge", "Device memory in buffers allocated through the HAL", NULL, 0},
+    [TWK_M_DEVICE_MEMORY_POOL] = {"twinkle_device_memory_pool_bytes", "gauge",
+                                  "twinkle_device_memory_bytes by pool (hal's twk_device_pool); the pools sum to it", NULL, 0},
     [TWK_M_DEVICE_MEMORY_TOTAL] = {"twinkle_device_memory_total_bytes", "gauge", "Device memory the backend reports", NULL, 0},
+    [TWK_M_TRAIN_PASSES] = {"twinkle_train_passes_total", "counter",
+                            "forward / forward_backward passes of a base model: packed (several runs shared one pass) or alone", NULL, 0},
+    [TWK_M_TRAIN_PACKED_RUNS] = {"twinkle_train_packed_runs_total", "counter", "Run segments carried by packed passes", NULL, 0},
+    [TWK_M_TRAIN_PASS_RUNS_MAX] = {"twinkle_train_pass_runs_max", "gauge", "The most runs one training pass has held", NULL, 0},
     [TWK_M_ERRORS] = {"twinkle_errors_total", "counter",
                       "Errors by category: failed futures (source=future) and 4xx/5xx answers (source=answer)", NULL, 0},
     [TWK_M_WORKER_STALL] = {"twinkle_worker_stall_seconds", "gauge", "Seconds the compute worker has had work without finishing a job", NULL, 0},
@@ -154,10 +162,6 @@ void twk_metrics_clear(twk_metrics *m, twk_metric f) {
     pthread_mutex_unlock(&m->mu);
 }
 
-void twk_metrics_set_spilled(twk_metrics *m, const char *what, const char *tenant, double n) {
-    twk_metrics_set(m, what && !strcmp(what, "samplers") ? TWK_M_SAMPLERS_SPILLED : TWK_M_RUNS_SPILLED, tenant, "", n);
-}
-
 void twk_metrics_tokens(twk_metrics *m, const char *tenant, const char *op, double n) {
     if (!m) return;
     char l[64];
@@ -172,6 +176,21 @@ void twk_metrics_tokens(twk_metrics *m, const char *tenant, const char *op, doub
             m->rate[i][k] += n;
         }
     pthread_mutex_unlock(&m->mu);
+}
+
+void twk_metrics_pack(twk_metrics *m, const char *model, const twk_pack_stats *st) {
+    twk_pack_stats zero = {0};
+    if (!st) st = &zero;
+    char mo[96], l[160];
+    twk_metrics_escape(mo, sizeof mo, model);
+    snprintf(l, sizeof l, "model=\"%s\",kind=\"packed\"", mo);
+    twk_metrics_set(m, TWK_M_TRAIN_PASSES, NULL, l, (double)st->shared_passes);
+    snprintf(l, sizeof l, "model=\"%s\",kind=\"alone\"", mo);
+    twk_metrics_set(m, TWK_M_TRAIN_PASSES, NULL, l, (double)(st->passes - st->shared_passes));
+    snprintf(l, sizeof l, "model=\"%s\"", mo);
+    /* a pass alone holds one segment: the rest were in packed passes */
+    twk_metrics_set(m, TWK_M_TRAIN_PACKED_RUNS, NULL, l, (double)(st->segments - (st->passes - st->shared_passes)));
+    twk_metrics_set(m, TWK_M_TRAIN_PASS_RUNS_MAX, NULL, l, (double)st->max_segments);
 }
 
 double twk_metrics_job_queued(twk_metrics *m, const char *tenant, const char *kind) {

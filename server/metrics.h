@@ -9,6 +9,8 @@
 
 #include <stddef.h>
 
+#include "twinkle/trainer.h"
+
 typedef enum twk_metric {
     TWK_M_HTTP_REQUESTS,    /* counter {tenant; method, route, status} */
     TWK_M_HTTP_DURATION,    /* histogram {tenant; route, status}, seconds */
@@ -18,16 +20,21 @@ typedef enum twk_metric {
     TWK_M_TOKENS,           /* counter {tenant; op}: forward_backward, forward, sample */
     TWK_M_TOKENS_RATE,      /* gauge {op}: tokens per second over the last minute */
     TWK_M_RUNS_LIVE,        /* gauge {tenant} */
-    TWK_M_RUNS_SPILLED,     /* gauge {tenant}: twk_metrics_set_spilled (0 until spilling exists) */
+    TWK_M_RUNS_SPILLED,     /* gauge {tenant}: live runs not resident (spilled to the data dir), set at each scrape */
     TWK_M_SESSIONS_LIVE,    /* gauge {tenant} */
     TWK_M_SAMPLERS_LIVE,    /* gauge {tenant} */
-    TWK_M_SAMPLERS_SPILLED, /* gauge {tenant}: twk_metrics_set_spilled */
+    TWK_M_SAMPLERS_SPILLED, /* gauge {tenant}: sampling sessions whose sampler is evicted off the device, set at each scrape */
     TWK_M_CHECKPOINTS,      /* gauge {tenant} */
     TWK_M_CHECKPOINT_BYTES, /* gauge {tenant} */
     TWK_M_HOST_MEMORY,      /* gauge: bytes held through twk_host_alloc */
+    TWK_M_HOST_MEMORY_POOL, /* gauge {pool}: the same bytes per twk_host_pool (they sum to TWK_M_HOST_MEMORY) */
     TWK_M_PROCESS_RSS,      /* gauge: process_resident_memory_bytes */
-    TWK_M_DEVICE_MEMORY,    /* gauge {device, pool} */
+    TWK_M_DEVICE_MEMORY,    /* gauge {device}: bytes of the HAL's buffers */
+    TWK_M_DEVICE_MEMORY_POOL, /* gauge {device, pool}: the same bytes per twk_device_pool */
     TWK_M_DEVICE_MEMORY_TOTAL, /* gauge {device} (where the backend knows it) */
+    TWK_M_TRAIN_PASSES,     /* counter {model, kind}: training passes, kind "packed" (several runs) or "alone" */
+    TWK_M_TRAIN_PACKED_RUNS, /* counter {model}: run segments carried by packed passes */
+    TWK_M_TRAIN_PASS_RUNS_MAX, /* gauge {model}: the most runs one pass has held */
     TWK_M_ERRORS,           /* counter {tenant; category, source}: failed futures and 4xx/5xx answers */
     TWK_M_WORKER_STALL,     /* gauge: seconds the worker has had work and finished none */
     TWK_M_ALERTS,           /* counter {kind}: alert events raised */
@@ -56,13 +63,14 @@ void twk_metrics_observe(twk_metrics *m, twk_metric f, const char *tenant, const
 void twk_metrics_clear(twk_metrics *m, twk_metric f);
 #define TWK_METRICS_MAX_SERIES 20000
 
-/* For the run scheduler: runs or samplers of tenant whose state was spilled to host or disk.
- * what: "runs" or "samplers"; n: how many now. Any thread. */
-void twk_metrics_set_spilled(twk_metrics *m, const char *what, const char *tenant, double n);
 
 /* Tokens processed by op ("forward_backward", "forward", "sample"): the counter and the per-minute
  * rate behind TWK_M_TOKENS_RATE. */
 void twk_metrics_tokens(twk_metrics *m, const char *tenant, const char *op, double n);
+
+/* The packed-training counters of base model `model` (TWK_M_TRAIN_*) from its pack's totals
+ * (twk_pack_get_stats; NULL: zeros, so the series exist before the first pass). */
+void twk_metrics_pack(twk_metrics *m, const char *model, const twk_pack_stats *st);
 
 /* Compute jobs: queued (returns the time stamp to pass on, seconds), then done with the time it
  * started on the worker (0: never ran, e.g. cancelled). These keep TWK_M_QUEUE_DEPTH,

@@ -89,7 +89,7 @@ static void set_json(op *o, cJSON *j) {
     char *txt = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     size_t n = txt ? strlen(txt) : 0;
-    o->out = txt && !api_json_oom() ? twk_host_alloc(n + 1, "result") : NULL;
+    o->out = txt && !api_json_oom() ? twk_host_pool_alloc(TWK_HPOOL_REQUESTS, n + 1, "result") : NULL;
     if (!o->out) { /* a part of the tree, its text or the copy is missing */
         cJSON_free(txt);
         o->st = twk_error(TWK_ERR_OOM, "out of memory writing the result");
@@ -349,6 +349,11 @@ static void op_done(twk_job *j) {
         s->n_resident--;
     }
     if (o->snapshot && o->st == TWK_OK) svc_snapshot_captured(s, o->snapshot, (size_t)o->size_bytes);
+    if (o->kind == OP_FB && o->fb) { /* the trace's tokens: the op's input tokens */
+        int64_t tokens = 0;
+        for (int d = 0; d < o->fb->n_data; d++) tokens += o->fb->data[d].n_tokens;
+        twk_futures_set_tokens(s->futures, o->request_id, tokens);
+    }
     if (o->st != TWK_OK)
         twk_futures_fail(s->futures, o->request_id, o->user_error && o->st != TWK_ERR_OOM ? "user" : "server", o->err);
     else
@@ -451,7 +456,7 @@ int svc_create_run(svc *s, const char *tenant, const char *session_id, int model
         snprintf(err, err_len, "recording the run failed: %s", twk_last_error());
         return 500;
     }
-    if (twk_futures_create(s->futures, tenant, request_id)) {
+    if (twk_futures_create(s->futures, tenant, session_id, model_id, request_id)) {
         snprintf(err, err_len, "out of memory creating the request's future");
         return 503;
     }
@@ -467,7 +472,7 @@ int svc_create_run(svc *s, const char *tenant, const char *session_id, int model
 }
 
 int svc_dispatch_now(svc *s, run_state *r, op *o, char *request_id) {
-    if (twk_futures_create(s->futures, r->tenant, request_id)) {
+    if (twk_futures_create(s->futures, r->tenant, r->session_id, r->id, request_id)) {
         svc_op_free(o);
         return 503;
     }
@@ -518,7 +523,7 @@ int svc_submit_op(svc *s, run_state *r, op *o, char *request_id, char *err, size
     if (o->seq < r->next_seq) {
         /* older than anything remembered: answer with a failed future */
         svc_op_free(o);
-        if (twk_futures_create(s->futures, r->tenant, request_id)) {
+        if (twk_futures_create(s->futures, r->tenant, r->session_id, r->id, request_id)) {
             snprintf(err, err_len, "out of memory creating the request's future");
             return 503;
         }
@@ -547,7 +552,7 @@ int svc_submit_op(svc *s, run_state *r, op *o, char *request_id, char *err, size
             return 429;
         }
     }
-    if (twk_futures_create(s->futures, r->tenant, request_id)) { /* nothing queued: the client may resend */
+    if (twk_futures_create(s->futures, r->tenant, r->session_id, r->id, request_id)) { /* nothing queued: the client may resend */
         snprintf(err, err_len, "out of memory creating the request's future");
         svc_op_free(o);
         return 503;

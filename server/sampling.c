@@ -110,7 +110,7 @@ static void host_adapter_free(host_adapter *h) {
 }
 
 /* Worker: the trainer's adapter copied to the host, for a snapshot session. */
-static twk_status capture_adapter(sampler_session *ss, twk_trainer *from) {
+static twk_status capture_adapter_in(sampler_session *ss, twk_trainer *from) {
     int n = twk_trainer_param_count(from);
     host_adapter *h = twk_host_calloc(sizeof *h, "sampling h");
     if (h) {
@@ -137,6 +137,14 @@ static twk_status capture_adapter(sampler_session *ss, twk_trainer *from) {
     host_adapter_free(ss->copy);
     ss->copy = h;
     return TWK_OK;
+}
+
+/* capture_adapter_in, its copy counted in the host's adapter_copies pool. */
+static twk_status capture_adapter(sampler_session *ss, twk_trainer *from) {
+    twk_host_pool pool = twk_host_pool_enter(TWK_HPOOL_ADAPTER_COPIES);
+    twk_status st = capture_adapter_in(ss, from);
+    twk_host_pool_enter(pool);
+    return st;
 }
 
 static int get_from_host(void *ctx, const char *name, float *dst, int64_t nelem) {
@@ -166,7 +174,7 @@ static void evict_one(svc *s, const sampler_unit *keep) {
     sampler_unit *u = s->live_units[victim];
     if (u->has_lora && !u->adapter_dir[0] && !u->adapter_copy) {
         size_t n = twk_sampler_adapter_bytes(u->sampler);
-        u->adapter_copy = twk_host_alloc(n ? n : 1, "sampling adapter_copy");
+        u->adapter_copy = twk_host_pool_alloc(TWK_HPOOL_ADAPTER_COPIES, n ? n : 1, "sampling adapter_copy");
         if (!u->adapter_copy || twk_sampler_adapter_to_host(u->sampler, u->adapter_copy, n) != TWK_OK) {
             twk_host_free(u->adapter_copy);
             u->adapter_copy = NULL;
@@ -176,6 +184,7 @@ static void evict_one(svc *s, const sampler_unit *keep) {
     }
     twk_sampler_free(u->sampler);
     u->sampler = NULL;
+    atomic_store(&u->evicted, 1);
     s->live_units[victim] = s->live_units[--s->n_live_units];
     malloc_trim(0); /* give the cache's pages back to the system */
 }
@@ -203,6 +212,7 @@ twk_status svc_sampler_ready(svc *s, sampler_unit *u, twk_trainer *from) {
             return st;
         }
         if (s->n_live_units < s->cfg.live_samplers) s->live_units[s->n_live_units++] = u;
+        atomic_store(&u->evicted, 0);
     }
     if (from) {
         if (!u->has_lora) return twk_error(TWK_ERR_STATE, "the sampler has no adapter");
@@ -652,6 +662,7 @@ static void drain_run(twk_job *j) {
 /* Loop: finishes sj's future (a result when ok, else a failure of category cat with msg),
  * tells the session's retrieve_futures pollers, and frees sj. */
 static void sample_finish(svc *s, sample_job *sj, int ok, const char *cat, const char *msg) {
+    if (ok) twk_futures_set_tokens(s->futures, sj->request_id, sj->gen_tokens);
     if (ok) twk_futures_complete(s->futures, sj->request_id, "application/x-protobuf", sj->out, sj->out_len);
     else twk_futures_fail(s->futures, sj->request_id, cat, msg);
     ok = twk_futures_succeeded(s->futures, sj->request_id); /* a cancelled one's result was discarded */
@@ -970,7 +981,10 @@ static void h_asample(svc *s, twk_http_conn *c, const cJSON *b, const char *tena
     if (cJSON_IsNumber(seq) && seq->valuedouble >= 0 && seq->valuedouble < 9.2e18)
         sj->clone = (int64_t)(seq->valuedouble / 1e9);
     parse_sample(s, b, sj);
-    if (twk_futures_create(s->futures, tenant, sj->request_id)) {
+    char session[96]; /* "<session>:sample:<n>" (a snapshot's too): the session it belongs to */
+    const char *cut = strstr(ss->id, ":sample:");
+    snprintf(session, sizeof session, "%.*s", cut ? (int)(cut - ss->id) : 0, ss->id);
+    if (twk_futures_create(s->futures, tenant, cut ? session : NULL, ss->id, sj->request_id)) {
         api_error(c, 503, "out of memory creating the request's future");
         twk_host_free(sj->prompt);
         twk_host_free(sj);

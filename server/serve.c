@@ -261,6 +261,7 @@ static void shut_down(svc *s) {
     s->stopping = 1;
     twk_http_server_stop(s->http);
     svc_spill_stop(s); /* every resident run's state to DATA_DIR/spill, queued before the worker stops */
+    svc_timeline_stop(s); /* the settled requests' records written, before the futures go */
     twk_futures_free(s->futures);
     s->futures = NULL;
     twk_worker_stop(s->worker);
@@ -336,7 +337,11 @@ twk_status svc_load_models(const twk_serve_config *cfg, twk_device *dev, base_mo
         twk_mem_plan plan;
         twk_status st = plan_model(cfg, dev, b, &plan);
         if (st == TWK_OK) st = twk_model_load_as(b->dir, dev, cfg->dtype, cfg->kv_dtype, &b->m);
-        if (st == TWK_OK && plan.arena) st = twk_buffer_alloc(dev, plan.arena, &b->arena);
+        if (st == TWK_OK && plan.arena) {
+            twk_device_pool pool = twk_device_pool_enter(TWK_DPOOL_ACTIVATIONS);
+            st = twk_buffer_alloc(dev, plan.arena, &b->arena);
+            twk_device_pool_enter(pool);
+        }
         if (st != TWK_OK) {
             st = twk_error(st, "model '%s': %s", b->name, twk_last_error());
             twk_buffer_free(dev, b->arena);
@@ -413,6 +418,7 @@ static int serve_open(svc *s, const twk_serve_config *cfg, uv_loop_t *loop) {
     uv_timer_start(&s->gap_timer, on_gap_timer, 1000, 1000);
     svc_sweeper_start(s);
     if (svc_steps_start(s) != 0) twk_log_info("out of memory for the step metrics log: no curves this time");
+    if (svc_timeline_start(s) != 0) twk_log_info("out of memory for the session timelines: no traces this time");
     svc_spill_start(s);
     uv_signal_init(loop, &s->sigint);
     uv_signal_init(loop, &s->sigterm);

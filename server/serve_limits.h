@@ -65,4 +65,10 @@ static_assert(TWK_SERVE_DEF_LIVE_SAMPLERS >= 1 && TWK_SERVE_DEF_LIVE_SAMPLERS <=
 #define TWK_SERVE_DASH_RUNS 200              /* runs (newest first) GET /api/v1/dashboard lists at most */
 #define TWK_SERVE_DASH_CKPTS 500             /* checkpoints (newest first) it lists at most */
 
+/* ---- the sessions' timelines (timeline.c, api_trace.c: trace_export; fixed, not options) ---- */
+#define TWK_SERVE_TRACE_RECORDS 65536        /* requests kept per session (the newest; older ones are dropped and
+                                                counted): a trace of ~10 MiB at most */
+#define TWK_SERVE_TRACE_FLUSH_MS 1000        /* records wait at most this long to be written, one transaction */
+#define TWK_SERVE_TRACE_BATCH 1024           /* ... or are written at once when this many wait */
+
 #endif

@@ -56,6 +56,10 @@ enum {
     ST_STEP_INSERT,
     ST_STEP_THIN,
     ST_STEP_LIST,
+    ST_TRACE_INSERT,
+    ST_TRACE_TRIM,
+    ST_TRACE_STATS,
+    ST_TRACE_LIST,
     ST_COUNT
 };
 
@@ -116,6 +120,17 @@ static const char *const stmt_sql[ST_COUNT] = {
     /* ?1 NULL: any tenant's run (the admin's dashboard) */
     [ST_STEP_LIST] = "SELECT run_id, tenant, kind, seq, step, time, metrics FROM run_steps "
                      "WHERE (?1 IS NULL OR tenant = ?1) AND run_id = ?2 ORDER BY kind, seq",
+    /* the session's next seq; nothing when the tenant has no such session */
+    [ST_TRACE_INSERT] = "INSERT INTO session_trace (session_id, tenant, seq, request_id, route, subject, start_ns, "
+                        "end_ns, ok, category, error, tokens) SELECT ?1, ?2, COALESCE((SELECT MAX(seq) FROM "
+                        "session_trace WHERE session_id = ?1), 0) + 1, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11 "
+                        "WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?1 AND tenant = ?2)",
+    /* keeps the newest ?2 */
+    [ST_TRACE_TRIM] = "DELETE FROM session_trace WHERE session_id = ?1 AND seq <= (SELECT MAX(seq) FROM session_trace "
+                      "WHERE session_id = ?1) - ?2",
+    [ST_TRACE_STATS] = "SELECT COALESCE(MAX(seq), 0), COUNT(*) FROM session_trace WHERE tenant = ?1 AND session_id = ?2",
+    [ST_TRACE_LIST] = "SELECT seq, request_id, route, subject, start_ns, end_ns, ok, category, error, tokens "
+                      "FROM session_trace WHERE tenant = ?1 AND session_id = ?2 ORDER BY seq",
 };
 
 /* Constant DDL (no user data), run once at open inside a write transaction. */
@@ -166,7 +181,22 @@ static const char schema_sql[] =
     " step INTEGER NOT NULL,"
     " time REAL NOT NULL,"
     " metrics TEXT NOT NULL DEFAULT '{}',"
-    " PRIMARY KEY (run_id, kind, seq));";
+    " PRIMARY KEY (run_id, kind, seq));"
+    /* the sessions' timelines (trace_export): one row per finished request, numbered per session */
+    "CREATE TABLE IF NOT EXISTS session_trace ("
+    " session_id TEXT NOT NULL,"
+    " tenant TEXT NOT NULL,"
+    " seq INTEGER NOT NULL,"
+    " request_id TEXT NOT NULL,"
+    " route TEXT NOT NULL,"
+    " subject TEXT NOT NULL,"
+    " start_ns INTEGER NOT NULL,"
+    " end_ns INTEGER NOT NULL,"
+    " ok INTEGER NOT NULL,"
+    " category TEXT NOT NULL DEFAULT '',"
+    " error TEXT NOT NULL DEFAULT '',"
+    " tokens INTEGER NOT NULL DEFAULT -1,"
+    " PRIMARY KEY (session_id, seq));";
 
 struct twk_store {
     sqlite3 *db;
@@ -1255,4 +1285,142 @@ twk_status twk_store_steps_list(twk_store *s, const char *tenant, const char *ru
     *out = arr;
     *n_out = n;
     return TWK_OK;
+}
+
+/* ---- the sessions' timelines (session_trace) ------------------------------ */
+
+static twk_status trace_insert(twk_store *s, const twk_store_trace_rec *r, const char *op) {
+    TRY(check_field(r->session_id, sizeof r->session_id, 1, "session_id", op));
+    TRY(check_field(r->tenant, sizeof r->tenant, 1, "tenant", op));
+    TRY(check_field(r->request_id, sizeof r->request_id, 1, "request_id", op));
+    TRY(check_field(r->route, sizeof r->route, 0, "route", op));
+    TRY(check_field(r->subject, sizeof r->subject, 0, "subject", op));
+    TRY(check_field(r->category, sizeof r->category, 0, "category", op));
+    TRY(check_field(r->error, sizeof r->error, 0, "error", op));
+    sqlite3_stmt *st;
+    TRY(stmt_get(s, ST_TRACE_INSERT, op, &st));
+    BIND(bind_text(s, st, 1, r->session_id, op));
+    BIND(bind_text(s, st, 2, r->tenant, op));
+    BIND(bind_text(s, st, 3, r->request_id, op));
+    BIND(bind_text(s, st, 4, r->route, op));
+    BIND(bind_text(s, st, 5, r->subject, op));
+    BIND(bind_int64(s, st, 6, r->start_ns, op));
+    BIND(bind_int64(s, st, 7, r->end_ns, op));
+    BIND(bind_int64(s, st, 8, r->ok ? 1 : 0, op));
+    BIND(bind_text(s, st, 9, r->category, op));
+    BIND(bind_text(s, st, 10, r->error, op));
+    BIND(bind_int64(s, st, 11, r->tokens, op));
+    return step_done(s, st, op, NULL);
+}
+
+twk_status twk_store_trace_add(twk_store *s, const twk_store_trace_rec *rows, int n, int cap, int *n_failed) {
+    const char *op = "trace add";
+    NEED(n_failed, "n_failed", op);
+    *n_failed = 0;
+    NEED(s, "store", op);
+    if (n <= 0) return TWK_OK;
+    NEED(rows, "rows", op);
+    if (cap < 1) return twk_error(TWK_ERR_INVALID_ARG, "store: %s: cap %d is below 1", op, cap);
+    TRY(exec_sql(s, "BEGIN IMMEDIATE", op));
+    char first[1024] = "";
+    twk_status first_st = TWK_OK;
+    for (int i = 0; i < n; i++) {
+        twk_status st = trace_insert(s, &rows[i], op);
+        if (st == TWK_OK) continue;
+        if (first_st == TWK_OK) {
+            first_st = st;
+            snprintf(first, sizeof first, "%s", twk_last_error());
+        }
+        ++*n_failed;
+    }
+    for (int i = 0; i < n; i++) { /* each session of the batch once: its oldest rows past cap go */
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++) seen = !strcmp(rows[j].session_id, rows[i].session_id);
+        if (seen) continue;
+        sqlite3_stmt *st;
+        twk_status ts = stmt_get(s, ST_TRACE_TRIM, op, &st);
+        if (ts == TWK_OK) ts = bind_text(s, st, 1, rows[i].session_id, op);
+        if (ts == TWK_OK) ts = bind_int64(s, st, 2, cap, op);
+        if (ts == TWK_OK) ts = step_done(s, st, op, NULL);
+        else if (st) stmt_done(st);
+        if (ts != TWK_OK && first_st == TWK_OK) {
+            first_st = ts;
+            snprintf(first, sizeof first, "%s", twk_last_error());
+        }
+    }
+    twk_status st = exec_sql(s, "COMMIT", op);
+    if (st != TWK_OK) {
+        char saved[1024];
+        snprintf(saved, sizeof saved, "%s", twk_last_error());
+        sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+        *n_failed = n;
+        return twk_error(st, "%s", saved);
+    }
+    return first_st == TWK_OK ? TWK_OK : twk_error(first_st, "%s", first);
+}
+
+twk_status twk_store_trace_stats(twk_store *s, const char *tenant, const char *session_id, int64_t *last_seq,
+                                 int64_t *n_rows) {
+    const char *op = "trace stats";
+    NEED(last_seq, "last_seq", op);
+    NEED(n_rows, "n_rows", op);
+    *last_seq = *n_rows = 0;
+    NEED(s, "store", op);
+    NEED(tenant, "tenant", op);
+    NEED(session_id, "session_id", op);
+    sqlite3_stmt *st;
+    TRY(stmt_get(s, ST_TRACE_STATS, op, &st));
+    BIND(bind_text(s, st, 1, tenant, op));
+    BIND(bind_text(s, st, 2, session_id, op));
+    int rc = sqlite3_step(st);
+    twk_status status = TWK_OK;
+    if (rc == SQLITE_ROW) {
+        *last_seq = sqlite3_column_int64(st, 0);
+        *n_rows = sqlite3_column_int64(st, 1);
+    } else {
+        status = db_fail(s, op, sqlite3_extended_errcode(s->db));
+    }
+    stmt_done(st);
+    return status;
+}
+
+twk_status twk_store_trace_each(twk_store *s, const char *tenant, const char *session_id, twk_store_trace_fn fn,
+                                void *user) {
+    const char *op = "trace list";
+    NEED(s, "store", op);
+    NEED(tenant, "tenant", op);
+    NEED(session_id, "session_id", op);
+    NEED(fn, "fn", op);
+    sqlite3_stmt *st;
+    TRY(stmt_get(s, ST_TRACE_LIST, op, &st));
+    BIND(bind_text(s, st, 1, tenant, op));
+    BIND(bind_text(s, st, 2, session_id, op));
+    twk_status status = TWK_OK;
+    twk_store_trace_rec *r = twk_host_calloc(sizeof *r, "trace row");
+    if (!r) status = TWK_ERR_OOM;
+    while (status == TWK_OK) {
+        int rc = sqlite3_step(st);
+        if (rc == SQLITE_DONE) break;
+        if (rc != SQLITE_ROW) {
+            status = db_fail(s, op, sqlite3_extended_errcode(s->db));
+            break;
+        }
+        memset(r, 0, sizeof *r);
+        snprintf(r->session_id, sizeof r->session_id, "%s", session_id);
+        snprintf(r->tenant, sizeof r->tenant, "%s", tenant);
+        r->seq = sqlite3_column_int64(st, 0);
+        status = col_field(s, st, 1, r->request_id, sizeof r->request_id, op);
+        if (status == TWK_OK) status = col_field(s, st, 2, r->route, sizeof r->route, op);
+        if (status == TWK_OK) status = col_field(s, st, 3, r->subject, sizeof r->subject, op);
+        r->start_ns = sqlite3_column_int64(st, 4);
+        r->end_ns = sqlite3_column_int64(st, 5);
+        r->ok = sqlite3_column_int(st, 6) != 0;
+        if (status == TWK_OK) status = col_field(s, st, 7, r->category, sizeof r->category, op);
+        if (status == TWK_OK) status = col_field(s, st, 8, r->error, sizeof r->error, op);
+        r->tokens = sqlite3_column_int64(st, 9);
+        if (status == TWK_OK) status = fn(user, r);
+    }
+    stmt_done(st);
+    twk_host_free(r);
+    return status;
 }

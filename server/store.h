@@ -147,4 +147,33 @@ twk_status twk_store_steps_list(twk_store *s, const char *tenant, const char *ru
                                 int *n_out);
 void twk_store_steps_free(twk_store_step *rows, int n);
 
+/* ---- the sessions' timelines (table session_trace; trace_export) ---- */
+typedef struct twk_store_trace_rec {
+    char session_id[96];
+    char tenant[64];
+    int64_t seq;             /* the row's number in its session, from 1 (set by the store) */
+    char request_id[64];
+    char route[48];          /* the endpoint that made the request ("forward_backward", "asample", ...) */
+    char subject[160];       /* the run or sampling session it worked for */
+    int64_t start_ns, end_ns; /* unix nanoseconds: submitted, finished */
+    int ok;                  /* 0: failed with category and error */
+    char category[24];
+    char error[256];
+    int64_t tokens;          /* -1 when unknown */
+} twk_store_trace_rec;
+/* Adds rows in one transaction, each numbered after its session's newest (a row whose session the
+ * tenant does not have is skipped silently), then keeps each session of the batch to its newest cap
+ * (>= 1) rows. A row that cannot be stored is counted in *n_failed, the others are committed, and
+ * the first error is returned; a failed commit stores nothing (*n_failed = n). */
+twk_status twk_store_trace_add(twk_store *s, const twk_store_trace_rec *rows, int n, int cap, int *n_failed);
+/* The newest row number of the tenant's session (0: none ever) and the rows kept; rows dropped to the
+ * cap are last_seq - n_rows. An error status (message set) when the store fails. */
+twk_status twk_store_trace_stats(twk_store *s, const char *tenant, const char *session_id, int64_t *last_seq,
+                                 int64_t *n_rows);
+/* Calls fn with each row of the tenant's session in seq order (the row is only valid during the call);
+ * a status other than TWK_OK from fn stops and is returned, as is a store error or TWK_ERR_OOM. */
+typedef twk_status (*twk_store_trace_fn)(void *user, const twk_store_trace_rec *row);
+twk_status twk_store_trace_each(twk_store *s, const char *tenant, const char *session_id, twk_store_trace_fn fn,
+                                void *user);
+
 #endif

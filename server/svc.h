@@ -5,6 +5,7 @@
 #define TWK_SERVER_SVC_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include <uv.h>
 
@@ -101,6 +102,7 @@ typedef struct sampler_unit {
     void *adapter_copy;       /* worker: a snapshot's adapter, kept while its sampler is dropped */
     size_t adapter_copy_bytes;
     unsigned long long last_use; /* worker: for dropping the least recently used sampler */
+    _Atomic int evicted;      /* 1 while its sampler is dropped off the device (the worker writes, /metrics reads) */
     pthread_mutex_t mu;       /* guards pending: the loop adds, the worker takes */
     struct sample_job *pending;
     /* a base model's shared unit: a sampler with adapter slots, so requests of
@@ -204,6 +206,7 @@ typedef struct svc {
     struct twk_metrics *metrics; /* svc_metrics.c: GET /metrics */
     struct twk_alerts *alerts;   /* alerts.c: webhooks */
     struct svc_steps *steps;    /* steps.c: per-step metrics waiting to be stored */
+    struct svc_timeline *timeline; /* timeline.c: settled requests waiting to be stored (trace_export) */
     /* spill.c */
     uv_timer_t spill_timer;    /* idle runs and idle snapshots */
     int n_resident;            /* runs with resident set */
@@ -220,7 +223,7 @@ base_model *svc_find_model(svc *s, const char *name);
 run_state *svc_find_run(svc *s, const char *tenant, const char *id);
 /* A new live run (registered in the service), NULL without memory. */
 run_state *svc_run_new(svc *s, const char *id, const char *tenant);
-/* 1 if the tenant's session exists; else answers 404 and returns 0. */
+/* 1 if the tenant's session exists; else answers 404 (unknown) or 5xx (the store failed) and returns 0. */
 int svc_session_exists(svc *s, twk_http_conn *c, const char *tenant, const char *session_id);
 /* tinker://<run>/<kind>/<name> → parts; 0 if malformed. */
 int svc_parse_tinker_path(const char *path, char *run, size_t run_len, char *kind, size_t kind_len, char *name,
@@ -420,6 +423,17 @@ void api_weights_urls(svc *s, twk_http_conn *c, const twk_http_req *req, const t
 /* GET /api/v1/external_weights/<run>/<name>/<file>?expires=&sig=: no API key; 403 on a bad
  * signature, 410 past expiry, 404 when the file is gone. Returns 0 when the path is not this route. */
 int api_weights_download(svc *s, twk_http_conn *c, const twk_http_req *req);
+/* The signature (lowercase hex HMAC-SHA256 under DATA_DIR/url_signing.key) of a download URL for
+ * `what` (a text naming the file: "<run>/<name>/<file>", "trace/<session>") until `expires`. */
+void svc_url_sign(const svc *s, const char *what, long long expires, char sig[65]);
+/* Checks a download request's expires= and sig= against `what`: 1 when valid; else answers 403 (a
+ * signature that does not match) or 410 (expired; `renew` says what to ask for instead) and returns 0. */
+int svc_url_check(svc *s, twk_http_conn *c, const twk_http_req *req, const char *what, const char *renew);
+/* "http(s)://host:port" as the client reached this server (its Host header), else the listen address. */
+void svc_base_url(const svc *s, const twk_http_req *req, char *out, size_t len);
+/* Answers 200 with the bytes of the file at path, read on libuv's thread pool (the loop never
+ * blocks on the disk), or 404 with `missing` when it cannot be read; 503 when out of memory. */
+void svc_send_file(svc *s, twk_http_conn *c, const char *path, const char *missing);
 /* POST copy_weights: the checkpoint copied (hard links) into a new run of the caller. */
 void api_copy_weights(svc *s, twk_http_conn *c, const twk_http_req *req, const cJSON *b, const char *tenant);
 
@@ -457,6 +471,8 @@ void svc_metrics_op_queued(svc *s, op *o);
 /* A training op finished (loop thread): queue, tokens, and the alerts for a server error or a loss
  * that is not finite. */
 void svc_metrics_op_done(svc *s, const op *o);
+/* Worker, after a packed pass of bm's runs: its pack's pass counters into the metrics. */
+void svc_metrics_pack(svc *s, const base_model *bm);
 /* A route for metric labels: the path below /api/v1/ (or /v1/...) with every segment that is not
  * a word of the API replaced by {id}; "other" for unknown routes, "none" for none. */
 void svc_metrics_route(const char *route, char *out, size_t len);
@@ -469,6 +485,23 @@ void svc_steps_stop(svc *s);
 void svc_steps_note(svc *s, const op *o);
 /* Writes the collected rows now (one transaction); a store failure is logged, the rows dropped. */
 void svc_steps_flush(svc *s);
+
+/* ---- timeline.c: the sessions' timelines (trace_export) ---- */
+/* Starts collecting settled futures that belong to a session (the futures' settle observer) and the
+ * timer that writes them to the store; -1 without memory (nothing is recorded then). */
+int svc_timeline_start(svc *s);
+/* Writes what is collected and stops (before the futures are freed). */
+void svc_timeline_stop(svc *s);
+/* Writes the collected records now (one transaction); a store failure is logged, the records lost. */
+void svc_timeline_flush(svc *s);
+
+/* ---- pftrace.c / api_trace.c: sessions/{id}/trace_export and its signed download ---- */
+/* GET sessions/{id}/trace_export: the session's timeline as a Perfetto trace under DATA_DIR/traces,
+ * answered "ready" with a signed URL (built now; rebuilt only when the session has new records). */
+void api_trace_export(svc *s, twk_http_conn *c, const twk_http_req *req, const char *tenant, const char *session_id);
+/* GET /api/v1/session_traces/<session>.pftrace?expires=&sig=: no API key; 403 on a bad signature,
+ * 410 past expiry, 404 when the trace is gone. Returns 0 when the path is not this route. */
+int api_trace_download(svc *s, twk_http_conn *c, const twk_http_req *req);
 
 /* ---- api_dashboard.c: the runs dashboard ---- */
 /* GET / and /dashboard/<file>: the page embedded at build time (no key needed). 0 if the path is not

@@ -14,7 +14,7 @@
 static const char *const words[] = {
     "healthz", "get_server_capabilities", "client", "config", "dynamic_config", "telemetry", "auth", "token",
     "cancel_future", "retrieve_futures", "retrieve_future", "create_session", "session_heartbeat", "sessions", "search",
-    "finish", "trace_export", "create_model", "get_info", "forward_backward", "forward", "optim_step", "save_weights",
+    "finish", "trace_export", "session_traces", "create_model", "get_info", "forward_backward", "forward", "optim_step", "save_weights",
     "save_weights_for_sampler", "save_weights_external", "training_runs", "checkpoints", "weights", "sampler_weights",
     "external_weights", "external_weights_urls", "ttl", "publish", "copy_weights", "load_weights", "unload_model",
     "weights_info", "create_sampling_session", "asample", "samplers", "join_sampling_session", "compute_logprobs",
@@ -115,6 +115,12 @@ void svc_metrics_op_done(svc *s, const op *o) {
                          o->err);
 }
 
+void svc_metrics_pack(svc *s, const base_model *bm) {
+    twk_pack_stats st;
+    svc_pack_stats(bm, &st);
+    twk_metrics_pack(s->metrics, bm->name, &st);
+}
+
 /* ---- GET /metrics ---- */
 
 static void on_tenant_stats(void *user, const char *tenant, int64_t sessions, int64_t ckpts, int64_t bytes) {
@@ -138,26 +144,56 @@ static double process_rss(void) {
 static void collect(svc *s) {
     twk_metrics *m = s->metrics;
     twk_metrics_clear(m, TWK_M_RUNS_LIVE);
-    for (const run_state *r = s->runs; r; r = r->next)
-        twk_metrics_add(m, TWK_M_RUNS_LIVE, r->tenant, "", !r->lost && !r->unloaded);
+    twk_metrics_clear(m, TWK_M_RUNS_SPILLED);
+    for (const run_state *r = s->runs; r; r = r->next) {
+        int live = !r->lost && !r->unloaded;
+        twk_metrics_add(m, TWK_M_RUNS_LIVE, r->tenant, "", live);
+        twk_metrics_add(m, TWK_M_RUNS_SPILLED, r->tenant, "", live && !r->resident);
+    }
     twk_metrics_clear(m, TWK_M_SAMPLERS_LIVE);
-    for (const sampler_session *ss = s->samplers; ss; ss = ss->next)
+    twk_metrics_clear(m, TWK_M_SAMPLERS_SPILLED);
+    for (const sampler_session *ss = s->samplers; ss; ss = ss->next) {
         twk_metrics_add(m, TWK_M_SAMPLERS_LIVE, ss->tenant, "", 1);
+        /* a doomed session's unit may be going away on the worker; others keep theirs */
+        twk_metrics_add(m, TWK_M_SAMPLERS_SPILLED, ss->tenant, "", !ss->doomed && ss->unit && atomic_load(&ss->unit->evicted));
+    }
     twk_metrics_clear(m, TWK_M_SESSIONS_LIVE);
     twk_metrics_clear(m, TWK_M_CHECKPOINTS);
     twk_metrics_clear(m, TWK_M_CHECKPOINT_BYTES);
     twk_store_tenant_stats(s->store, (double)time(NULL) - 300, on_tenant_stats, m);
-    twk_metrics_set(m, TWK_M_HOST_MEMORY, NULL, "", (double)twk_host_bytes_in_use());
-    twk_metrics_set(m, TWK_M_PROCESS_RSS, NULL, "", process_rss());
+    /* the pools as one set of reads, rendered beside their sum: they add up to the total exactly */
+    size_t hp[TWK_HPOOL_COUNT], dp[TWK_DPOOL_COUNT];
+    size_t host = twk_host_pool_snapshot(hp), device = twk_device_pool_snapshot(s->dev, dp);
     char dev[128], l[200];
+    twk_metrics_set(m, TWK_M_HOST_MEMORY, NULL, "", (double)host);
+    for (int i = 0; i < TWK_HPOOL_COUNT; i++) {
+        snprintf(l, sizeof l, "pool=\"%s\"", twk_host_pool_name((twk_host_pool)i));
+        twk_metrics_set(m, TWK_M_HOST_MEMORY_POOL, NULL, l, (double)hp[i]);
+    }
+    twk_metrics_set(m, TWK_M_PROCESS_RSS, NULL, "", process_rss());
     twk_metrics_escape(dev, sizeof dev, twk_device_spec(s->dev));
-    snprintf(l, sizeof l, "device=\"%s\",pool=\"buffers\"", dev);
-    twk_metrics_set(m, TWK_M_DEVICE_MEMORY, NULL, l, (double)twk_device_buffer_bytes(s->dev));
+    for (int i = 0; i < TWK_DPOOL_COUNT; i++) {
+        snprintf(l, sizeof l, "device=\"%s\",pool=\"%s\"", dev, twk_device_pool_name((twk_device_pool)i));
+        twk_metrics_set(m, TWK_M_DEVICE_MEMORY_POOL, NULL, l, (double)dp[i]);
+    }
     twk_device_props p;
     snprintf(l, sizeof l, "device=\"%s\"", dev);
+    twk_metrics_set(m, TWK_M_DEVICE_MEMORY, NULL, l, (double)device);
     if (twk_device_get_props(s->dev, &p) == TWK_OK && p.memory_bytes)
         twk_metrics_set(m, TWK_M_DEVICE_MEMORY_TOTAL, NULL, l, (double)p.memory_bytes);
     twk_metrics_set(m, TWK_M_WORKER_STALL, NULL, "", twk_metrics_stall(m));
+    for (int i = 0; i < s->n_models; i++) { /* the pass counters at 0 before the first pass (the worker sets them) */
+        char mo[96];
+        twk_metrics_escape(mo, sizeof mo, s->models[i].name);
+        static const char *const kinds[] = {"packed", "alone"};
+        for (int k = 0; k < 2; k++) {
+            snprintf(l, sizeof l, "model=\"%s\",kind=\"%s\"", mo, kinds[k]);
+            twk_metrics_add(m, TWK_M_TRAIN_PASSES, NULL, l, 0);
+        }
+        snprintf(l, sizeof l, "model=\"%s\"", mo);
+        twk_metrics_add(m, TWK_M_TRAIN_PACKED_RUNS, NULL, l, 0);
+        twk_metrics_add(m, TWK_M_TRAIN_PASS_RUNS_MAX, NULL, l, 0);
+    }
 }
 
 /* The request's key: X-API-Key, or Authorization: Bearer (what Prometheus' scrape config sends). */

@@ -563,7 +563,7 @@ static twk_status conv_request(const TinkerPublic__ForwardBackwardRequest *m, tw
     return TWK_OK;
 }
 
-twk_status twk_wire_decode_fb_request(const uint8_t *buf, size_t len, twk_wire_fb_request **out) {
+static twk_status decode_fb_request(const uint8_t *buf, size_t len, twk_wire_fb_request **out) {
     if (!out) return twk_error(INVALID, "twk_wire_decode_fb_request: out is NULL");
     *out = NULL;
     if (!buf && len) return twk_error(INVALID, "twk_wire_decode_fb_request: buf is NULL");
@@ -677,9 +677,9 @@ static size_t varint_len(uint64_t v) {
     return i;
 }
 
-twk_status twk_wire_encode_fb_output(int n_datums, const twk_wire_field *fields, int n_fields,
-                                     const char *const *metric_keys, const double *metric_values, int n_metrics,
-                                     uint8_t **out, size_t *out_len) {
+static twk_status encode_fb_output(int n_datums, const twk_wire_field *fields, int n_fields,
+                                   const char *const *metric_keys, const double *metric_values, int n_metrics,
+                                   uint8_t **out, size_t *out_len) {
     static const char *W = "twk_wire_encode_fb_output";
     if (!out || !out_len) return twk_error(INVALID, "%s: out is NULL", W);
     *out = NULL;
@@ -813,9 +813,9 @@ done:
     return st;
 }
 
-twk_status twk_wire_encode_sample_response(const twk_wire_seq *seqs, int n_seqs, const float *prompt_logprobs,
-                                           int64_t prompt_len, const int32_t *topk_ids, const float *topk_lps,
-                                           int64_t k, uint8_t **out, size_t *out_len) {
+static twk_status encode_sample_response(const twk_wire_seq *seqs, int n_seqs, const float *prompt_logprobs,
+                                         int64_t prompt_len, const int32_t *topk_ids, const float *topk_lps,
+                                         int64_t k, uint8_t **out, size_t *out_len) {
     static const char *W = "twk_wire_encode_sample_response";
     if (!out || !out_len) return twk_error(INVALID, "%s: out is NULL", W);
     *out = NULL;
@@ -883,5 +883,32 @@ twk_status twk_wire_encode_sample_response(const twk_wire_seq *seqs, int n_seqs,
 done:
     twk_host_free(sq);
     twk_host_free(sqp);
+    return st;
+}
+
+/* ---- the entry points: what they allocate is counted in the host's requests pool ---- */
+
+twk_status twk_wire_decode_fb_request(const uint8_t *buf, size_t len, twk_wire_fb_request **out) {
+    twk_host_pool pool = twk_host_pool_enter(TWK_HPOOL_REQUESTS);
+    twk_status st = decode_fb_request(buf, len, out);
+    twk_host_pool_enter(pool);
+    return st;
+}
+
+twk_status twk_wire_encode_fb_output(int n_datums, const twk_wire_field *fields, int n_fields,
+                                     const char *const *metric_keys, const double *metric_values, int n_metrics,
+                                     uint8_t **out, size_t *out_len) {
+    twk_host_pool pool = twk_host_pool_enter(TWK_HPOOL_REQUESTS);
+    twk_status st = encode_fb_output(n_datums, fields, n_fields, metric_keys, metric_values, n_metrics, out, out_len);
+    twk_host_pool_enter(pool);
+    return st;
+}
+
+twk_status twk_wire_encode_sample_response(const twk_wire_seq *seqs, int n_seqs, const float *prompt_logprobs,
+                                           int64_t prompt_len, const int32_t *topk_ids, const float *topk_lps,
+                                           int64_t k, uint8_t **out, size_t *out_len) {
+    twk_host_pool pool = twk_host_pool_enter(TWK_HPOOL_REQUESTS);
+    twk_status st = encode_sample_response(seqs, n_seqs, prompt_logprobs, prompt_len, topk_ids, topk_lps, k, out, out_len);
+    twk_host_pool_enter(pool);
     return st;
 }

@@ -3,7 +3,7 @@
  * A `twinkle serve` runs in this process (twk_serve_start: the built-in tiny model, port 0) with a
  * counting allocator installed through twk_set_allocator; this thread is its client over HTTP.
  * A pass is one forward_backward, one optim_step, one save_weights and one asample, each with its
- * retrieve_future polls. A clean pass counts the host allocations it causes (N); then for
+ * retrieve_future polls, and a trace_export of the session (rebuilt each pass). A clean pass counts the host allocations it causes (N); then for
  * k = 1, 1 + stride, ... <= N a pass runs with the k-th allocation after its start failing. Every
  * answer must be 200, or 5xx (the client then sends the same request again, as the SDK does; a
  * training op's resubmit is deduplicated by its seq_id), and every finished future either succeeds
@@ -84,6 +84,8 @@ typedef struct resp {
     size_t len;
 } resp;
 
+static const char *method = "POST"; /* of the next requests (GET: trace_export) */
+
 static resp http(const char *path, const char *ctype, const void *body, size_t blen) {
     resp r = {-1, NULL, 0};
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -97,9 +99,9 @@ static resp http(const char *path, const char *ctype, const void *body, size_t b
     }
     char head[512];
     int hl = snprintf(head, sizeof head,
-                      "POST /api/v1/%s HTTP/1.1\r\nHost: x\r\nX-API-Key: tml-alloc\r\nContent-Type: %s\r\n"
+                      "%s /api/v1/%s HTTP/1.1\r\nHost: x\r\nX-API-Key: tml-alloc\r\nContent-Type: %s\r\n"
                       "Content-Length: %zu\r\nConnection: close\r\n\r\n",
-                      path, ctype, blen);
+                      method, path, ctype, blen);
     if (write(fd, head, (size_t)hl) != hl || (blen && write(fd, body, blen) != (ssize_t)blen)) {
         close(fd);
         return r;
@@ -250,7 +252,7 @@ static size_t fb_request(uint8_t *o, const char *model_id, int seq) {
     return n + pb_bytes(o + n, 4, "cross_entropy", 13);
 }
 
-static char model_id[128], sampler_id[160];
+static char model_id[128], sampler_id[160], session[128];
 static int seq = 1;
 
 /* One pass; returns how many of its four ops succeeded. */
@@ -271,6 +273,14 @@ static int pass(void) {
                  "\"sampling_params\":{\"max_tokens\":4,\"seed\":1},\"num_samples\":1}",
                  sampler_id);
     ok += run_future("asample", "asample", "application/json", js, (size_t)l, NULL, 0);
+    /* the session's trace, rebuilt each pass (it has new records): ready, or 5xx and asked again */
+    char route[200];
+    snprintf(route, sizeof route, "sessions/%s/trace_export", session);
+    method = "GET";
+    resp r = send_until_answered("trace_export", route, "application/json", "", 0);
+    method = "POST";
+    check(r.status != 200 || (r.body && strstr(r.body, "\"status\":\"ready\"")), "trace_export: %s", r.body);
+    free(r.body);
     return ok;
 }
 
@@ -296,7 +306,7 @@ int main(void) {
 
     /* set up: a session, a LoRA run, a sampling session on the base model */
     resp r = send_until_answered("create_session", "create_session", "application/json", "{}", 2);
-    char session[128], js[512];
+    char js[512];
     json_str(r.body, "session_id", session, sizeof session);
     free(r.body);
     int l = snprintf(js, sizeof js,

@@ -1,7 +1,10 @@
 /* The service's metrics table (server/metrics.c) and its helpers: concurrent updates from several
  * threads lose nothing (exact counts), the tenant-summed and admin views render what was added,
  * label values are escaped, the queue/stall bookkeeping, route labels (svc_metrics_route), the
- * TWK_FAULT parser, and hal's host and device byte counters. */
+ * TWK_FAULT parser, hal's host and device byte counters and their pools (the pools sum to the totals
+ * exactly; the weights pool is the model's parameter bytes and a trainer adds its adapter, gradients
+ * and moments to the adapters pool, both computed here from the model's config), and the packed
+ * training counters as rendered. */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -11,6 +14,9 @@
 #include "metrics.h"
 #include "svc.h"
 #include "twinkle/hal.h"
+#include "twinkle/model.h"
+#include "twinkle/sampler.h"
+#include "twinkle/trainer.h"
 
 static int fails;
 
@@ -92,13 +98,13 @@ static void test_concurrent_counts(void) {
     check(twk_metrics_stall(m) >= 0 && t > 0, "a job in flight: stall %.3f s", twk_metrics_stall(m));
     twk_metrics_job_done(m, "alice", "sample", t, 0);
     check(twk_metrics_stall(m) == 0, "finished: no stall");
-    twk_metrics_set_spilled(m, "runs", "alice", 3);
-    twk_metrics_set_spilled(m, "samplers", "alice", 2);
+    twk_metrics_set(m, TWK_M_RUNS_SPILLED, "alice", "", 3);
+    twk_metrics_set(m, TWK_M_SAMPLERS_SPILLED, "alice", "", 2);
     twk_metrics_tokens(m, "alice", "forward_backward", 17);
     twk_metrics_tokens(m, "b", "forward_backward", 5);
     sum = twk_metrics_render(m, 0, NULL);
     check(sample(sum, "twinkle_runs_spilled") == 3 && sample(sum, "twinkle_samplers_spilled") == 2,
-          "the spilled setters feed their gauges");
+          "the spilled gauges render their values");
     check(sample(sum, "twinkle_tokens_total{op=\"forward_backward\"}") == 22, "tokens summed over tenants: %g",
           sample(sum, "twinkle_tokens_total{op=\"forward_backward\"}"));
     twk_host_free(sum);
@@ -164,11 +170,147 @@ static void test_hal_bytes(void) {
     twk_device_close(dev);
 }
 
+
+/* Host pools: a block counts in the pool current when it was made (realloc keeps it), and every
+ * snapshot sums to the total. */
+static void test_host_pools(void) {
+    size_t v[TWK_HPOOL_COUNT];
+    size_t total = twk_host_pool_snapshot(v);
+    check(total == twk_host_bytes_in_use(), "host pools sum to the total (%zu)", total);
+    size_t r0 = twk_host_pool_bytes(TWK_HPOOL_REQUESTS), c0 = twk_host_pool_bytes(TWK_HPOOL_ADAPTER_COPIES);
+    void *a = twk_host_pool_alloc(TWK_HPOOL_REQUESTS, 1 << 20, "test");
+    size_t r1 = twk_host_pool_bytes(TWK_HPOOL_REQUESTS);
+    check(a && r1 >= r0 + (1 << 20) && twk_host_bytes_in_use() - total == r1 - r0,
+          "a 1 MiB block of the requests pool: +%zu bytes there and in the total", r1 - r0);
+    twk_host_pool prev = twk_host_pool_enter(TWK_HPOOL_ADAPTER_COPIES);
+    void *b = twk_host_alloc(4096, "test");
+    a = twk_host_realloc(a, 1 << 20, 2 << 20, "test"); /* stays in requests */
+    twk_host_pool_enter(prev);
+    size_t c1 = twk_host_pool_bytes(TWK_HPOOL_ADAPTER_COPIES), r2 = twk_host_pool_bytes(TWK_HPOOL_REQUESTS);
+    check(prev == TWK_HPOOL_OTHER && c1 >= c0 + 4096 && c1 < c0 + 8192 && r2 >= r0 + (2 << 20),
+          "the scope tags its blocks (adapter_copies +%zu), a realloc keeps its block's pool (requests +%zu)",
+          c1 - c0, r2 - r0);
+    twk_host_free(a);
+    twk_host_free(b);
+    check(twk_host_pool_bytes(TWK_HPOOL_REQUESTS) == r0 && twk_host_pool_bytes(TWK_HPOOL_ADAPTER_COPIES) == c0 &&
+              twk_host_bytes_in_use() == total,
+          "freed: every pool and the total back where they were");
+    check(!strcmp(twk_host_pool_name(TWK_HPOOL_DEVICE_BUFFERS), "device_buffers") && !strcmp(twk_host_pool_name(99), "?"),
+          "host pool names");
+}
+
+/* Parameter bytes of a Qwen3 model at f32, from its config. */
+static size_t param_bytes(const twk_model_config *c) {
+    size_t h = (size_t)c->hidden, q = (size_t)c->heads * (size_t)c->head_dim, kv = (size_t)c->kv_heads * (size_t)c->head_dim;
+    size_t layer = h * q + 2 * h * kv + q * h + 3 * h * (size_t)c->ffn + 2 * h + (c->qk_norm ? 2 * (size_t)c->head_dim : 0);
+    size_t n = (size_t)c->vocab * h * (c->tie_embeddings ? 1 : 2) + (size_t)c->layers * layer + h;
+    return n * 4;
+}
+
+/* A LoRA trainer's device bytes at rank r over attention, MLP and unembedding: the adapter (A r x in,
+ * B out x r) and three flat f32 buffers (gradients, two AdamW moments), each tensor padded to 64 floats. */
+static size_t run_bytes(const twk_model_config *c, size_t r) {
+    size_t h = (size_t)c->hidden, q = (size_t)c->heads * (size_t)c->head_dim, kv = (size_t)c->kv_heads * (size_t)c->head_dim;
+    size_t f = (size_t)c->ffn, mods[8][2] = {{h, q}, {h, kv}, {h, kv}, {q, h}, {h, f}, {h, f}, {f, h}, {h, (size_t)c->vocab}};
+    size_t plain = 0, padded = 0;
+    for (int l = 0; l <= c->layers; l++)
+        for (int k = l == c->layers ? 7 : 0; k < (l == c->layers ? 8 : 7); k++) {
+            size_t t[2] = {r * mods[k][0], mods[k][1] * r};
+            for (int ab = 0; ab < 2; ab++) plain += t[ab], padded += (t[ab] + 63) / 64 * 64;
+        }
+    return plain * 4 + 3 * padded * 4;
+}
+
+static int device_sums(twk_device *dev, size_t out[TWK_DPOOL_COUNT]) {
+    return twk_device_pool_snapshot(dev, out) == twk_device_buffer_bytes(dev);
+}
+
+/* Device pools: the built-in model's weights, a trainer's adapter + gradients + moments, a sampler's
+ * KV cache; the pools sum to the device's total after each step. */
+static void test_device_pools(void) {
+    twk_device *dev = NULL;
+    twk_model *m = NULL;
+    if (twk_device_open("cpu", &dev) != TWK_OK || twk_model_builtin(dev, &m) != TWK_OK) {
+        check(0, "open cpu and the built-in model: %s", twk_last_error());
+        twk_device_close(dev);
+        return;
+    }
+    twk_model_config c;
+    twk_model_builtin_config(&c);
+    size_t p0[TWK_DPOOL_COUNT], p1[TWK_DPOOL_COUNT], p2[TWK_DPOOL_COUNT], p3[TWK_DPOOL_COUNT];
+    check(device_sums(dev, p0), "device pools sum to the total after loading the model");
+    check(p0[TWK_DPOOL_WEIGHTS] == param_bytes(&c), "weights pool %zu bytes = the model's parameters %zu",
+          p0[TWK_DPOOL_WEIGHTS], param_bytes(&c));
+    size_t hv[TWK_HPOOL_COUNT];
+    twk_host_pool_snapshot(hv);
+    check(hv[TWK_HPOOL_DEVICE_BUFFERS] >= twk_device_buffer_bytes(dev),
+          "the CPU device's buffers are host memory of the device_buffers pool (%zu >= %zu)", hv[TWK_HPOOL_DEVICE_BUFFERS],
+          twk_device_buffer_bytes(dev));
+    twk_lora_config lc = {.rank = 8, .alpha = 16, .train_attn = true, .train_mlp = true, .train_unembed = true, .seed = 1};
+    twk_trainer *t = NULL;
+    if (twk_trainer_new(m, &lc, 64, &t) != TWK_OK) {
+        check(0, "trainer: %s", twk_last_error());
+    } else {
+        check(device_sums(dev, p1), "device pools sum to the total with a trainer");
+        check(p1[TWK_DPOOL_ADAPTERS] - p0[TWK_DPOOL_ADAPTERS] == run_bytes(&c, 8),
+              "a rank-8 trainer adds %zu bytes to the adapters pool (expected %zu)",
+              p1[TWK_DPOOL_ADAPTERS] - p0[TWK_DPOOL_ADAPTERS], run_bytes(&c, 8));
+        check(p1[TWK_DPOOL_WEIGHTS] == p0[TWK_DPOOL_WEIGHTS] && p1[TWK_DPOOL_ACTIVATIONS] > p0[TWK_DPOOL_ACTIVATIONS],
+              "its arena is in activations, the weights unchanged");
+        twk_trainer_free(t);
+    }
+    twk_device_pool_snapshot(dev, p2);
+    check(p2[TWK_DPOOL_ADAPTERS] == p0[TWK_DPOOL_ADAPTERS] && p2[TWK_DPOOL_ACTIVATIONS] == p0[TWK_DPOOL_ACTIVATIONS],
+          "freed: the adapters and activations pools back where they were");
+    int seqs = 2;
+    int64_t len = 32;
+    lc.train_unembed = false;
+    twk_sampler *sp = NULL;
+    if (twk_sampler_new(m, &lc, seqs, len, &sp) != TWK_OK) {
+        check(0, "sampler: %s", twk_last_error());
+    } else {
+        check(device_sums(dev, p3), "device pools sum to the total with a sampler");
+        size_t kv = 2 * (size_t)c.layers * (size_t)seqs * (size_t)len * (size_t)c.kv_heads * (size_t)c.head_dim * 4;
+        check(p3[TWK_DPOOL_KV_CACHE] - p0[TWK_DPOOL_KV_CACHE] == kv, "a sampler of %d x %lld tokens: kv_cache +%zu (expected %zu)",
+              seqs, (long long)len, p3[TWK_DPOOL_KV_CACHE] - p0[TWK_DPOOL_KV_CACHE], kv);
+        check(p3[TWK_DPOOL_SAMPLER_ADAPTERS] > p0[TWK_DPOOL_SAMPLER_ADAPTERS] && p3[TWK_DPOOL_ADAPTERS] == p0[TWK_DPOOL_ADAPTERS],
+              "its adapter is in sampler_adapters, not in the runs' adapters");
+        twk_sampler_free(sp);
+    }
+    twk_model_free(m);
+    check(twk_device_buffer_bytes(dev) == 0 && device_sums(dev, p0), "everything freed: every pool at 0");
+    twk_device_close(dev);
+}
+
+/* The packed-training counters as GET /metrics shows them. */
+static void test_pack_counters(void) {
+    twk_metrics *m = twk_metrics_new();
+    twk_metrics_pack(m, "base", NULL);
+    char *text = twk_metrics_render(m, 0, NULL);
+    check(text && sample(text, "twinkle_train_passes_total{model=\"base\",kind=\"packed\"}") == 0 &&
+              sample(text, "twinkle_train_passes_total{model=\"base\",kind=\"alone\"}") == 0,
+          "the pass counters exist at 0 before any pass");
+    twk_host_free(text);
+    twk_pack_stats st = {.passes = 5, .segments = 12, .shared_passes = 3, .max_segments = 4};
+    twk_metrics_pack(m, "base", &st);
+    text = twk_metrics_render(m, 0, NULL);
+    check(text && sample(text, "twinkle_train_passes_total{model=\"base\",kind=\"packed\"}") == 3 &&
+              sample(text, "twinkle_train_passes_total{model=\"base\",kind=\"alone\"}") == 2 &&
+              sample(text, "twinkle_train_packed_runs_total{model=\"base\"}") == 10 &&
+              sample(text, "twinkle_train_pass_runs_max{model=\"base\"}") == 4,
+          "5 passes of 12 segments, 3 shared: packed 3, alone 2, 10 runs in packed passes, at most 4");
+    twk_host_free(text);
+    twk_metrics_free(m);
+}
+
 int main(void) {
     test_concurrent_counts();
     test_routes();
     test_fault();
     test_hal_bytes();
+    test_host_pools();
+    test_device_pools();
+    test_pack_counters();
     printf("%s\n", fails ? "FAILED" : "all passed");
     return fails ? 1 : 0;
 }

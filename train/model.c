@@ -86,7 +86,9 @@ twk_status twk_model_set_kv_dtype(twk_model *m, twk_dtype t) {
 static twk_status upload_as(twk_device *dev, named_buf *w, twk_dtype from, const void *src) {
     twk_buffer *old = w->buf;
     w->buf = NULL;
+    twk_device_pool pool = twk_device_pool_enter(TWK_DPOOL_WEIGHTS);
     twk_status st = twk_buffer_alloc(dev, nb_bytes(w), &w->buf);
+    twk_device_pool_enter(pool);
     if (st == TWK_OK && from == w->dtype) {
         st = twk_buffer_upload(dev, w->buf, 0, src, nb_bytes(w));
     } else if (st == TWK_OK && from == TWK_F32) { /* narrowing: a buffer of the narrow size only */
@@ -610,7 +612,9 @@ static twk_status compile_train(twk_trainer *t, twk_buffer *shared) {
     twk_buffer *arena = shared;
     twk_status st = TWK_OK;
     if (need && (!arena || twk_buffer_size(arena) < need)) {
+        twk_device_pool pool = twk_device_pool_enter(TWK_DPOOL_ACTIVATIONS);
         st = twk_buffer_alloc(t->m->dev, need, &t->arena);
+        twk_device_pool_enter(pool);
         arena = t->arena;
     }
     if (st == TWK_OK) st = plan_of(t, &t->fwdbwd, NULL, arena, 1);
@@ -729,7 +733,13 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
         t->scale = lora->alpha / (float)lora->rank;
     }
     twk_status st = TWK_OK;
-    if (t->lora) st = make_adapter(t);
+    /* the pools of the adapter and its gradients: a sampler's, a packed pass's slots, or a run's */
+    twk_device_pool own = sampling ? TWK_DPOOL_SAMPLER_ADAPTERS : n_slots ? TWK_DPOOL_PACK_SLOTS : TWK_DPOOL_ADAPTERS;
+    if (t->lora) {
+        twk_device_pool pool = twk_device_pool_enter(own);
+        st = make_adapter(t);
+        twk_device_pool_enter(pool);
+    }
     int half = m->cfg.head_dim / 2;
     float f[4096];
     if (st == TWK_OK && half > 4096) st = twk_error(TWK_ERR_UNSUPPORTED, "trainer_new: head_dim %d too large", m->cfg.head_dim);
@@ -740,7 +750,11 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
         st = twk_buffer_alloc(m->dev, nb_bytes(&t->inv_freq), &t->inv_freq.buf);
         if (st == TWK_OK) st = twk_buffer_upload(m->dev, t->inv_freq.buf, 0, f, nb_bytes(&t->inv_freq));
     }
-    if (st == TWK_OK && sampling) st = make_kv(t);
+    if (st == TWK_OK && sampling) {
+        twk_device_pool pool = twk_device_pool_enter(TWK_DPOOL_KV_CACHE);
+        st = make_kv(t);
+        twk_device_pool_enter(pool);
+    }
     if (st == TWK_OK && !(t->g = twk_graph_new())) st = TWK_ERR_OOM;
     if (st == TWK_OK) st = build(t);
     if (st == TWK_OK && sampling) { /* the prefill plan, then the decode plan (same node ids) */
@@ -794,7 +808,11 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
             p->grad = g;
         }
     }
-    if (st == TWK_OK) st = twk_trainer_grads_init(t);
+    if (st == TWK_OK) {
+        twk_device_pool pool = twk_device_pool_enter(own);
+        st = twk_trainer_grads_init(t);
+        twk_device_pool_enter(pool);
+    }
     if (st == TWK_OK && t->recompute) st = twk_graph_recompute(t->g);
     if (st == TWK_OK) st = plan_of(t, NULL, &t->est_fwdbwd, NULL, 1);
     if (st == TWK_OK && !dry) st = compile_train(t, o ? o->arena : NULL);

@@ -51,9 +51,33 @@ void *twk_host_realloc(void *ptr, size_t old_bytes, size_t new_bytes, const char
 char *twk_host_strdup(const char *s, const char *what);
 /* Frees memory from twk_host_alloc; NULL is ignored. */
 void twk_host_free(void *ptr);
-/* Bytes the default allocator holds now (usable sizes of its live blocks); blocks of an allocator
- * installed with twk_set_allocator are not counted. Any thread. */
+/* Bytes the default allocator holds now (usable sizes of its live blocks, each with the small
+ * header that records its pool); blocks of an allocator installed with twk_set_allocator are not
+ * counted. The sum of twk_host_pool_bytes over every pool. Any thread. */
 size_t twk_host_bytes_in_use(void);
+
+/* Host memory pools: every block is counted in the pool that was this thread's current one when it
+ * was allocated (twk_host_realloc keeps the old block's pool), so the pools sum exactly to
+ * twk_host_bytes_in_use. */
+typedef enum twk_host_pool {
+    TWK_HPOOL_OTHER = 0,       /* "other": everything not tagged below */
+    TWK_HPOOL_ADAPTER_COPIES,  /* "adapter_copies": host copies of adapters (snapshots, evicted samplers) */
+    TWK_HPOOL_REQUESTS,        /* "requests": request and answer bodies, their decoded forms, results held */
+    TWK_HPOOL_DEVICE_BUFFERS,  /* "device_buffers": the buffers of a device that lives in host memory (CPU) */
+    TWK_HPOOL_COUNT
+} twk_host_pool;
+/* Makes p this thread's current host pool; returns the one it replaces (to restore). An
+ * out-of-range p means TWK_HPOOL_OTHER. Never fails. */
+twk_host_pool twk_host_pool_enter(twk_host_pool p);
+/* twk_host_alloc charged to pool p whatever this thread's current pool is; NULL on failure. */
+void *twk_host_pool_alloc(twk_host_pool p, size_t bytes, const char *what);
+/* Bytes the default allocator holds in pool p (0 for an out-of-range p). Any thread. */
+size_t twk_host_pool_bytes(twk_host_pool p);
+/* Every pool's bytes into out[TWK_HPOOL_COUNT]; returns their sum, the total as of these reads
+ * (report it beside them and the pools add up to it exactly). */
+size_t twk_host_pool_snapshot(size_t out[TWK_HPOOL_COUNT]);
+/* The pool's name above; "?" for an out-of-range p. */
+const char *twk_host_pool_name(twk_host_pool p);
 
 /* ---- element types ------------------------------------------------------- */
 
@@ -140,6 +164,29 @@ twk_status twk_buffer_zero(twk_device *dev, twk_buffer *dst, size_t off, size_t 
 size_t twk_buffer_size(const twk_buffer *buf);
 /* Bytes of the buffers now allocated on dev through twk_buffer_alloc (0 for NULL). Any thread. */
 size_t twk_device_buffer_bytes(const twk_device *dev);
+
+/* Device memory pools: every buffer is counted in the pool that was this thread's current one when
+ * twk_buffer_alloc made it, so on each device the pools sum exactly to twk_device_buffer_bytes. */
+typedef enum twk_device_pool {
+    TWK_DPOOL_OTHER = 0,         /* "other": everything not tagged below */
+    TWK_DPOOL_WEIGHTS,           /* "weights": base model weights */
+    TWK_DPOOL_ADAPTERS,          /* "adapters": trainers' LoRA adapters, gradient accumulators, AdamW moments */
+    TWK_DPOOL_SAMPLER_ADAPTERS,  /* "sampler_adapters": samplers' adapters (one, or stacked slots) */
+    TWK_DPOOL_PACK_SLOTS,        /* "pack_slots": a packed pass's stacked adapter slots and their gradients */
+    TWK_DPOOL_ACTIVATIONS,       /* "activations": plan arenas (activations, intermediates) and plan inputs */
+    TWK_DPOOL_KV_CACHE,          /* "kv_cache": samplers' KV caches */
+    TWK_DPOOL_COUNT
+} twk_device_pool;
+/* Makes p this thread's current device pool; returns the one it replaces (to restore). An
+ * out-of-range p means TWK_DPOOL_OTHER. Never fails. */
+twk_device_pool twk_device_pool_enter(twk_device_pool p);
+/* Bytes of dev's buffers in pool p (0 for NULL or an out-of-range p). Any thread. */
+size_t twk_device_pool_bytes(const twk_device *dev, twk_device_pool p);
+/* Every pool's bytes on dev into out[TWK_DPOOL_COUNT] (zeros for NULL); returns their sum, the
+ * total as of these reads. */
+size_t twk_device_pool_snapshot(const twk_device *dev, size_t out[TWK_DPOOL_COUNT]);
+/* The pool's name above; "?" for an out-of-range p. */
+const char *twk_device_pool_name(twk_device_pool p);
 
 /* Data moved between the host and a backend's devices through twk_buffer_upload and
  * twk_buffer_download (plan writes and reads go through them), counted per backend since the

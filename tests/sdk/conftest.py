@@ -51,10 +51,8 @@ def rss_mib(pid: int) -> float:
     raise AssertionError("no VmRSS")
 
 
-def engine_mib(port: int, key: str) -> float:
-    """MiB the server holds through the engine's allocators, read from GET /metrics: the host
-    allocator (twk_host_alloc: adapters, moments, snapshots, requests, cJSON trees) plus the
-    device buffers of the HAL. Exact under any malloc, so it measures releases under ASan too."""
+def metric_sum(port: int, key: str, *names: str) -> float:
+    """The sum of every sample of the named series on GET /metrics (read with a tenant key)."""
     import http.client
 
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -65,10 +63,16 @@ def engine_mib(port: int, key: str) -> float:
     assert r.status == 200, (r.status, text[:300])
     total = 0.0
     for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in ("twinkle_host_memory_bytes", "twinkle_device_memory_bytes"):
+        if line.split("{", 1)[0].split(" ", 1)[0] in names:
             total += float(line.rsplit(" ", 1)[1])
-    return total / (1024.0 * 1024.0)
+    return total
+
+
+def engine_mib(port: int, key: str) -> float:
+    """MiB the server holds through the engine's allocators, read from GET /metrics: the host
+    allocator (twk_host_alloc: adapters, moments, snapshots, requests, cJSON trees) plus the
+    device buffers of the HAL. Exact under any malloc, so it measures releases under ASan too."""
+    return metric_sum(port, key, "twinkle_host_memory_bytes", "twinkle_device_memory_bytes") / (1024.0 * 1024.0)
 
 
 def pytest_configure(config):

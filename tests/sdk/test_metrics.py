@@ -146,7 +146,7 @@ def test_counters_views_and_gauges(start_server, tmp_path):
     assert value(t1, "twinkle_checkpoints", tenant="alice") == 1
     assert value(t1, "twinkle_checkpoint_bytes", tenant="alice") == on_disk > 0
     assert value(t1, "twinkle_host_memory_bytes") > 0 and value(t1, "process_resident_memory_bytes") > 0
-    assert value(t1, "twinkle_device_memory_bytes", pool="buffers") > 0
+    assert value(t1, "twinkle_device_memory_bytes", device="cpu:0") > 0
     assert value(t1, "twinkle_worker_stall_seconds") == 0
     # bob's view sums alice's numbers in without naming her
     btext, bob = scrape(port, BOB)
@@ -180,3 +180,103 @@ def test_route_labels_are_bounded(start_server):
     assert value(fams, "twinkle_http_requests_total", route="training_runs/{id}/checkpoints") == 1
     assert value(fams, "twinkle_http_requests_total", route="samplers/{id}") == 1
     assert value(fams, "twinkle_http_requests_total", route="other") == 1
+
+
+# ---- memory per pool (issue 17, item 1: "host and device memory in use per pool") ----
+
+F32 = 4
+
+
+def model_config(srv) -> dict:
+    """The served model's config.json (the built-in model, written to the data dir)."""
+    import json
+
+    return json.loads((srv.data_dir / "models" / "tiny" / "config.json").read_text())
+
+
+def param_bytes(c: dict) -> int:
+    """Bytes of a Qwen3 model's parameters at f32, from its config alone."""
+    h, v, f, L = c["hidden_size"], c["vocab_size"], c["intermediate_size"], c["num_hidden_layers"]
+    hd = c.get("head_dim") or h // c["num_attention_heads"]
+    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
+    layer = h * q + 2 * h * kv + q * h + 3 * h * f + 2 * h + 2 * hd  # q k v o, gate up down, 2 norms, q/k norms
+    n = v * h + L * layer + h + (0 if c.get("tie_word_embeddings") else v * h)
+    return n * F32
+
+
+def run_bytes(c: dict, rank: int) -> int:
+    """A LoRA run's device bytes at rank r over attention, MLP and unembedding: the adapter (A is
+    r x in, B is out x r per module, f32) plus its gradient accumulator and two AdamW moments, each
+    a flat f32 buffer with every tensor padded to a multiple of 64 floats."""
+    h, v, f, L = c["hidden_size"], c["vocab_size"], c["intermediate_size"], c["num_hidden_layers"]
+    hd = c.get("head_dim") or h // c["num_attention_heads"]
+    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
+    modules = L * [(h, q), (h, kv), (h, kv), (q, h), (h, f), (h, f), (f, h)] + [(h, v)]  # (in, out)
+    tensors = [n for i, o in modules for n in (rank * i, o * rank)]
+    padded = sum((n + 63) // 64 * 64 for n in tensors)
+    return sum(tensors) * F32 + 3 * padded * F32
+
+
+def pools(fams, family):
+    return {s.labels["pool"]: s.value for f in fams for s in f.samples if s.name == family}
+
+
+def check_sums(fams):
+    """The pools add up to the totals exactly, on the host and on the device."""
+    host = pools(fams, "twinkle_host_memory_pool_bytes")
+    dev = pools(fams, "twinkle_device_memory_pool_bytes")
+    assert {"other", "adapter_copies", "requests", "device_buffers"} <= set(host), host
+    assert {"other", "weights", "adapters", "activations", "kv_cache", "sampler_adapters"} <= set(dev), dev
+    assert sum(host.values()) == value(fams, "twinkle_host_memory_bytes") > 0, host
+    assert sum(dev.values()) == value(fams, "twinkle_device_memory_bytes") > 0, dev
+    return host, dev
+
+
+def test_memory_per_pool(start_server):
+    srv = start_server("--max-live-runs", "1")
+    key = "tml-pools"
+    c = model_config(srv)
+    _, m0 = scrape(srv.port, key)
+    host0, dev0 = check_sums(m0)
+    assert dev0["weights"] == param_bytes(c), (dev0["weights"], param_bytes(c))
+    assert dev0["adapters"] == 0 and dev0["activations"] > 0
+    # on the CPU the device's buffers are host memory: counted in the host's device_buffers pool
+    assert host0["device_buffers"] >= sum(dev0.values())
+
+    sc = service_client(srv.base_url, key)
+    a = new_training_client(sc, rank=4, seed=1)
+    _, m1 = scrape(srv.port, key)
+    _, dev1 = check_sums(m1)
+    print(f"run of rank 4: {dev1['adapters'] - dev0['adapters']:.0f} bytes, expected {run_bytes(c, 4)}")
+    assert dev1["adapters"] - dev0["adapters"] == run_bytes(c, 4)
+    assert dev1["weights"] == dev0["weights"]
+    a.forward_backward([counting_datum(0)], "cross_entropy").result(timeout=60)
+
+    # a second run with --max-live-runs 1: the first one is spilled to disk, its bytes leave the pool
+    b = new_training_client(sc, rank=8, seed=2)
+    b.forward_backward([counting_datum(1)], "cross_entropy").result(timeout=60)
+    _, m2 = scrape(srv.port, key)
+    _, dev2 = check_sums(m2)
+    assert [p for p in (srv.data_dir / "spill").iterdir() if not p.name.startswith(".")], "a run was spilled"
+    assert dev2["adapters"] - dev0["adapters"] == run_bytes(c, 8), (dev2["adapters"], run_bytes(c, 8))
+
+    # unloaded: nothing of it stays
+    st, body = request(srv.port, "POST", "/api/v1/unload_model", {"model_id": b.model_id}, key=key)[:2]
+    assert st == 200, body
+    for _ in range(200):
+        _, m3 = scrape(srv.port, key)
+        _, dev3 = check_sums(m3)
+        if dev3["adapters"] == dev0["adapters"]:
+            break
+    assert dev3["adapters"] == dev0["adapters"], dev3
+
+    # a sampler: its KV cache and adapter in their pools; the sums still exact
+    sampler = a.save_weights_and_get_sampling_client()
+    sampler = sampler.result(timeout=60) if hasattr(sampler, "result") else sampler
+    sampler.sample(types.ModelInput.from_ints([100, 101, 102]), num_samples=1,
+                   sampling_params=types.SamplingParams(max_tokens=3, temperature=1.0, seed=1)).result(timeout=60)
+    _, m4 = scrape(srv.port, key)
+    host4, dev4 = check_sums(m4)
+    assert dev4["kv_cache"] > 0 and dev4["sampler_adapters"] > 0, dev4
+    assert dev4["adapters"] - dev0["adapters"] == run_bytes(c, 4)  # a came back from disk for its snapshot
+    print("device pools:", dev4, "host pools:", host4)

@@ -11,9 +11,13 @@ depend on stays inside its own tokens, and each run's segment sits at a
 16-row boundary so the base GEMM computes its rows the same way:
 train/lora_pack.c); 1e-4 absolute on other devices (TWK_SERVE_DEVICE), whose
 GEMMs may sum rows of different batches in another order. The max abs diffs
-are printed. That passes really are shared is shown at the train/ level by
-tests/test_lora_pack.c (the pass counter); the server's counter is
-twk_serve_pack_stats (no C test reads it yet)."""
+are printed. That the concurrent requests really shared passes (not time-shared)
+is read from the server's pass counters in GET /metrics before and after each
+phase (twinkle_train_passes_total{kind="packed"|"alone"}, from the base model's
+pack: server/batch_train.c): together, some passes are packed and they carry
+the same run segments in fewer passes than alone; tests/test_serve_pack.c
+shows it in C against the service in-process (twk_serve_pack_stats), and
+tests/test_lora_pack.c counts the passes of the pack itself at the train/ level."""
 from __future__ import annotations
 
 import os
@@ -23,6 +27,7 @@ import threading
 import numpy as np
 from tinker import types
 
+from test_metrics import scrape, value
 from conftest import adam, counting_datum, logprobs_of, make_datum, max_abs_diff, new_training_client, service_client
 
 STEPS = 4
@@ -80,8 +85,17 @@ def train(base_url: str, key: str, tenant: int, barrier: threading.Barrier | Non
     return trace, [float(x) for x in final[1:]]
 
 
+def passes(port):
+    """The training pass counters of GET /metrics: packed and alone passes, runs in packed passes."""
+    _, fams = scrape(port, "tml-metrics")
+    return (value(fams, "twinkle_train_passes_total", kind="packed"), value(fams, "twinkle_train_passes_total", kind="alone"),
+            value(fams, "twinkle_train_packed_runs_total"))
+
+
 def test_eight_tenants_packed_equal_each_alone(server):
+    p0 = passes(server.port)
     alone = [train(server.base_url, f"tml-alone-{t}", t) for t in range(len(TENANTS))]
+    p1 = passes(server.port)
 
     together: dict[int, object] = {}
     errors: list[BaseException] = []
@@ -99,6 +113,17 @@ def test_eight_tenants_packed_equal_each_alone(server):
     for th in threads:
         th.join(timeout=600)
     assert not errors, errors
+    p2 = passes(server.port)
+    # the same forward_backward requests in both phases; one takes 1-3 passes (dpo's reference
+    # forward, a forward before the backward), so alone they are `solo` passes of one run each
+    requests = len(TENANTS) * STEPS
+    solo = p1[1] - p0[1]
+    packed, lone, runs = (b - a for a, b in zip(p1, p2))
+    print(f"{requests} forward_backward requests: one tenant at a time {solo:.0f} passes; 8 tenants at once "
+          f"{packed + lone:.0f} passes: {packed:.0f} packed (carrying {runs:.0f} runs' segments) + {lone:.0f} alone")
+    assert p1[0] == p0[0] and solo >= requests, "one tenant at a time: no pass is shared"
+    assert runs + lone == solo, "together the same segments of work as alone"
+    assert packed > 0 and packed + lone < solo, "the concurrent requests went through shared passes"
 
     worst = 0.0
     for t, (rank, loss, lr) in enumerate(TENANTS):

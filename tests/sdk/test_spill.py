@@ -22,8 +22,8 @@ import pytest
 import tinker
 from tinker import types
 
-from conftest import (adam, counting_datum, engine_mib, is_asan_build, logprobs_of, new_training_client, rss_mib,
-                      service_client)
+from conftest import (adam, counting_datum, engine_mib, is_asan_build, logprobs_of, metric_sum, new_training_client,
+                      rss_mib, service_client)
 
 
 def batch(step, n=4):
@@ -118,6 +118,10 @@ def test_idle_runs_keep_rss_flat(start_server, tmp_path):
           f"after 100 runs {rss[2]:.1f} MiB (+{growth:.1f} MiB for 93 more; resident would be "
           f"+{93 * per_run:.1f} MiB); spilled: {len(spill_dirs(srv.data_dir))}")
     assert len(spill_dirs(srv.data_dir)) >= 92
+    live = metric_sum(srv.port, "tml-idle", "twinkle_runs_live")
+    spilled = metric_sum(srv.port, "tml-idle", "twinkle_runs_spilled")
+    print(f"/metrics: runs live {live:.0f}, spilled {spilled:.0f}")
+    assert live == 101 and spilled == 101 - 8, (live, spilled)  # resident: at most --max-live-runs
     assert per_run > 0
     assert growth < 93 * per_run / 4, "idle runs must not stay resident"
     # a spilled one still trains
