@@ -1,8 +1,9 @@
 """Webhook alerts (issue 17, item 3) against receivers this test runs on loopback: each event kind
 (an op failing with a server error through the TWK_FAULT hook, a loss that is not finite, a stalled
 worker, the disk and memory watermarks, a start after an unclean shutdown), the payload of each
-format (slack, feishu, dingtalk, generic), the rate limit per kind, and receivers that are down or
-refuse (training is unaffected; retries and failures are counted in /metrics)."""
+format (slack, feishu, dingtalk, generic), the rate limit per kind, and receivers that are down,
+refuse, or take the connection and never answer (training is unaffected and a graceful stop is not
+held up; retries and failures are counted in /metrics)."""
 from __future__ import annotations
 
 import json
@@ -186,3 +187,80 @@ def test_alert_options_refused(start_server, tmp_path):
         r = subprocess.run([str(twinkle_bin()), "serve", "--data-dir", str(tmp_path / "d"), *args],
                            capture_output=True, text=True, timeout=30)
         assert r.returncode == 2 and word in r.stderr, (args, r.returncode, r.stderr)
+
+
+class Hanging:
+    """A webhook that accepts the connection, reads the request and never answers."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self.stopped = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self.stopped:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(c)  # held open, never answered
+
+    def close(self):
+        self.stopped = True
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+def test_hanging_receiver_never_blocks_training(start_server, tmp_path):
+    """A receiver that takes the connection and never answers: the delivery thread waits out
+    --alert-timeout-s per attempt while forward_backward / optim_step keep their latency (each
+    within 3x the slowest of the same ops with no alert in flight, measured first), the attempts
+    are counted as retries and then a failure in /metrics, and a graceful stop is not held up by
+    the post in progress."""
+    hang = Hanging()
+    try:
+        srv = start_server("--alert-webhook", f"generic=http://127.0.0.1:{hang.port}/hook", "--alert-timeout-s", "3",
+                           "--alert-retries", "1", "--alert-backoff-s", "0.05", "--alert-check-s", "0.1",
+                           "--alert-rate-s", "0")
+        tc = new_training_client(service_client(srv.base_url, KEY), rank=4, seed=3)
+
+        def step(i):
+            t = time.perf_counter()
+            tc.forward_backward([counting_datum(i)], "cross_entropy").result(timeout=60)
+            tc.optim_step(adam()).result(timeout=60)
+            return time.perf_counter() - t
+
+        quiet = [step(i) for i in range(4)]  # no alert raised yet: nothing in flight
+        toks = list(range(100, 116))  # a non-finite loss raises loss_nonfinite: its post hangs
+        tc.forward([make_datum(toks[:-1], toks[1:], [3e38] * 15)], "cross_entropy").result(timeout=60)
+        deadline = time.time() + 10
+        while not hang.conns and time.time() < deadline:
+            time.sleep(0.02)
+        assert hang.conns, "the alert was never posted"
+        t0 = time.time()
+        loaded = [step(i) for i in range(4, 10)]  # while the first attempt (3 s) and its retry hang
+        during = time.time() - t0
+        print(f"steps with no alert in flight: max {max(quiet) * 1e3:.0f} ms; while a post hangs: max "
+              f"{max(loaded) * 1e3:.0f} ms over {during:.1f} s")
+        assert max(loaded) < 3 * max(quiet) + 0.5, (quiet, loaded)
+        end = time.time() + 30
+        while value(scrape(srv.port, KEY)[1], "twinkle_alert_failures_total", target="0") < 1 and time.time() < end:
+            time.sleep(0.2)
+        _, fams = scrape(srv.port, KEY)
+        assert value(fams, "twinkle_alert_retries_total", target="0") == 1
+        assert value(fams, "twinkle_alert_failures_total", target="0") == 1
+        assert value(fams, "twinkle_alert_deliveries_total", target="0") == 0
+        # a new alert's post hangs again; the stop aborts it
+        tc.forward([make_datum(toks[:-1], toks[1:], [3e38] * 15)], "cross_entropy").result(timeout=60)
+        time.sleep(0.5)
+        t = time.time()
+        srv.stop()
+        print(f"graceful stop with a hanging post: {time.time() - t:.2f} s")
+        assert time.time() - t < 2.5
+    finally:
+        hang.close()
