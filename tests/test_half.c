@@ -1,8 +1,9 @@
 /* bf16 / f16 weights on the device TWK_TEST_DEVICE names (default cpu; ctest also runs it on
- * opencl and the fake cuda; Vulkan has no 16-bit shaders yet): matmul with a 16-bit b (the
- * CPU's decode dots and sgemm panels, the GPU backends' widened panels; b transposed or not,
- * the backward product dX = dY W), get_rows from a 16-bit table, KV caches in 16 bits (the
- * cache's bits equal the host's round-to-nearest-even), against float64 references computed
+ * opencl, vulkan and the fake cuda): matmul with a 16-bit b (the CPU's decode dots and sgemm
+ * panels, the OpenCL / CUDA widened panels, Vulkan's GEMM loading packed words; b transposed or
+ * not, the backward product dX = dY W), get_rows from a 16-bit table, KV caches in 16 bits (the
+ * cache's bits equal the host's round-to-nearest-even), every 16-bit pattern widened and edge
+ * values narrowed bit for bit as hal/half.c, against float64 references computed
  * from the same 16-bit values; a whole model (forward, LoRA gradients, greedy decoding) held
  * in bf16 against the same weights held in f32 on that device; on the CPU run, the demo task
  * and the capability checks: a trainable 16-bit parameter is refused, and every backend
@@ -117,6 +118,80 @@ static void get_rows_case(twk_device *dev, twk_dtype t) {
     char what[96];
     snprintf(what, sizeof what, "get_rows from a %s table: the rows widened exactly", twk_dtype_name(t));
     check(ok, what);
+    twk_plan_free(p);
+    twk_graph_free(g);
+}
+
+/* Every bf16 / f16 bit pattern through get_rows (65536 values, rows of 16): each widens to the
+ * host's value bit for bit (a NaN to a NaN). And kv_write of 35 f32 values — ties to even in
+ * both formats, f16 overflow (65519, 65520) and subnormal edges, f32 subnormals, infinities,
+ * NaNs with payloads — into a cache whose rows have 5 halves (so a 32-bit word holds the end of
+ * one row and the start of the next, the rows written by different threads), rows 4 and 7 not
+ * written: the written halves equal hal/half.c's rounding, every other half is kept. */
+static int same_f32(float a, float b) { return (isnan(a) && isnan(b)) || !memcmp(&a, &b, sizeof a); }
+
+static void bits_case(twk_device *dev, twk_dtype t) {
+    enum { V = 4096, D = 16, R = 9, E = 5, T = 7 };
+    uint16_t *tab = malloc((size_t)V * D * 2);
+    float *y = malloc((size_t)V * D * 4);
+    int32_t *ids = malloc((size_t)V * 4);
+    for (int i = 0; i < V * D; i++) tab[i] = (uint16_t)i;
+    for (int i = 0; i < V; i++) ids[i] = (i * 7) % V; /* a permutation: every row once */
+    int64_t st[2] = {V, D}, si[1] = {V};
+    twk_graph *g = twk_graph_new();
+    twk_id Tb = twk_param_dtype(g, "table", t, 2, st, false), I = twk_input(g, "ids", TWK_I32, 1, si);
+    twk_id Y = twk_get_rows(g, Tb, I);
+    twk_graph_output(g, Y);
+    twk_plan *p = NULL;
+    int ok = twk_plan_compile(g, dev, 1, NULL, 0, &p) == TWK_OK &&
+             twk_plan_write(p, Tb, 1, tab, (size_t)V * D * 2) == TWK_OK &&
+             twk_plan_write(p, I, 1, ids, (size_t)V * 4) == TWK_OK && twk_plan_run(p, 1) == TWK_OK &&
+             twk_plan_read(p, Y, 1, y, (size_t)V * D * 4) == TWK_OK;
+    int bad = 0;
+    for (int i = 0; ok && i < V; i++)
+        for (int d = 0; d < D; d++) {
+            uint16_t h = tab[ids[i] * D + d];
+            bad += !same_f32(y[i * D + d], t == TWK_BF16 ? twk_bf16_to_f32(h) : twk_f16_to_f32(h));
+        }
+    char what[200];
+    snprintf(what, sizeof what, "every %s bit pattern widened by get_rows as the host widens it (%d differ)",
+             twk_dtype_name(t), bad);
+    check(ok && !bad, what);
+    twk_plan_free(p);
+    twk_graph_free(g);
+    free(tab), free(y), free(ids);
+
+    static const uint32_t special[] = {
+        0x00000000, 0x80000000, 0x3f800000, 0x7f800000, 0xff800000, 0x7fc00000, 0x7f800001, 0xffc12345,
+        0x477fe000 /* 65504 */, 0x477fefff /* 65519 */, 0x477ff000 /* 65520 */, 0x7f7fffff, 0xff7fffff,
+        0x33800000 /* 2^-24 */, 0x33000000 /* 2^-25: a tie to 0 */, 0x33000001, 0x33c00000 /* 1.5 2^-24 */,
+        0x38800000 /* 2^-14 */, 0x387fffff, 0x387fe000, 0x3f801000 /* f16 tie, to even */, 0x3f803000,
+        0x3f808000 /* bf16 tie, to even */, 0x3f818000, 0x3f807fff, 0x00000001, 0x807fffff, 0x00400000,
+        0xc7000100, 0x40490fdb, 0xbf7fffff, 0x3effffff, 0x477fefff, 0x4b7fffff, 0x3f800001};
+    _Static_assert(sizeof special / sizeof special[0] == T * E, "one value per cache element written");
+    float x[T * E];
+    memcpy(x, special, sizeof x);
+    int32_t rows[T] = {0, 1, 2, 3, 5, 6, 8};
+    uint16_t init[R * E], got[R * E];
+    for (int i = 0; i < R * E; i++) init[i] = (uint16_t)(0xa5a5u + 977u * (unsigned)i);
+    int64_t sc[3] = {R, 1, E}, sx[3] = {T, 1, E}, s1[1] = {T};
+    g = twk_graph_new();
+    twk_id Kc = twk_param_dtype(g, "kc", t, 3, sc, false), X = twk_input(g, "x", TWK_F32, 3, sx);
+    twk_id Rw = twk_input(g, "rows", TWK_I32, 1, s1);
+    twk_graph_output(g, twk_kv_write(g, Kc, X, Rw));
+    p = NULL;
+    ok = twk_plan_compile(g, dev, 1, NULL, 0, &p) == TWK_OK && twk_plan_write(p, Kc, 1, init, sizeof init) == TWK_OK &&
+         twk_plan_write(p, X, 1, x, sizeof x) == TWK_OK && twk_plan_write(p, Rw, 1, rows, sizeof rows) == TWK_OK &&
+         twk_plan_run(p, 1) == TWK_OK && twk_plan_read(p, Kc, 1, got, sizeof got) == TWK_OK;
+    uint16_t want[R * E];
+    memcpy(want, init, sizeof want);
+    for (int i = 0; i < T * E; i++)
+        want[rows[i / E] * E + i % E] = t == TWK_BF16 ? twk_f32_to_bf16(x[i]) : twk_f32_to_f16(x[i]);
+    bad = 0;
+    for (int i = 0; ok && i < R * E; i++) bad += got[i] != want[i];
+    snprintf(what, sizeof what, "kv_write of %d edge values into %s rows of %d halves: host rounding, unwritten halves kept "
+             "(%d differ)", T * E, twk_dtype_name(t), E, bad);
+    check(ok && !bad, what);
     twk_plan_free(p);
     twk_graph_free(g);
 }
@@ -378,7 +453,7 @@ int main(int argc, char **argv) {
                          sh[2] < 1000 ? " + dX = dY W" : "", e);
                 check(e <= 1, what);
             }
-    for (int ti = 0; ti < 2; ti++) get_rows_case(dev, types[ti]), kv_case(dev, types[ti]);
+    for (int ti = 0; ti < 2; ti++) get_rows_case(dev, types[ti]), kv_case(dev, types[ti]), bits_case(dev, types[ti]);
     const char *dir = argc > 1 ? argv[1] : NULL;
     if (dir) model_case(dev, dir);
     if (on_cpu) demo_case(), refusals(); /* once, on the CPU run: 40 training steps; every backend opened */

@@ -236,6 +236,11 @@ static void replay_bf16(const char *dir, const char *model, twk_device *dev, con
         fails++;
         goto out;
     }
+    if (twk_model_dtype(m) != TWK_BF16) { /* the replay runs the bf16 kernels, not widened weights */
+        printf("FAIL %s bf16: the model is held in %s on %s\n", model, twk_dtype_name(twk_model_dtype(m)), spec);
+        fails++;
+        goto out;
+    }
     set_from(t, exp, "lora_init");
     int64_t n = b->n;
     float *lp = malloc((size_t)n * 4), loss = 0;

@@ -43,6 +43,9 @@ static vk_dispatch *start(vk_dispatch *d, int *k, vk_shader s, uint32_t wg, int 
     return x;
 }
 
+/* The shaders' code for a 16-bit operand (spec constants 10, 11; common.glsl): 1 bf16, 2 f16, 0 f32. */
+static uint32_t h16_code(twk_dtype t) { return t == TWK_BF16 ? 1u : t == TWK_F16 ? 2u : 0u; }
+
 static uint32_t groups_for(const vk_ctx *c, int64_t items, uint32_t per_group) {
     int64_t g = (items + per_group - 1) / per_group;
     if (g < 1) g = 1;
@@ -275,6 +278,7 @@ static int lower_matmul(vk_low *w) {
     vk_dispatch *x = matmul_pipeline(w, M, &simple, &BM, &BN);
     x->spec[7] = (uint32_t)ta;
     x->spec[8] = (uint32_t)tb;
+    x->spec[10] = h16_code(s[1].type); /* a 16-bit weight, widened as B is loaded */
     int64_t p[10] = {M, N, K, dim(&s[0], r - 1, n), dim(&s[1], r - 1, n), N, M * K, K * N, M * N, batch};
     for (int i = 0; i < 10; i++) x->p[i] = (int32_t)p[i];
     x->bind[0] = VKB_DST;
@@ -305,6 +309,7 @@ static int lower_get_rows(vk_low *w) {
         x->groups[0] = groups_for(w->c, w->ny, 128);
     }
     x = next(w, VKS_ROWS, 64, w->mode);
+    if (!back) x->spec[10] = h16_code(w->s[0].type); /* a 16-bit table */
     x->bind[0] = VKB_DST;
     x->bind[1] = 0;
     x->bind[2] = 1;
@@ -321,6 +326,7 @@ static int lower_kv_write(vk_low *w) {
     int64_t n = w->n;
     int64_t T = dim(&s[1], 0, n), row = dim(&s[1], 1, n) * dim(&s[1], 2, n), R = dim(w->y, 0, n);
     vk_dispatch *x = next(w, VKS_ROWS, 64, w->mode);
+    x->spec[10] = h16_code(w->y->type); /* a 16-bit cache: one item per word of a row */
     x->bind[0] = VKB_DST;
     x->bind[1] = 1;
     x->bind[2] = 2;
@@ -328,7 +334,7 @@ static int lower_kv_write(vk_low *w) {
     x->p[1] = (int32_t)row;
     x->p[2] = (int32_t)R;
     x->p[7] = s[2].type == TWK_I64;
-    x->groups[0] = groups_for(w->c, T * row, 64);
+    x->groups[0] = groups_for(w->c, x->spec[10] ? T * (row / 2 + 1) : T * row, 64);
     return 0;
 }
 
@@ -445,6 +451,8 @@ static int lower_attn(vk_low *w) {
         if (l->op == TWK_OP_ATTN_CACHE) {
             x->bind[5] = 4;
             x->p[7] = s[4].type == TWK_I64;
+            x->spec[10] = h16_code(s[1].type); /* 16-bit K / V caches */
+            x->spec[11] = h16_code(s[2].type);
         }
     }
     x->bind[0] = VKB_DST;
@@ -570,8 +578,13 @@ int vk_op_kernel(twk_op op, const char **why) {
 }
 
 unsigned vk_half_srcs(twk_op op) {
-    (void)op;
-    return 0; /* no 16-bit shaders yet */
+    switch (op) { /* read or written as packed 32-bit words (common.glsl) */
+    case TWK_OP_MATMUL: return TWK_SRC(1);                  /* matmul.comp widens B as it loads it */
+    case TWK_OP_GET_ROWS: return TWK_SRC(0);                /* rows.comp MODE 0 */
+    case TWK_OP_KV_WRITE: return TWK_SRC(0);                /* rows.comp: narrowed, round to nearest even */
+    case TWK_OP_ATTN_CACHE: return TWK_SRC(1) | TWK_SRC(2); /* attn.comp MODE 2 */
+    default: return 0;
+    }
 }
 
 bool vk_supports(const twk_launch *l, char *why, size_t why_len) {
@@ -586,7 +599,12 @@ bool vk_supports(const twk_launch *l, char *why, size_t why_len) {
         return false;
     }
     if (!twk_launch_dtypes_ok(l, vk_half_srcs(l->op), "vulkan", why, why_len)) return false;
-    if (twk_op_info(l->op)->kind == TWK_OPK_COPY) return true;
+    if (twk_op_info(l->op)->kind == TWK_OPK_COPY) { /* copy.comp moves 32-bit words */
+        size_t es = twk_dtype_size(l->dst.type);
+        if (es == 4 || es == 8) return true;
+        if (why) snprintf(why, why_len, "%s of %zu-byte elements", twk_op_name(l->op), es);
+        return false;
+    }
     if (l->op == TWK_OP_MATMUL && l->src[0].ndim != 2 && l->src[0].ndim != 3) {
         if (why) snprintf(why, why_len, "matmul of rank %d", l->src[0].ndim);
         return false;

@@ -38,6 +38,13 @@ static vk_buffer *binding_buffer(vk_ctx *c, vk_prepared *pp, const twk_launch *l
     return (vk_buffer *)t->buf;
 }
 
+/* The unit of binding b's offset in the push constants: 2 bytes for a 16-bit tensor (read
+ * as packed words, common.glsl), else 4 (32-bit words). */
+static size_t binding_unit(const twk_launch *l, int b) {
+    if (b != VKB_DST && b < 0) return 4;
+    return twk_dtype_is_half((b == VKB_DST ? &l->dst : &l->src[b])->type) ? 2 : 4;
+}
+
 void vk_release(void *ctx, void *prepared) {
     vk_ctx *c = ctx;
     vk_prepared *pp = prepared;
@@ -148,10 +155,11 @@ twk_status vk_prepare(void *ctx, const twk_hal_plan *plan, void **out) {
                     return twk_error(TWK_ERR_INVALID_ARG, "vulkan: %s '%s' has a tensor without a buffer",
                                      twk_op_name(l->op), l->name);
                 }
-                if (off % 4) {
+                size_t unit = b < VK_NBIND ? binding_unit(l, d[j].bind[b]) : 4;
+                if (off % unit) {
                     vk_release(c, pp);
-                    return twk_error(TWK_ERR_UNSUPPORTED, "vulkan: %s '%s': offset %zu is not 4-byte aligned",
-                                     twk_op_name(l->op), l->name, off);
+                    return twk_error(TWK_ERR_UNSUPPORTED, "vulkan: %s '%s': offset %zu is not %zu-byte aligned",
+                                     twk_op_name(l->op), l->name, off, unit);
                 }
                 VkDeviceSize base = 0, range = VK_WHOLE_SIZE;
                 if (buf->alloc > max_range) { /* a window from the tensor's aligned start */
@@ -291,7 +299,7 @@ static twk_status record(vk_ctx *c, vk_prepared *pp, const twk_hal_plan *plan, i
             for (int b = 0; b < VK_NBIND; b++) {
                 size_t off;
                 binding_buffer(c, pp, l, d[j].bind[b], &off);
-                push[b] = (uint32_t)((off - pp->base[di][b]) / 4) + d[j].add_off[b];
+                push[b] = (uint32_t)((off - pp->base[di][b]) / binding_unit(l, d[j].bind[b])) + d[j].add_off[b];
             }
             memcpy(push + 8, d[j].p, sizeof d[j].p);
             memcpy(push + 24, d[j].fp, sizeof d[j].fp);

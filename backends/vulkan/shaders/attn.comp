@@ -7,11 +7,17 @@
 // MODE 2 attn_cache: keys [lo[t], hi[t]) of kc, vc [R, Hkv, D]; y = o
 // Bindings: 0 y, 1 q, 2 k, 3 v, 4 seg/lo, 5 hi. p: 0 T, 1 Hq, 2 Hkv, 3 D,
 // 4 key rows (T or R), 6 i64 seg/lo, 7 i64 hi; f[0] scale.
+// H16A, H16B (spec 10, 11): attn_cache's K / V caches are bf16 / f16, read as
+// packed words and widened (common.glsl).
 #include "common.glsl"
 layout(std430, binding = 0) buffer Y { float y[]; };
 layout(std430, binding = 1) buffer Q { float q[]; };
 layout(std430, binding = 2) buffer K { float k[]; };
 layout(std430, binding = 3) buffer V { float v[]; };
+layout(std430, binding = 2) buffer KH { uint kh[]; };
+layout(std430, binding = 3) buffer VH { uint vh[]; };
+#define K_AT(i) (H16A != 0 ? h16_f32(H16_BITS(kh, i), H16A) : k[i])
+#define V_AT(i) (H16B != 0 ? h16_f32(H16_BITS(vh, i), H16B) : v[i])
 layout(std430, binding = 4) buffer S { uint seg[]; };
 layout(std430, binding = 5) buffer H { uint hiv[]; };
 shared float red[WG];
@@ -42,7 +48,7 @@ void main() {
             if (j < hi) {
                 uint kb = pc.off[2] + (uint(j) * Hkv + hk) * D;
                 float acc = 0.0;
-                for (uint d = 0u; d < D; d++) acc = fma(q[qb + d], k[kb + d], acc);
+                for (uint d = 0u; d < D; d++) acc = fma(q[qb + d], K_AT(kb + d), acc);
                 s = acc * scale;
             }
             red[lid] = s;
@@ -68,7 +74,7 @@ void main() {
                 for (uint d = lid; d < D; d += WG) {
                     float acc = y[ob + d] * alpha;
                     for (uint jj = 0u; jj < nk; jj++)
-                        acc = fma(pj[jj], v[pc.off[3] + ((uint(j0) + jj) * Hkv + hk) * D + d], acc);
+                        acc = fma(pj[jj], V_AT(pc.off[3] + ((uint(j0) + jj) * Hkv + hk) * D + d), acc);
                     y[ob + d] = acc;
                 }
             }

@@ -3,6 +3,8 @@
 // Spec constants: 0 threads (= (BM/TM)*(BN/TN)), 2..6 BM, BN, BK, TM, TN,
 // 7 TA, 8 TB (transpose A / B). p: 0 M, 1 N, 2 K, 3 lda, 4 ldb, 5 ldc,
 // 6 batch stride of A, 7 of B, 8 of C (elements), 9 batch count.
+// H16A (spec 10): B is bf16 / f16 (a frozen weight), read as packed words and
+// widened as it is loaded; every product and sum stays f32.
 #include "common.glsl"
 layout(constant_id = 2) const uint BM = 64;
 layout(constant_id = 3) const uint BN = 64;
@@ -15,6 +17,8 @@ layout(constant_id = 8) const int TB = 0;
 layout(std430, binding = 0) buffer Cb { float C[]; };
 layout(std430, binding = 1) buffer Ab { float A[]; };
 layout(std430, binding = 2) buffer Bb { float B[]; };
+layout(std430, binding = 2) buffer BHb { uint BH[]; };
+#define B_AT(i) (H16A != 0 ? h16_f32(H16_BITS(BH, i), H16A) : B[i])
 
 shared float As[BK * BM];
 shared float Bs[BK * BN];
@@ -34,7 +38,7 @@ void simple() {
             float acc = 0.0;
             uint ai = TA != 0 ? abase + m : abase + m * lda, as = TA != 0 ? lda : 1u;
             uint bi = TB != 0 ? bbase + n * ldb : bbase + n, bs = TB != 0 ? 1u : ldb;
-            for (uint k = 0u; k < K; k++) acc = fma(A[ai + k * as], B[bi + k * bs], acc);
+            for (uint k = 0u; k < K; k++) acc = fma(A[ai + k * as], B_AT(bi + k * bs), acc);
             C[cbase + m * ldc + n] = acc;
         }
     }
@@ -71,7 +75,7 @@ void main() {
                 if (TB != 0) { nn = i / BK; kk = i % BK; } else { kk = i / BN; nn = i % BN; }
                 uint n = n0 + nn, k = k0 + kk;
                 float v = 0.0;
-                if (n < N && k < K) v = TB != 0 ? B[bbase + n * ldb + k] : B[bbase + k * ldb + n];
+                if (n < N && k < K) v = TB != 0 ? B_AT(bbase + n * ldb + k) : B_AT(bbase + k * ldb + n);
                 Bs[kk * BN + nn] = v;
             }
             barrier();

@@ -10,7 +10,8 @@
 // (the work-group tile; BM a multiple of SM*MM, BN of SN*MN, BK of MK),
 // 5 MM, 6 MN (the cooperative-matrix shape the device reports), 7 TA, 8 TB,
 // 9 MK. p: 0 M, 1 N, 2 K, 3 lda, 4 ldb, 5 ldc, 6..8 batch strides of A, B,
-// C (elements), 9 batch count.
+// C (elements), 9 batch count. H16A (spec 10): a bf16 / f16 B read as
+// packed words, as in matmul.comp (f16 reaches the fp16 tiles exactly).
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -28,6 +29,8 @@ layout(constant_id = 9) const uint MK = 16;
 layout(std430, binding = 0) buffer Cb { float C[]; };
 layout(std430, binding = 1) buffer Ab { float A[]; };
 layout(std430, binding = 2) buffer Bb { float B[]; };
+layout(std430, binding = 2) buffer BHb { uint BH[]; };
+#define B_AT(i) (H16A != 0 ? h16_f32(H16_BITS(BH, i), H16A) : B[i])
 
 // Each subgroup owns a block of SM x SN accumulator tiles.
 const uint SM = 2;
@@ -84,7 +87,7 @@ void main() {
                     if (TB != 0) { nn = i / BK; kk = i % BK; } else { kk = i / BN; nn = i % BN; }
                     uint n = n0 + nn, k = k0 + kk;
                     float v = 0.0;
-                    if (n < N && k < K) v = TB != 0 ? B[bbase + n * ldb + k] : B[bbase + k * ldb + n];
+                    if (n < N && k < K) v = TB != 0 ? B_AT(bbase + n * ldb + k) : B_AT(bbase + k * ldb + n);
                     Bs[kk * LDB + nn] = float16_t(v);
                 }
                 barrier();
