@@ -41,7 +41,7 @@ fuzz: deps
 	@cmake -S . -B $(BUILD_FUZZ) -DCMAKE_C_COMPILER=clang -DTWK_FUZZ=ON -DTWK_OPENCL=OFF -DTWK_VULKAN=OFF \
 	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTWK_FUZZ_SECONDS=$(FUZZ_S) >/dev/null
 	@cmake --build $(BUILD_FUZZ) -j $(JOBS) --target twk_fuzzers
-	cd $(BUILD_FUZZ) && ctest -L fuzz --output-on-failure
+	cd $(BUILD_FUZZ) && ctest -L fuzz --output-on-failure -j $(JOBS)
 
 # Benchmarks (not tests): see bench/README.md.
 bench: build
