@@ -1,9 +1,12 @@
 /* twinkle — the command-line entry point: dispatches to subcommands. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "twinkle/twinkle.h"
+#include "twk_cpu_blas.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -32,7 +35,19 @@ static void usage(FILE *f) {
             TWK_VERSION);
 }
 
+/* OpenBLAS picks its kernels when it loads, before main: where it picked an older set than the
+ * CPU runs (see backends/cpu/cpu_blas_core.c), the program starts itself again with
+ * OPENBLAS_CORETYPE naming the right one. Set OPENBLAS_CORETYPE yourself to choose; if the
+ * restart fails, the program goes on with OpenBLAS's choice. */
+static void blas_restart(char **argv) {
+    const char *better = getenv("OPENBLAS_CORETYPE") ? NULL : twk_cpu_blas_better_core();
+    if (!better || setenv("OPENBLAS_CORETYPE", better, 1) != 0) return;
+    execv("/proc/self/exe", argv);
+    unsetenv("OPENBLAS_CORETYPE");
+}
+
 int main(int argc, char **argv) {
+    blas_restart(argv);
     if (argc < 2) {
         usage(stderr);
         return 2;
