@@ -84,7 +84,7 @@ int twk_cmd_plan(int argc, char **argv) {
         fprintf(stderr, "twinkle plan: %s\n", twk_last_error());
         return 2;
     }
-    if (dev && !twk_device_has_op(dev, TWK_OP_UNEMBED_LOGPROBS)) rq.logits = true; /* that backend keeps the logits */
+    if (dev && !twk_mem_fused_unembed(dev, rq.dtype)) rq.logits = true; /* that backend keeps the logits */
     twk_mem_plan p;
     if (twk_mem_plan_dir(model, &rq, &p) != TWK_OK) {
         fprintf(stderr, "twinkle plan: %s\n", twk_last_error());

@@ -593,7 +593,7 @@ twk_id twk_unembed_logprobs(twk_graph *g, twk_id h, twk_id w, twk_id targets) {
     const twk_node *W = arg(g, w, "unembed_logprobs", "w");
     const twk_node *t = arg(g, targets, "unembed_logprobs", "targets");
     if (!H || !W || !t) return -1;
-    if (!want_dtype(g, H, h, "unembed_logprobs", "h", 1, 0) || !want_dtype(g, W, w, "unembed_logprobs", "w", 1, 0) ||
+    if (!want_dtype(g, H, h, "unembed_logprobs", "h", 1, 0) || !want_float(g, W, w, "unembed_logprobs", "w") ||
         !want_dtype(g, t, targets, "unembed_logprobs", "targets", 0, 1))
         return -1;
     char s1[96], s2[96], s3[96];

@@ -5,8 +5,9 @@
  * device's allocation counter and every host allocation of the engine (a counting
  * allocator), on the fixtures and on a 4-layer model of Qwen3-0.6B's widths, within
  * 10%; the peak RSS is printed beside them. The one-arena trainer runs a step in the
- * arena a caller hands it (shared by two trainers). bf16 models are planned on the logits
- * path their trainer takes, and measured within the same 10%. */
+ * arena a caller hands it (shared by two trainers). bf16 models take the fused unembedding
+ * too (bit-identical to their logits path) and are measured within the same 10%. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,8 +95,10 @@ static void batch_free(batch *x) {
 }
 
 /* ---- two ways to plan one step: identical results ---- */
-static void compare_case(twk_model *m, const char *name, int rank, int64_t n, twk_trainer_opts oa, twk_trainer_opts ob,
-                         const char *how) {
+/* Two trainers on one batch: bit-identical loss, logprobs and gradients when tol is 0, else every
+ * difference within tol relative to the largest magnitude of its tensor. */
+static void compare_tol(twk_model *m, const char *name, int rank, int64_t n, twk_trainer_opts oa, twk_trainer_opts ob,
+                        const char *how, double tol) {
     const twk_model_config *c = twk_model_cfg(m);
     twk_lora_config lc = twk_lora_default();
     lc.rank = rank ? rank : 4;
@@ -114,8 +117,15 @@ static void compare_case(twk_model *m, const char *name, int rank, int64_t n, tw
         }
     }
     int same = !memcmp(&loss[0], &loss[1], sizeof(float)) && !memcmp(lp[0], lp[1], (size_t)n * sizeof(float));
+    double lp_rel = 0, lp_big = 0;
+    for (int64_t k = 0; k < n; k++) {
+        double d = fabs((double)lp[0][k] - (double)lp[1][k]);
+        if (fabs((double)lp[0][k]) > lp_big) lp_big = fabs((double)lp[0][k]);
+        if (d > lp_rel) lp_rel = d;
+    }
+    lp_rel = lp_big > 0 ? lp_rel / lp_big : lp_rel;
     int np = twk_trainer_param_count(t[0]), diff = 0;
-    double worst = 0;
+    double worst = 0, worst_rel = 0;
     for (int i = 0; i < np; i++) {
         int64_t ne = 0;
         const char *pn = twk_trainer_param_name(t[0], i, &ne);
@@ -123,25 +133,42 @@ static void compare_case(twk_model *m, const char *name, int rank, int64_t n, tw
         twk_trainer_get_grad(t[0], pn, g0, ne);
         twk_trainer_get_grad(t[1], pn, g1, ne);
         if (memcmp(g0, g1, (size_t)ne * sizeof *g0)) diff++;
+        double big = 0, w = 0;
         for (int64_t k = 0; k < ne; k++) {
-            double d = g0[k] > g1[k] ? g0[k] - g1[k] : g1[k] - g0[k];
-            if (d > worst) worst = d;
+            double d = fabs((double)g0[k] - (double)g1[k]);
+            if (d > w) w = d;
+            if (fabs((double)g0[k]) > big) big = fabs((double)g0[k]);
         }
+        if (w > worst) worst = w;
+        if (big > 0 && w / big > worst_rel) worst_rel = w / big;
         free(g0);
         free(g1);
     }
-    printf("     %s (%s, %lld tokens): loss %.6f / %.6f, %d tensors, %d differ, max |diff| %.3g\n", name,
-           rank ? "LoRA" : "full", (long long)n, (double)loss[0], (double)loss[1], np, diff, worst);
+    printf("     %s (%s, %lld tokens): loss %.6f / %.6f, %d tensors, %d differ, max |diff| %.3g (%.3g of the tensor's largest), "
+           "logprobs %.3g\n", name, rank ? "LoRA" : "full", (long long)n, (double)loss[0], (double)loss[1], np, diff, worst,
+           worst_rel, lp_rel);
     char what[200];
-    snprintf(what, sizeof what, "%s %s: %s gives bit-identical loss, logprobs and %d gradients", name, rank ? "LoRA" : "full",
-             how, np);
-    check(same && !diff && np > 0, "%s", what);
+    if (tol == 0) {
+        snprintf(what, sizeof what, "%s %s: %s gives bit-identical loss, logprobs and %d gradients", name,
+                 rank ? "LoRA" : "full", how, np);
+        check(same && !diff && np > 0, "%s", what);
+    } else {
+        snprintf(what, sizeof what, "%s %s: %s gives loss, logprobs and %d gradients within %.0e (relative)", name,
+                 rank ? "LoRA" : "full", how, np, tol);
+        check(np > 0 && worst_rel <= tol && lp_rel <= tol && fabs((double)loss[0] - (double)loss[1]) <= tol * fabs((double)loss[0]),
+              "%s", what);
+    }
 out:
     for (int k = 0; k < 2; k++) {
         twk_trainer_free(t[k]);
         free(lp[k]);
     }
     batch_free(&x);
+}
+
+static void compare_case(twk_model *m, const char *name, int rank, int64_t n, twk_trainer_opts oa, twk_trainer_opts ob,
+                         const char *how) {
+    compare_tol(m, name, rank, n, oa, ob, how, 0);
 }
 
 /* recompute on / off, and what the plan says of it */
@@ -163,11 +190,15 @@ static void recompute_case(twk_model *m, const char *name, int rank, int64_t n) 
     check(p1.n_launches > p0.n_launches && (!rank || c->layers < 2 || p1.act_train < p0.act_train), "%s", what);
 }
 
-/* the fused unembedding (token tiles) against matmul + logprobs over [T, V] */
+/* the fused unembedding (token tiles) against matmul + logprobs over [T, V]: bit-identical in one
+ * tile; over several, sgemm of a tile's rows need not give the bits of the whole pass's (OpenBLAS's
+ * Haswell kernels differ in the last bits with the row count), so within 1e-5 of each tensor's scale */
 static void unembed_case(twk_model *m, const char *name, int64_t n) {
-    compare_case(m, name, 8, n, (twk_trainer_opts){.logits = true}, (twk_trainer_opts){0}, "the fused unembedding");
-    compare_case(m, name, 8, n, (twk_trainer_opts){.logits = true}, (twk_trainer_opts){.recompute = true},
-                 "the fused unembedding with recompute");
+    int one_tile = TWK_UNEMBED_TILE_ROWS((int64_t)twk_model_cfg(m)->vocab, n) >= n;
+    double tol = one_tile ? 0 : 1e-5;
+    compare_tol(m, name, 8, n, (twk_trainer_opts){.logits = true}, (twk_trainer_opts){0}, "the fused unembedding", tol);
+    compare_tol(m, name, 8, n, (twk_trainer_opts){.logits = true}, (twk_trainer_opts){.recompute = true},
+                "the fused unembedding with recompute", tol);
 }
 
 /* ---- prediction against the measured peak ---- */
@@ -179,7 +210,7 @@ static twk_model *load_counted(twk_device *dev, const char *dir, const twk_model
 /* A fresh device (its backend's scratch is allocated anew) with the model of dir or cfg,
  * its matrices in dtype; the plan against every host allocation and the device's allocation
  * counter, which does not see the CPU backend's scratch (the fused unembedding's tile, the
- * 16-bit matmul's f32 panel: host memory). A 16-bit model takes the logits path: the plan must say so (no tile). */
+ * 16-bit matmul's f32 panel: host memory). Every LoRA trainer takes the fused path: the plan must have its tile. */
 static void predict_case(const char *dir, const twk_model_config *cfg, const char *name, int rank, int64_t n, int recompute,
                          twk_dtype dtype) {
     twk_device *dev = NULL;
@@ -232,8 +263,8 @@ static void predict_case(const char *dir, const twk_model_config *cfg, const cha
     char what[200];
     snprintf(what, sizeof what, "%s (%s): the plan is within 10%% of the measured peak (allocations and device counter)", name,
              rq.dtype);
-    /* the fused path's tile only where the trainer takes it: LoRA over an f32 lm_head */
-    int tile_ok = (p.scratch != 0) == (rank && dtype == TWK_F32);
+    /* the fused path's tile only where the trainer takes it: LoRA over a frozen lm_head (f32 or 16-bit) */
+    int tile_ok = (p.scratch != 0) == (rank != 0);
     check(e_all <= 0.10 && e_dev <= 0.10 && tile_ok, "%s", what);
 }
 
@@ -317,7 +348,15 @@ int main(void) {
         predict_case(dir, NULL, fixtures[i], 8, 256, 0, TWK_F32);
         predict_case(dir, NULL, fixtures[i], 8, 256, 1, TWK_F32);
         predict_case(dir, NULL, fixtures[i], 0, 128, 0, TWK_F32);
-        predict_case(dir, NULL, fixtures[i], 8, 256, 0, TWK_BF16); /* the logits path, as a bf16 trainer takes it */
+        predict_case(dir, NULL, fixtures[i], 8, 256, 0, TWK_BF16);
+        m = load_counted(dev, dir, NULL, TWK_BF16, &w_host, &w_dev); /* the fused unembedding over a bf16 lm_head */
+        if (m) {
+            char nm[64];
+            snprintf(nm, sizeof nm, "%s bf16", fixtures[i]);
+            unembed_case(m, nm, 40);
+            unembed_case(m, nm, 1);
+            twk_model_free(m);
+        }
     }
     /* a random 4-layer model: more layers show the saving */
     twk_model_config c = {.arch = TWK_ARCH_QWEN3, .vocab = 300, .hidden = 64, .layers = 4, .heads = 4, .kv_heads = 2,
@@ -326,6 +365,16 @@ int main(void) {
     if (m) {
         recompute_case(m, "random 4-layer", 8, 64);
         unembed_case(m, "random 4-layer", 64);
+        twk_model_free(m);
+    }
+    /* a vocabulary of 151936: 200 tokens are two token tiles of the fused unembedding (110 + 90 rows) */
+    twk_model_config wv = {.arch = TWK_ARCH_QWEN3, .vocab = 151936, .hidden = 32, .layers = 1, .heads = 2, .kv_heads = 1,
+                           .head_dim = 16, .ffn = 48, .rope_theta = 1e4, .rms_eps = 1e-6, .qk_norm = true, .tie_embeddings = true};
+    snprintf(wv.arch_name, sizeof wv.arch_name, "Qwen3ForCausalLM");
+    for (int k = 0; k < 2; k++) {
+        m = load_counted(dev, NULL, &wv, k ? TWK_BF16 : TWK_F32, &w_host, &w_dev);
+        if (!m) continue;
+        unembed_case(m, k ? "vocab 151936 bf16, two tiles" : "vocab 151936 f32, two tiles", 200);
         twk_model_free(m);
     }
     twk_device_close(dev);

@@ -163,9 +163,17 @@ twk_status twk_mem_plan_fits(const twk_mem_plan *p, twk_device *dev) {
     return TWK_OK;
 }
 
+bool twk_mem_fused_unembed(const twk_device *dev, const char *dtype) {
+    if (!twk_mem_dtype_bytes(dtype) || !twk_device_has_op(dev, TWK_OP_UNEMBED_LOGPROBS)) return false;
+    twk_dtype d = dtype ? (twk_dtype)twk_dtype_parse_float(dtype) : TWK_F32;
+    unsigned need = twk_dtype_is_half(d) ? TWK_SRC(1) : 0;
+    return (twk_device_half_srcs(dev, TWK_OP_UNEMBED_LOGPROBS) & need) == need &&
+           (twk_device_half_srcs(dev, TWK_OP_UNEMBED_LOGPROBS_BACK) & need) == need;
+}
+
 twk_status twk_mem_plan_choose(const char *dir, twk_mem_request *rq, bool auto_recompute, twk_device *dev,
                                twk_mem_plan *out) {
-    if (dev && !twk_device_has_op(dev, TWK_OP_UNEMBED_LOGPROBS)) rq->logits = true;
+    if (dev && !twk_mem_fused_unembed(dev, rq->dtype)) rq->logits = true;
     twk_status st = twk_mem_plan_dir(dir, rq, out);
     if (st == TWK_OK) st = twk_mem_plan_fits(out, dev);
     if (st != TWK_ERR_OOM || rq->recompute || !auto_recompute) return st;

@@ -726,8 +726,7 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
     t->recompute = o && o->recompute && !sampling;
     /* the fused unembedding where the lm_head is frozen and the backend has it */
     t->fused = !sampling && lora && !lora->train_unembed && !(o && o->logits) &&
-               (dry || twk_device_has_op(m->dev, TWK_OP_UNEMBED_LOGPROBS)) &&
-               twk_model_dtype(m) == TWK_F32; /* its kernels read an f32 unembedding (16-bit: the logits path) */
+               (dry || twk_mem_fused_unembed(m->dev, twk_dtype_name(twk_model_dtype(m))));
     if (lora) {
         t->lc = *lora;
         t->scale = lora->alpha / (float)lora->rank;

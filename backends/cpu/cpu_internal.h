@@ -37,6 +37,23 @@ typedef struct cpu_ctx {
  * until the next call. */
 void *cpu_scratch(cpu_ctx *ctx, size_t bytes);
 
+/* One product C [M, N] = op(A) op(B) of MATMUL's kernels, B f32 or 16-bit (bt, widened to f32 as read).
+ * pass_m: the rows of the pass it belongs to, which picks the kernel (a token tile of a pass then
+ * gives that pass's rows bit for bit). */
+typedef struct {
+    int ta, tb;
+    int64_t pass_m, M, N, K, lda, ldb, ldc;
+    const float *A;
+    const void *B;
+    twk_dtype bt;
+    float *C;
+} cpu_gemm_args;
+/* The scratch floats cpu_gemm needs for g's kernel (0: none). */
+int64_t cpu_gemm_work_floats(const cpu_ctx *ctx, const cpu_gemm_args *g);
+/* Runs the product; work: cpu_gemm_work_floats(g) floats the caller owns. Cannot fail (dims are
+ * checked against the BLAS's int range by the caller). */
+void cpu_gemm(cpu_ctx *ctx, const cpu_gemm_args *g, float *work);
+
 typedef struct cpu_tensor {
     void *data;
     twk_dtype type;

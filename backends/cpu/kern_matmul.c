@@ -50,19 +50,10 @@ static void half_widen(void *arg, int64_t r0, int64_t r1) {
 
 /* C [M, N] = op(A) op(B) for a 16-bit B, in f32 panels of B of TWK_HALF_PANEL_ROWS rows: blocks of
  * N (b transposed: C's columns, one sgemm each) or blocks of K (not transposed: every sgemm
- * adds its block's share to all of C, so op(A) is packed once over the calls). */
-static twk_status half_gemm(const cpu_call *c, half_job *j, int ta) {
-    cpu_ctx *ctx = c->ctx;
-    if (!ta && j->tb && j->M <= HALF_DOT_ROWS) {
-        j->buf = cpu_scratch(ctx, (size_t)(ctx->n_threads * j->K) * sizeof *j->buf);
-        if (!j->buf) return TWK_ERR_OOM;
-        cpu_parallel_for(ctx->pool, j->N, CPU_GRAIN_ELEMS / (j->K * j->M + 1) + 1, half_dots, j);
-        return TWK_OK;
-    }
+ * adds its block's share to all of C, so op(A) is packed once over the calls). j->buf: the panel. */
+static void half_panels(cpu_ctx *ctx, half_job *j, int ta) {
     int64_t row = j->tb ? j->K : j->N, total = j->tb ? j->N : j->K; /* a panel is nb rows of `row` */
     int64_t nb = TWK_HALF_PANEL_ROWS(row, total);
-    j->buf = cpu_scratch(ctx, (size_t)(nb * row) * sizeof *j->buf);
-    if (!j->buf) return TWK_ERR_OOM;
     for (j->n0 = 0; j->n0 < total; j->n0 += nb) {
         j->nb = total - j->n0 < nb ? total - j->n0 : nb;
         cpu_parallel_for(ctx->pool, j->nb, CPU_GRAIN_ELEMS / row + 1, half_widen, j);
@@ -74,7 +65,45 @@ static twk_status half_gemm(const cpu_call *c, half_job *j, int ta) {
                         j->A + (ta ? j->n0 * j->lda : j->n0), (int)j->lda, j->buf, (int)j->N, j->n0 ? 1.0f : 0.0f, j->C,
                         (int)j->ldc);
     }
-    return TWK_OK;
+}
+
+/* Which kernel a product takes: a 16-bit b's row dots (few rows of a, b transposed), its widened
+ * panels, f32 sgemv (one row, unbatched) or sgemm. pass_m: the rows of the whole pass the
+ * product belongs to, so every token tile of a pass takes the pass's kernel. */
+typedef enum { GEMM_HALF_DOTS, GEMM_HALF_PANELS, GEMM_GEMV, GEMM_SGEMM } gemm_kind;
+
+static gemm_kind gemm_choose(const cpu_gemm_args *g) {
+    if (twk_dtype_is_half(g->bt)) return !g->ta && g->tb && g->pass_m <= HALF_DOT_ROWS ? GEMM_HALF_DOTS : GEMM_HALF_PANELS;
+    return g->pass_m == 1 ? GEMM_GEMV : GEMM_SGEMM;
+}
+
+int64_t cpu_gemm_work_floats(const cpu_ctx *ctx, const cpu_gemm_args *g) {
+    switch (gemm_choose(g)) {
+    case GEMM_HALF_DOTS: return (int64_t)ctx->n_threads * g->K;
+    case GEMM_HALF_PANELS: {
+        int64_t row = g->tb ? g->K : g->N, total = g->tb ? g->N : g->K;
+        return TWK_HALF_PANEL_ROWS(row, total) * row;
+    }
+    default: return 0;
+    }
+}
+
+void cpu_gemm(cpu_ctx *ctx, const cpu_gemm_args *g, float *work) {
+    gemm_kind k = gemm_choose(g);
+    if (k == GEMM_HALF_DOTS || k == GEMM_HALF_PANELS) {
+        half_job j = {.A = g->A, .B = g->B, .C = g->C, .bt = g->bt, .M = g->M, .N = g->N, .K = g->K, .lda = g->lda,
+                      .ldb = g->ldb, .ldc = g->ldc, .tb = g->tb, .buf = work};
+        if (k == GEMM_HALF_DOTS) cpu_parallel_for(ctx->pool, j.N, CPU_GRAIN_ELEMS / (j.K * j.M + 1) + 1, half_dots, &j);
+        else half_panels(ctx, &j, g->ta);
+    } else if (k == GEMM_GEMV) {
+        /* one row (decoding one token): a matrix-vector product reads the weights once, several
+         * times faster than sgemm's packing at M = 1; the row of A is contiguous either way */
+        cblas_sgemv(CblasRowMajor, g->tb ? CblasNoTrans : CblasTrans, (int)(g->tb ? g->N : g->K), (int)(g->tb ? g->K : g->N),
+                    1.0f, g->B, (int)g->ldb, g->A, 1, 0.0f, g->C, 1);
+    } else {
+        cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, (int)g->M, (int)g->N,
+                    (int)g->K, 1.0f, g->A, (int)g->lda, g->B, (int)g->ldb, 0.0f, g->C, (int)g->ldc);
+    }
 }
 
 twk_status cpu_matmul(const cpu_call *c) {
@@ -88,31 +117,18 @@ twk_status cpu_matmul(const cpu_call *c) {
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX || lda > INT_MAX || ldb > INT_MAX)
         return twk_error(TWK_ERR_UNSUPPORTED, "matmul '%s': dims %lld x %lld x %lld exceed the BLAS's int range",
                          c->l->name, (long long)M, (long long)N, (long long)K);
-    const float *A = a->data, *B = b->data;
-    float *C = c->dst.data;
-    if (twk_dtype_is_half(b->type)) {
-        for (int64_t i = 0; i < batch; i++) {
-            half_job j = {.A = A + i * M * K, .B = (const unsigned char *)b->data + 2 * i * K * N, .C = C + i * M * N,
-                          .bt = b->type, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = N, .tb = tb};
-            twk_status st = half_gemm(c, &j, ta);
-            if (st != TWK_OK) return st;
-        }
-        return TWK_OK;
-    }
-    if (M == 1 && batch == 1) {
-        /* one row (decoding one token): a matrix-vector product reads the
-         * weights once, several times faster than sgemm's packing at M = 1;
-         * the row of A is contiguous whether or not A is transposed */
-        if (tb)
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)N, (int)K, 1.0f, B, (int)ldb, A, 1, 0.0f, C, 1);
-        else
-            cblas_sgemv(CblasRowMajor, CblasTrans, (int)K, (int)N, 1.0f, B, (int)ldb, A, 1, 0.0f, C, 1);
-        return TWK_OK;
-    }
+    size_t esz = twk_dtype_size(b->type);
+    /* a batched f32 product of one row stays on sgemm (sgemv is for a decoding row) */
+    cpu_gemm_args g = {.ta = ta, .tb = tb, .pass_m = batch > 1 && !twk_dtype_is_half(b->type) ? 2 : M, .M = M, .N = N,
+                       .K = K, .lda = lda, .ldb = ldb, .ldc = N, .bt = b->type};
+    int64_t wf = cpu_gemm_work_floats(c->ctx, &g);
+    float *work = wf ? cpu_scratch(c->ctx, (size_t)wf * sizeof *work) : NULL;
+    if (wf && !work) return TWK_ERR_OOM;
     for (int64_t i = 0; i < batch; i++) {
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                    (int)M, (int)N, (int)K, 1.0f, A + i * M * K, (int)lda, B + i * K * N, (int)ldb,
-                    0.0f, C + i * M * N, (int)N);
+        g.A = (const float *)a->data + i * M * K;
+        g.B = (const unsigned char *)b->data + esz * (size_t)(i * K * N);
+        g.C = (float *)c->dst.data + i * M * N;
+        cpu_gemm(c->ctx, &g, work);
     }
     return TWK_OK;
 }

@@ -1,6 +1,5 @@
 /* Transformer kernels: embedding gather, RMSNorm, RoPE, log-probabilities,
  * and their gradients. Ids were checked before the launch (cpu_backend.c). */
-#include <cblas.h>
 #include <limits.h>
 #include <math.h>
 #include <string.h>
@@ -292,36 +291,40 @@ static void unembed_back_rows(void *arg, int64_t r0, int64_t r1) {
     }
 }
 
-/* z = h[t0 : t0 + m] w^T, as cpu_matmul computes h w^T for the pass of T tokens. */
-static void tile_logits(const cpu_call *c, int64_t t0, int64_t m, int64_t T, float *z) {
+/* The products of a tile of m tokens from t0 (of a pass of T): forward z = h w^T, backward
+ * dh = dz w, with the kernel cpu_matmul takes for the pass of T tokens (w f32 or 16-bit). */
+static cpu_gemm_args tile_logits_args(const cpu_call *c, int64_t t0, int64_t m, int64_t T, float *z) {
     int64_t H = c->src[0].ne[1], V = c->src[1].ne[0];
-    const float *h = (const float *)c->src[0].data + t0 * H, *w = c->src[1].data;
-    if (T == 1)
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)V, (int)H, 1.0f, w, (int)H, h, 1, 0.0f, z, 1);
-    else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)V, (int)H, 1.0f, h, (int)H, w, (int)H, 0.0f, z,
-                    (int)V);
+    return (cpu_gemm_args){.tb = 1, .pass_m = T, .M = m, .N = V, .K = H, .lda = H, .ldb = H, .ldc = V,
+                           .A = (const float *)c->src[0].data + t0 * H, .B = c->src[1].data, .bt = c->src[1].type, .C = z};
 }
 
+static cpu_gemm_args tile_dh_args(const cpu_call *c, int64_t t0, int64_t m, int64_t T, const float *z) {
+    int64_t H = c->src[0].ne[1], V = c->src[1].ne[0];
+    return (cpu_gemm_args){.pass_m = T, .M = m, .N = H, .K = V, .lda = V, .ldb = H, .ldc = H, .A = z, .B = c->src[1].data,
+                           .bt = c->src[1].type, .C = (float *)c->dst.data + t0 * H};
+}
+
+/* The scratch: one tile of logits, then the larger of the two products' work (a 16-bit w's panel). */
 static twk_status unembed(const cpu_call *c, int back) {
     int64_t T = c->src[0].ne[0], H = c->src[0].ne[1], V = c->src[1].ne[0];
     if (T > INT_MAX || H > INT_MAX || V > INT_MAX)
         return twk_error(TWK_ERR_UNSUPPORTED, "%s '%s': dims exceed the BLAS's int range", twk_op_name(c->l->op), c->l->name);
     int64_t rows = TWK_UNEMBED_TILE_ROWS(V, T);
-    float *z = cpu_scratch(c->ctx, (size_t)(rows * V) * sizeof *z);
+    cpu_gemm_args fw = tile_logits_args(c, 0, rows, T, NULL), bw = tile_dh_args(c, 0, rows, T, NULL);
+    int64_t wf = cpu_gemm_work_floats(c->ctx, &fw), wb = back ? cpu_gemm_work_floats(c->ctx, &bw) : 0;
+    float *z = cpu_scratch(c->ctx, (size_t)(rows * V + (wf > wb ? wf : wb)) * sizeof *z);
     if (!z) return TWK_ERR_OOM;
+    float *work = z + rows * V;
     for (int64_t t0 = 0; t0 < T; t0 += rows) {
         int64_t m = T - t0 < rows ? T - t0 : rows;
         tile_job j = {c, z, t0};
-        tile_logits(c, t0, m, T, z);
+        fw = tile_logits_args(c, t0, m, T, z);
+        cpu_gemm(c->ctx, &fw, work);
         cpu_parallel_for(c->ctx->pool, m, CPU_GRAIN_ELEMS / V + 1, back ? unembed_back_rows : unembed_rows, &j);
         if (!back) continue;
-        float *dh = (float *)c->dst.data + t0 * H; /* dh = dz w, as matmul's gradient of h w^T */
-        if (T == 1)
-            cblas_sgemv(CblasRowMajor, CblasTrans, (int)V, (int)H, 1.0f, c->src[1].data, (int)H, z, 1, 0.0f, dh, 1);
-        else
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)H, (int)V, 1.0f, z, (int)V, c->src[1].data,
-                        (int)H, 0.0f, dh, (int)H);
+        bw = tile_dh_args(c, t0, m, T, z); /* as matmul's gradient of h w^T */
+        cpu_gemm(c->ctx, &bw, work);
     }
     return TWK_OK;
 }

@@ -116,11 +116,13 @@ twk_id twk_lora_gather(twk_graph *g, twk_id x, twk_id w, twk_id slot);
 twk_id twk_lora_gather_back(twk_graph *g, twk_id x, twk_id dy, twk_id slot, int64_t n_slots);
 /* log_softmax(logits)[t, targets[t]]: logits [T, V], targets i32/i64 [T] -> [T]. */
 twk_id twk_logprobs(twk_graph *g, twk_id logits, twk_id targets);
-/* twk_logprobs(h w^T, targets) without the [T, V] logits: h [T, H], a frozen w [V, H]
- * (TWK_ERR_INVALID_ARG when w is a trainable param), targets [T] -> [T]. Kernels hold one
- * token tile of logits at a time (TWK_UNEMBED_TILE_ROWS); the backward (dh) recomputes
- * them. On the CPU bit-identical to twk_logprobs(twk_matmul(h, w, false, true), targets);
- * backends without the op say so (twk_device_has_op). */
+/* twk_logprobs(h w^T, targets) without the [T, V] logits: h [T, H], a frozen w [V, H] (f32,
+ * or bf16 / f16 where the device's half_srcs allow; TWK_ERR_INVALID_ARG when w is a trainable
+ * param), targets [T] -> [T]. Kernels hold one token tile of logits at a time
+ * (TWK_UNEMBED_TILE_ROWS); the backward (dh) recomputes them. On the CPU bit-identical to
+ * twk_logprobs(twk_matmul(h, w, false, true), targets) when the pass is one tile; over several
+ * tiles as far as the BLAS gives each row the same bits whatever the row count (OpenBLAS's
+ * Haswell kernels do not: last-bit differences); backends without the op say so (twk_device_has_op). */
 twk_id twk_unembed_logprobs(twk_graph *g, twk_id h, twk_id w, twk_id targets);
 
 /* ---- the optimizer step (not differentiable; ops.h's twk_hyper describes `hyper`) ---- */

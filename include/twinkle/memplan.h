@@ -68,8 +68,11 @@ const char *twk_mem_plan_table(const twk_mem_plan *p, const twk_mem_request *rq,
  * the host's RAM) holds the device parts, and the CPU's the host parts. TWK_OK, or
  * TWK_ERR_OOM naming what does not fit (the table is the caller's to print). */
 twk_status twk_mem_plan_fits(const twk_mem_plan *p, twk_device *dev);
+/* Whether dev runs the fused unembedding (TWK_OP_UNEMBED_LOGPROBS) over an lm_head of the
+ * weight dtype named `dtype` ("f32" or NULL, "bf16", "f16"); false for an unknown name. */
+bool twk_mem_fused_unembed(const twk_device *dev, const char *dtype);
 /* The plan of rq for the folder `dir` on dev (rq->logits set when dev lacks the fused
- * unembedding). When it does not fit, rq->recompute is off and
+ * unembedding for rq->dtype). When it does not fit, rq->recompute is off and
  * `auto_recompute`, the plan with recompute instead (rq->recompute then set). TWK_OK when the
  * plan in *out fits; TWK_ERR_OOM naming what does not (*out the smallest plan tried, rq as
  * planned); a config error otherwise. */

@@ -98,7 +98,8 @@ TWK_API_BEGIN
  * whose kernels widen them to f32 (its half_srcs; twk_device_half_srcs); KV_WRITE's output is its
  * cache's dtype, every other output f32. */
 #define TWK_OP_HALF_SRCS(X) \
-    X(MATMUL, TWK_SRC(1)) X(GET_ROWS, TWK_SRC(0)) X(KV_WRITE, TWK_SRC(0)) X(ATTN_CACHE, TWK_SRC(1) | TWK_SRC(2))
+    X(MATMUL, TWK_SRC(1)) X(GET_ROWS, TWK_SRC(0)) X(KV_WRITE, TWK_SRC(0)) X(ATTN_CACHE, TWK_SRC(1) | TWK_SRC(2)) \
+    X(UNEMBED_LOGPROBS, TWK_SRC(1)) X(UNEMBED_LOGPROBS_BACK, TWK_SRC(1))
 /* clang-format on */
 
 /* The optimizer's hyper-parameter vector (f32 [TWK_HYPER_N]), a run-time input of GRAD_NORM and
