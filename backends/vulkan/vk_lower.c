@@ -460,6 +460,8 @@ static int lower_attn(vk_low *w) {
     for (int i = 0; i < 5; i++) x->p[i] = (int32_t)p[i];
     x->p[6] = s[segi].type == TWK_I64;
     x->fp[0] = l->fp[0];
+    x->fp[1] = l->fp[1];                       /* soft-cap */
+    x->p[8] = l->ip[1] > 0 ? l->ip[1] : 0; /* sliding window */
     if (Hkv < 1 || Hq % Hkv) {
         twk_error(TWK_ERR_SHAPE, "vulkan: %s '%s': %lld query heads over %lld kv heads", twk_op_name(l->op), l->name,
                   (long long)Hq, (long long)Hkv);
