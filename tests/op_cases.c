@@ -26,6 +26,11 @@ static void r_gelu(const op_case *c, rt *in, rt *y) {
         y->d[i] = 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
     }
 }
+static twk_id b_tanh(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_map(g, TWK_OP_TANH, in[0]); }
+static void r_tanh(const op_case *c, rt *in, rt *y) {
+    (void)c;
+    for (int64_t i = 0; i < rt_nelem(&in[0]); i++) y->d[i] = tanh(in[0].d[i]);
+}
 static twk_id b_swiglu(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_swiglu(g, in[0], in[1]); }
 static void r_swiglu(const op_case *c, rt *in, rt *y) { (void)c; ref_swiglu(&in[0], &in[1], y); }
 static twk_id b_sum(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_sum(g, in[0]); }
@@ -145,6 +150,9 @@ const op_case opc_cases[] = {
     {"gelu 1", 1, {F32(1)}, b_gelu, r_gelu, 1e-6, 1e-5},
     {"gelu 131x257", 1, {F32(131, 257)}, b_gelu, r_gelu, 1e-6, 1e-5},
     {"gelu Tx67", 1, {F32(T_, 67)}, b_gelu, r_gelu, 1e-6, 1e-5, .cap = 29},
+    {"tanh 1", 1, {F32(1)}, b_tanh, r_tanh, 1e-6, 1e-5},
+    {"tanh 131x257", 1, {F32(131, 257)}, b_tanh, r_tanh, 1e-6, 1e-5},
+    {"tanh Tx67", 1, {F32(T_, 67)}, b_tanh, r_tanh, 1e-6, 1e-5, .cap = 29},
     {"swiglu 7x13", 2, {F32(7, 13), F32(7, 13)}, b_swiglu, r_swiglu, 1e-6, 1e-5},
     {"swiglu Tx67", 2, {F32(T_, 67), F32(T_, 67)}, b_swiglu, r_swiglu, 1e-6, 1e-5, .cap = 41},
     /* reductions */

@@ -71,7 +71,7 @@ twk_id twk_mul(twk_graph *g, twk_id a, twk_id b);
 twk_id twk_scale(twk_graph *g, twk_id x, float s);
 twk_id twk_silu(twk_graph *g, twk_id x);
 /* y = op(x) elementwise for any op of kind TWK_OPK_MAP in the op table (silu,
- * gelu: the tanh approximation, gelu_pytorch_tanh); -1 with TWK_ERR_INVALID_ARG
+ * gelu: the tanh approximation, gelu_pytorch_tanh; tanh); -1 with TWK_ERR_INVALID_ARG
  * naming the op when it is not a map. */
 twk_id twk_map(twk_graph *g, twk_op op, twk_id x);
 twk_id twk_swiglu(twk_graph *g, twk_id gate, twk_id up);
