@@ -234,7 +234,7 @@ MODELS = {
     "gemma3": {
         "hf_class": "Gemma3ForCausalLM",
         "config_class": "Gemma3TextConfig",
-        "seed": 6006,
+        "seed": 6007,  # 6006: float32 transformers itself landed 4.9e-5 from its adam3 (near-zero gradient entries)
         "seq_lens": [6, 13, 1, 8],
         "config": dict(
             vocab_size=1000,
