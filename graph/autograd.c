@@ -213,6 +213,8 @@ static twk_id attn_lse(grad_step *st) {
     lshape.src[1] = s[1];
     lshape.src[2] = s[3];
     lshape.fp[0] = st->n.fp[0];
+    lshape.fp[1] = st->n.fp[1]; /* softcap */
+    lshape.ip[1] = st->n.ip[1]; /* window */
     return twk_graph_push(st->g, &lshape);
 }
 
@@ -225,6 +227,7 @@ static int grad_attn(grad_step *st) {
         twk_id src7[7] = {s[0], s[1], s[2], s[3], st->id, st->gy, lse};
         int32_t ip[TWK_MAX_PARAMS] = {0};
         ip[0] = w;
+        ip[1] = st->n.ip[1]; /* window */
         st->c[w] = raw(st->g, TWK_OP_ATTN_BACK, s[w], 7, src7, ip, st->n.fp);
     }
     return 1;

@@ -1,5 +1,6 @@
 /* Graph builders: one function per op, each checking dtypes and shapes and
  * naming the op and the shapes when they do not agree. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -669,6 +670,20 @@ twk_id twk_attention_cached(twk_graph *g, twk_id q, twk_id kc, twk_id vc, twk_id
     n.src[3] = lo;
     n.src[4] = hi;
     return twk_graph_push(g, &n);
+}
+
+twk_id twk_attention_limit(twk_graph *g, twk_id attn, int window, float softcap) {
+    const twk_node *a = arg(g, attn, "attention_limit", "attn");
+    if (!a) return -1;
+    if (a->op != TWK_OP_ATTN && a->op != TWK_OP_ATTN_CACHE)
+        return twk_graph_fail(g, TWK_ERR_INVALID_ARG, "attention_limit: node %d is %s, not attn or attn_cache", attn,
+                              twk_op_name(a->op));
+    if (window < 0 || !(softcap >= 0) || isinf(softcap))
+        return twk_graph_fail(g, TWK_ERR_INVALID_ARG, "attention_limit: window %d and softcap %g must be >= 0 and finite",
+                              window, (double)softcap);
+    g->nodes[attn].ip[1] = window;
+    g->nodes[attn].fp[1] = softcap;
+    return attn;
 }
 
 twk_id twk_lora_gather(twk_graph *g, twk_id x, twk_id w, twk_id slot) {

@@ -26,6 +26,11 @@ static void r_gelu(const op_case *c, rt *in, rt *y) {
         y->d[i] = 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
     }
 }
+static twk_id b_tanh(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_map(g, TWK_OP_TANH, in[0]); }
+static void r_tanh(const op_case *c, rt *in, rt *y) {
+    (void)c;
+    for (int64_t i = 0; i < rt_nelem(&in[0]); i++) y->d[i] = tanh(in[0].d[i]);
+}
 static twk_id b_swiglu(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_swiglu(g, in[0], in[1]); }
 static void r_swiglu(const op_case *c, rt *in, rt *y) { (void)c; ref_swiglu(&in[0], &in[1], y); }
 static twk_id b_sum(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_sum(g, in[0]); }
@@ -45,9 +50,12 @@ static twk_id b_rope(twk_graph *g, const twk_id *in, const op_case *c) {
 }
 static void r_rope(const op_case *c, rt *in, rt *y) { ref_rope(&in[0], &in[1], c->n_in > 2 ? &in[2] : NULL, c->fp[0], y); }
 static twk_id b_attn(twk_graph *g, const twk_id *in, const op_case *c) {
-    return twk_attention(g, in[0], in[1], in[2], in[3], (float)c->fp[0]);
+    twk_id a = twk_attention(g, in[0], in[1], in[2], in[3], (float)c->fp[0]);
+    return c->ip[1] || c->fp[1] ? twk_attention_limit(g, a, c->ip[1], (float)c->fp[1]) : a;
 }
-static void r_attn(const op_case *c, rt *in, rt *y) { ref_attention(&in[0], &in[1], &in[2], &in[3], (double)(float)c->fp[0], y); }
+static void r_attn(const op_case *c, rt *in, rt *y) {
+    ref_attention(&in[0], &in[1], &in[2], &in[3], (double)(float)c->fp[0], c->ip[1], (double)(float)c->fp[1], y);
+}
 static twk_id b_logprobs(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_logprobs(g, in[0], in[1]); }
 static void r_logprobs(const op_case *c, rt *in, rt *y) { (void)c; ref_logprobs(&in[0], &in[1], y); }
 static twk_id b_permute(twk_graph *g, const twk_id *in, const op_case *c) { return twk_permute(g, in[0], c->ip); }
@@ -67,10 +75,11 @@ static void r_concat(const op_case *c, rt *in, rt *y) { ref_concat(&in[0], &in[1
 static twk_id b_kv_write(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_kv_write(g, in[0], in[1], in[2]); }
 static void r_kv_write(const op_case *c, rt *in, rt *y) { (void)c; ref_kv_write(&in[0], &in[1], &in[2], y); }
 static twk_id b_attn_cache(twk_graph *g, const twk_id *in, const op_case *c) {
-    return twk_attention_cached(g, in[0], in[1], in[2], in[3], in[4], (float)c->fp[0]);
+    twk_id a = twk_attention_cached(g, in[0], in[1], in[2], in[3], in[4], (float)c->fp[0]);
+    return c->ip[1] || c->fp[1] ? twk_attention_limit(g, a, c->ip[1], (float)c->fp[1]) : a;
 }
 static void r_attn_cache(const op_case *c, rt *in, rt *y) {
-    ref_attn_cache(&in[0], &in[1], &in[2], &in[3], &in[4], (double)(float)c->fp[0], y);
+    ref_attn_cache(&in[0], &in[1], &in[2], &in[3], &in[4], (double)(float)c->fp[0], c->ip[1], (double)(float)c->fp[1], y);
 }
 static twk_id b_lora_gather(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_lora_gather(g, in[0], in[1], in[2]); }
 static void r_lora_gather(const op_case *c, rt *in, rt *y) { (void)c; ref_lora_gather(&in[0], &in[1], &in[2], y); }
@@ -141,6 +150,9 @@ const op_case opc_cases[] = {
     {"gelu 1", 1, {F32(1)}, b_gelu, r_gelu, 1e-6, 1e-5},
     {"gelu 131x257", 1, {F32(131, 257)}, b_gelu, r_gelu, 1e-6, 1e-5},
     {"gelu Tx67", 1, {F32(T_, 67)}, b_gelu, r_gelu, 1e-6, 1e-5, .cap = 29},
+    {"tanh 1", 1, {F32(1)}, b_tanh, r_tanh, 1e-6, 1e-5},
+    {"tanh 131x257", 1, {F32(131, 257)}, b_tanh, r_tanh, 1e-6, 1e-5},
+    {"tanh Tx67", 1, {F32(T_, 67)}, b_tanh, r_tanh, 1e-6, 1e-5, .cap = 29},
     {"swiglu 7x13", 2, {F32(7, 13), F32(7, 13)}, b_swiglu, r_swiglu, 1e-6, 1e-5},
     {"swiglu Tx67", 2, {F32(T_, 67), F32(T_, 67)}, b_swiglu, r_swiglu, 1e-6, 1e-5, .cap = 41},
     /* reductions */
@@ -185,6 +197,10 @@ const op_case opc_cases[] = {
     {"attn 13x2x67 mha", 4, {F32(13, 2, 67), F32(13, 2, 67), F32(13, 2, 67), SEG(13)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.1}},
     {"attn 150x4x16 kv1 long segments", 4, {F32(150, 4, 16), F32(150, 1, 16), F32(150, 1, 16), SEGL(150)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.25}},
     {"attn Tx2x8 long segments", 4, {F32(T_, 2, 8), F32(T_, 2, 8), F32(T_, 2, 8), SEGL(T_)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.3}, .cap = 200},
+    /* Mistral / Gemma: a sliding window shorter than the segments (and than a query block, 64), soft-capping */
+    {"attn 150x4x16 kv2 window 5", 4, {F32(150, 4, 16), F32(150, 2, 16), F32(150, 2, 16), SEGL(150)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.25}, .ip = {0, 5}},
+    {"attn 150x2x8 window 70 softcap 1.5", 4, {F32(150, 2, 8), F32(150, 2, 8), F32(150, 2, 8), SEGL(150)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.9, 1.5}, .ip = {0, 70}},
+    {"attn Tx4x8 kv2 softcap 0.7", 4, {F32(T_, 4, 8), F32(T_, 2, 8), F32(T_, 2, 8), SEG(T_)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.6, 0.7}, .cap = 37},
     {"logprobs 1x1", 2, {F32(1, 1), IDS(1, 1)}, b_logprobs, r_logprobs, 1e-5, 1e-4},
     {"logprobs Tx1031", 2, {F32(T_, 1031), IDS(1031, T_)}, b_logprobs, r_logprobs, 1e-5, 1e-4, .cap = 17},
     {"logprobs 5x7 i64", 2, {F32(5, 7), IDS64(7, 5)}, b_logprobs, r_logprobs, 1e-5, 1e-4},
@@ -194,6 +210,7 @@ const op_case opc_cases[] = {
     {"attn_cache 1x1x1 over 1 row", 5, {F32C(1, 1, 1), F32C(1, 1, 1), F32C(1, 1, 1), IDS(1, 1), HI(1, 1)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {1.0}},
     {"attn_cache Tx4x16 over 67x2x16", 5, {F32C(T_, 4, 16), F32C(67, 2, 16), F32C(67, 2, 16), IDS(60, T_), HI(67, T_)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {0.25}, .cap = 13},
     {"attn_cache 5x6x67 over 300x3x67", 5, {F32C(5, 6, 67), F32C(300, 3, 67), F32C(300, 3, 67), IDS(299, 5), HI(300, 5)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {0.12}},
+    {"attn_cache 5x6x16 over 300x3x16 window 7 softcap 0.8", 5, {F32C(5, 6, 16), F32C(300, 3, 16), F32C(300, 3, 16), IDS(299, 5), HI(300, 5)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {0.5, 0.8}, .ip = {0, 7}},
     {"lora_gather 1x1 over 1x1x1", 3, {F32C(1, 1), F32C(1, 1, 1), IDS(1, 1)}, b_lora_gather, r_lora_gather, 1e-6, 1},
     {"lora_gather Tx67 over 5x13x67", 3, {F32C(T_, 67), F32C(5, 13, 67), IDS(5, T_)}, b_lora_gather, r_lora_gather, 1e-5, 1, .cap = 19},
     /* the optimizer step */

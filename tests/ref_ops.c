@@ -109,17 +109,21 @@ void ref_rope(const rt *x, const rt *pos, const rt *inv_freq, double theta, rt *
             }
 }
 
-void ref_attention(const rt *q, const rt *k, const rt *v, const rt *seg, double scale, rt *y) {
+/* a score soft-capped as transformers' Gemma: cap * tanh(s / cap) (cap 0: none) */
+static double softcap(double s, double cap) { return cap > 0 ? cap * tanh(s / cap) : s; }
+
+void ref_attention(const rt *q, const rt *k, const rt *v, const rt *seg, double scale, int window, double cap, rt *y) {
     int64_t T = q->ne[0], Hq = q->ne[1], D = q->ne[2], Hkv = k->ne[1], grp = Hq / Hkv;
     double sc[4096];
     for (int64_t i = 0; i < T; i++)
         for (int64_t h = 0; h < Hq; h++) {
             int64_t s0 = (int64_t)seg->d[i], hk = h / grp;
+            if (window > 0 && i - window + 1 > s0) s0 = i - window + 1; /* transformers: kv > q - window */
             double m = -INFINITY;
             for (int64_t j = s0; j <= i; j++) {
                 double s = 0;
                 for (int64_t d = 0; d < D; d++) s += q->d[(i * Hq + h) * D + d] * k->d[(j * Hkv + hk) * D + d];
-                sc[j - s0] = s * scale;
+                sc[j - s0] = softcap(s * scale, cap);
                 if (sc[j - s0] > m) m = sc[j - s0];
             }
             double z = 0;
@@ -187,17 +191,19 @@ void ref_kv_write(const rt *cache, const rt *x, const rt *rows, rt *y) {
         memcpy(y->d + (int64_t)rows->d[t] * row, x->d + t * row, (size_t)row * sizeof(double));
 }
 
-void ref_attn_cache(const rt *q, const rt *kc, const rt *vc, const rt *lo, const rt *hi, double scale, rt *y) {
+void ref_attn_cache(const rt *q, const rt *kc, const rt *vc, const rt *lo, const rt *hi, double scale, int window,
+                    double cap, rt *y) {
     int64_t T = q->ne[0], Hq = q->ne[1], D = q->ne[2], Hkv = kc->ne[1], grp = Hq / Hkv;
     double sc[4096];
     for (int64_t t = 0; t < T; t++)
         for (int64_t h = 0; h < Hq; h++) {
             int64_t a = (int64_t)lo->d[t], b = (int64_t)hi->d[t], hk = h / grp;
+            if (window > 0 && b - window > a) a = b - window;
             double m = -INFINITY, z = 0;
             for (int64_t r = a; r < b; r++) {
                 double s = 0;
                 for (int64_t d = 0; d < D; d++) s += q->d[(t * Hq + h) * D + d] * kc->d[(r * Hkv + hk) * D + d];
-                sc[r - a] = s * scale;
+                sc[r - a] = softcap(s * scale, cap);
                 if (sc[r - a] > m) m = sc[r - a];
             }
             for (int64_t r = a; r < b; r++) z += (sc[r - a] = exp(sc[r - a] - m));

@@ -26,7 +26,8 @@ void ref_get_rows(const rt *table, const rt *ids, rt *y);
 void ref_rmsnorm(const rt *x, const rt *w, double eps, rt *y);
 /* inv_freq may be NULL: theta^(-2i/D). */
 void ref_rope(const rt *x, const rt *pos, const rt *inv_freq, double theta, rt *y);
-void ref_attention(const rt *q, const rt *k, const rt *v, const rt *seg, double scale, rt *y);
+/* window > 0: query i sees keys i - window < j <= i; cap > 0: scores cap * tanh(s / cap) */
+void ref_attention(const rt *q, const rt *k, const rt *v, const rt *seg, double scale, int window, double cap, rt *y);
 void ref_logprobs(const rt *logits, const rt *targets, rt *y);
 void ref_permute(const rt *x, const int *perm, rt *y);
 void ref_slice(const rt *x, int axis, int64_t start, rt *y);
@@ -36,7 +37,9 @@ void ref_kv_write(const rt *cache, const rt *x, const rt *rows, rt *y);
 void ref_lora_gather(const rt *x, const rt *w, const rt *slot, rt *y);
 /* lora_gather's weight gradient: y [S, N, K] (S from y) summed per slot over tokens */
 void ref_lora_gather_back(const rt *x, const rt *dy, const rt *slot, rt *y);
-void ref_attn_cache(const rt *q, const rt *kc, const rt *vc, const rt *lo, const rt *hi, double scale, rt *y);
+/* window > 0: the last `window` rows of [lo, hi); cap as ref_attention */
+void ref_attn_cache(const rt *q, const rt *kc, const rt *vc, const rt *lo, const rt *hi, double scale, int window,
+                    double cap, rt *y);
 /* The optimizer step (ops.h's twk_hyper vector): slices' sums of squares as (sum, 0) pairs,
  * (norm, clip coefficient), and the AdamW update of w. */
 void ref_sqsum_parts(const rt *x, int64_t parts, rt *y);

@@ -415,8 +415,8 @@ out:
 
 int main(int argc, char **argv) {
     const char *root = argc > 1 ? argv[1] : TWK_PARITY_DIR;
-    const char *models[] = {"llama", "qwen2", "qwen3"};
-    for (int i = 0; i < 3; i++) replay(root, models[i]);
+    const char *models[] = {"llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3"};
+    for (int i = 0; i < 6; i++) replay(root, models[i]);
     printf("%d failures\n", fails);
     return fails ? 1 : 0;
 }

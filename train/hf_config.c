@@ -1,5 +1,6 @@
-/* config.json for the Llama / Qwen2 / Qwen3 family: every field that changes
- * the math is read or refused by name — never a silently wrong model. */
+/* config.json for the Llama / Qwen2 / Qwen3 / Mistral / Gemma 2 / Gemma 3 text
+ * families: every field that changes the math is read or refused by name —
+ * never a silently wrong model. */
 #include "hf_config.h"
 
 #include <limits.h>
@@ -32,6 +33,67 @@ static int get_bool(const cJSON *j, const char *k, int def) {
     return cJSON_IsBool(v) ? cJSON_IsTrue(v) : def;
 }
 
+/* A positive number, or null / absent (0) for an optional cap or window; else names the field. */
+static int get_opt_pos(const cJSON *j, const char *k, double *out, const char *path) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, k);
+    *out = 0;
+    if (!v || cJSON_IsNull(v)) return 1;
+    if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || v->valuedouble > 1e9) {
+        twk_error(TWK_ERR_INVALID_ARG, "%s: field '%s' must be a positive number or null", path, k);
+        return 0;
+    }
+    *out = v->valuedouble;
+    return 1;
+}
+
+/* sliding_window, layer_types / sliding_window_pattern and Gemma's scale and soft-caps. */
+static twk_status parse_window(const cJSON *j, const char *path, twk_model_config *c) {
+    double w = 0;
+    int windowed = c->arch == TWK_ARCH_MISTRAL || c->gemma;
+    if (windowed && !cJSON_GetObjectItemCaseSensitive(j, "sliding_window")) w = 4096; /* transformers' default */
+    else if (windowed && !get_opt_pos(j, "sliding_window", &w, path)) return TWK_ERR_INVALID_ARG;
+    if (w != floor(w) || w > INT_MAX)
+        return twk_error(TWK_ERR_INVALID_ARG, "%s: field 'sliding_window' must be an integer", path);
+    c->sliding_window = (int)w;
+    /* every layer (Mistral), every other (Gemma 2: layer l local when (l + 1) % 2), or Gemma 3's pattern */
+    c->local_pattern = c->arch == TWK_ARCH_GEMMA2 ? 2 : c->arch == TWK_ARCH_GEMMA3 ? 6 : 0;
+    const cJSON *pat = cJSON_GetObjectItemCaseSensitive(j, "sliding_window_pattern");
+    if (c->arch == TWK_ARCH_GEMMA3 && pat && !cJSON_IsNull(pat) && !get_int(j, "sliding_window_pattern", &c->local_pattern, path))
+        return TWK_ERR_INVALID_ARG;
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
+    if (c->gemma && cJSON_IsArray(lt)) { /* (Mistral's attention ignores layer_types) */ /* the explicit list must be a pattern: every layer, or all but each P-th */
+        int n = cJSON_GetArraySize(lt), first_full = -1, l = 0;
+        for (const cJSON *e = lt->child; e; e = e->next, l++) {
+            if (!cJSON_IsString(e) || (strcmp(e->valuestring, "full_attention") && strcmp(e->valuestring, "sliding_attention")))
+                return twk_error(TWK_ERR_UNSUPPORTED, "%s: layer_types[%d] must be full_attention or sliding_attention", path, l);
+            if (first_full < 0 && !strcmp(e->valuestring, "full_attention")) first_full = l;
+        }
+        c->local_pattern = first_full < 0 ? 0 : first_full + 1;
+        l = 0;
+        for (const cJSON *e = lt->child; e; e = e->next, l++) {
+            int local = c->local_pattern == 0 || (l + 1) % c->local_pattern != 0;
+            if (local != !strcmp(e->valuestring, "sliding_attention"))
+                return twk_error(TWK_ERR_UNSUPPORTED,
+                                 "%s: layer_types is not a supported pattern (every layer sliding, or every P-th full)", path);
+        }
+        if (n != c->layers)
+            return twk_error(TWK_ERR_INVALID_ARG, "%s: layer_types has %d entries for %d layers", path, n, c->layers);
+    }
+    if (!c->gemma) return TWK_OK;
+    if (get_bool(j, "use_bidirectional_attention", 0))
+        return twk_error(TWK_ERR_UNSUPPORTED, "%s: use_bidirectional_attention true is not supported", path);
+    double qpas = get_num(j, "query_pre_attn_scalar", 256);
+    if (!(qpas > 0)) return twk_error(TWK_ERR_INVALID_ARG, "%s: query_pre_attn_scalar must be > 0", path);
+    c->attn_scale = pow(qpas, -0.5);
+    /* Gemma 2 defaults to caps 50 / 30 when the fields are absent; Gemma 3 to none */
+    int g2 = c->arch == TWK_ARCH_GEMMA2;
+    if (!cJSON_GetObjectItemCaseSensitive(j, "attn_logit_softcapping")) c->attn_softcap = g2 ? 50.0 : 0;
+    else if (!get_opt_pos(j, "attn_logit_softcapping", &c->attn_softcap, path)) return TWK_ERR_INVALID_ARG;
+    if (!cJSON_GetObjectItemCaseSensitive(j, "final_logit_softcapping")) c->final_softcap = g2 ? 30.0 : 0;
+    else if (!get_opt_pos(j, "final_logit_softcapping", &c->final_softcap, path)) return TWK_ERR_INVALID_ARG;
+    return TWK_OK;
+}
+
 static twk_status parse(const cJSON *j, const char *path, twk_model_config *c) {
     memset(c, 0, sizeof *c);
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(j, "architectures");
@@ -43,11 +105,19 @@ static twk_status parse(const cJSON *j, const char *path, twk_model_config *c) {
     if (!strcmp(arch, "LlamaForCausalLM")) c->arch = TWK_ARCH_LLAMA;
     else if (!strcmp(arch, "Qwen2ForCausalLM")) c->arch = TWK_ARCH_QWEN2;
     else if (!strcmp(arch, "Qwen3ForCausalLM")) c->arch = TWK_ARCH_QWEN3;
+    else if (!strcmp(arch, "MistralForCausalLM")) c->arch = TWK_ARCH_MISTRAL;
+    else if (!strcmp(arch, "Gemma2ForCausalLM")) c->arch = TWK_ARCH_GEMMA2;
+    else if (!strcmp(arch, "Gemma3ForCausalLM")) c->arch = TWK_ARCH_GEMMA3;
     else
         return twk_error(TWK_ERR_UNSUPPORTED,
-                         "%s: architecture '%s' is not supported (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)",
+                         "%s: architecture '%s' is not supported (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                         "MistralForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM)",
                          path, arch);
-    (void)mt;
+    /* Gemma3ForCausalLM is the text model: the multimodal config nests it under text_config */
+    if (c->arch == TWK_ARCH_GEMMA3 && cJSON_IsString(mt) && strcmp(mt->valuestring, "gemma3_text"))
+        return twk_error(TWK_ERR_UNSUPPORTED, "%s: Gemma3ForCausalLM with model_type '%s' is not supported (gemma3_text)",
+                         path, mt->valuestring);
+    c->gemma = c->arch == TWK_ARCH_GEMMA2 || c->arch == TWK_ARCH_GEMMA3;
     if (!get_int(j, "vocab_size", &c->vocab, path) || !get_int(j, "hidden_size", &c->hidden, path) ||
         !get_int(j, "num_hidden_layers", &c->layers, path) || !get_int(j, "num_attention_heads", &c->heads, path) ||
         !get_int(j, "intermediate_size", &c->ffn, path))
@@ -68,14 +138,18 @@ static twk_status parse(const cJSON *j, const char *path, twk_model_config *c) {
     const cJSON *mp = cJSON_GetObjectItemCaseSensitive(j, "max_position_embeddings");
     if (mp && !cJSON_IsNull(mp) && !get_int(j, "max_position_embeddings", &c->max_positions, path))
         return TWK_ERR_INVALID_ARG;
-    c->tie_embeddings = get_bool(j, "tie_word_embeddings", c->arch == TWK_ARCH_LLAMA ? 0 : 0);
+    c->tie_embeddings = get_bool(j, "tie_word_embeddings", c->gemma); /* Gemma's default: tied */
     if (!(c->rope_theta > 0) || !(c->rms_eps >= 0))
         return twk_error(TWK_ERR_INVALID_ARG, "%s: rope_theta and rms_norm_eps must be positive", path);
 
-    const cJSON *act = cJSON_GetObjectItemCaseSensitive(j, "hidden_act");
-    if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu")))
-        return twk_error(TWK_ERR_UNSUPPORTED, "%s: hidden_act '%s' is not supported (silu)", path,
-                         cJSON_IsString(act) ? act->valuestring : "?");
+    /* Gemma's MLP reads hidden_activation (transformers ignores its hidden_act) */
+    const char *act_key = c->gemma ? "hidden_activation" : "hidden_act", *act_want = c->gemma ? "gelu_pytorch_tanh" : "silu";
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(j, act_key);
+    if (act && !cJSON_IsNull(act) && (!cJSON_IsString(act) || strcmp(act->valuestring, act_want)))
+        return twk_error(TWK_ERR_UNSUPPORTED, "%s: %s '%s' is not supported (%s)", path, act_key,
+                         cJSON_IsString(act) ? act->valuestring : "?", act_want);
+    twk_status st = parse_window(j, path, c);
+    if (st != TWK_OK) return st;
     if (get_bool(j, "mlp_bias", 0)) return twk_error(TWK_ERR_UNSUPPORTED, "%s: mlp_bias true is not supported", path);
     double prf = get_num(j, "partial_rotary_factor", 1.0);
     if (prf != 1.0) return twk_error(TWK_ERR_UNSUPPORTED, "%s: partial_rotary_factor %g is not supported", path, prf);
@@ -83,12 +157,26 @@ static twk_status parse(const cJSON *j, const char *path, twk_model_config *c) {
         return twk_error(TWK_ERR_UNSUPPORTED, "%s: use_sliding_window true is not supported", path);
     c->attn_bias = c->arch == TWK_ARCH_QWEN2 ? 1 : get_bool(j, "attention_bias", 0);
     c->o_bias = c->arch == TWK_ARCH_QWEN2 ? 0 : c->attn_bias;
-    c->qk_norm = c->arch == TWK_ARCH_QWEN3;
+    c->qk_norm = c->arch == TWK_ARCH_QWEN3 || c->arch == TWK_ARCH_GEMMA3;
 
     /* transformers >= 5 writes rope_parameters {rope_type, rope_theta, ...};
      * older configs write rope_theta and rope_scaling */
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    if (c->arch == TWK_ARCH_GEMMA3) { /* per layer type: full_attention (rope_theta, rope_scaling), sliding_attention */
+        c->rope_theta = get_num(j, "rope_theta", 1000000.0);
+        c->rope_local_theta = get_num(j, "rope_local_base_freq", 10000.0);
+        const cJSON *loc = cJSON_IsObject(rp) ? cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention") : NULL;
+        if (cJSON_IsObject(loc)) {
+            const cJSON *lt = cJSON_GetObjectItemCaseSensitive(loc, "rope_type");
+            if (lt && (!cJSON_IsString(lt) || strcmp(lt->valuestring, "default")))
+                return twk_error(TWK_ERR_UNSUPPORTED, "%s: rope_parameters.sliding_attention.rope_type must be default", path);
+            c->rope_local_theta = get_num(loc, "rope_theta", c->rope_local_theta);
+        }
+        if (!(c->rope_local_theta > 0))
+            return twk_error(TWK_ERR_INVALID_ARG, "%s: the sliding_attention rope_theta must be > 0", path);
+        if (cJSON_IsObject(rp)) rp = cJSON_GetObjectItemCaseSensitive(rp, "full_attention");
+    }
     if (cJSON_IsObject(rp)) {
         c->rope_theta = get_num(rp, "rope_theta", c->rope_theta);
         if (!(c->rope_theta > 0)) return twk_error(TWK_ERR_INVALID_ARG, "%s: rope_parameters.rope_theta must be > 0", path);
@@ -113,8 +201,13 @@ static twk_status parse(const cJSON *j, const char *path, twk_model_config *c) {
                                  "%s: rope_scaling llama3 needs factor, low_freq_factor < high_freq_factor and "
                                  "original_max_position_embeddings",
                                  path);
+        } else if (!strcmp(ts, "linear")) {
+            c->rope_type = TWK_ROPE_LINEAR;
+            c->rope_factor = get_num(rs, "factor", 0);
+            if (!(c->rope_factor > 0))
+                return twk_error(TWK_ERR_INVALID_ARG, "%s: rope_scaling linear needs factor > 0", path);
         } else {
-            return twk_error(TWK_ERR_UNSUPPORTED, "%s: rope_scaling type '%s' is not supported (llama3)", path, ts);
+            return twk_error(TWK_ERR_UNSUPPORTED, "%s: rope_scaling type '%s' is not supported (llama3, linear)", path, ts);
         }
     }
     const cJSON *eos = cJSON_GetObjectItemCaseSensitive(j, "eos_token_id");
@@ -139,12 +232,24 @@ twk_status twk_hf_config_load(const char *path, twk_model_config *out) {
     return st;
 }
 
-void twk_rope_inv_freq(const twk_model_config *c, float *out) {
+int twk_layer_window(const twk_model_config *c, int l) {
+    if (c->sliding_window <= 0) return 0;
+    return c->local_pattern == 0 || (l + 1) % c->local_pattern != 0 ? c->sliding_window : 0;
+}
+
+int twk_rope_has_local(const twk_model_config *c) { return c->rope_local_theta > 0 && c->local_pattern != 0; }
+
+void twk_rope_inv_freq(const twk_model_config *c, int local, float *out) {
     int half = c->head_dim / 2;
     for (int i = 0; i < half; i++) {
         /* as transformers: float32 base ** (arange(0, dim, 2) / dim) */
         float expo = (float)(2 * i) / (float)c->head_dim;
+        if (local && c->rope_local_theta > 0) { /* Gemma 3's local layers: their own base, unscaled */
+            out[i] = (float)(1.0 / pow(c->rope_local_theta, (double)expo));
+            continue;
+        }
         double f = 1.0 / pow(c->rope_theta, (double)expo);
+        if (c->rope_type == TWK_ROPE_LINEAR) f /= c->rope_factor;
         if (c->rope_type == TWK_ROPE_LLAMA3) {
             double low_wl = c->rope_original_max_pos / c->rope_low_freq_factor;
             double high_wl = c->rope_original_max_pos / c->rope_high_freq_factor;

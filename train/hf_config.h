@@ -1,4 +1,4 @@
-/* Hugging Face config.json for the Llama / Qwen2 / Qwen3 family. */
+/* Hugging Face config.json for the Llama / Qwen2 / Qwen3 / Mistral / Gemma 2 / Gemma 3 families. */
 #ifndef TWK_HF_CONFIG_H
 #define TWK_HF_CONFIG_H
 
@@ -14,7 +14,12 @@ twk_status twk_hf_config_load(const char *path, twk_model_config *out);
  * to c's EOS list, without duplicates. Errors only for a malformed file. */
 twk_status twk_hf_generation_eos(const char *path, twk_model_config *c);
 
-/* RoPE inverse frequencies (head_dim/2 floats) with the config's scaling. */
-void twk_rope_inv_freq(const twk_model_config *c, float *out);
+/* RoPE inverse frequencies (head_dim/2 floats) with the config's scaling; local: those of the
+ * sliding-window layers (Gemma 3's rope_local_base_freq, unscaled) where the config has them. */
+void twk_rope_inv_freq(const twk_model_config *c, int local, float *out);
+/* Whether the local layers have RoPE frequencies of their own (Gemma 3). */
+int twk_rope_has_local(const twk_model_config *c);
+/* The sliding window of layer l (0: the layer attends to the whole sequence). */
+int twk_layer_window(const twk_model_config *c, int l);
 
 #endif

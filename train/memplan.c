@@ -58,7 +58,7 @@ twk_status twk_mem_plan_config(const twk_model_config *cfg, const twk_mem_reques
     st = twk_trainer_create_dry(m, rq->rank ? &lc : NULL, rq->tokens, &o, &t);
     if (st == TWK_OK) {
         for (int i = 0; i < m->n_w; i++) out->weights += nb_bytes(&m->w[i]); /* matrices in dtype, norms f32 */
-        out->weights += nb_bytes(&t->inv_freq);
+        out->weights += nb_bytes(&t->inv_freq) + nb_bytes(&t->inv_freq_local);
         for (int i = 0; i < t->n_adapter; i++) out->adapter += nb_bytes(&t->adapter[i]);
         out->grads = t->n_tp ? (uint64_t)t->flat_n * sizeof(float) : 0; /* the flat accumulator (optim_plan.c) */
         out->moments = 2 * out->grads;

@@ -166,6 +166,10 @@ static int expected_tensors(const twk_model_config *c, named_buf *out) {
             ADD(L("self_attn.k_norm.weight"), c->head_dim, 0);
         }
         ADD(L("post_attention_layernorm.weight"), H, 0);
+        if (c->gemma) { /* Gemma: post_attention_layernorm normalises the attention's output; these the MLP's */
+            ADD(L("pre_feedforward_layernorm.weight"), H, 0);
+            ADD(L("post_feedforward_layernorm.weight"), H, 0);
+        }
         ADD(L("mlp.gate_proj.weight"), c->ffn, H);
         ADD(L("mlp.up_proj.weight"), c->ffn, H);
         ADD(L("mlp.down_proj.weight"), H, c->ffn);
@@ -221,7 +225,8 @@ twk_status twk_model_random_as(const twk_model_config *cfg, twk_device *dev, uin
         float *h = twk_host_alloc((size_t)w->nelem * sizeof *h, w->name);
         if (!h) st = TWK_ERR_OOM;
         int is_norm = w->ndim == 1 && strstr(w->name, "norm");
-        for (int64_t k = 0; h && k < w->nelem; k++) h[k] = is_norm ? 1.0f : (float)(0.02 * twk_rng_normal(&r));
+        float norm1 = cfg->gemma ? 0.0f : 1.0f; /* Gemma's norms scale by (1 + w) */
+        for (int64_t k = 0; h && k < w->nelem; k++) h[k] = is_norm ? norm1 : (float)(0.02 * twk_rng_normal(&r));
         w->dtype = w->ndim == 2 ? dtype : TWK_F32;
         if (st == TWK_OK) st = upload_as(dev, w, TWK_F32, h);
         twk_host_free(h);
@@ -367,6 +372,30 @@ static twk_id linear(twk_trainer *t, twk_id x, const char *module, int has_bias)
     return y;
 }
 
+/* A norm weight as the model's RMSNorm uses it: Gemma's 1 + w (ones[0] over hidden, ones[1]
+ * over head_dim, made once), else w. */
+static twk_id norm_w(twk_trainer *t, twk_id w, twk_id ones[2]) {
+    const twk_model_config *c = &t->m->cfg;
+    if (!c->gemma || w < 0) return w;
+    int64_t ne[8] = {0}, n;
+    if (twk_node_shape(t->g, w, 1, ne) != 1) return -1;
+    n = ne[0];
+    int which = n == c->hidden ? 0 : 1;
+    if (ones[which] < 0) ones[which] = twk_fill(t->g, 1, &n, 1.0f);
+    return twk_add(t->g, w, ones[which]);
+}
+
+/* Gemma's embedding scale, sqrt(hidden), rounded to the embedding's dtype as transformers does. */
+static float embed_scale(const twk_model *m) {
+    float s = sqrtf((float)m->cfg.hidden);
+    twk_dtype t = twk_model_dtype(m);
+    if (!twk_dtype_is_half(t)) return s;
+    uint16_t hbits;
+    twk_dtype_from_f32(t, &s, &hbits, 1);
+    twk_dtype_to_f32(t, &hbits, &s, 1);
+    return s;
+}
+
 static int lora_targets(const twk_lora_config *lc, const char *module) {
     if (strstr(module, "self_attn.")) return lc->train_attn;
     if (strstr(module, "mlp.")) return lc->train_mlp;
@@ -489,15 +518,18 @@ static twk_status build(twk_trainer *t) {
     }
     int64_t hf[1] = {c->head_dim / 2};
     t->inv_freq_id = twk_param(g, "rope.inv_freq", 1, hf, false);
+    t->inv_freq_local_id = t->inv_freq_local.nelem ? twk_param(g, "rope.inv_freq_local", 1, hf, false) : -1;
 
-    float eps = (float)c->rms_eps, scale = 1.0f / sqrtf((float)c->head_dim);
+    float eps = (float)c->rms_eps, scale = c->attn_scale > 0 ? (float)c->attn_scale : 1.0f / sqrtf((float)c->head_dim);
     twk_id x = twk_get_rows(g, weight_node(t, "model.embed_tokens.weight"), t->tokens);
+    if (c->gemma) x = twk_scale(g, x, embed_scale(t->m)); /* as transformers: sqrt(hidden) in the embedding's dtype */
+    twk_id ones[2] = {-1, -1}; /* Gemma's norms: w + 1 over hidden, over head_dim */
     int64_t qs[3] = {TWK_T, c->heads, c->head_dim}, ks[3] = {TWK_T, c->kv_heads, c->head_dim};
     int64_t flat[2] = {TWK_T, (int64_t)c->heads * c->head_dim};
     char nm[160], mod[160];
     for (int l = 0; l < c->layers; l++) {
         if (t->recompute) twk_graph_checkpoint(g, x); /* each layer's input */
-#define W(s) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, s), weight_node(t, nm))
+#define W(s) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, s), norm_w(t, weight_node(t, nm), ones))
 #define M(s) (snprintf(mod, sizeof mod, "model.layers.%d.%s", l, s), mod)
         twk_id h = twk_rmsnorm(g, x, W("input_layernorm.weight"), eps);
         twk_id q = twk_reshape(g, linear(t, h, M("self_attn.q_proj"), c->attn_bias), 3, qs);
@@ -507,8 +539,10 @@ static twk_status build(twk_trainer *t) {
             q = twk_rmsnorm(g, q, W("self_attn.q_norm.weight"), eps);
             k = twk_rmsnorm(g, k, W("self_attn.k_norm.weight"), eps);
         }
-        q = twk_rope(g, q, t->positions, t->inv_freq_id, 0);
-        k = twk_rope(g, k, t->positions, t->inv_freq_id, 0);
+        int window = twk_layer_window(c, l);
+        twk_id freq = window && t->inv_freq_local_id >= 0 ? t->inv_freq_local_id : t->inv_freq_id;
+        q = twk_rope(g, q, t->positions, freq, 0);
+        k = twk_rope(g, k, t->positions, freq, 0);
         twk_id att;
         if (t->sampling) { /* keys and values go to the cache; queries read their sequence's rows */
             twk_id kc = twk_kv_write(g, t->param_ids[t->m->n_w + t->n_adapter + 2 * l], k, t->rows);
@@ -517,16 +551,24 @@ static twk_status build(twk_trainer *t) {
         } else {
             att = twk_attention(g, q, k, v, t->seg, scale);
         }
+        if (window || c->attn_softcap > 0) att = twk_attention_limit(g, att, window, (float)c->attn_softcap);
         twk_id a = twk_reshape(g, att, 2, flat);
-        x = twk_add(g, x, linear(t, a, M("self_attn.o_proj"), c->o_bias));
-        h = twk_rmsnorm(g, x, W("post_attention_layernorm.weight"), eps);
-        twk_id ff = twk_swiglu(g, linear(t, h, M("mlp.gate_proj"), 0), linear(t, h, M("mlp.up_proj"), 0));
-        x = twk_add(g, x, linear(t, ff, M("mlp.down_proj"), 0));
+        if (c->gemma) { /* norms before and after attention and MLP; GELU-tanh MLP */
+            x = twk_add(g, x, twk_rmsnorm(g, linear(t, a, M("self_attn.o_proj"), c->o_bias), W("post_attention_layernorm.weight"), eps));
+            h = twk_rmsnorm(g, x, W("pre_feedforward_layernorm.weight"), eps);
+            twk_id ff = twk_mul(g, twk_map(g, TWK_OP_GELU, linear(t, h, M("mlp.gate_proj"), 0)), linear(t, h, M("mlp.up_proj"), 0));
+            x = twk_add(g, x, twk_rmsnorm(g, linear(t, ff, M("mlp.down_proj"), 0), W("post_feedforward_layernorm.weight"), eps));
+        } else {
+            x = twk_add(g, x, linear(t, a, M("self_attn.o_proj"), c->o_bias));
+            h = twk_rmsnorm(g, x, W("post_attention_layernorm.weight"), eps);
+            twk_id ff = twk_swiglu(g, linear(t, h, M("mlp.gate_proj"), 0), linear(t, h, M("mlp.up_proj"), 0));
+            x = twk_add(g, x, linear(t, ff, M("mlp.down_proj"), 0));
+        }
 #undef W
 #undef M
     }
     if (t->recompute) twk_graph_checkpoint(g, x); /* the head after it is kept */
-    twk_id h = twk_rmsnorm(g, x, weight_node(t, "model.norm.weight"), eps);
+    twk_id h = twk_rmsnorm(g, x, norm_w(t, weight_node(t, "model.norm.weight"), ones), eps);
     if (t->sampling) h = twk_get_rows(g, h, t->sel); /* only the rows that sample next */
     if (t->fused) { /* logprobs without the [T, V] logits */
         t->logprobs = twk_unembed_logprobs(g, h, weight_node(t, c->tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"),
@@ -545,6 +587,9 @@ static twk_status build(twk_trainer *t) {
     } else {
         logits = linear(t, h, "lm_head", 0);
     }
+    if (c->final_softcap > 0) /* Gemma 2: cap * tanh(logits / cap) */
+        logits = twk_scale(g, twk_map(g, TWK_OP_TANH, twk_scale(g, logits, (float)(1.0 / c->final_softcap))),
+                           (float)c->final_softcap);
     if (t->sampling) {
         t->logits = logits;
         twk_node_set_name(g, logits, "logits");
@@ -565,6 +610,7 @@ void twk_trainer_free(twk_trainer *t) {
     twk_graph_free(t->g_decode);
     for (int i = 0; i < t->n_adapter; i++) twk_buffer_free(t->m->dev, t->adapter[i].buf);
     twk_buffer_free(t->m->dev, t->inv_freq.buf);
+    twk_buffer_free(t->m->dev, t->inv_freq_local.buf);
     for (int i = 0; t->kv && i < 2 * t->m->cfg.layers; i++) twk_buffer_free(t->m->dev, t->kv[i].buf);
     twk_host_free(t->kv);
     twk_host_free(t->adapter);
@@ -579,8 +625,8 @@ void twk_trainer_free(twk_trainer *t) {
 /* The plan of t->g (out) or its estimate (est, out NULL); with_grads binds the gradient accumulators. */
 static twk_status plan_of(twk_trainer *t, twk_plan **out, twk_plan_stats *est, twk_buffer *arena, int with_grads) {
     int n_all = t->m->n_w + t->n_adapter;
-    twk_binding *b = twk_host_alloc((size_t)(n_all + 1 + 2 * t->m->cfg.layers + t->n_tp) * sizeof *b, "trainer bindings");
-    twk_id *ids = twk_host_alloc((size_t)(n_all + 1 + 2 * t->m->cfg.layers + t->n_tp) * sizeof *ids, "trainer bindings");
+    twk_binding *b = twk_host_alloc((size_t)(n_all + 2 + 2 * t->m->cfg.layers + t->n_tp) * sizeof *b, "trainer bindings");
+    twk_id *ids = twk_host_alloc((size_t)(n_all + 2 + 2 * t->m->cfg.layers + t->n_tp) * sizeof *ids, "trainer bindings");
     twk_status st = b && ids ? TWK_OK : TWK_ERR_OOM;
     for (int i = 0; st == TWK_OK && i < n_all; i++) {
         named_buf *nb = i < t->m->n_w ? &t->m->w[i] : &t->adapter[i - t->m->n_w];
@@ -588,6 +634,7 @@ static twk_status plan_of(twk_trainer *t, twk_plan **out, twk_plan_stats *est, t
     }
     int nb = n_all + 1;
     if (st == TWK_OK) b[n_all] = (twk_binding){t->inv_freq_id, t->inv_freq.buf, 0};
+    if (st == TWK_OK && t->inv_freq_local.nelem) b[nb++] = (twk_binding){t->inv_freq_local_id, t->inv_freq_local.buf, 0};
     for (int i = 0; st == TWK_OK && t->sampling && i < 2 * t->m->cfg.layers; i++)
         b[nb++] = (twk_binding){t->param_ids[n_all + i], t->kv[i].buf, 0};
     if (st == TWK_OK && with_grads) nb += twk_trainer_grad_bindings(t, b + nb); /* the accumulators */
@@ -725,7 +772,7 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
     t->dry = dry;
     t->recompute = o && o->recompute && !sampling;
     /* the fused unembedding where the lm_head is frozen and the backend has it */
-    t->fused = !sampling && lora && !lora->train_unembed && !(o && o->logits) &&
+    t->fused = !sampling && lora && !lora->train_unembed && !(o && o->logits) && !(m->cfg.final_softcap > 0) &&
                (dry || twk_mem_fused_unembed(m->dev, twk_dtype_name(twk_model_dtype(m))));
     if (lora) {
         t->lc = *lora;
@@ -742,12 +789,13 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
     int half = m->cfg.head_dim / 2;
     float f[4096];
     if (st == TWK_OK && half > 4096) st = twk_error(TWK_ERR_UNSUPPORTED, "trainer_new: head_dim %d too large", m->cfg.head_dim);
-    if (st == TWK_OK && dry) t->inv_freq.nelem = half;
-    else if (st == TWK_OK) {
-        twk_rope_inv_freq(&m->cfg, f);
-        t->inv_freq.nelem = half;
-        st = twk_buffer_alloc(m->dev, nb_bytes(&t->inv_freq), &t->inv_freq.buf);
-        if (st == TWK_OK) st = twk_buffer_upload(m->dev, t->inv_freq.buf, 0, f, nb_bytes(&t->inv_freq));
+    for (int local = 0; local < 1 + twk_rope_has_local(&m->cfg) && st == TWK_OK; local++) {
+        named_buf *fb = local ? &t->inv_freq_local : &t->inv_freq;
+        fb->nelem = half;
+        if (dry) continue;
+        twk_rope_inv_freq(&m->cfg, local, f);
+        st = twk_buffer_alloc(m->dev, nb_bytes(fb), &fb->buf);
+        if (st == TWK_OK) st = twk_buffer_upload(m->dev, fb->buf, 0, f, nb_bytes(fb));
     }
     if (st == TWK_OK && sampling) {
         twk_device_pool pool = twk_device_pool_enter(TWK_DPOOL_KV_CACHE);

@@ -1,5 +1,6 @@
 /* Writing a model as a Hugging Face folder: config.json in the classic
- * (rope_theta / rope_scaling) form and one f32 model.safetensors. */
+ * (rope_theta / rope_scaling) form and one f32 model.safetensors (the dense
+ * families: the built-in default model is a Qwen3). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,6 +61,9 @@ static char *config_json(const twk_model_config *c) {
 
 twk_status twk_model_save(const twk_model *m, const char *dir) {
     if (!m || !dir) return twk_error(TWK_ERR_INVALID_ARG, "model_save: NULL argument");
+    if (m->cfg.arch != TWK_ARCH_LLAMA && m->cfg.arch != TWK_ARCH_QWEN2 && m->cfg.arch != TWK_ARCH_QWEN3)
+        return twk_error(TWK_ERR_UNSUPPORTED, "model_save: writes Llama / Qwen2 / Qwen3 configs only, not %s",
+                         m->cfg.arch_name);
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return twk_error(TWK_ERR_IO, "model_save: cannot create %s: %s", dir, strerror(errno));
     twk_st_entry *e = twk_host_calloc((size_t)m->n_w * sizeof *e, "model entries");

@@ -44,9 +44,9 @@ struct twk_trainer {
     float scale;
     named_buf *adapter; /* LoRA tensors */
     int n_adapter;
-    named_buf inv_freq;
+    named_buf inv_freq, inv_freq_local; /* the local layers' own (Gemma 3; nelem 0 otherwise) */
     twk_graph *g;
-    twk_id tokens, targets, positions, seg, weights, logprobs, loss, inv_freq_id;
+    twk_id tokens, targets, positions, seg, weights, logprobs, loss, inv_freq_id, inv_freq_local_id;
     twk_id *param_ids;  /* per model weight, then per adapter tensor */
     tparam *tp;
     int n_tp;

@@ -1,11 +1,14 @@
 /* Causal attention over packed segments with grouped-query heads, and its
  * gradient, built on BLAS GEMMs. Token i attends to keys j with
- * seg_start[i] <= j <= i. Work goes block by block: for each segment, head
- * and block of QB queries, the scores against the keys up to the block's
- * last query are one sgemm, masked and normalised in place, and the products
- * with V (or the gradients) are one more sgemm each — so the quadratic part
- * runs at GEMM speed while causality skips the upper blocks. The backward
- * pass recomputes probabilities from the saved log-sum-exp. */
+ * seg_start[i] <= j <= i and, with a sliding window W (ip[1] > 0),
+ * i - j < W. Scores are scale * q.k (fp[0]), soft-capped to
+ * cap * tanh(s / cap) where fp[1] = cap > 0. Work goes block by block: for
+ * each segment, head and block of QB queries, the scores against the keys the
+ * block can see are one sgemm, masked and normalised in place, and the
+ * products with V (or the gradients) are one more sgemm each — so the
+ * quadratic part runs at GEMM speed while causality (and the window) skip the
+ * blocks nobody sees. The backward pass recomputes probabilities from the
+ * saved log-sum-exp. */
 #include <math.h>
 #include <string.h>
 
@@ -25,7 +28,8 @@ static inline float dot(const float *a, const float *b, int64_t n) {
 
 typedef struct attn_shape {
     int64_t T, Hq, Hkv, D, group;
-    float scale;
+    int64_t window; /* 0: none */
+    float scale, cap; /* cap 0: no soft-capping */
     const float *q, *k, *v;
     const cpu_tensor *seg;
 } attn_shape;
@@ -37,89 +41,122 @@ static void shape_of(attn_shape *a, const cpu_call *c, int seg_src) {
     a->Hkv = c->src[1].ne[1];
     a->group = a->Hq / a->Hkv;
     a->scale = c->l->fp[0];
+    a->cap = c->l->fp[1];
+    a->window = c->l->ip[1] > 0 ? c->l->ip[1] : 0;
     a->q = c->src[0].data;
     a->k = c->src[1].data;
     a->v = seg_src == 3 ? c->src[2].data : NULL;
     a->seg = &c->src[seg_src];
 }
 
-/* Scores of queries [s+b0, s+b0+nq) of head h against keys [s, s+b0+nq):
- * S[r][j] = scale * q . k, into S with row stride lk = b0 + nq. */
-static void block_scores(const attn_shape *a, int64_t s, int64_t b0, int64_t nq, int64_t h, float *S) {
-    int64_t lk = b0 + nq, hk = h / a->group;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)lk, (int)a->D, a->scale,
-                a->q + ((s + b0) * a->Hq + h) * a->D, (int)(a->Hq * a->D), a->k + (s * a->Hkv + hk) * a->D,
-                (int)(a->Hkv * a->D), 0.0f, S, (int)lk);
+/* A block: queries [b0, b0 + nq) and the keys [k0, b0 + nq) they can see, relative to the
+ * segment start s; S rows have stride lk = b0 + nq - k0. */
+typedef struct blk {
+    int64_t s, b0, nq, k0, lk;
+} blk;
+
+/* Row r of a block sees keys [first(r), b0 + r] (relative to the segment start). */
+static inline int64_t first_key(const attn_shape *a, int64_t q) {
+    return a->window && q - a->window + 1 > 0 ? q - a->window + 1 : 0;
+}
+/* Row r's visible keys as columns [*c0, *c1) of S. */
+static inline void visible(const attn_shape *a, const blk *b, int64_t r, int64_t *c0, int64_t *c1) {
+    *c0 = first_key(a, b->b0 + r) - b->k0;
+    *c1 = b->b0 + r + 1 - b->k0;
 }
 
-/* Row r of a block sees keys [0, b0 + r] (relative to the segment start). */
-static inline int64_t visible(int64_t b0, int64_t r) { return b0 + r + 1; }
+/* Scores of the block's queries of head h against its keys: S[r][j] = scale * q . k, soft-capped
+ * on the visible columns; with `caps` (may be NULL) 1 - tanh^2 there, the cap's derivative. */
+static void block_scores(const attn_shape *a, const blk *b, int64_t h, float *S, float *caps) {
+    int64_t hk = h / a->group;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)b->nq, (int)b->lk, (int)a->D, a->scale,
+                a->q + ((b->s + b->b0) * a->Hq + h) * a->D, (int)(a->Hq * a->D),
+                a->k + ((b->s + b->k0) * a->Hkv + hk) * a->D, (int)(a->Hkv * a->D), 0.0f, S, (int)b->lk);
+    if (!(a->cap > 0)) return;
+    for (int64_t r = 0; r < b->nq; r++) {
+        int64_t c0, c1;
+        visible(a, b, r, &c0, &c1);
+        float *row = S + r * b->lk, *cr = caps ? caps + r * b->lk : NULL;
+        for (int64_t j = c0; j < c1; j++) {
+            float t = tanhf(row[j] / a->cap);
+            row[j] = a->cap * t;
+            if (cr) cr[j] = 1.0f - t * t;
+        }
+    }
+}
 
-/* Softmax of each row over its visible keys, zeros beyond; lse (may be NULL)
+/* Zeroes row's columns outside [c0, c1). */
+static inline void mask_row(float *row, int64_t lk, int64_t c0, int64_t c1) {
+    memset(row, 0, (size_t)c0 * sizeof *row);
+    memset(row + c1, 0, (size_t)(lk - c1) * sizeof *row);
+}
+
+/* Softmax of each row over its visible keys, zeros elsewhere; lse (may be NULL)
  * gets each row's log-sum-exp. */
-static void block_softmax(float *S, int64_t b0, int64_t nq, float *lse) {
-    int64_t lk = b0 + nq;
-    for (int64_t r = 0; r < nq; r++) {
-        float *row = S + r * lk;
-        int64_t n = visible(b0, r);
+static void block_softmax(const attn_shape *a, const blk *b, float *S, float *lse) {
+    for (int64_t r = 0; r < b->nq; r++) {
+        float *row = S + r * b->lk;
+        int64_t c0, c1;
+        visible(a, b, r, &c0, &c1);
         float m = -INFINITY;
-        for (int64_t j = 0; j < n; j++) m = row[j] > m ? row[j] : m;
+        for (int64_t j = c0; j < c1; j++) m = row[j] > m ? row[j] : m;
         float sum = 0;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < n; j++) {
+        for (int64_t j = c0; j < c1; j++) {
             row[j] = cpu_expf(row[j] - m);
             sum += row[j];
         }
         float inv = 1.0f / sum;
-        for (int64_t j = 0; j < n; j++) row[j] *= inv;
-        memset(row + n, 0, (size_t)(lk - n) * sizeof *row);
+        for (int64_t j = c0; j < c1; j++) row[j] *= inv;
+        mask_row(row, b->lk, c0, c1);
         if (lse) lse[r] = m + logf(sum);
     }
 }
 
-/* Probabilities from a saved lse: P = exp(S - lse), zeros beyond the visible keys. */
-static void block_probs(float *S, int64_t b0, int64_t nq, const float *lse, int64_t lse_stride) {
-    int64_t lk = b0 + nq;
-    for (int64_t r = 0; r < nq; r++) {
-        float *row = S + r * lk, l = lse[r * lse_stride];
-        int64_t n = visible(b0, r);
+/* Probabilities from a saved lse: P = exp(S - lse), zeros outside the visible keys. */
+static void block_probs(const attn_shape *a, const blk *b, float *S, const float *lse, int64_t lse_stride) {
+    for (int64_t r = 0; r < b->nq; r++) {
+        float *row = S + r * b->lk, l = lse[r * lse_stride];
+        int64_t c0, c1;
+        visible(a, b, r, &c0, &c1);
 #pragma omp simd
-        for (int64_t j = 0; j < n; j++) row[j] = cpu_expf(row[j] - l);
-        memset(row + n, 0, (size_t)(lk - n) * sizeof *row);
+        for (int64_t j = c0; j < c1; j++) row[j] = cpu_expf(row[j] - l);
+        mask_row(row, b->lk, c0, c1);
     }
 }
 
-typedef void (*block_fn)(const cpu_call *c, const attn_shape *a, int64_t s, int64_t b0, int64_t nq, int64_t h,
-                         float *S, float *S2);
+typedef void (*block_fn)(const cpu_call *c, const attn_shape *a, const blk *b, int64_t h, float *S, float *S2,
+                         float *S3);
 
 /* Calls fn for every (segment, query head, query block). */
 static twk_status for_blocks(const cpu_call *c, const attn_shape *a, block_fn fn) {
-    float *S = cpu_scratch(c->ctx, (size_t)(2 * QB * a->T) * sizeof *S);
+    float *S = cpu_scratch(c->ctx, (size_t)(3 * QB * a->T) * sizeof *S);
     if (!S) return TWK_ERR_OOM;
-    float *S2 = S + QB * a->T;
+    float *S2 = S + QB * a->T, *S3 = S2 + QB * a->T;
     for (int64_t s = 0; s < a->T;) {
         int64_t e = s + 1;
         while (e < a->T && cpu_id_at(a->seg, e) == s) e++;
         for (int64_t h = 0; h < a->Hq; h++)
             for (int64_t b0 = 0; b0 < e - s; b0 += QB) {
-                int64_t nq = e - s - b0 < QB ? e - s - b0 : QB;
-                fn(c, a, s, b0, nq, h, S, S2);
+                blk b = {.s = s, .b0 = b0, .nq = e - s - b0 < QB ? e - s - b0 : QB, .k0 = first_key(a, b0)};
+                b.lk = b0 + b.nq - b.k0;
+                fn(c, a, &b, h, S, S2, S3);
             }
         s = e;
     }
     return TWK_OK;
 }
 
-static void fwd_block(const cpu_call *c, const attn_shape *a, int64_t s, int64_t b0, int64_t nq, int64_t h, float *S,
-                      float *S2) {
+static void fwd_block(const cpu_call *c, const attn_shape *a, const blk *b, int64_t h, float *S, float *S2, float *S3) {
     (void)S2;
-    int64_t lk = b0 + nq, hk = h / a->group;
-    block_scores(a, s, b0, nq, h, S);
-    block_softmax(S, b0, nq, NULL);
+    (void)S3;
+    int64_t hk = h / a->group;
+    block_scores(a, b, h, S, NULL);
+    block_softmax(a, b, S, NULL);
     float *o = c->dst.data;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)a->D, (int)lk, 1.0f, S, (int)lk,
-                a->v + (s * a->Hkv + hk) * a->D, (int)(a->Hkv * a->D), 0.0f, o + ((s + b0) * a->Hq + h) * a->D,
-                (int)(a->Hq * a->D));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)b->nq, (int)a->D, (int)b->lk, 1.0f, S, (int)b->lk,
+                a->v + ((b->s + b->k0) * a->Hkv + hk) * a->D, (int)(a->Hkv * a->D), 0.0f,
+                o + ((b->s + b->b0) * a->Hq + h) * a->D, (int)(a->Hq * a->D));
 }
 
 twk_status cpu_attn(const cpu_call *c) {
@@ -128,12 +165,12 @@ twk_status cpu_attn(const cpu_call *c) {
     return for_blocks(c, &a, fwd_block);
 }
 
-static void lse_block(const cpu_call *c, const attn_shape *a, int64_t s, int64_t b0, int64_t nq, int64_t h, float *S,
-                      float *S2) {
-    block_scores(a, s, b0, nq, h, S);
-    block_softmax(S, b0, nq, S2);
+static void lse_block(const cpu_call *c, const attn_shape *a, const blk *b, int64_t h, float *S, float *S2, float *S3) {
+    (void)S3;
+    block_scores(a, b, h, S, NULL);
+    block_softmax(a, b, S, S2);
     float *lse = c->dst.data;
-    for (int64_t r = 0; r < nq; r++) lse[(s + b0 + r) * a->Hq + h] = S2[r];
+    for (int64_t r = 0; r < b->nq; r++) lse[(b->s + b->b0 + r) * a->Hq + h] = S2[r];
 }
 
 twk_status cpu_attn_lse(const cpu_call *c) {
@@ -143,38 +180,44 @@ twk_status cpu_attn_lse(const cpu_call *c) {
 }
 
 /* Backward (src: q, k, v, seg, o, dO, lse). For a block: P from lse; for dq
- * and dk also dS = P * (dO.V^T - rowsum(dO * O)) * scale. */
-static void back_block(const cpu_call *c, const attn_shape *a, int64_t s, int64_t b0, int64_t nq, int64_t h, float *S,
-                       float *S2) {
+ * and dk also dS = P * (dO.V^T - rowsum(dO * O)) * (1 - tanh^2 with a cap) * scale. */
+static void back_block(const cpu_call *c, const attn_shape *a, const blk *b, int64_t h, float *S, float *S2,
+                       float *S3) {
     int which = c->l->ip[0];
-    int64_t lk = b0 + nq, hk = h / a->group, ldq = a->Hq * a->D, ldk = a->Hkv * a->D;
+    int64_t lk = b->lk, nq = b->nq, hk = h / a->group, ldq = a->Hq * a->D, ldk = a->Hkv * a->D;
     const float *o = c->src[4].data, *dO = c->src[5].data, *lse = c->src[6].data;
-    const float *dO_blk = dO + ((s + b0) * a->Hq + h) * a->D;
-    float *out = c->dst.data;
-    block_scores(a, s, b0, nq, h, S);
-    block_probs(S, b0, nq, lse + (s + b0) * a->Hq + h, a->Hq);
+    const float *dO_blk = dO + ((b->s + b->b0) * a->Hq + h) * a->D;
+    const float *keys = a->k + ((b->s + b->k0) * a->Hkv + hk) * a->D, *vals = a->v + ((b->s + b->k0) * a->Hkv + hk) * a->D;
+    float *out = c->dst.data, *kout = out + ((b->s + b->k0) * a->Hkv + hk) * a->D;
+    block_scores(a, b, h, S, S3);
+    block_probs(a, b, S, lse + (b->s + b->b0) * a->Hq + h, a->Hq);
     if (which == 2) { /* dV[keys] += P^T dO */
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)lk, (int)a->D, (int)nq, 1.0f, S, (int)lk, dO_blk,
-                    (int)ldq, 1.0f, out + (s * a->Hkv + hk) * a->D, (int)ldk);
+                    (int)ldq, 1.0f, kout, (int)ldk);
         return;
     }
     /* dP = dO V^T */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)lk, (int)a->D, 1.0f, dO_blk, (int)ldq,
-                a->v + (s * a->Hkv + hk) * a->D, (int)ldk, 0.0f, S2, (int)lk);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)lk, (int)a->D, 1.0f, dO_blk, (int)ldq, vals,
+                (int)ldk, 0.0f, S2, (int)lk);
     for (int64_t r = 0; r < nq; r++) {
-        int64_t i = (s + b0 + r) * a->Hq + h;
+        int64_t i = (b->s + b->b0 + r) * a->Hq + h, c0, c1;
         float delta = dot(dO + i * a->D, o + i * a->D, a->D);
-        float *p = S + r * lk, *dp = S2 + r * lk;
-        int64_t n = visible(b0, r);
+        float *p = S + r * lk, *dp = S2 + r * lk, *cd = S3 + r * lk;
+        visible(a, b, r, &c0, &c1);
+        if (a->cap > 0) {
 #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] = p[j] * (dp[j] - delta) * a->scale; /* dS */
+            for (int64_t j = c0; j < c1; j++) p[j] = p[j] * (dp[j] - delta) * cd[j] * a->scale; /* dS */
+        } else {
+#pragma omp simd
+            for (int64_t j = c0; j < c1; j++) p[j] = p[j] * (dp[j] - delta) * a->scale; /* dS */
+        }
     }
     if (which == 0) /* dQ = dS K */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)a->D, (int)lk, 1.0f, S, (int)lk,
-                    a->k + (s * a->Hkv + hk) * a->D, (int)ldk, 0.0f, out + ((s + b0) * a->Hq + h) * a->D, (int)ldq);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)a->D, (int)lk, 1.0f, S, (int)lk, keys,
+                    (int)ldk, 0.0f, out + ((b->s + b->b0) * a->Hq + h) * a->D, (int)ldq);
     else /* dK[keys] += dS^T Q */
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)lk, (int)a->D, (int)nq, 1.0f, S, (int)lk,
-                    a->q + ((s + b0) * a->Hq + h) * a->D, (int)ldq, 1.0f, out + (s * a->Hkv + hk) * a->D, (int)ldk);
+                    a->q + ((b->s + b->b0) * a->Hq + h) * a->D, (int)ldq, 1.0f, kout, (int)ldk);
 }
 
 twk_status cpu_attn_back(const cpu_call *c) {

@@ -1,4 +1,4 @@
-/* Elementwise kernels (fill, scale, silu, gelu, swiglu and their gradients)
+/* Elementwise kernels (fill, scale, silu, gelu, tanh, swiglu and their gradients)
  * and the broadcast / sum-to pair. */
 #include <math.h>
 #include <string.h>
@@ -106,6 +106,23 @@ static void silu_back_range(void *arg, int64_t b, int64_t e) {
     }
 }
 
+static void tanh_range(void *arg, int64_t b, int64_t e) {
+    const cpu_call *c = ((map_job *)arg)->c;
+    const float *x = c->src[0].data;
+    float *y = c->dst.data;
+    for (int64_t i = b; i < e; i++) y[i] = tanhf(x[i]);
+}
+
+static void tanh_back_range(void *arg, int64_t b, int64_t e) {
+    const cpu_call *c = ((map_job *)arg)->c;
+    const float *x = c->src[0].data, *dy = c->src[1].data;
+    float *y = c->dst.data;
+    for (int64_t i = b; i < e; i++) {
+        float t = tanhf(x[i]);
+        y[i] = dy[i] * (1.0f - t * t);
+    }
+}
+
 /* GELU, tanh approximation: 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)
  * (the sigmoid form has no cancellation for negative x). */
 #define GELU_2C 1.5957691216057308f /* 2 sqrt(2/pi) */
@@ -161,6 +178,8 @@ twk_status cpu_silu(const cpu_call *c) { return map(c, silu_range); }
 twk_status cpu_silu_back(const cpu_call *c) { return map(c, silu_back_range); }
 twk_status cpu_swiglu(const cpu_call *c) { return map(c, swiglu_range); }
 twk_status cpu_gelu(const cpu_call *c) { return map(c, gelu_range); }
+twk_status cpu_tanh(const cpu_call *c) { return map(c, tanh_range); }
+twk_status cpu_tanh_back(const cpu_call *c) { return map(c, tanh_back_range); }
 twk_status cpu_gelu_back(const cpu_call *c) { return map(c, gelu_back_range); }
 twk_status cpu_swiglu_back(const cpu_call *c) { return map(c, swiglu_back_range); }
 

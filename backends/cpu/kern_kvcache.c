@@ -1,5 +1,7 @@
 /* Decoding with a KV cache: writing new keys/values into cache rows, and
- * attention of each query over its own range of cache rows. */
+ * attention of each query over its own range of cache rows [lo, hi) — with a
+ * sliding window W (ip[1] > 0) its last W rows — scores scale * q.k
+ * soft-capped to cap * tanh(s / cap) where fp[1] = cap > 0. */
 #include <math.h>
 #include <string.h>
 
@@ -36,13 +38,15 @@ static void attn_cache_rows(void *arg, int64_t it0, int64_t it1) {
     const cache_job *j = arg;
     const cpu_call *c = j->c;
     const float *q = c->src[0].data;
-    float *o = c->dst.data, scale = c->l->fp[0];
+    float *o = c->dst.data, scale = c->l->fp[0], cap = c->l->fp[1];
+    int64_t window = c->l->ip[1] > 0 ? c->l->ip[1] : 0; /* the last `window` rows before hi */
     int64_t D = j->D;
     float *sc = j->scratch + (int64_t)cpu_thread_index() * (j->R + D);
     float *wide = sc + j->R; /* a bf16 / f16 cache row widened */
     for (int64_t it = it0; it < it1; it++) {
         int64_t t = it / j->Hq, h = it % j->Hq, hk = h / j->group;
         int64_t lo = cpu_id_at(&c->src[3], t), hi = cpu_id_at(&c->src[4], t);
+        if (window && hi - window > lo) lo = hi - window;
         const float *qi = q + it * D;
         float m = -INFINITY;
         for (int64_t r = lo; r < hi; r++) {
@@ -51,6 +55,7 @@ static void attn_cache_rows(void *arg, int64_t it0, int64_t it1) {
 #pragma omp simd reduction(+ : s)
             for (int64_t d = 0; d < D; d++) s += qi[d] * kr[d];
             s *= scale;
+            if (cap > 0) s = cap * tanhf(s / cap);
             sc[r - lo] = s;
             m = s > m ? s : m;
         }

@@ -1,7 +1,8 @@
 /* Attention: causal within packed segments (mode 0: token i sees keys
  * seg[i]..i) or over cache rows (mode 1: query t sees rows lo[t]..hi[t]-1),
+ * with a sliding window (window > 0) only the last `window` of those,
  * grouped-query heads (head h reads kv head h / (Hq / Hkv)), scores scaled
- * by `scale`. One work-group of KD_ATTN_L items per (query, head) walks the
+ * by `scale` and soft-capped to cap * tanh(s / cap) where cap > 0. One work-group of KD_ATTN_L items per (query, head) walks the
  * keys in chunks of KD_ATTN_L with an online softmax: item l scores key
  * c0 + l, then each item updates the output dims d = l, l + L, ... (D <=
  * KD_ATTN_L * KD_ATTN_DPI). The gradient kernels recompute probabilities from
@@ -14,22 +15,27 @@
 /* Key range [*j0, *j1) of query i in mode 0 (seg) or 1 (lo/hi); returns 0
  * and an empty range when the input is malformed. */
 TWK_FN int kd_key_range(const TWK_GLOBAL int *ra, const TWK_GLOBAL int *rb, long i, long R, int mode, int a64,
-                        int b64, long *j0, long *j1) {
+                        int b64, long window, long *j0, long *j1) {
     *j0 = 0;
     *j1 = 0;
     if (mode == 0) {
         long s = kd_id(ra, i, a64), prev = i > 0 ? kd_id(ra, i - 1, a64) : 0;
         if (s < 0 || s > i || (s != prev && s != i)) return 0;
-        *j0 = s;
+        *j0 = window > 0 && i + 1 - window > s ? i + 1 - window : s;
         *j1 = i + 1;
         return 1;
     }
     long lo = kd_id(ra, i, a64), hi = kd_id(rb, i, b64);
     if (lo < 0 || hi <= lo || hi > R) return 0;
-    *j0 = lo;
+    *j0 = window > 0 && hi - window > lo ? hi - window : lo;
     *j1 = hi;
     return 1;
 }
+
+/* A score soft-capped (cap > 0) or as it is. */
+TWK_FN float kd_softcap(float s, float cap) { return cap > 0.0f ? cap * tanh(s / cap) : s; }
+/* d capped / d raw from the capped score: 1 - tanh^2 (1 without a cap). */
+TWK_FN float kd_softcap_d(float sc, float cap) { return cap > 0.0f ? 1.0f - (sc / cap) * (sc / cap) : 1.0f; }
 
 /* The body of attn_fwd_f32 / attn_fwd_h16 (each declares its local qs [KD_ATTN_MAXD] and ps
  * [KD_ATTN_L] first): keys and values read through KD_KV(p, i). */
@@ -37,7 +43,7 @@ TWK_FN int kd_key_range(const TWK_GLOBAL int *ra, const TWK_GLOBAL int *rb, long
     int lid = TWK_LID(0), L = TWK_LSIZE(0);                                                                   \
     long gi = TWK_GROUP(0), i = gi / Hq, h = gi % Hq, hk = h / (Hq / Hkv);                                    \
     long j0, j1;                                                                                              \
-    if (!kd_key_range(ra + ra_off, rb + rb_off, i, R, mode, a64, b64, &j0, &j1) && lid == 0)                  \
+    if (!kd_key_range(ra + ra_off, rb + rb_off, i, R, mode, a64, b64, window, &j0, &j1) && lid == 0)          \
         err[err_off] = mode == 0 ? KD_ERR_SEGMENT : KD_ERR_ID_RANGE;                                          \
     const TWK_GLOBAL float *qi = q + q_off + gi * D;                                                          \
     for (long d = lid; d < D; d += L) qs[d] = qi[d];                                                          \
@@ -52,7 +58,7 @@ TWK_FN int kd_key_range(const TWK_GLOBAL int *ra, const TWK_GLOBAL int *rb, long
             long kj = (j * Hkv + hk) * D;                                                                     \
             float dot = 0.0f;                                                                                 \
             for (long d = 0; d < D; d++) dot += qs[d] * KD_KV(k + k_off, kj + d);                             \
-            s = dot * scale;                                                                                  \
+            s = kd_softcap(dot * scale, cap);                                                                 \
         }                                                                                                     \
         ps[lid] = s;                                                                                          \
         TWK_BARRIER();                                                                                        \
@@ -94,7 +100,7 @@ TWK_KERNEL attn_fwd_f32(TWK_GLOBAL float *o, long o_off, TWK_GLOBAL float *lse, 
                         TWK_GLOBAL const float *v, long v_off, TWK_GLOBAL const int *ra, long ra_off,
                         TWK_GLOBAL const int *rb, long rb_off, TWK_GLOBAL int *err, long err_off, long Hq,
                         long Hkv, long D, long R, float scale, int mode, int want_o, int want_lse, int a64,
-                        int b64) {
+                        int b64, long window, float cap) {
     TWK_LOCAL(float, qs, KD_ATTN_MAXD);
     TWK_LOCAL(float, ps, KD_ATTN_L);
     KD_ATTN_FWD_BODY
@@ -108,7 +114,7 @@ TWK_KERNEL attn_fwd_h16(TWK_GLOBAL float *o, long o_off, TWK_GLOBAL float *lse, 
                         TWK_GLOBAL const ushort *v, long v_off, TWK_GLOBAL const int *ra, long ra_off,
                         TWK_GLOBAL const int *rb, long rb_off, TWK_GLOBAL int *err, long err_off, long Hq,
                         long Hkv, long D, long R, float scale, int mode, int want_o, int want_lse, int a64,
-                        int b64, int f16) {
+                        int b64, long window, float cap, int f16) {
     TWK_LOCAL(float, qs, KD_ATTN_MAXD);
     TWK_LOCAL(float, ps, KD_ATTN_L);
     KD_ATTN_FWD_BODY
@@ -122,14 +128,14 @@ TWK_KERNEL attn_back_q_f32(TWK_GLOBAL float *dq, long dq_off, TWK_GLOBAL const f
                            TWK_GLOBAL const int *seg, long seg_off, TWK_GLOBAL const float *o, long o_off,
                            TWK_GLOBAL const float *dO, long dO_off, TWK_GLOBAL const float *lse, long lse_off,
                            TWK_GLOBAL int *err, long err_off, long Hq, long Hkv, long D, float scale,
-                           int is64) {
+                           int is64, long window, float cap) {
     TWK_LOCAL(float, qs, KD_ATTN_MAXD);
     TWK_LOCAL(float, gs, KD_ATTN_MAXD);
     TWK_LOCAL(float, ps, KD_ATTN_L);
     int lid = TWK_LID(0), L = TWK_LSIZE(0);
     long gi = TWK_GROUP(0), i = gi / Hq, h = gi % Hq, hk = h / (Hq / Hkv);
     long j0, j1;
-    if (!kd_key_range(seg + seg_off, seg + seg_off, i, 0, 0, is64, is64, &j0, &j1) && lid == 0)
+    if (!kd_key_range(seg + seg_off, seg + seg_off, i, 0, 0, is64, is64, window, &j0, &j1) && lid == 0)
         err[err_off] = KD_ERR_SEGMENT;
     float pd = 0.0f;
     for (long d = lid; d < D; d += L) {
@@ -155,8 +161,9 @@ TWK_KERNEL attn_back_q_f32(TWK_GLOBAL float *dq, long dq_off, TWK_GLOBAL const f
                 s += qs[d] * kj[d];
                 dp += gs[d] * vj[d];
             }
-            float p = exp(s * scale - li);
-            ds = p * (dp - delta) * scale;
+            float sc = kd_softcap(s * scale, cap);
+            float p = exp(sc - li);
+            ds = p * (dp - delta) * kd_softcap_d(sc, cap) * scale;
         }
         ps[lid] = ds;
         TWK_BARRIER();
@@ -185,7 +192,7 @@ TWK_KERNEL attn_back_kv_f32(TWK_GLOBAL float *dst, long dst_off, TWK_GLOBAL cons
                             TWK_GLOBAL const int *seg, long seg_off, TWK_GLOBAL const float *o, long o_off,
                             TWK_GLOBAL const float *dO, long dO_off, TWK_GLOBAL const float *lse, long lse_off,
                             TWK_GLOBAL int *err, long err_off, long T, long Hq, long Hkv, long D, float scale,
-                            int which, int is64) {
+                            int which, int is64, long window, float cap) {
     TWK_LOCAL(float, ks, KD_ATTN_MAXD);
     TWK_LOCAL(float, vs, KD_ATTN_MAXD);
     TWK_LOCAL(float, ps, KD_ATTN_L);
@@ -193,7 +200,8 @@ TWK_KERNEL attn_back_kv_f32(TWK_GLOBAL float *dst, long dst_off, TWK_GLOBAL cons
     long gi = TWK_GROUP(0), j = gi / Hkv, hk = gi % Hkv, grp = Hq / Hkv;
     const TWK_GLOBAL int *sg = seg + seg_off;
     long j0, j1;
-    if (!kd_key_range(sg, sg, j, 0, 0, is64, is64, &j0, &j1) && lid == 0) err[err_off] = KD_ERR_SEGMENT;
+    if (!kd_key_range(sg, sg, j, 0, 0, is64, is64, 0, &j0, &j1) && lid == 0) err[err_off] = KD_ERR_SEGMENT;
+    long iend = window > 0 && j + window < T ? j + window : T; /* queries i < j + window see key j */
     long sj = kd_id(sg, j, is64);
     for (long d = lid; d < D; d += L) {
         ks[d] = k[k_off + gi * D + d];
@@ -204,14 +212,15 @@ TWK_KERNEL attn_back_kv_f32(TWK_GLOBAL float *dst, long dst_off, TWK_GLOBAL cons
     float acc[KD_ATTN_DPI];
     for (int e = 0; e < KD_ATTN_DPI; e++) acc[e] = 0.0f;
     for (long h = hk * grp; h < (hk + 1) * grp; h++) {
-        for (long c0 = j; c0 < T && kd_id(sg, c0, is64) == sj; c0 += L) {
+        for (long c0 = j; c0 < iend && kd_id(sg, c0, is64) == sj; c0 += L) {
             long i = c0 + lid;
             float cf = 0.0f;
-            if (i < T && kd_id(sg, i, is64) == sj) {
+            if (i < iend && kd_id(sg, i, is64) == sj) {
                 long qi = (i * Hq + h) * D;
                 float s = 0.0f;
                 for (long d = 0; d < D; d++) s += q[q_off + qi + d] * ks[d];
-                float p = exp(s * scale - lse[lse_off + i * Hq + h]);
+                float sc = kd_softcap(s * scale, cap);
+                float p = exp(sc - lse[lse_off + i * Hq + h]);
                 if (which == 2) {
                     cf = p;
                 } else {
@@ -221,12 +230,12 @@ TWK_KERNEL attn_back_kv_f32(TWK_GLOBAL float *dst, long dst_off, TWK_GLOBAL cons
                         dp += g * vs[d];
                         delta += g * o[o_off + qi + d];
                     }
-                    cf = p * (dp - delta) * scale;
+                    cf = p * (dp - delta) * kd_softcap_d(sc, cap) * scale;
                 }
             }
             ps[lid] = cf;
             TWK_BARRIER();
-            long nc = T - c0 < L ? T - c0 : L;
+            long nc = iend - c0 < L ? iend - c0 : L;
             for (int e = 0; e < KD_ATTN_DPI; e++) {
                 long d = lid + (long)e * L;
                 if (d >= D) break;

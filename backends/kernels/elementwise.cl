@@ -1,4 +1,4 @@
-/* Elementwise kernels: fill, scale, silu, gelu, swiglu and their gradients, add/mul
+/* Elementwise kernels: fill, scale, silu, gelu, tanh, swiglu and their gradients, add/mul
  * with b broadcast to a, broadcast and its adjoint sum_to. One work item per
  * output element (grids are rounded up; items past n return). Broadcast
  * shapes arrive as 4-D right-aligned dims with strides 0 where broadcast. */
@@ -50,6 +50,21 @@ TWK_KERNEL gelu_back_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float
     if (i >= n) return;
     float v = x[x_off + i], s = kd_sigmoid(kd_gelu_2u(v));
     y[y_off + i] = dy[dy_off + i] * (s + v * s * (1.0f - s) * 1.5957691216057308f * (1.0f + 0.134145f * v * v));
+}
+
+/* tanh (Gemma's final-logit soft-cap), |x| clamped at 15 where tanh is 1 in float */
+TWK_KERNEL tanh_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *x, long x_off, long n) {
+    long i = TWK_GID(0);
+    if (i >= n) return;
+    y[y_off + i] = tanh(fmin(fmax(x[x_off + i], -15.0f), 15.0f));
+}
+
+TWK_KERNEL tanh_back_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *x, long x_off,
+                         TWK_GLOBAL const float *dy, long dy_off, long n) {
+    long i = TWK_GID(0);
+    if (i >= n) return;
+    float t = tanh(fmin(fmax(x[x_off + i], -15.0f), 15.0f));
+    y[y_off + i] = dy[dy_off + i] * (1.0f - t * t);
 }
 
 TWK_KERNEL swiglu_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *g, long g_off,

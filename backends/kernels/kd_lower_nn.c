@@ -198,6 +198,8 @@ int kd_lower_attn_fwd(const twk_launch *l, int64_t n, kd_call *calls, const char
     kd_i32(c, lse);
     kd_i32(c, is64(l, ra));
     kd_i32(c, is64(l, rb));
+    kd_i64(c, l->ip[1] > 0 ? l->ip[1] : 0); /* window */
+    kd_f32(c, l->fp[1]);                    /* softcap */
     if (h16) kd_i32(c, f16(l, 1));
     kd_grid_groups(c, T * Hq, KD_ATTN_L);
     return 1;
@@ -221,6 +223,8 @@ int kd_lower_attn_back(const twk_launch *l, int64_t n, kd_call *calls, const cha
     kd_f32(c, l->fp[0]);
     if (which != 0) kd_i32(c, which);
     kd_i32(c, is64(l, 3));
+    kd_i64(c, l->ip[1] > 0 ? l->ip[1] : 0); /* window */
+    kd_f32(c, l->fp[1]);                    /* softcap */
     kd_grid_groups(c, T * (which == 0 ? Hq : Hkv), KD_ATTN_L);
     return 1;
 }

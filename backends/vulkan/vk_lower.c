@@ -460,6 +460,8 @@ static int lower_attn(vk_low *w) {
     for (int i = 0; i < 5; i++) x->p[i] = (int32_t)p[i];
     x->p[6] = s[segi].type == TWK_I64;
     x->fp[0] = l->fp[0];
+    x->fp[1] = l->fp[1];                       /* soft-cap */
+    x->p[8] = l->ip[1] > 0 ? l->ip[1] : 0; /* sliding window */
     if (Hkv < 1 || Hq % Hkv) {
         twk_error(TWK_ERR_SHAPE, "vulkan: %s '%s': %lld query heads over %lld kv heads", twk_op_name(l->op), l->name,
                   (long long)Hq, (long long)Hkv);
@@ -541,6 +543,8 @@ static const vk_entry table[TWK_OP_COUNT] = {
     [TWK_OP_SWIGLU_BACK] = {lower_eltwise, 5}, /* 5 d/dgate, 6 d/dup */
     [TWK_OP_GELU] = {lower_eltwise, 7},
     [TWK_OP_GELU_BACK] = {lower_eltwise, 8},
+    [TWK_OP_TANH] = {lower_eltwise, 9},
+    [TWK_OP_TANH_BACK] = {lower_eltwise, 10},
     [TWK_OP_SUM] = {lower_reduce, 0},
     [TWK_OP_MEAN] = {lower_reduce, 1},
     [TWK_OP_WEIGHTED_SUM] = {lower_reduce, 2},

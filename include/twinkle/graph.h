@@ -71,7 +71,7 @@ twk_id twk_mul(twk_graph *g, twk_id a, twk_id b);
 twk_id twk_scale(twk_graph *g, twk_id x, float s);
 twk_id twk_silu(twk_graph *g, twk_id x);
 /* y = op(x) elementwise for any op of kind TWK_OPK_MAP in the op table (silu,
- * gelu: the tanh approximation, gelu_pytorch_tanh); -1 with TWK_ERR_INVALID_ARG
+ * gelu: the tanh approximation, gelu_pytorch_tanh; tanh); -1 with TWK_ERR_INVALID_ARG
  * naming the op when it is not a map. */
 twk_id twk_map(twk_graph *g, twk_op op, twk_id x);
 twk_id twk_swiglu(twk_graph *g, twk_id gate, twk_id up);
@@ -107,6 +107,11 @@ twk_id twk_kv_write(twk_graph *g, twk_id cache, twk_id x, twk_id rows);
 /* Attention of q [T, Hq, D] over cache rows [lo[t], hi[t]) of kc and vc
  * [R, Hkv, D] (grouped-query heads; Hq % Hkv == 0). Not differentiable. */
 twk_id twk_attention_cached(twk_graph *g, twk_id q, twk_id kc, twk_id vc, twk_id lo, twk_id hi, float scale);
+/* Limits an attention node (twk_attention or twk_attention_cached) to a sliding window: query i
+ * sees keys j with i - j < window (0: no window; for the cached form, the last `window` rows before
+ * hi), and soft-caps its scores to softcap * tanh(s / softcap) (0: none), as Mistral / Gemma.
+ * Returns attn, or -1 (the graph's error set) for another node or a negative window / softcap. */
+twk_id twk_attention_limit(twk_graph *g, twk_id attn, int window, float softcap);
 /* Per-row matrix from a stack: y[t] = w[slot[t]] @ x[t] for x [T, K] and
  * w [S, N, K] -> [T, N] (LoRA of several adapters in one batch). Each sum runs over k
  * in order, so zero-padded slots (a smaller rank) change nothing. Differentiable in x and w. */

@@ -54,8 +54,15 @@ void twk_tiny_lm_stats(const twk_tiny_lm *m, twk_plan_stats *out);
 
 /* ---- Hugging Face models (Llama / Qwen2 / Qwen3) ---- */
 
-typedef enum twk_arch { TWK_ARCH_LLAMA, TWK_ARCH_QWEN2, TWK_ARCH_QWEN3 } twk_arch;
-typedef enum twk_rope_type { TWK_ROPE_DEFAULT, TWK_ROPE_LLAMA3 } twk_rope_type;
+typedef enum twk_arch {
+    TWK_ARCH_LLAMA,
+    TWK_ARCH_QWEN2,
+    TWK_ARCH_QWEN3,
+    TWK_ARCH_MISTRAL, /* Llama with a sliding window on every layer */
+    TWK_ARCH_GEMMA2,  /* gemma: local / global layers, soft-caps */
+    TWK_ARCH_GEMMA3   /* gemma: local / global layers, q/k norms, a local RoPE base */
+} twk_arch;
+typedef enum twk_rope_type { TWK_ROPE_DEFAULT, TWK_ROPE_LLAMA3, TWK_ROPE_LINEAR } twk_rope_type;
 
 typedef struct twk_model_config {
     twk_arch arch;
@@ -69,6 +76,17 @@ typedef struct twk_model_config {
     bool attn_bias; /* q/k/v biases (Qwen2; Llama with attention_bias) */
     bool o_bias;    /* o_proj bias (Llama with attention_bias) */
     bool qk_norm;   /* Qwen3's q_norm / k_norm */
+    /* Sliding-window attention (Mistral, Gemma's local layers): a token sees the last
+     * sliding_window positions, itself included (0: none). Layer l is local when
+     * local_pattern is 0 (every layer) or (l + 1) % local_pattern != 0 (Gemma 2: 2, Gemma 3: 6). */
+    int sliding_window, local_pattern;
+    double rope_local_theta; /* RoPE base of the local layers (Gemma 3; 0: rope_theta, same scaling) */
+    /* Gemma: RMSNorm weights as (1 + w), embeddings times sqrt(hidden) (in the weights' dtype),
+     * GELU-tanh MLP, norms after attention and MLP as well as before. */
+    bool gemma;
+    double attn_scale;        /* attention score scale (0: head_dim^-0.5; Gemma: query_pre_attn_scalar^-0.5) */
+    double attn_softcap;      /* attention scores -> cap * tanh(s / cap) (0: none) */
+    double final_softcap;     /* logits -> cap * tanh(l / cap) (0: none) */
     int eos[8], n_eos;
 } twk_model_config;
 

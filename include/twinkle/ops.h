@@ -61,6 +61,8 @@ TWK_API_BEGIN
     X(SWIGLU_BACK,    "swiglu_back",    3, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, TRANSCENDENTAL, TWK_NO_IDS) /* (gate, up, dy); iparam 0: d/dgate, 1: d/dup */ \
     X(GELU,           "gelu",           1, MAP,     0,                    0,                    TWK_SRC_ALL, GELU_BACK, TRANSCENDENTAL, TWK_NO_IDS) /* tanh approximation (gelu_pytorch_tanh) */ \
     X(GELU_BACK,      "gelu_back",      2, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, TRANSCENDENTAL, TWK_NO_IDS) /* (x, dy) */ \
+    X(TANH,           "tanh",           1, MAP,     0,                    0,                    TWK_SRC_ALL, TANH_BACK, TRANSCENDENTAL, TWK_NO_IDS) /* Gemma's final-logit soft-cap: cap * tanh(x / cap) */ \
+    X(TANH_BACK,      "tanh_back",      2, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, TRANSCENDENTAL, TWK_NO_IDS) /* (x, dy): dy (1 - tanh^2 x) */ \
     /* reductions */                                                                                            \
     X(SUM,            "sum",            1, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, ACCUM, TWK_NO_IDS) /* all elements -> [1] */ \
     X(MEAN,           "mean",           1, COMPUTE, 0,                    0,                    TWK_SRC_ALL, NONE, ACCUM, TWK_NO_IDS) /* all elements -> [1] */ \

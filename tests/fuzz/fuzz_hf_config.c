@@ -23,7 +23,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     if (c.head_dim > 0 && c.head_dim <= 4096) {
         float *f = malloc((size_t)c.head_dim / 2 * sizeof *f + sizeof *f);
-        twk_rope_inv_freq(&c, f);
+        twk_rope_inv_freq(&c, 0, f);
+        twk_rope_inv_freq(&c, 1, f);
         sink = c.head_dim >= 2 ? f[0] : 0;
         free(f);
     }

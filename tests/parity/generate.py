@@ -174,6 +174,96 @@ MODELS = {
         "full_grad": True,
         "init": {"embed": 1.0, "lm_head": 0.2, "proj": 0.1, "bias": 0.1, "norm": 0.2},
     },
+    # Mistral: Llama with a sliding window (5) shorter than two of the sequences and than the decoded ones
+    "mistral": {
+        "hf_class": "MistralForCausalLM",
+        "seed": 4005,  # 4004: float32 transformers itself landed 3.5e-4 from its adam3 (near-zero gradient entries)
+        "seq_lens": [7, 12, 5],
+        "config": dict(
+            vocab_size=1000,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-5,
+            rope_theta=10000.0,
+            sliding_window=5,
+            tie_word_embeddings=False,
+            hidden_act="silu",
+        ),
+        "disk_dtype": "float32",
+        "max_shard_size": None,
+        "lora_lm_head": False,
+        "full_grad": False,
+        "init": {"embed": 1.0, "lm_head": 0.2, "proj": 0.1, "bias": 0.1, "norm": 0.2},
+    },
+    # Gemma 2: layer 0 local (window 4), layer 1 global; both soft-caps biting; query_pre_attn_scalar != head_dim
+    "gemma2": {
+        "hf_class": "Gemma2ForCausalLM",
+        "seed": 5005,
+        "seq_lens": [9, 4, 11],
+        "config": dict(
+            vocab_size=1000,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-6,
+            rope_theta=10000.0,
+            sliding_window=4,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=1.5,
+            final_logit_softcapping=6.0,
+            tie_word_embeddings=True,
+            hidden_activation="gelu_pytorch_tanh",
+        ),
+        "disk_dtype": "float32",
+        "max_shard_size": None,
+        "lora_lm_head": False,
+        "full_grad": False,
+        # Gemma's norms scale by (1 + w): centred at 0; embeddings are multiplied by sqrt(64) = 8
+        "init": {"embed": 0.25, "lm_head": None, "proj": 0.1, "bias": 0.1, "norm": 0.2, "norm_center": 0.0},
+    },
+    # Gemma 3 text: layers 0, 1 local (window 4, RoPE base 10000), layer 2 global (base 1e6, linear scaling x4)
+    "gemma3": {
+        "hf_class": "Gemma3ForCausalLM",
+        "config_class": "Gemma3TextConfig",
+        "seed": 6007,  # 6006: float32 transformers itself landed 4.9e-5 from its adam3 (near-zero gradient entries)
+        "seq_lens": [6, 13, 1, 8],
+        "config": dict(
+            vocab_size=1000,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-6,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+            sliding_window=4,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            query_pre_attn_scalar=16,
+            attn_logit_softcapping=None,
+            final_logit_softcapping=None,
+            tie_word_embeddings=True,
+            hidden_activation="gelu_pytorch_tanh",
+        ),
+        "disk_dtype": "float32",
+        "max_shard_size": None,
+        "lora_lm_head": False,
+        "full_grad": False,
+        "init": {"embed": 0.25, "lm_head": None, "proj": 0.1, "bias": 0.1, "norm": 0.2, "norm_center": 0.0},
+    },
 }
 
 
@@ -273,10 +363,19 @@ def hf_class(name):
     return getattr(transformers, name)
 
 
-def config_class(hf_cls_name):
+def config_class(spec):
     import transformers
 
-    return getattr(transformers, hf_cls_name.replace("ForCausalLM", "Config"))
+    return getattr(transformers, spec.get("config_class") or spec["hf_class"].replace("ForCausalLM", "Config"))
+
+
+def rotary_inv_freq(model, local=False):
+    """The rotary inv_freq buffer: Gemma 3 keeps one per layer type (full / sliding attention)."""
+    rot = model.model.rotary_emb
+    if hasattr(rot, "full_attention_inv_freq"):
+        return rot.sliding_attention_inv_freq if local else rot.full_attention_inv_freq
+    assert not local
+    return rot.inv_freq
 
 
 @torch.no_grad()
@@ -284,7 +383,7 @@ def init_weights(model, gen, init):
     """Overwrite every parameter deterministically (named_parameters order)."""
     for name, p in model.named_parameters():
         if name.endswith("norm.weight"):  # all RMSNorms incl. q_norm/k_norm, final norm
-            v = 1.0 + init["norm"] * torch.randn(p.shape, generator=gen)
+            v = init.get("norm_center", 1.0) + init["norm"] * torch.randn(p.shape, generator=gen)
         elif name.endswith(".bias"):
             v = init["bias"] * torch.randn(p.shape, generator=gen)
         elif name == "model.embed_tokens.weight":
@@ -430,10 +529,11 @@ def sha256(path):
 
 
 def rope_report(name, model, spec):
-    inv = model.model.rotary_emb.inv_freq.detach().clone()
+    inv = rotary_inv_freq(model).detach().clone()
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    theta = cfg.rope_parameters["rope_theta"]
+    rp = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)
+    theta = rp["rope_theta"]
     plain = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     changed = int((inv != plain).sum())
     print(f"  [{name}] rope head_dim={head_dim} theta={theta:g} inv_freq ({changed} of {len(inv)} entries differ from unscaled):")
@@ -443,6 +543,8 @@ def rope_report(name, model, spec):
     if spec["config"].get("rope_scaling"):
         assert changed > 0, "rope scaling did not change any inv_freq entry"
         assert changed < len(inv), "rope scaling changed every entry (high-freq branch untested)"
+    if rp.get("rope_type") == "linear":
+        assert torch.equal(inv, plain / rp["factor"]), "linear rope scaling is not inv_freq / factor"
     return inv
 
 
@@ -704,6 +806,32 @@ def generation_refs(name, spec, model_dir, adapter_dir, out, vocab):
     }
 
 
+# the config fields that must change the fixture's numbers: with the value here instead (no cap; a window
+# longer than every sequence, as Gemma's configs cannot go without one) the logprobs must move
+BITES = {"sliding_window": 4096, "attn_logit_softcapping": None, "final_logit_softcapping": None}
+
+
+@torch.no_grad()
+def feature_bites(spec, model, batch, lp_base32):
+    """For every field of BITES the spec sets: max |logprobs change| (float32) with BITES' value
+    instead; fails below 1e-3 (a window as long as the sequences, or a cap that never bites, would
+    leave the feature untested)."""
+    out = {}
+    for field, off in BITES.items():
+        if spec["config"].get(field) is None:
+            continue
+        cfg = config_class(spec)(**dict(spec["config"], **{field: off}))
+        cfg._attn_implementation = "eager"
+        other = hf_class(spec["hf_class"])(cfg).to(torch.float32)
+        other.load_state_dict(model.state_dict())
+        other.eval()
+        d = (seq_logprobs(other, batch) - lp_base32).abs().max().item()
+        print(f"  {field}={spec['config'][field]} bites: max |logprobs change| with {field}={off}: {d:.4g}")
+        assert d > 1e-3, f"{field} does not change the logprobs ({d})"
+        out[field] = d
+    return out
+
+
 def generate_one(name, spec, out_root):
     from peft import LoraConfig, get_peft_model
     from safetensors import safe_open
@@ -719,7 +847,7 @@ def generate_one(name, spec, out_root):
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
 
-    cfg = config_class(spec["hf_class"])(**spec["config"])
+    cfg = config_class(spec)(**spec["config"])
     cfg._attn_implementation = "eager"
     model = hf_class(spec["hf_class"])(cfg).to(torch.float32)
     init_weights(model, gen, spec["init"])
@@ -770,7 +898,7 @@ def generate_one(name, spec, out_root):
     # angles pos * inv_freq, their cos/sin, RMSNorm, softmax, log_softmax, loss, backward and AdamW
     # all run in float64 (float64_compute checks that no op touches a float32 tensor).
     model64 = float64_copy(model)
-    inv64 = model64.model.rotary_emb.inv_freq
+    inv64 = rotary_inv_freq(model64)
     assert inv64.dtype == torch.float64 and torch.equal(inv64, inv_freq.double())
     assert all(p.dtype == torch.float64 for p in model64.parameters())
     batch64 = dict(batch, weights=batch["weights"].double())
@@ -783,12 +911,13 @@ def generate_one(name, spec, out_root):
             lp_base = seq_logprobs(model64, batch64)
             loss_base = weighted_loss(lp_base, batch64)
     assert lp_base.dtype == torch.float64 and torch.isfinite(lp_base).all()
-    assert torch.equal(model64.model.rotary_emb.inv_freq, inv_freq.double())  # not recomputed in forward
+    assert torch.equal(rotary_inv_freq(model64), inv_freq.double())  # not recomputed in forward
     print(f"  T={T} seq_lens={spec['seq_lens']} logprobs_base: min={lp_base.min():.4f} max={lp_base.max():.4f} "
           f"mean={lp_base.mean():.4f} std={lp_base.std():.4f} (-log V = {-math.log(cfg.vocab_size):.4f}) "
           f"loss_base={loss_base.item():.6f}")
     assert lp_base.std() > 0.5, "logprobs are too uniform: logits degenerate"
     f32_err = {"logprobs_base_max_abs": (lp_base32.double() - lp_base).abs().max().item()}
+    bites = feature_bites(spec, model, batch, lp_base32)
 
     # ---- reload check (sharded / bf16 round trip): logits must match exactly
     with torch.no_grad():
@@ -804,6 +933,8 @@ def generate_one(name, spec, out_root):
     tensors["logprobs_base"] = lp_base.float()
     tensors["loss_base"] = loss_base.detach().reshape(1).float()
     tensors["rope_inv_freq"] = inv_freq.float()
+    if hasattr(model.model.rotary_emb, "sliding_attention_inv_freq"):  # Gemma 3's local layers
+        tensors["rope_inv_freq_local"] = rotary_inv_freq(model, local=True).detach().float().clone()
 
     # ---- full-model gradients (base, no LoRA, all params trainable), float64
     if spec["full_grad"]:
@@ -1034,6 +1165,7 @@ def generate_one(name, spec, out_root):
             "diagnostic_max_abs_adam3_change_if_clipping_skipped": noclip_diff,
             "diagnostic_max_abs_adam3_minus_init": upd,
         },
+        "diagnostic_logprobs_change_without_feature": bites,
         "diagnostic_float32_computation_vs_references": {
             "what": "the same computation done in float32 by torch/transformers/PEFT, compared with the "
                     "float64 references: how far a correct float32 implementation can land (rel = "

@@ -28,7 +28,7 @@ def scaled_diff(want, got) -> float:
 
 
 def st_read(path: Path) -> tuple[dict, dict]:
-    """(header, name -> float64 array) of a safetensors file (F32 / BF16 / F16)."""
+    """(header, name -> float64 array) of a safetensors file (F32 / BF16 / F16 / I32)."""
     raw = path.read_bytes()
     n = struct.unpack("<Q", raw[:8])[0]
     header = json.loads(raw[8:8 + n])
@@ -42,6 +42,8 @@ def st_read(path: Path) -> tuple[dict, dict]:
             x = np.frombuffer(buf, dtype=np.float32)
         elif meta["dtype"] == "F16":
             x = np.frombuffer(buf, dtype=np.float16)
+        elif meta["dtype"] == "I32":
+            x = np.frombuffer(buf, dtype=np.int32)
         else:
             x = (np.frombuffer(buf, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
         out[name] = x.astype(np.float64).reshape(meta["shape"])

@@ -6,7 +6,9 @@
 // MODE 1 attn_lse:   keys [seg[t], t]; y = lse [T, Hq]
 // MODE 2 attn_cache: keys [lo[t], hi[t]) of kc, vc [R, Hkv, D]; y = o
 // Bindings: 0 y, 1 q, 2 k, 3 v, 4 seg/lo, 5 hi. p: 0 T, 1 Hq, 2 Hkv, 3 D,
-// 4 key rows (T or R), 6 i64 seg/lo, 7 i64 hi; f[0] scale.
+// 4 key rows (T or R), 6 i64 seg/lo, 7 i64 hi, 8 sliding window (0: none; the
+// last p[8] keys of the range); f[0] scale, f[1] soft-cap (0: none; scores
+// become cap * tanh(s / cap)).
 // H16A, H16B (spec 10, 11): attn_cache's K / V caches are bf16 / f16, read as
 // packed words and widened (common.glsl).
 #include "common.glsl"
@@ -27,7 +29,8 @@ void main() {
     uint T = uint(pc.p[0]), Hq = uint(pc.p[1]), Hkv = uint(pc.p[2]), D = uint(pc.p[3]);
     int rows = pc.p[4];
     uint group = Hq / Hkv, lid = gl_LocalInvocationID.x;
-    float scale = pc.f[0];
+    float scale = pc.f[0], cap = pc.f[1];
+    int window = pc.p[8];
     uint h = gl_WorkGroupID.x, hk = h / group;
     for (uint t = gl_WorkGroupID.y; t < T; t += gl_NumWorkGroups.y) {
         int lo, hi;
@@ -38,6 +41,7 @@ void main() {
             lo = clamp(ID_AT(seg, pc.off[4], t, pc.p[6]), 0, int(t));
             hi = int(t) + 1;
         }
+        if (window > 0) lo = max(lo, hi - window);
         uint qb = pc.off[1] + (t * Hq + h) * D, ob = pc.off[0] + (t * Hq + h) * D;
         if (MODE != 1)
             for (uint d = lid; d < D; d += WG) y[ob + d] = 0.0;
@@ -50,6 +54,7 @@ void main() {
                 float acc = 0.0;
                 for (uint d = 0u; d < D; d++) acc = fma(q[qb + d], K_AT(kb + d), acc);
                 s = acc * scale;
+                if (cap > 0.0) s = cap * tanh(s / cap);
             }
             red[lid] = s;
             barrier();

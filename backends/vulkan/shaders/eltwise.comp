@@ -1,7 +1,8 @@
 #version 450
 // Same-shape maps. MODE: 0 fill f[0], 1 scale x*f[0], 2 silu, 3 silu_back (x, dy),
 // 4 swiglu (g, u), 5 swiglu_back d/dgate (g, u, dy), 6 swiglu_back d/dup,
-// 7 gelu (tanh approximation: x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)), 8 gelu_back (x, dy).
+// 7 gelu (tanh approximation: x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)), 8 gelu_back (x, dy),
+// 9 tanh (|x| clamped at 15, where tanh is 1 in float), 10 tanh_back (x, dy).
 // p[0] = element count.
 #include "common.glsl"
 layout(std430, binding = 0) buffer Y { float y[]; };
@@ -27,6 +28,8 @@ void main() {
             else if (MODE == 5) { float s = sigm(x); r = c[pc.off[3] + i] * b[pc.off[2] + i] * s * (1.0 + x * (1.0 - s)); }
             else if (MODE == 6) r = c[pc.off[3] + i] * x * sigm(x);
             else if (MODE == 7) r = x * sigm(gelu_2u(x));
+            else if (MODE == 9) r = tanh(clamp(x, -15.0, 15.0));
+            else if (MODE == 10) { float t = tanh(clamp(x, -15.0, 15.0)); r = b[pc.off[2] + i] * (1.0 - t * t); }
             else { float s = sigm(gelu_2u(x)); r = b[pc.off[2] + i] * (s + x * s * (1.0 - s) * 1.5957691216057308 * (1.0 + 0.134145 * x * x)); }
         }
         y[pc.off[0] + i] = r;
