@@ -23,6 +23,7 @@ static double peak_rss_mib(void) {
 typedef struct step_shape {
     int layers, tokens, seqs, rank, steps, vocab;
     twk_dtype dtype; /* the frozen base weights (LoRA, gradients and moments are f32) */
+    int logits;      /* the [T, V] logits path instead of the fused unembedding */
 } step_shape;
 
 typedef struct step_result {
@@ -55,7 +56,7 @@ static int run_step(const char *spec, const step_shape *sh, step_result *res) {
     lc.rank = sh->rank;
     lc.alpha = 32;
     if (twk_model_random_as(&c, dev, 1, sh->dtype, &m) != TWK_OK ||
-        twk_trainer_new(m, &lc, sh->tokens, &t) != TWK_OK)
+        twk_trainer_new_opts(m, &lc, sh->tokens, &(twk_trainer_opts){.logits = sh->logits}, &t) != TWK_OK)
         goto out;
     double per_layer = (double)c.hidden * c.heads * c.head_dim * 2 + (double)c.hidden * c.kv_heads * c.head_dim * 2 +
                        3.0 * c.hidden * c.ffn;
@@ -133,6 +134,7 @@ int main(int argc, char **argv) {
     int layers = 4, tokens = 1024, seqs = 4, rank = 16, steps = 3, vocab = 151936;
     const char *peer = getenv("TWK_PEER_PYTHON"), *device = "cpu", *compare = NULL, *dtype = "f32";
     double peak = 0;
+    int logits = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = atoi(argv[++i]);
@@ -145,16 +147,18 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--compare") && i + 1 < argc) compare = argv[++i];
         else if (!strcmp(argv[i], "--peak-tflops") && i + 1 < argc) peak = atof(argv[++i]);
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc && twk_dtype_parse_float(argv[i + 1]) >= 0) dtype = argv[++i];
+        else if (!strcmp(argv[i], "--logits")) logits = 1;
         else {
             fprintf(stderr,
                     "usage: bench_train_step [--layers 4] [--tokens 1024] [--seqs 4] [--rank 16] [--steps 3]\n"
                     "                        [--vocab 151936] [--peer PYTHON] [--device cpu] [--compare SPEC]\n"
-                    "                        [--peak-tflops P] [--dtype f32|bf16|f16]\n"
+                    "                        [--peak-tflops P] [--dtype f32|bf16|f16] [--logits]\n"
                     "  --peer (or TWK_PEER_PYTHON): a python with torch, transformers and peft; runs\n"
                     "  bench/peer/train_step.py with the same shapes and thread count and prints the ratio.\n"
                     "  --device: where twinkle runs; --compare SPEC: the same step on SPEC too, and the\n"
                     "  ratio device/SPEC; --peak-tflops P: the device's peak, for the MFU; --dtype: the\n"
-                    "  frozen base weights' dtype, the peer's too (LoRA, gradients, moments stay f32).\n");
+                    "  frozen base weights' dtype, the peer's too (LoRA, gradients, moments stay f32);\n"
+                    "  --logits: twinkle's [T, V] logits path instead of the fused unembedding.\n");
             return 2;
         }
     }
@@ -162,12 +166,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_train_step: bad sizes\n");
         return 2;
     }
-    step_shape sh = {layers, tokens, seqs, rank, steps, vocab, (twk_dtype)twk_dtype_parse_float(dtype)};
+    step_shape sh = {layers, tokens, seqs, rank, steps, vocab, (twk_dtype)twk_dtype_parse_float(dtype), logits};
     step_result r, rcmp;
     if (!run_step(device, &sh, &r)) return 1;
     printf("model: Qwen3 widths (hidden 1024, 16 heads / 8 kv, head_dim 128, ffn 3072, vocab %d), %d layers, "
-           "tied; LoRA rank %d on q,k,v,o,gate,up,down; %d tokens in %d sequences; %d threads; weights %s\n",
-           vocab, layers, rank, tokens, seqs, r.threads, dtype);
+           "tied; LoRA rank %d on q,k,v,o,gate,up,down; %d tokens in %d sequences; %d threads; weights %s; %s\n",
+           vocab, layers, rank, tokens, seqs, r.threads, dtype, logits ? "[T, V] logits" : "fused unembedding");
     print_result(&r, &sh, peak);
     if (compare) {
         if (!run_step(compare, &sh, &rcmp)) return 1;
