@@ -50,6 +50,16 @@ static twk_id b_attn(twk_graph *g, const twk_id *in, const op_case *c) {
 static void r_attn(const op_case *c, rt *in, rt *y) { ref_attention(&in[0], &in[1], &in[2], &in[3], (double)(float)c->fp[0], y); }
 static twk_id b_logprobs(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_logprobs(g, in[0], in[1]); }
 static void r_logprobs(const op_case *c, rt *in, rt *y) { (void)c; ref_logprobs(&in[0], &in[1], y); }
+static twk_id b_unembed(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_unembed_logprobs(g, in[0], in[1], in[2]); }
+/* float64 logprobs of h w^T */
+static void r_unembed(const op_case *c, rt *in, rt *y) {
+    (void)c;
+    rt z = {.ndim = 2, .ne = {in[0].ne[0], in[1].ne[0]}};
+    z.d = calloc((size_t)rt_nelem(&z), sizeof(double));
+    ref_matmul(&in[0], &in[1], 0, 1, &z);
+    ref_logprobs(&z, &in[2], y);
+    free(z.d);
+}
 static twk_id b_permute(twk_graph *g, const twk_id *in, const op_case *c) { return twk_permute(g, in[0], c->ip); }
 static void r_permute(const op_case *c, rt *in, rt *y) { ref_permute(&in[0], c->ip, y); }
 static twk_id b_transpose(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_transpose(g, in[0]); }
@@ -113,6 +123,8 @@ static void r_reshape(const op_case *c, rt *in, rt *y) { (void)c; ref_copy(&in[0
 #define F32(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_F32, .diff = 1}
 #define F32C(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_F32, .diff = 0}
 #define IDS(lim, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_IDS, .limit = lim}
+/* ids in [0, lim) with the last one lim - 1 (the top of the range) */
+#define IDSTOP(lim, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_IDS_TOP, .limit = lim}
 #define IDS64(lim, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I64, .gen = G_IDS, .limit = lim}
 #define POS(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_POS}
 #define SEG(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_SEG}
@@ -188,6 +200,13 @@ const op_case opc_cases[] = {
     {"logprobs 1x1", 2, {F32(1, 1), IDS(1, 1)}, b_logprobs, r_logprobs, 1e-5, 1e-4},
     {"logprobs Tx1031", 2, {F32(T_, 1031), IDS(1031, T_)}, b_logprobs, r_logprobs, 1e-5, 1e-4, .cap = 17},
     {"logprobs 5x7 i64", 2, {F32(5, 7), IDS64(7, 5)}, b_logprobs, r_logprobs, 1e-5, 1e-4},
+    /* the fused unembedding (w frozen: its gradient is dh only). The device kernels' tiles are 8
+     * tokens x 256 words x 16 columns: T, V and H below are not multiples of them, one V is
+     * below a chunk, one H above a work-group's 256 columns, and a target is V - 1 */
+    {"unembed_logprobs 1x1 over 1", 3, {F32(1, 1), F32C(1, 1), IDSTOP(1, 1)}, b_unembed, r_unembed, 1e-5, 1e-4},
+    {"unembed_logprobs Tx37 over 300", 3, {F32(T_, 37), F32C(300, 37), IDSTOP(300, T_)}, b_unembed, r_unembed, 1e-5, 1e-4, .cap = 19},
+    {"unembed_logprobs 5x16 over 7 i64", 3, {F32(5, 16), F32C(7, 16), IDS64(7, 5)}, b_unembed, r_unembed, 1e-5, 1e-4},
+    {"unembed_logprobs 9x301 over 520", 3, {F32(9, 301), F32C(520, 301), IDSTOP(520, 9)}, b_unembed, r_unembed, 1e-5, 1e-4},
     /* decoding with a KV cache (forward only: not differentiable) */
     {"kv_write 1 row of 1", 3, {F32C(1, 1, 2), F32C(1, 1, 2), ROWS(1, 1)}, b_kv_write, r_kv_write, 0, 1},
     {"kv_write T rows of 53x3x8", 3, {F32C(53, 3, 8), F32C(T_, 3, 8), ROWS(53, T_)}, b_kv_write, r_kv_write, 0, 1, .cap = 29},
@@ -253,6 +272,7 @@ static void generate(const in_spec *s, rt *t, twk_rng *r) {
         case G_NORMAL: t->d[i] = (double)(float)twk_rng_normal(r); break;
         case G_POSITIVE: t->d[i] = (double)(float)(0.5 + twk_rng_uniform(r)); break;
         case G_IDS: t->d[i] = (double)twk_rng_below(r, s->limit); break;
+        case G_IDS_TOP: t->d[i] = i == n - 1 ? (double)(s->limit - 1) : (double)twk_rng_below(r, s->limit); break;
         case G_POS: t->d[i] = (double)twk_rng_below(r, 200); break;
         case G_SEG:
         case G_SEG_LONG:
