@@ -35,12 +35,9 @@
         TWK_BARRIER();                                                                                 \
     }
 
-/* y [T] = logits[t, target] - logsumexp(logits[t, :]) */
+/* y [T] = logits[t, target] - logsumexp(logits[t, :]); the kernel declares its locals hs, ws,
+ * red, tg first (in its own body: the host emulator looks for them there) */
 #define KD_UE_FWD_BODY                                                                                 \
-    TWK_LOCAL(float, hs, KD_UE_TT * KD_UE_KS);                                                         \
-    TWK_LOCAL(float, ws, KD_UE_L * (KD_UE_KS + 1));                                                    \
-    TWK_LOCAL(float, red, KD_UE_L);                                                                    \
-    TWK_LOCAL(long, tg, KD_UE_TT);                                                                     \
     int lid = TWK_LID(0);                                                                              \
     long t0 = TWK_GROUP(0) * KD_UE_TT;                                                                 \
     if (lid < KD_UE_TT) {                                                                              \
@@ -89,14 +86,9 @@
         TWK_BARRIER();                                                                                 \
     }
 
-/* dh [T, H] = dlogits w, dlogits[t, v] = dy[t] (onehot(target) - exp(logits[t, v] - lse[t])) */
+/* dh [T, H] = dlogits w, dlogits[t, v] = dy[t] (onehot(target) - exp(logits[t, v] - lse[t]));
+ * the kernel declares hs, ws, gs, tg, dd, lse first */
 #define KD_UE_BACK_BODY                                                                                \
-    TWK_LOCAL(float, hs, KD_UE_TT * KD_UE_KS);                                                         \
-    TWK_LOCAL(float, ws, KD_UE_L * (KD_UE_KS + 1));                                                    \
-    TWK_LOCAL(float, gs, KD_UE_TT * KD_UE_L);                                                          \
-    TWK_LOCAL(long, tg, KD_UE_TT);                                                                     \
-    TWK_LOCAL(float, dd, KD_UE_TT);                                                                    \
-    TWK_LOCAL(float, lse, KD_UE_TT);                                                                   \
     int lid = TWK_LID(0);                                                                              \
     long t0 = TWK_GROUP(0) * KD_UE_TT;                                                                 \
     if (lid < KD_UE_TT) {                                                                              \
@@ -148,12 +140,22 @@
 TWK_KERNEL unembed_logprobs_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *h, long h_off,
                                 TWK_GLOBAL const float *w, long w_off, TWK_GLOBAL const int *tgt, long tgt_off,
                                 TWK_GLOBAL int *err, long err_off, long T, long H, long V, int is64) {
+    TWK_LOCAL(float, hs, KD_UE_TT * KD_UE_KS);
+    TWK_LOCAL(float, ws, KD_UE_L * (KD_UE_KS + 1));
+    TWK_LOCAL(float, red, KD_UE_L);
+    TWK_LOCAL(long, tg, KD_UE_TT);
     KD_UE_FWD_BODY
 }
 TWK_KERNEL unembed_logprobs_back_f32(TWK_GLOBAL float *dh, long dh_off, TWK_GLOBAL const float *h, long h_off,
                                      TWK_GLOBAL const float *w, long w_off, TWK_GLOBAL const int *tgt, long tgt_off,
                                      TWK_GLOBAL const float *dy, long dy_off, TWK_GLOBAL const float *lp, long lp_off,
                                      TWK_GLOBAL int *err, long err_off, long T, long H, long V, int is64) {
+    TWK_LOCAL(float, hs, KD_UE_TT * KD_UE_KS);
+    TWK_LOCAL(float, ws, KD_UE_L * (KD_UE_KS + 1));
+    TWK_LOCAL(float, gs, KD_UE_TT * KD_UE_L);
+    TWK_LOCAL(long, tg, KD_UE_TT);
+    TWK_LOCAL(float, dd, KD_UE_TT);
+    TWK_LOCAL(float, lse, KD_UE_TT);
     KD_UE_BACK_BODY
 }
 #undef KD_UW
@@ -163,12 +165,22 @@ TWK_KERNEL unembed_logprobs_back_f32(TWK_GLOBAL float *dh, long dh_off, TWK_GLOB
 TWK_KERNEL unembed_logprobs_h16(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *h, long h_off,
                                 TWK_GLOBAL const ushort *w, long w_off, TWK_GLOBAL const int *tgt, long tgt_off,
                                 TWK_GLOBAL int *err, long err_off, long T, long H, long V, int is64, int f16) {
+    TWK_LOCAL(float, hs, KD_UE_TT * KD_UE_KS);
+    TWK_LOCAL(float, ws, KD_UE_L * (KD_UE_KS + 1));
+    TWK_LOCAL(float, red, KD_UE_L);
+    TWK_LOCAL(long, tg, KD_UE_TT);
     KD_UE_FWD_BODY
 }
 TWK_KERNEL unembed_logprobs_back_h16(TWK_GLOBAL float *dh, long dh_off, TWK_GLOBAL const float *h, long h_off,
                                      TWK_GLOBAL const ushort *w, long w_off, TWK_GLOBAL const int *tgt, long tgt_off,
                                      TWK_GLOBAL const float *dy, long dy_off, TWK_GLOBAL const float *lp, long lp_off,
                                      TWK_GLOBAL int *err, long err_off, long T, long H, long V, int is64, int f16) {
+    TWK_LOCAL(float, hs, KD_UE_TT * KD_UE_KS);
+    TWK_LOCAL(float, ws, KD_UE_L * (KD_UE_KS + 1));
+    TWK_LOCAL(float, gs, KD_UE_TT * KD_UE_L);
+    TWK_LOCAL(long, tg, KD_UE_TT);
+    TWK_LOCAL(float, dd, KD_UE_TT);
+    TWK_LOCAL(float, lse, KD_UE_TT);
     KD_UE_BACK_BODY
 }
 #undef KD_UW
