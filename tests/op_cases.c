@@ -131,6 +131,8 @@ static void r_reshape(const op_case *c, rt *in, rt *y) { (void)c; ref_copy(&in[0
 #define SEGL(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_SEG_LONG}
 #define ROWS(lim, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_ROWS, .limit = lim}
 #define HI(lim, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_HI, .limit = lim}
+/* a frozen 16-bit weight (bf16 / f16), values rounded to the dtype */
+#define W16(t, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = t, .diff = 0}
 #define POSC(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_F32, .gen = G_POSITIVE}
 #define T_ (-1)
 
@@ -244,11 +246,15 @@ const op_case opc_cases[] = {
 
 const int opc_n_cases = (int)(sizeof opc_cases / sizeof opc_cases[0]);
 
-/* ops whose cases above have no token dim: mul, scale, silu */
+/* ops whose cases above have no token dim: mul, scale, silu; the fused unembedding over 16-bit
+ * weights (the device's widening against the CPU's; test_ops' float64 references take f32) */
 const op_case opc_extra_cases[] = {
     {"mul tokens Tx7+7", 2, {F32(T_, 7), F32(7)}, b_mul, r_mul, 1e-6, 1e-5, .cap = 27},
     {"scale tokens Tx5", 1, {F32(T_, 5)}, b_scale, r_scale, 1e-6, 1e-5, .fp = {1.75}, .cap = 33},
     {"silu tokens Tx9", 1, {F32(T_, 9)}, b_silu, r_silu, 1e-6, 1e-5, .cap = 21},
+    {"unembed_logprobs bf16 Tx37 over 300", 3, {F32(T_, 37), W16(TWK_BF16, 300, 37), IDSTOP(300, T_)}, b_unembed, r_unembed, 1e-5, 1e-4, .cap = 19},
+    {"unembed_logprobs bf16 9x301 over 520", 3, {F32(9, 301), W16(TWK_BF16, 520, 301), IDSTOP(520, 9)}, b_unembed, r_unembed, 1e-5, 1e-4},
+    {"unembed_logprobs f16 5x16 over 7", 3, {F32(5, 16), W16(TWK_F16, 7, 16), IDSTOP(7, 5)}, b_unembed, r_unembed, 1e-5, 1e-4},
 };
 
 const int opc_n_extra_cases = (int)(sizeof opc_extra_cases / sizeof opc_extra_cases[0]);
@@ -269,7 +275,13 @@ static void generate(const in_spec *s, rt *t, twk_rng *r) {
     int64_t n = rt_nelem(t);
     for (int64_t i = 0; i < n; i++) {
         switch (s->gen) {
-        case G_NORMAL: t->d[i] = (double)(float)twk_rng_normal(r); break;
+        case G_NORMAL: {
+            float f = (float)twk_rng_normal(r);
+            if (s->type == TWK_BF16) f = twk_bf16_to_f32(twk_f32_to_bf16(f));
+            if (s->type == TWK_F16) f = twk_f16_to_f32(twk_f32_to_f16(f));
+            t->d[i] = (double)f;
+            break;
+        }
         case G_POSITIVE: t->d[i] = (double)(float)(0.5 + twk_rng_uniform(r)); break;
         case G_IDS: t->d[i] = (double)twk_rng_below(r, s->limit); break;
         case G_IDS_TOP: t->d[i] = i == n - 1 ? (double)(s->limit - 1) : (double)twk_rng_below(r, s->limit); break;
@@ -302,9 +314,10 @@ twk_id opc_build(const op_case *c, twk_graph *g, int64_t n, twk_rng *r, twk_id *
         const in_spec *s = &c->in[i];
         char name[16];
         snprintf(name, sizeof name, "in%d", i);
-        ids[i] = s->type == TWK_F32 ? (s->diff ? twk_param(g, name, s->ndim, s->ne, true)
-                                               : twk_input(g, name, TWK_F32, s->ndim, s->ne))
-                                    : twk_input(g, name, s->type, s->ndim, s->ne);
+        ids[i] = s->type == TWK_F32       ? (s->diff ? twk_param(g, name, s->ndim, s->ne, true)
+                                                     : twk_input(g, name, TWK_F32, s->ndim, s->ne))
+                 : twk_dtype_is_half(s->type) ? twk_param_dtype(g, name, s->type, s->ndim, s->ne, false)
+                                              : twk_input(g, name, s->type, s->ndim, s->ne);
         in[i].ndim = s->ndim;
         for (int k = 0; k < s->ndim; k++) in[i].ne[k] = opc_actual(s->ne[k], n);
         in[i].d = calloc((size_t)rt_nelem(&in[i]), sizeof(double));
@@ -346,6 +359,8 @@ void *opc_host_input(const op_case *c, int i, const rt *in, size_t *bytes) {
     for (int64_t k = 0; k < ne; k++) {
         if (c->in[i].type == TWK_F32) ((float *)h)[k] = (float)in[i].d[k];
         else if (c->in[i].type == TWK_I32) ((int32_t *)h)[k] = (int32_t)in[i].d[k];
+        else if (c->in[i].type == TWK_BF16) ((uint16_t *)h)[k] = twk_f32_to_bf16((float)in[i].d[k]);
+        else if (c->in[i].type == TWK_F16) ((uint16_t *)h)[k] = twk_f32_to_f16((float)in[i].d[k]);
         else ((int64_t *)h)[k] = (int64_t)in[i].d[k];
     }
     *bytes = (size_t)ne * twk_dtype_size(c->in[i].type);

@@ -604,6 +604,8 @@ unsigned vk_half_srcs(twk_op op) {
     case TWK_OP_GET_ROWS: return TWK_SRC(0);                /* rows.comp MODE 0 */
     case TWK_OP_KV_WRITE: return TWK_SRC(0);                /* rows.comp: narrowed, round to nearest even */
     case TWK_OP_ATTN_CACHE: return TWK_SRC(1) | TWK_SRC(2); /* attn.comp MODE 2 */
+    case TWK_OP_UNEMBED_LOGPROBS:
+    case TWK_OP_UNEMBED_LOGPROBS_BACK: return TWK_SRC(1);   /* unembed.comp: w widened as staged */
     default: return 0;
     }
 }
