@@ -58,6 +58,16 @@ static void r_attn(const op_case *c, rt *in, rt *y) {
 }
 static twk_id b_logprobs(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_logprobs(g, in[0], in[1]); }
 static void r_logprobs(const op_case *c, rt *in, rt *y) { (void)c; ref_logprobs(&in[0], &in[1], y); }
+static twk_id b_unembed(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_unembed_logprobs(g, in[0], in[1], in[2]); }
+/* float64 logprobs of h w^T */
+static void r_unembed(const op_case *c, rt *in, rt *y) {
+    (void)c;
+    rt z = {.ndim = 2, .ne = {in[0].ne[0], in[1].ne[0]}};
+    z.d = calloc((size_t)rt_nelem(&z), sizeof(double));
+    ref_matmul(&in[0], &in[1], 0, 1, &z);
+    ref_logprobs(&z, &in[2], y);
+    free(z.d);
+}
 static twk_id b_permute(twk_graph *g, const twk_id *in, const op_case *c) { return twk_permute(g, in[0], c->ip); }
 static void r_permute(const op_case *c, rt *in, rt *y) { ref_permute(&in[0], c->ip, y); }
 static twk_id b_transpose(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_transpose(g, in[0]); }
@@ -122,12 +132,16 @@ static void r_reshape(const op_case *c, rt *in, rt *y) { (void)c; ref_copy(&in[0
 #define F32(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_F32, .diff = 1}
 #define F32C(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_F32, .diff = 0}
 #define IDS(lim, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_IDS, .limit = lim}
+/* ids in [0, lim) with the last one lim - 1 (the top of the range) */
+#define IDSTOP(lim, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_IDS_TOP, .limit = lim}
 #define IDS64(lim, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I64, .gen = G_IDS, .limit = lim}
 #define POS(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_POS}
 #define SEG(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_SEG}
 #define SEGL(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_SEG_LONG}
 #define ROWS(lim, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_ROWS, .limit = lim}
 #define HI(lim, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_HI, .limit = lim}
+/* a frozen 16-bit weight (bf16 / f16), values rounded to the dtype */
+#define W16(t, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = t, .diff = 0}
 #define POSC(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_F32, .gen = G_POSITIVE}
 #define T_ (-1)
 
@@ -204,6 +218,13 @@ const op_case opc_cases[] = {
     {"logprobs 1x1", 2, {F32(1, 1), IDS(1, 1)}, b_logprobs, r_logprobs, 1e-5, 1e-4},
     {"logprobs Tx1031", 2, {F32(T_, 1031), IDS(1031, T_)}, b_logprobs, r_logprobs, 1e-5, 1e-4, .cap = 17},
     {"logprobs 5x7 i64", 2, {F32(5, 7), IDS64(7, 5)}, b_logprobs, r_logprobs, 1e-5, 1e-4},
+    /* the fused unembedding (w frozen: its gradient is dh only). The device kernels' tiles are 8
+     * tokens x 256 words x 16 columns: T, V and H below are not multiples of them, one V is
+     * below a chunk, one H above a work-group's 256 columns, and a target is V - 1 */
+    {"unembed_logprobs 1x1 over 1", 3, {F32(1, 1), F32C(1, 1), IDSTOP(1, 1)}, b_unembed, r_unembed, 1e-5, 1e-4},
+    {"unembed_logprobs Tx37 over 300", 3, {F32(T_, 37), F32C(300, 37), IDSTOP(300, T_)}, b_unembed, r_unembed, 1e-5, 1e-4, .cap = 19},
+    {"unembed_logprobs 5x16 over 7 i64", 3, {F32(5, 16), F32C(7, 16), IDS64(7, 5)}, b_unembed, r_unembed, 1e-5, 1e-4},
+    {"unembed_logprobs 9x301 over 520", 3, {F32(9, 301), F32C(520, 301), IDSTOP(520, 9)}, b_unembed, r_unembed, 1e-5, 1e-4},
     /* decoding with a KV cache (forward only: not differentiable) */
     {"kv_write 1 row of 1", 3, {F32C(1, 1, 2), F32C(1, 1, 2), ROWS(1, 1)}, b_kv_write, r_kv_write, 0, 1},
     {"kv_write T rows of 53x3x8", 3, {F32C(53, 3, 8), F32C(T_, 3, 8), ROWS(53, T_)}, b_kv_write, r_kv_write, 0, 1, .cap = 29},
@@ -242,11 +263,15 @@ const op_case opc_cases[] = {
 
 const int opc_n_cases = (int)(sizeof opc_cases / sizeof opc_cases[0]);
 
-/* ops whose cases above have no token dim: mul, scale, silu */
+/* ops whose cases above have no token dim: mul, scale, silu; the fused unembedding over 16-bit
+ * weights (the device's widening against the CPU's; test_ops' float64 references take f32) */
 const op_case opc_extra_cases[] = {
     {"mul tokens Tx7+7", 2, {F32(T_, 7), F32(7)}, b_mul, r_mul, 1e-6, 1e-5, .cap = 27},
     {"scale tokens Tx5", 1, {F32(T_, 5)}, b_scale, r_scale, 1e-6, 1e-5, .fp = {1.75}, .cap = 33},
     {"silu tokens Tx9", 1, {F32(T_, 9)}, b_silu, r_silu, 1e-6, 1e-5, .cap = 21},
+    {"unembed_logprobs bf16 Tx37 over 300", 3, {F32(T_, 37), W16(TWK_BF16, 300, 37), IDSTOP(300, T_)}, b_unembed, r_unembed, 1e-5, 1e-4, .cap = 19},
+    {"unembed_logprobs bf16 9x301 over 520", 3, {F32(9, 301), W16(TWK_BF16, 520, 301), IDSTOP(520, 9)}, b_unembed, r_unembed, 1e-5, 1e-4},
+    {"unembed_logprobs f16 5x16 over 7", 3, {F32(5, 16), W16(TWK_F16, 7, 16), IDSTOP(7, 5)}, b_unembed, r_unembed, 1e-5, 1e-4},
 };
 
 const int opc_n_extra_cases = (int)(sizeof opc_extra_cases / sizeof opc_extra_cases[0]);
@@ -267,9 +292,16 @@ static void generate(const in_spec *s, rt *t, twk_rng *r) {
     int64_t n = rt_nelem(t);
     for (int64_t i = 0; i < n; i++) {
         switch (s->gen) {
-        case G_NORMAL: t->d[i] = (double)(float)twk_rng_normal(r); break;
+        case G_NORMAL: {
+            float f = (float)twk_rng_normal(r);
+            if (s->type == TWK_BF16) f = twk_bf16_to_f32(twk_f32_to_bf16(f));
+            if (s->type == TWK_F16) f = twk_f16_to_f32(twk_f32_to_f16(f));
+            t->d[i] = (double)f;
+            break;
+        }
         case G_POSITIVE: t->d[i] = (double)(float)(0.5 + twk_rng_uniform(r)); break;
         case G_IDS: t->d[i] = (double)twk_rng_below(r, s->limit); break;
+        case G_IDS_TOP: t->d[i] = i == n - 1 ? (double)(s->limit - 1) : (double)twk_rng_below(r, s->limit); break;
         case G_POS: t->d[i] = (double)twk_rng_below(r, 200); break;
         case G_SEG:
         case G_SEG_LONG:
@@ -299,9 +331,10 @@ twk_id opc_build(const op_case *c, twk_graph *g, int64_t n, twk_rng *r, twk_id *
         const in_spec *s = &c->in[i];
         char name[16];
         snprintf(name, sizeof name, "in%d", i);
-        ids[i] = s->type == TWK_F32 ? (s->diff ? twk_param(g, name, s->ndim, s->ne, true)
-                                               : twk_input(g, name, TWK_F32, s->ndim, s->ne))
-                                    : twk_input(g, name, s->type, s->ndim, s->ne);
+        ids[i] = s->type == TWK_F32       ? (s->diff ? twk_param(g, name, s->ndim, s->ne, true)
+                                                     : twk_input(g, name, TWK_F32, s->ndim, s->ne))
+                 : twk_dtype_is_half(s->type) ? twk_param_dtype(g, name, s->type, s->ndim, s->ne, false)
+                                              : twk_input(g, name, s->type, s->ndim, s->ne);
         in[i].ndim = s->ndim;
         for (int k = 0; k < s->ndim; k++) in[i].ne[k] = opc_actual(s->ne[k], n);
         in[i].d = calloc((size_t)rt_nelem(&in[i]), sizeof(double));
@@ -343,6 +376,8 @@ void *opc_host_input(const op_case *c, int i, const rt *in, size_t *bytes) {
     for (int64_t k = 0; k < ne; k++) {
         if (c->in[i].type == TWK_F32) ((float *)h)[k] = (float)in[i].d[k];
         else if (c->in[i].type == TWK_I32) ((int32_t *)h)[k] = (int32_t)in[i].d[k];
+        else if (c->in[i].type == TWK_BF16) ((uint16_t *)h)[k] = twk_f32_to_bf16((float)in[i].d[k]);
+        else if (c->in[i].type == TWK_F16) ((uint16_t *)h)[k] = twk_f32_to_f16((float)in[i].d[k]);
         else ((int64_t *)h)[k] = (int64_t)in[i].d[k];
     }
     *bytes = (size_t)ne * twk_dtype_size(c->in[i].type);

@@ -149,6 +149,37 @@ static void backend_errors(void) {
     twk_graph_free(g);
 }
 
+/* the fused unembedding's targets (forward and backward kernels): one outside [0, V), then V - 1 */
+static void unembed_errors(twk_device *dev) {
+    int64_t h_ne[2] = {-1, 4}, w_ne[2] = {5, 4}, t_ne[1] = {-1};
+    twk_graph *g = twk_graph_new();
+    twk_id h = twk_param(g, "h", 2, h_ne, true), w = twk_input(g, "w", TWK_F32, 2, w_ne);
+    twk_id tg = twk_input(g, "targets", TWK_I32, 1, t_ne);
+    twk_id y = twk_unembed_logprobs(g, h, w, tg);
+    twk_plan *p = NULL;
+    twk_graph_output(g, y);
+    if (twk_graph_backward(g, twk_sum(g, y)) != TWK_OK || twk_graph_output(g, twk_graph_grad(g, h)) != TWK_OK ||
+        twk_plan_compile(g, dev, 9, NULL, 0, &p) != TWK_OK) {
+        printf("FAIL unembed graph: %s\n", twk_last_error());
+        fails++;
+        twk_graph_free(g);
+        return;
+    }
+    float hv[36], wv[20];
+    for (int i = 0; i < 36; i++) hv[i] = (float)(i % 7) * 0.1f;
+    for (int i = 0; i < 20; i++) wv[i] = (float)(i % 5) * 0.2f - 0.3f;
+    int32_t bad[9] = {0, 1, 5, 2, 3, 4, 0, 1, 2}, good[9] = {0, 1, 4, 2, 3, 4, 0, 1, 2};
+    twk_plan_write(p, h, 9, hv, sizeof hv);
+    twk_plan_write(p, w, 9, wv, sizeof wv);
+    twk_plan_write(p, tg, 9, bad, sizeof bad);
+    expect("unembed target 5 with a 5-word vocabulary", twk_plan_run(p, 9), TWK_ERR_RANGE, twk_last_error(),
+           NEEDLES("unembed_logprobs", "targets[2] = 5", "[0, 5)"));
+    twk_plan_write(p, tg, 9, good, sizeof good);
+    expect("unembed with target V - 1 right after", twk_plan_run(p, 9), TWK_OK, "", NULL);
+    twk_plan_free(p);
+    twk_graph_free(g);
+}
+
 static void run_errors(void) {
     twk_device *dev = NULL;
     if (twk_device_open(test_device(), &dev) != TWK_OK) {
@@ -182,6 +213,7 @@ static void run_errors(void) {
            twk_last_error(), NEEDLES("32 bytes", "got 28"));
     expect("read a tensor id past the graph", twk_plan_read(p, 999, 8, good_ids, 4), TWK_ERR_INVALID_ARG,
            twk_last_error(), NEEDLES("999"));
+    unembed_errors(dev);
     twk_buffer *buf = NULL;
     twk_buffer_alloc(dev, 16, &buf);
     expect("upload past a buffer's end", twk_buffer_upload(dev, buf, 8, good_ids, 16), TWK_ERR_INVALID_ARG,

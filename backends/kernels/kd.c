@@ -51,8 +51,8 @@ static const kd_entry table[TWK_OP_COUNT] = {
     [TWK_OP_ATTN_BACK] = {kd_lower_attn_back, NULL},
     [TWK_OP_LOGPROBS] = {kd_lower_logprobs, "logprobs_f32"},
     [TWK_OP_LOGPROBS_BACK] = {kd_lower_logprobs_back, "logprobs_back_f32"},
-    [TWK_OP_UNEMBED_LOGPROBS] = {.unsupported = "the fused unembedding runs on the CPU only; the trainer keeps the logits path here"},
-    [TWK_OP_UNEMBED_LOGPROBS_BACK] = {.unsupported = "the fused unembedding runs on the CPU only; the trainer keeps the logits path here"},
+    [TWK_OP_UNEMBED_LOGPROBS] = {kd_lower_unembed, "unembed_logprobs_f32"},
+    [TWK_OP_UNEMBED_LOGPROBS_BACK] = {kd_lower_unembed, "unembed_logprobs_back_f32"},
     [TWK_OP_KV_WRITE] = {kd_lower_kv_write, "kv_write_f32"},
     [TWK_OP_ATTN_CACHE] = {kd_lower_attn_fwd, "attn_fwd_f32"},
     [TWK_OP_LORA_GATHER] = {kd_lower_lora_gather, "lora_gather_f32"},
@@ -78,6 +78,8 @@ unsigned kd_half_srcs(twk_op op) {
     case TWK_OP_GET_ROWS: return TWK_SRC(0); /* get_rows_h16 */
     case TWK_OP_KV_WRITE: return TWK_SRC(0); /* kv_write_h16: narrowed, round to nearest even */
     case TWK_OP_ATTN_CACHE: return TWK_SRC(1) | TWK_SRC(2); /* attn_fwd_h16 */
+    case TWK_OP_UNEMBED_LOGPROBS:
+    case TWK_OP_UNEMBED_LOGPROBS_BACK: return TWK_SRC(1); /* unembed_logprobs(_back)_h16: w widened as staged */
     default: return 0;
     }
 }

@@ -11,6 +11,8 @@
 #define KD_ROW_LOCAL 256 /* the largest row group (nn.cl) */
 #define KD_ATTN_L 64
 #define KD_ATTN_MAXD 512
+#define KD_UE_TT 8  /* unembed.cl: tokens per work-group */
+#define KD_UE_L 256 /* unembed.cl: its items (vocabulary words per chunk) */
 
 /* Starts call c of kernel `name` with no arguments. */
 void kd_begin(kd_call *c, const char *name);
@@ -62,6 +64,8 @@ int kd_lower_rmsnorm_back_w(const twk_launch *l, int64_t n, kd_call *calls, cons
 int kd_lower_rope(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 int kd_lower_logprobs(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 int kd_lower_logprobs_back(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+/* unembed_logprobs and its backward (unembed.cl): a group per tile of KD_UE_TT tokens. */
+int kd_lower_unembed(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 int kd_lower_kv_write(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 int kd_lower_lora_gather(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 int kd_lower_lora_gather_back(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);

@@ -125,6 +125,27 @@ int kd_lower_logprobs_back(const twk_launch *l, int64_t n, kd_call *calls, const
     return 1;
 }
 
+/* (y | dh, h, w, targets [, dy, logprobs], err, T, H, V, is64 [, f16]); the _h16 kernels for a 16-bit w */
+int kd_lower_unembed(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
+    int back = l->op == TWK_OP_UNEMBED_LOGPROBS_BACK, h16 = half(l, 1);
+    int64_t T = kd_dim(&l->src[0], 0, n), H = kd_dim(&l->src[0], 1, n), V = kd_dim(&l->src[1], 0, n);
+    if (T < 1) return 0;
+    kd_call *c = &calls[0];
+    kd_begin(c, !h16 ? kernel : back ? "unembed_logprobs_back_h16" : "unembed_logprobs_h16");
+    kd_buf(c, l, -1, 4);
+    kd_buf(c, l, 0, 4);
+    kd_buf(c, l, 1, h16 ? 2 : 4);
+    for (int i = 2; i < (back ? 5 : 3); i++) kd_buf(c, l, i, 4);
+    kd_err(c);
+    kd_i64(c, T);
+    kd_i64(c, H);
+    kd_i64(c, V);
+    kd_i32(c, is64(l, 2));
+    if (h16) kd_i32(c, f16(l, 1));
+    kd_grid_groups(c, (T + KD_UE_TT - 1) / KD_UE_TT, KD_UE_L);
+    return 1;
+}
+
 int kd_lower_kv_write(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
     const twk_tensor_desc *x = &l->src[1];
     int64_t T = kd_dim(x, 0, n), E = kd_dim(x, 1, n) * kd_dim(x, 2, n), R = kd_dim(&l->dst, 0, n);

@@ -430,6 +430,27 @@ static int lower_logprobs(vk_low *w) {
     return 0;
 }
 
+/* unembed_logprobs (MODE 0) and its gradient (MODE 1): a work-group per 8-token tile (unembed.comp),
+ * 256 invocations (one vocabulary word each per chunk) or fewer where the device's limits need */
+static int lower_unembed(vk_low *w) {
+    int64_t T = dim(&w->s[0], 0, w->n), H = dim(&w->s[0], 1, w->n), V = dim(&w->s[1], 0, w->n);
+    vk_dispatch *x = next(w, VKS_UNEMBED, 256, w->mode);
+    const VkPhysicalDeviceLimits *lim = &w->c->props.limits;
+    /* shared floats: hs 8 x 16, ws WG x 17, gs 8 x WG, red WG, tg / dd / lse 8 each */
+    while (x->spec[0] > 32 && (x->spec[0] > lim->maxComputeWorkGroupInvocations ||
+                               4u * (128u + 26u * x->spec[0] + 24u) > lim->maxComputeSharedMemorySize))
+        x->spec[0] /= 2;
+    x->spec[10] = h16_code(w->s[1].type); /* a 16-bit unembedding, widened as it is staged */
+    x->bind[0] = VKB_DST;
+    for (int i = 0; i < w->l->nsrc; i++) x->bind[1 + i] = i;
+    x->p[0] = (int32_t)T;
+    x->p[1] = (int32_t)H;
+    x->p[2] = (int32_t)V;
+    x->p[7] = w->s[2].type == TWK_I64;
+    x->groups[0] = groups_for(w->c, (T + 7) / 8, 1);
+    return 0;
+}
+
 /* attn, attn_lse, attn_cache (attn.comp) and attn_back (attn_back.comp) */
 static int lower_attn(vk_low *w) {
     const twk_launch *l = w->l;
@@ -560,8 +581,8 @@ static const vk_entry table[TWK_OP_COUNT] = {
     [TWK_OP_ATTN_BACK] = {lower_attn, 0}, /* MODE = iparam 0 (which) */
     [TWK_OP_LOGPROBS] = {lower_logprobs, 4},
     [TWK_OP_LOGPROBS_BACK] = {lower_logprobs, 5},
-    [TWK_OP_UNEMBED_LOGPROBS] = {NULL, 0, "the fused unembedding runs on the CPU only; the trainer keeps the logits path here"},
-    [TWK_OP_UNEMBED_LOGPROBS_BACK] = {NULL, 0, "the fused unembedding runs on the CPU only; the trainer keeps the logits path here"},
+    [TWK_OP_UNEMBED_LOGPROBS] = {lower_unembed, 0},
+    [TWK_OP_UNEMBED_LOGPROBS_BACK] = {lower_unembed, 1},
     [TWK_OP_KV_WRITE] = {lower_kv_write, 2},
     [TWK_OP_ATTN_CACHE] = {lower_attn, 2},
     [TWK_OP_LORA_GATHER] = {lower_lora_gather, 3},
@@ -587,6 +608,8 @@ unsigned vk_half_srcs(twk_op op) {
     case TWK_OP_GET_ROWS: return TWK_SRC(0);                /* rows.comp MODE 0 */
     case TWK_OP_KV_WRITE: return TWK_SRC(0);                /* rows.comp: narrowed, round to nearest even */
     case TWK_OP_ATTN_CACHE: return TWK_SRC(1) | TWK_SRC(2); /* attn.comp MODE 2 */
+    case TWK_OP_UNEMBED_LOGPROBS:
+    case TWK_OP_UNEMBED_LOGPROBS_BACK: return TWK_SRC(1);   /* unembed.comp: w widened as staged */
     default: return 0;
     }
 }

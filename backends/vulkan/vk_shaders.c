@@ -16,6 +16,7 @@
 #include "spv_rows.h"
 #include "spv_sum_to.h"
 #include "spv_optim.h"
+#include "spv_unembed.h"
 
 static const struct {
     const char *name;
@@ -36,6 +37,7 @@ static const struct {
     [VKS_ATTN_BACK] = {"attn_back", spv_attn_back, sizeof spv_attn_back},
     [VKS_MATMUL_COOPMAT] = {"matmul_coopmat", spv_matmul_coopmat, sizeof spv_matmul_coopmat},
     [VKS_OPTIM] = {"optim", spv_optim, sizeof spv_optim},
+    [VKS_UNEMBED] = {"unembed", spv_unembed, sizeof spv_unembed},
 };
 
 const uint32_t *vk_shader_code(vk_shader s, size_t *bytes) {

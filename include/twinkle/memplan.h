@@ -45,7 +45,8 @@ typedef struct twk_mem_plan {
     uint64_t act_train;   /* the forward+backward plan's arena peak and inputs */
     uint64_t activations; /* the arena both plans share (the larger peak) and their inputs */
     uint64_t arena;       /* that arena alone: the size of a buffer trainers may share (twk_trainer_opts) */
-    uint64_t scratch;     /* the fused unembedding's tile of logits (a backend's scratch) */
+    uint64_t scratch;     /* the fused unembedding's tile of logits (the CPU's scratch; the GPU
+                             backends' kernels keep their tile in local memory: an upper bound there) */
     uint64_t widen;       /* a 16-bit model's largest f32 panel of a weight in matmul (a backend's scratch) */
     uint64_t kv_cache;    /* K and V of kv_seqs x kv_len tokens, in the weights' dtype */
     uint64_t bookkeeping; /* host: the trainer's graph and plans' own structures */

@@ -117,7 +117,8 @@ enum twk_hyper {
     TWK_HYPER_N = 8
 };
 /* UNEMBED_LOGPROBS: a kernel holds at most one tile of [rows, V] logits, rows =
- * TWK_UNEMBED_TILE_ROWS(V, T) (2^24 floats, 64 MiB, at least 16 rows, at most T). */
+ * TWK_UNEMBED_TILE_ROWS(V, T) (2^24 floats, 64 MiB, at least 16 rows, at most T): the CPU's
+ * scratch; the OpenCL / CUDA / Vulkan kernels hold 8 tokens x 256 words in local memory instead. */
 #define TWK_UNEMBED_TILE_FLOATS ((int64_t)1 << 24)
 #define TWK_UNEMBED_TILE_ROWS(V, T)                                                                     \
     ((T) < 16 || TWK_UNEMBED_TILE_FLOATS / (V) >= (T) ? (T) : TWK_UNEMBED_TILE_FLOATS / (V) < 16 ? 16 \
