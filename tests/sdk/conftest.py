@@ -81,6 +81,22 @@ def pytest_configure(config):
     config.addinivalue_line("filterwarnings", "ignore:DEPRECATED:FutureWarning")
 
 
+
+def server_env() -> dict:
+    """The server's environment: the tests' own, but on an AVX-512 CPU where OpenBLAS is pinned to
+    (or picked) its AVX2 Haswell / Zen kernels, SkylakeX's instead. The packed-training tests want a
+    run packed with others bit-identical to the run alone, which needs a BLAS that gives a row the
+    same bits whatever the row count: SkylakeX's sgemm did on the AMD EPYC VM where Haswell's did
+    not (OPENBLAS_CORETYPE=Haswell set machine-wide there; DPO runs then drifted by 1e-3)."""
+    env = os.environ.copy()
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        flags = []
+    if "avx512bw" in flags and env.get("OPENBLAS_CORETYPE", "Haswell").lower() in ("haswell", "zen"):
+        env["OPENBLAS_CORETYPE"] = "SkylakeX"
+    return env
+
 class Server:
     """One `twinkle serve` process on a free port with its own data dir."""
 
@@ -102,7 +118,8 @@ class Server:
         cmd = [*self.launcher, str(binary), "serve", "--port", str(port), "--data-dir", str(self.data_dir),
                *self.extra_args]
         self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL,
+                                     env=server_env())
         deadline = time.time() + 60
         line = b""
         while time.time() < deadline:
