@@ -20,7 +20,9 @@ static void usage(FILE *f) {
             "  --tokens T       tokens per pass (train's --batch-tokens, serve's --max-context)\n"
             "  --rank R         LoRA rank (default 32; 0 = full-parameter training)\n"
             "  --train-unembed  LoRA on lm_head too\n"
-            "  --dtype D        the weights' dtype: f32 (default), bf16, f16\n"
+            "  --dtype D        the weights' dtype: f32, bf16, f16 (default: as the checkpoint stores them\n"
+            "                   (config.json's torch_dtype without weights); with --device, as train\n"
+            "                   and serve load them there)\n"
             "  --recompute      per-layer activation recompute\n"
             "  --logits         the [T, V] logits path instead of the fused unembedding (backends without\n"
             "                   it; full training and --train-unembed always take it)\n"
@@ -41,7 +43,7 @@ static int num(const char *flag, const char *s, double lo, double hi, double *ou
 
 int twk_cmd_plan(int argc, char **argv) {
     const char *model = NULL, *device = NULL;
-    twk_mem_request rq = {.rank = 32, .dtype = "f32"};
+    twk_mem_request rq = {.rank = 32}; /* dtype NULL: as the checkpoint stores its weights */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         double v;
@@ -83,6 +85,15 @@ int twk_cmd_plan(int argc, char **argv) {
     if (device && twk_device_open(device, &dev) != TWK_OK) {
         fprintf(stderr, "twinkle plan: %s\n", twk_last_error());
         return 2;
+    }
+    if (!rq.dtype) { /* as twinkle train / serve would load it on that device (as stored without one) */
+        int t = twk_model_weights_dtype(model, dev, -1);
+        if (t < 0) {
+            fprintf(stderr, "twinkle plan: %s\n", twk_last_error());
+            twk_device_close(dev);
+            return 2;
+        }
+        rq.dtype = twk_dtype_name((twk_dtype)t);
     }
     if (dev && !twk_mem_fused_unembed(dev, rq.dtype)) rq.logits = true; /* that backend keeps the logits */
     twk_mem_plan p;

@@ -376,8 +376,10 @@ static int train(train_opts *o) {
     char devname[256], where[96] = ""; /* a failing rank's share, for its message */
     twk_mem_request rq = {.tokens = o->batch_tokens, .rank = o->full ? 0 : (int)o->rank, .train_unembed = o->train_unembed,
                           .recompute = o->recompute};
+    int wdtype = -1; /* the dtype the model load will hold the weights in: the plan's */
     if (twk_device_open(twk_dist_device(o->device, devname, sizeof devname), &dev) != TWK_OK ||
-        !fits_device(o, dev, &rq, me) || twk_cli_model_load(o->model, dev, &o->dtypes, &model) != TWK_OK ||
+        (wdtype = twk_model_weights_dtype(o->model, dev, o->dtypes.weights)) < 0 ||
+        (rq.dtype = twk_dtype_name((twk_dtype)wdtype), !fits_device(o, dev, &rq, me)) || twk_cli_model_load(o->model, dev, &o->dtypes, &model) != TWK_OK ||
         (o->dopts.vocab = twk_model_cfg(model)->vocab,
          twk_train_data_load(&o->files, &o->dopts, o->spec.def->group, (uint64_t)o->seed, o->eval_data,
                              o->eval_fraction, &data, &eval)) != TWK_OK)

@@ -288,8 +288,11 @@ static void on_signal(uv_signal_t *h, int signum) {
  * with the table when it cannot fit (recompute chosen when only that fits), and the start-up
  * line with the per-run cost at --slot-rank (the default LoRA rank). */
 static twk_status plan_model(const twk_serve_config *c, twk_device *dev, base_model *b, twk_mem_plan *p) {
+    int dtype = twk_model_weights_dtype(b->dir, dev, c->dtype); /* the dtype the load will hold */
+    if (dtype < 0) return TWK_ERR_INVALID_ARG;
     twk_mem_request rq = {.tokens = c->max_context, .rank = c->max_lora_rank, .train_unembed = true,
-                          .recompute = c->recompute, .kv_seqs = TWK_SERVE_SAMPLER_SEQS, .kv_len = c->max_context};
+                          .dtype = twk_dtype_name((twk_dtype)dtype), .recompute = c->recompute,
+                          .kv_seqs = TWK_SERVE_SAMPLER_SEQS, .kv_len = c->max_context};
     twk_status st = twk_mem_plan_choose(b->dir, &rq, true, dev, p);
     char table[2048], w[32], ar[32], kv[32], pr[32], ad[32], mo[32], gr[32];
     if (st == TWK_ERR_OOM) {

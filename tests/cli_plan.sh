@@ -28,6 +28,9 @@ got=$(sed -n 's/^  LoRA adapter (rank 32, f32) *\([0-9.]* [A-Za-z]*\).*/\1/p' "$
 [ "$got" = "$want" ] || fail "adapter line '$got', want '$want'"
 echo "ok   Qwen3-8B rank-32 adapter: $got (want $want)"
 
+"$TWINKLE" plan --model "$BENCH8B" --tokens 4096 --rank 32 > "$DIR/plan_default.txt" || fail "twinkle plan without --dtype"
+grep -q "^  weights (bf16)" "$DIR/plan_default.txt" || { cat "$DIR/plan_default.txt"; fail "no --dtype: not the config's torch_dtype (bfloat16)"; }
+echo "ok   no --dtype: planned in the config's torch_dtype (bf16)"
 "$TWINKLE" plan --model "$MODEL" --tokens 64 --rank 8 --device cpu > "$DIR/fix.txt" || { cat "$DIR/fix.txt"; fail "plan on the fixture"; }
 grep -q "^fits cpu:0" "$DIR/fix.txt" || fail "the fixture's plan does not say it fits"
 echo "ok   $(tail -n 1 "$DIR/fix.txt")"

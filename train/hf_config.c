@@ -34,6 +34,17 @@ static int get_bool(const cJSON *j, const char *k, int def) {
 }
 
 /* A positive number, or null / absent (0) for an optional cap or window; else names the field. */
+/* torch_dtype (transformers 4) or dtype (5) as a twk_dtype; -1 when absent or another type. */
+static int stored_dtype(const cJSON *j) {
+    static const struct { const char *name; twk_dtype t; } names[] = {
+        {"float32", TWK_F32}, {"bfloat16", TWK_BF16}, {"float16", TWK_F16}};
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "torch_dtype");
+    if (!cJSON_IsString(v)) v = cJSON_GetObjectItemCaseSensitive(j, "dtype");
+    for (size_t i = 0; cJSON_IsString(v) && i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(v->valuestring, names[i].name)) return (int)names[i].t;
+    return -1;
+}
+
 static int get_opt_pos(const cJSON *j, const char *k, double *out, const char *path) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, k);
     *out = 0;
@@ -139,6 +150,7 @@ static twk_status parse(const cJSON *j, const char *path, twk_model_config *c) {
     if (mp && !cJSON_IsNull(mp) && !get_int(j, "max_position_embeddings", &c->max_positions, path))
         return TWK_ERR_INVALID_ARG;
     c->tie_embeddings = get_bool(j, "tie_word_embeddings", c->gemma); /* Gemma's default: tied */
+    c->stored_dtype = stored_dtype(j);
     if (!(c->rope_theta > 0) || !(c->rms_eps >= 0))
         return twk_error(TWK_ERR_INVALID_ARG, "%s: rope_theta and rms_norm_eps must be positive", path);
 

@@ -250,6 +250,41 @@ static int takes_half(twk_device *dev, twk_op op, unsigned want) { return (twk_d
 /* Whether t is -1 (a default) or a float dtype. */
 static int float_or_default(int t) { return t == -1 || t == TWK_F32 || twk_dtype_is_half((twk_dtype)t); }
 
+/* Whether dev's kernels read 16-bit weight matrices (matmul's weight, the embedding gather). */
+static int reads_half_weights(twk_device *dev) {
+    return takes_half(dev, TWK_OP_MATMUL, TWK_SRC(1)) && takes_half(dev, TWK_OP_GET_ROWS, TWK_SRC(0));
+}
+
+int twk_model_weights_dtype(const char *dir, twk_device *dev, int dtype) {
+    if (dtype >= 0) return float_or_default(dtype) ? dtype : -1;
+    if (dev && !reads_half_weights(dev)) return TWK_F32;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir ? dir : "");
+    twk_model_config cfg;
+    twk_safetensors *sf = NULL;
+    if (!dir || twk_hf_config_load(path, &cfg) != TWK_OK) return -1;
+    if (twk_st_open(dir, &sf) != TWK_OK) /* no weights (a config-only plan): as config.json says */
+        return cfg.stored_dtype >= 0 ? cfg.stored_dtype : TWK_F32;
+    int n = expected_tensors(&cfg, NULL), got = TWK_F32;
+    named_buf *w = calloc((size_t)n, sizeof *w);
+    if (!w) {
+        twk_st_close(sf);
+        twk_error(TWK_ERR_OOM, "model dtype: out of memory");
+        return -1;
+    }
+    expected_tensors(&cfg, w);
+    for (int i = 0; i < n; i++) { /* the first weight matrix's stored dtype (a checkpoint holds one) */
+        const twk_st_tensor *t = w[i].ndim == 2 ? twk_st_find(sf, w[i].name) : NULL;
+        if (t && twk_st_hal_dtype(t->dtype) >= 0) {
+            got = twk_st_hal_dtype(t->dtype);
+            break;
+        }
+    }
+    free(w);
+    twk_st_close(sf);
+    return got;
+}
+
 twk_status twk_model_load_as(const char *dir, twk_device *dev, int dtype, int kv_dtype, twk_model **out) {
     if (!out || !dir || !dev) return twk_error(TWK_ERR_INVALID_ARG, "model_load: NULL argument");
     *out = NULL;
@@ -257,8 +292,7 @@ twk_status twk_model_load_as(const char *dir, twk_device *dev, int dtype, int kv
         return twk_error(TWK_ERR_INVALID_ARG, "model_load: dtype %d / KV dtype %d is not f32, bf16 or f16", dtype, kv_dtype);
     /* by default as stored where the device's kernels read 16-bit weights (matmul, embedding
      * gather) and 16-bit KV caches (kv_write, attn_cache); f32 where they do not */
-    if (dtype < 0 && !(takes_half(dev, TWK_OP_MATMUL, TWK_SRC(1)) && takes_half(dev, TWK_OP_GET_ROWS, TWK_SRC(0))))
-        dtype = TWK_F32;
+    if (dtype < 0 && !reads_half_weights(dev)) dtype = TWK_F32;
     if (kv_dtype < 0 && !(takes_half(dev, TWK_OP_KV_WRITE, TWK_SRC(0)) &&
                           takes_half(dev, TWK_OP_ATTN_CACHE, TWK_SRC(1) | TWK_SRC(2))))
         kv_dtype = TWK_F32;

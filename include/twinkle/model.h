@@ -73,6 +73,7 @@ typedef struct twk_model_config {
     double rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_pos;
     int max_positions;
     bool tie_embeddings;
+    int stored_dtype; /* config.json's torch_dtype (or dtype) as a twk_dtype; -1 when absent or not f32/bf16/f16 */
     bool attn_bias; /* q/k/v biases (Qwen2; Llama with attention_bias) */
     bool o_bias;    /* o_proj bias (Llama with attention_bias) */
     bool qk_norm;   /* Qwen3's q_norm / k_norm */
@@ -104,6 +105,11 @@ twk_status twk_model_load(const char *dir, twk_device *dev, twk_model **out);
  * f32). bf16 / f16 models train LoRA adapters (f32) and sample;
  * full-parameter training needs f32. */
 twk_status twk_model_load_as(const char *dir, twk_device *dev, int dtype, int kv_dtype, twk_model **out);
+/* The dtype twk_model_load_as(dir, dev, dtype, ...) holds dir's weight matrices in, read from
+ * the safetensors headers without loading a weight (dev NULL: as stored; a folder with only
+ * config.json: its torch_dtype, else f32); -1 (error set) when dtype is not a float dtype or
+ * config.json cannot be read. */
+int twk_model_weights_dtype(const char *dir, twk_device *dev, int dtype);
 /* The dtype the model's matrices are held in. */
 twk_dtype twk_model_dtype(const twk_model *m);
 /* Converts the model's matrices to dtype t in place (TWK_ERR_INVALID_ARG for a non-float t;
