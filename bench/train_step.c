@@ -22,6 +22,7 @@ static double peak_rss_mib(void) {
 
 typedef struct step_shape {
     int layers, tokens, seqs, rank, steps, vocab;
+    int widths_8b;   /* Qwen3-8B's widths (untied) instead of Qwen3-0.6B's (tied) */
     twk_dtype dtype; /* the frozen base weights (LoRA, gradients and moments are f32) */
     int logits;      /* the [T, V] logits path instead of the fused unembedding */
 } step_shape;
@@ -51,6 +52,7 @@ static int run_step(const char *spec, const step_shape *sh, step_result *res) {
     twk_model_config c = {.arch = TWK_ARCH_QWEN3, .vocab = sh->vocab, .hidden = 1024, .layers = sh->layers, .heads = 16,
                           .kv_heads = 8, .head_dim = 128, .ffn = 3072, .rope_theta = 1e6, .rms_eps = 1e-6,
                           .tie_embeddings = 1, .qk_norm = 1, .max_positions = 40960};
+    if (sh->widths_8b) c.hidden = 4096, c.heads = 32, c.ffn = 12288, c.tie_embeddings = 0;
     snprintf(c.arch_name, sizeof c.arch_name, "Qwen3ForCausalLM");
     twk_lora_config lc = twk_lora_default();
     lc.rank = sh->rank;
@@ -66,7 +68,7 @@ static int run_step(const char *spec, const step_shape *sh, step_result *res) {
         twk_trainer_param_name(t, i, &ne);
         res->lora_params += (double)ne;
     }
-    res->matmul_params = per_layer * c.layers + (double)c.vocab * c.hidden + res->lora_params;
+    res->matmul_params = per_layer * c.layers + (double)c.vocab * c.hidden + res->lora_params; /* the unembedding once */
     int tokens = sh->tokens;
     ids = malloc((size_t)tokens * 4 * 4);
     w = malloc((size_t)tokens * 4);
@@ -134,7 +136,7 @@ int main(int argc, char **argv) {
     int layers = 4, tokens = 1024, seqs = 4, rank = 16, steps = 3, vocab = 151936;
     const char *peer = getenv("TWK_PEER_PYTHON"), *device = "cpu", *compare = NULL, *dtype = "f32";
     double peak = 0;
-    int logits = 0;
+    int logits = 0, widths_8b = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = atoi(argv[++i]);
@@ -148,17 +150,20 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--peak-tflops") && i + 1 < argc) peak = atof(argv[++i]);
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc && twk_dtype_parse_float(argv[i + 1]) >= 0) dtype = argv[++i];
         else if (!strcmp(argv[i], "--logits")) logits = 1;
+        else if (!strcmp(argv[i], "--widths") && i + 1 < argc && (!strcmp(argv[i + 1], "0.6b") || !strcmp(argv[i + 1], "8b")))
+            widths_8b = !strcmp(argv[++i], "8b");
         else {
             fprintf(stderr,
                     "usage: bench_train_step [--layers 4] [--tokens 1024] [--seqs 4] [--rank 16] [--steps 3]\n"
                     "                        [--vocab 151936] [--peer PYTHON] [--device cpu] [--compare SPEC]\n"
-                    "                        [--peak-tflops P] [--dtype f32|bf16|f16] [--logits]\n"
+                    "                        [--peak-tflops P] [--dtype f32|bf16|f16] [--logits] [--widths 0.6b|8b]\n"
                     "  --peer (or TWK_PEER_PYTHON): a python with torch, transformers and peft; runs\n"
                     "  bench/peer/train_step.py with the same shapes and thread count and prints the ratio.\n"
                     "  --device: where twinkle runs; --compare SPEC: the same step on SPEC too, and the\n"
                     "  ratio device/SPEC; --peak-tflops P: the device's peak, for the MFU; --dtype: the\n"
                     "  frozen base weights' dtype, the peer's too (LoRA, gradients, moments stay f32);\n"
-                    "  --logits: twinkle's [T, V] logits path instead of the fused unembedding.\n");
+                    "  --logits: twinkle's [T, V] logits path instead of the fused unembedding;\n"
+                    "  --widths: Qwen3-0.6B's layer widths (tied embeddings) or Qwen3-8B's (untied).\n");
             return 2;
         }
     }
@@ -166,12 +171,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_train_step: bad sizes\n");
         return 2;
     }
-    step_shape sh = {layers, tokens, seqs, rank, steps, vocab, (twk_dtype)twk_dtype_parse_float(dtype), logits};
+    step_shape sh = {layers, tokens, seqs, rank, steps, vocab, widths_8b, (twk_dtype)twk_dtype_parse_float(dtype), logits};
     step_result r, rcmp;
     if (!run_step(device, &sh, &r)) return 1;
-    printf("model: Qwen3 widths (hidden 1024, 16 heads / 8 kv, head_dim 128, ffn 3072, vocab %d), %d layers, "
-           "tied; LoRA rank %d on q,k,v,o,gate,up,down; %d tokens in %d sequences; %d threads; weights %s; %s\n",
-           vocab, layers, rank, tokens, seqs, r.threads, dtype, logits ? "[T, V] logits" : "fused unembedding");
+    printf("model: Qwen3-%s widths (hidden %d, %d heads / 8 kv, head_dim 128, ffn %d, vocab %d), %d layers, "
+           "%s; LoRA rank %d on q,k,v,o,gate,up,down; %d tokens in %d sequences; %d threads; weights %s; %s\n",
+           widths_8b ? "8B" : "0.6B", widths_8b ? 4096 : 1024, widths_8b ? 32 : 16, widths_8b ? 12288 : 3072, vocab,
+           layers, widths_8b ? "untied" : "tied", rank, tokens, seqs, r.threads, dtype,
+           logits ? "[T, V] logits" : "fused unembedding");
     print_result(&r, &sh, peak);
     if (compare) {
         if (!run_step(compare, &sh, &rcmp)) return 1;
@@ -179,8 +186,9 @@ int main(int argc, char **argv) {
         printf("ratio %s / %s: %.2f tokens/s\n", device, compare, r.tps / rcmp.tps);
     }
     /* one line for scripts (bench/device/run.sh) */
-    printf("SUMMARY bench_train_step device=%s tokens_per_s=%.2f mfu=%.5f compare_tokens_per_s=%.2f\n", device, r.tps,
-           peak > 0 ? 6 * r.matmul_params * r.tps / (peak * 1e12) : 0.0, compare ? rcmp.tps : 0.0);
+    printf("SUMMARY bench_train_step device=%s tokens_per_s=%.2f mfu=%.5f compare_tokens_per_s=%.2f up_bytes=%.0f "
+           "down_bytes=%.0f\n", device, r.tps, peak > 0 ? 6 * r.matmul_params * r.tps / (peak * 1e12) : 0.0,
+           compare ? rcmp.tps : 0.0, r.up, r.down);
     int threads = r.threads;
     double tps = r.tps, rss = peak_rss_mib();
     if (!peer) {
@@ -195,8 +203,8 @@ int main(int argc, char **argv) {
              slash ? __FILE__ : ".");
     (void)self;
     snprintf(cmd, sizeof cmd,
-             "%s %s --layers %d --tokens %d --seqs %d --rank %d --steps %d --vocab %d --threads %d --dtype %s", peer,
-             script, layers, tokens, seqs, rank, steps, vocab, threads, dtype);
+             "%s %s --layers %d --tokens %d --seqs %d --rank %d --steps %d --vocab %d --threads %d --dtype %s --widths %s",
+             peer, script, layers, tokens, seqs, rank, steps, vocab, threads, dtype, widths_8b ? "8b" : "0.6b");
     FILE *f = popen(cmd, "r");
     double ptps = 0, prss = 0;
     char line[512];

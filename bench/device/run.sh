@@ -12,6 +12,10 @@
 #   bench_gemm on cpu, cuda, vulkan      MATMUL GFLOP/s (the GPU runs also time the CPU: ratio);
 #                                        cuda also with TWK_CUDA_GEMM=tf32, bf16, vulkan with TWK_VULKAN_GEMM=fp16
 #   bench_train_step on cpu, cuda, vulkan  LoRA step tokens/s and MFU
+#   bench_train_step --widths 8b         a LoRA step at Qwen3-8B's widths, bf16 weights, 8 x 1,024
+#                                        tokens (TRAIN8B_LAYERS layers): tokens/s, MFU, bytes per step
+#   bench_attn on every GPU              causal attention forward / backward at 4k and 16k tokens
+#   bench_sample_inproc                  decode batch 1 over a 32k-token context (bf16 weights)
 #
 # and prints ONE table at the end. Writes run.log (everything) and table.txt under $OUT when it
 # is set (else under the build dir). Exit status 0 when every test that ran passed.
@@ -20,18 +24,27 @@
 # the Vulkan loader) come from bench/device/sysroot.tar.gz when it is there: make it beforehand on
 # a machine with apt (bench/device/make_sysroot.sh) and carry it along. Nothing is installed.
 #
-# Environment: BUILD_DIR (default build-device), BUDGET_S (450), PEAK_TFLOPS (67: an H200's
-# plain FP32 peak by the datasheet; the engine computes in FP32), JOBS (all cores),
+# Environment: BUILD_DIR (default build-device), BUDGET_S (540), PEAK_TFLOPS (67: an H200's
+# plain FP32 peak by the datasheet; the engine computes in FP32), BF16_PEAK_TFLOPS (989: its dense
+# bf16 tensor-core peak, the second MFU column), JOBS (all cores),
 # SKIP_BUILD=1 (reuse BUILD_DIR), CUDA_HOME (/usr/local/cuda), CUDA=OFF (build without the CUDA
 # backend: a dry run of this script on a machine without one), FORCE_SYSROOT=1 (take the libraries
 # from sysroot.tar.gz even where the machine has them: a test of that path), and the sizes
-# GEMM_M (4096), TRAIN_LAYERS (4), TRAIN_TOKENS (4096 on the GPUs), CPU_TRAIN_TOKENS (1024).
+# GEMM_M (4096), TRAIN_LAYERS (4), TRAIN_TOKENS (4096 on the GPUs), CPU_TRAIN_TOKENS (1024),
+# TRAIN8B_LAYERS (4: of Qwen3-8B's 36; the unembedding of 151,936 x 4,096 is counted once), TRAIN8B_TOKENS
+# (8192), ATTN_TOKENS
+# (4096,16384), DECODE_CTX (32768).
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build-device}
 case $build in /*) ;; *) build=$root/$build ;; esac
-budget=${BUDGET_S:-450}
+budget=${BUDGET_S:-540}
 peak=${PEAK_TFLOPS:-67}
+peak16=${BF16_PEAK_TFLOPS:-989}
+train8b_layers=${TRAIN8B_LAYERS:-4}
+train8b_tokens=${TRAIN8B_TOKENS:-8192}
+attn_tokens=${ATTN_TOKENS:-4096,16384}
+decode_ctx=${DECODE_CTX:-32768}
 jobs=${JOBS:-$(nproc 2>/dev/null || echo 4)}
 cuda_home=${CUDA_HOME:-/usr/local/cuda}
 cuda=${CUDA:-ON}
@@ -160,7 +173,7 @@ else
 fi
 
 # ---- build ------------------------------------------------------------------------------------
-targets="twinkle_cli backend_ops test_parity test_curve test_ops bench_gemm bench_train_step"
+targets="twinkle_cli backend_ops test_parity test_curve test_ops bench_gemm bench_train_step bench_attn bench_sample_inproc"
 vk_targets=""
 [ "$vulkan" = ON ] && vk_targets="test_vulkan"
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
@@ -201,7 +214,7 @@ for d in cuda vulkan opencl; do
 done
 
 # ---- tests and benchmarks ---------------------------------------------------------------------
-declare -A ops parity curve gemm gemm_best train mfu ratio_gemm
+declare -A ops parity curve gemm gemm_best train mfu ratio_gemm big attn decode
 fails=0
 # result NAME: "pass", "FAIL", "timeout", "skipped" from step_rc
 verdict() { case $step_rc in 0) echo pass ;; 124 | 137) echo timeout ;; 125) echo skipped ;; *) echo FAIL ;; esac; }
@@ -279,6 +292,32 @@ for d in $devs; do
     train[$d]=$(summary "$build/step-train-$d.out" tokens_per_s)
     mfu[$d]=$(summary "$build/step-train-$d.out" mfu)
 done
+# A real-size step: Qwen3-8B's widths, bf16 frozen weights (widened to f32 for the GEMMs), 8 x 1,024 tokens
+for d in $devs; do
+    step "train8b-$d" 150 "$bin/bench/bench_train_step" --device $d --widths 8b --dtype bf16 --layers "$train8b_layers" \
+        --tokens "$train8b_tokens" --seqs 8 --steps 3 --peak-tflops "$peak16"
+    count_fail
+    o=$build/step-train8b-$d.out
+    m=$(summary "$o" mfu)
+    [ -n "$m" ] && m=$(awk -v m="$m" -v a="$peak16" -v b="$peak" 'BEGIN { printf "MFU %.1f%% of bf16 peak, %.1f%% of fp32", 100 * m, 100 * m * a / b }')
+    big[$d]="$(verdict) $(summary "$o" tokens_per_s) tok/s, ${m:-MFU -}, bytes/step $(summary "$o" up_bytes) up / $(summary "$o" down_bytes) down"
+done
+# attention alone: 32 query heads / 8 kv heads (Qwen3-8B), head_dim 128, one causal segment
+for d in $devs; do
+    step "attn-$d" 150 "$bin/bench/bench_attn" --device $d --tokens "$attn_tokens" --heads 32 --kv-heads 8 --head-dim 128 \
+        --reps 3 --peak-tflops "$peak"
+    count_fail
+    attn[$d]="$(verdict) $(awk -v a="$peak16" -v b="$peak" '/^SUMMARY bench_attn/ { for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+        printf "%sT fwd %.2f bwd %.2f TFLOP/s (fwd %.1f%% fp32, %.1f%% bf16 peak); ", v["tokens"], v["fwd_tflops"], v["bwd_tflops"],
+            100 * v["fwd_tflops"] / b, 100 * v["fwd_tflops"] / a }' "$build/step-attn-$d.out")"
+done
+# decode batch 1 over a long context (4 layers of Qwen3-0.6B's widths, bf16 weights and KV cache)
+for d in $devs; do
+    step "decode-$d" 120 "$bin/bench/bench_sample_inproc" --device $d --dtype bf16 --ctx $((decode_ctx + 64)) \
+        --prompt "$decode_ctx" --new 64 --prefill 16 --phase decode1 --reps 1
+    count_fail
+    decode[$d]="$(verdict) $(sed -n 's/^twinkle decode b1 *\([0-9.]*\) tokens\/s.*/\1 tok\/s/p' "$build/step-decode-$d.out" | head -1)"
+done
 
 # ---- the table --------------------------------------------------------------------------------
 {
@@ -303,6 +342,11 @@ done
     [ -n "${gemm[vulkan/fp16]:-}" ] && printf '%-7s %-16s %-11s %-14s %-22s %s\n' "vulkan" "TWK_VULKAN_GEMM=fp16" "" "" \
         "${gemm[vulkan/fp16]}/${gemm_best[vulkan/fp16]:--}" "${vk16_diff:--}"
     [ -n "${vk_checks:-}" ] && echo "vulkan  test_vulkan: $vk_checks"
+    for d in $devs; do
+        echo "$d  8B-widths step (bf16, $train8b_layers layers, $train8b_tokens tokens in 8 sequences): ${big[$d]:--}"
+        echo "$d  attention (32/8 heads, d 128): ${attn[$d]:--}"
+        echo "$d  decode b1, ${decode_ctx}-token context: ${decode[$d]:--}"
+    done
     echo "backend_ops: verdict runs/failures; parity: checks ok; loss_curve: worst relative step-loss difference"
     echo "vs the CPU; GEMM: bench_gemm --quick (M=2048 on cpu, $gemm_m on the GPUs); step: LoRA r16, $train_layers Qwen3-0.6B"
     echo "layers, $cpu_train_tokens tokens (cpu) / $train_tokens (GPUs); MFU = 6 N tokens/s / ${peak} TFLOP/s (PEAK_TFLOPS)"
