@@ -26,6 +26,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "service.h"
 #include "twinkle/hal.h"
 
@@ -59,22 +60,10 @@ static void count_free(void *user, void *p) {
     free(p);
 }
 
-static int failures, port;
+static int port;
 static struct {
     int ok, retried_5xx, dropped, future_server;
 } seen;
-
-static void check(int ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    if (!ok) {
-        printf("FAIL ");
-        vprintf(fmt, ap);
-        printf("\n");
-        failures++;
-    }
-    va_end(ap);
-}
 
 /* ---- HTTP client: one connection per request ---- */
 
@@ -285,6 +274,7 @@ static int pass(void) {
 }
 
 int main(void) {
+    check_quiet = 1; /* thousands of passes: only the failures are worth a line */
     setvbuf(stdout, NULL, _IONBF, 0);
     signal(SIGPIPE, SIG_IGN); /* a refused connection closes while we write */
     char dir[] = "/tmp/twk-alloc-fail-XXXXXX";
@@ -320,7 +310,7 @@ int main(void) {
     free(r.body);
     check(created && model_id[0] && sampler_id[0], "set-up: run '%s', sampler '%s'", model_id, sampler_id);
 
-    if (!failures) {
+    if (!check_failures) {
         pass(); /* warm: the sampler and the first checkpoint exist from here on */
         long before = atomic_load(&n_alloc);
         int clean = pass();
@@ -332,13 +322,13 @@ int main(void) {
                stride);
         int passes = 0, hit = 0;
         const char *only = getenv("TWK_ALLOC_FAIL_K"); /* one k, to debug it */
-        for (long k = only ? atol(only) : 1; k <= count && failures < 10; k += only ? count : stride, passes++) {
-            int f0 = atomic_load(&n_failed), fail0 = failures;
+        for (long k = only ? atol(only) : 1; k <= count && check_failures < 10; k += only ? count : stride, passes++) {
+            int f0 = atomic_load(&n_failed), fail0 = check_failures;
             atomic_store(&fail_at, atomic_load(&n_alloc) + k);
             pass();
             atomic_store(&fail_at, 0);
             hit += atomic_load(&n_failed) > f0;
-            if (failures > fail0) printf("  ^ with the allocation k = %ld of the pass failing\n", k);
+            if (check_failures > fail0) printf("  ^ with the allocation k = %ld of the pass failing\n", k);
         }
         int last = pass();
         check(last == 4, "a clean pass after the failures: %d of 4 ops succeeded", last);
@@ -351,6 +341,6 @@ int main(void) {
     char rm[128];
     snprintf(rm, sizeof rm, "rm -rf %s", dir);
     if (system(rm) != 0) printf("note: could not remove %s\n", dir);
-    printf("%d failures\n", failures);
-    return failures ? 1 : 0;
+    printf("%d failures\n", check_failures);
+    return check_failures ? 1 : 0;
 }

@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "http.h"
 
 #define READ_TIMEOUT_MS 300
@@ -34,7 +35,6 @@
 #define N_CONCURRENT 200
 #define BIG_RESP ((size_t)16 << 20)
 
-static int failures;
 static uv_loop_t loop;
 #define ALICE_KEY "tml-alice-secret-7f3a"
 #define CAP_TOTAL 8
@@ -45,17 +45,6 @@ static twk_http_server *srv, *srv_small, *srv_caps, *srv_ht;
 static int port, port_small, port_caps, port_ht;
 static uv_async_t stop_async;
 static atomic_int n_abandon, n_park_answered, n_requests;
-
-static void check(int ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s ", ok ? "ok  " : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
-    fflush(stdout);
-    va_end(ap);
-    if (!ok) failures++;
-}
 
 static double now_ms(void) {
     struct timespec ts;
@@ -1087,6 +1076,6 @@ int main(void) {
     rc = uv_loop_close(&loop);
     check(rc == 0, "loop closed cleanly after stop (%s)", rc ? uv_err_name(rc) : "0");
 
-    printf("%s (%d failures, %.0f ms)\n", failures ? "FAILED" : "all passed", failures, now_ms() - t_start);
-    return failures ? 1 : 0;
+    printf("%s (%d failures, %.0f ms)\n", check_failures ? "FAILED" : "all passed", check_failures, now_ms() - t_start);
+    return check_failures ? 1 : 0;
 }

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "metrics.h"
 #include "svc.h"
 #include "twinkle/hal.h"
@@ -18,18 +19,6 @@
 #include "twinkle/sampler.h"
 #include "twinkle/trainer.h"
 
-static int fails;
-
-static void check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void check(int ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s ", ok ? "ok  " : "FAIL");
-    vprintf(fmt, ap);
-    va_end(ap);
-    printf("\n");
-    if (!ok) fails++;
-}
 
 #define N_THREADS 4
 #define N_ADDS 20000
@@ -311,6 +300,6 @@ int main(void) {
     test_host_pools();
     test_device_pools();
     test_pack_counters();
-    printf("%s\n", fails ? "FAILED" : "all passed");
-    return fails ? 1 : 0;
+    printf("%s\n", check_failures ? "FAILED" : "all passed");
+    return check_failures ? 1 : 0;
 }

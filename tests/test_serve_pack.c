@@ -18,6 +18,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "service.h"
 #include "twinkle/hal.h"
 
@@ -25,18 +26,7 @@
 #define MAX_ROUNDS 8
 #define TOKENS 8
 
-static int failures, port;
-
-static void check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void check(int ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s ", ok ? "ok  " : "FAIL");
-    vprintf(fmt, ap);
-    va_end(ap);
-    printf("\n");
-    if (!ok) failures++;
-}
+static int port;
 
 /* ---- HTTP client: one connection per request, written first and read later ---- */
 
@@ -267,6 +257,6 @@ int main(void) {
     char rm[128];
     snprintf(rm, sizeof rm, "rm -rf %s", dir);
     if (system(rm) != 0) printf("note: could not remove %s\n", dir);
-    printf("%s\n", failures ? "FAILED" : "all passed");
-    return failures ? 1 : 0;
+    printf("%s\n", check_failures ? "FAILED" : "all passed");
+    return check_failures ? 1 : 0;
 }

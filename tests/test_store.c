@@ -23,25 +23,11 @@
 
 #include <sqlite3.h>
 
+#include "check.h"
 #include "store.h"
 #include "twinkle/hal.h"
 #include "twinkle/status.h"
 
-static int fails;
-
-static void check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void check(int ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s ", ok ? "ok  " : "FAIL");
-    vprintf(fmt, ap);
-    va_end(ap);
-    if (!ok) {
-        printf("   (last error: %s)", twk_last_error());
-        fails++;
-    }
-    printf("\n");
-}
 
 /* A status check: prints the message for expected errors. */
 static int expect(twk_status got, twk_status want, const char *what) {
@@ -50,7 +36,7 @@ static int expect(twk_status got, twk_status want, const char *what) {
            got != TWK_OK ? twk_last_error() : "");
     if (!ok) {
         printf("     want %s\n", twk_status_name(want));
-        fails++;
+        check_failures++;
     }
     return ok;
 }
@@ -828,6 +814,7 @@ static void crash_round(const char *dir, int round, int kill_after) {
 }
 
 int main(void) {
+    check_last_error = 1;
     char root[] = "/tmp/twk_store_test_XXXXXX";
     if (!mkdtemp(root)) {
         perror("mkdtemp");
@@ -860,6 +847,6 @@ int main(void) {
     nftw(root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     stat_rc = stat(root, &sb);
     check(stat_rc != 0, "removed %s", root);
-    printf("%s (%d failures)\n", fails ? "FAIL" : "all ok", fails);
-    return fails ? 1 : 0;
+    printf("%s (%d failures)\n", check_failures ? "FAIL" : "all ok", check_failures);
+    return check_failures ? 1 : 0;
 }

@@ -25,22 +25,11 @@
 
 #include <cJSON.h>
 
+#include "check.h"
 #include "tokenizer/corpus.h"
 #include "twinkle/tokenizer.h"
 #include "twinkle/hal.h"
 
-static int fails;
-
-static void check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void check(int ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s ", ok ? "ok  " : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    fails += !ok;
-}
 
 static char *slurp(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
@@ -982,6 +971,6 @@ int main(void) {
         unlink(p);
     }
     rmdir(tmpdir);
-    printf("%s\n", fails ? "FAILED" : "all passed");
-    return fails ? 1 : 0;
+    printf("%s\n", check_failures ? "FAILED" : "all passed");
+    return check_failures ? 1 : 0;
 }
