@@ -133,14 +133,35 @@ static twk_status step_ce(step_ctx *c, int backward, float *lp, twk_loss_result 
     return st;
 }
 
-/* The token mask of an RL loss: the weights (1 where absent); for GSPO the
- * sequence_ratio_mask where given wins (*owned set when built); NULL on OOM. */
+/* Token i's mask of an RL loss: the sequence_ratio_mask where given and not NaN, else the weight (1
+ * where absent). */
+static float rl_mask_at(const twk_loss_batch *b, int64_t i) {
+    const float *srm = b->in[TWK_IN_SEQUENCE_RATIO_MASK], *w = b->in[TWK_IN_WEIGHTS];
+    return srm && !isnan(srm[i]) ? srm[i] : w ? w[i] : 1.0f;
+}
+
+/* The token mask of an RL loss (rl_mask_at): the weights themselves when no sequence_ratio_mask is
+ * given, else built (*owned set); NULL on OOM. */
 static const float *rl_mask(step_ctx *c, float **owned) {
-    const float *srm = c->b->in[TWK_IN_SEQUENCE_RATIO_MASK], *w = c->b->in[TWK_IN_WEIGHTS];
-    if (!srm) return weights_or_ones(c, owned);
+    if (!c->b->in[TWK_IN_SEQUENCE_RATIO_MASK]) return weights_or_ones(c, owned);
     *owned = twk_host_alloc((size_t)(c->total ? c->total : 1) * sizeof(float), "sequence ratio mask");
-    for (int64_t i = 0; *owned && i < c->total; i++) (*owned)[i] = !isnan(srm[i]) ? srm[i] : w ? w[i] : 1.0f;
+    for (int64_t i = 0; *owned && i < c->total; i++) (*owned)[i] = rl_mask_at(c->b, i);
     return *owned;
+}
+
+twk_status twk_loss_whole_of(const twk_loss_batch *b, int s0, int s1, twk_loss_whole *out) {
+    if (!b || !b->offsets || !out || s0 < 0 || s1 < s0 || s1 > b->n_seqs)
+        return twk_error(TWK_ERR_INVALID_ARG, "loss_whole_of: NULL argument or sequences [%d, %d) of %d", s0, s1,
+                         b ? b->n_seqs : 0);
+    memset(out, 0, sizeof *out);
+    out->n_seqs = s1 - s0;
+    for (int s = s0; s < s1; s++) {
+        double ns = 0;
+        for (int64_t i = b->offsets[s]; i < b->offsets[s + 1]; i++) ns += rl_mask_at(b, i) != 0.0f;
+        out->masked_tokens += ns;
+        out->longest = ns > out->longest ? ns : out->longest;
+    }
+    return TWK_OK;
 }
 
 /* RL: Tinker's surrogates, the GRPO family, GSPO and stable_reinforce
@@ -153,7 +174,7 @@ static twk_status step_rl(step_ctx *c, const twk_loss_spec *s, int backward, flo
     const double *cfg = s->config; /* NaN: a key the loss does not take */
     twk_rl_spec rl = {(twk_loss_kind)s->def->variant, (twk_rl_aggregation)s->def->aggregation, cfg[TWK_CFG_CLIP_LOW],
                       cfg[TWK_CFG_CLIP_HIGH], cfg[TWK_CFG_BETA], isnan(cfg[TWK_CFG_MAX_TOKENS]) ? 0 : cfg[TWK_CFG_MAX_TOKENS],
-                      isnan(cfg[TWK_CFG_KL_BETA]) ? 0 : cfg[TWK_CFG_KL_BETA]};
+                      isnan(cfg[TWK_CFG_KL_BETA]) ? 0 : cfg[TWK_CFG_KL_BETA], b->whole};
     float *q = twk_host_alloc((size_t)(n ? n : 1) * sizeof(float), "sampler logprobs");
     float *g = twk_host_alloc((size_t)(n ? n : 1) * sizeof(float), "loss gradient");
     float *mask_own = NULL, *ref_own = NULL;
