@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "loss_pack.h"
+#include "trainer_internal.h"
 #include "twinkle/train.h"
 
 /* Scratch of one pass: tokens, targets, positions, segment starts and weights. */
@@ -20,6 +21,7 @@ typedef struct step_ctx {
     int64_t cap, total;
     int32_t *tgt, *pos, *seg;
     float *w;
+    int last_col; /* this call's target column is the last (always 1 outside column_passes) */
 } step_ctx;
 
 /* Passes over the batch: targets (one per token; NULL = the batch's 1-D
@@ -49,7 +51,10 @@ static twk_status passes(step_ctx *c, pass_mode mode, const int32_t *targets, co
             }
         twk_batch pb = {n, b->tokens + a, c->tgt, c->pos, c->seg, c->w};
         float loss = 0;
+        /* backward passes come last in every family: the last one ends the step's gradients */
+        int last = mode == PASS_BACKWARD && s1 == b->n_seqs && c->last_col;
         twk_status st = c->pk                 ? twk_packer_pass(c->pk, c->job, c->t, mode, &pb, lp + a, &loss)
+                        : last                ? twk_trainer_forward_backward_last(c->t, &pb, lp + a, &loss)
                         : mode == PASS_BACKWARD ? twk_trainer_forward_backward(c->t, &pb, lp + a, &loss)
                         : mode == PASS_BASE   ? twk_trainer_forward_base(c->t, &pb, lp + a, &loss)
                                               : twk_trainer_forward(c->t, &pb, lp + a, &loss);
@@ -76,7 +81,9 @@ static twk_status column_passes(step_ctx *c, pass_mode mode, const float *weight
             wk[i] = weights_nk ? weights_nk[i * K + k] : 1.0f;
         }
         double l = 0, ws = 0;
+        c->last_col = k == K - 1;
         st = passes(c, mode, tk, wk, lp1, &l, &ws);
+        c->last_col = 1;
         *loss_sum += l;
         *wsum += ws;
         for (int64_t i = 0; st == TWK_OK && i < n; i++) lp_k[i * K + k] = lp1[i];
@@ -269,7 +276,7 @@ twk_status twk_loss_step_in(twk_packer *pk, int job, twk_trainer *t, const twk_l
         return twk_error(TWK_ERR_INVALID_ARG, "loss step: NULL argument or no sequences");
     const twk_loss_def *d = spec->def;
     memset(res, 0, sizeof *res);
-    step_ctx c = {pk, job, t, b, twk_trainer_capacity(t), b->offsets[b->n_seqs], NULL, NULL, NULL, NULL};
+    step_ctx c = {pk, job, t, b, twk_trainer_capacity(t), b->offsets[b->n_seqs], NULL, NULL, NULL, NULL, 1};
     int64_t cap = c.cap > 0 ? c.cap : 1, nk = c.total * (b->k > 0 ? b->k : 1);
     c.tgt = twk_host_alloc((size_t)cap * 3 * sizeof(int32_t), "batch");
     c.w = twk_host_alloc((size_t)cap * sizeof(float), "batch weights");
