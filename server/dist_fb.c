@@ -12,8 +12,8 @@
 #include "dist.h"
 #include "dist_serve.h"
 
-/* The job's share [s0, s1) for a follower: a dsv_cmd, then offsets, tokens, targets and the
- * loss's float inputs in the registry's order (run_fb walks them alike). */
+/* The job's share [s0, s1) for a follower: padding to 8 bytes, a dsv_cmd, then offsets, tokens,
+ * targets and the loss's float inputs in the registry's order (run_fb walks them alike). */
 static void put_share(dsv_buf *m, const run_state *r, const twk_loss_job *j, const twk_loss_whole *whole, int s0, int s1) {
     const twk_loss_batch *b = j->b;
     const twk_loss_def *d = j->spec->def;
@@ -31,6 +31,8 @@ static void put_share(dsv_buf *m, const run_state *r, const twk_loss_job *j, con
     if (whole) h.has_whole = 1, h.whole = *whole;
     for (int i = 0; i < d->n_inputs; i++)
         if (d->inputs[i].dtype == TWK_LOSS_F32 && b->in[d->inputs[i].id]) h.in_mask |= 1u << d->inputs[i].id;
+    static const unsigned char zeros[8];
+    dsv_put(m, zeros, (8 - m->n % 8) % 8); /* each share at an 8-byte boundary: its offsets are read in place */
     dsv_put(m, &h, sizeof h);
     for (int i = s0; i <= s1; i++) {
         int64_t o = b->offsets[i] - a;

@@ -66,6 +66,7 @@ static void reply(twk_status st, const twk_loss_result *res, const float *lp, in
  * from msg at *at into b (pointing into msg). TWK_ERR_BACKEND for a short message. */
 static twk_status read_share(const unsigned char *msg, int64_t len, int64_t *at, dsv_cmd *h, twk_loss_spec *spec,
                              twk_loss_batch *b) {
+    (void)dsv_take(msg, len, at, (8 - *at % 8) % 8); /* the share starts at an 8-byte boundary (put_share) */
     const void *hp = dsv_take(msg, len, at, sizeof *h);
     if (!hp) return twk_error(TWK_ERR_BACKEND, "a short forward_backward command");
     memcpy(h, hp, sizeof *h);
