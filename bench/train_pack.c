@@ -100,7 +100,7 @@ int main(int argc, char **argv) {
             r[i].tok[k] = rand() % V;
             r[i].tgt[k] = rand() % V;
         }
-        r[i].b = (twk_loss_batch){(int)datums, r[i].off, r[i].tok, 0, r[i].tgt, {0}};
+        r[i].b = (twk_loss_batch){(int)datums, r[i].off, r[i].tok, 0, r[i].tgt, {0}, NULL};
         jobs[i] = (twk_loss_job){.t = r[i].t, .spec = &ce, .b = &r[i].b, .backward = 1};
     }
     if (st != TWK_OK) {

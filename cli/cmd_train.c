@@ -28,6 +28,7 @@ typedef struct train_opts {
     twk_data_opts dopts; /* --train-on, --max-len, --overflow */
     long steps, save_every, batch_tokens, rank, seed, topk;
     double bucket_mb; /* gradient allreduce bucket size across ranks */
+    int no_overlap;   /* sum the gradients after the backward, not during it */
     double lr, alpha, weight_decay, grad_clip, beta1, beta2, eps;
     double dpo_beta, clip_lo, clip_hi, kl_beta, max_tokens, distill_beta; /* NaN: the loss's default */
     twk_loss_spec spec; /* --loss with the flags above */
@@ -89,6 +90,8 @@ static void usage(FILE *f) {
             "  --device SPEC        cpu (default), opencl[:N], vulkan[:N] or cuda[:N]: see twinkle devices;\n"
             "                       under mpirun a GPU kind without :N picks device LOCAL_RANK\n"
             "  --bucket-mb X        under mpirun: sum gradients across ranks in buckets of X MB (default 16)\n"
+            "  --no-overlap         under mpirun: sum the gradients after the backward (default: each bucket as\n"
+            "                       soon as the backward made it final, while the rest of the backward runs)\n"
             "  --loss L             cross_entropy (default);\n"
             "                       dpo, ipo: preference pairs, lines 2i (chosen) and 2i+1 (rejected); weights\n"
             "                       mask the prompt; the reference is the base model (LoRA only);\n"
@@ -166,6 +169,7 @@ static int parse(int argc, char **argv, train_opts *o) {
         if (!strcmp(a, "--no-attn")) { o->no_attn = 1; continue; }
         if (!strcmp(a, "--no-mlp")) { o->no_mlp = 1; continue; }
         if (!strcmp(a, "--recompute")) { o->recompute = 1; continue; }
+        if (!strcmp(a, "--no-overlap")) { o->no_overlap = 1; continue; }
         if (i + 1 >= argc) {
             fprintf(stderr, "twinkle train: %s needs a value (or is unknown)\n", a);
             return 0;
@@ -395,7 +399,8 @@ static int train(train_opts *o) {
     lc.train_mlp = !o->no_mlp;
     lc.train_unembed = o->train_unembed;
     lc.seed = (uint64_t)o->seed;
-    twk_trainer_opts topts = {.recompute = rq.recompute};
+    /* the overlapped gradient sum wants each gradient accumulated as soon as it exists */
+    twk_trainer_opts topts = {.recompute = rq.recompute, .early_grads = nr > 1 && !o->no_overlap && o->global_tokens <= 0};
     if (twk_trainer_new_opts(model, o->full ? NULL : &lc, o->batch_tokens, &topts, &t) != TWK_OK) goto fail;
     if (o->resume && twk_trainer_load_state(t, o->resume, 1) != TWK_OK) goto fail;
     if (me == 0 && twk_mkdir_p(o->out, 0755) != TWK_OK) goto fail;
@@ -463,8 +468,12 @@ static int train(train_opts *o) {
         printf("steps %ld%s, lr %g %s schedule, %ld warmup steps%s\n", o->steps, o->epochs > 0 ? " (from --epochs)" : "",
                o->lr, lr_names[o->sched], o->warmup, o->shuffle ? ", shuffled" : "");
     }
-    double t0 = twk_now(), tokens = 0, first = -1, loss_avg = 0, reduce_s = 0;
-    twk_dist_stats ds = {0, 0, 0};
+    double t0 = twk_now(), tokens = 0, first = -1, loss_avg = 0, reduce_s = 0, exposed_s = 0;
+    twk_dist_stats ds = {0, 0, 0, 0};
+    size_t bucket = (size_t)(o->bucket_mb * 1048576.0);
+    /* the sum overlaps the step's last backward pass when a step is one micro-batch (with
+     * accumulation the last micro-batch is known only once the next one is packed) */
+    int overlap = nr > 1 && !o->no_overlap && o->global_tokens <= 0, overlapped = 0;
     double eval_loss = NAN;
     for (long s = start + 1; s <= o->steps; s++) {
         double sums[2] = {0, 0}, step_tokens = 0, mean = 0;
@@ -476,8 +485,25 @@ static int train(train_opts *o) {
             snprintf(where, sizeof where, " (step %ld, sequences %d..%d of %d)", s, s0, s1 - 1, packed.n_seqs);
             twk_loss_result res;
             memset(&res, 0, sizeof res);
-            if (s1 > s0 && twk_train_step(t, &o->spec, &packed, s0, s1, tsampler, (int)o->topk, 1, &res) != TWK_OK)
+            twk_dist_overlap *ov = NULL;
+            if (overlap && twk_dist_overlap_begin(t, bucket, &ov) != TWK_OK) { /* the others are in its collectives */
+                fprintf(stderr, "twinkle train: rank %d of %d%s: %s\n", me, nr, where, twk_last_error());
+                twk_dist_abort(1);
+            }
+            twk_status st = s1 > s0 ? twk_train_step(t, &o->spec, &packed, s0, s1, tsampler, (int)o->topk, 1, &res) : TWK_OK;
+            char step_err[1024];
+            snprintf(step_err, sizeof step_err, "%s", twk_last_error());
+            if (ov) { /* whatever happened: every rank runs every bucket's collectives */
+                twk_status es = twk_dist_overlap_end(ov, &ds);
+                overlapped = 1;
+                reduce_s += ds.seconds;
+                exposed_s += ds.exposed;
+                if (st == TWK_OK && es != TWK_OK) st = es, snprintf(step_err, sizeof step_err, "%s", twk_last_error());
+            }
+            if (st != TWK_OK) {
+                twk_error(st, "%s", step_err);
                 goto fail;
+            }
             sums[0] += res.loss;
             sums[1] += res.values[2];
             mean = res.mean;
@@ -485,10 +511,18 @@ static int train(train_opts *o) {
             step_tokens += (double)packed.batch.n;
         }
         if (r < 0) goto fail;
-        /* every rank's step succeeded before any gradient is summed: a failure never leaves a rank waiting */
+        /* every rank's step succeeded before any gradient is summed (or, overlapped, before its sum is
+         * used): a failure never leaves a rank waiting. What the step waits for after its backward —
+         * the agreement (the slower ranks), the sum — counts as exposed in both ways */
+        double t_agree = twk_now();
         if (twk_dist_first_failure(TWK_OK) >= 0) goto stop;
-        if (twk_dist_sum_grads(t, (size_t)(o->bucket_mb * 1048576.0), &ds) != TWK_OK) goto fail;
-        reduce_s += ds.seconds;
+        exposed_s += twk_now() - t_agree;
+        if (!overlapped) {
+            if (twk_dist_sum_grads(t, bucket, &ds) != TWK_OK) goto fail;
+            reduce_s += ds.seconds;
+            exposed_s += ds.exposed;
+        }
+        overlapped = 0;
         twk_dist_sum_f64(sums, 2);
         loss_avg = nr == 1 && micro == 1 ? mean : sums[1] != 0 ? sums[0] / sums[1] : sums[0];
         ap.learning_rate = (float)(o->lr * twk_lr_factor(o->sched, s - 1, o->steps, o->warmup));
@@ -537,8 +571,10 @@ static int train(train_opts *o) {
         long steps = o->steps - start;
         if (nr > 1 && steps > 0)
             printf("ranks %d: gradient allreduce %.2f ms/step (%lld bytes in %d buckets of <= %g MB), "
-                   "0%% overlapped with the backward\n",
-                   nr, 1e3 * reduce_s / (double)steps, (long long)ds.bytes, ds.buckets, o->bucket_mb);
+                   "%.2f ms/step waited for: %.0f%% hidden behind the backward%s\n",
+                   nr, 1e3 * reduce_s / (double)steps, (long long)ds.bytes, ds.buckets, o->bucket_mb,
+                   1e3 * exposed_s / (double)steps, reduce_s > exposed_s ? 100.0 * (1.0 - exposed_s / reduce_s) : 0.0,
+                   overlap ? "" : " (not overlapped)");
     }
     rc = 0;
     goto out;

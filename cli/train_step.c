@@ -68,7 +68,7 @@ twk_status twk_train_step(twk_trainer *t, const twk_loss_spec *spec, const twk_p
     int32_t *ids = distill ? malloc((size_t)(n ? n : 1) * (size_t)k * sizeof(int32_t)) : NULL;
     float *tlp = distill ? malloc((size_t)(n ? n : 1) * (size_t)k * sizeof(float)) : NULL;
     if (st == TWK_OK && distill && !(ids && tlp && teacher)) st = twk_error(TWK_ERR_OOM, "train step: out of memory");
-    twk_loss_batch lb = {s1 - s0, off, b->tokens + a, 0, b->targets + a, {0}};
+    twk_loss_batch lb = {s1 - s0, off, b->tokens + a, 0, b->targets + a, {0}, NULL};
     lb.in[TWK_IN_WEIGHTS] = at(b->weights, a);
     lb.in[TWK_IN_ADVANTAGES] = at(pk->advantages, a);
     lb.in[TWK_IN_LOGPROBS] = at(pk->sampler_logprobs, a); /* NaN where a line had none: on-policy */

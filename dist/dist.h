@@ -45,7 +45,8 @@ void twk_dist_sum_f64(double *v, int n);
 
 /* What the last gradient reduction did. */
 typedef struct twk_dist_stats {
-    double seconds;   /* wall time of the reduction on this rank */
+    double seconds;   /* wall time of the reduction on this rank (overlapped: the communication thread's) */
+    double exposed;   /* of it, the time the training waited for (overlapped: after its backward) */
     int64_t bytes;    /* gradient bytes reduced (per rank) */
     int buckets;      /* buckets sent */
 } twk_dist_stats;
@@ -55,6 +56,22 @@ typedef struct twk_dist_stats {
  * ends with the same bits). TWK_ERR_OOM when a bucket cannot be allocated;
  * stats may be NULL. With one rank it returns at once. */
 twk_status twk_dist_sum_grads(twk_trainer *t, size_t bucket_bytes, twk_dist_stats *stats);
+
+/* The gradient sum overlapped with the backward pass that ends a step. */
+typedef struct twk_dist_overlap twk_dist_overlap;
+/* Begins this step's gradient sum, overlapped: the same buckets as twk_dist_sum_grads, and a
+ * communication thread that runs each bucket's reduce-scatter + allgather as soon as its
+ * gradients are final — the trainer's hook (twk_trainer_grad_hook_arm) on the last backward
+ * pass of the next twk_loss_step, while the rest of that pass runs. *out is NULL (use
+ * twk_dist_sum_grads) with one rank or when MPI does not give MPI_THREAD_SERIALIZED. Between
+ * begin and end this thread must make no other dist call. Errors as the hook's. */
+twk_status twk_dist_overlap_begin(twk_trainer *t, size_t bucket_bytes, twk_dist_overlap **out);
+/* Ends it, after the step's passes whether they succeeded or not (every rank must call it, so
+ * all run the same collectives in the same order): the buckets not started yet start now, in
+ * that order, and it waits for all. The gradients are then summed bit for bit as
+ * twk_dist_sum_grads sums them. ov NULL: nothing. stats may be NULL. The hook's download or
+ * MPI's errors. */
+twk_status twk_dist_overlap_end(twk_dist_overlap *ov, twk_dist_stats *stats);
 
 /* FNV-1a over every trainable tensor's value; the lowest rank whose hash
  * differs from rank 0's, or -1 when all agree (-2 when a download failed). */

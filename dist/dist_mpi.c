@@ -10,8 +10,10 @@
 #include <unistd.h>
 
 #include "dist.h"
+#include "dist_internal.h"
 
 static int g_init, g_rank, g_size = 1, g_local_rank, g_local_size = 1;
+static int g_thread_ok; /* MPI gave MPI_THREAD_SERIALIZED: another thread may make the calls (dist_overlap.c) */
 static volatile sig_atomic_t g_failed; /* a process of the job failed (twk_dist_watch_failures) */
 
 static void on_failure_notice(int sig) {
@@ -83,6 +85,8 @@ void twk_dist_init(int *argc, char ***argv) {
     /* serialized: the service makes its MPI calls on its compute worker, not the main thread */
     int provided = 0;
     if (!already) MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
+    else MPI_Query_thread(&provided);
+    g_thread_ok = provided >= MPI_THREAD_SERIALIZED;
     g_init = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
@@ -141,60 +145,27 @@ static twk_status reduce_bucket(float *buf, float *slice, int64_t n) {
     return st == TWK_OK ? wait_req(&q, "gradient sum") : st;
 }
 
+twk_status twk_dist_reduce_bucket(float *buf, float *slice, int64_t n) { return reduce_bucket(buf, slice, n); }
+
+int twk_dist_thread_ok(void) { return g_thread_ok; }
+
 twk_status twk_dist_sum_grads(twk_trainer *t, size_t bucket_bytes, twk_dist_stats *stats) {
-    twk_dist_stats s = {0, 0, 0};
+    twk_dist_stats s = {0, 0, 0, 0};
     if (stats) *stats = s;
     if (g_size == 1) return TWK_OK;
     double t0 = MPI_Wtime();
-    int64_t cap = (int64_t)(bucket_bytes / sizeof(float));
-    cap -= cap % g_size;
-    if (cap < g_size) cap = g_size;
-    float *buf = twk_host_alloc((size_t)cap * sizeof(float), "gradient bucket");
-    float *slice = twk_host_alloc((size_t)(cap / g_size) * sizeof(float), "gradient bucket slice");
-    if (!buf || !slice) {
-        twk_host_free(buf);
-        twk_host_free(slice);
-        return twk_error(TWK_ERR_OOM, "gradient allreduce: no memory for a %lld-byte bucket", (long long)cap * 4);
-    }
-    /* tensors are laid end to end into buckets: pack one, reduce it, unpack it */
-    int n = twk_trainer_param_count(t), pi = 0, ui = 0;
-    int64_t poff = 0, uoff = 0;
-    for (;;) {
-        int64_t fill = 0;
-        while (fill < cap && pi < n) {
-            int64_t ne = 0;
-            float *g = twk_trainer_grad_data(t, pi, &ne);
-            int64_t take = ne - poff < cap - fill ? ne - poff : cap - fill;
-            if (take > 0) memcpy(buf + fill, g + poff, (size_t)take * sizeof(float));
-            fill += take;
-            poff += take;
-            if (poff == ne) pi++, poff = 0;
-        }
-        if (fill == 0) break;
-        int64_t padded = (fill + g_size - 1) / g_size * g_size;
-        memset(buf + fill, 0, (size_t)(padded - fill) * sizeof(float));
-        if (reduce_bucket(buf, slice, padded) != TWK_OK) {
-            twk_host_free(buf);
-            twk_host_free(slice);
-            return TWK_ERR_BACKEND;
-        }
+    dist_buckets bk;
+    twk_status st = twk_dist_buckets_init(&bk, t, bucket_bytes, g_size);
+    if (st == TWK_OK) st = twk_dist_buckets_bind(&bk, t, 0);
+    for (int k = 0; st == TWK_OK && k < bk.n; k++) {
+        st = twk_dist_bucket_sum(&bk, k);
         s.buckets++;
-        s.bytes += fill * (int64_t)sizeof(float);
-        for (int64_t at = 0; at < fill;) {
-            int64_t une = 0;
-            float *ug = twk_trainer_grad_data(t, ui, &une);
-            int64_t k = une - uoff < fill - at ? une - uoff : fill - at;
-            if (k > 0) memcpy(ug + uoff, buf + at, (size_t)k * sizeof(float));
-            at += k;
-            uoff += k;
-            if (uoff == une) ui++, uoff = 0;
-        }
     }
-    twk_host_free(buf);
-    twk_host_free(slice);
-    s.seconds = MPI_Wtime() - t0;
+    s.bytes = bk.total * (int64_t)sizeof(float);
+    twk_dist_buckets_free(&bk); /* (safe on a failed init: it zeroes itself) */
+    s.seconds = s.exposed = MPI_Wtime() - t0;
     if (stats) *stats = s;
-    return TWK_OK;
+    return st;
 }
 
 int twk_dist_params_differ(twk_trainer *t) {

@@ -20,7 +20,7 @@ void twk_dist_sum_f64(double *v, int n) {
 twk_status twk_dist_sum_grads(twk_trainer *t, size_t bucket_bytes, twk_dist_stats *stats) {
     (void)t;
     (void)bucket_bytes;
-    if (stats) *stats = (twk_dist_stats){0, 0, 0};
+    if (stats) *stats = (twk_dist_stats){0, 0, 0, 0};
     return TWK_OK;
 }
 int twk_dist_params_differ(twk_trainer *t) {
@@ -45,3 +45,16 @@ twk_status twk_dist_recv(int from, int tag, void **buf, int64_t *n) {
 void twk_dist_watch_failures(void) {}
 int twk_dist_failed(void) { return 0; }
 void twk_dist_abort(int code) { exit(code); }
+
+twk_status twk_dist_overlap_begin(twk_trainer *t, size_t bucket_bytes, twk_dist_overlap **out) {
+    (void)t;
+    (void)bucket_bytes;
+    *out = NULL; /* one rank: nothing to sum */
+    return TWK_OK;
+}
+
+twk_status twk_dist_overlap_end(twk_dist_overlap *ov, twk_dist_stats *stats) {
+    (void)ov;
+    if (stats) *stats = (twk_dist_stats){0, 0, 0, 0};
+    return TWK_OK;
+}

@@ -54,6 +54,26 @@ twk_id twk_graph_push(twk_graph *g, const twk_node *n) {
     return g->n++;
 }
 
+twk_status twk_graph_hoist(twk_graph *g, twk_id id) {
+    if (!g || id < 0 || id >= g->n) return twk_error(TWK_ERR_INVALID_ARG, "graph_hoist: no node %d", id);
+    if (!g->order) { /* id order made explicit */
+        g->order = twk_host_alloc((size_t)g->cap * sizeof *g->order, "graph order");
+        if (!g->order) return twk_error(TWK_ERR_OOM, "graph_hoist: out of memory for the order of %d nodes", g->n);
+        for (int i = 0; i < g->n; i++) g->order[i] = i;
+    }
+    int at = -1, after = -1;
+    for (int k = 0; k < g->n; k++) {
+        twk_id x = g->order[k];
+        if (x == id) at = k;
+        for (int j = 0; j < g->nodes[id].nsrc; j++)
+            if (g->nodes[id].src[j] == x) after = k > after ? k : after;
+    }
+    if (at < 0 || after >= at) return TWK_OK; /* already right after its sources */
+    memmove(g->order + after + 2, g->order + after + 1, (size_t)(at - after - 1) * sizeof *g->order);
+    g->order[after + 1] = id;
+    return TWK_OK;
+}
+
 const char *twk_shape_str(const twk_node *n, char *buf, size_t len) {
     size_t used = 0;
     used += (size_t)snprintf(buf + used, len - used, "[");

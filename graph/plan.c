@@ -37,6 +37,11 @@ struct twk_plan {
     twk_buffer *leaves;
     void *prepared;
     twk_plan_stats stats;
+    /* twk_plan_run_cut: the launch list cut at `cuts`, each segment prepared as a plan of its own */
+    int n_cuts;
+    int *cuts;
+    twk_hal_plan *seg_hal;
+    void **seg_prepared;
 };
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -47,8 +52,21 @@ static size_t bytes_at(const twk_node *n, int64_t cap) {
     return e * twk_dtype_size(n->type);
 }
 
+static void free_segments(twk_plan *p) {
+    for (int i = 0; p->seg_prepared && i <= p->n_cuts; i++)
+        if (p->seg_prepared[i]) twk_device_backend(p->dev)->release(twk_device_ctx(p->dev), p->seg_prepared[i]);
+    twk_host_free(p->cuts);
+    twk_host_free(p->seg_hal);
+    twk_host_free(p->seg_prepared);
+    p->cuts = NULL;
+    p->seg_hal = NULL;
+    p->seg_prepared = NULL;
+    p->n_cuts = 0;
+}
+
 void twk_plan_free(twk_plan *p) {
     if (!p) return;
+    free_segments(p);
     if (p->prepared) twk_device_backend(p->dev)->release(twk_device_ctx(p->dev), p->prepared);
     if (!p->arena_shared) twk_buffer_free(p->dev, p->arena);
     twk_buffer_free(p->dev, p->leaves);
@@ -467,6 +485,62 @@ twk_status twk_plan_run(twk_plan *p, int64_t n) {
     twk_status st = be->run(twk_device_ctx(p->dev), p->prepared, &p->hal, n);
     if (st != TWK_OK) return st;
     return be->synchronize(twk_device_ctx(p->dev));
+}
+
+int twk_plan_launch_of(const twk_plan *p, twk_id id) {
+    for (int l = 0; p && l < p->hal.n_launches; l++)
+        if (p->launch_node[l] == id) return l;
+    return -1;
+}
+
+/* The segments of the launch list cut at cuts[0..n) (ascending, inside 1..n_launches-1), each
+ * prepared by the backend as a plan of its own: the same launches, so running them in order is
+ * running the plan. Kept until other cuts are asked for. */
+static twk_status prepare_segments(twk_plan *p, const int *cuts, int n) {
+    if (p->seg_prepared && p->n_cuts == n && !memcmp(p->cuts, cuts, (size_t)n * sizeof *cuts)) return TWK_OK;
+    free_segments(p);
+    for (int i = 0; i < n; i++)
+        if (cuts[i] < 1 || cuts[i] >= p->hal.n_launches || (i && cuts[i] <= cuts[i - 1]))
+            return twk_error(TWK_ERR_INVALID_ARG, "plan_run_cut: cut %d at launch %d (of %d, ascending, inside)", i, cuts[i],
+                             p->hal.n_launches);
+    p->cuts = twk_host_alloc((size_t)(n ? n : 1) * sizeof *p->cuts, "plan cuts");
+    p->seg_hal = twk_host_calloc((size_t)(n + 1) * sizeof *p->seg_hal, "plan segments");
+    p->seg_prepared = twk_host_calloc((size_t)(n + 1) * sizeof *p->seg_prepared, "plan segments");
+    if (!p->cuts || !p->seg_hal || !p->seg_prepared) {
+        free_segments(p);
+        return twk_error(TWK_ERR_OOM, "plan_run_cut: out of memory for %d segments", n + 1);
+    }
+    p->n_cuts = n;
+    memcpy(p->cuts, cuts, (size_t)n * sizeof *cuts);
+    const twk_backend_iface *be = twk_device_backend(p->dev);
+    for (int i = 0; i <= n; i++) {
+        int a = i ? cuts[i - 1] : 0, b = i < n ? cuts[i] : p->hal.n_launches;
+        p->seg_hal[i] = (twk_hal_plan){b - a, p->hal.launches + a, p->hal.capacity};
+        twk_status st = be->prepare(twk_device_ctx(p->dev), &p->seg_hal[i], &p->seg_prepared[i]);
+        if (st != TWK_OK) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", twk_last_error());
+            free_segments(p);
+            return twk_error(st, "plan_run_cut: preparing launches %d..%d: %s", a, b - 1, msg);
+        }
+    }
+    return TWK_OK;
+}
+
+twk_status twk_plan_run_cut(twk_plan *p, int64_t n, const int *cuts, int n_cuts, twk_plan_cut_fn at, void *ctx) {
+    if (!p || n_cuts < 0 || (n_cuts && !cuts)) return twk_error(TWK_ERR_INVALID_ARG, "plan_run_cut: NULL plan or cuts");
+    if (!n_cuts) return twk_plan_run(p, n);
+    if (n < 1 || n > p->capacity)
+        return twk_error(TWK_ERR_INVALID_ARG, "plan_run_cut: token count %lld outside 1..%lld", (long long)n,
+                         (long long)p->capacity);
+    twk_status st = prepare_segments(p, cuts, n_cuts);
+    const twk_backend_iface *be = twk_device_backend(p->dev);
+    for (int i = 0; st == TWK_OK && i <= n_cuts; i++) {
+        st = be->run(twk_device_ctx(p->dev), p->seg_prepared[i], &p->seg_hal[i], n);
+        if (st == TWK_OK) st = be->synchronize(twk_device_ctx(p->dev));
+        if (st == TWK_OK && i < n_cuts && at) st = at(ctx, i);
+    }
+    return st;
 }
 
 void twk_plan_get_stats(const twk_plan *p, twk_plan_stats *out) {

@@ -9,7 +9,8 @@
  * its error; op_done (runs.c) settles its future on the loop thread.
  *
  * This file is the whole server side of packed training; the scheduler calls
- * svc_run_fb_jobs (worker.c) for a job and its company. */
+ * svc_run_fb_jobs (worker.c) for a job and its company. In a multi-rank
+ * service the same packed jobs are split across the ranks (dist_fb.c). */
 #include <stdio.h>
 #include <string.h>
 
@@ -80,7 +81,7 @@ static int fb_gather(const twk_wire_fb_request *q, const twk_loss_def *loss, fb_
         if (loss->inputs[i].dtype == TWK_LOSS_F32)
             fb->in[loss->inputs[i].id] = fb_gather_input(q, &loss->inputs[i], fb->offsets, K, &oom);
     if (oom) return 0;
-    fb->b = (twk_loss_batch){q->n_data, fb->offsets, fb->tokens, K, fb->targets, {0}};
+    fb->b = (twk_loss_batch){q->n_data, fb->offsets, fb->tokens, K, fb->targets, {0}, NULL};
     for (int i = 0; i < TWK_IN_COUNT; i++) fb->b.in[i] = fb->in[i];
     return 1;
 }
@@ -101,11 +102,10 @@ static void fb_encode(op *o, const fb_batch *fb, const float *lp, const twk_loss
     twk_host_free(offk);
 }
 
-/* The base model's pack, made at its first use (worker). NULL with the error set. */
-static twk_pack *base_pack(svc *s, base_model *bm) {
+twk_pack *svc_base_pack(const twk_serve_config *cfg, base_model *bm) {
     if (bm->pack) return bm->pack;
-    int64_t cap = s->cfg.pack_tokens > s->cfg.max_context ? s->cfg.pack_tokens : s->cfg.max_context;
-    return twk_pack_new(bm->m, cap, s->cfg.pack_runs > 1 ? s->cfg.pack_runs : 1, &bm->pack) == TWK_OK ? bm->pack : NULL;
+    int64_t cap = cfg->pack_tokens > cfg->max_context ? cfg->pack_tokens : cfg->max_context;
+    return twk_pack_new(bm->m, cap, cfg->pack_runs > 1 ? cfg->pack_runs : 1, &bm->pack) == TWK_OK ? bm->pack : NULL;
 }
 
 /* What the loop reads of a finished forward_backward: the loss for the non-finite alert, the
@@ -116,37 +116,14 @@ static void fb_note(op *o, const twk_loss_result *res) {
     o->trainer_step = twk_trainer_step(o->run->trainer);
 }
 
-/* Multi-rank (dist_serve.c): each op alone, its datums split across the ranks. */
-static void run_fb_ranks(op *o) {
-    fb_batch fb;
-    if (!fb_gather(o->fb, o->loss.def, &fb)) {
-        svc_op_fail(o, 0, "out of memory for a batch of %d datums", o->fb->n_data);
-        fb_batch_free(&fb);
-        return;
-    }
-    int64_t nk = fb.offsets[fb.b.n_seqs] * (fb.b.k > 0 ? fb.b.k : 1);
-    float *lp = twk_host_alloc((size_t)(nk ? nk : 1) * sizeof(float), "logprobs");
-    twk_loss_result res;
-    twk_status st = lp ? svc_dist_loss_step(o->run, &o->loss, &fb.b, !o->fb->forward_only, lp, &res) : TWK_ERR_OOM;
-    if (st != TWK_OK)
-        svc_op_fail(o, st == TWK_ERR_RANGE || st == TWK_ERR_INVALID_ARG, "%s", lp ? twk_last_error() : "out of memory");
-    else {
-        fb_encode(o, &fb, lp, &res);
-        fb_note(o, &res);
-    }
-    twk_host_free(lp);
-    fb_batch_free(&fb);
-}
-
 void svc_run_fb(op **ops, int n) {
-    if (svc_dist_active()) {
-        for (int i = 0; i < n; i++) run_fb_ranks(ops[i]);
-        return;
-    }
     fb_batch *fb = twk_host_calloc((size_t)n * sizeof *fb, "packed batches");
     twk_loss_job *jobs = twk_host_calloc((size_t)n * sizeof *jobs, "packed jobs");
     op **run = twk_host_alloc((size_t)n * sizeof *run, "packed ops");
-    twk_pack *pack = fb && jobs && run ? base_pack(ops[0]->svc, ops[0]->run->base) : NULL;
+    run_state **runs = twk_host_alloc((size_t)n * sizeof *runs, "packed runs");
+    svc *s = ops[0]->svc;
+    base_model *bm = ops[0]->run->base;
+    twk_pack *pack = fb && jobs && run && runs ? svc_base_pack(&s->cfg, bm) : NULL;
     int m = 0; /* ops that reach the pack */
     for (int i = 0; i < n; i++) {
         op *o = ops[i];
@@ -169,10 +146,12 @@ void svc_run_fb(op **ops, int n) {
             continue;
         }
         jobs[m] = (twk_loss_job){.t = o->run->trainer, .spec = &o->loss, .b = &fb[m].b, .backward = !o->fb->forward_only, .logprobs = lp};
+        runs[m] = o->run;
         run[m++] = o;
     }
-    twk_status st = m ? twk_loss_steps(pack, jobs, m) : TWK_OK;
-    if (m) svc_metrics_pack(ops[0]->svc, ops[0]->run->base);
+    /* multi-rank (dist_fb.c): every rank runs its shares of these jobs packed alike */
+    twk_status st = m ? svc_dist_loss_steps(pack, (int)(bm - s->models), runs, jobs, m) : TWK_OK;
+    if (m) svc_metrics_pack(s, bm);
     for (int i = 0; i < m; i++) {
         op *o = run[i];
         twk_status js = st == TWK_OK ? jobs[i].st : st;
@@ -188,6 +167,7 @@ void svc_run_fb(op **ops, int n) {
     twk_host_free(fb);
     twk_host_free(jobs);
     twk_host_free(run);
+    twk_host_free(runs);
 }
 
 void svc_run_fb_jobs(twk_job **jobs, int n) {

@@ -62,48 +62,119 @@ static void reply(twk_status st, const twk_loss_result *res, const float *lp, in
     twk_host_free(buf);
 }
 
-/* A forward_backward share: the arrays after the header, in send_share's order. */
-static void run_fb(follower *f, const dsv_cmd *h, const unsigned char *p, int64_t len) {
-    twk_loss_spec spec;
-    twk_trainer *t = trainer_of(f, h->run);
-    twk_status st = t ? twk_loss_spec_init(h->loss, &spec) : TWK_ERR_STATE;
-    int64_t ntok = h->n_tokens, kw = h->k > 0 ? h->k : 1, need = (int64_t)(h->n_seqs + 1) * 8 + ntok * 4 + ntok * kw * 4;
-    twk_loss_batch b;
-    memset(&b, 0, sizeof b);
-    if (st == TWK_OK) {
-        memcpy(spec.config, h->config, sizeof spec.config);
-        b.n_seqs = h->n_seqs;
-        b.k = h->k;
-        b.offsets = (const int64_t *)p;
-        b.tokens = (const int32_t *)(p + (h->n_seqs + 1) * 8);
-        b.targets = b.tokens + ntok;
-        const float *at = (const float *)(b.targets + ntok * kw);
-        for (int i = 0; i < spec.def->n_inputs; i++) {
-            const twk_loss_input_def *in = &spec.def->inputs[i];
-            if (in->dtype != TWK_LOSS_F32 || !(h->in_mask & (1u << in->id))) continue;
-            b.in[in->id] = at;
-            at += ntok * dsv_input_width(in, h->k);
-            need += ntok * dsv_input_width(in, h->k) * 4;
+/* One share of a DSV_FB: its dsv_cmd, then the arrays in put_share's order (dist_fb.c), read
+ * from msg at *at into b (pointing into msg). TWK_ERR_BACKEND for a short message. */
+static twk_status read_share(const unsigned char *msg, int64_t len, int64_t *at, dsv_cmd *h, twk_loss_spec *spec,
+                             twk_loss_batch *b) {
+    (void)dsv_take(msg, len, at, (8 - *at % 8) % 8); /* the share starts at an 8-byte boundary (put_share) */
+    const void *hp = dsv_take(msg, len, at, sizeof *h);
+    if (!hp) return twk_error(TWK_ERR_BACKEND, "a short forward_backward command");
+    memcpy(h, hp, sizeof *h);
+    h->run[sizeof h->run - 1] = h->loss[sizeof h->loss - 1] = 0;
+    int64_t ntok = h->n_tokens, kw = h->k > 0 ? h->k : 1;
+    twk_status known = twk_loss_spec_init(h->loss, spec);
+    memset(b, 0, sizeof *b);
+    b->n_seqs = h->n_seqs;
+    b->k = h->k;
+    b->offsets = h->n_seqs >= 0 && ntok >= 0 ? dsv_take(msg, len, at, (int64_t)(h->n_seqs + 1) * 8) : NULL;
+    b->tokens = b->offsets ? dsv_take(msg, len, at, ntok * 4) : NULL;
+    b->targets = b->tokens ? dsv_take(msg, len, at, ntok * kw * 4) : NULL;
+    if (!b->targets) return twk_error(TWK_ERR_BACKEND, "a short forward_backward command");
+    if (known != TWK_OK) return twk_error(TWK_ERR_BACKEND, "rank 0's loss: %s", twk_last_error()); /* builds differ */
+    memcpy(spec->config, h->config, sizeof spec->config);
+    b->whole = h->has_whole ? &h->whole : NULL;
+    for (int i = 0; i < spec->def->n_inputs; i++) {
+        const twk_loss_input_def *in = &spec->def->inputs[i];
+        if (in->dtype != TWK_LOSS_F32 || !(h->in_mask & (1u << in->id))) continue;
+        if (!(b->in[in->id] = dsv_take(msg, len, at, ntok * dsv_input_width(in, h->k) * 4)))
+            return twk_error(TWK_ERR_BACKEND, "a short forward_backward command");
+    }
+    return TWK_OK;
+}
+
+/* A forward_backward command: this rank's shares of the ops rank 0 took together, run packed
+ * through this rank's pack of the model (twk_loss_steps), answered with a dsv_reply and the
+ * logprobs per share; then rank 0's verdict per share keeps its gradients or puts them back. */
+static void run_fb(follower *f, const dsv_cmd *outer, const unsigned char *msg, int64_t len) {
+    int n = outer->n_jobs > 0 ? outer->n_jobs : 0;
+    size_t cnt = (size_t)(n ? n : 1);
+    dsv_cmd *hs = twk_host_calloc(cnt * sizeof *hs, "shares");
+    twk_loss_spec *specs = twk_host_calloc(cnt * sizeof *specs, "shares");
+    twk_loss_batch *bs = twk_host_calloc(cnt * sizeof *bs, "shares");
+    twk_loss_job *jobs = twk_host_calloc(cnt * sizeof *jobs, "shares"), *run = twk_host_calloc(cnt * sizeof *run, "shares");
+    float **saved = twk_host_calloc(cnt * sizeof *saved, "gradient snapshots");
+    int *of = twk_host_calloc(cnt * sizeof *of, "shares");
+    int64_t at = sizeof *outer;
+    twk_status bad = hs && specs && bs && jobs && run && saved && of ? TWK_OK : twk_error(TWK_ERR_OOM, "out of memory for shares");
+    if (bad == TWK_OK && (outer->model < 0 || outer->model >= f->n_models))
+        bad = twk_error(TWK_ERR_STATE, "no base model %d on this rank", outer->model);
+    twk_pack *pack = bad == TWK_OK ? svc_base_pack(&f->cfg, &f->models[outer->model]) : NULL;
+    if (bad == TWK_OK && !pack) bad = twk_error(TWK_ERR_OOM, "this rank's pack: %s", twk_last_error());
+    int m = 0;
+    for (int i = 0; i < n && bad == TWK_OK; i++) {
+        twk_loss_job *j = &jobs[i];
+        twk_clear_error();
+        j->st = read_share(msg, len, &at, &hs[i], &specs[i], &bs[i]);
+        if (j->st == TWK_ERR_BACKEND) bad = j->st; /* the rest of the message cannot be read */
+        j->t = j->st == TWK_OK ? trainer_of(f, hs[i].run) : NULL;
+        if (j->st == TWK_OK && !j->t) j->st = TWK_ERR_STATE;
+        j->spec = &specs[i];
+        j->b = &bs[i];
+        j->backward = hs[i].backward;
+        int64_t nk = hs[i].n_tokens * (hs[i].k > 0 ? hs[i].k : 1);
+        if (j->st == TWK_OK && (!(j->logprobs = twk_host_alloc((size_t)(nk ? nk : 1) * sizeof(float), "logprobs")) ||
+                                (j->backward && !(saved[i] = dsv_grads_save(j->t)))))
+            j->st = twk_error(TWK_ERR_OOM, "out of memory for a share");
+        if (j->st != TWK_OK) snprintf(j->err, sizeof j->err, "%s", twk_last_error());
+        else run[m] = *j, of[m++] = i;
+    }
+    twk_status st = bad == TWK_OK && m ? twk_loss_steps(pack, run, m) : bad;
+    for (int x = 0; x < m; x++) {
+        jobs[of[x]].res = run[x].res;
+        jobs[of[x]].st = st == TWK_OK ? run[x].st : st;
+        snprintf(jobs[of[x]].err, sizeof jobs[of[x]].err, "%s", st == TWK_OK ? run[x].err : twk_last_error());
+    }
+    dsv_buf b = {0};
+    for (int i = 0; i < n; i++) { /* an answer per share, every share of a message that could not be read failing */
+        twk_loss_job *j = bad == TWK_OK && jobs ? &jobs[i] : NULL;
+        dsv_reply rep;
+        memset(&rep, 0, sizeof rep);
+        rep.st = j ? j->st : bad;
+        snprintf(rep.err, sizeof rep.err, "%s", j ? j->err : twk_last_error());
+        int64_t nk = j ? hs[i].n_tokens * (hs[i].k > 0 ? hs[i].k : 1) : 0;
+        if (j && j->st == TWK_OK) {
+            rep.n_metrics = j->res.n_metrics;
+            rep.loss = j->res.loss;
+            memcpy(rep.values, j->res.values, sizeof rep.values);
+            rep.n_logprobs = nk;
         }
-        if (need > len) st = twk_error(TWK_ERR_BACKEND, "a forward_backward share of %lld bytes, %lld expected",
-                                       (long long)len, (long long)need);
+        dsv_put(&b, &rep, sizeof rep);
+        if (j && j->st == TWK_OK) dsv_put(&b, j->logprobs, nk * (int64_t)sizeof(float));
     }
-    float *saved = st == TWK_OK && h->backward ? dsv_grads_save(t) : NULL;
-    float *lp = twk_host_alloc((size_t)(ntok > 0 ? ntok * kw : 1) * sizeof(float), "logprobs");
-    if (st == TWK_OK && (!lp || (h->backward && !saved))) st = twk_error(TWK_ERR_OOM, "out of memory for a share");
-    twk_loss_result res;
-    memset(&res, 0, sizeof res);
-    if (st == TWK_OK) st = twk_loss_step(t, &spec, &b, h->backward, lp, &res);
-    reply(st, &res, st == TWK_OK ? lp : NULL, ntok * kw);
-    if (h->backward) { /* rank 0's verdict: keep the gradient, or put it back (a share failed somewhere) */
-        void *v = NULL;
-        int64_t vn = 0;
-        if (twk_dist_recv(0, DSV_TAG_VERDICT, &v, &vn) == TWK_OK && vn == 4 && *(int32_t *)v == 0 && saved)
-            dsv_grads_restore(t, saved);
-        twk_host_free(v);
+    if (b.oom) { /* no answer: rank 0 reruns every share's op itself */
+        twk_host_free(b.p);
+        b = (dsv_buf){0};
     }
+    (void)twk_dist_send(0, DSV_TAG_REPLY, b.p, b.n);
+    twk_host_free(b.p);
+    void *v = NULL; /* the verdicts: one int32 per share, 1 keeps its gradients */
+    int64_t vn = 0;
+    if (twk_dist_recv(0, DSV_TAG_VERDICT, &v, &vn) != TWK_OK) vn = 0;
+    for (int i = 0; saved && jobs && i < n; i++) {
+        int32_t keep = 0;
+        if (vn == (int64_t)n * 4) memcpy(&keep, (unsigned char *)v + i * 4, 4);
+        if (saved[i] && !keep) dsv_grads_restore(jobs[i].t, saved[i]);
+        twk_host_free(saved[i]);
+        twk_host_free(jobs[i].logprobs);
+    }
+    twk_host_free(v);
+    twk_host_free(hs);
+    twk_host_free(specs);
+    twk_host_free(bs);
+    twk_host_free(jobs);
+    twk_host_free(run);
     twk_host_free(saved);
-    twk_host_free(lp);
+    twk_host_free(of);
 }
 
 /* A snapshot's tensors inside the command: (name, nelem, floats) * n, for twk_sampler_slot_set. */
@@ -272,7 +343,7 @@ static int step(follower *f) {
         reply(st, NULL, NULL, 0);
         break;
     case DSV_CREATE: reply(run_create(f, &h), NULL, NULL, 0); break;
-    case DSV_FB: run_fb(f, &h, (const unsigned char *)buf + sizeof h, len - (int64_t)sizeof h); break;
+    case DSV_FB: run_fb(f, &h, buf, len); break;
     case DSV_OPTIM:
         /* the collective first, whatever happens: rank 0 and every other follower are in it */
         t = trainer_of(f, h.run);
@@ -317,6 +388,7 @@ int twk_serve_follower(const twk_serve_config *cfg) {
     while (f->runs) run_unload(f, f->runs->id);
     for (int i = 0; i < f->n_models; i++) {
         twk_sampler_free(f->samplers[i]);
+        twk_pack_free(f->models[i].pack);
         twk_model_free(f->models[i].m);
         twk_tokenizer_free(f->models[i].tok);
     }

@@ -6,9 +6,11 @@
  *
  * The protocol (tags below): rank 0 sends a command (a dsv_cmd header, then
  * its arrays) to a follower, which answers with a dsv_reply (then its
- * arrays). forward_backward shards additionally wait for rank 0's verdict
- * (commit, or roll the gradients back) before the follower takes its next
- * command. Only rank 0's compute worker talks to the followers, one command
+ * arrays). A forward_backward command carries the follower's shares of
+ * every op of a packed pass (a dsv_cmd and arrays each) and is answered with
+ * a dsv_reply and logprobs per share; the follower then waits for rank 0's
+ * verdict per share (commit, or roll that run's gradients back) before it
+ * takes its next command. Only rank 0's compute worker talks to the followers, one command
  * at a time, so they see the commands in one order. */
 #ifndef TWK_SERVER_DIST_SERVE_H
 #define TWK_SERVER_DIST_SERVE_H
@@ -27,7 +29,7 @@ enum { DSV_TAG_SAMPLE = 1000, DSV_SAMPLE_TAGS = 30000 };
 typedef enum dsv_kind {
     DSV_START,  /* the base models are in place (rank 0 made the built-in one): load them */
     DSV_CREATE, /* a run's trainer: model index, LoRA config, capacity */
-    DSV_FB,     /* a forward / forward_backward shard: loss, then the arrays */
+    DSV_FB,     /* forward / forward_backward shares of n_jobs runs, run packed (dist_fb.c) */
     DSV_OPTIM,  /* sum the run's gradients over every rank (a collective), then AdamW */
     DSV_LOAD,   /* load a checkpoint folder into the run */
     DSV_UNLOAD, /* free the run's trainer */
@@ -39,6 +41,9 @@ typedef struct dsv_cmd {
     int32_t kind, model;
     int32_t backward, k, n_seqs, load_optimizer;
     int32_t tag;               /* DSV_SAMPLE: the answer's tag */
+    int32_t n_jobs;            /* DSV_FB: the shares (each a dsv_cmd and its arrays) that follow */
+    int32_t has_whole;         /* a DSV_FB share: an RL loss normalising by `whole` */
+    twk_loss_whole whole;      /* the whole batch's statistics (twk_loss_whole_of) */
     int64_t capacity, n_tokens;
     uint32_t in_mask;          /* DSV_FB: the inputs that follow, by twk_loss_input_id */
     char run[128];
@@ -89,12 +94,14 @@ void svc_dist_stop(void);
 /* Worker: the run's trainer on this rank and on every follower. Errors as twk_trainer_new, naming
  * the rank that failed (nothing is left on any rank then). */
 twk_status svc_dist_trainer_new(svc *s, run_state *r);
-/* Worker: twk_loss_step over the ranks: the sequences split by tokens (whole groups), every
- * rank's share through twk_loss_step, logprobs and metrics combined as one process reports
- * them. A failure on any rank rolls every rank's gradients back and reruns the whole batch on
- * rank 0, so the request fails with the single process's message. */
-twk_status svc_dist_loss_step(run_state *r, const twk_loss_spec *spec, const twk_loss_batch *b, int backward,
-                              float *logprobs, twk_loss_result *res);
+/* Worker (dist_fb.c): twk_loss_steps over the ranks — jobs[i] of run runs[i] on base model `model`
+ * (index), whose pack is `pack`: each job's sequences split by tokens (whole groups), every rank
+ * running its shares of all the jobs packed through its own pack of the model, logprobs and
+ * metrics combined as one process reports them. Each job's res / st / err are filled as
+ * twk_loss_steps fills them; a job whose share failed on any rank has every rank's gradients
+ * rolled back and is rerun whole on rank 0, so it fails with the single process's message.
+ * TWK_ERR_INVALID_ARG / TWK_ERR_OOM for the call itself; with one rank, twk_loss_steps. */
+twk_status svc_dist_loss_steps(twk_pack *pack, int model, run_state *const *runs, twk_loss_job *jobs, int n);
 /* Worker: the gradients summed over every rank, then twk_trainer_optim_step on each. */
 twk_status svc_dist_optim_step(run_state *r, const twk_adam_params *p, float *grad_norm);
 /* Worker: twk_trainer_load_state on every rank (the folder must be readable by each). */

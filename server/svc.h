@@ -281,6 +281,9 @@ void svc_run_fb(op **ops, int n);
 void svc_run_fb_jobs(twk_job **jobs, int n);
 /* The pass counter of a base model's pack (zeros before its first pass); worker-written. */
 void svc_pack_stats(const base_model *bm, twk_pack_stats *out);
+/* bm's pack as cfg sizes it (capacity max(pack_tokens, max_context), pack_runs slots), made at its
+ * first use — on rank 0's worker, and on a multi-rank service's other ranks. NULL with the error set. */
+twk_pack *svc_base_pack(const twk_serve_config *cfg, base_model *bm);
 /* Fails ops stuck behind a missing seq_id longer than the configured timeout. */
 void svc_check_gaps(svc *s);
 void svc_free_runs(svc *s);

@@ -4,7 +4,9 @@
 # (importance_sampling), parameters after 5 steps and the loss curve; with 2
 # ranks also checkpoints crossing rank counts (2 -> 1 and 1 -> 2) and a rank
 # killed with SIGKILL ending the job; and a rank whose share holds bad data
-# stops every rank with one message naming it.
+# stops every rank with one message naming it. The gradient sum overlapped with
+# the backward gives the parameters of the sum after it, bit for bit (CPU, and
+# OpenCL / Vulkan with 2 ranks when present).
 #
 # Tolerance, from the summation order. A gradient element is a float32 sum of
 # per-token terms over the T tokens of the global batch: one rank sums them in
@@ -81,6 +83,34 @@ for cfg in lora-sft full-sft lora-rl lora-sched; do
         echo "ok   $cfg: eval loss $e1 on 1 and $NP ranks (printed resolution 1e-4)"
     fi
 done
+
+# the gradient sum overlapped with the backward (the default: each bucket reduced by a communication
+# thread as soon as the backward made it final) against the sum after the backward (--no-overlap):
+# the same buckets, the same collectives, so the parameters are bit-identical. Buckets of 10 KB
+# (several per tensor set), so the backward is cut in several places; the GPU backends when present.
+same_bits() { # label weights-file args...
+    label=$1 w=$2
+    shift 2
+    run "$NP" "$DIR/ov" "$@" --steps 3 --bucket-mb 0.01
+    run "$NP" "$DIR/no" "$@" --steps 3 --bucket-mb 0.01 --no-overlap
+    cmp -s "$DIR/ov/final/$w" "$DIR/no/final/$w" || fail "$label: the overlapped sum changed the parameters"
+    grep -q "hidden behind the backward$" "$DIR/ov.log" || { tail -n 2 "$DIR/ov.log"; fail "$label: the sum was not overlapped"; }
+    echo "ok   $label on $NP ranks: overlapped and after-the-backward sums give bit-identical parameters;" \
+        "$(sed -n 's/^ranks [0-9]*: //p' "$DIR/ov.log")"
+    rm -rf "$DIR/ov" "$DIR/no"
+}
+same_bits "lora-sft overlap" adapter_model.safetensors --data "$DIR/sft.jsonl" $lora
+same_bits "full-sft overlap" model.safetensors --data "$DIR/sft.jsonl" --full --lr 1e-3
+same_bits "lora-rl overlap" adapter_model.safetensors --data "$DIR/rl.jsonl" --loss importance_sampling $lora
+if [ "$NP" = 2 ]; then
+    for dev in opencl:0 vulkan:0; do # every rank on the one device
+        if "$TWINKLE" devices 2>/dev/null | grep -q "^${dev%:0}"; then
+            same_bits "lora-sft overlap on $dev" adapter_model.safetensors --data "$DIR/sft.jsonl" $lora --device "$dev"
+        else
+            echo "skip lora-sft overlap on $dev: no such device"
+        fi
+    done
+fi
 
 if [ "$NP" = 2 ]; then # checkpoints cross rank counts: 10 steps, resumed at step 5 on the other count
     w=adapter_model.safetensors

@@ -74,7 +74,7 @@ static int run_curve(const char *spec, const char *dir, float *losses) {
     /* the step as every caller runs it: train/'s loss step with the cross_entropy spec */
     int64_t off[SEQS + 1];
     for (int s = 0; s <= SEQS; s++) off[s] = (int64_t)s * SEQ_LEN;
-    twk_loss_batch b = {SEQS, off, tok, 0, tgt, {0}};
+    twk_loss_batch b = {SEQS, off, tok, 0, tgt, {0}, NULL};
     b.in[TWK_IN_WEIGHTS] = w;
     twk_loss_spec ce;
     twk_loss_result res;

@@ -66,7 +66,7 @@ static void make_job(job_data *d, int i, int vocab, twk_rng *r) {
         d->adv[k] = (float)twk_rng_normal(r);
         d->q[k] = (float)(-5.0 + 0.5 * twk_rng_normal(r));
     }
-    d->b = (twk_loss_batch){NSEQ, d->off, d->tok, 0, d->tgt, {0}};
+    d->b = (twk_loss_batch){NSEQ, d->off, d->tok, 0, d->tgt, {0}, NULL};
     d->b.in[TWK_IN_WEIGHTS] = d->w;
     if (i == 1) {
         d->b.in[TWK_IN_ADVANTAGES] = d->adv;

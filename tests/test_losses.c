@@ -225,6 +225,49 @@ int main(void) {
         fails += !ok;
     }
 
+    /* a data-parallel split: shares normalised by the whole batch (twk_loss_whole_of) give the whole
+     * batch's dL/dp bit for bit and its loss as a sum (within double rounding, 1e-12 relative) */
+    {
+        enum { WS = 7, WN = 52 };
+        int64_t off[WS + 1] = {0, 5, 12, 19, 26, 33, 44, 52};
+        float pp[WN], qq[WN], aa[WN], ww[WN], rf[WN], g1[WN], g2[WN];
+        for (int i = 0; i < WN; i++) {
+            pp[i] = (float)(-2 * twk_rng_uniform(&r));
+            qq[i] = (float)(pp[i] + 0.3 * (twk_rng_uniform(&r) - 0.5));
+            aa[i] = (float)(twk_rng_uniform(&r) - 0.4);
+            ww[i] = (float)(i % 4 ? 1.0 : 0.0);
+            rf[i] = (float)(pp[i] - 0.2 * twk_rng_uniform(&r));
+        }
+        twk_loss_batch wb = {WS, off, NULL, 0, NULL, {0}, NULL};
+        wb.in[TWK_IN_WEIGHTS] = ww;
+        twk_loss_whole whole, part;
+        twk_status wst = twk_loss_whole_of(&wb, 0, WS, &whole);
+        int ok = wst == TWK_OK && whole.n_seqs == WS && whole.masked_tokens == 39 && whole.longest == 9 && /* 52 - 13 every 4th; 11 - 2 of sequence 5 */
+                 twk_loss_whole_of(&wb, 3, 9, &part) == TWK_ERR_INVALID_ARG;
+        printf("%s whole-batch statistics: %lld sequences, %.0f masked tokens, longest %.0f\n", ok ? "ok  " : "FAIL",
+               (long long)whole.n_seqs, whole.masked_tokens, whole.longest);
+        fails += !ok;
+        const twk_rl_aggregation aggs[] = {TWK_AGG_GRPO, TWK_AGG_DAPO, TWK_AGG_DR_GRPO, TWK_AGG_DR_GRPO, TWK_AGG_GSPO, TWK_AGG_SUM};
+        const char *agg_names[] = {"grpo", "dapo", "dr_grpo", "dr_grpo max_tokens", "gspo", "sum + kl"};
+        for (int ag = 0; ag < 6; ag++) {
+            twk_rl_spec sp = {TWK_LOSS_PPO, aggs[ag], 0.9, 1.1, 0, ag == 3 ? 12.0 : 0, ag >= 4 ? 0.05 : 0, NULL};
+            twk_loss_stats s_all, s_a, s_b;
+            twk_status st1 = twk_loss_rl(&sp, WS, off, pp, qq, aa, ww, NULL, NULL, rf, g1, &s_all);
+            sp.whole = &whole; /* shares: sequences [0, 3) and [3, 7) */
+            int64_t off_b[5];
+            for (int i = 0; i < 5; i++) off_b[i] = off[3 + i] - off[3];
+            twk_status st2 = twk_loss_rl(&sp, 3, off, pp, qq, aa, ww, NULL, NULL, rf, g2, &s_a);
+            twk_status st3 = twk_loss_rl(&sp, 4, off_b, pp + off[3], qq + off[3], aa + off[3], ww + off[3], NULL, NULL,
+                                         rf + off[3], g2 + off[3], &s_b);
+            int same = !memcmp(g1, g2, sizeof g1);
+            double lerr = fabs(s_a.loss + s_b.loss - s_all.loss) / fmax(1e-30, fabs(s_all.loss));
+            ok = st1 == TWK_OK && st2 == TWK_OK && st3 == TWK_OK && same && lerr <= 1e-12;
+            printf("%s %-20s split 3 + 4 of 7 sequences: dL/dp %s, loss %.9f vs %.9f (rel err %.1e)\n", ok ? "ok  " : "FAIL",
+                   agg_names[ag], same ? "bit-identical" : "DIFFERS", s_a.loss + s_b.loss, s_all.loss, lerr);
+            fails += !ok;
+        }
+    }
+
     /* distillation over top-K against finite differences of a float64 evaluation */
     for (int kind = 0; kind < 3; kind++) {
         enum { DN = 5, DK = 4 };

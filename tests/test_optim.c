@@ -252,7 +252,7 @@ static void check_loss_step_bytes(twk_trainer *t, const twk_backend_iface *be, i
     int64_t off[3] = {0, 10, N_TOK};
     float adv[N_TOK], q[N_TOK];
     for (int i = 0; i < N_TOK; i++) adv[i] = (float)(i % 3) - 1.0f, q[i] = -3.0f;
-    twk_loss_batch b = {2, off, bb.tok, 0, bb.tgt, {0}};
+    twk_loss_batch b = {2, off, bb.tok, 0, bb.tgt, {0}, NULL};
     b.in[TWK_IN_WEIGHTS] = bb.w;
     b.in[TWK_IN_ADVANTAGES] = adv;
     b.in[TWK_IN_LOGPROBS] = q;

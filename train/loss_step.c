@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "loss_pack.h"
+#include "trainer_internal.h"
 #include "twinkle/train.h"
 
 /* Scratch of one pass: tokens, targets, positions, segment starts and weights. */
@@ -20,6 +21,7 @@ typedef struct step_ctx {
     int64_t cap, total;
     int32_t *tgt, *pos, *seg;
     float *w;
+    int last_col; /* this call's target column is the last (always 1 outside column_passes) */
 } step_ctx;
 
 /* Passes over the batch: targets (one per token; NULL = the batch's 1-D
@@ -49,7 +51,10 @@ static twk_status passes(step_ctx *c, pass_mode mode, const int32_t *targets, co
             }
         twk_batch pb = {n, b->tokens + a, c->tgt, c->pos, c->seg, c->w};
         float loss = 0;
+        /* backward passes come last in every family: the last one ends the step's gradients */
+        int last = mode == PASS_BACKWARD && s1 == b->n_seqs && c->last_col;
         twk_status st = c->pk                 ? twk_packer_pass(c->pk, c->job, c->t, mode, &pb, lp + a, &loss)
+                        : last                ? twk_trainer_forward_backward_last(c->t, &pb, lp + a, &loss)
                         : mode == PASS_BACKWARD ? twk_trainer_forward_backward(c->t, &pb, lp + a, &loss)
                         : mode == PASS_BASE   ? twk_trainer_forward_base(c->t, &pb, lp + a, &loss)
                                               : twk_trainer_forward(c->t, &pb, lp + a, &loss);
@@ -76,7 +81,9 @@ static twk_status column_passes(step_ctx *c, pass_mode mode, const float *weight
             wk[i] = weights_nk ? weights_nk[i * K + k] : 1.0f;
         }
         double l = 0, ws = 0;
+        c->last_col = k == K - 1;
         st = passes(c, mode, tk, wk, lp1, &l, &ws);
+        c->last_col = 1;
         *loss_sum += l;
         *wsum += ws;
         for (int64_t i = 0; st == TWK_OK && i < n; i++) lp_k[i * K + k] = lp1[i];
@@ -133,14 +140,35 @@ static twk_status step_ce(step_ctx *c, int backward, float *lp, twk_loss_result 
     return st;
 }
 
-/* The token mask of an RL loss: the weights (1 where absent); for GSPO the
- * sequence_ratio_mask where given wins (*owned set when built); NULL on OOM. */
+/* Token i's mask of an RL loss: the sequence_ratio_mask where given and not NaN, else the weight (1
+ * where absent). */
+static float rl_mask_at(const twk_loss_batch *b, int64_t i) {
+    const float *srm = b->in[TWK_IN_SEQUENCE_RATIO_MASK], *w = b->in[TWK_IN_WEIGHTS];
+    return srm && !isnan(srm[i]) ? srm[i] : w ? w[i] : 1.0f;
+}
+
+/* The token mask of an RL loss (rl_mask_at): the weights themselves when no sequence_ratio_mask is
+ * given, else built (*owned set); NULL on OOM. */
 static const float *rl_mask(step_ctx *c, float **owned) {
-    const float *srm = c->b->in[TWK_IN_SEQUENCE_RATIO_MASK], *w = c->b->in[TWK_IN_WEIGHTS];
-    if (!srm) return weights_or_ones(c, owned);
+    if (!c->b->in[TWK_IN_SEQUENCE_RATIO_MASK]) return weights_or_ones(c, owned);
     *owned = twk_host_alloc((size_t)(c->total ? c->total : 1) * sizeof(float), "sequence ratio mask");
-    for (int64_t i = 0; *owned && i < c->total; i++) (*owned)[i] = !isnan(srm[i]) ? srm[i] : w ? w[i] : 1.0f;
+    for (int64_t i = 0; *owned && i < c->total; i++) (*owned)[i] = rl_mask_at(c->b, i);
     return *owned;
+}
+
+twk_status twk_loss_whole_of(const twk_loss_batch *b, int s0, int s1, twk_loss_whole *out) {
+    if (!b || !b->offsets || !out || s0 < 0 || s1 < s0 || s1 > b->n_seqs)
+        return twk_error(TWK_ERR_INVALID_ARG, "loss_whole_of: NULL argument or sequences [%d, %d) of %d", s0, s1,
+                         b ? b->n_seqs : 0);
+    memset(out, 0, sizeof *out);
+    out->n_seqs = s1 - s0;
+    for (int s = s0; s < s1; s++) {
+        double ns = 0;
+        for (int64_t i = b->offsets[s]; i < b->offsets[s + 1]; i++) ns += rl_mask_at(b, i) != 0.0f;
+        out->masked_tokens += ns;
+        out->longest = ns > out->longest ? ns : out->longest;
+    }
+    return TWK_OK;
 }
 
 /* RL: Tinker's surrogates, the GRPO family, GSPO and stable_reinforce
@@ -153,7 +181,7 @@ static twk_status step_rl(step_ctx *c, const twk_loss_spec *s, int backward, flo
     const double *cfg = s->config; /* NaN: a key the loss does not take */
     twk_rl_spec rl = {(twk_loss_kind)s->def->variant, (twk_rl_aggregation)s->def->aggregation, cfg[TWK_CFG_CLIP_LOW],
                       cfg[TWK_CFG_CLIP_HIGH], cfg[TWK_CFG_BETA], isnan(cfg[TWK_CFG_MAX_TOKENS]) ? 0 : cfg[TWK_CFG_MAX_TOKENS],
-                      isnan(cfg[TWK_CFG_KL_BETA]) ? 0 : cfg[TWK_CFG_KL_BETA]};
+                      isnan(cfg[TWK_CFG_KL_BETA]) ? 0 : cfg[TWK_CFG_KL_BETA], b->whole};
     float *q = twk_host_alloc((size_t)(n ? n : 1) * sizeof(float), "sampler logprobs");
     float *g = twk_host_alloc((size_t)(n ? n : 1) * sizeof(float), "loss gradient");
     float *mask_own = NULL, *ref_own = NULL;
@@ -248,7 +276,7 @@ twk_status twk_loss_step_in(twk_packer *pk, int job, twk_trainer *t, const twk_l
         return twk_error(TWK_ERR_INVALID_ARG, "loss step: NULL argument or no sequences");
     const twk_loss_def *d = spec->def;
     memset(res, 0, sizeof *res);
-    step_ctx c = {pk, job, t, b, twk_trainer_capacity(t), b->offsets[b->n_seqs], NULL, NULL, NULL, NULL};
+    step_ctx c = {pk, job, t, b, twk_trainer_capacity(t), b->offsets[b->n_seqs], NULL, NULL, NULL, NULL, 1};
     int64_t cap = c.cap > 0 ? c.cap : 1, nk = c.total * (b->k > 0 ? b->k : 1);
     c.tgt = twk_host_alloc((size_t)cap * 3 * sizeof(int32_t), "batch");
     c.w = twk_host_alloc((size_t)cap * sizeof(float), "batch weights");

@@ -86,10 +86,18 @@ twk_status twk_loss_eval(twk_loss_kind kind, int64_t n, const float *p, const fl
 
 twk_status twk_loss_gspo(int n_seqs, const int64_t *offsets, const float *p, const float *q, const float *adv,
                          const float *w, double lo, double hi, float *dldp, twk_loss_stats *out) {
+    return twk_loss_gspo_share(n_seqs, n_seqs, offsets, p, q, adv, w, lo, hi, dldp, out);
+}
+
+twk_status twk_loss_gspo_share(int n_seqs, int64_t whole_seqs, const int64_t *offsets, const float *p, const float *q,
+                               const float *adv, const float *w, double lo, double hi, float *dldp, twk_loss_stats *out) {
     if (!offsets || !p || !q || !adv || !dldp || !out) return twk_error(TWK_ERR_INVALID_ARG, "gspo: NULL argument");
     if (n_seqs < 1) return twk_error(TWK_ERR_INVALID_ARG, "gspo: no sequences");
+    if (whole_seqs < n_seqs)
+        return twk_error(TWK_ERR_INVALID_ARG, "gspo: a share of %d sequences of a batch of %lld", n_seqs, (long long)whole_seqs);
     if (!(lo <= hi)) return twk_error(TWK_ERR_INVALID_ARG, "gspo: clip bounds %g > %g", lo, hi);
     memset(out, 0, sizeof *out);
+    double N = (double)whole_seqs; /* the loss's mean over the whole batch's sequences */
     int clipped = 0;
     for (int s = 0; s < n_seqs; s++) {
         double dsum = 0, asum = 0, m = 0;
@@ -99,10 +107,10 @@ twk_status twk_loss_gspo(int n_seqs, const int64_t *offsets, const float *p, con
         if (!isfinite(r)) return twk_error(TWK_ERR_RANGE, "gspo: the ratio of sequence %d is not finite", s);
         double rc = r < lo ? lo : r > hi ? hi : r, g = 0;
         if (r * a <= rc * a) { /* the unclipped term is the min: gradient through s */
-            out->loss += -r * a / n_seqs;
-            g = m > 0 ? -r * a / (m * n_seqs) : 0;
+            out->loss += -r * a / N;
+            g = m > 0 ? -r * a / (m * N) : 0;
         } else {
-            out->loss += -rc * a / n_seqs;
+            out->loss += -rc * a / N;
             clipped++;
         }
         out->ratio_mean += r / n_seqs;

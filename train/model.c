@@ -805,6 +805,7 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
     t->lora = lora != NULL;
     t->dry = dry;
     t->recompute = o && o->recompute && !sampling;
+    t->early_grads = o && o->early_grads && !sampling;
     /* the fused unembedding where the lm_head is frozen and the backend has it */
     t->fused = !sampling && lora && !lora->train_unembed && !(o && o->logits) && !(m->cfg.final_softcap > 0) &&
                (dry || twk_mem_fused_unembed(m->dev, twk_dtype_name(twk_model_dtype(m))));
@@ -895,6 +896,14 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
         twk_device_pool_enter(pool);
     }
     if (st == TWK_OK && t->recompute) st = twk_graph_recompute(t->g);
+    /* early_grads: each gradient's accumulation right after the gradient, so a step's last pass can
+     * hand groups of final gradients out while the rest of its backward runs (grad_hook.c). Never
+     * in a packed trainer (n_slots), whose pass reads the gradients themselves after it ends
+     * (lora_pack.c): there the accumulation at the end keeps them live */
+    for (int i = 0; st == TWK_OK && t->early_grads && !t->n_slots && i < t->n_tp; i++) {
+        st = twk_graph_hoist(t->g, t->tp[i].acc); /* the accumulator leaf (made after the backward) first */
+        if (st == TWK_OK) st = twk_graph_hoist(t->g, t->tp[i].acc_op);
+    }
     if (st == TWK_OK) st = plan_of(t, NULL, &t->est_fwdbwd, NULL, 1);
     if (st == TWK_OK && !dry) st = compile_train(t, o ? o->arena : NULL);
     if (st == TWK_OK && !dry) st = twk_trainer_optim_plan(t);

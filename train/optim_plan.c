@@ -28,7 +28,8 @@ twk_status twk_trainer_grads_init(twk_trainer *t) {
     for (int i = 0; i < t->n_tp; i++) {
         tparam *p = &t->tp[i];
         p->acc = twk_param(t->g, "grad_acc", p->nb->ndim, p->nb->ne, false);
-        twk_graph_output(t->g, twk_grad_acc(t->g, p->acc, p->grad));
+        p->acc_op = twk_grad_acc(t->g, p->acc, p->grad);
+        twk_graph_output(t->g, p->acc_op);
     }
     twk_status st = twk_graph_status(t->g);
     return st == TWK_OK ? TWK_OK : twk_error(st, "trainer: %s", twk_graph_error(t->g));
@@ -87,6 +88,7 @@ void twk_trainer_grads_free(twk_trainer *t) {
     twk_buffer_free(t->m->dev, t->adam_m);
     twk_buffer_free(t->m->dev, t->adam_v);
     twk_host_free(t->grad_host);
+    twk_trainer_grad_hook_free(t);
 }
 
 /* The i-th tensor's range in the flat buffers, or NULL when there is none (a sampler). */
@@ -144,6 +146,13 @@ float *twk_trainer_grad_data(twk_trainer *t, int i, int64_t *nelem) {
         ok = t->grad_host && twk_buffer_download(t->m->dev, t->grad_acc, 0, t->grad_host, all) == TWK_OK;
         t->grads_on_host = ok;
     }
+    if (nelem) *nelem = ok ? t->tp[i].nb->nelem : 0;
+    return ok ? t->grad_host + t->tp[i].off : NULL;
+}
+
+float *twk_trainer_grad_host(twk_trainer *t, int i, int64_t *nelem) {
+    size_t off, bytes;
+    int ok = flat_tp(t, i, &off, &bytes) && t->grad_host;
     if (nelem) *nelem = ok ? t->tp[i].nb->nelem : 0;
     return ok ? t->grad_host + t->tp[i].off : NULL;
 }

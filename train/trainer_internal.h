@@ -34,6 +34,7 @@ typedef struct tparam {
     twk_id id;       /* param node */
     twk_id grad;     /* gradient node in the backward graph */
     twk_id acc;      /* its accumulator leaf in the backward graph (bound to grad_acc at off) */
+    twk_id acc_op;   /* the grad_acc node adding the pass's gradient into it */
     int64_t off;     /* element offset in grad_acc, adam_m, adam_v */
 } tparam;
 
@@ -62,6 +63,7 @@ struct twk_trainer {
     twk_id opt_hyper, opt_norm;
     float *grad_host;
     int grads_on_host; /* grad_host is the current gradient (the device copy is stale) */
+    struct twk_grad_hook_state *hook; /* grad_hook.c: armed for the step's last backward pass (NULL: none) */
     /* sampling mode (train/sampler.c): attention over per-layer KV caches */
     int sampling;
     int max_seqs;
@@ -82,10 +84,18 @@ struct twk_trainer {
     /* memory planning (memplan.c): per-layer activation recompute; a dry trainer has
      * shapes only (no buffers, no host state) and estimates its plans instead of compiling */
     int recompute, dry;
+    int early_grads; /* twk_trainer_opts.early_grads: grad_acc hoisted to right after each gradient */
     int fused; /* logprobs by twk_unembed_logprobs (no [T, V] logits) */
     twk_plan_stats est_fwd, est_fwdbwd;
     twk_buffer *arena; /* the trainer's own arena of both plans (NULL: none, or the caller's) */
 };
+
+/* grad_hook.c: the backward pass that ends a step (loss_step.c's last backward pass): with a hook
+ * armed (twk_trainer_grad_hook_arm) it runs in segments, handing each group of gradients to the
+ * host as it becomes final; else twk_trainer_forward_backward. */
+twk_status twk_trainer_forward_backward_last(twk_trainer *t, const twk_batch *b, float *logprobs, float *loss);
+/* grad_hook.c: frees the hook's state (twk_trainer_free). */
+void twk_trainer_grad_hook_free(twk_trainer *t);
 
 /* Creates a trainer (sampling = 0) or, with sampling = 1, the decoding
  * graph of a sampler: KV caches for max_seqs sequences of max_len tokens and

@@ -162,6 +162,12 @@ twk_status twk_graph_checkpoint(twk_graph *g, twk_id id);
  * existing tensors do not change; plans compiled afterwards run the new order. Gradients
  * are bit-identical on a deterministic backend. TWK_ERR_STATE before backward or twice. */
 twk_status twk_graph_recompute(twk_graph *g);
+/* Moves node id in the launch order to right after the last of its sources (a gradient's
+ * accumulation, launched as soon as the gradient exists rather than at the end of the
+ * backward); plans compiled afterwards run the new order, with the same results. Call after
+ * twk_graph_recompute (which refuses a graph already reordered). TWK_ERR_INVALID_ARG /
+ * TWK_ERR_OOM. */
+twk_status twk_graph_hoist(twk_graph *g, twk_id id);
 
 /* ---- inspection ---- */
 int twk_graph_size(const twk_graph *g);
@@ -224,6 +230,18 @@ twk_status twk_plan_write(twk_plan *p, twk_id id, int64_t n, const void *src, si
 twk_status twk_plan_read(twk_plan *p, twk_id id, int64_t n, void *dst, size_t bytes);
 /* Runs the plan for n tokens (1 <= n <= capacity) and waits for it. */
 twk_status twk_plan_run(twk_plan *p, int64_t n);
+/* The index of the launch that computes node id in the plan's launch list, or -1 (no launch:
+ * a leaf, a view, removed as dead). */
+int twk_plan_launch_of(const twk_plan *p, twk_id id);
+/* Called by twk_plan_run_cut after segment i (launches before cuts[i]) finished on the device;
+ * an error stops the run and is returned. */
+typedef twk_status (*twk_plan_cut_fn)(void *ctx, int i);
+/* twk_plan_run, in segments: the launches before cuts[0], then at(ctx, 0), the launches before
+ * cuts[1], at(ctx, 1), ..., then the rest (cuts ascending, inside 1..n_launches-1). Each segment
+ * runs on every backend as a plan of its own over the same launches (prepared once per cut set
+ * and kept), so the results are the plan's. TWK_ERR_INVALID_ARG for bad cuts; the backend's and
+ * at's errors. n_cuts = 0 is twk_plan_run. */
+twk_status twk_plan_run_cut(twk_plan *p, int64_t n, const int *cuts, int n_cuts, twk_plan_cut_fn at, void *ctx);
 
 void twk_plan_get_stats(const twk_plan *p, twk_plan_stats *out);
 /* The memory a compile at `capacity` would plan, without a device and without allocating

@@ -120,11 +120,22 @@ twk_status twk_loss_spec_set(twk_loss_spec *s, const char *key, double value);
 
 /* ---- the step ---- */
 
+/* What the RL losses' aggregations normalise by, over a whole batch: data-parallel ranks each
+ * run a share of its sequences (the multi-rank service) and normalise by the whole's numbers, so
+ * the shares' losses and gradients add up to the whole batch's. */
+typedef struct twk_loss_whole {
+    int64_t n_seqs;       /* sequences (GRPO, Dr. GRPO, GSPO) */
+    double masked_tokens; /* tokens whose mask is not 0 (DAPO; the KL term's counted tokens) */
+    double longest;       /* the most masked tokens of one sequence (Dr. GRPO without max_tokens) */
+} twk_loss_whole;
+
 /* n_seqs sequences laid end to end (offsets: n_seqs + 1 token offsets, N =
  * offsets[n_seqs]); k = 0: targets [N], k >= 1: top-K targets [N, k]. in[id]:
  * the input, dense over all tokens ([N] or [N, k] by the registry's shape),
  * or NULL where no sequence gives it. A missing optional input takes the
- * registry's `absent` value. */
+ * registry's `absent` value. whole: NULL when the batch is the whole batch;
+ * else it is a share of one whose statistics these are (twk_loss_whole_of),
+ * and RL losses normalise by them (the other families are sums: ignored). */
 typedef struct twk_loss_batch {
     int n_seqs;
     const int64_t *offsets;
@@ -132,7 +143,12 @@ typedef struct twk_loss_batch {
     int k;
     const int32_t *targets;
     const float *in[TWK_IN_COUNT];
+    const twk_loss_whole *whole;
 } twk_loss_batch;
+
+/* The statistics of sequences [s0, s1) of b as an RL loss masks them (the sequence_ratio_mask
+ * where given and not NaN, else the weights, else 1). TWK_ERR_INVALID_ARG for a bad range. */
+twk_status twk_loss_whole_of(const twk_loss_batch *b, int s0, int s1, twk_loss_whole *out);
 
 typedef struct twk_loss_result {
     double loss;                          /* the loss (a sum, Tinker's convention) */
@@ -210,6 +226,11 @@ twk_status twk_loss_eval(twk_loss_kind kind, int64_t n, const float *p, const fl
  * with lo > hi; TWK_ERR_RANGE for a non-finite ratio. */
 twk_status twk_loss_gspo(int n_seqs, const int64_t *offsets, const float *p, const float *q, const float *adv,
                          const float *w, double lo, double hi, float *dldp, twk_loss_stats *out);
+/* The same for a share of n_seqs sequences of a batch of whole_seqs: the loss and dL/dp divided by
+ * whole_seqs (the shares' add up to the whole's), the stats over the share's own sequences.
+ * TWK_ERR_INVALID_ARG also for whole_seqs < n_seqs. */
+twk_status twk_loss_gspo_share(int n_seqs, int64_t whole_seqs, const int64_t *offsets, const float *p, const float *q,
+                               const float *adv, const float *w, double lo, double hi, float *dldp, twk_loss_stats *out);
 
 /* Adds the k3 estimate of KL(policy || reference) per token, c_t (exp(r - p) - (r - p) - 1),
  * to *loss and its derivative to dldp, with per-token coefficients c (0 = not counted).
@@ -230,6 +251,7 @@ typedef struct twk_rl_spec {
     double beta;                 /* dro */
     double max_tokens;           /* dr_grpo; <= 0: the longest sequence's masked tokens */
     double kl_beta;              /* > 0: + kl_beta * KL(policy || reference), k3, with the loss's token weighting */
+    const twk_loss_whole *whole; /* NULL: the sequences are the whole batch; else a share of this one */
 } twk_rl_spec;
 
 /* Per-token coefficients of the aggregation (0 where mask is 0; mask NULL = all). */

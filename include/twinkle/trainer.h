@@ -46,6 +46,9 @@ typedef struct twk_trainer_opts {
     twk_buffer *arena; /* a caller's device buffer both plans run in when it holds their peak
                           (trainers used one at a time, from one thread, may share one;
                           twk_mem_plan gives the size); NULL: the trainer's own */
+    bool early_grads; /* accumulate each gradient as soon as the backward made it (twk_graph_hoist)
+                         instead of at its end, so an armed gradient hook hands gradients over
+                         while the backward runs (twk_trainer_grad_hook_arm); identical results */
 } twk_trainer_opts;
 /* twk_trainer_new with options (NULL: the defaults, all off). */
 twk_status twk_trainer_new_opts(twk_model *m, const twk_lora_config *lora, int64_t capacity,
@@ -77,6 +80,37 @@ void twk_trainer_zero_grad(twk_trainer *t);
  * back. The pointer stays valid until the trainer is freed. NULL (and *nelem 0)
  * for a bad index, a sampler (which has no gradients) or a failed download. */
 float *twk_trainer_grad_data(twk_trainer *t, int i, int64_t *nelem);
+
+/* Gradients as they become final during the backward pass that ends a step (data-parallel
+ * training overlaps their sum with the rest of that pass: dist/). Groups are ranges of
+ * trainable tensors [first[g], last[g]] (they may share an end tensor). */
+typedef struct twk_grad_hook {
+    int n_groups;
+    const int *first, *last;
+    /* Called on the pass's thread between its segments when every tensor of group g has its
+     * gradient for the step; those gradients are then in twk_trainer_grad_data's host copy. Must
+     * return quickly (the pass waits); an error stops the pass. */
+    twk_status (*ready)(void *ctx, int g);
+    void *ctx;
+} twk_grad_hook;
+/* Arms h (copied; the arrays must stay valid until twk_trainer_grad_hook_finish) for the last
+ * backward pass of the next twk_loss_step with backward: that pass runs in segments
+ * (twk_plan_run_cut), cut after the launch that completes each group, and h->ready is called for
+ * the groups in the order they become final — a property of the compiled plan, the same on every
+ * rank of a data-parallel job; order (h->n_groups ints, may be NULL) gets that order. Passes
+ * before the last one run as usual. TWK_ERR_INVALID_ARG for bad groups, TWK_ERR_STATE when the
+ * trainer has no gradients or a hook is armed, TWK_ERR_OOM. */
+twk_status twk_trainer_grad_hook_arm(twk_trainer *t, const twk_grad_hook *h, int *order);
+/* Disarms the hook after the step's passes, whether they ran or not: the gradients that did not
+ * come to the host copy during the pass come now, tensor by tensor (a tensor that came is never
+ * overwritten), and the host copy is the gradient as after twk_trainer_grad_data. Returns how
+ * many groups were handed to ready (a prefix of the order) in *n_ready (may be NULL); download
+ * errors. */
+twk_status twk_trainer_grad_hook_finish(twk_trainer *t, int *n_ready);
+/* The i-th tensor's place in the host copy of the gradients, without downloading anything: it
+ * holds the gradient where twk_trainer_grad_data or an armed hook (ready) put it. NULL before
+ * the copy exists (twk_trainer_grad_hook_arm makes it), for a bad index or a sampler. */
+float *twk_trainer_grad_host(twk_trainer *t, int i, int64_t *nelem);
 
 /* The adapter's configuration, or NULL for full-parameter training. */
 const twk_lora_config *twk_trainer_lora(const twk_trainer *t);

@@ -123,6 +123,8 @@ def test_losses_equal_the_one_process_server(pair):
     compare("cross_entropy", *both(tcs, lambda tc: tc.forward_backward(ce, "cross_entropy")),
             exact_keys=("num_tokens:sum", "weight_sum:sum"))
     compare("forward only", *both(tcs, lambda tc: tc.forward(ce, "cross_entropy")), exact_keys=("num_tokens:sum",))
+    one = uneven_data(1)  # fewer datums than ranks: the others have no share
+    compare("one datum", *both(tcs, lambda tc: tc.forward_backward(one, "cross_entropy")), exact_keys=("num_tokens:sum",))
     rl = rl_data()
     compare("importance_sampling", *both(tcs, lambda tc: tc.forward_backward(rl, "importance_sampling")),
             exact_keys=("num_tokens:sum",))
@@ -130,10 +132,86 @@ def test_losses_equal_the_one_process_server(pair):
     pairs = [counting_datum(i, length=6 + 4 * (i // 2), first=100 + 7 * (i % 2)) for i in range(8)]
     compare("dpo", *both(tcs, lambda tc: tc.forward_backward(pairs, "dpo", loss_fn_config={"beta": 0.1})),
             exact_keys=("pairs:sum", "num_tokens:sum"))
-    # the GRPO family normalises over the whole batch: it runs on rank 0 alone (the same passes;
-    # rank 0 has half the CPU threads, so GEMMs may still split differently)
-    compare("grpo (rank 0 alone)", *both(tcs, lambda tc: tc.forward_backward(rl, "grpo")),
-            exact_keys=("num_tokens:sum",))
+
+
+def rl_masked_data(n=6):
+    """rl_data with weights masking each datum's first tokens (prompt-like), and a GSPO sequence mask."""
+    out = []
+    for i, d in enumerate(rl_data(n)):
+        m = len(d.loss_fn_inputs["advantages"].data)
+        w = [0.0] * (2 + i % 3) + [1.0] * (m - 2 - i % 3)
+        out.append(types.Datum(model_input=d.model_input, loss_fn_inputs={**d.loss_fn_inputs, "weights": w}))
+    return out
+
+
+# the RL losses that normalise by the whole batch (sequences, masked tokens, the longest sequence,
+# the KL term's counted tokens): every rank normalises its share by the whole batch's numbers
+WHOLE_BATCH_LOSSES = [("grpo", {}), ("dapo", {}), ("dr_grpo", {}), ("dr_grpo", {"max_tokens": 20.0}), ("gspo", {}),
+                      ("importance_sampling", {"kl_beta": 0.05}), ("grpo", {"kl_beta": 0.05})]
+
+
+def test_whole_batch_rl_losses_split_across_the_ranks(pair):
+    """The GRPO family, GSPO and the KL term split like the other losses: the forward's metrics equal
+    one process's within the forward bound, and the gradient's norm (after the shares' sum over the
+    ranks) within the training bound 2 T u — a share normalised by its own numbers would be off by
+    about the rank count."""
+    data = rl_masked_data()
+    rng = np.random.default_rng(9)  # a reference away from the fresh adapter's policy: kl:mean is not 0
+    with_ref = [types.Datum(model_input=d.model_input, loss_fn_inputs={
+        **d.loss_fn_inputs, "ref_logprobs": (-6.5 + rng.random(d.model_input.length)).astype(np.float32)})  # an ndarray (test_dpo.py)
+        for d in data]
+    tokens = sum(len(d.loss_fn_inputs["target_tokens"].data) for d in data)
+    for loss, cfg in WHOLE_BATCH_LOSSES:
+        batch = with_ref if "kl_beta" in cfg else data
+        tcs = clients(pair, seed=23)
+        label = f"{loss} {cfg}" if cfg else loss
+        fb = lambda tc: tc.forward_backward(batch, loss, loss_fn_config=cfg or None)  # noqa: E731
+        compare(label, *both(tcs, fb), exact_keys=("num_tokens:sum", "advantage_tokens:sum"))
+        o1, o2 = both(tcs, lambda tc: tc.optim_step(adam(1e-2)))
+        g1, g2 = o1.metrics["grad_norm:mean"], o2.metrics["grad_norm:mean"]
+        tol = 2 * tokens * U * g1 + FWD_REL * g1  # the gradient's sum order, and the forward's rounding in dL/dp
+        print(f"{label}: grad norm {g1:.6g} (1 rank) vs {g2:.6g} ({NP} ranks), |diff| {abs(g1 - g2):.2e} "
+              f"(tolerance {tol:.2e})")
+        assert g1 > 0 and abs(g1 - g2) <= tol, (label, g1, g2)
+
+
+def test_packed_passes_over_the_ranks_equal_the_one_process_server(pair):
+    """Several runs' requests at once: every rank runs its shares of all of them packed into shared
+    passes (twinkle_train_passes_total{kind="packed"} grows on the multi-rank service too) and each
+    run's results equal the one-process server's (packed alike) within the forward bound."""
+    from test_metrics import scrape, value
+
+    runs = [("cross_entropy", None, uneven_data(5)), ("grpo", None, rl_masked_data(4)),
+            ("importance_sampling", None, rl_data(5)),
+            ("dpo", {"beta": 0.1}, [counting_datum(i, length=6 + 2 * (i // 2), first=100 + 7 * (i % 2)) for i in range(6)])]
+    results = []
+    for srv in pair:
+        tcs = [new_training_client(service_client(srv.base_url, f"tml-pack-{i}"), rank=4 + 4 * i, seed=31 + i)
+               for i in range(len(runs))]
+        _, fams = scrape(srv.port, "tml-metrics")
+        before = value(fams, "twinkle_train_passes_total", kind="packed")
+        barrier = threading.Barrier(len(runs))
+        out = [None] * len(runs)
+
+        def go(i):
+            loss, cfg, data = runs[i]
+            barrier.wait(timeout=60)
+            futs = [tcs[i].forward_backward(data, loss, loss_fn_config=cfg) for _ in range(3)]
+            out[i] = [f.result(timeout=120) for f in futs]
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(runs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        _, fams = scrape(srv.port, "tml-metrics")
+        packed = value(fams, "twinkle_train_passes_total", kind="packed") - before
+        print(f"{'one process' if srv is pair[0] else f'{NP} ranks'}: {packed:.0f} packed passes (rank 0's)")
+        assert packed > 0, "the concurrent requests did not share a pass"
+        results.append(out)
+    for i, (loss, _, _) in enumerate(runs):
+        for step, (a, b) in enumerate(zip(results[0][i], results[1][i])):
+            compare(f"packed {loss} request {step}", a, b, exact_keys=("num_tokens:sum",))
 
 
 def test_training_steps_equal_the_one_process_server(pair):

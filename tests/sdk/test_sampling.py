@@ -214,9 +214,14 @@ def test_stop_token_ends_generation_and_is_included(ctx):
         assert s.stop_reason == "length" and len(s.tokens) == 16
         stop_id = s.tokens[6]
         j = s.tokens.index(stop_id)  # its first occurrence
-        r = sample(samp, n=3, max_tokens=16, temperature=1.0, seed=21, stop=[stop_id]).sequences[i]
+        stopped = sample(samp, n=3, max_tokens=16, temperature=1.0, seed=21, stop=[stop_id]).sequences
+        r = stopped[i]
         assert r.tokens == s.tokens[: j + 1], (stop_id, s.tokens, r.tokens)
-        assert r.logprobs == s.logprobs[: j + 1]
+        # bit-identical while the decode batch holds the same sequences; once another one stopped the
+        # batch has fewer rows, and a GEMM over fewer rows may round differently (as batch 3 vs 1 above)
+        same = min([len(x.tokens) for k, x in enumerate(stopped) if k != i] + [j + 1])
+        assert r.logprobs[:same] == s.logprobs[:same]
+        assert worst(r.logprobs, s.logprobs[: j + 1]) <= 1e-4
         assert r.stop_reason == "stop"
     # two stop ids: the earlier one ends it
     s = free.sequences[0]
