@@ -44,6 +44,7 @@ import time
 import urllib.parse
 import warnings
 
+BARRIER_S = 60  # + 15 s per tenant: each imports the SDK and creates its run before the barrier
 RESULT_TIMEOUT_S = 60  # a dead server fails the bench instead of hanging it (the SDK retries connections forever)
 VOCAB_MOD = 512  # token ids s[j] = (5 + 37 d + 11 j) mod 512, as in bench/server_inproc.c
 
@@ -280,7 +281,7 @@ def tenant_main(i, a, barrier, q):
         first = loss_of(step_raw())
         for _ in range(a.warmup - 1):
             step_raw()
-        barrier.wait(timeout=120)
+        barrier.wait(timeout=BARRIER_S + 15 * a.tenants)
         t0, c0 = time.monotonic(), time.process_time()
         for _ in range(a.steps):
             out = step_raw()
@@ -302,11 +303,11 @@ def cmd_tenants(a):
     for p in procs:
         p.start()
     try:
-        barrier.wait(timeout=150)
+        barrier.wait(timeout=BARRIER_S + 15 * a.tenants + 30)
     except Exception:
         pass  # a tenant failed before the barrier; its row says why
     s0 = server_cpu(a.server_pid)
-    rows = [q.get(timeout=300) for _ in procs]
+    rows = [q.get(timeout=300 + a.tenants * a.steps) for _ in procs]
     s1 = server_cpu(a.server_pid)
     for p in procs:
         p.join()
