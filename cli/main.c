@@ -35,19 +35,31 @@ static void usage(FILE *f) {
             TWK_VERSION);
 }
 
-/* OpenBLAS picks its kernels when it loads, before main: where it picked an older set than the
- * CPU runs (see backends/cpu/cpu_blas_core.c), the program starts itself again with
- * OPENBLAS_CORETYPE naming the right one. Set OPENBLAS_CORETYPE yourself to choose; if the
- * restart fails, the program goes on with OpenBLAS's choice. */
-static void blas_restart(char **argv) {
+/* OpenBLAS reads its settings when it loads, before main, so the program starts itself again
+ * (once) with them in the environment:
+ * - OPENBLAS_CORETYPE, where OpenBLAS picked an older kernel set than the CPU runs (see
+ *   backends/cpu/cpu_blas_core.c);
+ * - for `serve`, OPENBLAS_THREAD_TIMEOUT=TWK_SERVE_BLAS_TIMEOUT: after each threaded product
+ *   OpenBLAS's threads otherwise spin (sched_yield) for 2^28 cycles (~0.1 s) waiting for the next,
+ *   and a service taking steps every few milliseconds keeps them spinning on cores its loop
+ *   thread and co-located clients need (measured at 8 tenants: bench/README.md, "bench/server").
+ * A variable already set is left alone; if the restart fails, the program goes on as it is. */
+#define TWK_SERVE_BLAS_TIMEOUT "4" /* 2^4 cycles: the threads sleep at once and are woken per product */
+
+static void blas_restart(int argc, char **argv) {
+    int again = 0;
     const char *better = getenv("OPENBLAS_CORETYPE") ? NULL : twk_cpu_blas_better_core();
-    if (!better || setenv("OPENBLAS_CORETYPE", better, 1) != 0) return;
+    if (better && setenv("OPENBLAS_CORETYPE", better, 1) == 0) again = 1;
+    if (argc > 1 && !strcmp(argv[1], "serve") && !getenv("OPENBLAS_THREAD_TIMEOUT") &&
+        setenv("OPENBLAS_THREAD_TIMEOUT", TWK_SERVE_BLAS_TIMEOUT, 1) == 0)
+        again = 1;
+    if (!again) return;
     execv("/proc/self/exe", argv);
-    unsetenv("OPENBLAS_CORETYPE");
+    if (better) unsetenv("OPENBLAS_CORETYPE");
 }
 
 int main(int argc, char **argv) {
-    blas_restart(argv);
+    blas_restart(argc, argv);
     if (argc < 2) {
         usage(stderr);
         return 2;

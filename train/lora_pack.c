@@ -123,14 +123,17 @@ static named_buf *run_tensor(twk_trainer *t, const named_buf *packed) {
 
 static int is_b(const named_buf *nb) { return strstr(nb->name, ".lora_B.") != NULL; }
 
-/* Writes every run's adapter into its slot of the stacked tensors (zeros elsewhere). */
+/* Writes every run's adapter into its slot of the stacked tensors (zeros where a run lacks a
+ * module). Only the first n slots are written: no token of this pass names a later slot, so what
+ * an earlier pass left there is never read (lora_gather reads its tokens' slots only). */
 static twk_status upload_slots(twk_pack *p, twk_pack_seg *segs, int n) {
     twk_trainer *pt = p->t;
     int R = p->rank;
     for (int j = 0; j < pt->n_adapter; j++) {
         named_buf *st_nb = &pt->adapter[j];
         int64_t rows = st_nb->ne[1], cols = st_nb->ne[2]; /* A: [S, R, in]; B: [S, out, R] */
-        memset(p->host, 0, nb_bytes(st_nb));
+        size_t used = (size_t)n * (size_t)(rows * cols) * sizeof *p->host;
+        memset(p->host, 0, used);
         for (int i = 0; i < n; i++) {
             named_buf *rb = run_tensor(segs[i].t, st_nb);
             if (!rb) continue; /* this run does not adapt the module: a zero slot */
@@ -151,7 +154,7 @@ static twk_status upload_slots(twk_pack *p, twk_pack_seg *segs, int n) {
             }
             if (st != TWK_OK) return st;
         }
-        twk_status st = twk_buffer_upload(p->m->dev, st_nb->buf, 0, p->host, nb_bytes(st_nb));
+        twk_status st = twk_buffer_upload(p->m->dev, st_nb->buf, 0, p->host, used);
         if (st != TWK_OK) return st;
     }
     return TWK_OK;

@@ -1,5 +1,6 @@
 /* The CPU backend: host buffers, the kernel table, and a plan runner that
  * resolves run-time sizes and calls one kernel per launch. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,7 +88,7 @@ static twk_status cpu_open(int index, void **out) {
     }
     ctx->n_threads = cpu_pool_threads(ctx->pool);
     ctx->profile = getenv("TWK_PROFILE") && atoi(getenv("TWK_PROFILE")) > 0;
-    openblas_set_num_threads(ctx->n_threads);
+    cpu_blas_threads(ctx, 1, 1, CPU_BLAS_THREADED_FMAS);
     *out = ctx;
     return TWK_OK;
 }
@@ -107,6 +108,13 @@ static void cpu_close(void *vctx) {
     cpu_pool_free(ctx->pool);
     twk_host_free(ctx->scratch);
     twk_host_free(ctx);
+}
+
+static atomic_int blas_threads_set; /* openblas_set_num_threads' last value: it is process-wide */
+
+void cpu_blas_threads(const cpu_ctx *ctx, int64_t m, int64_t n, int64_t k) {
+    int want = (double)m * (double)n * (double)k < CPU_BLAS_THREADED_FMAS ? 1 : ctx->n_threads;
+    if (atomic_exchange(&blas_threads_set, want) != want) openblas_set_num_threads(want);
 }
 
 void *cpu_scratch(cpu_ctx *ctx, size_t bytes) {

@@ -33,6 +33,17 @@ typedef struct cpu_ctx {
     long prof_n[TWK_OP_COUNT];
 } cpu_ctx;
 
+/* Products below this many multiply-adds (~0.3 ms on one AVX-512 core) run on one BLAS thread.
+ * OpenBLAS's own threshold (~2.6e5) wakes its threads for products of a few microseconds, where
+ * the hand-off costs about what the second thread saves, and after each threaded call they spin
+ * (sched_yield) waiting for the next (`twinkle serve` shortens that: cli/main.c). A row of C is
+ * the same sum with either count (OpenBLAS splits M and N between threads at its unroll
+ * multiples, not K), so packed passes stay bit-identical (tests/test_lora_pack.c). */
+#define CPU_BLAS_THREADED_FMAS (1 << 24)
+/* Sets OpenBLAS's thread count for a product of m x n x k multiply-adds about to run: 1 below
+ * CPU_BLAS_THREADED_FMAS, else the context's threads. Cannot fail. */
+void cpu_blas_threads(const cpu_ctx *ctx, int64_t m, int64_t n, int64_t k);
+
 /* Per-run scratch of at least `bytes`; NULL (error set) on failure. Valid
  * until the next call. */
 void *cpu_scratch(cpu_ctx *ctx, size_t bytes);

@@ -140,6 +140,7 @@ static twk_status for_blocks(const cpu_call *c, const attn_shape *a, block_fn fn
             for (int64_t b0 = 0; b0 < e - s; b0 += QB) {
                 blk b = {.s = s, .b0 = b0, .nq = e - s - b0 < QB ? e - s - b0 : QB, .k0 = first_key(a, b0)};
                 b.lk = b0 + b.nq - b.k0;
+                cpu_blas_threads(c->ctx, b.nq, b.lk, a->D);
                 fn(c, a, &b, h, S, S2, S3);
             }
         s = e;

@@ -90,6 +90,7 @@ int64_t cpu_gemm_work_floats(const cpu_ctx *ctx, const cpu_gemm_args *g) {
 
 void cpu_gemm(cpu_ctx *ctx, const cpu_gemm_args *g, float *work) {
     gemm_kind k = gemm_choose(g);
+    cpu_blas_threads(ctx, g->pass_m > g->M ? g->pass_m : g->M, g->N, g->K); /* every tile of a pass alike */
     if (k == GEMM_HALF_DOTS || k == GEMM_HALF_PANELS) {
         half_job j = {.A = g->A, .B = g->B, .C = g->C, .bt = g->bt, .M = g->M, .N = g->N, .K = g->K, .lda = g->lda,
                       .ldb = g->ldb, .ldc = g->ldc, .tb = g->tb, .buf = work};

@@ -4,7 +4,9 @@
 #      (bench_server_inproc: same model folder, same LoRA config, same capacity, same tokens): p50 / p99,
 #      overhead = SDK p50 - in-process p50, and their ratio; the two losses must agree;
 #   2. training steps/s (forward_backward + optim_step) of 1 tenant alone, then of 8 concurrent tenants
-#      (8 processes, keys tml-tenant-0..7, one run each): aggregate and per-tenant steps/s, ratio 8/1.
+#      (8 processes, keys tml-tenant-0..7, one run each): aggregate and per-tenant steps/s, ratio 8/1;
+#      then the same with the raw driver (sdk_bench.py --driver raw: the SDK's requests sent by a lean
+#      client, ~0.5 ms of Python per step instead of ~12), so that the clients leave the cores to the server.
 # Starts a server on a free port with a fresh data dir (the built-in model twinkle/tiny-qwen3), stops it
 # with SIGTERM and removes the data dir at the end. About 15-20 s on 2 cores. See bench/README.md.
 #
@@ -70,9 +72,13 @@ echo "--- training steps/s"
 "$PY" bench/server/sdk_bench.py tenants --base-url "$URL" --tenants 1 --steps "$K" --server-pid "$SERVER" | tee "$TMP/t1"
 "$PY" bench/server/sdk_bench.py tenants --base-url "$URL" --tenants "$TENANTS" --steps "$K" --server-pid "$SERVER" \
     | tee "$TMP/tn"
+"$PY" bench/server/sdk_bench.py tenants --base-url "$URL" --tenants 1 --first 100 --steps "$K" --driver raw \
+    --server-pid "$SERVER" | tee "$TMP/r1"
+"$PY" bench/server/sdk_bench.py tenants --base-url "$URL" --tenants "$TENANTS" --first 200 --steps "$K" --driver raw \
+    --server-pid "$SERVER" | tee "$TMP/rn"
 
 RSS1=$(rss_kib)
-RUNS=$((TENANTS + 2))
+RUNS=$((2 * TENANTS + 3))
 RSS_LINE="server RSS $((RSS0 / 1024)) MiB after start (model loaded), $((RSS1 / 1024)) MiB with $RUNS runs (one per\
  training client above): +$(((RSS1 - RSS0) / RUNS / 1024)) MiB per run"
 
@@ -87,10 +93,12 @@ I=$(grep '^RESULT' "$TMP/inproc")
 S=$(grep '^RESULT' "$TMP/sdk")
 T1=$(grep '^RESULT' "$TMP/t1")
 TN=$(grep '^RESULT' "$TMP/tn")
+R1=$(grep '^RESULT' "$TMP/r1")
+RN=$(grep '^RESULT' "$TMP/rn")
 echo "--- summary (ratios are from this run; $(date +%F), $(nproc) cores)"
 echo "$RSS_LINE"
-echo "$I|$S|$T1|$TN|$(($(date +%s) - START))" | awk -F'|' '{
-    split($1, i, " "); split($2, s, " "); split($3, a, " "); split($4, b, " ")
+echo "$I|$S|$T1|$TN|$(($(date +%s) - START))|$R1|$RN" | awk -F'|' '{
+    split($1, i, " "); split($2, s, " "); split($3, a, " "); split($4, b, " "); split($6, r, " "); split($7, q, " ")
     # in-process: p50 p99 mean loss steps/s; sdk: p50 p99 mean loss submit_p50 healthz_p50
     # tenants: n aggregate min median max span
     printf "forward_backward  SDK p50 %.2f ms p99 %.2f ms | in-process p50 %.2f ms p99 %.2f ms\n", s[2], s[3], i[2], i[3]
@@ -98,6 +106,7 @@ echo "$I|$S|$T1|$TN|$(($(date +%s) - START))" | awk -F'|' '{
     printf "  loss:sum SDK %.4f vs in-process %.4f\n", s[5], i[5]
     printf "steps/s  1 tenant %.1f | %d tenants aggregate %.1f (per tenant min %.1f median %.1f max %.1f)\n", a[3], b[2], b[3], b[4], b[5], b[6]
     printf "  ratio aggregate(%d)/single %.2f; in-process steps/s (compute only, no server) %.1f: single/in-process %.2f\n", b[2], b[3] / a[3], i[6], a[3] / i[6]
+    printf "raw driver: steps/s  1 tenant %.1f | %d tenants aggregate %.1f: ratio %.2f\n", r[3], q[2], q[3], q[3] / r[3]
     printf "wall time %d s\n", $5
     d = s[5] - i[5]; if (d < 0) d = -d
     if (d > 1e-3 * (i[5] < 0 ? -i[5] : i[5]) + 1e-3) { print "MISMATCH: the server and the in-process trainer disagree on the loss"; exit 1 }

@@ -18,6 +18,12 @@ run.sh to parse.
            waits on a barrier, then K steps of forward_backward + optim_step
            (both submitted, then both awaited, as examples/tinker_lora_demo.py
            does). Aggregate steps/s = all steps / (last finish - first start).
+           --driver raw: the run is made through the SDK, but the steps are sent
+           by a lean client on one keep-alive http.client connection — the same
+           requests (forward_backward bodies encoded beforehand by the SDK's own
+           protobuf encoder, optim_step JSON, long-polled retrieve_future), at
+           ~0.5 ms of Python per step instead of the SDK's ~12 ms, so that on a
+           small machine the clients do not take the server's cores.
 
 With --server-pid, both modes also print CPU time per call / step: the SDK
 client's (process_time), the server loop thread's and the server's other
@@ -28,6 +34,7 @@ threads' (compute worker, CPU backend pool, OpenBLAS), read from /proc.
 """
 import argparse
 import http.client
+import json
 import math
 import multiprocessing as mp
 import os
@@ -37,6 +44,7 @@ import time
 import urllib.parse
 import warnings
 
+BARRIER_S = 60  # + 15 s per tenant: each imports the SDK and creates its run before the barrier
 RESULT_TIMEOUT_S = 60  # a dead server fails the bench instead of hanging it (the SDK retries connections forever)
 VOCAB_MOD = 512  # token ids s[j] = (5 + 37 d + 11 j) mod 512, as in bench/server_inproc.c
 
@@ -193,6 +201,62 @@ def cmd_latency(a):
           f"{pct(submit, .5):.6f} {pct(hz, .5):.6f}", flush=True)
 
 
+class RawSteps:
+    """forward_backward + optim_step of one run sent by hand on one keep-alive connection: the
+    requests the SDK sends (its own encoder made the forward_backward bodies), without its client."""
+
+    def __init__(self, tinker, a, key, model_id, batch, n_steps):
+        from tinker.proto.request_conv import forward_backward_request_to_proto
+        types = tinker.types
+        u = urllib.parse.urlparse(a.base_url)
+        self.conn = http.client.HTTPConnection(u.hostname, u.port, timeout=RESULT_TIMEOUT_S)
+        self.key = key
+        self.bodies = []
+        adam = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8}
+        for k in range(n_steps):  # seq_ids 1, 2, ...: the run's first ops
+            fb = types.ForwardBackwardRequest(
+                forward_backward_input=types.ForwardBackwardInput(data=batch, loss_fn="cross_entropy"),
+                model_id=model_id, seq_id=2 * k + 1)
+            opt = json.dumps({"model_id": model_id, "seq_id": 2 * k + 2, "adam_params": adam}).encode()
+            self.bodies.append((forward_backward_request_to_proto(fb).SerializeToString(), opt))
+        self.k = 0
+
+    def post(self, route, body, ctype):
+        self.conn.request("POST", "/api/v1/" + route, body=body, headers={"X-API-Key": self.key, "Content-Type": ctype})
+        r = self.conn.getresponse()
+        data = r.read()
+        if r.status != 200:
+            raise RuntimeError(f"{route}: HTTP {r.status}: {data[:200]!r}")
+        return r.getheader("Content-Type", ""), data
+
+    def result(self, req):
+        body = json.dumps({"request_id": req}).encode()
+        while True:
+            ctype, data = self.post("retrieve_future", body, "application/json")
+            if not ctype.startswith("application/json"):
+                return data  # the protobuf ForwardBackwardOutput
+            j = json.loads(data)
+            if j.get("type") == "try_again":
+                continue
+            if "error" in j:
+                raise RuntimeError(f"future {req} failed: {j['error']}")
+            return j
+
+    def step(self):
+        fb, opt = self.bodies[self.k]
+        self.k += 1
+        f1 = json.loads(self.post("forward_backward", fb, "application/x-protobuf")[1])["request_id"]
+        f2 = json.loads(self.post("optim_step", opt, "application/json")[1])["request_id"]
+        out = self.result(f1)
+        self.result(f2)
+        return out
+
+    @staticmethod
+    def loss(out):
+        from tinker.proto.response_conv import deserialize_forward_backward_output
+        return deserialize_forward_backward_output(out).metrics["loss:sum"]
+
+
 def tenant_main(i, a, barrier, q):
     try:
         tinker, tc = training_client(a.base_url, f"tml-tenant-{i}", a.rank)
@@ -200,21 +264,29 @@ def tenant_main(i, a, barrier, q):
         batch = make_batch(types, a.datums, a.tokens, shift=i)
         adam = types.AdamParams(learning_rate=1e-4, beta1=0.9, beta2=0.95, eps=1e-8)
 
-        def step():
-            fb = tc.forward_backward(batch, "cross_entropy")
-            opt = tc.optim_step(adam)
-            loss = fb.result(timeout=RESULT_TIMEOUT_S).metrics["loss:sum"]
-            opt.result(timeout=RESULT_TIMEOUT_S)
-            return loss
+        if a.driver == "raw":
+            raw = RawSteps(tinker, a, f"tml-tenant-{i}", tc.model_id, batch, a.warmup + a.steps)
+            step_raw, loss_of = raw.step, raw.loss
+        else:
+            def step_raw():
+                fb = tc.forward_backward(batch, "cross_entropy")
+                opt = tc.optim_step(adam)
+                out = fb.result(timeout=RESULT_TIMEOUT_S)
+                opt.result(timeout=RESULT_TIMEOUT_S)
+                return out
 
-        first = step()
+            def loss_of(out):
+                return out.metrics["loss:sum"]
+
+        first = loss_of(step_raw())
         for _ in range(a.warmup - 1):
-            step()
-        barrier.wait(timeout=120)
+            step_raw()
+        barrier.wait(timeout=BARRIER_S + 15 * a.tenants)
         t0, c0 = time.monotonic(), time.process_time()
         for _ in range(a.steps):
-            last = step()
+            out = step_raw()
         t1, c1 = time.monotonic(), time.process_time()
+        last = loss_of(out)
         q.put((i, t0, t1, first, last, None, c1 - c0))
     except Exception as e:  # report, don't hang the parent
         try:
@@ -231,11 +303,11 @@ def cmd_tenants(a):
     for p in procs:
         p.start()
     try:
-        barrier.wait(timeout=150)
+        barrier.wait(timeout=BARRIER_S + 15 * a.tenants + 30)
     except Exception:
         pass  # a tenant failed before the barrier; its row says why
     s0 = server_cpu(a.server_pid)
-    rows = [q.get(timeout=300) for _ in procs]
+    rows = [q.get(timeout=300 + a.tenants * a.steps) for _ in procs]
     s1 = server_cpu(a.server_pid)
     for p in procs:
         p.join()
@@ -248,7 +320,7 @@ def cmd_tenants(a):
     per = [a.steps / (r[2] - r[1]) for r in rows]
     worse = [r[0] for r in rows if not (math.isfinite(r[4]) and r[4] < r[3])]
     print(f"{a.tenants} tenant(s) x {a.steps} steps (forward_backward + optim_step, {a.datums} datums x {a.tokens} "
-          f"tokens, LoRA rank {a.rank}) after {a.warmup} warm-up: aggregate {agg:.2f} steps/s over {span:.2f} s; "
+          f"tokens, LoRA rank {a.rank}, {a.driver} driver) after {a.warmup} warm-up: aggregate {agg:.2f} steps/s over {span:.2f} s; "
           f"per tenant min {min(per):.2f} median {statistics.median(per):.2f} max {max(per):.2f} steps/s")
     print(cpu_line("step (all tenants)", a.tenants * a.steps, span, sum(r[6] for r in rows), s0, s1))
     if worse:  # lr 1e-4 on a fixed batch: the loss must fall
@@ -271,6 +343,8 @@ def main():
     ap.add_argument("--tenants", type=int, default=8)
     ap.add_argument("--first", type=int, default=0, help="tenants: first tenant index (keys tml-tenant-<i>)")
     ap.add_argument("--steps", type=int, default=20, help="tenants: timed steps per tenant")
+    ap.add_argument("--driver", choices=["sdk", "raw"], default="sdk",
+                    help="tenants: steps through the SDK's training client, or its requests sent by hand (above)")
     ap.add_argument("--server-pid", type=int, default=0, help="the server's pid: adds its CPU time per call / step")
     a = ap.parse_args()
     if a.warmup is None:
