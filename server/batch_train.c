@@ -101,11 +101,21 @@ static void fb_encode(op *o, const fb_batch *fb, const float *lp, const twk_loss
     twk_host_free(offk);
 }
 
-/* The base model's pack, made at its first use (worker). NULL with the error set. */
-static twk_pack *base_pack(svc *s, base_model *bm) {
+twk_pack *svc_base_pack(const twk_serve_config *cfg, base_model *bm) {
     if (bm->pack) return bm->pack;
-    int64_t cap = s->cfg.pack_tokens > s->cfg.max_context ? s->cfg.pack_tokens : s->cfg.max_context;
-    return twk_pack_new(bm->m, cap, s->cfg.pack_runs > 1 ? s->cfg.pack_runs : 1, &bm->pack) == TWK_OK ? bm->pack : NULL;
+    int64_t cap = cfg->pack_tokens > cfg->max_context ? cfg->pack_tokens : cfg->max_context;
+    return twk_pack_new(bm->m, cap, cfg->pack_runs > 1 ? cfg->pack_runs : 1, &bm->pack) == TWK_OK ? bm->pack : NULL;
+}
+
+twk_status svc_pack_step(twk_pack *pack, twk_trainer *t, const twk_loss_spec *spec, const twk_loss_batch *b, int backward,
+                         float *logprobs, twk_loss_result *res) {
+    if (!pack) return twk_error(TWK_ERR_OOM, "out of memory for a packed pass: %s", twk_last_error());
+    twk_loss_job j = {.t = t, .spec = spec, .b = b, .backward = backward, .logprobs = logprobs};
+    twk_status st = twk_loss_steps(pack, &j, 1);
+    if (st != TWK_OK) return st;
+    if (j.st != TWK_OK) return twk_error(j.st, "%s", j.err);
+    *res = j.res;
+    return TWK_OK;
 }
 
 /* What the loop reads of a finished forward_backward: the loss for the non-finite alert, the
@@ -116,7 +126,8 @@ static void fb_note(op *o, const twk_loss_result *res) {
     o->trainer_step = twk_trainer_step(o->run->trainer);
 }
 
-/* Multi-rank (dist_serve.c): each op alone, its datums split across the ranks. */
+/* Multi-rank (dist_serve.c): each op alone, its datums split across the ranks, each rank's share
+ * through its own base model's pack (so a datum's logprobs are the one-process service's). */
 static void run_fb_ranks(op *o) {
     fb_batch fb;
     if (!fb_gather(o->fb, o->loss.def, &fb)) {
@@ -127,7 +138,8 @@ static void run_fb_ranks(op *o) {
     int64_t nk = fb.offsets[fb.b.n_seqs] * (fb.b.k > 0 ? fb.b.k : 1);
     float *lp = twk_host_alloc((size_t)(nk ? nk : 1) * sizeof(float), "logprobs");
     twk_loss_result res;
-    twk_status st = lp ? svc_dist_loss_step(o->run, &o->loss, &fb.b, !o->fb->forward_only, lp, &res) : TWK_ERR_OOM;
+    twk_pack *pack = svc_base_pack(&o->svc->cfg, o->run->base);
+    twk_status st = lp ? svc_dist_loss_step(o->run, pack, &o->loss, &fb.b, !o->fb->forward_only, lp, &res) : TWK_ERR_OOM;
     if (st != TWK_OK)
         svc_op_fail(o, st == TWK_ERR_RANGE || st == TWK_ERR_INVALID_ARG, "%s", lp ? twk_last_error() : "out of memory");
     else {
@@ -146,7 +158,7 @@ void svc_run_fb(op **ops, int n) {
     fb_batch *fb = twk_host_calloc((size_t)n * sizeof *fb, "packed batches");
     twk_loss_job *jobs = twk_host_calloc((size_t)n * sizeof *jobs, "packed jobs");
     op **run = twk_host_alloc((size_t)n * sizeof *run, "packed ops");
-    twk_pack *pack = fb && jobs && run ? base_pack(ops[0]->svc, ops[0]->run->base) : NULL;
+    twk_pack *pack = fb && jobs && run ? svc_base_pack(&ops[0]->svc->cfg, ops[0]->run->base) : NULL;
     int m = 0; /* ops that reach the pack */
     for (int i = 0; i < n; i++) {
         op *o = ops[i];

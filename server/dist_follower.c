@@ -10,6 +10,7 @@
 
 typedef struct frun {
     char id[128];
+    int model; /* its base model's index */
     twk_trainer *t;
     struct frun *next;
 } frun;
@@ -65,6 +66,7 @@ static void reply(twk_status st, const twk_loss_result *res, const float *lp, in
 /* A forward_backward share: the arrays after the header, in send_share's order. */
 static void run_fb(follower *f, const dsv_cmd *h, const unsigned char *p, int64_t len) {
     twk_loss_spec spec;
+    frun *r = *find(f, h->run);
     twk_trainer *t = trainer_of(f, h->run);
     twk_status st = t ? twk_loss_spec_init(h->loss, &spec) : TWK_ERR_STATE;
     int64_t ntok = h->n_tokens, kw = h->k > 0 ? h->k : 1, need = (int64_t)(h->n_seqs + 1) * 8 + ntok * 4 + ntok * kw * 4;
@@ -93,7 +95,8 @@ static void run_fb(follower *f, const dsv_cmd *h, const unsigned char *p, int64_
     if (st == TWK_OK && (!lp || (h->backward && !saved))) st = twk_error(TWK_ERR_OOM, "out of memory for a share");
     twk_loss_result res;
     memset(&res, 0, sizeof res);
-    if (st == TWK_OK) st = twk_loss_step(t, &spec, &b, h->backward, lp, &res);
+    /* through the base model's pack, as rank 0 and the one-process service run a share */
+    if (st == TWK_OK) st = svc_pack_step(svc_base_pack(&f->cfg, &f->models[r->model]), t, &spec, &b, h->backward, lp, &res);
     reply(st, &res, st == TWK_OK ? lp : NULL, ntok * kw);
     if (h->backward) { /* rank 0's verdict: keep the gradient, or put it back (a share failed somewhere) */
         void *v = NULL;
@@ -230,6 +233,7 @@ static twk_status run_create(follower *f, const dsv_cmd *h) {
     frun *r = twk_host_calloc(sizeof *r, "run");
     if (!r) return twk_error(TWK_ERR_OOM, "out of memory for a run");
     snprintf(r->id, sizeof r->id, "%s", h->run);
+    r->model = h->model;
     twk_status st = twk_trainer_new(f->models[h->model].m, &h->lora, h->capacity, &r->t);
     if (st != TWK_OK) {
         twk_host_free(r);
@@ -317,6 +321,7 @@ int twk_serve_follower(const twk_serve_config *cfg) {
     while (f->runs) run_unload(f, f->runs->id);
     for (int i = 0; i < f->n_models; i++) {
         twk_sampler_free(f->samplers[i]);
+        twk_pack_free(f->models[i].pack);
         twk_model_free(f->models[i].m);
         twk_tokenizer_free(f->models[i].tok);
     }

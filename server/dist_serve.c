@@ -255,10 +255,10 @@ static void combine(const twk_loss_def *d, const twk_loss_result *parts, const i
     res->mean = d->family == TWK_FAMILY_RL ? (norm ? res->loss / norm : 0) : norm != 0 ? res->loss / norm : res->loss;
 }
 
-twk_status svc_dist_loss_step(run_state *r, const twk_loss_spec *spec, const twk_loss_batch *b, int backward,
-                              float *logprobs, twk_loss_result *res) {
+twk_status svc_dist_loss_step(run_state *r, twk_pack *pack, const twk_loss_spec *spec, const twk_loss_batch *b,
+                              int backward, float *logprobs, twk_loss_result *res) {
     twk_trainer *t = r->trainer;
-    if (!svc_dist_active() || !shardable(spec)) return twk_loss_step(t, spec, b, backward, logprobs, res);
+    if (!svc_dist_active() || !shardable(spec)) return svc_pack_step(pack, t, spec, b, backward, logprobs, res);
     int n = twk_dist_size(), kw = b->k > 0 ? b->k : 1;
     int *s0 = twk_host_calloc((size_t)n * 3 * sizeof(int), "shares");
     twk_loss_result *parts = twk_host_calloc((size_t)n * sizeof *parts, "share results");
@@ -281,7 +281,7 @@ twk_status svc_dist_loss_step(run_state *r, const twk_loss_spec *spec, const twk
     if (used[0]) { /* rank 0's own share, while the others run theirs */
         twk_loss_batch mine = *b;
         mine.n_seqs = s1[0]; /* rank 0's share starts at sequence 0: the same arrays, fewer sequences */
-        twk_status own = twk_loss_step(t, spec, &mine, backward, logprobs, &parts[0]);
+        twk_status own = svc_pack_step(pack, t, spec, &mine, backward, logprobs, &parts[0]);
         if (st == TWK_OK) st = own;
     }
     for (int k = 1; k < n; k++) {
@@ -307,7 +307,7 @@ twk_status svc_dist_loss_step(run_state *r, const twk_loss_spec *spec, const twk
     else if (twk_dist_failed()) /* a rank was lost: the run's gradients are gone with it */
         st = twk_error(TWK_ERR_BACKEND, "%s", twk_last_error());
     else /* the whole batch on rank 0: its result, or its failure with the single process's message */
-        st = twk_loss_step(t, spec, b, backward, logprobs, res);
+        st = svc_pack_step(pack, t, spec, b, backward, logprobs, res);
     twk_host_free(s0);
     twk_host_free(parts);
     twk_host_free(saved);

@@ -90,11 +90,13 @@ void svc_dist_stop(void);
  * the rank that failed (nothing is left on any rank then). */
 twk_status svc_dist_trainer_new(svc *s, run_state *r);
 /* Worker: twk_loss_step over the ranks: the sequences split by tokens (whole groups), every
- * rank's share through twk_loss_step, logprobs and metrics combined as one process reports
- * them. A failure on any rank rolls every rank's gradients back and reruns the whole batch on
- * rank 0, so the request fails with the single process's message. */
-twk_status svc_dist_loss_step(run_state *r, const twk_loss_spec *spec, const twk_loss_batch *b, int backward,
-                              float *logprobs, twk_loss_result *res);
+ * rank's share through its base model's pack as a pack of one (svc_pack_step: rank 0's through
+ * `pack`), so each datum's logprobs are computed as the one-process service computes them;
+ * logprobs and metrics combined as one process reports them. A failure on any rank rolls every
+ * rank's gradients back and reruns the whole batch on rank 0, so the request fails with the
+ * single process's message. */
+twk_status svc_dist_loss_step(run_state *r, twk_pack *pack, const twk_loss_spec *spec, const twk_loss_batch *b,
+                              int backward, float *logprobs, twk_loss_result *res);
 /* Worker: the gradients summed over every rank, then twk_trainer_optim_step on each. */
 twk_status svc_dist_optim_step(run_state *r, const twk_adam_params *p, float *grad_norm);
 /* Worker: twk_trainer_load_state on every rank (the folder must be readable by each). */

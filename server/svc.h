@@ -277,6 +277,14 @@ void svc_op_fail(op *o, int user, const char *fmt, ...) __attribute__((format(pr
  * (worker) as packed passes of the model's pack (twk_loss_steps); each op
  * gets its result or its error (its future is settled by op_done). */
 void svc_run_fb(op **ops, int n);
+/* The base model's pack (its runs' forward / forward_backward passes), made at its first use from
+ * cfg's pack_tokens / max_context / pack_runs (worker; a follower rank its own). NULL with the
+ * error set. */
+twk_pack *svc_base_pack(const twk_serve_config *cfg, base_model *bm);
+/* One run's twk_loss_step through pack (a pack of one: the passes svc_run_fb gives it alone);
+ * the step's error, or TWK_ERR_OOM naming the pack when pack is NULL. */
+twk_status svc_pack_step(twk_pack *pack, twk_trainer *t, const twk_loss_spec *spec, const twk_loss_batch *b, int backward,
+                         float *logprobs, twk_loss_result *res);
 /* The worker's run_batch for packed OP_FB jobs: svc_run_fb over their ops. */
 void svc_run_fb_jobs(twk_job **jobs, int n);
 /* The pass counter of a base model's pack (zeros before its first pass); worker-written. */

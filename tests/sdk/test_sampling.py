@@ -232,7 +232,10 @@ def test_stop_token_ends_generation_and_is_included(ctx):
         j = s.tokens.index(stop_id)  # its first occurrence
         r = sample(samp, n=3, max_tokens=16, temperature=1.0, seed=21, stop=[stop_id]).sequences[i]
         assert r.tokens == s.tokens[: j + 1], (stop_id, s.tokens, r.tokens)
-        assert r.logprobs == s.logprobs[: j + 1]
+        # equal up to rounding, not bit for bit: when another sample stops first the decode batch
+        # shrinks, and OpenBLAS's small-matrix sgemm may round a row of a 2-row product
+        # differently from the same row of a 3-row one (the built-in model's 512 x 128 logits do)
+        assert worst(r.logprobs, s.logprobs[: j + 1]) <= 1e-5
         assert r.stop_reason == "stop"
     # two stop ids: the earlier one ends it
     s = free.sequences[0]
