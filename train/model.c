@@ -547,12 +547,18 @@ static twk_status build(twk_trainer *t) {
         t->hi = twk_input(g, "kv_hi", TWK_I32, 1, T1);
         if (t->n_slots) t->slot_in = twk_input(g, "lora_slot", TWK_I32, 1, T1);
         int64_t m1[1] = {1};
-        t->sel = twk_input(g, "select", TWK_I32, 1, t->sel_dyn ? T1 : m1);
-        if (t->n_slots) t->slot_sel = twk_input(g, "lora_slot_select", TWK_I32, 1, t->sel_dyn ? T1 : m1);
+        int dyn = t->pass != TWK_PASS_PREFILL; /* the prefill selects 1 row, decode and heads every row */
+        t->sel = twk_input(g, "select", TWK_I32, 1, dyn ? T1 : m1);
+        if (t->n_slots) t->slot_sel = twk_input(g, "lora_slot_select", TWK_I32, 1, dyn ? T1 : m1);
     }
     int64_t hf[1] = {c->head_dim / 2};
     t->inv_freq_id = twk_param(g, "rope.inv_freq", 1, hf, false);
     t->inv_freq_local_id = t->inv_freq_local.nelem ? twk_param(g, "rope.inv_freq_local", 1, hf, false) : -1;
+    int head = t->sampling && t->pass == TWK_PASS_HEAD;
+    if (head) {
+        int64_t hs[2] = {TWK_T, c->hidden};
+        t->hidden = twk_input(g, "hidden", TWK_F32, 2, hs);
+    }
 
     float eps = (float)c->rms_eps, scale = c->attn_scale > 0 ? (float)c->attn_scale : 1.0f / sqrtf((float)c->head_dim);
     twk_id x = twk_get_rows(g, weight_node(t, "model.embed_tokens.weight"), t->tokens);
@@ -561,7 +567,7 @@ static twk_status build(twk_trainer *t) {
     int64_t qs[3] = {TWK_T, c->heads, c->head_dim}, ks[3] = {TWK_T, c->kv_heads, c->head_dim};
     int64_t flat[2] = {TWK_T, (int64_t)c->heads * c->head_dim};
     char nm[160], mod[160];
-    for (int l = 0; l < c->layers; l++) {
+    for (int l = 0; !head && l < c->layers; l++) {
         if (t->recompute) twk_graph_checkpoint(g, x); /* each layer's input */
 #define W(s) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, s), norm_w(t, weight_node(t, nm), ones))
 #define M(s) (snprintf(mod, sizeof mod, "model.layers.%d.%s", l, s), mod)
@@ -578,10 +584,16 @@ static twk_status build(twk_trainer *t) {
         q = twk_rope(g, q, t->positions, freq, 0);
         k = twk_rope(g, k, t->positions, freq, 0);
         twk_id att;
-        if (t->sampling) { /* keys and values go to the cache; queries read their sequence's rows */
+        if (t->sampling) { /* keys and values go to the cache */
             twk_id kc = twk_kv_write(g, t->param_ids[t->m->n_w + t->n_adapter + 2 * l], k, t->rows);
             twk_id vc = twk_kv_write(g, t->param_ids[t->m->n_w + t->n_adapter + 2 * l + 1], v, t->rows);
-            att = twk_attention_cached(g, q, kc, vc, t->lo, t->hi, scale);
+            if (t->pass == TWK_PASS_DECODE) { /* queries read their sequence's cache rows */
+                att = twk_attention_cached(g, q, kc, vc, t->lo, t->hi, scale);
+            } else { /* a prompt from position 0: the training attention (GEMM blocks), the writes outputs */
+                att = twk_attention(g, q, k, v, t->seg, scale);
+                twk_graph_output(g, kc);
+                twk_graph_output(g, vc);
+            }
         } else {
             att = twk_attention(g, q, k, v, t->seg, scale);
         }
@@ -602,8 +614,12 @@ static twk_status build(twk_trainer *t) {
 #undef M
     }
     if (t->recompute) twk_graph_checkpoint(g, x); /* the head after it is kept */
-    twk_id h = twk_rmsnorm(g, x, norm_w(t, weight_node(t, "model.norm.weight"), ones), eps);
-    if (t->sampling) h = twk_get_rows(g, h, t->sel); /* only the rows that sample next */
+    twk_id h = head ? t->hidden : twk_rmsnorm(g, x, norm_w(t, weight_node(t, "model.norm.weight"), ones), eps);
+    if (t->sampling && t->pass == TWK_PASS_PREFILL) { /* every row's final state: prompt scoring reads it */
+        t->hidden = h;
+        twk_graph_output(g, h);
+    }
+    if (t->sampling && !head) h = twk_get_rows(g, h, t->sel); /* only the rows that sample next */
     if (t->fused) { /* logprobs without the [T, V] logits */
         t->logprobs = twk_unembed_logprobs(g, h, weight_node(t, c->tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"),
                                            t->targets);
@@ -624,6 +640,7 @@ static twk_status build(twk_trainer *t) {
     if (c->final_softcap > 0) /* Gemma 2: cap * tanh(logits / cap) */
         logits = twk_scale(g, twk_map(g, TWK_OP_TANH, twk_scale(g, logits, (float)(1.0 / c->final_softcap))),
                            (float)c->final_softcap);
+    if (head) t->logprobs = twk_logprobs(g, logits, t->targets);
     if (t->sampling) {
         t->logits = logits;
         twk_node_set_name(g, logits, "logits");
@@ -639,6 +656,10 @@ void twk_trainer_free(twk_trainer *t) {
     twk_plan_free(t->fwd);
     twk_plan_free(t->fwdbwd);
     twk_plan_free(t->decode);
+    for (int i = 0; i < 2; i++) {
+        twk_plan_free(t->head[i].p);
+        twk_graph_free(t->head[i].g);
+    }
     twk_buffer_free(t->m->dev, t->arena);
     twk_graph_free(t->g);
     twk_graph_free(t->g_decode);
@@ -719,6 +740,53 @@ static twk_status compile_train(twk_trainer *t, twk_buffer *shared) {
 static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int64_t capacity, int sampling,
                                  int max_seqs, int64_t max_len, int n_slots, int slot_rank, const twk_trainer_opts *o,
                                  int dry, twk_trainer **out);
+
+twk_status twk_trainer_score_head(twk_trainer *t, int which, twk_score_head **out) {
+    twk_score_head *hd = &t->head[which];
+    *out = hd->p ? hd : NULL;
+    if (hd->p) return TWK_OK;
+    const twk_model_config *c = &t->m->cfg;
+    int adapter = adapter_node(t, "base_model.model.lm_head.lora_A.weight") >= 0;
+    if (which == 0 && (adapter || c->final_softcap > 0 || !twk_mem_fused_unembed(t->m->dev, twk_dtype_name(twk_model_dtype(t->m)))))
+        return TWK_OK;
+    /* build() in head mode on a graph of its own; the decode graph's ids stay in t */
+    twk_graph *keep = t->g;
+    twk_id logits = t->logits, logprobs = t->logprobs, loss = t->loss, hidden = t->hidden;
+    int64_t cap = t->capacity;
+    int fused = t->fused;
+    t->pass = TWK_PASS_HEAD;
+    t->fused = which == 0;
+    /* the fused kernel tiles the rows itself; logits are held for a tile of rows at a time */
+    t->capacity = which == 0 ? t->max_len : TWK_UNEMBED_TILE_ROWS((int64_t)c->vocab, t->max_len);
+    t->g = twk_graph_new();
+    twk_status st = t->g ? build(t) : TWK_ERR_OOM;
+    if (st == TWK_OK) {
+        twk_graph_output(t->g, t->logprobs);
+        if (which == 1) twk_graph_output(t->g, t->logits);
+        st = compile(t, &hd->p, 0);
+    }
+    hd->g = t->g;
+    hd->hidden = t->hidden;
+    hd->logits = which == 1 ? t->logits : -1;
+    hd->logprobs = t->logprobs;
+    hd->rows = t->capacity;
+    t->g = keep;
+    t->logits = logits;
+    t->logprobs = logprobs;
+    t->loss = loss;
+    t->hidden = hidden;
+    t->capacity = cap;
+    t->fused = fused;
+    t->pass = TWK_PASS_DECODE;
+    if (st != TWK_OK) {
+        twk_plan_free(hd->p);
+        twk_graph_free(hd->g);
+        memset(hd, 0, sizeof *hd);
+        return st;
+    }
+    *out = hd;
+    return TWK_OK;
+}
 
 twk_status twk_trainer_new(twk_model *m, const twk_lora_config *lora, int64_t capacity, twk_trainer **out) {
     return twk_trainer_create(m, lora, capacity, 0, 0, 0, out);
@@ -842,8 +910,9 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
     if (st == TWK_OK && sampling) { /* the prefill plan, then the decode plan (same node ids) */
         twk_graph_output(t->g, t->logits);
         st = compile(t, &t->fwd, 0);
+        t->prefill_logits = t->logits;
         twk_graph *prefill = t->g;
-        t->sel_dyn = 1;
+        t->pass = TWK_PASS_DECODE;
         t->g = twk_graph_new();
         if (st == TWK_OK && !t->g) st = TWK_ERR_OOM;
         if (st == TWK_OK) st = build(t);

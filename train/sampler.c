@@ -17,7 +17,7 @@ struct twk_sampler {
     int max_seqs;
     int64_t max_len;
     int vocab;
-    int32_t *ibuf;  /* tokens, positions, rows, lo, hi, select (capacity each) */
+    int32_t *ibuf;  /* tokens, positions, rows, lo, hi, select, slots, zeros (capacity each) */
     float *logits;  /* max_seqs x vocab */
 };
 
@@ -36,7 +36,7 @@ static twk_status sampler_make(twk_model *m, const twk_lora_config *lora, int n_
     twk_status st = n_slots ? twk_trainer_create_slots(m, n_slots, slot_rank, max_seqs, max_len, &s->t)
                             : twk_trainer_create(m, lora, cap, 1, max_seqs, max_len, &s->t);
     if (st == TWK_OK) {
-        s->ibuf = twk_host_alloc((size_t)cap * 7 * sizeof(int32_t), "sampler inputs");
+        s->ibuf = twk_host_calloc((size_t)cap * 8 * sizeof(int32_t), "sampler inputs");
         s->logits = twk_host_alloc((size_t)max_seqs * (size_t)s->vocab * sizeof(float), "sampler logits");
         if (!s->ibuf || !s->logits) st = TWK_ERR_OOM;
     }
@@ -165,9 +165,11 @@ twk_status twk_sampler_copy_adapter(twk_sampler *s, twk_trainer *from) {
 }
 
 /* One pass: n tokens with their cache rows and attention ranges. A prefill
- * pass yields the logits of row sel[0] only; a decode pass (decode = 1) the
- * logits of rows sel[0..n) — so the unembedding runs on just the rows that
- * choose a token. The logits land in s->logits. */
+ * pass (a prompt from position 0 of its sequence: lo and hi are unused, the
+ * training attention runs over the n tokens) yields the logits of row sel[0]
+ * only, and every row's final hidden state in the plan; a decode pass
+ * (decode = 1) the logits of rows sel[0..n) — so the unembedding runs on just
+ * the rows that choose a token. The logits land in s->logits. */
 static twk_status pass_plan(twk_sampler *s, int decode, int64_t n, const int32_t *tok, const int32_t *pos,
                             const int32_t *rows, const int32_t *lo, const int32_t *hi, const int32_t *sel) {
     twk_trainer *t = s->t;
@@ -185,14 +187,19 @@ static twk_status pass_plan(twk_sampler *s, int decode, int64_t n, const int32_t
     twk_plan *p = decode ? t->decode : t->fwd;
     size_t b = (size_t)n * sizeof *tok; /* every input is int32 */
     int64_t n_out = decode ? n : 1;
+    int64_t cap = s->max_len > s->max_seqs ? s->max_len : s->max_seqs;
+    const int32_t *zeros = s->ibuf + 7 * cap; /* seg_start: the prompt is one segment */
     twk_status st = twk_plan_write(p, t->tokens, n, tok, b);
     if (st == TWK_OK) st = twk_plan_write(p, t->positions, n, pos, b);
     if (st == TWK_OK) st = twk_plan_write(p, t->rows, n, rows, b);
-    if (st == TWK_OK) st = twk_plan_write(p, t->lo, n, lo, b);
-    if (st == TWK_OK) st = twk_plan_write(p, t->hi, n, hi, b);
+    if (st == TWK_OK && decode) st = twk_plan_write(p, t->lo, n, lo, b);
+    if (st == TWK_OK && decode) st = twk_plan_write(p, t->hi, n, hi, b);
+    if (st == TWK_OK && !decode) st = twk_plan_write(p, t->seg, n, zeros, b);
     if (st == TWK_OK) st = twk_plan_write(p, t->sel, n, sel, (size_t)n_out * sizeof *sel);
     if (st == TWK_OK) st = twk_plan_run(p, n);
-    if (st == TWK_OK) st = twk_plan_read(p, t->logits, n, s->logits, (size_t)n_out * (size_t)s->vocab * sizeof *s->logits);
+    if (st == TWK_OK)
+        st = twk_plan_read(p, decode ? t->logits : t->prefill_logits, n, s->logits,
+                           (size_t)n_out * (size_t)s->vocab * sizeof *s->logits);
     return st;
 }
 
@@ -519,59 +526,68 @@ twk_status twk_sampler_score_prompt(twk_sampler *s, const int32_t *prompt, int64
         if (prompt[i] < 0 || prompt[i] >= s->vocab)
             return twk_error(TWK_ERR_INVALID_ARG, "score_prompt: prompt token %lld = %d is outside the vocabulary [0, %d)",
                              (long long)i, prompt[i], s->vocab);
-    int64_t cap = s->max_len > s->max_seqs ? s->max_len : s->max_seqs;
-    int32_t *tok = s->ibuf, *pos = tok + cap, *rows = pos + cap, *lo = rows + cap, *hi = lo + cap, *sel = hi + cap;
-    for (int64_t i = 0; i < cap; i++) sel[cap + i] = s->score_slot; /* the slot array follows sel */
-    cand *work = k > 0 ? twk_host_alloc((size_t)s->vocab * sizeof *work, "score work") : NULL;
-    if (k > 0 && !work) return TWK_ERR_OOM;
     if (logprobs) logprobs[0] = NAN;
     for (int j = 0; k > 0 && topk_ids && j < k; j++) {
         topk_ids[j] = 0;
         topk_lps[j] = -99999.0f;
     }
-    /* one prefill fills the cache; then each pass feeds max_seqs prompt tokens
-     * again (rewriting identical cache rows) and reads all their logits: row j
-     * of a pass starting at r0 holds the prediction for position r0 + j */
-    for (int64_t i = 0; i < n_prompt; i++) {
+    if (!topk_ids || !topk_lps) k = 0; /* no top-k wanted */
+    if (n_prompt < 2) return TWK_OK;
+    /* one prefill of prompt[0..n) (n = n_prompt - 1: row j predicts prompt[j + 1]) leaves every
+     * row's final hidden state; the head turns them into logprobs of their targets, and for
+     * top-k into logits, a tile of rows at a time */
+    twk_trainer *t = s->t;
+    int64_t n = n_prompt - 1, cap = s->max_len > s->max_seqs ? s->max_len : s->max_seqs, D = t->m->cfg.hidden;
+    int32_t *tok = s->ibuf, *pos = tok + cap, *rows = pos + cap, *lo = rows + cap, *hi = lo + cap, *sel = hi + cap;
+    int32_t *slots = sel + cap;
+    for (int64_t i = 0; i < n; i++) {
         tok[i] = prompt[i];
         pos[i] = (int32_t)i;
-        rows[i] = (int32_t)i;
-        lo[i] = 0;
-        hi[i] = (int32_t)i + 1;
+        rows[i] = (int32_t)i; /* sequence 0's cache rows */
+        slots[i] = s->score_slot;
     }
-    for (int j = 0; j < s->max_seqs; j++) sel[j] = 0;
-    twk_status st = n_prompt > 1 ? pass(s, n_prompt, tok, pos, rows, lo, hi, sel) : TWK_OK;
-    for (int64_t r0 = 1; st == TWK_OK && r0 < n_prompt; r0 += s->max_seqs) {
-        int64_t n = n_prompt - r0 < s->max_seqs ? n_prompt - r0 : s->max_seqs;
-        for (int64_t j = 0; j < n; j++) {
-            int64_t at = r0 - 1 + j; /* the token whose logits predict position r0 + j */
-            tok[j] = prompt[at];
-            pos[j] = (int32_t)at;
-            rows[j] = (int32_t)at;
-            lo[j] = 0;
-            hi[j] = (int32_t)at + 1;
-            sel[j] = (int32_t)j;
-        }
-        st = pass_decode(s, n, tok, pos, rows, lo, hi, sel);
-        for (int64_t j = 0; st == TWK_OK && j < n; j++) {
-            int64_t r = r0 + j;
-            const float *row = s->logits + (size_t)j * (size_t)s->vocab;
+    sel[0] = (int32_t)(n - 1);
+    twk_score_head *hd = NULL;
+    twk_status st = k == 0 ? twk_trainer_score_head(t, 0, &hd) : TWK_OK;
+    if (st == TWK_OK && !hd) st = twk_trainer_score_head(t, 1, &hd);
+    if (st != TWK_OK) return st;
+    float *hid = twk_host_alloc((size_t)(n * D) * sizeof *hid, "score hidden");
+    float *lp = twk_host_alloc((size_t)n * sizeof *lp, "score logprobs");
+    float *lg = k > 0 ? twk_host_alloc((size_t)hd->rows * (size_t)s->vocab * sizeof *lg, "score logits") : NULL;
+    cand *work = k > 0 ? twk_host_alloc((size_t)s->vocab * sizeof *work, "score work") : NULL;
+    st = hid && lp && (k == 0 || (lg && work)) ? TWK_OK : TWK_ERR_OOM;
+    if (st == TWK_OK) st = pass(s, n, tok, pos, rows, lo, hi, sel);
+    if (st == TWK_OK) st = twk_plan_read(t->fwd, t->hidden, n, hid, (size_t)(n * D) * sizeof *hid);
+    for (int64_t r0 = 0; st == TWK_OK && r0 < n; r0 += hd->rows) {
+        int64_t c = n - r0 < hd->rows ? n - r0 : hd->rows;
+        st = twk_plan_write(hd->p, hd->hidden, c, hid + r0 * D, (size_t)(c * D) * sizeof *hid);
+        if (st == TWK_OK) st = twk_plan_write(hd->p, t->targets, c, prompt + 1 + r0, (size_t)c * sizeof *prompt);
+        if (st == TWK_OK && t->n_slots && hd->logits >= 0)
+            st = twk_plan_write(hd->p, t->slot_sel, c, slots, (size_t)c * sizeof *slots);
+        if (st == TWK_OK) st = twk_plan_run(hd->p, c);
+        if (st == TWK_OK) st = twk_plan_read(hd->p, hd->logprobs, c, lp + r0, (size_t)c * sizeof *lp);
+        if (st == TWK_OK && k > 0)
+            st = twk_plan_read(hd->p, hd->logits, c, lg, (size_t)c * (size_t)s->vocab * sizeof *lg);
+        for (int64_t j = 0; st == TWK_OK && k > 0 && j < c; j++) {
+            int64_t r = r0 + j + 1; /* the prompt position row r0 + j predicts */
+            const float *row = lg + (size_t)j * (size_t)s->vocab;
             double m = -INFINITY, z = 0;
             for (int v = 0; v < s->vocab; v++) m = row[v] > m ? row[v] : m;
             for (int v = 0; v < s->vocab; v++) z += exp((double)row[v] - m);
             double lse = m + log(z);
-            if (logprobs) logprobs[r] = (float)((double)row[prompt[r]] - lse);
-            if (k > 0 && topk_ids) {
-                for (int v = 0; v < s->vocab; v++) work[v] = (cand){row[v], v};
-                select_top(work, s->vocab, k);
-                qsort(work, (size_t)k, sizeof *work, cmp_cand);
-                for (int q = 0; q < k; q++) {
-                    topk_ids[r * k + q] = work[q].id;
-                    topk_lps[r * k + q] = (float)((double)work[q].logit - lse);
-                }
+            for (int v = 0; v < s->vocab; v++) work[v] = (cand){row[v], v};
+            select_top(work, s->vocab, k);
+            qsort(work, (size_t)k, sizeof *work, cmp_cand);
+            for (int q = 0; q < k; q++) {
+                topk_ids[r * k + q] = work[q].id;
+                topk_lps[r * k + q] = (float)((double)work[q].logit - lse);
             }
         }
     }
+    if (st == TWK_OK && logprobs) memcpy(logprobs + 1, lp, (size_t)n * sizeof *lp);
+    twk_host_free(hid);
+    twk_host_free(lp);
+    twk_host_free(lg);
     twk_host_free(work);
     return st;
 }

@@ -27,6 +27,19 @@ struct twk_model {
     int kv_set;
 };
 
+/* The sampler's passes (twk_trainer.pass): what build() makes in sampling mode. */
+enum { TWK_PASS_PREFILL, TWK_PASS_DECODE, TWK_PASS_HEAD };
+
+/* A head of prompt scoring: final hidden rows [T, hidden] in, each row's logprob of its
+ * target out; [0] fused (twk_unembed_logprobs, no logits: the base unembedding only), [1]
+ * the unembedding with its adapter (slot) and the logits [rows, V] too. */
+typedef struct twk_score_head {
+    twk_graph *g;
+    twk_plan *p;
+    twk_id hidden, logits, logprobs;
+    int64_t rows; /* the plan's capacity in rows */
+} twk_score_head;
+
 /* A trainable tensor of a trainer; its accumulated gradient and AdamW moments live on the
  * device, at element `off` of the trainer's flat buffers (train/optim_plan.c). */
 typedef struct tparam {
@@ -70,11 +83,16 @@ struct twk_trainer {
     int64_t max_len;
     twk_id rows, lo, hi, sel, logits;
     named_buf *kv; /* 2 per layer: K cache, V cache, [max_seqs * max_len, kv_heads, head_dim] */
-    /* two plans over one set of buffers: fwd selects 1 row (prefill: the last
-     * prompt token), decode selects one row per token fed (sel_dyn) */
-    int sel_dyn;
+    /* the plans over one set of buffers, each built by build() for t->pass: fwd (prefill:
+     * the whole prompt through the training attention, its keys and values written into
+     * the cache, logits of 1 selected row, every row's final hidden state), decode (one
+     * row per token fed, attention over the cache), and the lazily made heads of prompt
+     * scoring (twk_trainer_score_head) */
+    int pass;
+    twk_id hidden, prefill_logits; /* the prefill plan's [T, hidden] output and its logits */
     twk_graph *g_decode;
     twk_plan *decode;
+    twk_score_head head[2];
     /* adapter slots (a sampler serving several adapters in one batch): every
      * module has A [n_slots, slot_rank, in] and B [n_slots, out, slot_rank]
      * (B already scaled by alpha / rank); each token names its slot */
@@ -102,6 +120,11 @@ void twk_trainer_grad_hook_free(twk_trainer *t);
  * logits of max_seqs selected rows as the output. */
 twk_status twk_trainer_create(twk_model *m, const twk_lora_config *lora, int64_t capacity, int sampling, int max_seqs,
                               int64_t max_len, twk_trainer **out);
+/* Prompt scoring's head (sampling mode) into *out: the fused one (which = 0) where the
+ * unembedding has no adapter, the device has TWK_OP_UNEMBED_LOGPROBS and f32 weights (else
+ * *out = NULL, TWK_OK); with which = 1 the one with logits. Built and compiled on first use;
+ * the graph compiler's error when that fails. */
+twk_status twk_trainer_score_head(twk_trainer *t, int which, twk_score_head **out);
 /* A sampling-mode trainer with n_slots adapter slots of rank <= slot_rank on
  * every module (attention, MLP, unembedding); slots start as zeros (base). */
 twk_status twk_trainer_create_slots(twk_model *m, int n_slots, int slot_rank, int max_seqs, int64_t max_len,

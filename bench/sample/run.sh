@@ -64,7 +64,9 @@ if [ "$rc" -ne 0 ] || ! grep -q '^RESULT' "$tmp/peer.txt"; then
     exit 1
 fi
 
-awk -v batch="$BATCH" -v secs="$(($(date +%s) - start))" '
+# compute_logprobs of PROMPT + NEW tokens against a twinkle prefill of them (no peer), and its FLOP floor
+score=$(sed -n 's/^twinkle score_prompt .* = \([0-9.]*\) x a prefill.*FLOPs \([0-9.]*\) x.*/\1 \2/p' "$tmp/twinkle.txt")
+awk -v batch="$BATCH" -v secs="$(($(date +%s) - start))" -v score="$score" '
     FNR == 1 { f++ }
     $1 == "RESULT" { for (i = 2; i <= 5; i++) r[f, i - 1] = $i }
     $1 == "TOKENS" { nt[f] = NF - 1; for (i = 2; i <= NF; i++) t[f, i - 1] = $i }
@@ -74,6 +76,8 @@ awk -v batch="$BATCH" -v secs="$(($(date +%s) - start))" '
         split("prefill|decode batch 1|decode batch " batch "|  at temperature 1", name, "|")
         for (k = 1; k <= 4; k++)
             printf "%-22s %12.1f %14.1f %9.2f\n", name[k], r[1, k], r[2, k], (r[2, k] > 0 ? r[1, k] / r[2, k] : 0)
+        if (split(score, sc, " ") == 2)
+            printf "%-22s %12.2f %14s %9s  (its FLOPs: %.2f x)\n", "compute_logprobs/prefill", sc[1], "-", "-", sc[2]
         same = 0; err = 0
         for (i = 1; i <= nt[1] && t[1, i] == t[2, i]; i++) {
             same++

@@ -148,6 +148,22 @@ def test_compute_logprobs_equals_training_forward(ctx):
         assert worst(lp[1:], fwd_logprobs(tc, prompt)) <= TOL
 
 
+def test_compute_logprobs_in_one_pass_equals_forward_at_every_length(ctx, base_sampler):
+    """Prompt scoring (one prefill, every row's logprob) on the LoRA snapshot and on the base
+    model: 1 and 2 tokens, and 157 (longer than a decode batch of 16, a multiple of no tile),
+    within 1e-5 of the training forward's."""
+    fresh = new_training_client(ctx["sc"], rank=4, seed=2)  # B = 0: the base model
+    long = [(1000 + 7919 * i) % VOCAB for i in range(157)]
+    for samp, tc in ((ctx["samp"], ctx["tc"]), (base_sampler, fresh)):
+        assert samp.compute_logprobs(mi([42])).result(timeout=60) == [None]
+        for prompt in ([42, 7], long):
+            lp = samp.compute_logprobs(mi(prompt)).result(timeout=60)
+            assert len(lp) == len(prompt) and lp[0] is None
+            err = worst(lp[1:], fwd_logprobs(tc, prompt))
+            print(f"compute_logprobs vs forward, {len(prompt)} tokens: max |diff| {err:.2e}")
+            assert err <= 1e-5
+
+
 def test_greedy_logprobs_equal_forward_of_prompt_plus_generation(ctx):
     tc, samp = ctx["tc"], ctx["samp"]
     r = sample(samp, max_tokens=16, temperature=0.0, stop=[])
