@@ -304,19 +304,6 @@ static void dump_batch(FILE *f, long step, const twk_packed *p) {
     fflush(f);
 }
 
-/* The RL aggregations that normalise over the whole batch (per-sequence or
- * per-token means) do not split into a sum over ranks; 0 with the reason. */
-static int splits_across_ranks(const train_opts *o) {
-    const twk_loss_def *d = o->spec.def;
-    if (twk_dist_size() == 1 || d->family != TWK_FAMILY_RL || d->aggregation == TWK_AGG_SUM) return 1;
-    if (twk_dist_rank() == 0)
-        fprintf(stderr,
-            "twinkle train: --loss %s normalises over the whole batch, which does not split across %d ranks; "
-            "run it as one rank or use a sum-aggregated RL loss (importance_sampling, ppo, cispo, dro)\n",
-            o->loss, twk_dist_size());
-    return 0;
-}
-
 /* This rank's share of the loss over the evaluation set, forward only: sums[0] the loss, sums[1] its
  * normaliser (the caller sums them across ranks). Errors from the loss step. */
 static twk_status eval_pass(twk_trainer *t, const train_opts *o, const twk_dataset *eval, int group, twk_sampler *ts,
@@ -377,6 +364,7 @@ static int train(train_opts *o) {
     twk_packed packed = {0};
     FILE *dump = NULL, *metrics = NULL;
     int rc = 1, tty = me == 0 && isatty(1);
+    int whole_normalised = o->spec.def->family == TWK_FAMILY_RL && o->spec.def->aggregation != TWK_AGG_SUM;
     char devname[256], where[96] = ""; /* a failing rank's share, for its message */
     twk_mem_request rq = {.tokens = o->batch_tokens, .rank = o->full ? 0 : (int)o->rank, .train_unembed = o->train_unembed,
                           .recompute = o->recompute};
@@ -524,7 +512,11 @@ static int train(train_opts *o) {
         }
         overlapped = 0;
         twk_dist_sum_f64(sums, 2);
-        loss_avg = nr == 1 && micro == 1 ? mean : sums[1] != 0 ? sums[0] / sums[1] : sums[0];
+        /* an RL loss normalised over the whole batch is its own mean: the shares' losses add up to it */
+        loss_avg = nr == 1 && micro == 1 ? mean
+                   : whole_normalised        ? sums[0] / micro
+                   : sums[1] != 0            ? sums[0] / sums[1]
+                                             : sums[0];
         ap.learning_rate = (float)(o->lr * twk_lr_factor(o->sched, s - 1, o->steps, o->warmup));
         if (twk_trainer_optim_step(t, &ap, NULL) != TWK_OK) goto fail;
         if (first < 0) first = loss_avg;
@@ -609,7 +601,7 @@ static int run_train(int argc, char **argv, train_opts *o) {
                         "(TWK_MPI=OFF); rebuild with MPI or run one process\n", twk_dist_launched_size());
         return 2;
     }
-    int rc = splits_across_ranks(o) ? train(o) : 2;
+    int rc = train(o);
     twk_dist_finalize();
     return rc;
 }

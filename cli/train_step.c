@@ -1,6 +1,6 @@
-/* One step of `twinkle train`: the packed batch (or one rank's share of it)
- * becomes a loss batch (its sequences, targets, weights, and the rollouts'
- * advantages and sampler logprobs); for distillation the teacher's top-k at
+/* One step of `twinkle train`: the packed batch (or one rank's share of it, which RL losses
+ * normalise by the whole batch's statistics) becomes a loss batch (its sequences, targets,
+ * weights, and the rollouts' advantages and sampler logprobs); for distillation the teacher's top-k at
  * every position become the targets and teacher_logprobs. train/'s
  * twk_loss_step does the rest. */
 #include <math.h>
@@ -64,11 +64,21 @@ twk_status twk_train_step(twk_trainer *t, const twk_loss_spec *spec, const twk_p
     int64_t *off = seq_offsets(pk);
     twk_status st = off ? TWK_OK : twk_error(TWK_ERR_OOM, "train step: out of memory");
     int64_t a = off ? off[s0] : 0, n = off ? off[s1] - a : 0;
+    /* a share of the batch (data-parallel ranks): RL losses normalise by the whole batch's statistics */
+    twk_loss_whole whole;
+    int share = s1 - s0 < pk->n_seqs;
+    if (st == TWK_OK && share) {
+        twk_loss_batch all = {pk->n_seqs, off, b->tokens, 0, b->targets, {0}, NULL};
+        all.in[TWK_IN_WEIGHTS] = b->weights;
+        all.in[TWK_IN_ADVANTAGES] = pk->advantages;
+        all.in[TWK_IN_LOGPROBS] = pk->sampler_logprobs;
+        st = twk_loss_whole_of(&all, 0, pk->n_seqs, &whole);
+    }
     for (int s = s0; off && s <= s1; s++) off[s - s0] = off[s] - a; /* the share's own offsets */
     int32_t *ids = distill ? malloc((size_t)(n ? n : 1) * (size_t)k * sizeof(int32_t)) : NULL;
     float *tlp = distill ? malloc((size_t)(n ? n : 1) * (size_t)k * sizeof(float)) : NULL;
     if (st == TWK_OK && distill && !(ids && tlp && teacher)) st = twk_error(TWK_ERR_OOM, "train step: out of memory");
-    twk_loss_batch lb = {s1 - s0, off, b->tokens + a, 0, b->targets + a, {0}, NULL};
+    twk_loss_batch lb = {s1 - s0, off, b->tokens + a, 0, b->targets + a, {0}, share ? &whole : NULL};
     lb.in[TWK_IN_WEIGHTS] = at(b->weights, a);
     lb.in[TWK_IN_ADVANTAGES] = at(pk->advantages, a);
     lb.in[TWK_IN_LOGPROBS] = at(pk->sampler_logprobs, a); /* NaN where a line had none: on-policy */

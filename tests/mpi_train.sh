@@ -1,7 +1,7 @@
 #!/bin/sh
 # Data-parallel `twinkle train` under `mpirun -np NP` against the one-process
 # run on the qwen3 parity model: LoRA and full-parameter SFT and LoRA RL
-# (importance_sampling), parameters after 5 steps and the loss curve; with 2
+# (importance_sampling, and grpo, which normalises over the whole batch), parameters after 5 steps and the loss curve; with 2
 # ranks also checkpoints crossing rank counts (2 -> 1 and 1 -> 2) and a rank
 # killed with SIGKILL ending the job; and a rank whose share holds bad data
 # stops every rank with one message naming it. The gradient sum overlapped with
@@ -60,13 +60,15 @@ lora="--rank 8 --lr 1e-2"
 cores=$(getconf _NPROCESSORS_ONLN)
 want_threads=${TWK_THREADS:-$((cores / NP > 1 ? cores / NP : 1))}
 run 1 "$DIR/init" --data "$DIR/sft.jsonl" $lora --lr 0 --steps 1 # the adapter before any step
-for cfg in lora-sft full-sft lora-rl lora-sched; do
+for cfg in lora-sft full-sft lora-rl lora-grpo lora-sched; do
     case $cfg in
     lora-sched) args="--data $DIR/sft.jsonl $lora --shuffle --seed 3 --eval-fraction 0.25 --eval-every 2 \
         --global-batch-tokens 128 --lr-schedule cosine --warmup-steps 2" w=adapter_model.safetensors init="$DIR/init/final/$w" ;;
     lora-sft) args="--data $DIR/sft.jsonl $lora" w=adapter_model.safetensors init="$DIR/init/final/$w" ;;
     full-sft) args="--data $DIR/sft.jsonl --full --lr 1e-3" w=model.safetensors init="$MODEL/model.safetensors" ;;
     lora-rl) args="--data $DIR/rl.jsonl --loss importance_sampling $lora" w=adapter_model.safetensors init="$DIR/init/final/$w" ;;
+    # grpo normalises over the whole batch: each rank's share by the whole batch's sequence count
+    lora-grpo) args="--data $DIR/rl.jsonl --loss grpo $lora" w=adapter_model.safetensors init="$DIR/init/final/$w" ;;
     esac
     run 1 "$DIR/$cfg-1" $args --steps 5
     run "$NP" "$DIR/$cfg-$NP" $args --steps 5
