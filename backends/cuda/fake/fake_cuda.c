@@ -177,6 +177,18 @@ static void run_gemm(const gemm_args *a) {
     }
 }
 
+/* Offset of parameter i in a launch's copied parameter buffer: each at its natural alignment (its
+ * size: 4 or 8), as CUDA lays kernel parameters out; param_offset(k, nparams) is the buffer's size. */
+static size_t param_offset(const fake_kernel *k, int i) {
+    size_t o = 0;
+    for (int j = 0; j < i; j++) {
+        size_t sz = (size_t)k->sizes[j], next = j + 1 < k->nparams ? (size_t)k->sizes[j + 1] : 8;
+        o += sz;
+        if (next) o = (o + next - 1) / next * next;
+    }
+    return o;
+}
+
 static void run_op(const fake_op *o) {
     switch (o->kind) {
     case OP_COPY: memcpy(o->dst, o->src, o->bytes); break;
@@ -190,11 +202,7 @@ static void run_op(const fake_op *o) {
     }
     case OP_LAUNCH: {
         void *p[64];
-        size_t off = 0;
-        for (int i = 0; i < o->k->nparams; i++) {
-            p[i] = o->params + off;
-            off += (size_t)o->k->sizes[i];
-        }
+        for (int i = 0; i < o->k->nparams; i++) p[i] = o->params + param_offset(o->k, i);
         n_launches++;
         for (unsigned z = 0; z < o->grid[2]; z++)
             for (unsigned y = 0; y < o->grid[1]; y++)
@@ -341,9 +349,7 @@ CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
 CUresult cuFuncGetParamInfo(CUfunction f, size_t i, size_t *off, size_t *size) {
     const fake_kernel *k = (const fake_kernel *)(void *)f;
     if ((int)i >= k->nparams) return CUDA_ERROR_INVALID_VALUE;
-    size_t o = 0;
-    for (size_t j = 0; j < i; j++) o += (size_t)k->sizes[j];
-    *off = o;
+    *off = param_offset(k, (int)i);
     *size = (size_t)k->sizes[i];
     return CUDA_SUCCESS;
 }
@@ -354,16 +360,13 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
     if (!gx || !gy || !gz || !bx || !by || !bz || (long)bx * by * bz > MAX_ITEMS || gy > 65535 || gz > 65535 ||
         bz > 64)
         return CUDA_ERROR_INVALID_VALUE;
-    size_t total = 0;
-    for (int i = 0; i < k->nparams; i++) total += (size_t)k->sizes[i];
+    size_t total = param_offset(k, k->nparams);
     fake_op o = {.kind = OP_LAUNCH, .k = k, .grid = {gx, gy, gz}, .block = {bx, by, bz}};
     o.params = malloc(total ? total : 1);
     if (!o.params) fail("out of host memory", NULL);
-    size_t off = 0; /* the values are copied now, as the driver does */
-    for (int i = 0; i < k->nparams; i++) {
+    for (int i = 0; i < k->nparams; i++) { /* the values are copied now, as the driver does */
         if (!params[i]) fail("a NULL parameter pointer", k->name);
-        memcpy(o.params + off, params[i], (size_t)k->sizes[i]);
-        off += (size_t)k->sizes[i];
+        memcpy(o.params + param_offset(k, i), params[i], (size_t)k->sizes[i]);
     }
     submit(st, &o);
     return CUDA_SUCCESS;
@@ -398,8 +401,7 @@ CUresult cuGraphInstantiate(CUgraphExec *e, CUgraph g, unsigned long long flags)
     for (int i = 0; i < src->n; i++) {
         fake_op o = src->v[i];
         if (o.params) {
-            size_t total = 0;
-            for (int j = 0; j < o.k->nparams; j++) total += (size_t)o.k->sizes[j];
+            size_t total = param_offset(o.k, o.k->nparams);
             o.params = malloc(total ? total : 1);
             memcpy(o.params, src->v[i].params, total);
         }
