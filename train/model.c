@@ -266,7 +266,7 @@ int twk_model_weights_dtype(const char *dir, twk_device *dev, int dtype) {
     if (twk_st_open(dir, &sf) != TWK_OK) /* no weights (a config-only plan): as config.json says */
         return cfg.stored_dtype >= 0 ? cfg.stored_dtype : TWK_F32;
     int n = expected_tensors(&cfg, NULL), got = TWK_F32;
-    named_buf *w = calloc((size_t)n, sizeof *w);
+    named_buf *w = twk_host_calloc((size_t)n * sizeof *w, "model dtype");
     if (!w) {
         twk_st_close(sf);
         twk_error(TWK_ERR_OOM, "model dtype: out of memory");
@@ -280,7 +280,7 @@ int twk_model_weights_dtype(const char *dir, twk_device *dev, int dtype) {
             break;
         }
     }
-    free(w);
+    twk_host_free(w);
     twk_st_close(sf);
     return got;
 }
