@@ -649,10 +649,70 @@ static void eos_ids(const char *root) {
     if (system(cmd) != 0) fails++;
 }
 
+/* Sliding-window layers keep a ring of `sliding_window` rows per sequence: the cache's bytes are
+ * those config.json implies (its layer_types, else every layer windowed), and several samples
+ * of a prompt longer than the window (their rings copied from the prefill's) decode as one does
+ * (20 tokens: the rings wrap several times; greedy_parity's prompts of 6 and 11 tokens check the
+ * ring's tokens against transformers). */
+static void window_rings(const char *root, const char *model) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s/model/config.json", root, model);
+    cJSON *js = read_json(path);
+    int W = cJSON_GetObjectItem(js, "sliding_window")->valueint, L = cJSON_GetObjectItem(js, "num_hidden_layers")->valueint;
+    size_t row = (size_t)cJSON_GetObjectItem(js, "num_key_value_heads")->valueint *
+                 (size_t)cJSON_GetObjectItem(js, "head_dim")->valueint * sizeof(float);
+    const cJSON *types = cJSON_GetObjectItem(js, "layer_types");
+    int seqs = 3;
+    int64_t len = 64;
+    size_t want = 0, full = 2 * (size_t)L * (size_t)seqs * (size_t)len * row;
+    for (int l = 0; l < L; l++) {
+        const cJSON *ty = types ? cJSON_GetArrayItem(types, l) : NULL;
+        int local = !types || !strcmp(ty->valuestring, "sliding_attention");
+        want += 2 * (local ? (size_t)seqs * (size_t)W + 1 : (size_t)seqs * (size_t)len) * row;
+    }
+    cJSON_Delete(js);
+    twk_device *dev = NULL;
+    twk_model *m = NULL;
+    twk_sampler *s = NULL;
+    size_t p0[TWK_DPOOL_COUNT], p1[TWK_DPOOL_COUNT];
+    if (!open_device(&dev, model)) return;
+    snprintf(path, sizeof path, "%s/%s/model", root, model);
+    twk_device_pool_snapshot(dev, p0);
+    if (twk_model_load(path, dev, &m) != TWK_OK || twk_sampler_new(m, NULL, seqs, len, &s) != TWK_OK) {
+        check(0, model, twk_last_error(), 0, 0);
+        goto out;
+    }
+    twk_device_pool_snapshot(dev, p1);
+    char what[200];
+    snprintf(what, sizeof what, "window %d: KV cache %zu bytes (unbounded: %zu)", W, p1[TWK_DPOOL_KV_CACHE] - p0[TWK_DPOOL_KV_CACHE], full);
+    check(p1[TWK_DPOOL_KV_CACHE] - p0[TWK_DPOOL_KV_CACHE] == want, model, what, 0, 0);
+    int32_t prompt[11];
+    for (int i = 0; i < 11; i++) prompt[i] = (int32_t)(7 + 37 * i) % 1000;
+    twk_sample_params p = greedy(20);
+    twk_sampled_seq one = {0}, three[3] = {{0}};
+    int same = twk_sampler_generate(s, prompt, 11, 1, &p, &one) == TWK_OK &&
+               twk_sampler_generate(s, prompt, 11, 3, &p, three) == TWK_OK;
+    double err = 0;
+    for (int k = 0; same && k < 3; k++) {
+        same = three[k].n == one.n && !memcmp(three[k].tokens, one.tokens, (size_t)one.n * sizeof *one.tokens);
+        for (int i = 0; same && i < one.n; i++) err = fmax(err, fabs((double)three[k].logprobs[i] - one.logprobs[i]));
+    }
+    /* a decode batch of 3 rows vs 1 changes the GEMM blocking: float reordering only */
+    snprintf(what, sizeof what, "3 samples of an 11-token prompt (window %d) decode as 1", W);
+    check(same && err <= 1e-5, model, what, err, 1e-5);
+    twk_sampled_seq_free(&one);
+    for (int k = 0; k < 3; k++) twk_sampled_seq_free(&three[k]);
+out:
+    twk_sampler_free(s);
+    twk_model_free(m);
+    twk_device_close(dev);
+}
+
 int main(int argc, char **argv) {
     const char *root = argc > 1 ? argv[1] : TWK_PARITY_DIR;
     const char *models[] = {"llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3"};
     for (int i = 0; i < 6; i++) parity(root, models[i]);
+    for (int i = 3; i < 6; i++) window_rings(root, models[i]);
     statistics(root);
     stop_strings();
     eos_ids(root);

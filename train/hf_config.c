@@ -249,6 +249,16 @@ int twk_layer_window(const twk_model_config *c, int l) {
     return c->local_pattern == 0 || (l + 1) % c->local_pattern != 0 ? c->sliding_window : 0;
 }
 
+int64_t twk_kv_seq_rows(const twk_model_config *c, int l, int64_t max_len) {
+    int64_t w = twk_layer_window(c, l);
+    return w > 0 && w < max_len ? w : max_len;
+}
+
+int64_t twk_kv_layer_rows(const twk_model_config *c, int l, int max_seqs, int64_t max_len) {
+    int64_t r = twk_kv_seq_rows(c, l, max_len);
+    return (int64_t)max_seqs * r + (r < max_len);
+}
+
 int twk_rope_has_local(const twk_model_config *c) { return c->rope_local_theta > 0 && c->local_pattern != 0; }
 
 void twk_rope_inv_freq(const twk_model_config *c, int local, float *out) {

@@ -21,5 +21,12 @@ void twk_rope_inv_freq(const twk_model_config *c, int local, float *out);
 int twk_rope_has_local(const twk_model_config *c);
 /* The sliding window of layer l (0: the layer attends to the whole sequence). */
 int twk_layer_window(const twk_model_config *c, int l);
+/* The rows each sequence has in layer l's KV cache in a sampler of max_len tokens: a sliding-window
+ * layer whose window is shorter than max_len keeps a ring of `window` rows (position p at row
+ * p mod window), every other layer max_len rows. */
+int64_t twk_kv_seq_rows(const twk_model_config *c, int l, int64_t max_len);
+/* Rows of layer l's cache for max_seqs sequences: a ring layer has one more, shared, where a
+ * prompt's positions that have left the window are written (and never read). */
+int64_t twk_kv_layer_rows(const twk_model_config *c, int l, int max_seqs, int64_t max_len);
 
 #endif

@@ -68,8 +68,10 @@ twk_status twk_mem_plan_config(const twk_model_config *cfg, const twk_mem_reques
         out->arena = f->arena_bytes > b->arena_bytes ? f->arena_bytes : b->arena_bytes;
         out->activations = out->arena + f->leaf_bytes + b->leaf_bytes;
         out->n_launches = b->n_launches;
-        out->kv_cache = (uint64_t)2 * (uint64_t)cfg->layers * (uint64_t)rq->kv_seqs * (uint64_t)rq->kv_len *
-                        (uint64_t)cfg->kv_heads * (uint64_t)cfg->head_dim * wb;
+        out->kv_cache = 0; /* K and V of every layer; a sliding-window layer's a ring of its window */
+        for (int l = 0; rq->kv_seqs && rq->kv_len && l < cfg->layers; l++)
+            out->kv_cache += (uint64_t)2 * (uint64_t)twk_kv_layer_rows(cfg, l, rq->kv_seqs, rq->kv_len) *
+                             (uint64_t)cfg->kv_heads * (uint64_t)cfg->head_dim * wb;
         /* host structures: the train graph, both plans, the trainer's and model's tables */
         out->bookkeeping = twk_graph_host_bytes(t->g) + f->host_bytes + b->host_bytes + sizeof *t +
                            (size_t)(cfg->layers * 14 + 2) * sizeof *t->adapter +

@@ -538,13 +538,24 @@ static twk_status build(twk_trainer *t) {
         t->param_ids[i] = twk_param_dtype(g, nb->name, nb->dtype, nb->ndim, nb->ne, trainable);
     }
     for (int i = 0; i < n_kv; i++) {
-        int64_t ne[3] = {(int64_t)t->max_seqs * t->max_len, c->kv_heads, c->head_dim};
+        int64_t ne[3] = {twk_kv_layer_rows(c, i / 2, t->max_seqs, t->max_len), c->kv_heads, c->head_dim};
         t->param_ids[n_all + i] = twk_param_dtype(g, t->kv[i].name, t->kv[i].dtype, 3, ne, false);
     }
     if (t->sampling) {
         t->rows = twk_input(g, "kv_rows", TWK_I32, 1, T1);
         t->lo = twk_input(g, "kv_lo", TWK_I32, 1, T1);
         t->hi = twk_input(g, "kv_hi", TWK_I32, 1, T1);
+        t->ring = t->full = 0; /* the sliding-window layers' caches are rings when their window is shorter */
+        for (int l = 0; l < c->layers; l++) {
+            int r = twk_kv_seq_rows(c, l, t->max_len) < t->max_len;
+            t->ring |= r;
+            t->full |= !r;
+        }
+        if (t->ring) {
+            t->rows_w = twk_input(g, "kv_rows_window", TWK_I32, 1, T1);
+            t->lo_w = twk_input(g, "kv_lo_window", TWK_I32, 1, T1);
+            t->hi_w = twk_input(g, "kv_hi_window", TWK_I32, 1, T1);
+        }
         if (t->n_slots) t->slot_in = twk_input(g, "lora_slot", TWK_I32, 1, T1);
         int64_t m1[1] = {1};
         int dyn = t->pass != TWK_PASS_PREFILL; /* the prefill selects 1 row, decode and heads every row */
@@ -584,11 +595,13 @@ static twk_status build(twk_trainer *t) {
         q = twk_rope(g, q, t->positions, freq, 0);
         k = twk_rope(g, k, t->positions, freq, 0);
         twk_id att;
-        if (t->sampling) { /* keys and values go to the cache */
-            twk_id kc = twk_kv_write(g, t->param_ids[t->m->n_w + t->n_adapter + 2 * l], k, t->rows);
-            twk_id vc = twk_kv_write(g, t->param_ids[t->m->n_w + t->n_adapter + 2 * l + 1], v, t->rows);
+        if (t->sampling) { /* keys and values go to the cache (a ring's rows for a windowed layer) */
+            int ring = twk_kv_seq_rows(c, l, t->max_len) < t->max_len;
+            twk_id rows = ring ? t->rows_w : t->rows, lo = ring ? t->lo_w : t->lo, hi = ring ? t->hi_w : t->hi;
+            twk_id kc = twk_kv_write(g, t->param_ids[t->m->n_w + t->n_adapter + 2 * l], k, rows);
+            twk_id vc = twk_kv_write(g, t->param_ids[t->m->n_w + t->n_adapter + 2 * l + 1], v, rows);
             if (t->pass == TWK_PASS_DECODE) { /* queries read their sequence's cache rows */
-                att = twk_attention_cached(g, q, kc, vc, t->lo, t->hi, scale);
+                att = twk_attention_cached(g, q, kc, vc, lo, hi, scale);
             } else { /* a prompt from position 0: the training attention (GEMM blocks), the writes outputs */
                 att = twk_attention(g, q, k, v, t->seg, scale);
                 twk_graph_output(g, kc);
@@ -810,7 +823,7 @@ static twk_status make_kv(twk_trainer *t) {
         named_buf *nb = &t->kv[i];
         snprintf(nb->name, sizeof nb->name, "kv_cache.%d.%c", i / 2, i % 2 ? 'v' : 'k');
         nb->ndim = 3;
-        nb->nelem = (int64_t)t->max_seqs * t->max_len * c->kv_heads * c->head_dim;
+        nb->nelem = twk_kv_layer_rows(c, i / 2, t->max_seqs, t->max_len) * c->kv_heads * c->head_dim;
         nb->dtype = twk_model_kv_dtype(t->m);
         twk_status st = twk_buffer_alloc(t->m->dev, nb_bytes(nb), &nb->buf);
         if (st != TWK_OK) return st;

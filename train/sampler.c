@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hf_config.h"
 #include "safetensors.h"
 #include "trainer_internal.h"
 #include "twinkle/rng.h"
@@ -17,7 +18,8 @@ struct twk_sampler {
     int max_seqs;
     int64_t max_len;
     int vocab;
-    int32_t *ibuf;  /* tokens, positions, rows, lo, hi, select, slots, zeros (capacity each) */
+    int32_t *ibuf;  /* tokens, positions, rows, lo, hi, select, slots, zeros, and the rings' rows, lo, hi
+                     * (capacity each) */
     float *logits;  /* max_seqs x vocab */
 };
 
@@ -36,7 +38,7 @@ static twk_status sampler_make(twk_model *m, const twk_lora_config *lora, int n_
     twk_status st = n_slots ? twk_trainer_create_slots(m, n_slots, slot_rank, max_seqs, max_len, &s->t)
                             : twk_trainer_create(m, lora, cap, 1, max_seqs, max_len, &s->t);
     if (st == TWK_OK) {
-        s->ibuf = twk_host_calloc((size_t)cap * 8 * sizeof(int32_t), "sampler inputs");
+        s->ibuf = twk_host_calloc((size_t)cap * 11 * sizeof(int32_t), "sampler inputs");
         s->logits = twk_host_alloc((size_t)max_seqs * (size_t)s->vocab * sizeof(float), "sampler logits");
         if (!s->ibuf || !s->logits) st = TWK_ERR_OOM;
     }
@@ -164,6 +166,32 @@ twk_status twk_sampler_copy_adapter(twk_sampler *s, twk_trainer *from) {
     return TWK_OK;
 }
 
+/* The rows and ranges of the sliding-window layers' ring caches (twk_kv_seq_rows: W rows per
+ * sequence, position p at row p mod W), from the full caches' rows (slot * max_len + position) and
+ * positions. A decode token attends to the ring's min(p + 1, W) filled rows; a prefill writes only
+ * its last W positions there, the earlier ones (already out of every later token's window) to the
+ * shared scratch row after the rings. */
+static twk_status ring_inputs(twk_sampler *s, int decode, int64_t n, const int32_t *pos, const int32_t *rows) {
+    twk_trainer *t = s->t;
+    const twk_model_config *c = &t->m->cfg;
+    int64_t cap = s->max_len > s->max_seqs ? s->max_len : s->max_seqs, W = 0;
+    for (int l = 0; l < c->layers && !W; l++)
+        if (twk_kv_seq_rows(c, l, s->max_len) < s->max_len) W = twk_kv_seq_rows(c, l, s->max_len);
+    int32_t *rw = s->ibuf + 8 * cap, *lw = rw + cap, *hw = lw + cap;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t slot = rows[i] / s->max_len, p = pos[i], base = slot * W;
+        rw[i] = (int32_t)(decode || p >= n - W ? base + p % W : (int64_t)s->max_seqs * W);
+        lw[i] = (int32_t)base;
+        hw[i] = (int32_t)(base + (p + 1 < W ? p + 1 : W));
+    }
+    twk_plan *pl = decode ? t->decode : t->fwd;
+    size_t b = (size_t)n * sizeof *rw;
+    twk_status st = twk_plan_write(pl, t->rows_w, n, rw, b);
+    if (st == TWK_OK && decode) st = twk_plan_write(pl, t->lo_w, n, lw, b);
+    if (st == TWK_OK && decode) st = twk_plan_write(pl, t->hi_w, n, hw, b);
+    return st;
+}
+
 /* One pass: n tokens with their cache rows and attention ranges. A prefill
  * pass (a prompt from position 0 of its sequence: lo and hi are unused, the
  * training attention runs over the n tokens) yields the logits of row sel[0]
@@ -191,10 +219,11 @@ static twk_status pass_plan(twk_sampler *s, int decode, int64_t n, const int32_t
     const int32_t *zeros = s->ibuf + 7 * cap; /* seg_start: the prompt is one segment */
     twk_status st = twk_plan_write(p, t->tokens, n, tok, b);
     if (st == TWK_OK) st = twk_plan_write(p, t->positions, n, pos, b);
-    if (st == TWK_OK) st = twk_plan_write(p, t->rows, n, rows, b);
-    if (st == TWK_OK && decode) st = twk_plan_write(p, t->lo, n, lo, b);
-    if (st == TWK_OK && decode) st = twk_plan_write(p, t->hi, n, hi, b);
+    if (st == TWK_OK && t->full) st = twk_plan_write(p, t->rows, n, rows, b);
+    if (st == TWK_OK && t->full && decode) st = twk_plan_write(p, t->lo, n, lo, b);
+    if (st == TWK_OK && t->full && decode) st = twk_plan_write(p, t->hi, n, hi, b);
     if (st == TWK_OK && !decode) st = twk_plan_write(p, t->seg, n, zeros, b);
+    if (st == TWK_OK && t->ring) st = ring_inputs(s, decode, n, pos, rows);
     if (st == TWK_OK) st = twk_plan_write(p, t->sel, n, sel, (size_t)n_out * sizeof *sel);
     if (st == TWK_OK) st = twk_plan_run(p, n);
     if (st == TWK_OK)
@@ -433,9 +462,12 @@ twk_status twk_sampler_generate_many(twk_sampler *s, const twk_sample_request *r
         for (int64_t i = 0; i < R->n_prompt; i++) slots[i] = R->slot;
         st = pass(s, R->n_prompt, tok, pos, rows, lo, hi, sel);
         for (int i = 1; st == TWK_OK && i < R->num_samples; i++)
-            for (int k = 0; st == TWK_OK && k < 2 * t->m->cfg.layers; k++)
-                st = twk_buffer_copy(t->m->dev, t->kv[k].buf, (size_t)(first_slot + i) * (size_t)s->max_len * row_bytes,
-                                     t->kv[k].buf, (size_t)base * row_bytes, (size_t)R->n_prompt * row_bytes);
+            for (int k = 0; st == TWK_OK && k < 2 * t->m->cfg.layers; k++) {
+                size_t seq = (size_t)twk_kv_seq_rows(&t->m->cfg, k / 2, s->max_len); /* a ring: its W rows */
+                size_t used = (size_t)R->n_prompt < seq ? (size_t)R->n_prompt : seq;
+                st = twk_buffer_copy(t->m->dev, t->kv[k].buf, (size_t)(first_slot + i) * seq * row_bytes, t->kv[k].buf,
+                                     (size_t)first_slot * seq * row_bytes, used * row_bytes);
+            }
         /* first tokens from the prefill's logits */
         for (int i = 0; st == TWK_OK && i < R->num_samples; i++) {
             seq_state *x = &q[first_slot + i];

@@ -82,7 +82,11 @@ struct twk_trainer {
     int max_seqs;
     int64_t max_len;
     twk_id rows, lo, hi, sel, logits;
-    named_buf *kv; /* 2 per layer: K cache, V cache, [max_seqs * max_len, kv_heads, head_dim] */
+    /* a sliding-window layer's cache is a ring of `window` rows per sequence when the window is
+     * shorter than max_len (hf_config.h's twk_kv_seq_rows): its own rows and ranges (ring set) */
+    int ring, full; /* some layers' caches are rings; some are not */
+    twk_id rows_w, lo_w, hi_w;
+    named_buf *kv; /* 2 per layer: K cache, V cache, [twk_kv_layer_rows, kv_heads, head_dim] */
     /* the plans over one set of buffers, each built by build() for t->pass: fwd (prefill:
      * the whole prompt through the training attention, its keys and values written into
      * the cache, logits of 1 selected row, every row's final hidden state), decode (one
