@@ -138,6 +138,9 @@ static void r_reshape(const op_case *c, rt *in, rt *y) { (void)c; ref_copy(&in[0
 #define POS(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_POS}
 #define SEG(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_SEG}
 #define SEGL(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_SEG_LONG}
+/* packed segments of lengths 1, 2, 67, 1, 13, 97, 1, 5, 131, 3, 41, ... (cycling): single
+ * tokens, primes, and segments longer than the device kernels' tiles (<= 32) */
+#define SEGP(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_SEG_PAT}
 #define ROWS(lim, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_ROWS, .limit = lim}
 #define HI(lim, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_HI, .limit = lim}
 /* a frozen 16-bit weight (bf16 / f16), values rounded to the dtype */
@@ -215,6 +218,9 @@ const op_case opc_cases[] = {
     {"attn 150x4x16 kv2 window 5", 4, {F32(150, 4, 16), F32(150, 2, 16), F32(150, 2, 16), SEGL(150)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.25}, .ip = {0, 5}},
     {"attn 150x2x8 window 70 softcap 1.5", 4, {F32(150, 2, 8), F32(150, 2, 8), F32(150, 2, 8), SEGL(150)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.9, 1.5}, .ip = {0, 70}},
     {"attn Tx4x8 kv2 softcap 0.7", 4, {F32(T_, 4, 8), F32(T_, 2, 8), F32(T_, 2, 8), SEG(T_)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.6, 0.7}, .cap = 37},
+    /* the tiled device kernels at awkward sizes: segment lengths 1, primes, longer than a tile */
+    {"attn 140x2x64 mha segments 1 prime long", 4, {F32(140, 2, 64), F32(140, 2, 64), F32(140, 2, 64), SEGP(140)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.125}},
+    {"attn 75x8x16 gqa8 segments 1 prime long", 4, {F32(75, 8, 16), F32(75, 1, 16), F32(75, 1, 16), SEGP(75)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.25}},
     {"logprobs 1x1", 2, {F32(1, 1), IDS(1, 1)}, b_logprobs, r_logprobs, 1e-5, 1e-4},
     {"logprobs Tx1031", 2, {F32(T_, 1031), IDS(1031, T_)}, b_logprobs, r_logprobs, 1e-5, 1e-4, .cap = 17},
     {"logprobs 5x7 i64", 2, {F32(5, 7), IDS64(7, 5)}, b_logprobs, r_logprobs, 1e-5, 1e-4},
@@ -271,6 +277,13 @@ const op_case opc_extra_cases[] = {
     {"silu tokens Tx9", 1, {F32(T_, 9)}, b_silu, r_silu, 1e-6, 1e-5, .cap = 21},
     {"unembed_logprobs bf16 Tx37 over 300", 3, {F32(T_, 37), W16(TWK_BF16, 300, 37), IDSTOP(300, T_)}, b_unembed, r_unembed, 1e-5, 1e-4, .cap = 19},
     {"unembed_logprobs bf16 9x301 over 520", 3, {F32(9, 301), W16(TWK_BF16, 520, 301), IDSTOP(520, 9)}, b_unembed, r_unembed, 1e-5, 1e-4},
+    /* tiled attention at head sizes 128 and 256 (backend_ops only: the float64 finite
+     * differences of test_ops would take minutes at these sizes) */
+    {"attn 300x8x128 gqa8 segments", 4, {F32(300, 8, 128), F32(300, 1, 128), F32(300, 1, 128), SEGP(300)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.088388}},
+    {"attn Tx4x128 gqa2 segments", 4, {F32(T_, 4, 128), F32(T_, 2, 128), F32(T_, 2, 128), SEGP(T_)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.088388}, .cap = 173},
+    {"attn 211x4x64 gqa1 segments window 40 softcap 20", 4, {F32(211, 4, 64), F32(211, 4, 64), F32(211, 4, 64), SEGP(211)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.125, 20}, .ip = {0, 40}},
+    {"attn 101x2x256 gqa2 segments", 4, {F32(101, 2, 256), F32(101, 1, 256), F32(101, 1, 256), SEGP(101)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.0625}},
+    {"attn 37x2x512 long segments", 4, {F32(37, 2, 512), F32(37, 2, 512), F32(37, 2, 512), SEGL(37)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.044}},
     {"unembed_logprobs f16 5x16 over 7", 3, {F32(5, 16), W16(TWK_F16, 7, 16), IDSTOP(7, 5)}, b_unembed, r_unembed, 1e-5, 1e-4},
 };
 
@@ -284,6 +297,18 @@ static void gen_segments(double *d, int64_t n, twk_rng *r, double p_new) {
     int64_t start = 0;
     for (int64_t i = 0; i < n; i++) {
         if (i > 0 && twk_rng_uniform(r) < p_new) start = i; /* a new sequence begins */
+        d[i] = (double)start;
+    }
+}
+
+static void gen_segments_pattern(double *d, int64_t n) {
+    static const int64_t len[] = {1, 2, 67, 1, 13, 97, 1, 5, 131, 3, 41};
+    int64_t start = 0, k = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (i - start == len[k]) {
+            start = i;
+            k = (k + 1) % (int64_t)(sizeof len / sizeof len[0]);
+        }
         d[i] = (double)start;
     }
 }
@@ -305,12 +330,14 @@ static void generate(const in_spec *s, rt *t, twk_rng *r) {
         case G_POS: t->d[i] = (double)twk_rng_below(r, 200); break;
         case G_SEG:
         case G_SEG_LONG:
+        case G_SEG_PAT:
         case G_HI:
         case G_ROWS: break;
         }
     }
     if (s->gen == G_SEG) gen_segments(t->d, n, r, 0.15);
     if (s->gen == G_SEG_LONG) gen_segments(t->d, n, r, 0.012); /* segments longer than a 64-query block */
+    if (s->gen == G_SEG_PAT) gen_segments_pattern(t->d, n);
     if (s->gen == G_ROWS) { /* distinct rows: a shuffled prefix of 0..limit-1 */
         int64_t *perm = malloc((size_t)s->limit * sizeof(int64_t));
         for (int64_t i = 0; i < s->limit; i++) perm[i] = i;

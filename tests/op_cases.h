@@ -10,7 +10,7 @@
 #include "ref_ops.h"
 #include "twinkle/twinkle.h"
 
-enum gen { G_NORMAL, G_IDS, G_IDS_TOP, G_POS, G_SEG, G_SEG_LONG, G_POSITIVE, G_ROWS, G_HI };
+enum gen { G_NORMAL, G_IDS, G_IDS_TOP, G_POS, G_SEG, G_SEG_LONG, G_SEG_PAT, G_POSITIVE, G_ROWS, G_HI };
 
 typedef struct in_spec {
     int ndim;

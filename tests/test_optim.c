@@ -180,7 +180,13 @@ static void check_against_reference(const char *what, twk_trainer *dev_t, twk_tr
         for (int i = 0; i < g.n; i++)
             for (int64_t k = 0; k < g.ne[i]; k++) gmax = fmax(gmax, fabs(g.x[i][k]));
         CHECK(gmax == 0, "%s step %d: the step leaves the gradients zeroed (max %g)", what, s + 1, gmax);
-        for (int i = 0; i < w.n; i++) OK(twk_trainer_set(ref_t, twk_trainer_param_name(ref_t, i, NULL), w.x[i], w.ne[i]));
+        /* both trainers continue from the host's weights: a one-ulp difference in a weight (the device's float
+         * AdamW against the host's double one) would otherwise move the next step's gradients of the two
+         * trainers apart and grow step by step, so each step is checked from one state */
+        for (int i = 0; i < w.n; i++) {
+            OK(twk_trainer_set(ref_t, twk_trainer_param_name(ref_t, i, NULL), w.x[i], w.ne[i]));
+            OK(twk_trainer_set(dev_t, twk_trainer_param_name(dev_t, i, NULL), w.x[i], w.ne[i]));
+        }
     }
     host_free(&w), host_free(&m), host_free(&v), host_free(&acc), host_free(&g), host_free(&got);
 }

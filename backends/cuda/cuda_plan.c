@@ -43,7 +43,7 @@ typedef struct cuda_prepared {
     uint64_t tick;
     long captures, replays;
     bool graphs_off; /* a capture failed, or captures did not pay: eager from then on */
-    CUdeviceptr scratch; /* the widened panel of a 16-bit weight (kd_gemm_scratch_bytes), shared by the launches */
+    CUdeviceptr scratch; /* a 16-bit weight's widened panel or attn_back's delta (kd_gemm_scratch_bytes, kd_scratch_bytes), shared */
     size_t scratch_bytes;
 } cuda_prepared;
 
@@ -457,6 +457,7 @@ static twk_status check_launch(cuda_ctx *c, cuda_prepared *pp, const twk_hal_pla
             if (st != TWK_OK) return st;
             if (kd_gemm_scratch_bytes(&gemm) > pp->scratch_bytes) pp->scratch_bytes = kd_gemm_scratch_bytes(&gemm);
         }
+        if (kd_scratch_bytes(l, ns[t]) > pp->scratch_bytes) pp->scratch_bytes = kd_scratch_bytes(l, ns[t]);
         for (int k = 0; !is_gemm && k < nc && k < KD_MAX_CALLS; k++) {
             CUfunction fn;
             twk_status st = cuda_kernel(c, calls[k].kernel, &fn);
@@ -484,7 +485,7 @@ static twk_status prepare_locked(cuda_ctx *c, const twk_hal_plan *plan, void **o
         if (st == TWK_OK) st = cuda_check(c, c->cu->cuMemsetD8Async(pp->err, 0, bytes, c->stream), "memset");
     }
     if (st == TWK_OK && pp->scratch_bytes)
-        st = cuda_check(c, c->cu->cuMemAlloc(&pp->scratch, pp->scratch_bytes), "cuMemAlloc (16-bit weight panel)");
+        st = cuda_check(c, c->cu->cuMemAlloc(&pp->scratch, pp->scratch_bytes), "cuMemAlloc (plan scratch)");
     if (st != TWK_OK) {
         release_locked(c, pp);
         return st;

@@ -81,6 +81,10 @@ size_t kd_gemm_scratch_bytes(const kd_gemm *g);
 int64_t kd_gemm_panels(const kd_gemm *g);
 void kd_widen_call(const twk_launch *l, const kd_gemm *g, int64_t p, kd_call *call, kd_gemm_part *part);
 
+/* The f32 scratch bytes a kernel launch of l at token count n needs besides a GEMM's panels
+ * (attn_back's delta); 0 for none. The backend's plan scratch is the largest of them all. */
+size_t kd_scratch_bytes(const twk_launch *l, int64_t n);
+
 /* The work of one launch at token count n: either *gemm is filled (return
  * 0, *is_gemm = 1) or up to KD_MAX_CALLS kernel calls, run in order, are
  * written to calls (returns their count, 0 for a no-op). -1 (error set)

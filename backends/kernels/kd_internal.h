@@ -11,6 +11,10 @@
 #define KD_ROW_LOCAL 256 /* the largest row group (nn.cl) */
 #define KD_ATTN_L 64
 #define KD_ATTN_MAXD 512
+#define KD_FA_L 64 /* attn_tile.cl: items per group, B * D per forward / backward tile, largest B */
+#define KD_FA_FWD_BD 4096
+#define KD_FA_BWD_BD 2048
+#define KD_FA_MAXB 32
 #define KD_UE_TT 8  /* unembed.cl: tokens per work-group */
 #define KD_UE_L 256 /* unembed.cl: its items (vocabulary words per chunk) */
 
@@ -71,5 +75,10 @@ int kd_lower_lora_gather(const twk_launch *l, int64_t n, kd_call *calls, const c
 int kd_lower_lora_gather_back(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 int kd_lower_attn_fwd(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 int kd_lower_attn_back(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+/* kd_lower_attn.c: attn / attn_lse / attn_back on the tiled kernels (attn_tile.cl); whether
+ * TWK_ATTN_UNTILED=1 asks for the older per-token kernels instead. */
+int kd_lower_attn_tile_fwd(const twk_launch *l, int64_t n, kd_call *calls);
+int kd_lower_attn_tile_back(const twk_launch *l, int64_t n, kd_call *calls);
+int kd_attn_untiled(void);
 
 #endif

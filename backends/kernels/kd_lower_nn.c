@@ -193,12 +193,14 @@ int kd_lower_lora_gather_back(const twk_launch *l, int64_t n, kd_call *calls, co
     return lower_lora(l, calls, kernel, T, N, K, S, S * N * K);
 }
 
-/* attn, attn_lse and attn_cache: one kernel, one 64-item group per (query, head) */
+/* attn_cache (and attn, attn_lse with TWK_ATTN_UNTILED=1): one 64-item group per (query, head);
+ * attn and attn_lse otherwise go to the tiled kernels (kd_lower_attn.c) */
 int kd_lower_attn_fwd(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
     const twk_tensor_desc *q = &l->src[0], *k = &l->src[1];
     int64_t T = kd_dim(q, 0, n), Hq = kd_dim(q, 1, n), D = kd_dim(q, 2, n), Hkv = kd_dim(k, 1, n);
     int lse = l->op == TWK_OP_ATTN_LSE, cache = l->op == TWK_OP_ATTN_CACHE;
     int ra = lse ? 2 : 3, rb = cache ? 4 : ra, h16 = cache && half(l, 1); /* 16-bit caches: attn_fwd_h16 */
+    if (!cache && !kd_attn_untiled()) return kd_lower_attn_tile_fwd(l, n, calls);
     kd_call *c = &calls[0];
     kd_begin(c, h16 ? "attn_fwd_h16" : kernel);
     kd_buf(c, l, -1, 4); /* o (unused for lse) */
@@ -232,6 +234,7 @@ int kd_lower_attn_back(const twk_launch *l, int64_t n, kd_call *calls, const cha
     const twk_tensor_desc *q = &l->src[0], *k = &l->src[1];
     int64_t T = kd_dim(q, 0, n), Hq = kd_dim(q, 1, n), D = kd_dim(q, 2, n), Hkv = kd_dim(k, 1, n);
     int which = l->ip[0];
+    if (!kd_attn_untiled()) return kd_lower_attn_tile_back(l, n, calls);
     kd_call *c = &calls[0];
     kd_begin(c, which == 0 ? "attn_back_q_f32" : "attn_back_kv_f32");
     kd_buf(c, l, -1, 4);

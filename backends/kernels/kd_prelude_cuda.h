@@ -23,6 +23,8 @@
 #define TWK_GLOBAL
 /* a work-group (shared) array, declared at the top level of a kernel body */
 #define TWK_LOCAL(type, name, count) __shared__ type name[count]
+/* the address space of a pointer into such an array (none in CUDA) */
+#define TWK_LOCAL_PTR
 #define TWK_BARRIER() __syncthreads()
 /* a helper function kernels call (device code only) */
 #define TWK_FN static __device__ __forceinline__

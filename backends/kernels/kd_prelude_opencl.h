@@ -12,6 +12,8 @@
 #define TWK_GLOBAL __global
 /* a work-group (shared) array, declared at the top level of a kernel body */
 #define TWK_LOCAL(type, name, count) __local type name[count]
+/* the address space of a pointer into such an array (a helper's parameter) */
+#define TWK_LOCAL_PTR __local
 #define TWK_BARRIER() barrier(CLK_LOCAL_MEM_FENCE)
 /* a helper function kernels call (device code only) */
 #define TWK_FN static inline

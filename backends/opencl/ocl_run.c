@@ -15,7 +15,7 @@ typedef struct ocl_prepared {
     int checks;   /* some launch takes the error words */
     cl_mem err;   /* one int per launch */
     int *err_host;
-    cl_mem scratch; /* the widened panel of a 16-bit weight (kd_gemm_scratch_bytes), shared by the launches */
+    cl_mem scratch; /* a 16-bit weight's widened panel or attn_back's delta (kd_gemm_scratch_bytes, kd_scratch_bytes), shared */
 } ocl_prepared;
 
 static int calls_check(const kd_call *calls, int n) {
@@ -53,6 +53,8 @@ twk_status ocl_prepare(void *vctx, const twk_hal_plan *plan, void **out) {
             break;
         }
         if (is_gemm && kd_gemm_scratch_bytes(&gemm) > scratch) scratch = kd_gemm_scratch_bytes(&gemm);
+        if (kd_scratch_bytes(&plan->launches[i], plan->capacity) > scratch)
+            scratch = kd_scratch_bytes(&plan->launches[i], plan->capacity);
         if (is_gemm && gemm.b_half && !ocl_kernel(ctx, "widen_h16")) s = TWK_ERR_BACKEND;
         pp->checks |= calls_check(calls, nc);
         for (int c = 0; c < nc; c++)

@@ -26,6 +26,7 @@ typedef struct fake_kernel {
 #define TWK_KERNEL static void
 #define TWK_GLOBAL
 #define TWK_LOCAL(type, name, count) static type name[count]
+#define TWK_LOCAL_PTR
 #define TWK_BARRIER() fake_barrier()
 #define TWK_FN static inline
 #define TWK_GID(d) (fake_cur.group[d] * fake_cur.lsize[d] + fake_cur.lid[d])
