@@ -651,8 +651,8 @@ static void eos_ids(const char *root) {
 
 int main(int argc, char **argv) {
     const char *root = argc > 1 ? argv[1] : TWK_PARITY_DIR;
-    const char *models[] = {"llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3"};
-    for (int i = 0; i < 6; i++) parity(root, models[i]);
+    const char *models[] = {"llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "qwen3_moe"};
+    for (int i = 0; i < 7; i++) parity(root, models[i]);
     statistics(root);
     stop_strings();
     eos_ids(root);

@@ -21,5 +21,11 @@ void twk_rope_inv_freq(const twk_model_config *c, int local, float *out);
 int twk_rope_has_local(const twk_model_config *c);
 /* The sliding window of layer l (0: the layer attends to the whole sequence). */
 int twk_layer_window(const twk_model_config *c, int l);
+/* Whether layer l's MLP is a mixture of experts (n_experts > 0, (l + 1) % sparse_step == 0, l not
+ * in mlp_only_layers), as transformers' Qwen-MoE decoder layers choose; Mixtral: every layer. */
+int twk_layer_sparse(const twk_model_config *c, int l);
+/* The checkpoint's name of an expert's projection k (0 gate, 1 up, 2 down): gate_proj / up_proj /
+ * down_proj, Mixtral's w1 / w3 / w2. */
+const char *twk_expert_proj(const twk_model_config *c, int k);
 
 #endif
