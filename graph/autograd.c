@@ -245,7 +245,13 @@ static int grad_logprobs(grad_step *st) {
 static int grad_lora_gather(grad_step *st) {
     twk_graph *g = st->g;
     const twk_id *s = st->n.src;
-    if (wants(st, 0)) {
+    if (wants(st, 0) && st->n.ip[0]) {
+        twk_graph_fail(g, TWK_ERR_UNSUPPORTED, "backward: a transposed lora_gather (node %d) has no gradient rule", st->id);
+        return 0;
+    }
+    if (wants(st, 0) && twk_dtype_is_half(g->nodes[s[1]].type)) { /* a frozen 16-bit stack (experts): read transposed */
+        st->c[0] = twk_lora_gather_t(g, st->gy, s[1], s[2]);
+    } else if (wants(st, 0)) {
         int axes[3] = {0, 2, 1};
         st->c[0] = twk_lora_gather(g, st->gy, twk_permute(g, s[1], axes), s[2]);
     }
@@ -258,6 +264,32 @@ static int grad_unembed_logprobs(grad_step *st) {
     const twk_id *s = st->n.src;
     twk_id src5[5] = {s[0], s[1], s[2], st->gy, st->id};
     st->c[0] = raw(st->g, TWK_OP_UNEMBED_LOGPROBS_BACK, s[0], 5, src5, NULL, NULL);
+    return 1;
+}
+
+/* ---- mixture of experts: the routing weights' gradient reaches the logits; ids have none ---- */
+
+static int grad_moe_gate(grad_step *st) {
+    st->c[0] = twk_moe_gate_back(st->g, st->n.src[0], st->n.src[1], st->gy, st->n.ip[0] != 0);
+    return 1;
+}
+
+static int grad_moe_dispatch(grad_step *st) {
+    if (st->n.nsrc > 3) {
+        twk_graph_fail(st->g, TWK_ERR_UNSUPPORTED, "backward: a weighted moe_dispatch (node %d) has no gradient rule", st->id);
+        return 0;
+    }
+    const twk_id *s = st->n.src;
+    int64_t k = st->n.ne[0] / st->g->nodes[s[0]].ne[0];
+    st->c[0] = twk_moe_combine(st->g, st->gy, s[1], s[2], -1, k);
+    return 1;
+}
+
+static int grad_moe_combine(grad_step *st) {
+    const twk_id *s = st->n.src;
+    twk_id w = st->n.nsrc > 3 ? s[3] : -1;
+    if (wants(st, 0)) st->c[0] = twk_moe_dispatch(st->g, st->gy, s[1], s[2], w);
+    if (w >= 0 && wants(st, 3)) st->c[3] = twk_moe_combine_back_w(st->g, s[0], s[1], s[2], st->gy);
     return 1;
 }
 
@@ -286,6 +318,9 @@ static const grad_rule rules[TWK_OP_COUNT] = {
     [TWK_OP_LOGPROBS] = grad_logprobs,
     [TWK_OP_LORA_GATHER] = grad_lora_gather,
     [TWK_OP_UNEMBED_LOGPROBS] = grad_unembed_logprobs,
+    [TWK_OP_MOE_GATE] = grad_moe_gate,
+    [TWK_OP_MOE_DISPATCH] = grad_moe_dispatch,
+    [TWK_OP_MOE_COMBINE] = grad_moe_combine,
 };
 _Static_assert(sizeof rules / sizeof rules[0] == TWK_OP_COUNT, "one entry per op");
 

@@ -686,30 +686,35 @@ twk_id twk_attention_limit(twk_graph *g, twk_id attn, int window, float softcap)
     return attn;
 }
 
-twk_id twk_lora_gather(twk_graph *g, twk_id x, twk_id w, twk_id slot) {
+static twk_id lora_gather(twk_graph *g, twk_id x, twk_id w, twk_id slot, int trans) {
     const twk_node *X = arg(g, x, "lora_gather", "x");
     const twk_node *W = arg(g, w, "lora_gather", "w");
     const twk_node *S = arg(g, slot, "lora_gather", "slot");
     if (!X || !W || !S) return -1;
-    if (!want_dtype(g, X, x, "lora_gather", "x", 1, 0) || !want_dtype(g, W, w, "lora_gather", "w", 1, 0) ||
+    if (!want_dtype(g, X, x, "lora_gather", "x", 1, 0) || !want_float(g, W, w, "lora_gather", "w") ||
         !want_dtype(g, S, slot, "lora_gather", "slot", 0, 1))
         return -1;
     char s1[96], s2[96], s3[96];
-    if (X->ndim != 2 || (X->dyn & 2) || W->ndim != 3 || W->dyn || W->ne[2] != X->ne[1] || !is_vector_of(S, X))
-        return twk_graph_fail(g, TWK_ERR_SHAPE, "lora_gather: want x [T, K], w [S, N, K], slot [T]; got %s, %s, %s",
+    if (X->ndim != 2 || (X->dyn & 2) || W->ndim != 3 || W->dyn || W->ne[trans ? 1 : 2] != X->ne[1] || !is_vector_of(S, X))
+        return twk_graph_fail(g, TWK_ERR_SHAPE, "lora_gather: want x [T, K], w [S, N, K]%s, slot [T]; got %s, %s, %s", trans ? " (transposed: [S, K, N])" : "",
                               SHAPE(g, x, s1), SHAPE(g, w, s2), SHAPE(g, slot, s3));
     twk_node n;
     init_node(&n, TWK_OP_LORA_GATHER, TWK_F32);
     n.ndim = 2;
     n.ne[0] = X->ne[0];
     n.dyn = X->dyn & 1;
-    n.ne[1] = W->ne[1];
+    n.ne[1] = W->ne[trans ? 2 : 1];
+    n.ip[0] = trans;
     n.nsrc = 3;
     n.src[0] = x;
     n.src[1] = w;
     n.src[2] = slot;
     return twk_graph_push(g, &n);
 }
+
+twk_id twk_lora_gather(twk_graph *g, twk_id x, twk_id w, twk_id slot) { return lora_gather(g, x, w, slot, 0); }
+
+twk_id twk_lora_gather_t(twk_graph *g, twk_id x, twk_id w, twk_id slot) { return lora_gather(g, x, w, slot, 1); }
 
 /* ---- the optimizer step ---- */
 

@@ -56,4 +56,10 @@ twk_id twk_sum_to_like(twk_graph *g, twk_id x, twk_id like);
 twk_id twk_map_back(twk_graph *g, twk_op map, twk_id x, twk_id dy);
 twk_id twk_swiglu_back(twk_graph *g, twk_id gate, twk_id up, twk_id dy, int which);
 twk_id twk_get_rows_back(twk_graph *g, twk_id dy, twk_id ids, int64_t vocab);
+/* twk_lora_gather with each w[slot] transposed: w [S, K, N], y[t] = w[slot[t]]^T x[t] (iparam 0). */
+twk_id twk_lora_gather_t(twk_graph *g, twk_id x, twk_id w, twk_id slot);
+/* d logits [T, E] of twk_moe_gate from dy [T, K]. */
+twk_id twk_moe_gate_back(twk_graph *g, twk_id logits, twk_id ids, twk_id dy, bool renormalize);
+/* d w [T, K] of twk_moe_combine: dot(dout[t], y[inv[t*K + j]]). */
+twk_id twk_moe_combine_back_w(twk_graph *g, twk_id y, twk_id order, twk_id inv, twk_id dout);
 #endif

@@ -62,3 +62,13 @@ unsigned twk_op_half_srcs(twk_op op) {
     default: return 0;
     }
 }
+
+bool twk_op_index_out(twk_op op) {
+    switch (op) {
+#define TWK_INDEX_CASE_(e) \
+    case TWK_OP_##e: return true;
+        TWK_OP_INDEX_OUT(TWK_INDEX_CASE_)
+#undef TWK_INDEX_CASE_
+    default: return false;
+    }
+}

@@ -21,8 +21,10 @@ bool twk_launch_dtypes_ok(const twk_launch *l, unsigned half, const char *backen
     unsigned allowed = twk_op_half_srcs(l->op);
     half &= allowed;
     bool inplace = op->kind == TWK_OPK_INPLACE && l->nsrc > 0;
-    if (inplace ? l->dst.type != l->src[0].type : l->dst.type != TWK_F32) {
-        if (why) snprintf(why, why_len, "output dtype %s; %s computes f32", twk_dtype_name(l->dst.type), backend);
+    twk_dtype out = twk_op_index_out(l->op) ? TWK_I32 : TWK_F32;
+    if (inplace ? l->dst.type != l->src[0].type : l->dst.type != out) {
+        if (why) snprintf(why, why_len, "output dtype %s; %s computes %s", twk_dtype_name(l->dst.type), backend,
+                          twk_dtype_name(out));
         return false;
     }
     for (int i = 0; i < l->nsrc; i++) {

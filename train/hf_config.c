@@ -1,5 +1,5 @@
 /* config.json for the Llama / Qwen2 / Qwen3 / Mistral / Gemma 2 / Gemma 3 text
- * families: every field that changes the math is read or refused by name —
+ * families and the mixture-of-experts Qwen3-MoE / Qwen2-MoE / Mixtral: every field that changes the math is read or refused by name —
  * never a silently wrong model. */
 #include "hf_config.h"
 
@@ -60,7 +60,7 @@ static int get_opt_pos(const cJSON *j, const char *k, double *out, const char *p
 /* sliding_window, layer_types / sliding_window_pattern and Gemma's scale and soft-caps. */
 static twk_status parse_window(const cJSON *j, const char *path, twk_model_config *c) {
     double w = 0;
-    int windowed = c->arch == TWK_ARCH_MISTRAL || c->gemma;
+    int windowed = c->arch == TWK_ARCH_MISTRAL || c->arch == TWK_ARCH_MIXTRAL || c->gemma;
     if (windowed && !cJSON_GetObjectItemCaseSensitive(j, "sliding_window")) w = 4096; /* transformers' default */
     else if (windowed && !get_opt_pos(j, "sliding_window", &w, path)) return TWK_ERR_INVALID_ARG;
     if (w != floor(w) || w > INT_MAX)
@@ -105,6 +105,60 @@ static twk_status parse_window(const cJSON *j, const char *path, twk_model_confi
     return TWK_OK;
 }
 
+/* The mixture-of-experts fields of Qwen3-MoE / Qwen2-MoE / Mixtral; refuses by name what is not
+ * implemented (the router's auxiliary loss, jitter noise, a sliding window on Qwen MoE). */
+static twk_status parse_moe(const cJSON *j, const char *path, twk_model_config *c) {
+    int mixtral = c->arch == TWK_ARCH_MIXTRAL;
+    const char *ne = cJSON_GetObjectItemCaseSensitive(j, "num_experts") ? "num_experts" : "num_local_experts";
+    if (!get_int(j, ne, &c->n_experts, path) || !get_int(j, "num_experts_per_tok", &c->top_k, path)) return TWK_ERR_INVALID_ARG;
+    if (c->top_k > c->n_experts || c->n_experts > 65536)
+        return twk_error(TWK_ERR_INVALID_ARG, "%s: num_experts_per_tok %d must be at most %s %d (and that at most 65536)", path,
+                         c->top_k, ne, c->n_experts);
+    if (c->top_k > 256) return twk_error(TWK_ERR_UNSUPPORTED, "%s: num_experts_per_tok %d above 256", path, c->top_k);
+    c->moe_ffn = c->ffn; /* Mixtral: intermediate_size is the experts' */
+    if (!mixtral && !get_int(j, "moe_intermediate_size", &c->moe_ffn, path)) return TWK_ERR_INVALID_ARG;
+    c->norm_topk = mixtral ? 1 : get_bool(j, "norm_topk_prob", 0); /* Mixtral: softmax over the top-k logits */
+    c->sparse_step = 1;
+    if (!mixtral && cJSON_GetObjectItemCaseSensitive(j, "decoder_sparse_step") &&
+        !get_int(j, "decoder_sparse_step", &c->sparse_step, path))
+        return TWK_ERR_INVALID_ARG;
+    const cJSON *dl = mixtral ? NULL : cJSON_GetObjectItemCaseSensitive(j, "mlp_only_layers");
+    if (dl && !cJSON_IsNull(dl) && !cJSON_IsArray(dl))
+        return twk_error(TWK_ERR_INVALID_ARG, "%s: field 'mlp_only_layers' must be a list of layer indices", path);
+    for (const cJSON *e = dl ? dl->child : NULL; e; e = e->next) {
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= 256 || e->valuedouble != floor(e->valuedouble))
+            return twk_error(TWK_ERR_UNSUPPORTED, "%s: mlp_only_layers entry %g is not a layer index below 256", path,
+                             cJSON_IsNumber(e) ? e->valuedouble : -1.0);
+        int l = (int)e->valuedouble;
+        c->dense_layers[l / 64] |= (uint64_t)1 << (l % 64);
+    }
+    if (c->arch == TWK_ARCH_QWEN2_MOE) {
+        c->shared_ffn = 0;
+        const cJSON *sh = cJSON_GetObjectItemCaseSensitive(j, "shared_expert_intermediate_size");
+        if (sh && !cJSON_IsNull(sh) && !get_int(j, "shared_expert_intermediate_size", &c->shared_ffn, path))
+            return TWK_ERR_INVALID_ARG;
+        if (!c->shared_ffn)
+            return twk_error(TWK_ERR_UNSUPPORTED, "%s: Qwen2MoeForCausalLM without shared_expert_intermediate_size", path);
+    }
+    if (get_bool(j, "output_router_logits", 0))
+        return twk_error(TWK_ERR_UNSUPPORTED,
+                         "%s: output_router_logits true (the router's auxiliary load-balancing loss) is not supported", path);
+    double jitter = get_num(j, "router_jitter_noise", 0);
+    if (jitter != 0) return twk_error(TWK_ERR_UNSUPPORTED, "%s: router_jitter_noise %g is not supported", path, jitter);
+    return TWK_OK;
+}
+
+const char *twk_expert_proj(const twk_model_config *c, int k) {
+    static const char *const qwen[3] = {"gate_proj", "up_proj", "down_proj"}, *const mixtral[3] = {"w1", "w3", "w2"};
+    return c->arch == TWK_ARCH_MIXTRAL ? mixtral[k] : qwen[k];
+}
+
+int twk_layer_sparse(const twk_model_config *c, int l) {
+    if (c->n_experts <= 0 || l < 0) return 0;
+    if (l < 256 && (c->dense_layers[l / 64] >> (l % 64) & 1)) return 0;
+    return c->sparse_step > 0 && (l + 1) % c->sparse_step == 0;
+}
+
 static twk_status parse(const cJSON *j, const char *path, twk_model_config *c) {
     memset(c, 0, sizeof *c);
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(j, "architectures");
@@ -119,10 +173,14 @@ static twk_status parse(const cJSON *j, const char *path, twk_model_config *c) {
     else if (!strcmp(arch, "MistralForCausalLM")) c->arch = TWK_ARCH_MISTRAL;
     else if (!strcmp(arch, "Gemma2ForCausalLM")) c->arch = TWK_ARCH_GEMMA2;
     else if (!strcmp(arch, "Gemma3ForCausalLM")) c->arch = TWK_ARCH_GEMMA3;
+    else if (!strcmp(arch, "Qwen3MoeForCausalLM")) c->arch = TWK_ARCH_QWEN3_MOE;
+    else if (!strcmp(arch, "Qwen2MoeForCausalLM")) c->arch = TWK_ARCH_QWEN2_MOE;
+    else if (!strcmp(arch, "MixtralForCausalLM")) c->arch = TWK_ARCH_MIXTRAL;
     else
         return twk_error(TWK_ERR_UNSUPPORTED,
                          "%s: architecture '%s' is not supported (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-                         "MistralForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM)",
+                         "MistralForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Qwen3MoeForCausalLM, "
+                         "Qwen2MoeForCausalLM, MixtralForCausalLM)",
                          path, arch);
     /* Gemma3ForCausalLM is the text model: the multimodal config nests it under text_config */
     if (c->arch == TWK_ARCH_GEMMA3 && cJSON_IsString(mt) && strcmp(mt->valuestring, "gemma3_text"))
@@ -161,15 +219,18 @@ static twk_status parse(const cJSON *j, const char *path, twk_model_config *c) {
         return twk_error(TWK_ERR_UNSUPPORTED, "%s: %s '%s' is not supported (%s)", path, act_key,
                          cJSON_IsString(act) ? act->valuestring : "?", act_want);
     twk_status st = parse_window(j, path, c);
+    if (st == TWK_OK && (c->arch == TWK_ARCH_QWEN3_MOE || c->arch == TWK_ARCH_QWEN2_MOE || c->arch == TWK_ARCH_MIXTRAL))
+        st = parse_moe(j, path, c);
     if (st != TWK_OK) return st;
     if (get_bool(j, "mlp_bias", 0)) return twk_error(TWK_ERR_UNSUPPORTED, "%s: mlp_bias true is not supported", path);
     double prf = get_num(j, "partial_rotary_factor", 1.0);
     if (prf != 1.0) return twk_error(TWK_ERR_UNSUPPORTED, "%s: partial_rotary_factor %g is not supported", path, prf);
     if (get_bool(j, "use_sliding_window", 0))
         return twk_error(TWK_ERR_UNSUPPORTED, "%s: use_sliding_window true is not supported", path);
-    c->attn_bias = c->arch == TWK_ARCH_QWEN2 ? 1 : get_bool(j, "attention_bias", 0);
-    c->o_bias = c->arch == TWK_ARCH_QWEN2 ? 0 : c->attn_bias;
-    c->qk_norm = c->arch == TWK_ARCH_QWEN3 || c->arch == TWK_ARCH_GEMMA3;
+    int qwen2 = c->arch == TWK_ARCH_QWEN2 || c->arch == TWK_ARCH_QWEN2_MOE;
+    c->attn_bias = c->arch == TWK_ARCH_QWEN2_MOE ? get_bool(j, "qkv_bias", 1) : qwen2 ? 1 : get_bool(j, "attention_bias", 0);
+    c->o_bias = qwen2 ? 0 : c->attn_bias;
+    c->qk_norm = c->arch == TWK_ARCH_QWEN3 || c->arch == TWK_ARCH_GEMMA3 || c->arch == TWK_ARCH_QWEN3_MOE;
 
     /* transformers >= 5 writes rope_parameters {rope_type, rope_theta, ...};
      * older configs write rope_theta and rope_scaling */

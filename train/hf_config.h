@@ -28,5 +28,11 @@ int64_t twk_kv_seq_rows(const twk_model_config *c, int l, int64_t max_len);
 /* Rows of layer l's cache for max_seqs sequences: a ring layer has one more, shared, where a
  * prompt's positions that have left the window are written (and never read). */
 int64_t twk_kv_layer_rows(const twk_model_config *c, int l, int max_seqs, int64_t max_len);
+/* Whether layer l's MLP is a mixture of experts (n_experts > 0, (l + 1) % sparse_step == 0, l not
+ * in mlp_only_layers), as transformers' Qwen-MoE decoder layers choose; Mixtral: every layer. */
+int twk_layer_sparse(const twk_model_config *c, int l);
+/* The checkpoint's name of an expert's projection k (0 gate, 1 up, 2 down): gate_proj / up_proj /
+ * down_proj, Mixtral's w1 / w3 / w2. */
+const char *twk_expert_proj(const twk_model_config *c, int k);
 
 #endif

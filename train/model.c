@@ -118,7 +118,7 @@ twk_status twk_model_convert(twk_model *m, twk_dtype t) {
     twk_status st = TWK_OK;
     for (int i = 0; st == TWK_OK && i < m->n_w; i++) {
         named_buf *w = &m->w[i];
-        if (w->ndim != 2 || w->dtype == t) continue; /* matrices only: norms and biases stay f32 */
+        if (w->ndim < 2 || w->dtype == t) continue; /* matrices (and expert stacks) only: norms and biases stay f32 */
         void *h = twk_host_alloc(nb_bytes(w), w->name);
         st = h ? twk_buffer_download(m->dev, w->buf, 0, h, nb_bytes(w)) : TWK_ERR_OOM;
         twk_dtype from = w->dtype;
@@ -130,7 +130,9 @@ twk_status twk_model_convert(twk_model *m, twk_dtype t) {
     return st;
 }
 
-/* Every tensor the architecture needs, with its expected shape. */
+/* Every tensor the architecture needs, with its expected shape (an expert stack
+ * "<layer>.mlp.experts.gate_proj" [E, out, in] is the checkpoint's per-expert
+ * "<layer>.mlp.experts.<e>.gate_proj.weight" matrices, stacked). */
 static int expected_tensors(const twk_model_config *c, named_buf *out) {
     int n = 0;
     int64_t H = c->hidden, qd = (int64_t)c->heads * c->head_dim, kd = (int64_t)c->kv_heads * c->head_dim;
@@ -143,6 +145,19 @@ static int expected_tensors(const twk_model_config *c, named_buf *out) {
             out[n].ne[0] = a;                                                                    \
             out[n].ne[1] = b;                                                                    \
             out[n].nelem = (int64_t)(a) * ((b) ? (b) : 1);                                       \
+        }                                                                                        \
+        n++;                                                                                     \
+    } while (0)
+#define ADD3(nm, e, a, b)                                                                        \
+    do {                                                                                         \
+        if (out) {                                                                               \
+            memset(&out[n], 0, sizeof out[n]);                                                   \
+            snprintf(out[n].name, sizeof out[n].name, "%s", nm);                                 \
+            out[n].ndim = 3;                                                                     \
+            out[n].ne[0] = e;                                                                    \
+            out[n].ne[1] = a;                                                                    \
+            out[n].ne[2] = b;                                                                    \
+            out[n].nelem = (int64_t)(e) * (a) * (b);                                             \
         }                                                                                        \
         n++;                                                                                     \
     } while (0)
@@ -170,6 +185,23 @@ static int expected_tensors(const twk_model_config *c, named_buf *out) {
             ADD(L("pre_feedforward_layernorm.weight"), H, 0);
             ADD(L("post_feedforward_layernorm.weight"), H, 0);
         }
+        if (twk_layer_sparse(c, l)) { /* the router, each projection's experts stacked [E, out, in], the shared expert */
+            const char *moe = c->arch == TWK_ARCH_MIXTRAL ? "block_sparse_moe" : "mlp";
+            char pre[64];
+            snprintf(pre, sizeof pre, "%s.gate.weight", moe);
+            ADD(L(pre), c->n_experts, H);
+            for (int k = 0; k < 3; k++) {
+                snprintf(pre, sizeof pre, "%s.experts.%s", moe, twk_expert_proj(c, k));
+                ADD3(L(pre), c->n_experts, k == 2 ? H : c->moe_ffn, k == 2 ? c->moe_ffn : H);
+            }
+            if (c->shared_ffn) {
+                ADD(L("mlp.shared_expert.gate_proj.weight"), c->shared_ffn, H);
+                ADD(L("mlp.shared_expert.up_proj.weight"), c->shared_ffn, H);
+                ADD(L("mlp.shared_expert.down_proj.weight"), H, c->shared_ffn);
+                ADD(L("mlp.shared_expert_gate.weight"), 1, H);
+            }
+            continue;
+        }
         ADD(L("mlp.gate_proj.weight"), c->ffn, H);
         ADD(L("mlp.up_proj.weight"), c->ffn, H);
         ADD(L("mlp.down_proj.weight"), H, c->ffn);
@@ -178,6 +210,7 @@ static int expected_tensors(const twk_model_config *c, named_buf *out) {
     ADD("model.norm.weight", H, 0);
     if (!c->tie_embeddings) ADD("lm_head.weight", c->vocab, H);
 #undef ADD
+#undef ADD3
     return n;
 }
 
@@ -192,7 +225,7 @@ twk_model *twk_model_shapes(const twk_model_config *cfg, twk_dtype dtype) {
         return NULL;
     }
     expected_tensors(cfg, m->w);
-    for (int i = 0; i < n; i++) m->w[i].dtype = m->w[i].ndim == 2 ? dtype : TWK_F32; /* as twk_model_load_as holds them */
+    for (int i = 0; i < n; i++) m->w[i].dtype = m->w[i].ndim >= 2 ? dtype : TWK_F32; /* as twk_model_load_as holds them */
     m->n_w = n;
     return m;
 }
@@ -227,7 +260,7 @@ twk_status twk_model_random_as(const twk_model_config *cfg, twk_device *dev, uin
         int is_norm = w->ndim == 1 && strstr(w->name, "norm");
         float norm1 = cfg->gemma ? 0.0f : 1.0f; /* Gemma's norms scale by (1 + w) */
         for (int64_t k = 0; h && k < w->nelem; k++) h[k] = is_norm ? norm1 : (float)(0.02 * twk_rng_normal(&r));
-        w->dtype = w->ndim == 2 ? dtype : TWK_F32;
+        w->dtype = w->ndim >= 2 ? dtype : TWK_F32;
         if (st == TWK_OK) st = upload_as(dev, w, TWK_F32, h);
         twk_host_free(h);
         m->n_w = i + 1;
@@ -285,6 +318,52 @@ int twk_model_weights_dtype(const char *dir, twk_device *dev, int dtype) {
     return got;
 }
 
+/* Expert stack w ("<prefix>.experts.<proj>" [E, out, in]) from the checkpoint's matrices
+ * "<prefix>.experts.<e>.<proj>.weight", all of one dtype, held as `dtype` (-1: as stored). */
+static twk_status load_stack(const char *dir, twk_safetensors *sf, twk_device *dev, int dtype, named_buf *w) {
+    const char *dot = strrchr(w->name, '.');
+    int plen = (int)(dot - w->name);
+    int64_t E = w->ne[0], per = w->ne[1] * w->ne[2];
+    unsigned char *host = NULL;
+    int from = -1;
+    twk_status st = TWK_OK;
+    for (int64_t e = 0; st == TWK_OK && e < E; e++) {
+        char key[300];
+        snprintf(key, sizeof key, "%.*s.%lld%s.weight", plen, w->name, (long long)e, dot);
+        const twk_st_tensor *t = twk_st_find(sf, key);
+        if (!t) {
+            st = twk_error(TWK_ERR_NOT_FOUND, "%s: tensor '%s' is missing", dir, key);
+            break;
+        }
+        if (t->ndim != 2 || t->shape[0] != w->ne[1] || t->shape[1] != w->ne[2]) {
+            st = twk_error(TWK_ERR_SHAPE, "%s: tensor '%s' has shape [%lld, %lld], config.json implies [%lld, %lld]", dir, key,
+                           (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)w->ne[1],
+                           (long long)w->ne[2]);
+            break;
+        }
+        int td = twk_st_hal_dtype(t->dtype);
+        if (td < 0 || (from >= 0 && td != from)) {
+            st = twk_error(TWK_ERR_DTYPE, "%s: tensor '%s' has dtype %s; expected F32, F16 or BF16 like expert 0", dir, key,
+                           t->dtype_name);
+            break;
+        }
+        size_t es = twk_dtype_size((twk_dtype)td);
+        if (!host) host = twk_host_alloc((size_t)(E * per) * es, w->name);
+        if (!host) {
+            st = TWK_ERR_OOM;
+            break;
+        }
+        from = td;
+        memcpy(host + (size_t)(e * per) * es, t->data, (size_t)per * es);
+    }
+    if (st == TWK_OK) {
+        w->dtype = dtype < 0 ? (twk_dtype)from : (twk_dtype)dtype;
+        st = upload_as(dev, w, (twk_dtype)from, host);
+    }
+    twk_host_free(host);
+    return st;
+}
+
 twk_status twk_model_load_as(const char *dir, twk_device *dev, int dtype, int kv_dtype, twk_model **out) {
     if (!out || !dir || !dev) return twk_error(TWK_ERR_INVALID_ARG, "model_load: NULL argument");
     *out = NULL;
@@ -324,6 +403,11 @@ twk_status twk_model_load_as(const char *dir, twk_device *dev, int dtype, int kv
     else expected_tensors(&m->cfg, m->w);
     for (int i = 0; st == TWK_OK && i < n; i++) {
         named_buf *w = &m->w[i];
+        if (w->ndim == 3) { /* an expert stack from the per-expert matrices */
+            st = load_stack(dir, sf, dev, dtype, w);
+            m->n_w = i + 1;
+            continue;
+        }
         const twk_st_tensor *t = twk_st_find(sf, w->name);
         if (!t) {
             st = twk_error(TWK_ERR_NOT_FOUND, "%s: tensor '%s' is missing", dir, w->name);
@@ -342,7 +426,7 @@ twk_status twk_model_load_as(const char *dir, twk_device *dev, int dtype, int kv
             break;
         }
         /* matrices in the requested dtype (or as stored); norms and biases f32 */
-        w->dtype = w->ndim != 2 ? TWK_F32 : dtype < 0 ? (twk_dtype)from : (twk_dtype)dtype;
+        w->dtype = w->ndim < 2 ? TWK_F32 : dtype < 0 ? (twk_dtype)from : (twk_dtype)dtype;
         st = upload_as(dev, w, (twk_dtype)from, t->data); /* a little-endian host reads the file's bytes */
         m->n_w = i + 1;
     }
@@ -406,6 +490,46 @@ static twk_id linear(twk_trainer *t, twk_id x, const char *module, int has_bias)
     return y;
 }
 
+/* One projection k (0 gate, 1 up, 2 down) of every expert over the rows grouped by expert: the
+ * stack [E, out, in] as one grouped product (lora_gather with each row's expert as its slot). */
+static twk_id experts_linear(twk_trainer *t, twk_id x, const char *moe, int k, twk_id slot) {
+    char nm[260];
+    snprintf(nm, sizeof nm, "%s.experts.%s", moe, twk_expert_proj(&t->m->cfg, k));
+    return twk_lora_gather(t->g, x, weight_node(t, nm), slot);
+}
+
+/* A mixture-of-experts MLP over h [T, H] (moe: "model.layers.<l>.mlp" or Mixtral's
+ * "block_sparse_moe"): router logits, top-k, the routing weights, the (token, choice) pairs
+ * grouped by expert on the device, one grouped product per projection, back to tokens weighted;
+ * Qwen2-MoE adds its shared expert times sigmoid(shared_expert_gate h). */
+static twk_id moe_mlp(twk_trainer *t, twk_id h, const char *layer) {
+    const twk_model_config *c = &t->m->cfg;
+    twk_graph *g = t->g;
+    char moe[200], mod[260];
+    snprintf(moe, sizeof moe, "%s.%s", layer, c->arch == TWK_ARCH_MIXTRAL ? "block_sparse_moe" : "mlp");
+    snprintf(mod, sizeof mod, "%s.gate", moe);
+    twk_id logits = linear(t, h, mod, 0);
+    twk_id ids = twk_moe_topk(g, logits, c->top_k);
+    twk_id w = twk_moe_gate(g, logits, ids, c->norm_topk);
+    twk_id order = twk_moe_sort(g, logits, ids, 0), inv = twk_moe_sort(g, logits, ids, 1), slot = twk_moe_sort(g, logits, ids, 2);
+    twk_id xs = twk_moe_dispatch(g, h, order, inv, -1);
+    twk_id act = twk_swiglu(g, experts_linear(t, xs, moe, 0, slot), experts_linear(t, xs, moe, 1, slot));
+    twk_id out = twk_moe_combine(g, experts_linear(t, act, moe, 2, slot), order, inv, w, c->top_k);
+    if (!c->shared_ffn) return out;
+    snprintf(mod, sizeof mod, "%s.shared_expert.gate_proj", moe);
+    twk_id sg = linear(t, h, mod, 0);
+    snprintf(mod, sizeof mod, "%s.shared_expert.up_proj", moe);
+    twk_id sh = twk_swiglu(g, sg, linear(t, h, mod, 0));
+    snprintf(mod, sizeof mod, "%s.shared_expert.down_proj", moe);
+    sh = linear(t, sh, mod, 0);
+    snprintf(mod, sizeof mod, "%s.shared_expert_gate", moe);
+    /* sigmoid(z) = (1 + tanh(z / 2)) / 2 */
+    int64_t one = 1;
+    twk_id z = twk_map(g, TWK_OP_TANH, twk_scale(g, linear(t, h, mod, 0), 0.5f));
+    twk_id gate = twk_scale(g, twk_add(g, z, twk_fill(g, 1, &one, 1.0f)), 0.5f);
+    return twk_add(g, out, twk_mul(g, sh, gate));
+}
+
 /* A norm weight as the model's RMSNorm uses it: Gemma's 1 + w (ones[0] over hidden, ones[1]
  * over head_dim, made once), else w. */
 static twk_id norm_w(twk_trainer *t, twk_id w, twk_id ones[2]) {
@@ -455,6 +579,7 @@ static twk_status make_adapter(twk_trainer *t) {
             } else if (k < 4) {
                 snprintf(module, sizeof module, "model.layers.%d.self_attn.%s", l, attn[k]);
             } else if (k < 7) {
+                if (twk_layer_sparse(c, l)) continue; /* experts: no dense MLP */
                 snprintf(module, sizeof module, "model.layers.%d.mlp.%s", l, mlp[k - 4]);
             } else {
                 break;
@@ -620,8 +745,13 @@ static twk_status build(twk_trainer *t) {
         } else {
             x = twk_add(g, x, linear(t, a, M("self_attn.o_proj"), c->o_bias));
             h = twk_rmsnorm(g, x, W("post_attention_layernorm.weight"), eps);
-            twk_id ff = twk_swiglu(g, linear(t, h, M("mlp.gate_proj"), 0), linear(t, h, M("mlp.up_proj"), 0));
-            x = twk_add(g, x, linear(t, ff, M("mlp.down_proj"), 0));
+            if (twk_layer_sparse(c, l)) {
+                snprintf(mod, sizeof mod, "model.layers.%d", l);
+                x = twk_add(g, x, moe_mlp(t, h, mod));
+            } else {
+                twk_id ff = twk_swiglu(g, linear(t, h, M("mlp.gate_proj"), 0), linear(t, h, M("mlp.up_proj"), 0));
+                x = twk_add(g, x, linear(t, ff, M("mlp.down_proj"), 0));
+            }
         }
 #undef W
 #undef M

@@ -98,7 +98,9 @@ typedef twk_status (*cpu_kernel)(const cpu_call *c);
     X(KV_WRITE, cpu_kv_write) X(ATTN_CACHE, cpu_attn_cache) X(LORA_GATHER, cpu_lora_gather) X(LORA_GATHER_BACK, cpu_lora_gather_back)               \
     X(GELU, cpu_gelu) X(GELU_BACK, cpu_gelu_back) X(TANH, cpu_tanh) X(TANH_BACK, cpu_tanh_back)                                                       \
     X(GRAD_ACC, cpu_grad_acc) X(SQSUM_PARTS, cpu_sqsum_parts) X(GRAD_NORM, cpu_grad_norm)               \
-    X(ADAMW, cpu_adamw)
+    X(ADAMW, cpu_adamw) X(MOE_TOPK, cpu_moe_topk) X(MOE_GATE, cpu_moe_gate) X(MOE_GATE_BACK, cpu_moe_gate_back)      \
+    X(MOE_SORT, cpu_moe_sort) X(MOE_DISPATCH, cpu_moe_dispatch) X(MOE_COMBINE, cpu_moe_combine)                  \
+    X(MOE_COMBINE_BACK_W, cpu_moe_combine_back_w)
 
 #define CPU_DECLARE_(op, fn) twk_status fn(const cpu_call *c);
 CPU_KERNELS(CPU_DECLARE_)

@@ -23,7 +23,7 @@ typedef struct {
 /* Tokens [t, t + nt), nt <= GATHER_TB: y[t, n] = sum over k in order of w[slot[t], n, k] x[t, k]. */
 static void gather_tokens(const gather_job *j, int64_t t, int nt) {
     const cpu_call *c = j->c;
-    int64_t K = c->src[0].ne[1], N = c->src[1].ne[1], np = j->np;
+    int64_t K = c->src[0].ne[1], N = c->dst.ne[1], np = j->np;
     const float *w[GATHER_TB], *x[GATHER_TB];
     for (int u = 0; u < GATHER_TB; u++) { /* missing tokens repeat the last one, their sums unused */
         int64_t tu = t + (u < nt ? u : nt - 1);
@@ -63,9 +63,11 @@ static void gather_rows(void *arg, int64_t b0, int64_t b1) {
 }
 
 /* The used slots' weights transposed (and padded to np columns) into scratch, and the slot map;
- * NULL on OOM. */
+ * NULL on OOM. w [S, N, K] (or [S, K, N] with iparam 0: the transposed product), f32 or 16-bit
+ * (widened here). */
 static float *gather_prepare(const cpu_call *c, int64_t np, int32_t **idx_out) {
-    int64_t T = c->src[0].ne[0], S = c->src[1].ne[0], N = c->src[1].ne[1], K = c->src[1].ne[2];
+    int trans = c->l->ip[0] != 0;
+    int64_t T = c->src[0].ne[0], S = c->src[1].ne[0], N = c->dst.ne[1], K = c->src[0].ne[1];
     int32_t *idx = twk_host_alloc((size_t)S * sizeof *idx, "lora_gather slots");
     if (!idx) return NULL;
     for (int64_t s = 0; s < S; s++) idx[s] = -1;
@@ -74,27 +76,35 @@ static float *gather_prepare(const cpu_call *c, int64_t np, int32_t **idx_out) {
         int64_t s = cpu_id_at(&c->src[2], t);
         if (idx[s] < 0) idx[s] = used++;
     }
-    float *wt = cpu_scratch(c->ctx, (size_t)(used ? used : 1) * (size_t)(np * K) * sizeof *wt);
+    int half = c->src[1].type != TWK_F32;
+    float *wide = half ? twk_host_alloc((size_t)(N * K) * sizeof *wide, "lora_gather widened slot") : NULL;
+    float *wt = half && !wide ? NULL : cpu_scratch(c->ctx, (size_t)(used ? used : 1) * (size_t)(np * K) * sizeof *wt);
     if (!wt) {
+        twk_host_free(wide);
         twk_host_free(idx);
         return NULL;
     }
-    const float *w = c->src[1].data;
+    size_t es = twk_dtype_size(c->src[1].type);
     for (int64_t s = 0; s < S; s++) {
         if (idx[s] < 0) continue;
-        const float *ws = w + s * N * K;
+        const float *ws = (const float *)c->src[1].data + s * N * K;
+        if (half) {
+            twk_dtype_to_f32(c->src[1].type, (const unsigned char *)c->src[1].data + (size_t)(s * N * K) * es, wide, N * K);
+            ws = wide;
+        }
         float *d = wt + (int64_t)idx[s] * np * K;
         for (int64_t k = 0; k < K; k++) {
-            for (int64_t n = 0; n < N; n++) d[k * np + n] = ws[n * K + k];
+            for (int64_t n = 0; n < N; n++) d[k * np + n] = trans ? ws[k * N + n] : ws[n * K + k];
             for (int64_t n = N; n < np; n++) d[k * np + n] = 0;
         }
     }
+    twk_host_free(wide);
     *idx_out = idx;
     return wt;
 }
 
 twk_status cpu_lora_gather(const cpu_call *c) {
-    int64_t T = c->src[0].ne[0], N = c->src[1].ne[1];
+    int64_t T = c->src[0].ne[0], N = c->dst.ne[1];
     int64_t np = (N + GATHER_NB - 1) / GATHER_NB * GATHER_NB;
     int32_t *idx = NULL;
     const float *wt = gather_prepare(c, np, &idx);

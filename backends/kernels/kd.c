@@ -17,6 +17,8 @@ typedef struct kd_entry {
     const char *unsupported;
 } kd_entry;
 
+#define KD_NO_MOE "mixture-of-experts routing runs on the cpu only so far"
+
 static const kd_entry table[TWK_OP_COUNT] = {
     [TWK_OP_FILL] = {kd_lower_map_f, "fill_f32"},
     [TWK_OP_PERMUTE] = {kd_lower_permute, "permute_words"},
@@ -60,6 +62,13 @@ static const kd_entry table[TWK_OP_COUNT] = {
     [TWK_OP_SQSUM_PARTS] = {kd_lower_sqsum_parts, "sqsum_parts_f32"},
     [TWK_OP_GRAD_NORM] = {kd_lower_grad_norm, "grad_norm_f32"},
     [TWK_OP_ADAMW] = {kd_lower_adamw, "adamw_f32"},
+    [TWK_OP_MOE_TOPK] = {.unsupported = KD_NO_MOE},
+    [TWK_OP_MOE_GATE] = {.unsupported = KD_NO_MOE},
+    [TWK_OP_MOE_GATE_BACK] = {.unsupported = KD_NO_MOE},
+    [TWK_OP_MOE_SORT] = {.unsupported = KD_NO_MOE},
+    [TWK_OP_MOE_DISPATCH] = {.unsupported = KD_NO_MOE},
+    [TWK_OP_MOE_COMBINE] = {.unsupported = KD_NO_MOE},
+    [TWK_OP_MOE_COMBINE_BACK_W] = {.unsupported = KD_NO_MOE},
     [TWK_OP_LORA_GATHER_BACK] = {kd_lower_lora_gather_back, "lora_gather_back_f32"},
 };
 _Static_assert(sizeof table / sizeof table[0] == TWK_OP_COUNT, "one entry per op");
@@ -112,6 +121,8 @@ static int shapes_ok(const twk_launch *l, char *why, size_t why_len) {
     if (l->op == TWK_OP_ATTN_CACHE && l->src[1].type != l->src[2].type)
         return say(why, why_len, "K cache %s and V cache %s differ", twk_dtype_name(l->src[1].type),
                    twk_dtype_name(l->src[2].type));
+    if (l->op == TWK_OP_LORA_GATHER && l->ip[0])
+        return say(why, why_len, "a transposed lora_gather (16-bit expert weights' gradient)");
     if (l->op == TWK_OP_MATMUL) {
         int r = l->src[0].ndim;
         if ((r != 2 && r != 3) || l->src[1].ndim != r)

@@ -547,6 +547,8 @@ typedef struct vk_entry {
     const char *unsupported;
 } vk_entry;
 
+#define VK_NO_MOE "mixture-of-experts routing runs on the cpu only so far"
+
 static const vk_entry table[TWK_OP_COUNT] = {
     [TWK_OP_FILL] = {lower_eltwise, 0},
     [TWK_OP_PERMUTE] = {lower_permute, 0},
@@ -590,6 +592,13 @@ static const vk_entry table[TWK_OP_COUNT] = {
     [TWK_OP_SQSUM_PARTS] = {lower_optim, 1},
     [TWK_OP_GRAD_NORM] = {lower_optim, 2},
     [TWK_OP_ADAMW] = {lower_optim, 3},
+    [TWK_OP_MOE_TOPK] = {.unsupported = VK_NO_MOE},
+    [TWK_OP_MOE_GATE] = {.unsupported = VK_NO_MOE},
+    [TWK_OP_MOE_GATE_BACK] = {.unsupported = VK_NO_MOE},
+    [TWK_OP_MOE_SORT] = {.unsupported = VK_NO_MOE},
+    [TWK_OP_MOE_DISPATCH] = {.unsupported = VK_NO_MOE},
+    [TWK_OP_MOE_COMBINE] = {.unsupported = VK_NO_MOE},
+    [TWK_OP_MOE_COMBINE_BACK_W] = {.unsupported = VK_NO_MOE},
     [TWK_OP_LORA_GATHER_BACK] = {lower_lora_gather, 4},
 };
 _Static_assert(sizeof table / sizeof table[0] == TWK_OP_COUNT, "one entry per op");
@@ -630,6 +639,10 @@ bool vk_supports(const twk_launch *l, char *why, size_t why_len) {
         size_t es = twk_dtype_size(l->dst.type);
         if (es == 4 || es == 8) return true;
         if (why) snprintf(why, why_len, "%s of %zu-byte elements", twk_op_name(l->op), es);
+        return false;
+    }
+    if (l->op == TWK_OP_LORA_GATHER && l->ip[0]) {
+        if (why) snprintf(why, why_len, "a transposed lora_gather (16-bit expert weights' gradient)");
         return false;
     }
     if (l->op == TWK_OP_MATMUL && l->src[0].ndim != 2 && l->src[0].ndim != 3) {

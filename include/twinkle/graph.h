@@ -119,6 +119,24 @@ twk_id twk_lora_gather(twk_graph *g, twk_id x, twk_id w, twk_id slot);
 /* The gradient of lora_gather's w: [n_slots, N, K], slot s the sum over the
  * tokens t with slot[t] == s (in token order) of dy[t] x[t]^T (x [T, K], dy [T, N]). */
 twk_id twk_lora_gather_back(twk_graph *g, twk_id x, twk_id dy, twk_id slot, int64_t n_slots);
+/* ---- mixture of experts (T tokens, E experts, K experts per token) ---- */
+/* i32 [T, K]: each row's k largest logits' experts, largest first, ties to the lower expert (as
+ * torch.topk); logits f32 [T, E]. Not differentiable. */
+twk_id twk_moe_topk(twk_graph *g, twk_id logits, int k);
+/* The routing weights [T, K]: softmax(logits)[t, ids[t, j]], divided by their sum over j when
+ * `renormalize` (= the softmax over the chosen logits). Differentiable in logits. */
+twk_id twk_moe_gate(twk_graph *g, twk_id logits, twk_id ids, bool renormalize);
+/* The T*K (token, choice) pairs p = t*K + j grouped by expert (stable: pair order inside an
+ * expert), as i32 [T*K]: mode 0 the pair of each grouped row, 1 the row of each pair, 2 the
+ * expert of each grouped row (the slot twk_lora_gather reads: one grouped product per weight
+ * stack). logits only give E. */
+twk_id twk_moe_sort(twk_graph *g, twk_id logits, twk_id ids, int mode);
+/* Rows grouped by expert: out[r] = x[order[r] / K] (times w[order[r]] when w >= 0), x [T, H],
+ * order / inv: moe_sort's modes 0 / 1 -> [T*K, H]. Differentiable in x (unweighted). */
+twk_id twk_moe_dispatch(twk_graph *g, twk_id x, twk_id order, twk_id inv, twk_id w);
+/* Back to tokens: out[t] = sum over j in order of w[t, j] y[inv[t*K + j]] (w = 1 when w < 0);
+ * y [T*K, H] -> [T, H]. Differentiable in y and w (the routing weights' gradient). */
+twk_id twk_moe_combine(twk_graph *g, twk_id y, twk_id order, twk_id inv, twk_id w, int64_t k);
 /* log_softmax(logits)[t, targets[t]]: logits [T, V], targets i32/i64 [T] -> [T]. */
 twk_id twk_logprobs(twk_graph *g, twk_id logits, twk_id targets);
 /* twk_logprobs(h w^T, targets) without the [T, V] logits: h [T, H], a frozen w [V, H] (f32,

@@ -60,7 +60,10 @@ typedef enum twk_arch {
     TWK_ARCH_QWEN3,
     TWK_ARCH_MISTRAL, /* Llama with a sliding window on every layer */
     TWK_ARCH_GEMMA2,  /* gemma: local / global layers, soft-caps */
-    TWK_ARCH_GEMMA3   /* gemma: local / global layers, q/k norms, a local RoPE base */
+    TWK_ARCH_GEMMA3,  /* gemma: local / global layers, q/k norms, a local RoPE base */
+    TWK_ARCH_QWEN3_MOE, /* Qwen3 attention, mixture-of-experts MLPs */
+    TWK_ARCH_QWEN2_MOE, /* Qwen2 attention, experts plus a shared expert behind a sigmoid gate */
+    TWK_ARCH_MIXTRAL    /* Mistral attention, experts w1 / w3 / w2 */
 } twk_arch;
 typedef enum twk_rope_type { TWK_ROPE_DEFAULT, TWK_ROPE_LLAMA3, TWK_ROPE_LINEAR } twk_rope_type;
 
@@ -89,6 +92,14 @@ typedef struct twk_model_config {
     double attn_softcap;      /* attention scores -> cap * tanh(s / cap) (0: none) */
     double final_softcap;     /* logits -> cap * tanh(l / cap) (0: none) */
     int eos[8], n_eos;
+    /* Mixture of experts (n_experts > 0): a sparse layer's MLP routes each token to its top_k of
+     * n_experts SwiGLU experts of moe_ffn (softmax over the router's logits, renormalised over
+     * the top_k when norm_topk), plus a shared expert of shared_ffn behind a sigmoid gate
+     * (Qwen2-MoE; 0: none). Layer l is sparse when twk_layer_sparse(c, l); the others keep the
+     * dense MLP of ffn. */
+    int n_experts, top_k, moe_ffn, shared_ffn, sparse_step;
+    bool norm_topk;
+    uint64_t dense_layers[4]; /* mlp_only_layers as a bit set (layers below 256) */
 } twk_model_config;
 
 typedef struct twk_model twk_model;

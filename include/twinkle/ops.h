@@ -90,6 +90,14 @@ TWK_API_BEGIN
     /* multi-adapter LoRA (the sampler's adapter slots; packed training of several runs) */                    \
     X(LORA_GATHER,    "lora_gather",    3, COMPUTE, TWK_SRC(2),           TWK_SRC(2),           TWK_SRC(0) | TWK_SRC(1), NONE, ACCUM, TWK_IDS(RANGE, "slot", "", 1, 0)) /* (x [T,K], w [S,N,K], slot [T]) -> [T,N]: w[slot[t]] x[t], sums over k in order */ \
     X(LORA_GATHER_BACK, "lora_gather_back", 3, COMPUTE, TWK_SRC(2),       TWK_SRC(2),           0,           NONE, ACCUM, TWK_IDS(RANGE, "slot", "", -1, 0)) /* (x [T,K], dy [T,N], slot [T]) -> [S,N,K]: per slot, sum of dy[t] x[t]^T over its tokens in token order */ \
+    /* mixture of experts: routing (T tokens, E experts, K choices each; the T*K (token, choice) pairs grouped by expert) */ \
+    X(MOE_TOPK,       "moe_topk",       1, COMPUTE, 0,                    0,                    0,           NONE, EXACT, TWK_NO_IDS) /* logits [T,E] -> i32 [T,K]: the K largest, ties to the lower index (torch.topk) */ \
+    X(MOE_GATE,       "moe_gate",       2, COMPUTE, TWK_SRC(1),           TWK_SRC(1),           TWK_SRC(0),  NONE, TRANSCENDENTAL, TWK_IDS(RANGE, "experts", "", 0, 1)) /* (logits [T,E], ids [T,K]) -> [T,K]: softmax(logits)[ids]; iparam 0: renormalised over the K */ \
+    X(MOE_GATE_BACK,  "moe_gate_back",  3, COMPUTE, TWK_SRC(1),           TWK_SRC(1),           0,           NONE, TRANSCENDENTAL, TWK_IDS(RANGE, "experts", "", 0, 1)) /* (logits, ids, dy [T,K]) -> [T,E] */ \
+    X(MOE_SORT,       "moe_sort",       2, COMPUTE, TWK_SRC(1),           TWK_SRC(1),           0,           NONE, EXACT, TWK_IDS(RANGE, "experts", "", 0, 1)) /* (logits [T,E], ids [T,K]) -> i32 [T*K], pairs by expert, stable; iparam 0: 0 row -> pair, 1 pair -> row, 2 row -> expert */ \
+    X(MOE_DISPATCH,   "moe_dispatch",  -1, COMPUTE, TWK_SRC(1) | TWK_SRC(2), 0,                 TWK_SRC(0),  NONE, EXACT, TWK_NO_IDS) /* (x [T,H], order, inv [T*K] [, w [T,K]]) -> [T*K,H]: row r = x[order[r] / K] (* w[order[r]]) */ \
+    X(MOE_COMBINE,    "moe_combine",   -1, COMPUTE, TWK_SRC(1) | TWK_SRC(2), 0,                 TWK_SRC(0) | TWK_SRC(3), NONE, ACCUM, TWK_NO_IDS) /* (y [T*K,H], order, inv [, w [T,K]]) -> [T,H]: sum over j in order of (w[t,j] *) y[inv[t*K+j]] */ \
+    X(MOE_COMBINE_BACK_W, "moe_combine_back_w", 4, COMPUTE, TWK_SRC(1) | TWK_SRC(2), 0,         0,           NONE, ACCUM, TWK_NO_IDS) /* (y, order, inv, dout [T,H]) -> [T,K]: dot(dout[t], y[inv[t*K+j]]) */ \
     /* the optimizer step on the device (no gradients; hyper = twk_optim_hyper's 8 floats) */                  \
     X(GRAD_ACC,       "grad_acc",       2, INPLACE, 0,                    0,                    0,           NONE, EXACT, TWK_NO_IDS) /* (acc, g): acc += g */ \
     X(SQSUM_PARTS,    "sqsum_parts",    1, COMPUTE, 0,                    0,                    0,           NONE, ACCUM, TWK_NO_IDS) /* x [N] -> [P,2]: sum x^2 of slice p as (hi, lo) */ \
@@ -101,7 +109,9 @@ TWK_API_BEGIN
  * cache's dtype, every other output f32. */
 #define TWK_OP_HALF_SRCS(X) \
     X(MATMUL, TWK_SRC(1)) X(GET_ROWS, TWK_SRC(0)) X(KV_WRITE, TWK_SRC(0)) X(ATTN_CACHE, TWK_SRC(1) | TWK_SRC(2)) \
-    X(UNEMBED_LOGPROBS, TWK_SRC(1)) X(UNEMBED_LOGPROBS_BACK, TWK_SRC(1))
+    X(UNEMBED_LOGPROBS, TWK_SRC(1)) X(UNEMBED_LOGPROBS_BACK, TWK_SRC(1)) X(LORA_GATHER, TWK_SRC(1))
+/* The ops whose output is i32 indices (the routing of a mixture of experts), X(OP). */
+#define TWK_OP_INDEX_OUT(X) X(MOE_TOPK) X(MOE_SORT)
 /* clang-format on */
 
 /* The optimizer's hyper-parameter vector (f32 [TWK_HYPER_N]), a run-time input of GRAD_NORM and
@@ -189,6 +199,8 @@ const twk_op_traits *twk_op_info(twk_op op);
 const char *twk_op_name(twk_op op);
 /* The op's TWK_OP_HALF_SRCS mask; 0 for the other ops. */
 unsigned twk_op_half_srcs(twk_op op);
+/* Whether op's output is i32 indices (TWK_OP_INDEX_OUT); false for the other ops. */
+bool twk_op_index_out(twk_op op);
 /* Whether a backend runs a kernel for op (every kind but LEAF and VIEW). */
 bool twk_op_has_kernel(twk_op op);
 

@@ -264,6 +264,38 @@ MODELS = {
         "full_grad": False,
         "init": {"embed": 0.25, "lm_head": None, "proj": 0.1, "bias": 0.1, "norm": 0.2, "norm_center": 0.0},
     },
+    # Qwen3-MoE: 8 experts, top-2 renormalised, 2 layers; LoRA on the attention (lora_targets)
+    "qwen3_moe": {
+        "hf_class": "Qwen3MoeForCausalLM",
+        "seed": 7007,
+        "seq_lens": [7, 12, 5],
+        "config": dict(
+            vocab_size=1000,
+            hidden_size=64,
+            intermediate_size=128,
+            moe_intermediate_size=48,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            tie_word_embeddings=False,
+            attention_bias=False,
+            use_sliding_window=False,
+            hidden_act="silu",
+        ),
+        "disk_dtype": "float32",
+        "max_shard_size": None,
+        "lora_lm_head": False,
+        "lora_targets": ["q_proj", "k_proj", "v_proj", "o_proj"],
+        "full_grad": False,
+        "init": {"embed": 1.0, "lm_head": 0.2, "proj": 0.1, "bias": 0.1, "norm": 0.2, "router": 1.0},
+    },
 }
 
 
@@ -390,8 +422,10 @@ def init_weights(model, gen, init):
             v = init["embed"] * torch.randn(p.shape, generator=gen)
         elif name == "lm_head.weight":
             v = init["lm_head"] * torch.randn(p.shape, generator=gen)
-        elif name.endswith("proj.weight"):
+        elif name.endswith("proj.weight") or name.endswith((".experts.gate_up_proj", ".experts.down_proj")):
             v = init["proj"] * torch.randn(p.shape, generator=gen)
+        elif name.endswith((".mlp.gate.weight", ".block_sparse_moe.gate.weight", ".shared_expert_gate.weight")):
+            v = init["router"] * torch.randn(p.shape, generator=gen)  # the router: spread logits, clear top-k gaps
         else:
             raise RuntimeError(f"no init rule for {name}")
         p.copy_(v)
@@ -459,6 +493,25 @@ def weighted_loss(logprobs, batch):
     return -(batch["weights"].to(logprobs.dtype) * logprobs).sum()
 
 
+ROUTING_MIN_GAP = 1e-4  # every token's k-th minus (k+1)-th router logit, every layer
+
+
+@torch.no_grad()
+def routing_gap(model, batch, k):
+    """Fails when a token's top-k choice is a near tie (a rounding could flip it): the smallest gap
+    between the k-th and (k+1)-th router logit over tokens and layers must exceed ROUTING_MIN_GAP."""
+    gaps = []
+    hooks = [m.register_forward_hook(lambda mod, inp, out: gaps.append(
+        torch.topk(out[0].float(), k + 1, dim=-1).values.diff(dim=-1)[:, -1].abs().min().item())
+        if out[0].shape[-1] > k else None)
+        for n, m in model.named_modules() if n.endswith((".mlp.gate", ".block_sparse_moe.gate"))]
+    seq_logits(model, batch)
+    for h in hooks:
+        h.remove()
+    print(f"  routing: smallest top-{k} gap in router logits {min(gaps):.3g} over {len(gaps)} router calls")
+    assert min(gaps) > ROUTING_MIN_GAP, min(gaps)
+
+
 def peft_saved_name(param_name):
     """In-memory PEFT parameter name -> name in adapter_model.safetensors."""
     return param_name.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
@@ -513,7 +566,7 @@ def load_fixture_model(model_dir):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation="eager"
+        model_dir, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager"
     )
     model.eval()
     return model
@@ -822,6 +875,7 @@ def feature_bites(spec, model, batch, lp_base32):
             continue
         cfg = config_class(spec)(**dict(spec["config"], **{field: off}))
         cfg._attn_implementation = "eager"
+        cfg._experts_implementation = "eager"  # MoE: the per-expert loop (grouped_mm has no float64)
         other = hf_class(spec["hf_class"])(cfg).to(torch.float32)
         other.load_state_dict(model.state_dict())
         other.eval()
@@ -849,6 +903,7 @@ def generate_one(name, spec, out_root):
 
     cfg = config_class(spec)(**spec["config"])
     cfg._attn_implementation = "eager"
+    cfg._experts_implementation = "eager"  # MoE: the per-expert loop (grouped_mm has no float64)
     model = hf_class(spec["hf_class"])(cfg).to(torch.float32)
     init_weights(model, gen, spec["init"])
     if spec["disk_dtype"] == "bfloat16":
@@ -917,6 +972,8 @@ def generate_one(name, spec, out_root):
           f"loss_base={loss_base.item():.6f}")
     assert lp_base.std() > 0.5, "logprobs are too uniform: logits degenerate"
     f32_err = {"logprobs_base_max_abs": (lp_base32.double() - lp_base).abs().max().item()}
+    if "num_experts_per_tok" in spec["config"]:
+        routing_gap(model, batch, spec["config"]["num_experts_per_tok"])
     bites = feature_bites(spec, model, batch, lp_base32)
 
     # ---- reload check (sharded / bf16 round trip): logits must match exactly
@@ -968,7 +1025,7 @@ def generate_one(name, spec, out_root):
         del fm32, full64
 
     # ---- LoRA
-    targets = list(LORA_BASE_TARGETS) + (["lm_head"] if spec["lora_lm_head"] else [])
+    targets = list(spec.get("lora_targets", LORA_BASE_TARGETS)) + (["lm_head"] if spec["lora_lm_head"] else [])
     lcfg = LoraConfig(
         r=LORA_R,
         lora_alpha=LORA_ALPHA,
