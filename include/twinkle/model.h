@@ -95,8 +95,8 @@ typedef struct twk_model_config {
     /* Mixture of experts (n_experts > 0): a sparse layer's MLP routes each token to its top_k of
      * n_experts SwiGLU experts of moe_ffn (softmax over the router's logits, renormalised over
      * the top_k when norm_topk), plus a shared expert of shared_ffn behind a sigmoid gate
-     * (Qwen2-MoE; 0: none). Layer l is sparse when twk_layer_sparse(c, l); the others keep the
-     * dense MLP of ffn. */
+     * (Qwen2-MoE; 0: none). Layer l is sparse as train/hf_config.c decides (every
+     * sparse_step-th layer not in mlp_only_layers); the others keep the dense MLP of ffn. */
     int n_experts, top_k, moe_ffn, shared_ffn, sparse_step;
     bool norm_topk;
     uint64_t dense_layers[4]; /* mlp_only_layers as a bit set (layers below 256) */
