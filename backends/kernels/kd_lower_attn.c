@@ -18,6 +18,17 @@ static int64_t tile_of(int64_t D, int64_t bd) {
     return b;
 }
 
+/* The arguments every tiled kernel takes after its buffers: the error word, the sizes, the tile, the scale. */
+static void tile_dims(kd_call *c, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int64_t B, float scale) {
+    kd_err(c);
+    kd_i64(c, T);
+    kd_i64(c, Hq);
+    kd_i64(c, Hkv);
+    kd_i64(c, D);
+    kd_i64(c, B);
+    kd_f32(c, scale);
+}
+
 static int is64(const twk_launch *l, int src) { return l->src[src].type == TWK_I64; }
 
 int kd_lower_attn_tile_fwd(const twk_launch *l, int64_t n, kd_call *calls) {
@@ -33,13 +44,7 @@ int kd_lower_attn_tile_fwd(const twk_launch *l, int64_t n, kd_call *calls) {
     kd_buf(c, l, 1, 4);
     kd_buf(c, l, lse ? 1 : 2, 4);    /* v (k stands in for attn_lse) */
     kd_buf(c, l, seg, 4);
-    kd_err(c);
-    kd_i64(c, T);
-    kd_i64(c, Hq);
-    kd_i64(c, Hkv);
-    kd_i64(c, D);
-    kd_i64(c, B);
-    kd_f32(c, l->fp[0]);
+    tile_dims(c, T, Hq, Hkv, D, B, l->fp[0]);
     kd_i32(c, !lse);
     kd_i32(c, lse);
     kd_i32(c, is64(l, seg));
@@ -85,13 +90,7 @@ int kd_lower_attn_tile_back(const twk_launch *l, int64_t n, kd_call *calls) {
     } else {
         kd_buf(c, l, 6, 4); /* dV reads no delta: lse stands in */
     }
-    kd_err(c);
-    kd_i64(c, T);
-    kd_i64(c, Hq);
-    kd_i64(c, Hkv);
-    kd_i64(c, D);
-    kd_i64(c, B);
-    kd_f32(c, l->fp[0]);
+    tile_dims(c, T, Hq, Hkv, D, B, l->fp[0]);
     if (which != 0) kd_i32(c, which);
     kd_i32(c, is64(l, 3));
     kd_i64(c, l->ip[1] > 0 ? l->ip[1] : 0); /* window */
