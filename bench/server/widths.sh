@@ -20,15 +20,8 @@ TOKENS=${TOKENS:-256}
 STEPS=${STEPS:-3}
 LAYERS=${LAYERS:-4}
 ROUNDS=${ROUNDS:-2}
-PY=${TWK_SDK_PYTHON:-}
-if [ -z "$PY" ]; then
-    if [ -x "$BUILD/venv-sdk/bin/python" ]; then PY=$BUILD/venv-sdk/bin/python; else PY=python3; fi
-fi
-"$PY" -c "import tinker" 2>/dev/null || { echo "bench/server/widths: $PY cannot import tinker (set TWK_SDK_PYTHON)" >&2; exit 2; }
-if [ ! -x "$BUILD/twinkle" ] || [ ! -x "$BUILD/bench/bench_sample_inproc" ]; then
-    cmake -S . -B "$BUILD" >/dev/null
-    make -C "$BUILD" -j2 twinkle bench_sample_inproc >/dev/null
-fi
+. bench/server/common.sh
+bench_setup bench_sample_inproc
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/twk-bench-widths.XXXXXX")
 SERVER=""
 stop_server() {
