@@ -151,3 +151,21 @@ twk_id twk_moe_combine_back_w(twk_graph *g, twk_id y, twk_id order, twk_id inv, 
     int64_t ne[2] = {D->ne[0], Y->ne[0] / D->ne[0]};
     return push(g, TWK_OP_MOE_COMBINE_BACK_W, TWK_F32, 2, ne, D->dyn & 1, 4, s, NULL);
 }
+
+twk_id twk_moe_router_stats(twk_graph *g, twk_id logits, twk_id ids) {
+    if (!logits_ids(g, "moe_router_stats", logits, ids)) return -1;
+    int64_t ne[2] = {2, g->nodes[logits].ne[1]};
+    twk_id s[2] = {logits, ids};
+    return push(g, TWK_OP_MOE_ROUTER_STATS, TWK_F32, 2, ne, 0, 2, s, NULL);
+}
+
+twk_id twk_moe_router_stats_back(twk_graph *g, twk_id logits, twk_id dy) {
+    const twk_node *l = moe_arg(g, logits, "moe_router_stats_back", "logits"), *d = moe_arg(g, dy, "moe_router_stats_back", "dy");
+    if (!l || !d) return -1;
+    twk_id s[2] = {logits, dy};
+    if (l->type != TWK_F32 || l->ndim != 2 || (l->dyn & 2) || d->type != TWK_F32 || d->ndim != 2 || d->dyn || d->ne[0] != 2 ||
+        d->ne[1] != l->ne[1])
+        return bad(g, "moe_router_stats_back", "f32 logits [T, E] and dy [2, E]", s, 2);
+    int64_t ne[2] = {l->ne[0], l->ne[1]};
+    return push(g, TWK_OP_MOE_ROUTER_STATS_BACK, TWK_F32, 2, ne, l->dyn & 1, 2, s, NULL);
+}

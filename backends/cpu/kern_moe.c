@@ -186,3 +186,45 @@ twk_status cpu_moe_combine_back_w(const cpu_call *c) {
                      combine_back_w_rows, (void *)c);
     return TWK_OK;
 }
+
+/* Row 0: the choices of each expert / T; row 1: the mean softmax over the T rows (sums in
+ * double, rows in order: one thread, O(T E)). */
+twk_status cpu_moe_router_stats(const cpu_call *c) {
+    int64_t T = c->src[0].ne[0], E = c->src[0].ne[1], K = c->src[1].ne[1];
+    double *acc = cpu_scratch(c->ctx, (size_t)(2 * E) * sizeof *acc);
+    if (!acc) return TWK_ERR_OOM;
+    memset(acc, 0, (size_t)(2 * E) * sizeof *acc);
+    const float *l = c->src[0].data;
+    for (int64_t t = 0; t < T; t++) {
+        const float *row = l + t * E;
+        float mx, inv;
+        softmax_stats(row, E, &mx, &inv);
+        for (int64_t e = 0; e < E; e++) acc[E + e] += (double)((float)exp((double)row[e] - mx) * inv);
+        for (int64_t j = 0; j < K; j++) acc[cpu_id_at(&c->src[1], t * K + j)] += 1.0; /* ids checked before the launch */
+    }
+    float *out = c->dst.data;
+    for (int64_t i = 0; i < 2 * E; i++) out[i] = T ? (float)(acc[i] / (double)T) : 0.0f;
+    return TWK_OK;
+}
+
+/* dl[t, e] = p_te (g_e - sum_e' p_te' g_e') / T with g = dy's row 1 (the counts have no gradient). */
+static void router_stats_back_rows(void *arg, int64_t t0, int64_t t1) {
+    const cpu_call *c = arg;
+    int64_t T = c->src[0].ne[0], E = c->src[0].ne[1];
+    const float *g = (const float *)c->src[1].data + E;
+    for (int64_t t = t0; t < t1; t++) {
+        const float *row = (const float *)c->src[0].data + t * E;
+        float *dl = (float *)c->dst.data + t * E;
+        float mx, inv;
+        softmax_stats(row, E, &mx, &inv);
+        double dot = 0;
+        for (int64_t e = 0; e < E; e++) dot += exp((double)row[e] - mx) * inv * g[e];
+        for (int64_t e = 0; e < E; e++) dl[e] = (float)(exp((double)row[e] - mx) * inv * (g[e] - dot) / (double)T);
+    }
+}
+
+twk_status cpu_moe_router_stats_back(const cpu_call *c) {
+    cpu_parallel_for(c->ctx->pool, c->dst.ne[0], CPU_GRAIN_ELEMS / (c->src[0].ne[1] + 1) + 1, router_stats_back_rows,
+                     (void *)c);
+    return TWK_OK;
+}
