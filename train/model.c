@@ -8,6 +8,7 @@
 
 #include "hf_config.h"
 #include "safetensors.h"
+#include "twinkle/log.h"
 #include "twinkle/rng.h"
 #include "twinkle/train.h"
 #include "trainer_internal.h"
@@ -1009,6 +1010,8 @@ twk_status twk_trainer_create_packed(twk_model *m, const twk_lora_config *module
     twk_lora_config lc = *modules;
     lc.rank = slot_rank;
     lc.alpha = (float)slot_rank; /* unused: each token carries its run's scale */
+    if (m && m->cfg.router_aux) /* one pass holds several runs' tokens: the statistics would mix them */
+        twk_log(TWK_LOG_WARN, "output_router_logits: a packed pass of several runs leaves the router's load-balancing loss out");
     return trainer_create(m, &lc, capacity, 0, 0, 0, n_slots, slot_rank, NULL, 0, out);
 }
 
