@@ -207,6 +207,68 @@ int main(void) {
     e = grads_vs(t, exp, "objective_grad", NULL, &count);
     report(count == 16 && e <= GRAD_TOL, "loss step: LoRA gradients of loss + coef * aux", e, GRAD_TOL);
 
+    /* distillation runs K = 2 column passes: the aux gradient is added once (weights 0: it alone) */
+    int32_t *tk = malloc((size_t)n * 2 * sizeof *tk);
+    float *tlp = malloc((size_t)n * 2 * sizeof *tlp);
+    for (int64_t i = 0; i < n; i++) {
+        tk[2 * i] = ids[1][i], tk[2 * i + 1] = (ids[1][i] + 1) % 1000;
+        tlp[2 * i] = -0.5f, tlp[2 * i + 1] = -1.5f;
+    }
+    twk_loss_batch db = {.n_seqs = n_seqs, .offsets = off, .tokens = ids[0], .k = 2, .targets = tk};
+    db.in[TWK_IN_WEIGHTS] = zero;
+    db.in[TWK_IN_TEACHER_LOGPROBS] = tlp;
+    twk_trainer_zero_grad(t);
+    if (twk_loss_spec_init("forward_kl", &spec) != TWK_OK || twk_loss_step(t, &spec, &db, 1, NULL, &res) != TWK_OK) {
+        printf("FAIL distillation step: %s\n", twk_last_error());
+        return 1;
+    }
+    e = grads_vs(t, exp, "aux_grad", NULL, &count);
+    report(count == 16 && e <= GRAD_TOL, "forward_kl, 2 columns, weights 0: the aux gradient once", e, GRAD_TOL);
+    twk_trainer_router_aux_loss(t, true);
+    free(tk);
+    free(tlp);
+
+    /* recompute, early gradients, the logits path: the same objective, gradients bit-identical */
+    const twk_trainer_opts variants[3] = {{.recompute = true}, {.early_grads = true}, {.logits = true}};
+    const char *vnames[3] = {"recompute", "early_grads", "logits"};
+    for (int v = 0; v < 3; v++) {
+        twk_trainer *tv = NULL;
+        if (twk_trainer_new_opts(m, &lc, n, &variants[v], &tv) != TWK_OK) {
+            printf("FAIL trainer (%s): %s\n", vnames[v], twk_last_error());
+            fails++;
+            continue;
+        }
+        int64_t differ = 0, total = 0;
+        for (int i = 0; i < twk_trainer_param_count(t); i++) { /* the same adapter as t */
+            int64_t pn = 0;
+            const char *name = twk_trainer_param_name(t, i, &pn);
+            float *a = malloc((size_t)pn * 4);
+            if (twk_trainer_get(t, name, a, pn) != TWK_OK || twk_trainer_set(tv, name, a, pn) != TWK_OK) differ++;
+            free(a);
+        }
+        twk_trainer_zero_grad(t);
+        twk_trainer_zero_grad(tv);
+        float l1 = 0, l2 = 0;
+        if (twk_trainer_forward_backward(t, &b, NULL, &l1) != TWK_OK || twk_trainer_forward_backward(tv, &b, NULL, &l2) != TWK_OK)
+            differ++;
+        for (int i = 0; i < twk_trainer_param_count(t); i++) {
+            int64_t pn = 0;
+            const char *name = twk_trainer_param_name(t, i, &pn);
+            float *g1 = malloc((size_t)pn * 4), *g2 = malloc((size_t)pn * 4);
+            twk_trainer_get_grad(t, name, g1, pn);
+            if (twk_trainer_get_grad(tv, name, g2, pn) != TWK_OK) differ += pn;
+            for (int64_t k = 0; k < pn; k++) differ += g1[k] != g2[k];
+            total += pn;
+            free(g1);
+            free(g2);
+        }
+        double a1 = twk_trainer_router_aux_loss(t, true), a2 = twk_trainer_router_aux_loss(tv, true);
+        char what[96];
+        snprintf(what, sizeof what, "%s: loss, aux and %lld gradient elements bit-identical", vnames[v], (long long)total);
+        report(differ == 0 && l1 == l2 && a1 == a2 && !isnan(a2), what, (double)differ, 0);
+        twk_trainer_free(tv);
+    }
+
     /* full training: the router weights' gradient of coef * aux */
     twk_trainer *full = NULL;
     if (twk_trainer_new(m, NULL, n, &full) != TWK_OK) {
