@@ -298,6 +298,23 @@ int main(void) {
         printf("FAIL load qwen3_moe: %s\n", twk_last_error());
         fails++;
     }
+    /* a router_aux_loss_coef that is not a number: refused, naming the field */
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t len = 0;
+    char *text = twk_read_file(path, &len), *at = text ? strstr(text, "\"router_aux_loss_coef\": 0.1") : NULL;
+    FILE *f = at ? fopen(path, "wb") : NULL;
+    if (f) {
+        fwrite(text, 1, (size_t)(at - text), f);
+        fputs("\"router_aux_loss_coef\": \"0.1\"", f);
+        fputs(at + strlen("\"router_aux_loss_coef\": 0.1"), f);
+        fclose(f);
+    }
+    twk_host_free(text);
+    m = NULL;
+    st = f ? twk_model_load(dir, dev, &m) : TWK_OK;
+    report(f && st == TWK_ERR_INVALID_ARG && strstr(twk_last_error(), "router_aux_loss_coef"),
+           "router_aux_loss_coef \"0.1\" refused naming the field", 0, 0);
+    if (m) twk_model_free(m);
     twk_device_close(dev);
     remove_model_dir(dir);
     free(w);
