@@ -9,11 +9,13 @@
  *
  * Ties: twinkle takes the lower expert index (include/twinkle/graph.h, twk_moe_topk).
  * transformers 5.24 takes torch.topk of the softmax on the CPU, whose choice among exact ties is
- * not a function of the indices: it depends on the other values of the row (measured with torch
- * 2.15: 8 equal logits, k = 2 -> experts 6, 5; 64 equal, k = 1 -> 0, k = 2 -> 42, 43; with a
- * 2..4-way tie at the k-th place among random logits, E = 8, k = 2, the lower-index rule agreed
- * on 91 of 300 rows — tests/README.md). No index rule reproduces it, so this test holds twinkle
- * to its documented rule; the transformers fixtures keep every k-th / (k+1)-th gap above 1e-4.
+ * not a function of the indices: it depends on the other values of the row. Measured with torch
+ * 2.15: two selection paths, split at k * 64 <= E (a heap selection: E equal logits give experts
+ * 0..k-1, in heap order from k = 4: E = 256, k = 4 -> 1, 3, 0, 2) and k * 64 > E (a quickselect:
+ * 8 equal logits, k = 2 -> 6, 5; 63 equal, k = 1 -> 41); with a 2..4-way tie at the k-th place
+ * among random logits the lower-index rule agreed on 91 of 300 rows for E = 8, k = 2, 156 of 300
+ * for E = 128, k = 2 (tests/README.md). No index rule reproduces it, so this test holds twinkle to
+ * its documented rule; the transformers fixtures keep every k-th / (k+1)-th gap above 1e-4.
  *
  * The logits are exact: x and the router weights are small multiples of 1/4 and 1/8, so every
  * product and sum is exact in float32 whatever the GEMM's order, and the ties are exact ties.
