@@ -294,7 +294,7 @@ static int grad_moe_combine(grad_step *st) {
 }
 
 static int grad_moe_router_stats(grad_step *st) {
-    st->c[0] = twk_moe_router_stats_back(st->g, st->n.src[0], st->gy);
+    st->c[0] = twk_moe_router_stats_back(st->g, st->n.src[0], st->gy, st->n.nsrc > 2 ? st->n.src[2] : -1);
     return 1;
 }
 

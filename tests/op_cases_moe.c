@@ -115,6 +115,17 @@ static void r_stats(const op_case *c, rt *in, rt *y) {
     route_free(&r);
 }
 
+/* per slot (ip[2] slots; slot ids up to ip[2]: the last value is a row of no slot, as padding) */
+static twk_id b_stats_slots(twk_graph *g, const twk_id *in, const op_case *c) {
+    return twk_moe_router_stats_slots(g, in[0], twk_moe_topk(g, in[0], c->ip[0]), in[1], c->ip[2]);
+}
+static void r_stats_slots(const op_case *c, rt *in, rt *y) {
+    route r = route_of(&in[0], c->ip[0]);
+    ref_moe_router_stats_slots(&in[0], &r.ids, &in[1], y);
+    route_free(&r);
+}
+
+#define IDS(lim, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_IDS, .limit = lim}
 #define F32(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_F32, .diff = 1}
 #define F32C(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_F32, .diff = 0}
 #define T_ (-1)
@@ -145,6 +156,8 @@ const op_case opc_moe_cases[] = {
     {"moe_router_stats Tx8 top-2", 1, {F32(T_, 8)}, b_stats, r_stats, 1e-6, 1e-4, .ip = {2, 0}, .cap = 41},
     {"moe_router_stats Tx16 top-4", 1, {F32(T_, 16)}, b_stats, r_stats, 1e-6, 1e-4, .ip = {4, 0}, .cap = 23},
     {"moe_router_stats 1x3 top-1", 1, {F32(1, 3)}, b_stats, r_stats, 1e-6, 1e-4, .ip = {1, 0}},
+    {"moe_router_stats Tx8 top-2 in 3 slots + padding", 2, {F32(T_, 8), IDS(4, T_)}, b_stats_slots, r_stats_slots, 1e-6, 1e-4, .ip = {2, 0, 3}, .cap = 47},
+    {"moe_router_stats Tx16 top-4 in 5 slots + padding", 2, {F32(T_, 16), IDS(6, T_)}, b_stats_slots, r_stats_slots, 1e-6, 1e-4, .ip = {4, 0, 5}, .cap = 31},
 };
 
 const int opc_n_moe_cases = (int)(sizeof opc_moe_cases / sizeof opc_moe_cases[0]);

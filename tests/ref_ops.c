@@ -337,3 +337,21 @@ void ref_moe_router_stats(const rt *logits, const rt *ids, rt *y) {
         for (int64_t j = 0; j < K; j++) y->d[(int64_t)ids->d[t * K + j]] += 1.0 / (double)T;
     }
 }
+
+void ref_moe_router_stats_slots(const rt *logits, const rt *ids, const rt *slot, rt *y) {
+    int64_t T = logits->ne[0], E = logits->ne[1], K = ids->ne[1], S = y->ne[0];
+    for (int64_t s = 0; s < S; s++) {
+        int64_t n = 0;
+        for (int64_t t = 0; t < T; t++) n += (int64_t)slot->d[t] == s;
+        for (int64_t i = 0; i < 2 * E; i++) y->d[s * 2 * E + i] = 0;
+        for (int64_t t = 0; t < T; t++) {
+            if ((int64_t)slot->d[t] != s) continue;
+            const double *row = logits->d + t * E;
+            double mx = row[0], z = 0;
+            for (int64_t e = 1; e < E; e++) mx = fmax(mx, row[e]);
+            for (int64_t e = 0; e < E; e++) z += exp(row[e] - mx);
+            for (int64_t e = 0; e < E; e++) y->d[s * 2 * E + E + e] += exp(row[e] - mx) / z / (double)n;
+            for (int64_t j = 0; j < K; j++) y->d[s * 2 * E + (int64_t)ids->d[t * K + j]] += 1.0 / (double)n;
+        }
+    }
+}

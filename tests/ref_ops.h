@@ -60,5 +60,7 @@ void ref_moe_dispatch(const rt *x, const double *order, int64_t K, rt *y);
 void ref_moe_combine(const rt *y, const double *inv, const rt *w, int64_t K, rt *out);
 /* [2, E]: choices of each expert / T, mean softmax over the rows. */
 void ref_moe_router_stats(const rt *logits, const rt *ids, rt *y);
+/* The same per slot, [S, 2, E] (S from y): rows whose slot is outside 0..S-1 count nowhere. */
+void ref_moe_router_stats_slots(const rt *logits, const rt *ids, const rt *slot, rt *y);
 
 #endif

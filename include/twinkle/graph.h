@@ -142,6 +142,10 @@ twk_id twk_moe_combine(twk_graph *g, twk_id y, twk_id order, twk_id inv, twk_id 
  * softmax(logits) (T: the run-time count). Differentiable in logits through row 1 only (the
  * counts have no gradient, as torch's histc). -1 with the graph's error set on bad shapes. */
 twk_id twk_moe_router_stats(twk_graph *g, twk_id logits, twk_id ids);
+/* The same per slot, f32 [n_slots, 2, E]: row s over the rows t with slot[t] == s (i32 [T]; a slot
+ * outside 0..n_slots-1 counts nowhere: padding), each over its own row count. -1 with the
+ * graph's error set on bad shapes or n_slots < 1. */
+twk_id twk_moe_router_stats_slots(twk_graph *g, twk_id logits, twk_id ids, twk_id slot, int n_slots);
 /* log_softmax(logits)[t, targets[t]]: logits [T, V], targets i32/i64 [T] -> [T]. */
 twk_id twk_logprobs(twk_graph *g, twk_id logits, twk_id targets);
 /* twk_logprobs(h w^T, targets) without the [T, V] logits: h [T, H], a frozen w [V, H] (f32,
