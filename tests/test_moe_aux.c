@@ -207,6 +207,61 @@ int main(void) {
     e = grads_vs(t, exp, "objective_grad", NULL, &count);
     report(count == 16 && e <= GRAD_TOL, "loss step: LoRA gradients of loss + coef * aux", e, GRAD_TOL);
 
+    /* packed passes (the service's path, twk_loss_steps over a pack): alone, and sharing its passes
+     * with a second run (a DPO-free forward_kl job of other targets, its own adapter copy): each run's
+     * statistics over its own rows only, so the same aux loss and gradients as above */
+    twk_pack *pack = NULL;
+    twk_trainer *t2 = NULL;
+    int32_t *tk2 = malloc((size_t)n * 2 * sizeof *tk2);
+    float *tlp2 = malloc((size_t)n * 2 * sizeof *tlp2);
+    for (int64_t i = 0; i < n; i++) {
+        tk2[2 * i] = (ids[1][i] + 7) % 1000, tk2[2 * i + 1] = (ids[1][i] + 3) % 1000;
+        tlp2[2 * i] = -0.25f, tlp2[2 * i + 1] = -2.0f;
+    }
+    twk_loss_batch db2 = {.n_seqs = n_seqs, .offsets = off, .tokens = ids[0], .k = 2, .targets = tk2};
+    db2.in[TWK_IN_TEACHER_LOGPROBS] = tlp2;
+    twk_loss_spec spec_kl;
+    if (twk_pack_new(m, 4 * n, 4, &pack) != TWK_OK || twk_trainer_new(m, &lc, n, &t2) != TWK_OK ||
+        twk_loss_spec_init("cross_entropy", &spec) != TWK_OK || twk_loss_spec_init("forward_kl", &spec_kl) != TWK_OK) {
+        printf("FAIL pack: %s\n", twk_last_error());
+        return 1;
+    }
+    for (int i = 0; i < twk_trainer_param_count(t); i++) { /* t2: t's adapter */
+        int64_t pn = 0;
+        const char *name = twk_trainer_param_name(t, i, &pn);
+        float *a = malloc((size_t)pn * 4);
+        twk_trainer_get(t, name, a, pn);
+        twk_trainer_set(t2, name, a, pn);
+        free(a);
+    }
+    for (int with = 0; with < 2; with++) {
+        twk_loss_job jobs[2] = {{.t = t, .spec = &spec, .b = &lb, .backward = 1}, {.t = t2, .spec = &spec_kl, .b = &db2, .backward = 1}};
+        twk_trainer_zero_grad(t);
+        twk_trainer_zero_grad(t2);
+        twk_trainer_router_aux_loss(t, true);
+        st = twk_loss_steps(pack, jobs, with + 1);
+        if (st != TWK_OK || jobs[0].st != TWK_OK || (with && jobs[1].st != TWK_OK)) {
+            printf("FAIL loss_steps: %s %s %s\n", twk_last_error(), jobs[0].err, jobs[1].err);
+            return 1;
+        }
+        aux = twk_trainer_router_aux_loss(t, true);
+        e = grads_vs(t, exp, "objective_grad", NULL, &count);
+        char what[120];
+        snprintf(what, sizeof what, "packed%s: router_aux_loss and LoRA gradients", with ? ", sharing with a 2nd run" : ", alone");
+        report(count == 16 && e <= GRAD_TOL && fabs(aux - aux_ref[0]) <= VALUE_TOL * fabs(aux_ref[0]) &&
+                   fabs(jobs[0].res.loss - loss_ref[0]) <= VALUE_TOL * fabs(loss_ref[0]),
+               what, fmax(e, fabs(aux - aux_ref[0]) / fabs(aux_ref[0])), GRAD_TOL);
+        if (with) { /* the second run's aux: over its own rows, the same tokens and adapter -> the same value */
+            double a2 = twk_trainer_router_aux_loss(t2, true);
+            report(fabs(a2 - aux_ref[0]) <= VALUE_TOL * fabs(aux_ref[0]), "packed: the 2nd run's own router_aux_loss",
+                   fabs(a2 - aux_ref[0]) / fabs(aux_ref[0]), VALUE_TOL);
+        }
+    }
+    twk_pack_free(pack);
+    twk_trainer_free(t2);
+    free(tk2);
+    free(tlp2);
+
     /* distillation runs K = 2 column passes: the aux gradient is added once (weights 0: it alone) */
     int32_t *tk = malloc((size_t)n * 2 * sizeof *tk);
     float *tlp = malloc((size_t)n * 2 * sizeof *tlp);

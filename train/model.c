@@ -8,7 +8,6 @@
 
 #include "hf_config.h"
 #include "safetensors.h"
-#include "twinkle/log.h"
 #include "twinkle/rng.h"
 #include "twinkle/train.h"
 #include "trainer_internal.h"
@@ -512,8 +511,8 @@ static twk_id moe_mlp(twk_trainer *t, twk_id h, const char *layer) {
     twk_id logits = linear(t, h, mod, 0);
     twk_id ids = twk_moe_topk(g, logits, c->top_k);
     twk_id w = twk_moe_gate(g, logits, ids, c->norm_topk);
-    if (c->router_aux && !t->sampling && !t->n_slots) { /* the load-balancing loss's statistics, summed over layers */
-        twk_id s = twk_moe_router_stats(g, logits, ids);
+    if (c->router_aux && !t->sampling) { /* the load-balancing loss's statistics (per run in a packed trainer), summed over layers */
+        twk_id s = t->n_slots ? twk_moe_router_stats_slots(g, logits, ids, t->aux_slot, t->n_slots) : twk_moe_router_stats(g, logits, ids);
         t->aux_stats = t->aux_stats < 0 ? s : twk_add(g, t->aux_stats, s);
         t->n_aux++;
     }
@@ -648,13 +647,22 @@ static twk_status finish_loss(twk_trainer *t) {
     twk_node_set_name(g, t->logprobs, "logprobs");
     twk_node_set_name(g, t->loss, "loss");
     t->objective = t->loss;
-    if (t->aux_stats >= 0) {
+    if (t->aux_stats >= 0 && !t->n_slots) {
         double L = t->n_aux, E = t->m->cfg.n_experts;
         twk_id f = twk_slice(g, t->aux_stats, 0, 0, 1), p = twk_slice(g, t->aux_stats, 0, 1, 1);
         t->aux = twk_scale(g, twk_weighted_sum(g, f, p), (float)(E / (L * L)));
         int64_t one[1] = {1};
         t->aux_coef = twk_input(g, "router_aux_coef", TWK_F32, 1, one);
         t->objective = twk_add(g, t->loss, twk_mul(g, t->aux, t->aux_coef));
+        twk_node_set_name(g, t->aux, "router_aux_loss");
+    } else if (t->aux_stats >= 0) { /* a packed trainer: one value per slot (run), [S, 1], and a coefficient each */
+        double L = t->n_aux, E = t->m->cfg.n_experts;
+        int64_t S = t->n_slots, se[2] = {S, (int64_t)E}, e1[2] = {(int64_t)E, 1}, s1[2] = {S, 1};
+        twk_id f = twk_slice(g, t->aux_stats, 1, 0, 1), p = twk_slice(g, t->aux_stats, 1, 1, 1);
+        twk_id fp = twk_reshape(g, twk_mul(g, f, p), 2, se);
+        t->aux = twk_scale(g, twk_matmul(g, fp, twk_fill(g, 2, e1, 1.0f), false, false), (float)(E / (L * L)));
+        t->aux_coef = twk_input(g, "router_aux_coef", TWK_F32, 2, s1);
+        t->objective = twk_add(g, t->loss, twk_weighted_sum(g, t->aux, t->aux_coef));
         twk_node_set_name(g, t->aux, "router_aux_loss");
     }
     if (twk_graph_status(g) != TWK_OK) return twk_error(twk_graph_status(g), "%s", twk_graph_error(g));
@@ -665,7 +673,7 @@ static twk_status build(twk_trainer *t) {
     const twk_model_config *c = &t->m->cfg;
     twk_graph *g = t->g;
     int64_t T1[1] = {TWK_T};
-    t->aux_stats = t->aux = t->aux_coef = t->objective = -1;
+    t->aux_stats = t->aux = t->aux_coef = t->objective = t->aux_slot = -1;
     t->n_aux = 0;
     t->tokens = twk_input(g, "tokens", TWK_I32, 1, T1);
     t->targets = twk_input(g, "targets", TWK_I32, 1, T1);
@@ -675,6 +683,7 @@ static twk_status build(twk_trainer *t) {
     if (t->n_slots && !t->sampling) { /* a packed trainer: each token's slot and its run's LoRA scale */
         t->slot_in = twk_input(g, "lora_slot", TWK_I32, 1, T1);
         t->slot_scale = twk_input(g, "lora_scale", TWK_F32, 1, T1);
+        if (c->router_aux) t->aux_slot = twk_input(g, "router_aux_slot", TWK_I32, 1, T1); /* a run's slot; -1: padding, base */
     }
     int n_all = t->m->n_w + t->n_adapter, n_kv = t->sampling ? 2 * c->layers : 0;
     if (!t->param_ids) t->param_ids = twk_host_calloc((size_t)(n_all + n_kv) * sizeof *t->param_ids, "trainer params");
@@ -1010,8 +1019,6 @@ twk_status twk_trainer_create_packed(twk_model *m, const twk_lora_config *module
     twk_lora_config lc = *modules;
     lc.rank = slot_rank;
     lc.alpha = (float)slot_rank; /* unused: each token carries its run's scale */
-    if (m && m->cfg.router_aux) /* one pass holds several runs' tokens: the statistics would mix them */
-        twk_log(TWK_LOG_WARN, "output_router_logits: a packed pass of several runs leaves the router's load-balancing loss out");
     return trainer_create(m, &lc, capacity, 0, 0, 0, n_slots, slot_rank, NULL, 0, out);
 }
 
@@ -1173,7 +1180,7 @@ twk_status twk_trainer_bind_batch(twk_trainer *t, twk_plan *p, const twk_batch *
     if (st == TWK_OK) st = twk_plan_write(p, t->positions, b->n, b->positions, n * sizeof *b->positions);
     if (st == TWK_OK) st = twk_plan_write(p, t->seg, b->n, b->seg_start, n * sizeof *b->seg_start);
     if (st == TWK_OK) st = twk_plan_write(p, t->weights, b->n, b->weights, n * sizeof *b->weights);
-    if (st == TWK_OK && p == t->fwdbwd && t->aux_coef >= 0) { /* the load-balancing loss's weight in the objective */
+    if (st == TWK_OK && p == t->fwdbwd && t->aux_coef >= 0 && !t->n_slots) { /* the load-balancing loss's weight (lora_pack.c: per run) */
         float coef = t->aux_off ? 0.0f : (float)t->m->cfg.router_aux_coef;
         st = twk_plan_write(p, t->aux_coef, 1, &coef, sizeof coef);
     }
