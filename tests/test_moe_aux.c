@@ -3,8 +3,11 @@
  * fixture's weights, batch and LoRA init with router_aux_loss_coef 0.1, the loss, transformers'
  * aux_loss (its padded batch with an attention_mask = twinkle's packed batch) and float64
  * gradients of loss + coef * aux (LoRA on the attention), of coef * aux alone (LoRA), and of
- * coef * aux for the full model's router weights. Also: the metric's mean and reset, the
- * loss step's result, and a config without output_router_logits giving NAN. */
+ * coef * aux for the full model's router weights. Also: the metric's mean and reset, a
+ * cross-entropy loss step, distillation's column passes adding the aux gradient once, packed
+ * passes (twk_loss_steps over a pack, the service's path) alone and shared with a second run,
+ * recompute / early_grads / the logits path bit-identical, a config without output_router_logits
+ * giving NAN, and a non-numeric router_aux_loss_coef refused by name. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
