@@ -101,6 +101,13 @@ static void remove_model_dir(const char *dir) {
     rmdir(dir);
 }
 
+/* The value of metric key in res (NAN when absent). */
+static double metric_of(const twk_loss_result *res, const char *key) {
+    for (int i = 0; i < res->n_metrics; i++)
+        if (res->keys[i] && !strcmp(res->keys[i], key)) return res->values[i];
+    return NAN;
+}
+
 int main(void) {
     char path[700], dir[256];
     twk_safetensors *base = NULL, *exp = NULL;
@@ -207,6 +214,9 @@ int main(void) {
     report(n_seqs == 3 && fabs(res.loss - loss_ref[0]) <= VALUE_TOL * fabs(loss_ref[0]) &&
                fabs(aux - aux_ref[0]) <= VALUE_TOL * fabs(aux_ref[0]),
            "loss step (3 sequences): loss:sum and router_aux_loss", fabs(aux - aux_ref[0]) / fabs(aux_ref[0]), VALUE_TOL);
+    double mr = metric_of(&res, TWK_METRIC_ROUTER_AUX); /* what the service's forward_backward reports */
+    report(fabs(mr - aux_ref[0]) <= VALUE_TOL * fabs(aux_ref[0]), "loss step: the result's " TWK_METRIC_ROUTER_AUX " metric",
+           fabs(mr - aux_ref[0]) / fabs(aux_ref[0]), VALUE_TOL);
     e = grads_vs(t, exp, "objective_grad", NULL, &count);
     report(count == 16 && e <= GRAD_TOL, "loss step: LoRA gradients of loss + coef * aux", e, GRAD_TOL);
 
@@ -248,6 +258,9 @@ int main(void) {
             return 1;
         }
         aux = twk_trainer_router_aux_loss(t, true);
+        double mp = metric_of(&jobs[0].res, TWK_METRIC_ROUTER_AUX);
+        report(fabs(mp - aux) <= 1e-12 * fabs(aux), "packed: the job result's " TWK_METRIC_ROUTER_AUX " metric = the trainer's",
+               fabs(mp - aux), 1e-12 * fabs(aux));
         e = grads_vs(t, exp, "objective_grad", NULL, &count);
         char what[120];
         snprintf(what, sizeof what, "packed%s: router_aux_loss and LoRA gradients", with ? ", sharing with a 2nd run" : ", alone");
