@@ -70,6 +70,7 @@ static const kd_entry table[TWK_OP_COUNT] = {
     [TWK_OP_MOE_COMBINE] = {.unsupported = KD_NO_MOE},
     [TWK_OP_MOE_COMBINE_BACK_W] = {.unsupported = KD_NO_MOE},
     [TWK_OP_LORA_GATHER_BACK] = {kd_lower_lora_gather_back, "lora_gather_back_f32"},
+    [TWK_OP_FUSED_EW] = {.unsupported = "fused elementwise chains run on the cpu only so far (the plan keeps them unfused)"},
 };
 _Static_assert(sizeof table / sizeof table[0] == TWK_OP_COUNT, "one entry per op");
 
