@@ -11,6 +11,7 @@
 
 #include "check.h"
 #include "twinkle/twinkle.h"
+#include "twk_backend.h" /* the device's kernel table: whether it runs fused launches */
 
 #define CAP 24
 
@@ -161,7 +162,36 @@ static twk_plan *run(const built *b, twk_device *dev, int fused, int64_t n, floa
     return p;
 }
 
+/* NMSE of f against u over each output (the largest), and the floats that differ at all. */
+static double worst_nmse(const built *b, int64_t n, const float *u, const float *f, size_t *differ) {
+    double worst = 0;
+    size_t off = 0;
+    *differ = 0;
+    for (int i = 0; i < b->n_out; i++) {
+        size_t cnt = bytes_of(b->g, b->out[i], n) / 4;
+        double err = 0, den = 0;
+        for (size_t k = 0; k < cnt; k++) {
+            double d = (double)f[off + k] - (double)u[off + k];
+            err += d * d;
+            den += (double)u[off + k] * u[off + k];
+            *differ += memcmp(&u[off + k], &f[off + k], 4) != 0;
+        }
+        double e = den > 0 ? err / den : err;
+        if (e > worst) worst = e;
+        off += cnt;
+    }
+    return worst;
+}
+
+/* On the CPU fused and unfused plans must agree bit for bit; on another device within the
+ * elementwise maps' cross-library tolerance (backend_ops' TRANSCENDENTAL class, NMSE 1e-10:
+ * the fused kernel computes the maps' own expressions, its compiler may contract them). */
+#define DEVICE_NMSE 1e-10
+
 static void compare(const char *what, built b, twk_device *dev) {
+    const char *why = NULL;
+    int fuses = twk_device_backend(dev)->op_kernel(TWK_OP_FUSED_EW, &why);
+    int exact = !strcmp(twk_device_backend(dev)->name, "cpu");
     check(twk_graph_status(b.g) == TWK_OK, "%s: graph builds (%s)", what, twk_graph_error(b.g));
     size_t cap_bytes = 0;
     for (int i = 0; i < b.n_out; i++) cap_bytes += bytes_of(b.g, b.out[i], CAP);
@@ -180,14 +210,18 @@ static void compare(const char *what, built b, twk_device *dev) {
         twk_plan_get_stats(pu, &su);
         twk_plan_get_stats(pf, &sf);
         if (r == 0) {
-            printf("     %s: %d launches unfused, %d fused (%d fused launches), arena %zu -> %zu bytes\n", what,
-                   su.n_launches, sf.n_launches, sf.n_fused_groups, su.arena_bytes, sf.arena_bytes);
-            check(sf.n_launches < su.n_launches && sf.n_launches_unfused == su.n_launches && su.n_fused_groups == 0,
-                  "%s: the fused plan has fewer launches (%d < %d)", what, sf.n_launches, su.n_launches);
+            printf("     %s on %s: %d launches unfused, %d fused (%d fused launches), arena %zu -> %zu bytes\n", what,
+                   twk_device_spec(dev), su.n_launches, sf.n_launches, sf.n_fused_groups, su.arena_bytes, sf.arena_bytes);
+            if (fuses)
+                check(sf.n_launches < su.n_launches && sf.n_launches_unfused == su.n_launches && su.n_fused_groups == 0,
+                      "%s: the fused plan has fewer launches (%d < %d)", what, sf.n_launches, su.n_launches);
+            else
+                check(sf.n_launches == su.n_launches && sf.n_fused_groups == 0,
+                      "%s: %s declares no fused launches (%s): the plan is unchanged", what, twk_device_spec(dev), why);
             check(twk_plan_validate_memory(pf) == TWK_OK, "%s: fused memory plan: no live tensors overlap", what);
             check(sf.arena_bytes <= su.arena_bytes, "%s: fused arena peak %zu <= unfused %zu", what, sf.arena_bytes,
                   su.arena_bytes);
-            if (b.inner >= 0) {
+            if (b.inner >= 0 && fuses) {
                 float tmp[CAP * 3 * 37];
                 twk_status st = twk_plan_read(pf, b.inner, CAP, tmp, bytes_of(b.g, b.inner, CAP));
                 check(st == TWK_ERR_INVALID_ARG && strstr(twk_last_error(), "fused"),
@@ -197,9 +231,14 @@ static void compare(const char *what, built b, twk_device *dev) {
             }
         }
         size_t diff = 0;
-        for (size_t k = 0; k < ub / 4; k++) diff += memcmp(&u[k], &f[k], 4) != 0;
-        check(ub == fb && diff == 0, "%s, %lld tokens: outputs and gradients bit-identical fused vs unfused (%zu of %zu floats differ)",
-              what, (long long)ns[r], diff, ub / 4);
+        double e = ub == fb ? worst_nmse(&b, ns[r], u, f, &diff) : 1.0;
+        if (exact || !fuses)
+            check(ub == fb && diff == 0, "%s, %lld tokens: outputs and gradients bit-identical fused vs unfused (%zu of %zu floats differ)",
+                  what, (long long)ns[r], diff, ub / 4);
+        else
+            check(ub == fb && e <= DEVICE_NMSE,
+                  "%s, %lld tokens, %s: outputs and gradients fused vs unfused within NMSE %.0e (worst output %.2e; %zu of %zu floats differ)",
+                  what, (long long)ns[r], twk_device_spec(dev), DEVICE_NMSE, e, diff, ub / 4);
         twk_plan_free(pu);
         twk_plan_free(pf);
     }
@@ -210,8 +249,9 @@ static void compare(const char *what, built b, twk_device *dev) {
 
 int main(void) {
     twk_device *dev = NULL;
-    if (twk_device_open("cpu", &dev) != TWK_OK) {
-        printf("FAIL open cpu: %s\n", twk_last_error());
+    const char *spec = getenv("TWK_TEST_DEVICE") ? getenv("TWK_TEST_DEVICE") : "cpu";
+    if (twk_device_open(spec, &dev) != TWK_OK) {
+        printf("FAIL open %s: %s\n", spec, twk_last_error());
         return 1;
     }
     compare("llama block (LoRA, training)", block(0), dev);
