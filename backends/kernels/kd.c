@@ -69,6 +69,8 @@ static const kd_entry table[TWK_OP_COUNT] = {
     [TWK_OP_MOE_DISPATCH] = {.unsupported = KD_NO_MOE},
     [TWK_OP_MOE_COMBINE] = {.unsupported = KD_NO_MOE},
     [TWK_OP_MOE_COMBINE_BACK_W] = {.unsupported = KD_NO_MOE},
+    [TWK_OP_MOE_ROUTER_STATS] = {.unsupported = KD_NO_MOE},
+    [TWK_OP_MOE_ROUTER_STATS_BACK] = {.unsupported = KD_NO_MOE},
     [TWK_OP_LORA_GATHER_BACK] = {kd_lower_lora_gather_back, "lora_gather_back_f32"},
     [TWK_OP_FUSED_EW] = {kd_lower_fused, "fused_ew_f32"},
 };
