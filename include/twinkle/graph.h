@@ -195,6 +195,12 @@ twk_status twk_graph_recompute(twk_graph *g);
  * twk_graph_recompute (which refuses a graph already reordered). TWK_ERR_INVALID_ARG /
  * TWK_ERR_OOM. */
 twk_status twk_graph_hoist(twk_graph *g, twk_id id);
+/* Elementwise fusion in this graph's compiled plans (on by default; the environment's
+ * TWK_FUSION=0 turns it off for every plan): chains of same-shape elementwise ops whose
+ * intermediates nothing else reads become one launch where the device runs fused chains
+ * (graph/fuse.c), with results bit-identical to the unfused plan on the CPU.
+ * TWK_ERR_INVALID_ARG when g is NULL. */
+twk_status twk_graph_set_fusion(twk_graph *g, bool on);
 
 /* ---- inspection ---- */
 int twk_graph_size(const twk_graph *g);
@@ -233,6 +239,8 @@ typedef struct twk_plan_stats {
     size_t leaf_bytes;      /* inputs/params the plan allocated itself */
     int arena_shared;       /* runs in a caller's arena (twk_plan_compile_in) */
     size_t host_bytes;      /* the plan's own host bookkeeping (slots, launches, names) */
+    int n_launches_unfused; /* launches before elementwise fusion (n_launches when nothing fused) */
+    int n_fused_groups;     /* fused launches (each replaces two or more) */
 } twk_plan_stats;
 
 /* Compiles the graph's outputs for `dev` at token capacity `capacity` (>= 1):
@@ -260,6 +268,9 @@ twk_status twk_plan_run(twk_plan *p, int64_t n);
 /* The index of the launch that computes node id in the plan's launch list, or -1 (no launch:
  * a leaf, a view, removed as dead). */
 int twk_plan_launch_of(const twk_plan *p, twk_id id);
+/* Kernel launches run by every plan of this process so far (twk_plan_run and twk_plan_run_cut,
+ * counted when the backend accepted the run); any thread. Cannot fail. */
+uint64_t twk_plan_launches_run(void);
 /* Called by twk_plan_run_cut after segment i (launches before cuts[i]) finished on the device;
  * an error stops the run and is returned. */
 typedef twk_status (*twk_plan_cut_fn)(void *ctx, int i);

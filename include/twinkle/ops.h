@@ -104,7 +104,9 @@ TWK_API_BEGIN
     X(GRAD_ACC,       "grad_acc",       2, INPLACE, 0,                    0,                    0,           NONE, EXACT, TWK_NO_IDS) /* (acc, g): acc += g */ \
     X(SQSUM_PARTS,    "sqsum_parts",    1, COMPUTE, 0,                    0,                    0,           NONE, ACCUM, TWK_NO_IDS) /* x [N] -> [P,2]: sum x^2 of slice p as (hi, lo) */ \
     X(GRAD_NORM,      "grad_norm",      2, COMPUTE, 0,                    0,                    0,           NONE, ACCUM, TWK_NO_IDS) /* (parts [P,2], hyper) -> [2]: norm, clip coefficient */ \
-    X(ADAMW,          "adamw",          6, INPLACE, 0,                    0,                    0,           NONE, TRANSCENDENTAL, TWK_NO_IDS) /* (w, g, m, v, hyper, norm) -> w; also writes m, v and zeroes g */
+    X(ADAMW,          "adamw",          6, INPLACE, 0,                    0,                    0,           NONE, TRANSCENDENTAL, TWK_NO_IDS) /* (w, g, m, v, hyper, norm) -> w; also writes m, v and zeroes g */ \
+    /* made by the plan compiler's fusion pass (graph/fuse.c), never built: a chain of same-shape elementwise ops, one launch */ \
+    X(FUSED_EW,       "fused_ew",      -1, COMPUTE, 0,                    0,                    0,           NONE, TRANSCENDENTAL, TWK_NO_IDS) /* srcs all of dst's shape; ip[k] = step k (TWK_FUSE_STEP in twk_backend.h), fp[k] its fparam */
 
 /* The sources that may hold bf16 / f16 (frozen weights, KV caches), X(OP, mask), on a backend
  * whose kernels widen them to f32 (its half_srcs; twk_device_half_srcs); KV_WRITE's output is its
