@@ -320,13 +320,19 @@ static void replay(const char *root, const char *model) {
     }
     const cJSON *lj = cJSON_GetObjectItem(js, "lora");
     twk_lora_config lc = twk_lora_default();
-    lc.rank = cJSON_GetObjectItem(lj, "r")->valueint;
-    lc.alpha = (float)cJSON_GetObjectItem(lj, "alpha")->valuedouble;
-    lc.train_unembed = cJSON_IsTrue(cJSON_GetObjectItem(lj, "lm_head_targeted"));
-    lc.train_mlp = 0; /* the MLP's projections when target_modules names them (the MoE fixtures: attention only) */
-    const cJSON *tm = cJSON_GetObjectItem(lj, "target_modules");
-    for (const cJSON *e = tm ? tm->child : NULL; e; e = e->next)
-        lc.train_mlp |= cJSON_IsString(e) && !strcmp(e->valuestring, "gate_proj");
+    /* the modules PEFT adapted, as its adapter_config.json says (target_modules; for the MoE fixtures also
+     * target_parameters and gate_up_proj's rank / alpha patterns) */
+    snprintf(path, sizeof path, "%s/peft_adapter", dir);
+    if (twk_adapter_read_config(path, &lc) != TWK_OK || lc.rank != cJSON_GetObjectItem(lj, "r")->valueint ||
+        lc.alpha != (float)cJSON_GetObjectItem(lj, "alpha")->valuedouble ||
+        lc.train_unembed != cJSON_IsTrue(cJSON_GetObjectItem(lj, "lm_head_targeted"))) {
+        printf("FAIL %s: peft_adapter/adapter_config.json: %s\n", model, twk_last_error());
+        fails++;
+        goto out;
+    }
+    printf("     %s: LoRA r %d alpha %g on%s%s%s%s%s\n", model, lc.rank, (double)lc.alpha, lc.train_attn ? " attention" : "",
+           lc.train_mlp ? " mlp" : "", lc.train_experts ? " experts" : "", lc.train_router ? " router" : "",
+           lc.train_unembed ? " lm_head" : "");
     const cJSON *opt = cJSON_GetObjectItem(js, "optimizer");
     const cJSON *aw = cJSON_GetObjectItem(opt, "adamw");
     twk_adam_params ap = {.learning_rate = (float)cJSON_GetObjectItem(aw, "lr")->valuedouble,
@@ -423,8 +429,8 @@ out:
 
 int main(int argc, char **argv) {
     const char *root = argc > 1 ? argv[1] : TWK_PARITY_DIR;
-    const char *models[] = {"llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "qwen3_moe"};
-    for (int i = 0; i < 7; i++) replay(root, models[i]);
+    const char *models[] = {"llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "qwen3_moe", "mixtral", "qwen2_moe"};
+    for (int i = 0; i < 9; i++) replay(root, models[i]);
     printf("%d failures\n", fails);
     return fails ? 1 : 0;
 }
