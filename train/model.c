@@ -1108,6 +1108,9 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
         twk_device_pool pool = twk_device_pool_enter(own);
         st = make_adapter(t);
         twk_device_pool_enter(pool);
+        if (st == TWK_OK && !t->n_adapter) /* e.g. only train_router / train_experts on a dense model */
+            st = twk_error(TWK_ERR_INVALID_ARG, "trainer_new: lora targets no module of this model (train_experts and "
+                                                "train_router need a mixture of experts)");
     }
     int half = m->cfg.head_dim / 2;
     float f[4096];
