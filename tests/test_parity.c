@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cJSON.h>
 
@@ -427,10 +428,41 @@ out:
     cJSON_Delete(js);
 }
 
+/* adapter_config.json of a mixture of experts' adapter: what twinkle cannot hold is refused naming the field. */
+static void moe_config_errors(void) {
+    static const struct { const char *body, *want; } cases[] = {
+        {"\"target_parameters\": [\"mlp.experts.gate_up_proj\"]", "only one of the experts' gate_up_proj / down_proj"},
+        {"\"target_parameters\": [\"mlp.experts.gate_up_proj\", \"mlp.experts.down_proj\"]", "needs rank_pattern"},
+        {"\"target_parameters\": [\"mlp.experts.gate_up_proj\", \"mlp.experts.down_proj\"], \"rank_pattern\": "
+         "{\".*\\\\.gate_up_proj\": 8}, \"alpha_pattern\": {\".*\\\\.gate_up_proj\": 8}", "alpha_pattern entry"},
+        {"\"rank_pattern\": {\"q_proj\": 8}", "rank_pattern entry 'q_proj'"},
+        {"\"target_parameters\": [\"mlp.experts.w1\"]", "target_parameters entry 'mlp.experts.w1'"},
+    };
+    char dir[] = "/tmp/twk_moecfg_XXXXXX";
+    if (!mkdtemp(dir)) return;
+    char path[600];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        FILE *f = fopen(path, "w");
+        if (!f) break;
+        fprintf(f, "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], %s}\n",
+                cases[i].body);
+        fclose(f);
+        twk_lora_config lc = twk_lora_default();
+        twk_status st = twk_adapter_read_config(dir, &lc);
+        int ok = st != TWK_OK && strstr(twk_last_error(), cases[i].want) != NULL;
+        printf("%s adapter_config.json refused: %s\n", ok ? "ok  " : "FAIL", st != TWK_OK ? twk_last_error() : "(accepted)");
+        fails += !ok;
+    }
+    remove(path);
+    rmdir(dir);
+}
+
 int main(int argc, char **argv) {
     const char *root = argc > 1 ? argv[1] : TWK_PARITY_DIR;
     const char *models[] = {"llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "qwen3_moe", "mixtral", "qwen2_moe"};
     for (int i = 0; i < 9; i++) replay(root, models[i]);
+    moe_config_errors();
     printf("%d failures\n", fails);
     return fails ? 1 : 0;
 }
