@@ -372,7 +372,8 @@ static int train(train_opts *o) {
     int whole_normalised = o->spec.def->family == TWK_FAMILY_RL && o->spec.def->aggregation != TWK_AGG_SUM;
     char devname[256], where[96] = ""; /* a failing rank's share, for its message */
     twk_mem_request rq = {.tokens = o->batch_tokens, .rank = o->full ? 0 : (int)o->rank, .train_unembed = o->train_unembed,
-                          .recompute = o->recompute};
+                          .recompute = o->recompute, .train_experts = !o->no_mlp && !o->no_experts,
+                          .train_router = o->train_router};
     int wdtype = -1; /* the dtype the model load will hold the weights in: the plan's */
     if (twk_device_open(twk_dist_device(o->device, devname, sizeof devname), &dev) != TWK_OK ||
         (wdtype = twk_model_weights_dtype(o->model, dev, o->dtypes.weights)) < 0 ||

@@ -667,7 +667,8 @@ static twk_status make_adapter(twk_trainer *t) {
     const twk_model_config *c = &t->m->cfg;
     static const char *const attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
     static const char *const mlp[] = {"gate_proj", "up_proj", "down_proj"};
-    int max = c->layers * 18 + 2;
+    int max = 2; /* tensors: 7 pairs per dense layer, 10 per sparse one (+ router, 2 expert stacks), lm_head */
+    for (int l = 0; l < c->layers; l++) max += twk_layer_sparse(c, l) ? 20 : 14;
     t->adapter = twk_host_calloc((size_t)max * sizeof *t->adapter, "lora adapter");
     if (!t->adapter) return TWK_ERR_OOM;
     twk_rng r;
