@@ -5,10 +5,13 @@ Generate mode (default)
 -----------------------
     /work/venvs/parity/bin/python tests/parity/generate.py [--out DIR] [--only NAME ...]
 
-Builds three tiny random Hugging Face causal LMs on the CPU in float32 with fixed
+Builds the tiny random Hugging Face causal LMs of MODELS on the CPU in float32 with fixed
 seeds (llama: sharded f32, llama3 rope scaling; qwen2: bf16 on disk, tied
 embeddings, q/k/v biases; qwen3: f32, q_norm/k_norm, head_dim != hidden/heads,
-LoRA on lm_head), saves each as an HF folder plus a PEFT LoRA adapter, and records
+LoRA on lm_head; mistral, gemma2, gemma3: sliding windows, soft-caps; the mixtures of
+experts qwen3_moe, mixtral, qwen2_moe: LoRA on the experts as PEFT's target_parameters,
+the router, a shared expert; all through the one generate_one path), saves each as an HF
+folder plus a PEFT LoRA adapter, and records
 reference numbers (logprobs, loss, LoRA gradients, full-model gradients for qwen3,
 and LoRA tensors after 3 clipped-AdamW steps) in
 ``tests/parity/fixtures/<model>/expected.safetensors`` and ``expected.json``.
