@@ -117,18 +117,18 @@ if "$TWINKLE" train --model "$MODEL" --data "$DIR/data.jsonl" --loss ppo --out "
 grep -q "data.jsonl:1: field 'advantages' is required by ppo" "$DIR/c.log" || { cat "$DIR/c.log"; fail "the message does not name the line and field"; }
 echo "ok   rollouts without advantages refused: $(grep advantages "$DIR/c.log")"
 
-# Mixture of experts (the mixtral parity model, vocabulary 512): LoRA on the attention, the experts
+# Mixture of experts (the mixtral parity model, vocabulary 256): LoRA on the attention, the experts
 # (PEFT's target_parameters on the fused stacks) and the router; the loss falls, a resumed run is
 # bit-identical, the adapter config names the stacks, twinkle sample loads it; router-only LoRA on a
 # dense model is refused by name.
 MOE=$(dirname "$(dirname "$MODEL")")/mixtral/model
 awk 'BEGIN { srand(11); for (s = 0; s < 12; s++) { n = 8 + int(rand() * 12); line = "{\"tokens\": [";
-     for (i = 0; i < n; i++) line = line (i ? ", " : "") int(rand() * 512); print line "]}" } }' > "$DIR/moe.jsonl"
-moe="--model $MOE --data $DIR/moe.jsonl --batch-tokens 64 --lr 1e-2 --rank 4 --steps 20 --train-router"
+     for (i = 0; i < n; i++) line = line (i ? ", " : "") int(rand() * 256); print line "]}" } }' > "$DIR/moe.jsonl"
+moe="--model $MOE --data $DIR/moe.jsonl --batch-tokens 64 --lr 1e-2 --rank 8 --steps 20 --train-router"
 "$TWINKLE" train $moe --out "$DIR/m" --save-every 10 > "$DIR/m.log" || { cat "$DIR/m.log"; fail "moe training run"; }
 first=$(sed -n 's/^loss \([0-9.]*\) -> \([0-9.]*\).*/\1/p' "$DIR/m.log")
 last=$(sed -n 's/^loss \([0-9.]*\) -> \([0-9.]*\).*/\2/p' "$DIR/m.log")
-awk -v f="$first" -v l="$last" 'BEGIN { exit !(l * 3 < f) }' || fail "moe loss $first -> $last did not fall threefold"
+awk -v f="$first" -v l="$last" 'BEGIN { exit !(l * 2 < f) }' || fail "moe loss $first -> $last did not fall twofold"
 grep -q '"mlp.experts.gate_up_proj", "mlp.experts.down_proj", "mlp.gate.weight"' "$DIR/m/final/adapter_config.json" ||
     { cat "$DIR/m/final/adapter_config.json"; fail "the adapter config does not name the experts and the router"; }
 echo "ok   twinkle train on mixtral (attention + experts + router): loss $first -> $last"
