@@ -816,6 +816,12 @@ def generation_refs(name, spec, model_dir, adapter_dir, out, vocab):
         seed += 1
     else:
         raise RuntimeError(f"{name}: no prompt seed with all gaps > {GEN_MIN_GAP} in {GEN_MAX_SEED_TRIES} tries")
+    top_k = spec["config"].get("num_experts_per_tok")
+    for key, m in models.items() if top_k else ():  # MoE: no near tie in the routing of any decoding step either
+        with routing_gaps(m, top_k) as rgaps:
+            greedy_generate(m, prompts)
+            prompt_logprob_refs(m, prompts)
+        check_routing_gap(f"decoding, {key}", rgaps, top_k)
 
     tensors = {
         "prompt_tokens": torch.cat(prompts).to(torch.int32),
