@@ -139,6 +139,18 @@ echo "ok   mixtral resumed from step 10: final adapter bit-identical"
 "$TWINKLE" sample --model "$MOE" --adapter "$DIR/m/final" --prompt-tokens 5,6,7 --max-tokens 4 > "$DIR/m.samples" ||
     fail "twinkle sample with the moe adapter"
 echo "ok   twinkle sample with the expert / router adapter"
+"$TWINKLE" export --checkpoint "$DIR/m/final" --merge --out "$DIR/mm" > "$DIR/mm.log" 2>&1 || { cat "$DIR/mm.log"; fail "moe merge"; }
+"$TWINKLE" score --model "$MOE" --adapter "$DIR/m/final" --data "$DIR/moe.jsonl" > "$DIR/moe_lora.scores" || fail "moe score"
+"$TWINKLE" score --model "$DIR/mm" --data "$DIR/moe.jsonl" > "$DIR/moe_merged.scores" || fail "merged moe score"
+"$TWINKLE" score --model "$MOE" --data "$DIR/moe.jsonl" > "$DIR/moe_base.scores" || fail "base moe score"
+python3 - "$DIR/moe_lora.scores" "$DIR/moe_merged.scores" "$DIR/moe_base.scores" <<'PY' || fail "the merged moe model differs from base + adapter"
+import json, sys
+a, b, c = ([json.loads(l)["logprobs"] for l in open(p)] for p in sys.argv[1:4])
+diff = lambda u, v: max(abs(x - y) for s, t in zip(u, v) for x, y in zip(s, t) if x is not None and y is not None)
+d, moved = diff(a, b), diff(a, c)
+print(f"ok   twinkle export --merge of the expert / router adapter: logprobs equal base + adapter to {d:.2g} (the adapter moves them {moved:.2g})")
+sys.exit(0 if d < 1e-4 and moved > 0.1 else 1)
+PY
 if "$TWINKLE" train --model "$MODEL" --data "$DIR/data.jsonl" --no-attn --no-mlp --train-router > "$DIR/c.log" 2>&1; then
     fail "router LoRA on a dense model accepted"; fi
 grep -q "train_router need a mixture of experts" "$DIR/c.log" || { cat "$DIR/c.log"; fail "the message does not explain"; }
