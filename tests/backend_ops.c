@@ -1,7 +1,8 @@
 /* backend_ops: every op case of test_ops (tests/op_cases.c) on every
  * available non-CPU device against the CPU backend, forward and backward, on
  * the same random inputs. Each case's graph gets a random-weighted scalar loss
- * sum(y * R) and twk_graph_backward; the same graph is compiled for the CPU
+ * sum(y * R) and twk_graph_backward (a case whose output is indices, moe_topk or
+ * moe_sort, gets none: its words must be identical); the same graph is compiled for the CPU
  * and for the device, and the output and every parameter gradient are
  * compared by the normalized mean squared error (as ggml's test-backend-ops)
  *
