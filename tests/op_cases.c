@@ -162,6 +162,12 @@ static twk_id b_moe_block(twk_graph *g, const twk_id *in, const op_case *c) {
     twk_id rows = twk_lora_gather(g, twk_moe_dispatch(g, in[0], order, inv, -1), in[2], ex);
     return twk_moe_combine(g, rows, order, inv, w, c->ip[0]);
 }
+/* the unweighted dispatch: a copy (its gradient: the unweighted combine) */
+static twk_id b_moe_dispatch(twk_graph *g, const twk_id *in, const op_case *c) {
+    twk_id order, inv, w;
+    moe_route(g, in, c, &order, &inv, &w);
+    return twk_moe_dispatch(g, in[0], order, inv, -1);
+}
 /* the weighted dispatch (the backward of a weighted combine), forward only */
 static twk_id b_moe_dispatch_w(twk_graph *g, const twk_id *in, const op_case *c) {
     twk_id order, inv, w;
@@ -351,6 +357,7 @@ const op_case opc_extra_cases[] = {
     {"moe block 37x9 E16 top-4 expert 15 empty", 3, {F32(37, 9), F32(37, 16), F32(16, 6, 9)}, b_moe_block, NULL, 0, 0, .ip = {4, 0, 2}},
     {"moe block 19x6 E8 top-2 all to expert 0", 3, {F32(19, 6), F32(19, 8), F32(8, 5, 6)}, b_moe_block, NULL, 0, 0, .ip = {2, 1, 1}},
     {"moe block Tx7 E16 top-1", 3, {F32(T_, 7), F32(T_, 16), F32(16, 4, 7)}, b_moe_block, NULL, 0, 0, .ip = {1, 0}, .cap = 41},
+    {"moe_dispatch Tx5 E8 top-2 (a copy)", 2, {F32(T_, 5), F32C(T_, 8)}, b_moe_dispatch, NULL, 0, 0, .ip = {2, 0}, .cap = 13},
     {"moe_dispatch weighted 11x7 E8 top-2", 2, {F32C(11, 7), F32C(11, 8)}, b_moe_dispatch_w, NULL, 0, 0, .ip = {2, 1}},
     /* ---- end of the mixture-of-experts cases ---- */
 };
