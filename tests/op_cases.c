@@ -346,6 +346,8 @@ const op_case opc_extra_cases[] = {
     {"moe_sort 31x8 top-2 ties pair->row", 1, {{.ndim = 2, .ne = {31, 8}, .type = TWK_F32, .gen = G_IDS, .limit = 3}}, b_moe_sort, NULL, 0, 0, .ip = {2, 1}},
     {"moe_sort 29x8 top-2 all to expert 0", 1, {F32C(29, 8)}, b_moe_sort, NULL, 0, 0, .ip = {2, 0, 1}},
     {"moe_sort 23x16 top-1 expert 15 empty", 1, {F32C(23, 16)}, b_moe_sort, NULL, 0, 0, .ip = {1, 1, 2}},
+    {"moe_sort 1031x16 top-4 pair->row", 1, {F32C(1031, 16)}, b_moe_sort, NULL, 0, 0, .ip = {4, 1}},
+    {"moe_sort 523x8 top-2 ties row->pair", 1, {{.ndim = 2, .ne = {523, 8}, .type = TWK_F32, .gen = G_IDS, .limit = 2}}, b_moe_sort, NULL, 0, 0, .ip = {2, 0}},
     {"moe_sort 19x8 given i64 ids x3", 2, {F32C(19, 8), IDS64(8, 19, 3)}, b_moe_sort, NULL, 0, 0, .ip = {0, 0}},
     {"moe_sort 17x16 given ids x2 row->expert", 2, {F32C(17, 16), IDS(16, 17, 2)}, b_moe_sort, NULL, 0, 0, .ip = {0, 2}},
     {"moe_gate 1x8 top-1 renorm", 1, {F32(1, 8)}, b_moe_gate, NULL, 0, 0, .ip = {1, 1}},

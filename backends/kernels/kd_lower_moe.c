@@ -36,7 +36,7 @@ int kd_lower_moe_gate(const twk_launch *l, int64_t n, kd_call *calls, const char
     return 1;
 }
 
-/* the output zeroed, then the counting sort: one item per expert */
+/* the output zeroed, then the counting sort: one 64-item group per expert (moe.cl's KD_MOE_SORT_L) */
 int kd_lower_moe_sort(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
     int64_t P = kd_dim(&l->dst, 0, n), E = kd_dim(&l->src[0], 1, n);
     kd_begin(&calls[0], "zero_words");
@@ -52,7 +52,7 @@ int kd_lower_moe_sort(const twk_launch *l, int64_t n, kd_call *calls, const char
     kd_i64(c, E);
     kd_i32(c, l->ip[0]);
     kd_i32(c, is64(l, 1));
-    kd_grid_items(c, E, 64);
+    kd_grid_groups(c, E, 64);
     return 2;
 }
 

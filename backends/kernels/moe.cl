@@ -114,21 +114,44 @@ TWK_KERNEL moe_gate_back_f32(TWK_GLOBAL float *dl, long dl_off, TWK_GLOBAL const
     }
 }
 
-/* The stable counting sort of the P = T K pairs by expert, one item per expert e: its first row
- * is the number of pairs of lower experts, then its pairs in order. mode 0: out[row] = pair,
- * 1: out[pair] = row, 2: out[row] = expert. (out zeroed first: rows of bad ids stay 0.) */
+/* The stable counting sort of the P = T K pairs by expert, one work-group of KD_MOE_SORT_L items
+ * per expert e: item i takes the i-th contiguous chunk of the pairs and counts the pairs of lower
+ * experts and of e there; item 0 sums the first and scans the second (in item order), so each
+ * item knows the first row of its chunk's e-pairs, then writes them in pair order. mode 0:
+ * out[row] = pair, 1: out[pair] = row, 2: out[row] = expert. (out is zeroed first: the rows of
+ * bad ids stay 0.) */
+#define KD_MOE_SORT_L 64
 TWK_KERNEL moe_sort_i32(TWK_GLOBAL int *out, long out_off, TWK_GLOBAL const int *ids, long ids_off,
                         TWK_GLOBAL int *err, long err_off, long P, long E, int mode, int is64) {
-    long e = TWK_GID(0);
-    if (e >= E) return;
+    TWK_LOCAL(long, below, KD_MOE_SORT_L);
+    TWK_LOCAL(long, first, KD_MOE_SORT_L);
+    long e = TWK_GROUP(0);
+    int lid = TWK_LID(0);
     const TWK_GLOBAL int *id = ids + ids_off;
-    long r = 0;
-    for (long p = 0; p < P; p++) {
+    long chunk = (P + KD_MOE_SORT_L - 1) / KD_MOE_SORT_L, p0 = lid * chunk, p1 = p0 + chunk, nb = 0, nm = 0;
+    if (p0 > P) p0 = P;
+    if (p1 > P) p1 = P;
+    for (long p = p0; p < p1; p++) {
         long v = kd_id(id, p, is64);
         if (v < 0 || v >= E) err[err_off] = KD_ERR_ID_RANGE;
-        else if (v < e) r++;
+        else if (v < e) nb++;
+        else if (v == e) nm++;
     }
-    for (long p = 0; p < P; p++) {
+    below[lid] = nb;
+    first[lid] = nm;
+    TWK_BARRIER();
+    if (lid == 0) {
+        long base = 0, run = 0;
+        for (int i = 0; i < KD_MOE_SORT_L; i++) base += below[i];
+        for (int i = 0; i < KD_MOE_SORT_L; i++) {
+            long c = first[i];
+            first[i] = base + run;
+            run += c;
+        }
+    }
+    TWK_BARRIER();
+    long r = first[lid];
+    for (long p = p0; p < p1; p++) {
         if (kd_id(id, p, is64) != e) continue;
         if (mode == 0) out[out_off + r] = (int)p;
         else if (mode == 1) out[out_off + p] = (int)r;

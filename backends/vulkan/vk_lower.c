@@ -521,7 +521,7 @@ static void check_ids(vk_low *w) {
 /* ---- mixture-of-experts routing (moe.comp, MODE from the table) ---- */
 
 /* moe_topk (0), moe_gate (1), moe_gate_back (2): one invocation per token; moe_sort (3): the
- * output zeroed, then one invocation per expert; moe_dispatch (4), moe_combine (5): one per
+ * output zeroed, then one 64-invocation group per expert; moe_dispatch (4), moe_combine (5): one per
  * element, w (source 3) optional; moe_combine_back_w (6): one per (token, choice) */
 static int lower_moe(vk_low *w) {
     const twk_launch *l = w->l;
@@ -553,7 +553,7 @@ static int lower_moe(vk_low *w) {
         x->p[1] = (int32_t)dim(&s[0], 1, n);
         x->p[2] = l->ip[0];
         x->p[7] = s[1].type == TWK_I64;
-        items = x->p[1];
+        items = (int64_t)x->p[1] * 64; /* a 64-invocation group per expert */
     } else {
         int dispatch = w->mode == 4, perm = dispatch ? 1 : 2;
         const twk_tensor_desc *tok = dispatch ? &s[0] : w->mode == 5 ? w->y : &s[3];

@@ -6,8 +6,8 @@
 //                       the largest); one invocation per token; p: 0 T, 1 E, 2 K.
 // MODE 1 moe_gate:      y[t, j] = softmax(x[t])[ids[t, j]] (/ their sum when p[3]); per token.
 // MODE 2 moe_gate_back: y[t, :] = d logits from dy (binding 3); per token; p as MODE 1.
-// MODE 3 moe_sort:      the stable counting sort of the p[0] pairs by expert, one invocation
-//                       per expert (its first row: the pairs of lower experts); p: 1 E, 2 the
+// MODE 3 moe_sort:      the stable counting sort of the p[0] pairs by expert, a work-group
+//                       per expert (sort_pairs); p: 1 E, 2 the
 //                       op's mode (0 row -> pair, 1 pair -> row, 2 row -> expert); yi zeroed
 //                       by copy.comp first.
 // MODE 4 moe_dispatch:  y[r, h] = x[order[r] / K, h] (* w[order[r]] when p[3]); p: 0 R, 1 H, 2 K.
@@ -99,14 +99,38 @@ void gate(uint T, uint E, uint K, bool renorm) {
     }
 }
 
+// MODE 3: a work-group per expert (WG invocations, at most 64): invocation i counts the pairs of
+// lower experts and of e in the i-th contiguous chunk; invocation 0 sums the first and scans the
+// second in invocation order, then each writes its chunk's e-pairs in pair order.
+shared uint s_below[64];
+shared uint s_first[64];
+
 void sort_pairs(uint P, uint E, int mode) {
-    for (uint e = gl_GlobalInvocationID.x; e < E; e += GSTRIDE) {
-        uint r = 0u;
-        for (uint p = 0u; p < P; p++) {
+    uint lid = gl_LocalInvocationID.x, chunk = (P + WG - 1u) / WG;
+    uint p0 = min(lid * chunk, P), p1 = min(p0 + chunk, P);
+    for (uint e = gl_WorkGroupID.x; e < E; e += gl_NumWorkGroups.x) {
+        uint nb = 0u, nm = 0u;
+        for (uint p = p0; p < p1; p++) {
             int v = id_at(p);
-            if (v >= 0 && v < int(e)) r++;
+            if (v >= 0 && v < int(e)) nb++;
+            else if (v == int(e)) nm++;
         }
-        for (uint p = 0u; p < P; p++) {
+        s_below[lid] = nb;
+        s_first[lid] = nm;
+        barrier();
+        if (lid == 0u) {
+            uint base = 0u, run = 0u;
+            for (uint i = 0u; i < WG; i++) base += s_below[i];
+            for (uint i = 0u; i < WG; i++) {
+                uint c = s_first[i];
+                s_first[i] = base + run;
+                run += c;
+            }
+        }
+        barrier();
+        uint r = s_first[lid];
+        barrier(); // every invocation has read its start before the next expert's counts
+        for (uint p = p0; p < p1; p++) {
             if (id_at(p) != int(e)) continue;
             if (mode == 0) yi[pc.off[0] + r] = int(p);
             else if (mode == 1) yi[pc.off[0] + p] = int(r);
