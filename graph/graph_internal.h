@@ -62,4 +62,7 @@ twk_id twk_lora_gather_t(twk_graph *g, twk_id x, twk_id w, twk_id slot);
 twk_id twk_moe_gate_back(twk_graph *g, twk_id logits, twk_id ids, twk_id dy, bool renormalize);
 /* d w [T, K] of twk_moe_combine: dot(dout[t], y[inv[t*K + j]]). */
 twk_id twk_moe_combine_back_w(twk_graph *g, twk_id y, twk_id order, twk_id inv, twk_id dout);
+/* d logits [T, E] of twk_moe_router_stats(_slots) from dy [2, E] or [S, 2, E] (the mean softmax's rows;
+ * the counts have none); slot -1: none. -1 with the graph's error set. */
+twk_id twk_moe_router_stats_back(twk_graph *g, twk_id logits, twk_id dy, twk_id slot);
 #endif

@@ -82,8 +82,10 @@ static twk_status column_passes(step_ctx *c, pass_mode mode, const float *weight
         }
         double l = 0, ws = 0;
         c->last_col = k == K - 1;
+        c->t->aux_off = k != K - 1; /* the router's load-balancing loss: its gradient once per step, in the last column */
         st = passes(c, mode, tk, wk, lp1, &l, &ws);
         c->last_col = 1;
+        c->t->aux_off = 0;
         *loss_sum += l;
         *wsum += ws;
         for (int64_t i = 0; st == TWK_OK && i < n; i++) lp_k[i * K + k] = lp1[i];

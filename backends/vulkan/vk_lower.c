@@ -601,6 +601,8 @@ typedef struct vk_entry {
     const char *unsupported;
 } vk_entry;
 
+#define VK_NO_STATS "the router statistics of the load-balancing loss run on the cpu only so far"
+
 static const vk_entry table[TWK_OP_COUNT] = {
     [TWK_OP_FILL] = {lower_eltwise, 0},
     [TWK_OP_PERMUTE] = {lower_permute, 0},
@@ -651,6 +653,8 @@ static const vk_entry table[TWK_OP_COUNT] = {
     [TWK_OP_MOE_DISPATCH] = {lower_moe, 4},
     [TWK_OP_MOE_COMBINE] = {lower_moe, 5},
     [TWK_OP_MOE_COMBINE_BACK_W] = {lower_moe, 6},
+    [TWK_OP_MOE_ROUTER_STATS] = {.unsupported = VK_NO_STATS},
+    [TWK_OP_MOE_ROUTER_STATS_BACK] = {.unsupported = VK_NO_STATS},
     [TWK_OP_LORA_GATHER_BACK] = {lower_lora_gather, 4},
 };
 _Static_assert(sizeof table / sizeof table[0] == TWK_OP_COUNT, "one entry per op");

@@ -137,6 +137,15 @@ twk_id twk_moe_dispatch(twk_graph *g, twk_id x, twk_id order, twk_id inv, twk_id
 /* Back to tokens: out[t] = sum over j in order of w[t, j] y[inv[t*K + j]] (w = 1 when w < 0);
  * y [T*K, H] -> [T, H]. Differentiable in y and w (the routing weights' gradient). */
 twk_id twk_moe_combine(twk_graph *g, twk_id y, twk_id order, twk_id inv, twk_id w, int64_t k);
+/* The statistics of transformers' load_balancing_loss_func for one layer, f32 [2, E]: row 0 the
+ * number of choices (ids [T, K]) of each expert over T, row 1 the mean over the T rows of
+ * softmax(logits) (T: the run-time count). Differentiable in logits through row 1 only (the
+ * counts have no gradient, as torch's histc). -1 with the graph's error set on bad shapes. */
+twk_id twk_moe_router_stats(twk_graph *g, twk_id logits, twk_id ids);
+/* The same per slot, f32 [n_slots, 2, E]: row s over the rows t with slot[t] == s (i32 [T]; a slot
+ * outside 0..n_slots-1 counts nowhere: padding), each over its own row count. -1 with the
+ * graph's error set on bad shapes or n_slots < 1. */
+twk_id twk_moe_router_stats_slots(twk_graph *g, twk_id logits, twk_id ids, twk_id slot, int n_slots);
 /* log_softmax(logits)[t, targets[t]]: logits [T, V], targets i32/i64 [T] -> [T]. */
 twk_id twk_logprobs(twk_graph *g, twk_id logits, twk_id targets);
 /* twk_logprobs(h w^T, targets) without the [T, V] logits: h [T, H], a frozen w [V, H] (f32,

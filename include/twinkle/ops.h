@@ -98,6 +98,8 @@ TWK_API_BEGIN
     X(MOE_DISPATCH,   "moe_dispatch",  -1, COMPUTE, TWK_SRC(1) | TWK_SRC(2), 0,                 TWK_SRC(0),  NONE, EXACT, TWK_NO_IDS) /* (x [T,H], order, inv [T*K] [, w [T,K]]) -> [T*K,H]: row r = x[order[r] / K] (* w[order[r]]) */ \
     X(MOE_COMBINE,    "moe_combine",   -1, COMPUTE, TWK_SRC(1) | TWK_SRC(2), 0,                 TWK_SRC(0) | TWK_SRC(3), NONE, ACCUM, TWK_NO_IDS) /* (y [T*K,H], order, inv [, w [T,K]]) -> [T,H]: sum over j in order of (w[t,j] *) y[inv[t*K+j]] */ \
     X(MOE_COMBINE_BACK_W, "moe_combine_back_w", 4, COMPUTE, TWK_SRC(1) | TWK_SRC(2), 0,         0,           NONE, ACCUM, TWK_NO_IDS) /* (y, order, inv, dout [T,H]) -> [T,K]: dot(dout[t], y[inv[t*K+j]]) */ \
+    X(MOE_ROUTER_STATS, "moe_router_stats", -1, COMPUTE, TWK_SRC(1) | TWK_SRC(2), TWK_SRC(1),   TWK_SRC(0),  NONE, ACCUM, TWK_IDS(RANGE, "experts", "", 0, 1)) /* (logits [T,E], ids [T,K] [, slot [T]]) -> [2,E] ([S,2,E]: per slot, rows of a slot outside 0..S-1 skipped): the choices per expert / the rows, the mean softmax (load-balancing loss) */ \
+    X(MOE_ROUTER_STATS_BACK, "moe_router_stats_back", -1, COMPUTE, TWK_SRC(2), 0,                 0,           NONE, TRANSCENDENTAL, TWK_NO_IDS) /* (logits [T,E], dy [2,E] or [S,2,E] [, slot [T]]) -> [T,E]: through the mean softmax only */ \
     /* the optimizer step on the device (no gradients; hyper = twk_optim_hyper's 8 floats) */                  \
     X(GRAD_ACC,       "grad_acc",       2, INPLACE, 0,                    0,                    0,           NONE, EXACT, TWK_NO_IDS) /* (acc, g): acc += g */ \
     X(SQSUM_PARTS,    "sqsum_parts",    1, COMPUTE, 0,                    0,                    0,           NONE, ACCUM, TWK_NO_IDS) /* x [N] -> [P,2]: sum x^2 of slice p as (hi, lo) */ \
