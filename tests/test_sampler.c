@@ -314,10 +314,6 @@ static void parity(const char *root, const char *model) {
         check(0, model, twk_last_error(), 0, 0);
         goto out;
     }
-    if (twk_model_cfg(m)->n_experts > 0 && !twk_device_has_op(dev, TWK_OP_MOE_TOPK)) { /* GPU kernels not written yet */
-        printf("skip %s: the device has no mixture-of-experts kernels (supports_op refuses moe_topk)\n", model);
-        goto out;
-    }
     if (twk_sampler_new(m, NULL, 4, 64, &base) != TWK_OK || twk_sampler_new(m, &lc, 4, 64, &lora) != TWK_OK) {
         check(0, model, twk_last_error(), 0, 0);
         goto out;

@@ -17,7 +17,7 @@ typedef struct kd_entry {
     const char *unsupported;
 } kd_entry;
 
-#define KD_NO_MOE "mixture-of-experts routing runs on the cpu only so far"
+#define KD_NO_STATS "the router statistics of the load-balancing loss run on the cpu only so far"
 
 static const kd_entry table[TWK_OP_COUNT] = {
     [TWK_OP_FILL] = {kd_lower_map_f, "fill_f32"},
@@ -62,15 +62,15 @@ static const kd_entry table[TWK_OP_COUNT] = {
     [TWK_OP_SQSUM_PARTS] = {kd_lower_sqsum_parts, "sqsum_parts_f32"},
     [TWK_OP_GRAD_NORM] = {kd_lower_grad_norm, "grad_norm_f32"},
     [TWK_OP_ADAMW] = {kd_lower_adamw, "adamw_f32"},
-    [TWK_OP_MOE_TOPK] = {.unsupported = KD_NO_MOE},
-    [TWK_OP_MOE_GATE] = {.unsupported = KD_NO_MOE},
-    [TWK_OP_MOE_GATE_BACK] = {.unsupported = KD_NO_MOE},
-    [TWK_OP_MOE_SORT] = {.unsupported = KD_NO_MOE},
-    [TWK_OP_MOE_DISPATCH] = {.unsupported = KD_NO_MOE},
-    [TWK_OP_MOE_COMBINE] = {.unsupported = KD_NO_MOE},
-    [TWK_OP_MOE_COMBINE_BACK_W] = {.unsupported = KD_NO_MOE},
-    [TWK_OP_MOE_ROUTER_STATS] = {.unsupported = KD_NO_MOE},
-    [TWK_OP_MOE_ROUTER_STATS_BACK] = {.unsupported = KD_NO_MOE},
+    [TWK_OP_MOE_TOPK] = {kd_lower_moe_topk, "moe_topk_f32"},
+    [TWK_OP_MOE_GATE] = {kd_lower_moe_gate, "moe_gate_f32"},
+    [TWK_OP_MOE_GATE_BACK] = {kd_lower_moe_gate, "moe_gate_back_f32"},
+    [TWK_OP_MOE_SORT] = {kd_lower_moe_sort, "moe_sort_i32"},
+    [TWK_OP_MOE_DISPATCH] = {kd_lower_moe_move, "moe_dispatch_f32"},
+    [TWK_OP_MOE_COMBINE] = {kd_lower_moe_move, "moe_combine_f32"},
+    [TWK_OP_MOE_COMBINE_BACK_W] = {kd_lower_moe_combine_back_w, "moe_combine_back_w_f32"},
+    [TWK_OP_MOE_ROUTER_STATS] = {.unsupported = KD_NO_STATS},
+    [TWK_OP_MOE_ROUTER_STATS_BACK] = {.unsupported = KD_NO_STATS},
     [TWK_OP_LORA_GATHER_BACK] = {kd_lower_lora_gather_back, "lora_gather_back_f32"},
     [TWK_OP_FUSED_EW] = {kd_lower_fused, "fused_ew_f32"},
 };

@@ -85,5 +85,12 @@ int kd_lower_attn_back(const twk_launch *l, int64_t n, kd_call *calls, const cha
 int kd_lower_attn_tile_fwd(const twk_launch *l, int64_t n, kd_call *calls);
 int kd_lower_attn_tile_back(const twk_launch *l, int64_t n, kd_call *calls);
 int kd_attn_untiled(void);
+/* kd_lower_moe.c: the mixture-of-experts routing (moe.cl); moe_gate_back shares moe_gate's,
+ * moe_combine moe_dispatch's (kd_lower_moe_move). */
+int kd_lower_moe_topk(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_moe_gate(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_moe_sort(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_moe_move(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_moe_combine_back_w(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 
 #endif

@@ -56,7 +56,7 @@ typedef struct vk_buffer {
 /* The compiled shaders (shaders/<name>.comp), in vk_shaders.c's table. */
 typedef enum vk_shader {
     VKS_ELTWISE, VKS_BROADCAST, VKS_SUM_TO, VKS_REDUCE, VKS_COPY, VKS_CHECK, VKS_MATMUL,
-    VKS_ROWS, VKS_ROWNORM, VKS_ROPE, VKS_ATTN, VKS_ATTN_BACK, VKS_MATMUL_COOPMAT, VKS_OPTIM, VKS_UNEMBED, VKS_COUNT
+    VKS_ROWS, VKS_ROWNORM, VKS_ROPE, VKS_ATTN, VKS_ATTN_BACK, VKS_MATMUL_COOPMAT, VKS_OPTIM, VKS_UNEMBED, VKS_MOE, VKS_COUNT
 } vk_shader;
 
 const uint32_t *vk_shader_code(vk_shader s, size_t *bytes);

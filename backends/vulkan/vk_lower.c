@@ -518,6 +518,60 @@ static void check_ids(vk_low *w) {
     x->groups[0] = groups_for(w->c, count, 64);
 }
 
+/* ---- mixture-of-experts routing (moe.comp, MODE from the table) ---- */
+
+/* moe_topk (0), moe_gate (1), moe_gate_back (2): one invocation per token; moe_sort (3): the
+ * output zeroed, then one 64-invocation group per expert; moe_dispatch (4), moe_combine (5): one per
+ * element, w (source 3) optional; moe_combine_back_w (6): one per (token, choice) */
+static int lower_moe(vk_low *w) {
+    const twk_launch *l = w->l;
+    const twk_tensor_desc *s = w->s;
+    int64_t n = w->n;
+    if (w->mode == 3) {
+        vk_dispatch *z = next(w, VKS_COPY, 128, 1);
+        z->bind[0] = VKB_DST;
+        z->p[13] = (int32_t)w->ny;
+        z->groups[0] = groups_for(w->c, w->ny, 128);
+    }
+    vk_dispatch *x = next(w, VKS_MOE, 64, w->mode);
+    x->bind[0] = VKB_DST;
+    int64_t items;
+    if (w->mode <= 2) { /* logits [T, E], ids [T, K] (topk: the output), dy [T, K] */
+        const twk_tensor_desc *ids = w->mode == 0 ? w->y : &s[1];
+        x->bind[1] = 0;
+        if (w->mode > 0) x->bind[2] = 1;
+        if (w->mode == 2) x->bind[3] = 2;
+        x->p[0] = (int32_t)dim(ids, 0, n);
+        x->p[1] = (int32_t)dim(&s[0], 1, n);
+        x->p[2] = (int32_t)dim(ids, 1, n);
+        x->p[3] = l->ip[0] != 0;
+        x->p[7] = w->mode > 0 && s[1].type == TWK_I64;
+        items = x->p[0];
+    } else if (w->mode == 3) {
+        x->bind[2] = 1;
+        x->p[0] = (int32_t)w->ny;
+        x->p[1] = (int32_t)dim(&s[0], 1, n);
+        x->p[2] = l->ip[0];
+        x->p[7] = s[1].type == TWK_I64;
+        items = (int64_t)x->p[1] * 64; /* a 64-invocation group per expert */
+    } else {
+        int dispatch = w->mode == 4, perm = dispatch ? 1 : 2;
+        const twk_tensor_desc *tok = dispatch ? &s[0] : w->mode == 5 ? w->y : &s[3];
+        int64_t T = dim(tok, 0, n), H = dim(&s[0], 1, n), R = dispatch ? dim(w->y, 0, n) : dim(&s[0], 0, n);
+        x->bind[1] = 0;
+        x->bind[2] = perm;
+        x->bind[3] = w->mode == 6 || l->nsrc > 3 ? 3 : 0;
+        x->p[0] = (int32_t)(dispatch ? R : T);
+        x->p[1] = (int32_t)H;
+        x->p[2] = (int32_t)(T ? R / T : 1);
+        x->p[3] = l->nsrc > 3;
+        x->p[7] = s[perm].type == TWK_I64;
+        items = w->mode == 6 ? R : w->ny;
+    }
+    x->groups[0] = groups_for(w->c, items, 64);
+    return 0;
+}
+
 /* ---- the table ---- */
 
 /* the optimizer step (optim.comp): grad_acc, sqsum_parts (a group per slice), grad_norm, adamw */
@@ -547,7 +601,7 @@ typedef struct vk_entry {
     const char *unsupported;
 } vk_entry;
 
-#define VK_NO_MOE "mixture-of-experts routing runs on the cpu only so far"
+#define VK_NO_STATS "the router statistics of the load-balancing loss run on the cpu only so far"
 
 static const vk_entry table[TWK_OP_COUNT] = {
     [TWK_OP_FILL] = {lower_eltwise, 0},
@@ -592,15 +646,15 @@ static const vk_entry table[TWK_OP_COUNT] = {
     [TWK_OP_SQSUM_PARTS] = {lower_optim, 1},
     [TWK_OP_GRAD_NORM] = {lower_optim, 2},
     [TWK_OP_ADAMW] = {lower_optim, 3},
-    [TWK_OP_MOE_TOPK] = {.unsupported = VK_NO_MOE},
-    [TWK_OP_MOE_GATE] = {.unsupported = VK_NO_MOE},
-    [TWK_OP_MOE_GATE_BACK] = {.unsupported = VK_NO_MOE},
-    [TWK_OP_MOE_SORT] = {.unsupported = VK_NO_MOE},
-    [TWK_OP_MOE_DISPATCH] = {.unsupported = VK_NO_MOE},
-    [TWK_OP_MOE_COMBINE] = {.unsupported = VK_NO_MOE},
-    [TWK_OP_MOE_COMBINE_BACK_W] = {.unsupported = VK_NO_MOE},
-    [TWK_OP_MOE_ROUTER_STATS] = {.unsupported = VK_NO_MOE},
-    [TWK_OP_MOE_ROUTER_STATS_BACK] = {.unsupported = VK_NO_MOE},
+    [TWK_OP_MOE_TOPK] = {lower_moe, 0},
+    [TWK_OP_MOE_GATE] = {lower_moe, 1},
+    [TWK_OP_MOE_GATE_BACK] = {lower_moe, 2},
+    [TWK_OP_MOE_SORT] = {lower_moe, 3},
+    [TWK_OP_MOE_DISPATCH] = {lower_moe, 4},
+    [TWK_OP_MOE_COMBINE] = {lower_moe, 5},
+    [TWK_OP_MOE_COMBINE_BACK_W] = {lower_moe, 6},
+    [TWK_OP_MOE_ROUTER_STATS] = {.unsupported = VK_NO_STATS},
+    [TWK_OP_MOE_ROUTER_STATS_BACK] = {.unsupported = VK_NO_STATS},
     [TWK_OP_LORA_GATHER_BACK] = {lower_lora_gather, 4},
     /* shaders are SPIR-V compiled at build time (glslc), so no kernel can be generated per chain */
     [TWK_OP_FUSED_EW] = {.unsupported = "fused elementwise chains need a generated kernel; vulkan's shaders are fixed at build time"},
