@@ -25,7 +25,8 @@ TWK_KERNEL reduce_sum_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const floa
 #define KD_WIDE_L 256
 
 /* Stage 1: work-group g = p * k + j sums tile j (of k) of slice p (of `slices`, over [0, n)) of
- * the terms t_i (mode 0 x_i, 1 x_i * w_i, 2 x_i * x_i) into part[2 g], part[2 g + 1]. */
+ * the terms t_i (mode 0 x_i, 1 x_i * w_i, 2 x_i * x_i; a product's rounding error, fma(a, b, -ab),
+ * is added to lo) into part[2 g], part[2 g + 1]. */
 TWK_KERNEL wide_parts_f32(TWK_GLOBAL float *part, long part_off, TWK_GLOBAL const float *x, long x_off,
                           TWK_GLOBAL const float *w, long w_off, long n, long slices, long k, int mode) {
     TWK_LOCAL(float, hi, KD_WIDE_L);
@@ -36,8 +37,9 @@ TWK_KERNEL wide_parts_f32(TWK_GLOBAL float *part, long part_off, TWK_GLOBAL cons
     long b = sb + kd_tile_start(sl, k, j), e = sb + kd_tile_start(sl, k, j + 1);
     float h = 0.0f, c = 0.0f;
     for (long i = b + lid; i < e; i += L) {
-        float v = x[x_off + i];
-        float t = mode == 0 ? v : mode == 1 ? v * w[w_off + i] : v * v;
+        float v = x[x_off + i], u = mode == 1 ? w[w_off + i] : v;
+        float t = mode == 0 ? v : v * u;
+        if (mode != 0) c += fma(v, u, -t); /* the product's rounding error, exactly */
         kd_two_sum(&h, &c, t);
     }
     hi[lid] = h;
