@@ -38,10 +38,12 @@ static int is_scalar_sum(const twk_launch *l, int64_t n) {
     return l->op != TWK_OP_SUM_TO || kd_nelem(&l->dst, n) == 1;
 }
 
-/* stage 1 over [0, nx) as `slices` x k tiles into the scratch's pairs; mode 0 x, 1 x w, 2 x x */
-static void parts_call(const twk_launch *l, kd_call *c, int64_t nx, int64_t slices, int64_t k, int mode) {
+/* stage 1 over [0, nx) as `slices` x k tiles into the scratch's pairs (to_dst: the dst's); mode 0
+ * x, 1 x w, 2 x x */
+static void parts_call(const twk_launch *l, kd_call *c, int64_t nx, int64_t slices, int64_t k, int mode, int to_dst) {
     kd_begin(c, "wide_parts_f32");
-    scratch_arg(c, 0);
+    if (to_dst) kd_buf(c, l, -1, 4);
+    else scratch_arg(c, 0);
     kd_buf(c, l, 0, 4);
     kd_buf(c, l, mode == 1 ? 1 : 0, 4);
     kd_i64(c, nx);
@@ -66,16 +68,18 @@ int kd_wide_sum(const twk_launch *l, int64_t n, const kd_device *dev, kd_call *c
     if (twk_reduce_narrow() || !is_scalar_sum(l, n)) return KD_NOT_WIDE;
     int64_t nx = kd_nelem(&l->src[0], n), G = sum_tiles(dev, nx);
     float scale = l->op == TWK_OP_MEAN ? (float)(1.0 / (double)(nx ? nx : 1)) : 1.0f;
-    parts_call(l, &calls[0], nx, 1, G, l->op == TWK_OP_WEIGHTED_SUM ? 1 : 0);
+    parts_call(l, &calls[0], nx, 1, G, l->op == TWK_OP_WEIGHTED_SUM ? 1 : 0, 0);
     fold_call(l, &calls[1], 1, G, 0, scale);
     return 2;
 }
 
-/* slices of squares: P x k tiles, each slice's k pairs folded into its (hi, lo) */
+/* slices of squares: P x k tiles, each slice's k pairs folded into its (hi, lo); with one tile a
+ * slice, stage 1 writes the slices' pairs itself */
 int kd_wide_sqsum_parts(const twk_launch *l, int64_t n, const kd_device *dev, kd_call *calls) {
     if (twk_reduce_narrow()) return KD_NOT_WIDE;
     int64_t nx = kd_nelem(&l->src[0], n), P = kd_dim(&l->dst, 0, n), k = sqsum_tiles(dev, nx, P);
-    parts_call(l, &calls[0], nx, P, k, 2);
+    parts_call(l, &calls[0], nx, P, k, 2, k == 1);
+    if (k == 1) return 1;
     fold_call(l, &calls[1], P, k, 1, 1.0f);
     return 2;
 }
@@ -109,7 +113,7 @@ int kd_wide_rmsnorm_back_w(const twk_launch *l, int64_t n, const kd_device *dev,
         kd_buf(c, l, 0, 4);
         kd_i64(c, D);
         kd_f32(c, l->fp[0]);
-        kd_grid_groups(c, R, kd_pow2_local(D, KD_ROW_LOCAL));
+        kd_grid_groups(c, R, kd_pow2_local(D / 16, KD_ROW_LOCAL)); /* >= 16 terms an item: fewer tree levels */
     }
     c = &calls[k++];
     kd_begin(c, "rmsnorm_back_w_parts_f32");

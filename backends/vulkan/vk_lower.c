@@ -431,6 +431,9 @@ static int lower_rmsnorm_back_w(vk_low *w) {
         int C = twk_wide_cols(D);
         int64_t nb = (D + C - 1) / C, T = twk_wide_tiles(w->c->compute_units, nb, R, (int64_t)(TWK_WIDE_LOCAL / C) * TWK_WIDE_GRAIN);
         if ((uint32_t)C > wide_wg(w->c)) return VK_TOO_BIG; /* never: C <= 32 */
+        uint32_t rwg = 32; /* the rstd: >= 16 terms an invocation, fewer tree levels */
+        while (rwg < wide_wg(w->c) && (int64_t)rwg * 16 < D) rwg *= 2;
+        x->spec[0] = rwg;
         x->bind[0] = VKB_SCRATCH;
         x->bind[1] = 0;
         x->p[0] = (int32_t)R;
