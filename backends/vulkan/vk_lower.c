@@ -156,7 +156,7 @@ static uint32_t wide_wg(const vk_ctx *c) {
 /* terms [0, nx) of src 0 (kind 0 x, 1 x * src 1, 2 x^2) as `slices` x k tiles, folded per slice:
  * into the dst's pairs (out_pair) or dst[s] = scale * sum */
 static int wide_sum(vk_low *w, int64_t nx, int64_t slices, int64_t k, int kind, int out_pair, float scale) {
-    vk_dispatch *x = next(w, VKS_REDUCE, wide_wg(w->c), 3);
+    vk_dispatch *x = next(w, VKS_REDUCE, wide_wg(w->c), kind == 0 ? 3 : kind == 1 ? 6 : 7);
     x->bind[0] = VKB_SCRATCH;
     x->bind[1] = 0;
     x->bind[2] = kind == 1 ? 1 : 0;
@@ -165,7 +165,7 @@ static int wide_sum(vk_low *w, int64_t nx, int64_t slices, int64_t k, int kind, 
     x->p[2] = (int32_t)k;
     x->p[3] = kind;
     x->groups[0] = groups_for(w->c, slices * k, 1);
-    x = next(w, VKS_REDUCE, wide_wg(w->c), 4);
+    x = next(w, VKS_REDUCE, 64, 4); /* a fold is small: 64 invocations (a slice's k is often 1) */
     x->bind[0] = VKB_DST;
     x->bind[1] = VKB_SCRATCH;
     x->p[1] = (int32_t)slices;

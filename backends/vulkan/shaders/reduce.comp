@@ -5,8 +5,8 @@
 // MODE 0 sum, 1 mean, 2 weighted sum (x * w): the older single work-group
 //   (TWK_REDUCE_NARROW=1); p[0] = element count.
 // The wide (two-stage) reductions of hal/twk_wide.h, sized to the device:
-// MODE 3 stage 1: work-group g = s * k + j sums tile j (of k) of slice s (of
-//   p[1] slices over p[0] elements) of the terms (p[3]: 0 x, 1 x * w, 2 x * x;
+// MODE 3, 6, 7 stage 1: work-group g = s * k + j sums tile j (of k) of slice s
+//   (of p[1] slices over p[0] elements) of the terms (MODE 3 x, 6 x * w, 7 x * x;
 //   x at binding 1, w at 2; a product's rounding error, fma(a, b, -ab), goes
 //   to lo) into the pair y[2 g], y[2 g + 1] (the plan scratch).
 // MODE 4 stage 2: work-group s folds the pairs [s k, s k + k) of binding 1
@@ -50,9 +50,9 @@ uint tile_start(uint n, uint tiles, uint t) { return t * (n / tiles) + min(t, n 
 
 void main() {
     uint lid = gl_LocalInvocationID.x;
-    if (MODE == 3) {
+    if (MODE == 3 || MODE == 6 || MODE == 7) {
         uint n = uint(pc.p[0]), slices = uint(pc.p[1]), k = uint(pc.p[2]);
-        int kind = pc.p[3];
+        const int kind = MODE == 3 ? 0 : MODE == 6 ? 1 : 2; // a spec constant: no branch in the loop
         for (uint g = gl_WorkGroupID.x; g < slices * k; g += gl_NumWorkGroups.x) {
             uint s = g / k, j = g % k;
             uint sb = tile_start(n, slices, s), sl = tile_start(n, slices, s + 1u) - sb;
