@@ -156,6 +156,8 @@ static uint32_t wide_wg(const vk_ctx *c) {
 /* terms [0, nx) of src 0 (kind 0 x, 1 x * src 1, 2 x^2) as `slices` x k tiles, folded per slice:
  * into the dst's pairs (out_pair) or dst[s] = scale * sum */
 static int wide_sum(vk_low *w, int64_t nx, int64_t slices, int64_t k, int kind, int out_pair, float scale) {
+    if (slices > (int64_t)w->c->max_groups) return VK_TOO_BIG;
+    if (slices * k > (int64_t)w->c->max_groups) k = w->c->max_groups / slices; /* one group a tile, exactly */
     vk_dispatch *x = next(w, VKS_REDUCE, wide_wg(w->c), kind == 0 ? 3 : kind == 1 ? 6 : 7);
     x->bind[0] = VKB_SCRATCH;
     x->bind[1] = 0;
@@ -164,7 +166,7 @@ static int wide_sum(vk_low *w, int64_t nx, int64_t slices, int64_t k, int kind, 
     x->p[1] = (int32_t)slices;
     x->p[2] = (int32_t)k;
     x->p[3] = kind;
-    x->groups[0] = groups_for(w->c, slices * k, 1);
+    x->groups[0] = (uint32_t)(slices * k);
     x = next(w, VKS_REDUCE, 64, 4); /* a fold is small: 64 invocations (a slice's k is often 1) */
     x->bind[0] = VKB_DST;
     x->bind[1] = VKB_SCRATCH;
@@ -172,7 +174,7 @@ static int wide_sum(vk_low *w, int64_t nx, int64_t slices, int64_t k, int kind, 
     x->p[2] = (int32_t)k;
     x->p[3] = out_pair;
     x->fp[0] = scale;
-    x->groups[0] = groups_for(w->c, slices, 1);
+    x->groups[0] = (uint32_t)slices;
     w->scratch = (size_t)(2 * slices * k) * sizeof(float);
     return 0;
 }
@@ -430,7 +432,8 @@ static int lower_rmsnorm_back_w(vk_low *w) {
     if (!twk_reduce_narrow()) {
         int C = twk_wide_cols(D);
         int64_t nb = (D + C - 1) / C, T = twk_wide_tiles(w->c->compute_units, nb, R, (int64_t)(TWK_WIDE_LOCAL / C) * TWK_WIDE_GRAIN);
-        if ((uint32_t)C > wide_wg(w->c)) return VK_TOO_BIG; /* never: C <= 32 */
+        if ((uint32_t)C > wide_wg(w->c) || nb > (int64_t)w->c->max_groups) return VK_TOO_BIG; /* C <= 32 */
+        if (nb * T > (int64_t)w->c->max_groups) T = w->c->max_groups / nb; /* one group a (block, tile), exactly */
         uint32_t rwg = 32; /* the rstd: >= 16 terms an invocation, fewer tree levels */
         while (rwg < wide_wg(w->c) && (int64_t)rwg * 16 < D) rwg *= 2;
         x->spec[0] = rwg;
@@ -450,7 +453,7 @@ static int lower_rmsnorm_back_w(vk_low *w) {
         x->p[1] = (int32_t)D;
         x->p[2] = (int32_t)T;
         x->p[3] = C;
-        x->groups[0] = groups_for(w->c, nb * T, 1);
+        x->groups[0] = (uint32_t)(nb * T);
         x = next(w, VKS_REDUCE, wide_wg(w->c), 5);
         x->bind[0] = VKB_DST;
         x->bind[1] = VKB_SCRATCH;
@@ -458,7 +461,7 @@ static int lower_rmsnorm_back_w(vk_low *w) {
         x->p[0] = (int32_t)T;
         x->p[1] = (int32_t)D;
         x->p[2] = C;
-        x->groups[0] = groups_for(w->c, nb, 1);
+        x->groups[0] = (uint32_t)nb;
         w->scratch = (size_t)(R + 2 * T * D) * sizeof(float);
         return 0;
     }

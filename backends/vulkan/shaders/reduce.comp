@@ -4,7 +4,9 @@
 // double-precision sum; every order is fixed, so two runs give the same bits.
 // MODE 0 sum, 1 mean, 2 weighted sum (x * w): the older single work-group
 //   (TWK_REDUCE_NARROW=1); p[0] = element count.
-// The wide (two-stage) reductions of hal/twk_wide.h, sized to the device:
+// The wide (two-stage) reductions of hal/twk_wide.h, sized to the device; one
+// work-group per tile / fold, dispatched exactly (no grid-stride loop around a
+// barrier: lavapipe runs those several times slower):
 // MODE 3, 6, 7 stage 1: work-group g = s * k + j sums tile j (of k) of slice s
 //   (of p[1] slices over p[0] elements) of the terms (MODE 3 x, 6 x * w, 7 x * x;
 //   x at binding 1, w at 2; a product's rounding error, fma(a, b, -ab), goes
@@ -53,7 +55,8 @@ void main() {
     if (MODE == 3 || MODE == 6 || MODE == 7) {
         uint n = uint(pc.p[0]), slices = uint(pc.p[1]), k = uint(pc.p[2]);
         const int kind = MODE == 3 ? 0 : MODE == 6 ? 1 : 2; // a spec constant: no branch in the loop
-        for (uint g = gl_WorkGroupID.x; g < slices * k; g += gl_NumWorkGroups.x) {
+        {
+            uint g = gl_WorkGroupID.x;
             uint s = g / k, j = g % k;
             uint sb = tile_start(n, slices, s), sl = tile_start(n, slices, s + 1u) - sb;
             uint b = sb + tile_start(sl, k, j), e = sb + tile_start(sl, k, j + 1u);
@@ -79,7 +82,8 @@ void main() {
     }
     if (MODE == 4) {
         uint k = uint(pc.p[2]);
-        for (uint s = gl_WorkGroupID.x; s < uint(pc.p[1]); s += gl_NumWorkGroups.x) {
+        {
+            uint s = gl_WorkGroupID.x;
             float hi = 0.0, lo = 0.0;
             for (uint i = lid; i < k; i += WG) {
                 two_sum(hi, lo, x[pc.off[1] + 2u * (s * k + i)]);
@@ -105,8 +109,8 @@ void main() {
     }
     if (MODE == 5) {
         uint T = uint(pc.p[0]), D = uint(pc.p[1]), C = uint(pc.p[2]), lanes = WG / C, lane = lid / C;
-        for (uint blk = gl_WorkGroupID.x; blk * C < D; blk += gl_NumWorkGroups.x) {
-            uint d = blk * C + lid % C;
+        {
+            uint d = gl_WorkGroupID.x * C + lid % C;
             float hi = 0.0, lo = 0.0;
             if (d < D)
                 for (uint t = lane; t < T; t += lanes) {

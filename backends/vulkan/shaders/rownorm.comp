@@ -75,7 +75,8 @@ void main() {
     float eps = pc.f[0];
     if (MODE == 6) {
         uint T = uint(pc.p[2]), C = uint(pc.p[3]), lanes = WG / C, lane = lid / C, nb = (D + C - 1u) / C;
-        for (uint g = gl_WorkGroupID.x; g < nb * T; g += gl_NumWorkGroups.x) {
+        { // one work-group per (block, tile), dispatched exactly
+            uint g = gl_WorkGroupID.x;
             uint t = g / nb, d = (g % nb) * C + lid % C;
             uint rb = tile_start(R, T, t), re = tile_start(R, T, t + 1u);
             float hi = 0.0, lo = 0.0;
