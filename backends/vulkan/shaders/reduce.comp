@@ -64,7 +64,7 @@ void main() {
             for (uint i = b + lid; i < e; i += WG) {
                 float v = x[pc.off[1] + i], u = kind == 1 ? w[pc.off[2] + i] : v;
                 precise float t = kind == 0 ? v : v * u;
-                precise float pe = fma(v, u, -t); // the product's rounding error, exactly (precise: fused)
+                precise float pe = fma(v, u, -t); // the product's rounding error, where the driver fuses fma (lavapipe does not)
                 if (kind != 0) lo += pe;
                 two_sum(hi, lo, t);
             }
