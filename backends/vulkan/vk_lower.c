@@ -43,6 +43,8 @@ static vk_dispatch *start(vk_dispatch *d, int *k, vk_shader s, uint32_t wg, int 
     return x;
 }
 
+vk_dispatch *vk_next_dispatch(vk_dispatch *d, int *k, vk_shader s, uint32_t wg, int mode) { return start(d, k, s, wg, mode); }
+
 /* The shaders' code for a 16-bit operand (spec constants 10, 11; common.glsl): 1 bf16, 2 f16, 0 f32. */
 static uint32_t h16_code(twk_dtype t) { return t == TWK_BF16 ? 1u : t == TWK_F16 ? 2u : 0u; }
 
@@ -451,7 +453,8 @@ static int lower_unembed(vk_low *w) {
     return 0;
 }
 
-/* attn, attn_lse, attn_cache (attn.comp) and attn_back (attn_back.comp) */
+/* attn, attn_lse, attn_back on the tiled attn_tile.comp (vk_lower_attn.c); attn_cache (attn.comp); with
+ * TWK_ATTN_UNTILED=1 or a head size above 512, attn / attn_lse (attn.comp) and attn_back (attn_back.comp) */
 static int lower_attn(vk_low *w) {
     const twk_launch *l = w->l;
     const twk_tensor_desc *s = w->s;
@@ -459,6 +462,12 @@ static int lower_attn(vk_low *w) {
     int segi = l->op == TWK_OP_ATTN_LSE ? 2 : 3;
     int64_t T = dim(&s[0], 0, n), Hq = dim(&s[0], 1, n), D = dim(&s[0], 2, n), Hkv = dim(&s[1], 1, n);
     int64_t rows = l->op == TWK_OP_ATTN_CACHE ? dim(&s[1], 0, n) : T;
+    if (Hkv < 1 || Hq % Hkv) {
+        twk_error(TWK_ERR_SHAPE, "vulkan: %s '%s': %lld query heads over %lld kv heads", twk_op_name(l->op), l->name,
+                  (long long)Hq, (long long)Hkv);
+        return -1;
+    }
+    if (vk_attn_tiled(w->c, l, D)) return vk_lower_attn_tile(w->c, l, n, w->d, &w->k, &w->scratch);
     vk_dispatch *x;
     if (l->op == TWK_OP_ATTN_BACK) {
         x = next(w, VKS_ATTN_BACK, 64, l->ip[0]);
@@ -483,11 +492,6 @@ static int lower_attn(vk_low *w) {
     x->fp[0] = l->fp[0];
     x->fp[1] = l->fp[1];                       /* soft-cap */
     x->p[8] = l->ip[1] > 0 ? l->ip[1] : 0; /* sliding window */
-    if (Hkv < 1 || Hq % Hkv) {
-        twk_error(TWK_ERR_SHAPE, "vulkan: %s '%s': %lld query heads over %lld kv heads", twk_op_name(l->op), l->name,
-                  (long long)Hq, (long long)Hkv);
-        return -1;
-    }
     int kv_groups = l->op == TWK_OP_ATTN_BACK && l->ip[0] != 0;
     if ((kv_groups ? Hkv : Hq) > (int64_t)w->c->max_groups) return VK_TOO_BIG;
     x->groups[0] = (uint32_t)(kv_groups ? Hkv : Hq);
