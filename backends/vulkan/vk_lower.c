@@ -91,7 +91,7 @@ typedef struct vk_low {
     const twk_launch *l;
     const twk_tensor_desc *y, *s;
     int li;
-    int64_t n, ny;
+    int64_t n, ny, cap; /* cap: the plan's capacity */
     size_t const_off;
     vk_dispatch *d;
     int k;
@@ -496,6 +496,20 @@ static int lower_attn(vk_low *w) {
     if ((kv_groups ? Hkv : Hq) > (int64_t)w->c->max_groups) return VK_TOO_BIG;
     x->groups[0] = (uint32_t)(kv_groups ? Hkv : Hq);
     x->groups[1] = groups_for(w->c, T, 1);
+    int64_t S = vk_attn_splits(l, w->cap);
+    if (S > 1) { /* split-K: the pieces' partials into the scratch (MODE 3), then their merge (MODE 4) */
+        x->spec[1] = 3;
+        x->bind[0] = VKB_SCRATCH;
+        x->p[9] = (int32_t)S;
+        x->groups[2] = (uint32_t)S;
+        w->scratch = (size_t)(T * Hq * S * (D + 2)) * sizeof(float);
+        vk_dispatch *r = next(w, VKS_ATTN, 64, 4);
+        r->bind[0] = VKB_DST;
+        r->bind[1] = VKB_SCRATCH;
+        for (int i = 0; i < 4; i++) r->p[i] = (int32_t)p[i];
+        r->p[9] = (int32_t)S;
+        r->groups[0] = groups_for(w->c, T * Hq * D, 64);
+    }
     return 0;
 }
 
@@ -656,9 +670,9 @@ bool vk_supports(const twk_launch *l, char *why, size_t why_len) {
     return true;
 }
 
-int vk_lower(const vk_ctx *c, const twk_launch *l, int li, int64_t n, size_t const_off, vk_dispatch *d,
+int vk_lower(const vk_ctx *c, const twk_launch *l, int li, int64_t n, int64_t cap, size_t const_off, vk_dispatch *d,
              size_t *scratch_bytes) {
-    vk_low w = {.c = c, .l = l, .y = &l->dst, .s = l->src, .li = li, .n = n, .ny = twk_desc_nelem(&l->dst, n),
+    vk_low w = {.c = c, .l = l, .y = &l->dst, .s = l->src, .li = li, .n = n, .cap = cap, .ny = twk_desc_nelem(&l->dst, n),
                 .const_off = const_off, .d = d};
     *scratch_bytes = 0;
     const vk_entry *e = entry(l->op);

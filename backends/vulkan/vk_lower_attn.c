@@ -1,5 +1,6 @@
 /* Lowerings of attention onto the tiled training shader (attn_tile.comp: ATTN, ATTN_LSE,
- * ATTN_BACK) and the split-K decode path (attn.comp MODE 3 / 4: ATTN_CACHE over long caches).
+ * ATTN_BACK), and the split-K rule of the decode path (attn.comp MODE 3 / 4: ATTN_CACHE over long
+ * caches; its dispatches are in vk_lower.c's lower_attn).
  * TWK_ATTN_UNTILED=1 keeps the older per-token shaders (attn.comp MODE 0 / 1, attn_back.comp)
  * for benchmark comparisons; head sizes above 512 take them too. */
 #include <stdlib.h>
@@ -9,6 +10,23 @@
 int vk_attn_untiled(void) {
     const char *e = getenv("TWK_ATTN_UNTILED");
     return e && e[0] == '1';
+}
+
+#define SPLIT_KEYS 256            /* attn_cache split-K, as backends/kernels/attn_split.cl: keys per piece at least, */
+#define SPLIT_MAX 32              /* pieces at most, */
+#define SPLIT_BUDGET (32ll << 20) /* the partials' bytes at most */
+
+int64_t vk_attn_splits(const twk_launch *l, int64_t cap) {
+    const char *e = getenv("TWK_ATTN_UNSPLIT");
+    if (l->op != TWK_OP_ATTN_CACHE || (e && e[0] == '1')) return 1;
+    int64_t R = twk_desc_dim(&l->src[1], 0, cap), w = l->ip[1], ctx = w > 0 && w < R ? w : R;
+    if (ctx <= SPLIT_KEYS) return 1;
+    const twk_tensor_desc *q = &l->src[0];
+    int64_t per = twk_desc_dim(q, 0, cap) * twk_desc_dim(q, 1, cap) * (twk_desc_dim(q, 2, cap) + 2) * 4;
+    int64_t S = (ctx + SPLIT_KEYS - 1) / SPLIT_KEYS;
+    if (S > SPLIT_MAX) S = SPLIT_MAX;
+    while (S > 1 && per * S > SPLIT_BUDGET) S--;
+    return S;
 }
 
 #define TILE_MAXB 32
