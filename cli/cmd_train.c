@@ -32,7 +32,7 @@ typedef struct train_opts {
     double lr, alpha, weight_decay, grad_clip, beta1, beta2, eps;
     double dpo_beta, clip_lo, clip_hi, kl_beta, max_tokens, distill_beta; /* NaN: the loss's default */
     twk_loss_spec spec; /* --loss with the flags above */
-    int full, train_unembed, no_attn, no_mlp, recompute;
+    int full, train_unembed, no_attn, no_mlp, recompute, train_router, no_experts;
     twk_cli_dtypes dtypes; /* --dtype, --kv-dtype (the teacher's sampler) */
 } train_opts;
 
@@ -80,6 +80,9 @@ static void usage(FILE *f) {
             "  --rank R             LoRA rank (default 32)\n"
             "  --alpha A            LoRA alpha; scale = alpha / rank (default 32)\n"
             "  --train-unembed      also adapt lm_head;  --no-attn / --no-mlp drop those targets\n"
+            "                       (mixture of experts: the MLP is the experts' gate/up/down, PEFT's target_parameters\n"
+            "                       on the fused stacks, and a shared expert; --no-experts keeps only the latter)\n"
+            "  --train-router       mixture of experts: also adapt the router (mlp.gate)\n"
             "  --lr X               AdamW learning rate (default 1e-4)\n"
             "  --beta1 X --beta2 X --eps X --weight-decay X   AdamW (defaults 0.9 0.95 1e-8 0)\n"
             "  --grad-clip X        clip the global gradient norm to X (default 1.0; 0 = off)\n"
@@ -168,6 +171,8 @@ static int parse(int argc, char **argv, train_opts *o) {
         if (!strcmp(a, "--train-unembed")) { o->train_unembed = 1; continue; }
         if (!strcmp(a, "--no-attn")) { o->no_attn = 1; continue; }
         if (!strcmp(a, "--no-mlp")) { o->no_mlp = 1; continue; }
+        if (!strcmp(a, "--no-experts")) { o->no_experts = 1; continue; }
+        if (!strcmp(a, "--train-router")) { o->train_router = 1; continue; }
         if (!strcmp(a, "--recompute")) { o->recompute = 1; continue; }
         if (!strcmp(a, "--no-overlap")) { o->no_overlap = 1; continue; }
         if (i + 1 >= argc) {
@@ -278,14 +283,15 @@ static int parse(int argc, char **argv, train_opts *o) {
 }
 
 /* The progress line: a bar redrawn in place on a terminal, one plain line per step otherwise. */
-static void progress(long step, long steps, double loss, double eval, double tps, double eta_s, int tty) {
+static void progress(long step, long steps, double loss, double aux, double eval, double tps, double eta_s, int tty) {
     int width = 24, done = (int)(width * step / steps);
-    char bar[32], ev[32] = "";
+    char bar[32], ev[32] = "", ax[40] = "";
     for (int i = 0; i < width; i++) bar[i] = i < done ? '#' : '.';
     bar[width] = 0;
     if (!isnan(eval)) snprintf(ev, sizeof ev, "  eval %.4f", eval);
-    printf("%s[%s] step %ld/%ld  loss %.4f%s  %.0f tokens/s  ETA %ld:%02ld%s", tty ? "\r" : "", bar, step, steps,
-           loss, ev, tps, (long)eta_s / 60, (long)eta_s % 60, tty ? "\033[K" : "\n");
+    if (!isnan(aux)) snprintf(ax, sizeof ax, "  router_aux %.4f", aux);
+    printf("%s[%s] step %ld/%ld  loss %.4f%s%s  %.0f tokens/s  ETA %ld:%02ld%s", tty ? "\r" : "", bar, step, steps,
+           loss, ax, ev, tps, (long)eta_s / 60, (long)eta_s % 60, tty ? "\033[K" : "\n");
     fflush(stdout);
 }
 
@@ -367,7 +373,8 @@ static int train(train_opts *o) {
     int whole_normalised = o->spec.def->family == TWK_FAMILY_RL && o->spec.def->aggregation != TWK_AGG_SUM;
     char devname[256], where[96] = ""; /* a failing rank's share, for its message */
     twk_mem_request rq = {.tokens = o->batch_tokens, .rank = o->full ? 0 : (int)o->rank, .train_unembed = o->train_unembed,
-                          .recompute = o->recompute};
+                          .recompute = o->recompute, .train_experts = !o->no_mlp && !o->no_experts,
+                          .train_router = o->train_router};
     int wdtype = -1; /* the dtype the model load will hold the weights in: the plan's */
     if (twk_device_open(twk_dist_device(o->device, devname, sizeof devname), &dev) != TWK_OK ||
         (wdtype = twk_model_weights_dtype(o->model, dev, o->dtypes.weights)) < 0 ||
@@ -386,6 +393,8 @@ static int train(train_opts *o) {
     lc.train_attn = !o->no_attn;
     lc.train_mlp = !o->no_mlp;
     lc.train_unembed = o->train_unembed;
+    lc.train_experts = !o->no_mlp && !o->no_experts; /* ignored by a dense model */
+    lc.train_router = o->train_router;
     lc.seed = (uint64_t)o->seed;
     /* the overlapped gradient sum wants each gradient accumulated as soon as it exists */
     twk_trainer_opts topts = {.recompute = rq.recompute, .early_grads = nr > 1 && !o->no_overlap && o->global_tokens <= 0};
@@ -519,22 +528,25 @@ static int train(train_opts *o) {
                                              : sums[0];
         ap.learning_rate = (float)(o->lr * twk_lr_factor(o->sched, s - 1, o->steps, o->warmup));
         if (twk_trainer_optim_step(t, &ap, NULL) != TWK_OK) goto fail;
+        double aux = twk_trainer_router_aux_loss(t, true); /* this rank's passes of the step (NAN: no such loss) */
         if (first < 0) first = loss_avg;
         tokens += step_tokens;
         int do_eval = eval && ((o->eval_every > 0 && s % o->eval_every == 0) || s == o->steps);
         if (do_eval) {
             double es[2];
             if (eval_pass(t, o, eval, group, tsampler, es) != TWK_OK) goto fail;
+            twk_trainer_router_aux_loss(t, true); /* the evaluation's passes are not the next step's */
             if (twk_dist_first_failure(TWK_OK) >= 0) goto stop;
             twk_dist_sum_f64(es, 2);
             eval_loss = es[1] != 0 ? es[0] / es[1] : es[0];
         }
         double el = twk_now() - t0, tps = tokens / el;
         if (me == 0) {
-            progress(s, o->steps, loss_avg, eval_loss, tps, el / (double)(s - start) * (double)(o->steps - s), tty);
+            progress(s, o->steps, loss_avg, aux, eval_loss, tps, el / (double)(s - start) * (double)(o->steps - s), tty);
             fprintf(metrics, "{\"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, \"tokens\": %.0f, \"tokens_per_s\": %.6g, "
                              "\"elapsed_s\": %.6g%s", s, loss_avg, (double)ap.learning_rate, step_tokens, tps, el, do_eval ? ", \"eval_loss\": " : "");
             if (do_eval) fprintf(metrics, "%.9g", eval_loss);
+            if (!isnan(aux)) fprintf(metrics, ", \"router_aux_loss\": %.9g", aux);
             fprintf(metrics, "}\n");
             fflush(metrics);
         }

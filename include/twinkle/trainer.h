@@ -25,9 +25,14 @@ typedef struct twk_lora_config {
     bool train_mlp;     /* gate, up, down */
     bool train_unembed; /* lm_head */
     uint64_t seed;
+    /* Mixture of experts (PEFT's target_parameters): the routed experts' fused gate_up_proj /
+     * down_proj stacks, and the router (mlp.gate). train_mlp covers the dense MLPs and Qwen2-MoE's
+     * shared expert. Neither in adapter slots (packed trainers, slot samplers). */
+    bool train_experts;
+    bool train_router;
 } twk_lora_config;
 
-/* The default: rank 32, alpha 32, attention + MLP, no unembedding, seed 0. */
+/* The default: rank 32, alpha 32, attention + MLP, no unembedding, no experts or router, seed 0. */
 twk_lora_config twk_lora_default(void);
 
 /* A model with an optional LoRA adapter (rank 0 = full fine-tuning), compiled
@@ -63,6 +68,13 @@ twk_status twk_trainer_forward_base(twk_trainer *t, const twk_batch *b, float *l
 /* Forward and backward; gradients are added to the accumulated ones (on the device: only the
  * batch goes up, and the logprobs and loss asked for come down). */
 twk_status twk_trainer_forward_backward(twk_trainer *t, const twk_batch *b, float *logprobs, float *loss);
+/* A mixture-of-experts model whose config sets output_router_logits: every forward and
+ * forward+backward pass also computes transformers' load_balancing_loss_func over the pass's
+ * tokens (all sparse layers), and the backward differentiates loss + router_aux_loss_coef * it
+ * (the loss the outputs above give stays -sum(weights * logprobs)). Returns the mean of that
+ * value over the passes since the last reset (reset: start again); NAN when there were none or
+ * the trainer has no such loss (other models; samplers; packed multi-run trainers). */
+double twk_trainer_router_aux_loss(twk_trainer *t, bool reset);
 /* Number of trainable tensors and the i-th one's name (PEFT names for LoRA,
  * Hugging Face names for full training) and element count. */
 int twk_trainer_param_count(const twk_trainer *t);
