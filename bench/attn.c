@@ -157,7 +157,8 @@ int main(int argc, char **argv) {
     char list[256];
     snprintf(list, sizeof list, "%s", tokens);
     int fails = 0;
-    for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+    char *save = NULL; /* strtok_r: opening a device may tokenize its spec with strtok */
+    for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         if (!bench_parse_long("bench_attn", tok, "--tokens", 1, 1 << 22, &s.tokens)) return 2;
         if (s.tokens % s.seqs) {
             fprintf(stderr, "bench_attn: %ld tokens do not split into %ld segments\n", s.tokens, s.seqs);

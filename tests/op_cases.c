@@ -285,6 +285,11 @@ const op_case opc_cases[] = {
     {"attn_cache Tx4x16 over 67x2x16", 5, {F32C(T_, 4, 16), F32C(67, 2, 16), F32C(67, 2, 16), IDS(60, T_), HI(67, T_)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {0.25}, .cap = 13},
     {"attn_cache 5x6x67 over 300x3x67", 5, {F32C(5, 6, 67), F32C(300, 3, 67), F32C(300, 3, 67), IDS(299, 5), HI(300, 5)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {0.12}},
     {"attn_cache 5x6x16 over 300x3x16 window 7 softcap 0.8", 5, {F32C(5, 6, 16), F32C(300, 3, 16), F32C(300, 3, 16), IDS(299, 5), HI(300, 5)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {0.5, 0.8}, .ip = {0, 7}},
+    /* split-K decode (attn_split.cl, attn.comp MODE 3 / 4): caches longer than a 256-key piece,
+     * key ranges shorter and longer than one, GQA 1 / 4 / 8, a window over a longer cache */
+    {"attn_cache Tx8x64 gqa4 over 1500x2x64 split", 5, {F32C(T_, 8, 64), F32C(1500, 2, 64), F32C(1500, 2, 64), IDS(30, T_), HI(1500, T_)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {0.125}, .cap = 5},
+    {"attn_cache 7x2x128 gqa1 over 300x2x128 split", 5, {F32C(7, 2, 128), F32C(300, 2, 128), F32C(300, 2, 128), IDS(290, 7), HI(300, 7)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {0.088}},
+    {"attn_cache 5x8x64 gqa8 over 1200x1x64 window 400 softcap 30 split", 5, {F32C(5, 8, 64), F32C(1200, 1, 64), F32C(1200, 1, 64), IDS(700, 5), HI(1200, 5)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {0.125, 30}, .ip = {0, 400}},
     {"lora_gather 1x1 over 1x1x1", 3, {F32C(1, 1), F32C(1, 1, 1), IDS(1, 1)}, b_lora_gather, r_lora_gather, 1e-6, 1},
     {"lora_gather Tx67 over 5x13x67", 3, {F32C(T_, 67), F32C(5, 13, 67), IDS(5, T_)}, b_lora_gather, r_lora_gather, 1e-5, 1, .cap = 19},
     /* the optimizer step */
@@ -331,6 +336,10 @@ const op_case opc_extra_cases[] = {
     {"attn 211x4x64 gqa1 segments window 40 softcap 20", 4, {F32(211, 4, 64), F32(211, 4, 64), F32(211, 4, 64), SEGP(211)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.125, 20}, .ip = {0, 40}},
     {"attn 101x2x256 gqa2 segments", 4, {F32(101, 2, 256), F32(101, 1, 256), F32(101, 1, 256), SEGP(101)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.0625}},
     {"attn 37x2x512 long segments", 4, {F32(37, 2, 512), F32(37, 2, 512), F32(37, 2, 512), SEGL(37)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.044}},
+    /* split-K decode over bf16 / f16 caches (test_ops' float64 references take f32) */
+    {"attn_cache bf16 Tx4x64 gqa2 over 1500x2x64 split", 5, {F32C(T_, 4, 64), W16(TWK_BF16, 1500, 2, 64), W16(TWK_BF16, 1500, 2, 64), IDS(30, T_), HI(1500, T_)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {0.125}, .cap = 5},
+    {"attn_cache bf16 6x8x128 gqa8 over 700x1x128 window 300 split", 5, {F32C(6, 8, 128), W16(TWK_BF16, 700, 1, 128), W16(TWK_BF16, 700, 1, 128), IDS(400, 6), HI(700, 6)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {0.088}, .ip = {0, 300}},
+    {"attn_cache f16 3x2x64 over 600x2x64 split", 5, {F32C(3, 2, 64), W16(TWK_F16, 600, 2, 64), W16(TWK_F16, 600, 2, 64), IDS(100, 3), HI(600, 3)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {0.125}},
     {"unembed_logprobs f16 5x16 over 7", 3, {F32(5, 16), W16(TWK_F16, 7, 16), IDSTOP(7, 5)}, b_unembed, r_unembed, 1e-5, 1e-4},
     /* ---- mixture-of-experts routing on the devices (moegpu): tokens 1 and primes, experts 8
      * and 16, top-1/2/4, ties (integer-valued logits), an expert no token picks, every token to

@@ -37,17 +37,11 @@ TWK_FN float kd_softcap(float s, float cap) { return cap > 0.0f ? cap * tanh(s /
 /* d capped / d raw from the capped score: 1 - tanh^2 (1 without a cap). */
 TWK_FN float kd_softcap_d(float sc, float cap) { return cap > 0.0f ? 1.0f - (sc / cap) * (sc / cap) : 1.0f; }
 
-/* The body of attn_fwd_f32 / attn_fwd_h16 (each declares its local qs [KD_ATTN_MAXD] and ps
- * [KD_ATTN_L] first): keys and values read through KD_KV(p, i). */
-#define KD_ATTN_FWD_BODY \
-    int lid = TWK_LID(0), L = TWK_LSIZE(0);                                                                   \
-    long gi = TWK_GROUP(0), i = gi / Hq, h = gi % Hq, hk = h / (Hq / Hkv);                                    \
-    long j0, j1;                                                                                              \
-    if (!kd_key_range(ra + ra_off, rb + rb_off, i, R, mode, a64, b64, window, &j0, &j1) && lid == 0)          \
-        err[err_off] = mode == 0 ? KD_ERR_SEGMENT : KD_ERR_ID_RANGE;                                          \
-    const TWK_GLOBAL float *qi = q + q_off + gi * D;                                                          \
-    for (long d = lid; d < D; d += L) qs[d] = qi[d];                                                          \
-    TWK_BARRIER();                                                                                            \
+/* The online-softmax walk of keys [j0, j1) shared by attn_fwd_* and attn_split_* (attn_split.cl):
+ * declares m, l and acc[KD_ATTN_DPI] (item lid owns dims lid, lid + L, ...) and leaves them for
+ * the caller's epilogue; qs holds the query, ps is [KD_ATTN_L] of local memory. Keys and values
+ * are read through KD_KV(p, i). */
+#define KD_ATTN_LOOP \
     float acc[KD_ATTN_DPI];                                                                                   \
     for (int e = 0; e < KD_ATTN_DPI; e++) acc[e] = 0.0f;                                                      \
     float m = KD_NEG_BIG, l = 0.0f;                                                                           \
@@ -82,7 +76,20 @@ TWK_FN float kd_softcap_d(float sc, float cap) { return cap > 0.0f ? 1.0f - (sc 
             }                                                                                                 \
         m = mc;                                                                                               \
         TWK_BARRIER();                                                                                        \
-    }                                                                                                         \
+    }
+
+/* The body of attn_fwd_f32 / attn_fwd_h16 (each declares its local qs [KD_ATTN_MAXD] and ps
+ * [KD_ATTN_L] first): keys and values read through KD_KV(p, i). */
+#define KD_ATTN_FWD_BODY \
+    int lid = TWK_LID(0), L = TWK_LSIZE(0);                                                                   \
+    long gi = TWK_GROUP(0), i = gi / Hq, h = gi % Hq, hk = h / (Hq / Hkv);                                    \
+    long j0, j1;                                                                                              \
+    if (!kd_key_range(ra + ra_off, rb + rb_off, i, R, mode, a64, b64, window, &j0, &j1) && lid == 0)          \
+        err[err_off] = mode == 0 ? KD_ERR_SEGMENT : KD_ERR_ID_RANGE;                                          \
+    const TWK_GLOBAL float *qi = q + q_off + gi * D;                                                          \
+    for (long d = lid; d < D; d += L) qs[d] = qi[d];                                                          \
+    TWK_BARRIER();                                                                                            \
+    KD_ATTN_LOOP                                                                                              \
     float inv = l > 0.0f ? 1.0f / l : 0.0f;                                                                   \
     if (want_o)                                                                                               \
         for (int e = 0; e < KD_ATTN_DPI; e++) {                                                               \

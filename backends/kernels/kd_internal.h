@@ -15,6 +15,9 @@
 #define KD_FA_FWD_BD 4096
 #define KD_FA_BWD_BD 2048
 #define KD_FA_MAXB 32
+#define KD_SPLIT_KEYS 256 /* attn_split.cl: keys per piece at least, pieces at most; the partials' budget */
+#define KD_SPLIT_MAX 32
+#define KD_SPLIT_BUDGET (32 << 20)
 #define KD_UE_TT 8  /* unembed.cl: tokens per work-group */
 #define KD_UE_L 256 /* unembed.cl: its items (vocabulary words per chunk) */
 
@@ -84,6 +87,9 @@ int kd_lower_attn_back(const twk_launch *l, int64_t n, kd_call *calls, const cha
  * TWK_ATTN_UNTILED=1 asks for the older per-token kernels instead. */
 int kd_lower_attn_tile_fwd(const twk_launch *l, int64_t n, kd_call *calls);
 int kd_lower_attn_tile_back(const twk_launch *l, int64_t n, kd_call *calls);
+/* attn_cache's pieces at n (1: no split) and its split-K lowering (attn_split.cl; 2 calls). */
+int64_t kd_attn_splits(const twk_launch *l, int64_t n);
+int kd_lower_attn_split(const twk_launch *l, int64_t n, kd_call *calls);
 int kd_attn_untiled(void);
 /* kd_lower_moe.c: the mixture-of-experts routing (moe.cl); moe_gate_back shares moe_gate's,
  * moe_combine moe_dispatch's (kd_lower_moe_move). */

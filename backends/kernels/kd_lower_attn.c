@@ -1,14 +1,38 @@
 /* Lowerings of training attention (ATTN, ATTN_LSE, ATTN_BACK) onto the tiled kernels of
- * attn_tile.cl, the tile size from the head size, and the plan scratch they need (attn_back's
- * delta = rowsum(dO * o)). TWK_ATTN_UNTILED=1 in the environment keeps the older kernels of
- * attn.cl (one group per token and head), for benchmarks that compare the two. */
+ * attn_tile.cl, the tile size from the head size, split-K decode attention (ATTN_CACHE over a
+ * long cache, attn_split.cl), and the plan scratch they need (attn_back's delta = rowsum(dO * o),
+ * the split partials). TWK_ATTN_UNTILED=1 in the environment keeps the older kernels of attn.cl
+ * (one group per token and head), TWK_ATTN_UNSPLIT=1 one group per (query, head) for attn_cache,
+ * for benchmarks that compare them. */
 #include <stdlib.h>
 
 #include "kd_internal.h"
 
-int kd_attn_untiled(void) {
-    const char *e = getenv("TWK_ATTN_UNTILED");
+static int env_on(const char *name) {
+    const char *e = getenv(name);
     return e && e[0] == '1';
+}
+
+int kd_attn_untiled(void) { return env_on("TWK_ATTN_UNTILED"); }
+
+/* Bytes of one piece's partials for every (query, head) of attn_cache: T Hq (D + 2) floats. */
+static int64_t split_row_bytes(const twk_launch *l, int64_t n) {
+    const twk_tensor_desc *q = &l->src[0];
+    return kd_dim(q, 0, n) * kd_dim(q, 1, n) * (kd_dim(q, 2, n) + 2) * (int64_t)sizeof(float);
+}
+
+/* Pieces per (query, head) of attn_cache at n: 1 (one group per query and head) unless the
+ * longest key range the cache allows (its rows, or the window) exceeds KD_SPLIT_KEYS; then
+ * ceil(range / KD_SPLIT_KEYS), at most KD_SPLIT_MAX, fewer while the partials, T Hq S (D + 2)
+ * floats, would pass KD_SPLIT_BUDGET bytes. */
+int64_t kd_attn_splits(const twk_launch *l, int64_t n) {
+    if (!l || l->op != TWK_OP_ATTN_CACHE || env_on("TWK_ATTN_UNSPLIT")) return 1;
+    int64_t R = kd_dim(&l->src[1], 0, n), w = l->ip[1], ctx = w > 0 && w < R ? w : R;
+    if (ctx <= KD_SPLIT_KEYS) return 1;
+    int64_t S = (ctx + KD_SPLIT_KEYS - 1) / KD_SPLIT_KEYS, per = split_row_bytes(l, n);
+    if (S > KD_SPLIT_MAX) S = KD_SPLIT_MAX;
+    while (S > 1 && per * S > KD_SPLIT_BUDGET) S--;
+    return S;
 }
 
 /* Queries (and keys) per tile: the largest power of two <= KD_FA_MAXB with B * D <= bd. */
@@ -55,6 +79,11 @@ int kd_lower_attn_tile_fwd(const twk_launch *l, int64_t n, kd_call *calls) {
 }
 
 size_t kd_attn_scratch_bytes(const twk_launch *l, int64_t n) {
+    if (l && l->op == TWK_OP_ATTN_CACHE) { /* the most any n' <= n needs (the pieces shrink as T grows) */
+        if (kd_attn_splits(l, 1) <= 1 && kd_attn_splits(l, n) <= 1) return 0;
+        int64_t b = split_row_bytes(l, n) * KD_SPLIT_MAX;
+        return (size_t)(b < KD_SPLIT_BUDGET ? b : KD_SPLIT_BUDGET);
+    }
     if (!l || l->op != TWK_OP_ATTN_BACK || l->ip[0] == 2 || kd_attn_untiled()) return 0;
     return (size_t)(kd_dim(&l->src[0], 0, n) * kd_dim(&l->src[0], 1, n)) * sizeof(float);
 }
@@ -97,4 +126,46 @@ int kd_lower_attn_tile_back(const twk_launch *l, int64_t n, kd_call *calls) {
     kd_f32(c, l->fp[1]);                    /* softcap */
     kd_grid_groups(c, (T + B - 1) / B * (which == 0 ? Hq : Hkv), KD_FA_L);
     return nc;
+}
+
+/* attn_cache split-K: the partials of every piece into the scratch, then their merge into o. */
+int kd_lower_attn_split(const twk_launch *l, int64_t n, kd_call *calls) {
+    const twk_tensor_desc *q = &l->src[0], *k = &l->src[1];
+    int64_t T = kd_dim(q, 0, n), Hq = kd_dim(q, 1, n), D = kd_dim(q, 2, n), Hkv = kd_dim(k, 1, n);
+    int64_t S = kd_attn_splits(l, n);
+    int h16 = twk_dtype_is_half(k->type);
+    kd_call *c = &calls[0];
+    kd_begin(c, h16 ? "attn_split_h16" : "attn_split_f32");
+    kd_arg *p = &c->args[c->nargs++];
+    p->kind = KD_SCRATCH;
+    p->i64 = 0;
+    kd_buf(c, l, 0, 4);
+    kd_buf(c, l, 1, h16 ? 2 : 4);
+    kd_buf(c, l, 2, h16 ? 2 : 4);
+    kd_buf(c, l, 3, 4); /* lo */
+    kd_buf(c, l, 4, 4); /* hi */
+    kd_err(c);
+    kd_i64(c, Hq);
+    kd_i64(c, Hkv);
+    kd_i64(c, D);
+    kd_i64(c, kd_dim(k, 0, n));
+    kd_i64(c, S);
+    kd_f32(c, l->fp[0]);
+    kd_i32(c, is64(l, 3));
+    kd_i32(c, is64(l, 4));
+    kd_i64(c, l->ip[1] > 0 ? l->ip[1] : 0); /* window */
+    kd_f32(c, l->fp[1]);                    /* softcap */
+    if (h16) kd_i32(c, k->type == TWK_F16);
+    kd_grid_groups(c, T * Hq * S, KD_ATTN_L);
+    kd_call *r = &calls[1];
+    kd_begin(r, "attn_split_reduce_f32");
+    kd_buf(r, l, -1, 4);
+    p = &r->args[r->nargs++];
+    p->kind = KD_SCRATCH;
+    p->i64 = 0;
+    kd_i64(r, T * Hq);
+    kd_i64(r, D);
+    kd_i64(r, S);
+    kd_grid_items(r, T * Hq * D, KD_LOCAL_1D);
+    return 2;
 }

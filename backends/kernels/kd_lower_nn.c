@@ -201,6 +201,7 @@ int kd_lower_attn_fwd(const twk_launch *l, int64_t n, kd_call *calls, const char
     int lse = l->op == TWK_OP_ATTN_LSE, cache = l->op == TWK_OP_ATTN_CACHE;
     int ra = lse ? 2 : 3, rb = cache ? 4 : ra, h16 = cache && half(l, 1); /* 16-bit caches: attn_fwd_h16 */
     if (!cache && !kd_attn_untiled()) return kd_lower_attn_tile_fwd(l, n, calls);
+    if (cache && kd_attn_splits(l, n) > 1) return kd_lower_attn_split(l, n, calls);
     kd_call *c = &calls[0];
     kd_begin(c, h16 ? "attn_fwd_h16" : kernel);
     kd_buf(c, l, -1, 4); /* o (unused for lse) */

@@ -6,7 +6,7 @@
 set(KD_DIR ${CMAKE_CURRENT_LIST_DIR})
 set(KD_GEN_DIR ${CMAKE_BINARY_DIR}/kd_gen)
 # order matters: common.cl defines the helpers the others use
-set(KD_CL_FILES common.cl half.cl elementwise.cl layout.cl reduce.cl nn.cl attn.cl attn_tile.cl kvcache.cl optim.cl unembed.cl moe.cl)
+set(KD_CL_FILES common.cl half.cl elementwise.cl layout.cl reduce.cl nn.cl attn.cl attn_split.cl attn_tile.cl kvcache.cl optim.cl unembed.cl moe.cl)
 
 include_guard(GLOBAL)
 

@@ -56,7 +56,7 @@ typedef struct vk_buffer {
 /* The compiled shaders (shaders/<name>.comp), in vk_shaders.c's table. */
 typedef enum vk_shader {
     VKS_ELTWISE, VKS_BROADCAST, VKS_SUM_TO, VKS_REDUCE, VKS_COPY, VKS_CHECK, VKS_MATMUL,
-    VKS_ROWS, VKS_ROWNORM, VKS_ROPE, VKS_ATTN, VKS_ATTN_BACK, VKS_MATMUL_COOPMAT, VKS_OPTIM, VKS_UNEMBED, VKS_MOE, VKS_COUNT
+    VKS_ROWS, VKS_ROWNORM, VKS_ROPE, VKS_ATTN, VKS_ATTN_BACK, VKS_MATMUL_COOPMAT, VKS_OPTIM, VKS_UNEMBED, VKS_MOE, VKS_ATTN_TILE, VKS_COUNT
 } vk_shader;
 
 const uint32_t *vk_shader_code(vk_shader s, size_t *bytes);
@@ -148,11 +148,22 @@ typedef struct vk_dispatch {
 #define VK_MAX_DISPATCH 4
 
 /* The dispatches of launch `li` at token count n (their number and bindings
- * do not depend on n). *scratch_bytes gets the plan scratch it needs;
+ * do not depend on n: choices that could are made at the plan's capacity cap). *scratch_bytes gets the plan scratch it needs;
  * const_off is where its constants (rope's inv_freq) live in the plan's
  * constant buffer. Returns the count, or -1 with an error naming the op. */
-int vk_lower(const vk_ctx *c, const twk_launch *l, int li, int64_t n, size_t const_off, vk_dispatch *d,
+int vk_lower(const vk_ctx *c, const twk_launch *l, int li, int64_t n, int64_t cap, size_t const_off, vk_dispatch *d,
              size_t *scratch_bytes);
+/* A cleared dispatch d[(*k)++] of shader s (work-group size wg, MODE mode), every binding VKB_NONE. */
+vk_dispatch *vk_next_dispatch(vk_dispatch *d, int *k, vk_shader s, uint32_t wg, int mode);
+/* (vk_lower_attn.c) TWK_ATTN_UNTILED=1 in the environment: training attention on the per-token shaders. */
+int vk_attn_untiled(void);
+/* 1 when launch l (attn, attn_lse, attn_back at head size D) runs on attn_tile.comp. */
+int vk_attn_tiled(const vk_ctx *c, const twk_launch *l, int64_t D);
+/* Pieces per (query, head) of attn_cache in a plan of capacity cap (1: no split), the rule of
+ * backends/kernels/kd_lower_attn.c's kd_attn_splits taken at cap (TWK_ATTN_UNSPLIT=1: 1). */
+int64_t vk_attn_splits(const twk_launch *l, int64_t cap);
+/* Appends l's tiled dispatches to d (count in *k) and sets *scratch (attn_back's delta); returns 0. */
+int vk_lower_attn_tile(const vk_ctx *c, const twk_launch *l, int64_t n, vk_dispatch *d, int *k, size_t *scratch);
 /* Bytes of plan constants a launch needs (written by vk_write_consts). */
 size_t vk_const_bytes(const twk_launch *l);
 void vk_write_consts(const twk_launch *l, void *dst);

@@ -44,6 +44,8 @@ static vk_dispatch *start(vk_dispatch *d, int *k, vk_shader s, uint32_t wg, int 
     return x;
 }
 
+vk_dispatch *vk_next_dispatch(vk_dispatch *d, int *k, vk_shader s, uint32_t wg, int mode) { return start(d, k, s, wg, mode); }
+
 /* The shaders' code for a 16-bit operand (spec constants 10, 11; common.glsl): 1 bf16, 2 f16, 0 f32. */
 static uint32_t h16_code(twk_dtype t) { return t == TWK_BF16 ? 1u : t == TWK_F16 ? 2u : 0u; }
 
@@ -90,7 +92,7 @@ typedef struct vk_low {
     const twk_launch *l;
     const twk_tensor_desc *y, *s;
     int li;
-    int64_t n, ny;
+    int64_t n, ny, cap; /* cap: the plan's capacity */
     size_t const_off;
     vk_dispatch *d;
     int k;
@@ -540,7 +542,8 @@ static int lower_unembed(vk_low *w) {
     return 0;
 }
 
-/* attn, attn_lse, attn_cache (attn.comp) and attn_back (attn_back.comp) */
+/* attn, attn_lse, attn_back on the tiled attn_tile.comp (vk_lower_attn.c); attn_cache (attn.comp); with
+ * TWK_ATTN_UNTILED=1 or a head size above 512, attn / attn_lse (attn.comp) and attn_back (attn_back.comp) */
 static int lower_attn(vk_low *w) {
     const twk_launch *l = w->l;
     const twk_tensor_desc *s = w->s;
@@ -548,6 +551,12 @@ static int lower_attn(vk_low *w) {
     int segi = l->op == TWK_OP_ATTN_LSE ? 2 : 3;
     int64_t T = dim(&s[0], 0, n), Hq = dim(&s[0], 1, n), D = dim(&s[0], 2, n), Hkv = dim(&s[1], 1, n);
     int64_t rows = l->op == TWK_OP_ATTN_CACHE ? dim(&s[1], 0, n) : T;
+    if (Hkv < 1 || Hq % Hkv) {
+        twk_error(TWK_ERR_SHAPE, "vulkan: %s '%s': %lld query heads over %lld kv heads", twk_op_name(l->op), l->name,
+                  (long long)Hq, (long long)Hkv);
+        return -1;
+    }
+    if (vk_attn_tiled(w->c, l, D)) return vk_lower_attn_tile(w->c, l, n, w->d, &w->k, &w->scratch);
     vk_dispatch *x;
     if (l->op == TWK_OP_ATTN_BACK) {
         x = next(w, VKS_ATTN_BACK, 64, l->ip[0]);
@@ -572,15 +581,24 @@ static int lower_attn(vk_low *w) {
     x->fp[0] = l->fp[0];
     x->fp[1] = l->fp[1];                       /* soft-cap */
     x->p[8] = l->ip[1] > 0 ? l->ip[1] : 0; /* sliding window */
-    if (Hkv < 1 || Hq % Hkv) {
-        twk_error(TWK_ERR_SHAPE, "vulkan: %s '%s': %lld query heads over %lld kv heads", twk_op_name(l->op), l->name,
-                  (long long)Hq, (long long)Hkv);
-        return -1;
-    }
     int kv_groups = l->op == TWK_OP_ATTN_BACK && l->ip[0] != 0;
     if ((kv_groups ? Hkv : Hq) > (int64_t)w->c->max_groups) return VK_TOO_BIG;
     x->groups[0] = (uint32_t)(kv_groups ? Hkv : Hq);
     x->groups[1] = groups_for(w->c, T, 1);
+    int64_t S = vk_attn_splits(l, w->cap);
+    if (S > 1) { /* split-K: the pieces' partials into the scratch (MODE 3), then their merge (MODE 4) */
+        x->spec[1] = 3;
+        x->bind[0] = VKB_SCRATCH;
+        x->p[9] = (int32_t)S;
+        x->groups[2] = (uint32_t)S;
+        w->scratch = (size_t)(T * Hq * S * (D + 2)) * sizeof(float);
+        vk_dispatch *r = next(w, VKS_ATTN, 64, 4);
+        r->bind[0] = VKB_DST;
+        r->bind[1] = VKB_SCRATCH;
+        for (int i = 0; i < 4; i++) r->p[i] = (int32_t)p[i];
+        r->p[9] = (int32_t)S;
+        r->groups[0] = groups_for(w->c, T * Hq * D, 64);
+    }
     return 0;
 }
 
@@ -811,9 +829,9 @@ bool vk_supports(const twk_launch *l, char *why, size_t why_len) {
     return true;
 }
 
-int vk_lower(const vk_ctx *c, const twk_launch *l, int li, int64_t n, size_t const_off, vk_dispatch *d,
+int vk_lower(const vk_ctx *c, const twk_launch *l, int li, int64_t n, int64_t cap, size_t const_off, vk_dispatch *d,
              size_t *scratch_bytes) {
-    vk_low w = {.c = c, .l = l, .y = &l->dst, .s = l->src, .li = li, .n = n, .ny = twk_desc_nelem(&l->dst, n),
+    vk_low w = {.c = c, .l = l, .y = &l->dst, .s = l->src, .li = li, .n = n, .cap = cap, .ny = twk_desc_nelem(&l->dst, n),
                 .const_off = const_off, .d = d};
     *scratch_bytes = 0;
     const vk_entry *e = entry(l->op);

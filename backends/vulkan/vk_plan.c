@@ -83,7 +83,7 @@ twk_status vk_prepare(void *ctx, const twk_hal_plan *plan, void **out) {
         pp->const_off[i] = consts;
         consts += vk_const_bytes(l);
         size_t sb;
-        int k = vk_lower(c, l, i, plan->capacity, pp->const_off[i], d, &sb);
+        int k = vk_lower(c, l, i, plan->capacity, plan->capacity, pp->const_off[i], d, &sb);
         if (k < 0) {
             vk_release(c, pp);
             return TWK_ERR_UNSUPPORTED;
@@ -131,7 +131,7 @@ twk_status vk_prepare(void *ctx, const twk_hal_plan *plan, void **out) {
     for (int i = 0; i < nl; i++) {
         const twk_launch *l = &plan->launches[i];
         size_t sb;
-        vk_lower(c, l, i, plan->capacity, pp->const_off[i], d, &sb);
+        vk_lower(c, l, i, plan->capacity, plan->capacity, pp->const_off[i], d, &sb);
         for (int j = 0; j < pp->first[i + 1] - pp->first[i]; j++) {
             int di = pp->first[i] + j;
             if (!vk_pipeline(c, d[j].shader, d[j].spec)) { /* created now, so failures surface at compile */
@@ -272,7 +272,7 @@ static twk_status record(vk_ctx *c, vk_prepared *pp, const twk_hal_plan *plan, i
     for (int i = l0; i < l1; i++) {
         const twk_launch *l = &plan->launches[i];
         size_t sb;
-        int k = vk_lower(c, l, i, n, pp->const_off[i], d, &sb);
+        int k = vk_lower(c, l, i, n, plan->capacity, pp->const_off[i], d, &sb);
         if (k != pp->first[i + 1] - pp->first[i]) {
             f->vkEndCommandBuffer(cb);
             return k < 0 ? TWK_ERR_UNSUPPORTED

@@ -4,6 +4,7 @@
 
 #include "spv_attn.h"
 #include "spv_attn_back.h"
+#include "spv_attn_tile.h"
 #include "spv_broadcast.h"
 #include "spv_check.h"
 #include "spv_copy.h"
@@ -40,6 +41,7 @@ static const struct {
     [VKS_OPTIM] = {"optim", spv_optim, sizeof spv_optim},
     [VKS_UNEMBED] = {"unembed", spv_unembed, sizeof spv_unembed},
     [VKS_MOE] = {"moe", spv_moe, sizeof spv_moe},
+    [VKS_ATTN_TILE] = {"attn_tile", spv_attn_tile, sizeof spv_attn_tile},
 };
 
 const uint32_t *vk_shader_code(vk_shader s, size_t *bytes) {

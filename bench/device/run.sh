@@ -14,7 +14,8 @@
 #   bench_train_step on cpu, cuda, vulkan  LoRA step tokens/s and MFU
 #   bench_train_step --widths 8b         a LoRA step at Qwen3-8B's widths, bf16 weights, 8 x 1,024
 #                                        tokens (TRAIN8B_LAYERS layers): tokens/s, MFU, bytes per step
-#   bench_attn on every GPU              causal attention forward / backward at 4k and 16k tokens
+#   bench_attn on every GPU              causal attention forward / backward at 4k and 16k tokens (and, last,
+#                                        the per-token kernels at 4k; decode with split-K off)
 #   bench_sample_inproc                  decode batch 1 over a 32k-token context (bf16 weights)
 #
 # and prints ONE table at the end. Writes run.log (everything) and table.txt under $OUT when it
@@ -317,6 +318,24 @@ for d in $devs; do
         --prompt "$decode_ctx" --new 64 --prefill 16 --phase decode1 --reps 1
     count_fail
     decode[$d]="$(verdict) $(sed -n 's/^twinkle decode b1 *\([0-9.]*\) tokens\/s.*/\1 tok\/s/p' "$build/step-decode-$d.out" | head -1)"
+done
+# the same decode with one work-group per (query, head) (TWK_ATTN_UNSPLIT=1: no split-K), then the attention
+# at the first ATTN_TOKENS count on the per-token kernels (TWK_ATTN_UNTILED=1): ratios split / unsplit and
+# tiled / per-token from the same run; last, so the time budget skips them first
+for d in $devs; do
+    step "decode-unsplit-$d" 120 env TWK_ATTN_UNSPLIT=1 "$bin/bench/bench_sample_inproc" --device $d --dtype bf16 \
+        --ctx $((decode_ctx + 64)) --prompt "$decode_ctx" --new 64 --prefill 16 --phase decode1 --reps 1
+    count_fail
+    u=$(sed -n 's/^twinkle decode b1 *\([0-9.]*\) tokens\/s.*/\1/p' "$build/step-decode-unsplit-$d.out" | head -1)
+    decode[$d]="${decode[$d]:--}; unsplit (TWK_ATTN_UNSPLIT=1) ${u:--} tok/s"
+done
+for d in $devs; do
+    step "attn-untiled-$d" 120 env TWK_ATTN_UNTILED=1 "$bin/bench/bench_attn" --device $d --tokens "${attn_tokens%%,*}" \
+        --heads 32 --kv-heads 8 --head-dim 128 --reps 1
+    count_fail
+    attn[$d]="${attn[$d]:--} per-token kernels (TWK_ATTN_UNTILED=1): $(awk '/^SUMMARY bench_attn/ { for (i = 2; i <= NF; i++) {
+        split($i, kv, "="); v[kv[1]] = kv[2] } printf "%sT fwd %.2f bwd %.2f TFLOP/s", v["tokens"], v["fwd_tflops"], v["bwd_tflops"] }' \
+        "$build/step-attn-untiled-$d.out")"
 done
 
 # ---- the table --------------------------------------------------------------------------------
