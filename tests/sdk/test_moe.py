@@ -150,8 +150,10 @@ def _train_trace(base_url, key, rank, seed, barrier=None):
 
 def test_moe_runs_packed_equal_each_alone(moe_server):
     """Three MoE runs (ranks 4, 8, 16) trained at once share packed passes (their tokens routed
-    through the same experts in one grouped product) and equal each run trained alone: tolerance 0
-    on the CPU, as for the dense model (a row of lora_gather never depends on the other rows)."""
+    through the same experts in one grouped product) and equal each run trained alone within 1e-5
+    (measured 1.9e-6). Not 0 as for the dense model: an expert's rows are one sgemm per expert
+    (backends/cpu/kern_grouped.c), and where a run's rows fall among the other runs' rows of that
+    expert changes which of OpenBLAS's row tiles computes them, and so their last bits."""
     import threading
 
     from test_metrics import scrape, value
@@ -182,4 +184,4 @@ def test_moe_runs_packed_equal_each_alone(moe_server):
     worst = max(float(np.max(np.abs(alone[i] - together[i]))) for i in range(len(runs)))
     print(f"packed MoE runs vs alone: max |logprob diff| {worst:.3g}; packed passes {p1 - p0:.0f}")
     assert p1 > p0
-    assert worst == 0.0
+    assert worst <= 1e-5
