@@ -1,6 +1,6 @@
 """A small Qwen3-MoE model through the service (the qwen3_moe parity fixture's folder: 2 layers,
-8 experts, top-2, vocab 1000), with the official SDK: a LoRA run (LoRA on attention; the experts
-stay frozen) learns the demo's counting task as the dense model does, its trained adapter samples
+8 experts, top-2, vocab 1000), with the official SDK: a LoRA run (LoRA on attention and, the SDK's
+default, lm_head; the experts stay frozen) learns the demo's counting task as the dense model does, its trained adapter samples
 (logprobs equal the training client's forward, greedy decoding counts), and snapshots of two MoE
 runs and the MoE base model decoded concurrently in shared batches (adapter slots) each get what
 they get alone."""
@@ -185,3 +185,34 @@ def test_moe_runs_packed_equal_each_alone(moe_server):
     print(f"packed MoE runs vs alone: max |logprob diff| {worst:.3g}; packed passes {p1 - p0:.0f}")
     assert p1 > p0
     assert worst <= 1e-5
+
+
+def test_moe_memory_pools(start_server):
+    """The memory pools of GET /metrics count a MoE model right: the weights pool equals the
+    parameters computed from config.json (the router and every expert's gate / up / down, no dense
+    MLP), and a rank-8 run adds exactly its adapter (attention and lm_head, the SDK's default
+    train_unembed; the experts get no LoRA), gradients and AdamW moments."""
+    import json
+
+    from test_metrics import F32, check_sums, scrape
+
+    srv = start_server("--model", f"{FIXTURE}={NAME}")
+    c = json.loads((FIXTURE / "config.json").read_text())
+    h, v, L, hd = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"], c["head_dim"]
+    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
+    E, f = c.get("num_experts") or c["num_local_experts"], c["moe_intermediate_size"]
+    layer = h * q + 2 * h * kv + q * h + E * h + E * 3 * h * f + 2 * h + 2 * hd  # attention, router, experts, norms
+    weights = (v * h * (1 if c["tie_word_embeddings"] else 2) + L * layer + h) * F32
+    _, m0 = scrape(srv.port, "tml-moe-pools")
+    _, dev0 = check_sums(m0)
+    print(f"weights pool {dev0['weights']:.0f} bytes, from config.json {weights}")
+    assert dev0["weights"] == weights
+    rank = 8
+    modules = L * [(h, q), (h, kv), (h, kv), (q, h)] + [(h, v)]  # (in, out): attention and the SDK's default lm_head
+    tensors = [n for i, o in modules for n in (rank * i, o * rank)]
+    run = sum(tensors) * F32 + 3 * sum((n + 63) // 64 * 64 for n in tensors) * F32
+    _client(service_client(srv.base_url, "tml-moe-pools"), seed=5, rank=rank)
+    _, m1 = scrape(srv.port, "tml-moe-pools")
+    _, dev1 = check_sums(m1)
+    print(f"a rank-8 run: {dev1['adapters'] - dev0['adapters']:.0f} bytes, expected {run}")
+    assert dev1["adapters"] - dev0["adapters"] == run
