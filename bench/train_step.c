@@ -4,7 +4,9 @@
  * the same step in PyTorch + PEFT on the CPU with the same thread count, in
  * the same run (bench/peer/train_step.py), with the ratio twinkle/PyTorch.
  * --device SPEC runs it on another device, --compare SPEC on a second one in
- * the same run (ratio device/compare), --peak-tflops P adds the MFU. */
+ * the same run (ratio device/compare), --peak-tflops P adds the MFU. The step also runs with
+ * elementwise fusion off (TWK_FUSION=0; --fusion on skips it): launches per step and tokens/s
+ * before and after. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +34,7 @@ typedef struct step_result {
     double matmul_params; /* weights a token passes through in matmuls (LoRA included) */
     double lora_params;
     double up, down; /* bytes per step after warm-up (twk_backend_transfers) */
+    double launches; /* kernel launches per step (twk_plan_launches_run) */
     int threads;
     char name[200];
 } step_result;
@@ -94,6 +97,7 @@ static int run_step(const char *spec, const step_shape *sh, step_result *res) {
     res->best = 1e30;
     const twk_backend_iface *be = twk_device_backend(dev);
     twk_backend_transfers_reset(be);
+    uint64_t l0 = twk_plan_launches_run();
     for (int s = 0; s < sh->steps; s++) {
         t0 = twk_now();
         if (twk_trainer_forward_backward(t, &b, NULL, &loss) != TWK_OK || twk_trainer_optim_step(t, &ap, NULL) != TWK_OK)
@@ -101,6 +105,7 @@ static int run_step(const char *spec, const step_shape *sh, step_result *res) {
         double dt = twk_now() - t0;
         if (dt < res->best) res->best = dt;
     }
+    res->launches = (double)(twk_plan_launches_run() - l0) / sh->steps;
     twk_transfer_stats moved = twk_backend_transfers(be);
     res->up = (double)moved.upload_bytes / sh->steps;
     res->down = (double)moved.download_bytes / sh->steps;
@@ -136,7 +141,7 @@ int main(int argc, char **argv) {
     int layers = 4, tokens = 1024, seqs = 4, rank = 16, steps = 3, vocab = 151936;
     const char *peer = getenv("TWK_PEER_PYTHON"), *device = "cpu", *compare = NULL, *dtype = "f32";
     double peak = 0;
-    int logits = 0, widths_8b = 0;
+    int logits = 0, widths_8b = 0, fusion_both = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = atoi(argv[++i]);
@@ -150,6 +155,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--peak-tflops") && i + 1 < argc) peak = atof(argv[++i]);
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc && twk_dtype_parse_float(argv[i + 1]) >= 0) dtype = argv[++i];
         else if (!strcmp(argv[i], "--logits")) logits = 1;
+        else if (!strcmp(argv[i], "--fusion") && i + 1 < argc && (!strcmp(argv[i + 1], "on") || !strcmp(argv[i + 1], "both")))
+            fusion_both = !strcmp(argv[++i], "both");
         else if (!strcmp(argv[i], "--widths") && i + 1 < argc && (!strcmp(argv[i + 1], "0.6b") || !strcmp(argv[i + 1], "8b")))
             widths_8b = !strcmp(argv[++i], "8b");
         else {
@@ -157,13 +164,16 @@ int main(int argc, char **argv) {
                     "usage: bench_train_step [--layers 4] [--tokens 1024] [--seqs 4] [--rank 16] [--steps 3]\n"
                     "                        [--vocab 151936] [--peer PYTHON] [--device cpu] [--compare SPEC]\n"
                     "                        [--peak-tflops P] [--dtype f32|bf16|f16] [--logits] [--widths 0.6b|8b]\n"
+                    "                        [--fusion both|on]\n"
                     "  --peer (or TWK_PEER_PYTHON): a python with torch, transformers and peft; runs\n"
                     "  bench/peer/train_step.py with the same shapes and thread count and prints the ratio.\n"
                     "  --device: where twinkle runs; --compare SPEC: the same step on SPEC too, and the\n"
                     "  ratio device/SPEC; --peak-tflops P: the device's peak, for the MFU; --dtype: the\n"
                     "  frozen base weights' dtype, the peer's too (LoRA, gradients, moments stay f32);\n"
                     "  --logits: twinkle's [T, V] logits path instead of the fused unembedding;\n"
-                    "  --widths: Qwen3-0.6B's layer widths (tied embeddings) or Qwen3-8B's (untied).\n");
+                    "  --widths: Qwen3-0.6B's layer widths (tied embeddings) or Qwen3-8B's (untied);\n"
+                    "  --fusion both (default): also the step with elementwise fusion off (TWK_FUSION=0),\n"
+                    "  its launches per step and tokens/s beside the fused step's; on: only the fused step.\n");
             return 2;
         }
     }
@@ -180,6 +190,20 @@ int main(int argc, char **argv) {
            layers, widths_8b ? "untied" : "tied", rank, tokens, seqs, r.threads, dtype,
            logits ? "[T, V] logits" : "fused unembedding");
     print_result(&r, &sh, peak);
+    step_result ru = {0};
+    if (fusion_both && getenv("TWK_FUSION") && !strcmp(getenv("TWK_FUSION"), "0")) fusion_both = 0;
+    if (fusion_both) {
+        setenv("TWK_FUSION", "0", 1);
+        int ok = run_step(device, &sh, &ru);
+        unsetenv("TWK_FUSION");
+        if (!ok) return 1;
+        printf("fusion   launches per step: %.0f unfused -> %.0f fused (%.0f fewer); tokens/s %.1f unfused, %.1f fused "
+               "(ratio fused/unfused %.3f); loss %.6f unfused, %.6f fused\n",
+               ru.launches, r.launches, ru.launches - r.launches, ru.tps, r.tps, r.tps / ru.tps, ru.loss, r.loss);
+    } else {
+        printf("fusion   launches per step: %.0f (TWK_FUSION=%s)\n", r.launches,
+               getenv("TWK_FUSION") ? getenv("TWK_FUSION") : "unset: on");
+    }
     if (compare) {
         if (!run_step(compare, &sh, &rcmp)) return 1;
         print_result(&rcmp, &sh, 0);
@@ -187,8 +211,9 @@ int main(int argc, char **argv) {
     }
     /* one line for scripts (bench/device/run.sh) */
     printf("SUMMARY bench_train_step device=%s tokens_per_s=%.2f mfu=%.5f compare_tokens_per_s=%.2f up_bytes=%.0f "
-           "down_bytes=%.0f\n", device, r.tps, peak > 0 ? 6 * r.matmul_params * r.tps / (peak * 1e12) : 0.0,
-           compare ? rcmp.tps : 0.0, r.up, r.down);
+           "down_bytes=%.0f launches=%.0f launches_unfused=%.0f unfused_tokens_per_s=%.2f\n", device, r.tps,
+           peak > 0 ? 6 * r.matmul_params * r.tps / (peak * 1e12) : 0.0, compare ? rcmp.tps : 0.0, r.up, r.down, r.launches,
+           fusion_both ? ru.launches : r.launches, fusion_both ? ru.tps : 0.0);
     int threads = r.threads;
     double tps = r.tps, rss = peak_rss_mib();
     if (!peer) {

@@ -278,14 +278,15 @@ static int parse(int argc, char **argv, train_opts *o) {
 }
 
 /* The progress line: a bar redrawn in place on a terminal, one plain line per step otherwise. */
-static void progress(long step, long steps, double loss, double eval, double tps, double eta_s, int tty) {
+static void progress(long step, long steps, double loss, double aux, double eval, double tps, double eta_s, int tty) {
     int width = 24, done = (int)(width * step / steps);
-    char bar[32], ev[32] = "";
+    char bar[32], ev[32] = "", ax[40] = "";
     for (int i = 0; i < width; i++) bar[i] = i < done ? '#' : '.';
     bar[width] = 0;
     if (!isnan(eval)) snprintf(ev, sizeof ev, "  eval %.4f", eval);
-    printf("%s[%s] step %ld/%ld  loss %.4f%s  %.0f tokens/s  ETA %ld:%02ld%s", tty ? "\r" : "", bar, step, steps,
-           loss, ev, tps, (long)eta_s / 60, (long)eta_s % 60, tty ? "\033[K" : "\n");
+    if (!isnan(aux)) snprintf(ax, sizeof ax, "  router_aux %.4f", aux);
+    printf("%s[%s] step %ld/%ld  loss %.4f%s%s  %.0f tokens/s  ETA %ld:%02ld%s", tty ? "\r" : "", bar, step, steps,
+           loss, ax, ev, tps, (long)eta_s / 60, (long)eta_s % 60, tty ? "\033[K" : "\n");
     fflush(stdout);
 }
 
@@ -519,22 +520,25 @@ static int train(train_opts *o) {
                                              : sums[0];
         ap.learning_rate = (float)(o->lr * twk_lr_factor(o->sched, s - 1, o->steps, o->warmup));
         if (twk_trainer_optim_step(t, &ap, NULL) != TWK_OK) goto fail;
+        double aux = twk_trainer_router_aux_loss(t, true); /* this rank's passes of the step (NAN: no such loss) */
         if (first < 0) first = loss_avg;
         tokens += step_tokens;
         int do_eval = eval && ((o->eval_every > 0 && s % o->eval_every == 0) || s == o->steps);
         if (do_eval) {
             double es[2];
             if (eval_pass(t, o, eval, group, tsampler, es) != TWK_OK) goto fail;
+            twk_trainer_router_aux_loss(t, true); /* the evaluation's passes are not the next step's */
             if (twk_dist_first_failure(TWK_OK) >= 0) goto stop;
             twk_dist_sum_f64(es, 2);
             eval_loss = es[1] != 0 ? es[0] / es[1] : es[0];
         }
         double el = twk_now() - t0, tps = tokens / el;
         if (me == 0) {
-            progress(s, o->steps, loss_avg, eval_loss, tps, el / (double)(s - start) * (double)(o->steps - s), tty);
+            progress(s, o->steps, loss_avg, aux, eval_loss, tps, el / (double)(s - start) * (double)(o->steps - s), tty);
             fprintf(metrics, "{\"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, \"tokens\": %.0f, \"tokens_per_s\": %.6g, "
                              "\"elapsed_s\": %.6g%s", s, loss_avg, (double)ap.learning_rate, step_tokens, tps, el, do_eval ? ", \"eval_loss\": " : "");
             if (do_eval) fprintf(metrics, "%.9g", eval_loss);
+            if (!isnan(aux)) fprintf(metrics, ", \"router_aux_loss\": %.9g", aux);
             fprintf(metrics, "}\n");
             fflush(metrics);
         }

@@ -299,6 +299,11 @@ static int grad_moe_combine(grad_step *st) {
     return 1;
 }
 
+static int grad_moe_router_stats(grad_step *st) {
+    st->c[0] = twk_moe_router_stats_back(st->g, st->n.src[0], st->gy, st->n.nsrc > 2 ? st->n.src[2] : -1);
+    return 1;
+}
+
 /* The rules of the ops that are not MAPs (a MAP's rule is its BACK op). */
 static const grad_rule rules[TWK_OP_COUNT] = {
     [TWK_OP_RESHAPE] = grad_reshape,
@@ -327,6 +332,7 @@ static const grad_rule rules[TWK_OP_COUNT] = {
     [TWK_OP_MOE_GATE] = grad_moe_gate,
     [TWK_OP_MOE_DISPATCH] = grad_moe_dispatch,
     [TWK_OP_MOE_COMBINE] = grad_moe_combine,
+    [TWK_OP_MOE_ROUTER_STATS] = grad_moe_router_stats,
 };
 _Static_assert(sizeof rules / sizeof rules[0] == TWK_OP_COUNT, "one entry per op");
 

@@ -151,3 +151,39 @@ twk_id twk_moe_combine_back_w(twk_graph *g, twk_id y, twk_id order, twk_id inv, 
     int64_t ne[2] = {D->ne[0], Y->ne[0] / D->ne[0]};
     return push(g, TWK_OP_MOE_COMBINE_BACK_W, TWK_F32, 2, ne, D->dyn & 1, 4, s, NULL);
 }
+
+/* slot: i32/i64 [T] beside logits [T, E], or -1 (none); 0 with the error set. */
+static int slot_ok(twk_graph *g, const char *op, twk_id logits, twk_id slot) {
+    if (slot < 0) return 1;
+    const twk_node *l = &g->nodes[logits], *s = moe_arg(g, slot, op, "slot");
+    if (!s) return 0;
+    twk_id src[2] = {logits, slot};
+    if (!is_index(s) || s->ndim != 1 || s->ne[0] != l->ne[0] || (s->dyn & 1) != (l->dyn & 1)) {
+        bad(g, op, "slot: i32 [T] beside logits [T, E]", src, 2);
+        return 0;
+    }
+    return 1;
+}
+
+twk_id twk_moe_router_stats(twk_graph *g, twk_id logits, twk_id ids) { return twk_moe_router_stats_slots(g, logits, ids, -1, 0); }
+
+twk_id twk_moe_router_stats_slots(twk_graph *g, twk_id logits, twk_id ids, twk_id slot, int n_slots) {
+    if (!logits_ids(g, "moe_router_stats", logits, ids) || !slot_ok(g, "moe_router_stats", logits, slot)) return -1;
+    if (slot >= 0 && n_slots < 1)
+        return twk_graph_fail(g, TWK_ERR_INVALID_ARG, "moe_router_stats: %d slots (want at least 1)", n_slots);
+    int64_t E = g->nodes[logits].ne[1], ne2[2] = {2, E}, ne3[3] = {n_slots, 2, E};
+    twk_id s[3] = {logits, ids, slot};
+    return push(g, TWK_OP_MOE_ROUTER_STATS, TWK_F32, slot >= 0 ? 3 : 2, slot >= 0 ? ne3 : ne2, 0, slot >= 0 ? 3 : 2, s, NULL);
+}
+
+twk_id twk_moe_router_stats_back(twk_graph *g, twk_id logits, twk_id dy, twk_id slot) {
+    const twk_node *l = moe_arg(g, logits, "moe_router_stats_back", "logits"), *d = moe_arg(g, dy, "moe_router_stats_back", "dy");
+    if (!l || !d || !slot_ok(g, "moe_router_stats_back", logits, slot)) return -1;
+    twk_id s[3] = {logits, dy, slot};
+    int nd = slot >= 0 ? 3 : 2;
+    if (l->type != TWK_F32 || l->ndim != 2 || (l->dyn & 2) || d->type != TWK_F32 || d->ndim != nd || d->dyn ||
+        d->ne[nd - 2] != 2 || d->ne[nd - 1] != l->ne[1])
+        return bad(g, "moe_router_stats_back", "f32 logits [T, E] and dy [2, E] (with a slot: [S, 2, E])", s, 2);
+    int64_t ne[2] = {l->ne[0], l->ne[1]};
+    return push(g, TWK_OP_MOE_ROUTER_STATS_BACK, TWK_F32, 2, ne, l->dyn & 1, slot >= 0 ? 3 : 2, s, NULL);
+}

@@ -18,6 +18,12 @@ void twk_graph_free(twk_graph *g) {
     twk_host_free(g);
 }
 
+twk_status twk_graph_set_fusion(twk_graph *g, bool on) {
+    if (!g) return twk_error(TWK_ERR_INVALID_ARG, "graph_set_fusion: graph is NULL");
+    g->no_fusion = !on;
+    return TWK_OK;
+}
+
 twk_status twk_graph_status(const twk_graph *g) { return g ? g->status : TWK_ERR_INVALID_ARG; }
 const char *twk_graph_error(const twk_graph *g) { return g ? g->error : "graph is NULL"; }
 

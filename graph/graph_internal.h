@@ -31,7 +31,29 @@ struct twk_graph {
     twk_id *grads;     /* per node after backward, else NULL */
     int n_grads;       /* nodes that existed when backward ran */
     twk_id *order;     /* launch order after twk_graph_recompute (every node once); NULL: id order */
+    int no_fusion;     /* twk_graph_set_fusion(g, false) */
 };
+
+/* A fused group (fuse.c): same-shape elementwise nodes launched consecutively, the last
+ * (tail) the only one read outside the group; one FUSED_EW launch. */
+typedef struct twk_fuse_group {
+    twk_id tail;
+    int n_steps, n_ext;
+    twk_id steps[TWK_MAX_PARAMS]; /* in launch order; steps[n_steps - 1] == tail */
+    twk_id ext[TWK_MAX_SRC];      /* the launch's sources: the nodes outside the group the steps read */
+    int32_t ip[TWK_MAX_PARAMS];   /* the steps as TWK_FUSE_STEP */
+    float fp[TWK_MAX_PARAMS];
+} twk_fuse_group;
+
+/* The fusion pass over a plan's launch list (launch_node[0..n_launch), unfused): groups of at
+ * least two launches into groups[] (room for n_launch / 2), fused_into[id] = the group index of
+ * every node in one (-1 elsewhere; fused_into has g->n entries). live[id]: the node is needed;
+ * keep[id]: its value must stay in memory (an output, bound, viewed or not plan storage). The
+ * number of groups; nothing fused when the graph or TWK_FUSION=0 turned fusion off. */
+int twk_fuse_pass(const twk_graph *g, const twk_id *launch_node, int n_launch, const unsigned char *live,
+                  const unsigned char *keep, twk_fuse_group *groups, int *fused_into);
+/* Whether fusion is on for g (its flag and TWK_FUSION). */
+bool twk_fusion_enabled(const twk_graph *g);
 
 /* The k-th node in launch order (id order unless twk_graph_recompute set an order). */
 static inline twk_id twk_graph_at(const twk_graph *g, int k) { return g->order ? g->order[k] : k; }
@@ -62,4 +84,7 @@ twk_id twk_lora_gather_t(twk_graph *g, twk_id x, twk_id w, twk_id slot);
 twk_id twk_moe_gate_back(twk_graph *g, twk_id logits, twk_id ids, twk_id dy, bool renormalize);
 /* d w [T, K] of twk_moe_combine: dot(dout[t], y[inv[t*K + j]]). */
 twk_id twk_moe_combine_back_w(twk_graph *g, twk_id y, twk_id order, twk_id inv, twk_id dout);
+/* d logits [T, E] of twk_moe_router_stats(_slots) from dy [2, E] or [S, 2, E] (the mean softmax's rows;
+ * the counts have none); slot -1: none. -1 with the graph's error set. */
+twk_id twk_moe_router_stats_back(twk_graph *g, twk_id logits, twk_id dy, twk_id slot);
 #endif

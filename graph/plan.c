@@ -1,5 +1,6 @@
 /* Plan compilation: dead-node removal, backend support checks, liveness-based
  * memory planning into one arena, and running the result. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,7 +9,7 @@
 
 #define ARENA_ALIGN 64
 
-enum slot_kind { SLOT_DEAD = 0, SLOT_ARENA, SLOT_LEAF, SLOT_BOUND, SLOT_VIEW };
+enum slot_kind { SLOT_DEAD = 0, SLOT_ARENA, SLOT_LEAF, SLOT_BOUND, SLOT_VIEW, SLOT_FUSED /* inside a fused launch: no storage */ };
 
 typedef struct slot {
     int kind;
@@ -32,6 +33,9 @@ struct twk_plan {
     twk_id *launch_node;
     char (*names)[64];
     twk_hal_plan hal;
+    int n_groups;               /* fused launches (fuse.c) */
+    twk_fuse_group *groups;
+    int *fused_into;            /* per node: its group, -1 none (NULL: nothing fused) */
     twk_buffer *arena;
     int arena_shared; /* the caller's buffer: not freed here */
     twk_buffer *leaves;
@@ -74,6 +78,8 @@ void twk_plan_free(twk_plan *p) {
     twk_host_free(p->launches);
     twk_host_free(p->launch_node);
     twk_host_free(p->names);
+    twk_host_free(p->groups);
+    twk_host_free(p->fused_into);
     twk_host_free(p);
 }
 
@@ -225,9 +231,28 @@ static twk_status bind_tensors(const twk_graph *g, twk_plan *p, const twk_bindin
 
 /* The launches in graph order (every live node whose op has a kernel), with
  * each arena tensor's live range [first, last]; their count, -1 when out of memory. */
+/* The group of node id, NULL when it is in none. */
+static const twk_fuse_group *group_of(const twk_plan *p, twk_id id) {
+    return p->fused_into && p->fused_into[id] >= 0 ? &p->groups[p->fused_into[id]] : NULL;
+}
+
+/* The sources of node id's launch: its own, or its fused group's. */
+static const twk_id *launch_srcs(const twk_graph *g, const twk_plan *p, twk_id id, int *nsrc) {
+    const twk_fuse_group *grp = group_of(p, id);
+    *nsrc = grp ? grp->n_ext : g->nodes[id].nsrc;
+    return grp ? grp->ext : g->nodes[id].src;
+}
+
 static int order_launches(const twk_graph *g, twk_plan *p) {
     int n_launch = 0;
-    for (int i = 0; i < g->n; i++) n_launch += p->slots[i].kind != SLOT_DEAD && twk_op_has_kernel(g->nodes[i].op);
+    for (int i = 0; i < g->n; i++) {
+        slot *s = &p->slots[i];
+        if (s->kind == SLOT_ARENA) s->first = s->last = -1;
+        n_launch += s->kind != SLOT_DEAD && s->kind != SLOT_FUSED && twk_op_has_kernel(g->nodes[i].op);
+    }
+    twk_host_free(p->launches);
+    twk_host_free(p->launch_node);
+    twk_host_free(p->names);
     size_t cap = (size_t)(n_launch ? n_launch : 1);
     p->launches = twk_host_calloc(cap * sizeof *p->launches, "plan launches");
     p->launch_node = twk_host_calloc(cap * sizeof *p->launch_node, "plan launches");
@@ -238,11 +263,13 @@ static int order_launches(const twk_graph *g, twk_plan *p) {
         twk_id i = twk_graph_at(g, pos);
         slot *s = &p->slots[i];
         const twk_node *nd = &g->nodes[i];
-        if (s->kind == SLOT_DEAD || !twk_op_has_kernel(nd->op)) continue;
+        if (s->kind == SLOT_DEAD || s->kind == SLOT_FUSED || !twk_op_has_kernel(nd->op)) continue;
         p->launch_node[li] = i;
         if (s->kind == SLOT_ARENA) s->first = li;
-        for (int k = 0; k < nd->nsrc; k++) {
-            slot *r = &p->slots[p->slots[nd->src[k]].root];
+        int nsrc;
+        const twk_id *src = launch_srcs(g, p, i, &nsrc);
+        for (int k = 0; k < nsrc; k++) {
+            slot *r = &p->slots[p->slots[src[k]].root];
             if (r->kind == SLOT_ARENA && li > r->last) r->last = li;
         }
         li++;
@@ -300,8 +327,10 @@ static twk_status unsupported(const twk_graph *g, const twk_plan *p, const twk_b
 static void describe_buffers(const twk_graph *g, twk_plan *p, int n_launch) {
     for (int l = 0; l < n_launch; l++) {
         twk_id id = p->launch_node[l];
+        int nsrc;
+        const twk_id *src = launch_srcs(g, p, id, &nsrc);
         fill_desc(p, id, &p->launches[l].dst);
-        for (int k = 0; k < g->nodes[id].nsrc; k++) fill_desc(p, g->nodes[id].src[k], &p->launches[l].src[k]);
+        for (int k = 0; k < nsrc; k++) fill_desc(p, src[k], &p->launches[l].src[k]);
     }
 }
 
@@ -317,9 +346,11 @@ static twk_status describe_launches(const twk_graph *g, twk_plan *p, int n_launc
         if (nd->name[0]) snprintf(p->names[l], sizeof p->names[l], "%s", nd->name);
         else snprintf(p->names[l], sizeof p->names[l], "node %d", id);
         L->name = p->names[l];
-        L->nsrc = nd->nsrc;
-        memcpy(L->ip, nd->ip, sizeof L->ip);
-        memcpy(L->fp, nd->fp, sizeof L->fp);
+        const twk_fuse_group *grp = group_of(p, id);
+        L->nsrc = grp ? grp->n_ext : nd->nsrc;
+        memcpy(L->ip, grp ? grp->ip : nd->ip, sizeof L->ip);
+        memcpy(L->fp, grp ? grp->fp : nd->fp, sizeof L->fp);
+        if (grp) L->op = TWK_OP_FUSED_EW;
         char why[256] = "";
         if (!be->supports_op(twk_device_ctx(p->dev), L, why, sizeof why)) return unsupported(g, p, be, l, why);
     }
@@ -360,6 +391,80 @@ static twk_status check_compile_args(const twk_graph *g, twk_device *dev, int64_
     return TWK_OK;
 }
 
+/* Whether the device runs group grp as one FUSED_EW launch (asked with the launch it would be). */
+static bool device_fuses(const twk_graph *g, const twk_plan *p, const twk_fuse_group *grp) {
+    const twk_backend_iface *be = twk_device_backend(p->dev);
+    twk_launch L;
+    memset(&L, 0, sizeof L);
+    L.op = TWK_OP_FUSED_EW;
+    L.name = g->nodes[grp->tail].name;
+    L.nsrc = grp->n_ext;
+    fill_desc(p, grp->tail, &L.dst);
+    for (int k = 0; k < grp->n_ext; k++) fill_desc(p, grp->ext[k], &L.src[k]);
+    memcpy(L.ip, grp->ip, sizeof L.ip);
+    memcpy(L.fp, grp->fp, sizeof L.fp);
+    return be->supports_op(twk_device_ctx(p->dev), &L, NULL, 0);
+}
+
+/* Drops the fusion pass's groups; n_launch. */
+static int unfuse(twk_plan *p, int n_launch) {
+    twk_host_free(p->groups);
+    twk_host_free(p->fused_into);
+    p->groups = NULL;
+    p->fused_into = NULL;
+    p->n_groups = 0;
+    return n_launch;
+}
+
+/* Elementwise fusion (fuse.c) of the n_launch unfused launches, where the device runs fused
+ * launches: the steps inside a group lose their storage (SLOT_FUSED) and the launch order and
+ * live ranges are redone with each group as one launch reading its sources (kept only when the
+ * arena peak is no larger than unfused). The launch count,
+ * -1 when out of memory. */
+static int fuse(const twk_graph *g, twk_plan *p, int n_launch) {
+    const twk_backend_iface *be = twk_device_backend(p->dev);
+    const char *why = NULL;
+    if (!twk_fusion_enabled(g) || n_launch < 2 || !be->op_kernel(TWK_OP_FUSED_EW, &why)) return n_launch;
+    unsigned char *live = twk_host_calloc((size_t)g->n * 2 + 1, "fusion pass"), *keep = live + g->n;
+    p->groups = twk_host_calloc((size_t)(n_launch / 2 + 1) * sizeof *p->groups, "fusion pass");
+    p->fused_into = twk_host_alloc((size_t)g->n * sizeof *p->fused_into + 1, "fusion pass");
+    if (!live || !p->groups || !p->fused_into) {
+        twk_host_free(live);
+        return -1;
+    }
+    for (int i = 0; i < g->n; i++) {
+        const slot *s = &p->slots[i];
+        live[i] = s->kind != SLOT_DEAD;
+        keep[i] = s->kind != SLOT_ARENA || s->root != i || (g->nodes[i].flags & TWK_NODE_OUTPUT);
+    }
+    int ng = twk_fuse_pass(g, p->launch_node, n_launch, live, keep, p->groups, p->fused_into);
+    twk_host_free(live);
+    size_t peak_unfused = 0;
+    if (ng && plan_memory(p, &peak_unfused) != TWK_OK) return -1;
+    int kept = 0; /* the groups the device runs fused, renumbered */
+    for (int k = 0; k < ng; k++) {
+        twk_fuse_group *grp = &p->groups[k];
+        bool ok = device_fuses(g, p, grp);
+        for (int s = 0; s < grp->n_steps; s++) p->fused_into[grp->steps[s]] = ok ? kept : -1;
+        if (!ok) continue;
+        for (int s = 0; s < grp->n_steps - 1; s++) p->slots[grp->steps[s]].kind = SLOT_FUSED;
+        if (kept != k) p->groups[kept] = *grp;
+        kept++;
+    }
+    p->n_groups = kept;
+    if (!kept) return unfuse(p, n_launch);
+    int n_fused = order_launches(g, p);
+    size_t peak_fused = 0;
+    if (n_fused < 0 || plan_memory(p, &peak_fused) != TWK_OK) return -1;
+    /* the greedy placement is not monotone: a fused plan never needs more arena than the unfused
+     * one (twk_plan_estimate's figure, which callers size shared arenas by), else it stays unfused */
+    if (peak_fused <= peak_unfused) return n_fused;
+    for (int i = 0; i < g->n; i++)
+        if (p->slots[i].kind == SLOT_FUSED) p->slots[i].kind = SLOT_ARENA;
+    unfuse(p, n_launch);
+    return order_launches(g, p);
+}
+
 /* The device-free steps of a compile: dead nodes, storage classes, bindings (dry: ids
  * only), launch order and live ranges, leaves and the arena's placement. The launch count
  * (-1 with *st set on failure). */
@@ -374,6 +479,8 @@ static int lay_out(const twk_graph *g, twk_plan *p, const twk_binding *binds, in
     if ((*st = bind_tensors(g, p, binds, n_binds, dry)) != TWK_OK) return -1;
     int n_launch = order_launches(g, p);
     if (n_launch < 0) return *st = TWK_ERR_OOM, -1;
+    p->stats.n_launches_unfused = n_launch;
+    if (!dry && (n_launch = fuse(g, p, n_launch)) < 0) return *st = TWK_ERR_OOM, -1;
     if ((*st = check_in_place(g, p)) != TWK_OK) return -1;
     size_t naive, leaf_bytes;
     place_leaves(p, &leaf_bytes, &naive);
@@ -385,6 +492,9 @@ static int lay_out(const twk_graph *g, twk_plan *p, const twk_binding *binds, in
     p->stats.leaf_bytes = leaf_bytes;
     size_t per_launch = sizeof *p->launches + sizeof *p->launch_node + sizeof *p->names;
     p->stats.host_bytes = sizeof *p + (size_t)g->n * sizeof *p->slots + (size_t)(n_launch ? n_launch : 1) * per_launch;
+    if (p->fused_into)
+        p->stats.host_bytes += (size_t)g->n * sizeof *p->fused_into + (size_t)p->n_groups * sizeof *p->groups;
+    p->stats.n_fused_groups = p->n_groups;
     return n_launch;
 }
 
@@ -449,6 +559,11 @@ static twk_status io_check(twk_plan *p, twk_id id, int64_t n, size_t bytes, cons
     const slot *s = &p->slots[id];
     if (s->kind == SLOT_DEAD)
         return twk_error(TWK_ERR_INVALID_ARG, "%s: tensor %d is not used by this plan's outputs", what, id);
+    if (s->kind == SLOT_FUSED)
+        return twk_error(TWK_ERR_INVALID_ARG,
+                         "%s: tensor %d is an intermediate of a fused elementwise launch and is not kept "
+                         "(make it an output, or compile with twk_graph_set_fusion(g, false) or TWK_FUSION=0)",
+                         what, id);
     if (n < 1 || n > p->capacity)
         return twk_error(TWK_ERR_INVALID_ARG, "%s: token count %lld outside 1..%lld", what,
                          (long long)n, (long long)p->capacity);
@@ -476,6 +591,8 @@ twk_status twk_plan_read(twk_plan *p, twk_id id, int64_t n, void *dst, size_t by
     return twk_buffer_download(p->dev, r->buf, r->offset, dst, bytes);
 }
 
+static _Atomic uint64_t launches_run; /* twk_plan_launches_run */
+
 twk_status twk_plan_run(twk_plan *p, int64_t n) {
     if (!p) return twk_error(TWK_ERR_INVALID_ARG, "plan_run: plan is NULL");
     if (n < 1 || n > p->capacity)
@@ -484,10 +601,14 @@ twk_status twk_plan_run(twk_plan *p, int64_t n) {
     const twk_backend_iface *be = twk_device_backend(p->dev);
     twk_status st = be->run(twk_device_ctx(p->dev), p->prepared, &p->hal, n);
     if (st != TWK_OK) return st;
+    atomic_fetch_add(&launches_run, (uint64_t)p->hal.n_launches);
     return be->synchronize(twk_device_ctx(p->dev));
 }
 
+uint64_t twk_plan_launches_run(void) { return atomic_load(&launches_run); }
+
 int twk_plan_launch_of(const twk_plan *p, twk_id id) {
+    if (p && id >= 0 && id < p->n_nodes && group_of(p, id)) id = group_of(p, id)->tail; /* fused: its group's launch */
     for (int l = 0; p && l < p->hal.n_launches; l++)
         if (p->launch_node[l] == id) return l;
     return -1;
@@ -537,6 +658,7 @@ twk_status twk_plan_run_cut(twk_plan *p, int64_t n, const int *cuts, int n_cuts,
     const twk_backend_iface *be = twk_device_backend(p->dev);
     for (int i = 0; st == TWK_OK && i <= n_cuts; i++) {
         st = be->run(twk_device_ctx(p->dev), p->seg_prepared[i], &p->seg_hal[i], n);
+        if (st == TWK_OK) atomic_fetch_add(&launches_run, (uint64_t)p->seg_hal[i].n_launches);
         if (st == TWK_OK) st = be->synchronize(twk_device_ctx(p->dev));
         if (st == TWK_OK && i < n_cuts && at) st = at(ctx, i);
     }

@@ -26,7 +26,7 @@
 #include "twinkle/hal.h"
 #include "twinkle/ops.h"
 
-#define TWK_BACKEND_ABI_VERSION 3
+#define TWK_BACKEND_ABI_VERSION 4
 
 #ifdef __cplusplus
 extern "C" {
@@ -78,6 +78,19 @@ typedef struct twk_launch {
     int32_t ip[TWK_MAX_PARAMS];
     float fp[TWK_MAX_PARAMS];
 } twk_launch;
+
+/* TWK_OP_FUSED_EW (graph/fuse.c): a chain of same-shape f32 elementwise ops (add, mul, scale,
+ * silu, gelu, tanh, swiglu and their gradients) as one launch. Step k is ip[k] (a 0 ends the
+ * list; at most TWK_MAX_PARAMS steps): its op, its operands (0..7: the launch's source i;
+ * TWK_FUSE_RESULT(j): step j's result, j < k), its iparam 0 (swiglu_back's `which`); fp[k] is its
+ * fparam 0 (scale's factor). The last step's result is dst. Every source has dst's shape, so a
+ * backend may treat them all as flat arrays of nelem elements. */
+#define TWK_FUSE_STEP(op, a, b, c, i) ((int32_t)((unsigned)(op) | (unsigned)(a) << 8 | (unsigned)(b) << 12 | \
+                                                 (unsigned)(c) << 16 | (unsigned)(i) << 20))
+#define TWK_FUSE_OP(s) ((twk_op)((unsigned)(s) & 0xffu))
+#define TWK_FUSE_ARG(s, k) ((int)((unsigned)(s) >> (8 + 4 * (k)) & 0xfu))
+#define TWK_FUSE_IP(s) ((int)((unsigned)(s) >> 20 & 1u))
+#define TWK_FUSE_RESULT(j) (8 + (j))
 
 /* The dtype rule every backend shares: copies keep the element size; other ops
  * compute f32 from f32 sources and index sources, and also take bf16 / f16 in

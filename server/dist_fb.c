@@ -51,6 +51,7 @@ static void put_share(dsv_buf *m, const run_state *r, const twk_loss_job *j, con
 /* What share r's `:mean` metric i averaged over: pairs (preference losses); for the RL losses the
  * KL term's counted tokens, GSPO's sequences, else tokens. */
 static double mean_weight(const twk_loss_def *d, const twk_loss_result *part, int i, double seqs, double masked) {
+    if (i >= d->n_metrics) return part->values[1]; /* TWK_METRIC_ROUTER_AUX: per token */
     if (d->family == TWK_FAMILY_PREF) return part->values[2];
     if (d->family != TWK_FAMILY_RL) return part->values[1];
     if (!strcmp(d->metrics[i], "kl:mean")) return masked;
@@ -66,8 +67,8 @@ static void combine(const twk_loss_def *d, const twk_loss_result *parts, const i
     for (int r = 0; r < n; r++)
         if (used[r]) res->n_metrics = parts[r].n_metrics;
     for (int i = 0; i < res->n_metrics; i++) {
-        res->keys[i] = d->metrics[i];
-        int is_mean = strstr(d->metrics[i], ":mean") != NULL;
+        res->keys[i] = i < d->n_metrics ? d->metrics[i] : TWK_METRIC_ROUTER_AUX;
+        int is_mean = strstr(res->keys[i], ":mean") != NULL;
         double wsum = 0;
         for (int r = 0; is_mean && r < n; r++)
             if (used[r]) wsum += mean_weight(d, &parts[r], i, seqs[r], masked[r]);

@@ -395,6 +395,96 @@ static int page_cap(int total, int limit, int offset) {
     return left < limit ? left : limit;
 }
 
+/* One paged list (sessions, runs, checkpoints): a count and a page of rows read in one transaction. */
+typedef struct {
+    int count_stmt, list_stmt;
+    const char *tenant, *key; /* NULL binds SQL NULL */
+    int all, keyed; /* keyed: (tenant, key, limit, offset, all) at ?1..?5; else (tenant, limit, offset) */
+    int need_tenant; /* a NULL tenant is refused (it never means "all tenants") */
+    const char *need_key; /* when set, the key's name: a NULL key is refused */
+    size_t elem;
+    const char *what; /* the array's allocation name */
+    twk_status (*row)(twk_store *s, sqlite3_stmt *st, void *elem, const char *op); /* clears elem on failure */
+    void (*clear)(void *elem);
+} list_spec;
+
+static void list_free(const list_spec *ls, void *arr, int n) {
+    if (!arr) return;
+    for (int i = 0; i < n; i++) ls->clear((char *)arr + (size_t)i * ls->elem);
+    twk_host_free(arr);
+}
+
+/* Binds ls's parameters in st: the count's (page = 0) or the page's. */
+static twk_status list_bind(twk_store *s, sqlite3_stmt *st, const list_spec *ls, int page, int limit, int offset,
+                            const char *op) {
+    int at = ls->keyed ? 3 : 2; /* where limit and offset go */
+    twk_status status = bind_text(s, st, 1, ls->tenant, op);
+    if (status == TWK_OK && ls->keyed) status = bind_text(s, st, 2, ls->key, op);
+    if (status == TWK_OK && ls->keyed) status = bind_int64(s, st, 5, ls->all, op);
+    if (status == TWK_OK && page) status = bind_int64(s, st, at, limit, op);
+    if (status == TWK_OK && page) status = bind_int64(s, st, at + 1, offset, op);
+    if (status != TWK_OK) stmt_done(st);
+    return status;
+}
+
+static twk_status list_page(twk_store *s, const list_spec *ls, int limit, int offset, void **out, int *n_out,
+                            int *total, const char *op) {
+    sqlite3_stmt *st;
+    TRY(stmt_get(s, ls->count_stmt, op, &st));
+    TRY(list_bind(s, st, ls, 0, limit, offset, op));
+    TRY(count_rows(s, st, op, total));
+    int cap = page_cap(*total, limit, offset);
+    if (cap == 0) return TWK_OK;
+    char *arr = twk_host_calloc((size_t)cap * ls->elem, ls->what);
+    if (!arr) return TWK_ERR_OOM;
+    int n = 0;
+    twk_status status = stmt_get(s, ls->list_stmt, op, &st);
+    if (status == TWK_OK) status = list_bind(s, st, ls, 1, limit, offset, op);
+    while (status == TWK_OK && n < cap) {
+        int rc = sqlite3_step(st);
+        if (rc == SQLITE_DONE) break;
+        if (rc != SQLITE_ROW) {
+            status = db_fail(s, op, sqlite3_extended_errcode(s->db));
+            break;
+        }
+        status = ls->row(s, st, arr + (size_t)n * ls->elem, op);
+        if (status == TWK_OK) n++;
+    }
+    if (st) stmt_done(st);
+    if (status != TWK_OK || n == 0) {
+        list_free(ls, arr, n);
+        return status;
+    }
+    *out = arr;
+    *n_out = n;
+    return TWK_OK;
+}
+
+/* The whole list call: arguments checked, *out / *n_out / *total zeroed, then set when it succeeds. */
+static twk_status list_read(twk_store *s, const list_spec *ls, int limit, int offset, void **out, int *n_out,
+                            int *total, const char *op) {
+    NEED(out, "out", op);
+    NEED(n_out, "n_out", op);
+    NEED(total, "total", op);
+    *out = NULL;
+    *n_out = 0;
+    *total = 0;
+    NEED(s, "store", op);
+    if (ls->need_tenant) NEED(ls->tenant, "tenant", op);
+    if (ls->need_key) NEED(ls->key, ls->need_key, op);
+    TRY(list_args(&limit, offset, op));
+    TRY(read_begin(s, op));
+    twk_status status = list_page(s, ls, limit, offset, out, n_out, total, op);
+    status = read_end(s, status, op);
+    if (status != TWK_OK) {
+        list_free(ls, *out, *n_out);
+        *out = NULL;
+        *n_out = 0;
+        *total = 0;
+    }
+    return status;
+}
+
 /* ---- open / close ------------------------------------------------------- */
 
 static twk_status mkdir_p(const char *dir) {
@@ -619,77 +709,23 @@ twk_status twk_store_session_finish(twk_store *s, const char *tenant, const char
     return update_by_tenant_id(s, ST_SESS_FINISH, "session finish", "session", tenant, id, 0, 0);
 }
 
-static void free_ids(char **ids, int n) {
-    if (!ids) return;
-    for (int i = 0; i < n; i++) twk_host_free(ids[i]);
-    twk_host_free(ids);
+static twk_status row_to_id(twk_store *s, sqlite3_stmt *st, void *elem, const char *op) {
+    (void)s;
+    (void)op;
+    const unsigned char *v = sqlite3_column_text(st, 0);
+    const char *src = v ? (const char *)v : "";
+    char **id = elem;
+    *id = dup_str(src, strlen(src), "session list id");
+    return *id ? TWK_OK : TWK_ERR_OOM;
 }
 
-static twk_status session_page(twk_store *s, const char *tenant, int limit, int offset, char ***ids, int *n_out,
-                               int *total, const char *op) {
-    sqlite3_stmt *st;
-    TRY(stmt_get(s, ST_SESS_COUNT, op, &st));
-    BIND(bind_text(s, st, 1, tenant, op));
-    TRY(count_rows(s, st, op, total));
-    int cap = page_cap(*total, limit, offset);
-    if (cap == 0) return TWK_OK;
-    char **arr = twk_host_calloc((size_t)cap * sizeof *arr, "session list");
-    if (!arr) return TWK_ERR_OOM;
-    int n = 0;
-    twk_status status = TWK_OK;
-    status = stmt_get(s, ST_SESS_LIST, op, &st);
-    if (status == TWK_OK) status = bind_text(s, st, 1, tenant, op);
-    if (status == TWK_OK) status = bind_int64(s, st, 2, limit, op);
-    if (status == TWK_OK) status = bind_int64(s, st, 3, offset, op);
-    while (status == TWK_OK && n < cap) {
-        int rc = sqlite3_step(st);
-        if (rc == SQLITE_DONE) break;
-        if (rc != SQLITE_ROW) {
-            status = db_fail(s, op, sqlite3_extended_errcode(s->db));
-            break;
-        }
-        const unsigned char *v = sqlite3_column_text(st, 0);
-        const char *src = v ? (const char *)v : "";
-        arr[n] = dup_str(src, strlen(src), "session list id");
-        if (!arr[n]) status = TWK_ERR_OOM;
-        else n++;
-    }
-    if (st) stmt_done(st);
-    if (status != TWK_OK) {
-        free_ids(arr, n);
-        return status;
-    }
-    if (n == 0) {
-        twk_host_free(arr);
-        arr = NULL;
-    }
-    *ids = arr;
-    *n_out = n;
-    return TWK_OK;
-}
+static void clear_id(void *elem) { twk_host_free(*(char **)elem); }
 
 twk_status twk_store_session_list(twk_store *s, const char *tenant, int limit, int offset, char ***ids, int *n_out,
                                   int *total) {
-    const char *op = "session list";
-    NEED(ids, "ids", op);
-    NEED(n_out, "n_out", op);
-    NEED(total, "total", op);
-    *ids = NULL;
-    *n_out = 0;
-    *total = 0;
-    NEED(s, "store", op);
-    NEED(tenant, "tenant", op);
-    TRY(list_args(&limit, offset, op));
-    TRY(read_begin(s, op));
-    twk_status status = session_page(s, tenant, limit, offset, ids, n_out, total, op);
-    status = read_end(s, status, op);
-    if (status != TWK_OK) {
-        free_ids(*ids, *n_out);
-        *ids = NULL;
-        *n_out = 0;
-        *total = 0;
-    }
-    return status;
+    list_spec ls = {.count_stmt = ST_SESS_COUNT, .list_stmt = ST_SESS_LIST, .tenant = tenant, .need_tenant = 1,
+                    .elem = sizeof(char *), .what = "session list", .row = row_to_id, .clear = clear_id};
+    return list_read(s, &ls, limit, offset, (void **)ids, n_out, total, "session list");
 }
 
 /* ---- runs --------------------------------------------------------------- */
@@ -780,76 +816,19 @@ twk_status twk_store_run_touch(twk_store *s, const char *id, double now) {
     return TWK_OK;
 }
 
-static void free_runs(twk_store_run *runs, int n) {
-    if (!runs) return;
-    for (int i = 0; i < n; i++) twk_store_run_clear(&runs[i]);
-    twk_host_free(runs);
+static twk_status row_to_run_elem(twk_store *s, sqlite3_stmt *st, void *elem, const char *op) {
+    return row_to_run(s, st, elem, op);
 }
 
-static twk_status run_page(twk_store *s, const char *tenant, int all, const char *session_id, int limit, int offset,
-                           twk_store_run **runs, int *n_out, int *total, const char *op) {
-    sqlite3_stmt *st;
-    TRY(stmt_get(s, ST_RUN_COUNT, op, &st));
-    BIND(bind_text(s, st, 1, tenant, op));
-    BIND(bind_text(s, st, 2, session_id, op));
-    BIND(bind_int64(s, st, 5, all, op));
-    TRY(count_rows(s, st, op, total));
-    int cap = page_cap(*total, limit, offset);
-    if (cap == 0) return TWK_OK;
-    twk_store_run *arr = twk_host_calloc((size_t)cap * sizeof *arr, "run list");
-    if (!arr) return TWK_ERR_OOM;
-    int n = 0;
-    twk_status status = TWK_OK;
-    status = stmt_get(s, ST_RUN_LIST, op, &st);
-    if (status == TWK_OK) status = bind_text(s, st, 1, tenant, op);
-    if (status == TWK_OK) status = bind_text(s, st, 2, session_id, op);
-    if (status == TWK_OK) status = bind_int64(s, st, 3, limit, op);
-    if (status == TWK_OK) status = bind_int64(s, st, 4, offset, op);
-    if (status == TWK_OK) status = bind_int64(s, st, 5, all, op);
-    while (status == TWK_OK && n < cap) {
-        int rc = sqlite3_step(st);
-        if (rc == SQLITE_DONE) break;
-        if (rc != SQLITE_ROW) {
-            status = db_fail(s, op, sqlite3_extended_errcode(s->db));
-            break;
-        }
-        status = row_to_run(s, st, &arr[n], op);
-        if (status == TWK_OK) n++;
-    }
-    if (st) stmt_done(st);
-    if (status != TWK_OK) {
-        free_runs(arr, n);
-        return status;
-    }
-    if (n == 0) {
-        twk_host_free(arr);
-        arr = NULL;
-    }
-    *runs = arr;
-    *n_out = n;
-    return TWK_OK;
-}
+static void clear_run(void *elem) { twk_store_run_clear(elem); }
 
-static twk_status run_list(twk_store *s, const char *tenant, const char *session_id, int limit, int offset,
+/* all: every tenant's runs (tenant and session_id NULL); else the tenant's, of session_id when set. */
+static twk_status run_list(twk_store *s, const char *tenant, int all, const char *session_id, int limit, int offset,
                            twk_store_run **runs, int *n_out, int *total, const char *op) {
-    NEED(runs, "runs", op);
-    NEED(n_out, "n_out", op);
-    NEED(total, "total", op);
-    *runs = NULL;
-    *n_out = 0;
-    *total = 0;
-    NEED(s, "store", op);
-    TRY(list_args(&limit, offset, op));
-    TRY(read_begin(s, op));
-    twk_status status = run_page(s, tenant, !tenant, session_id, limit, offset, runs, n_out, total, op);
-    status = read_end(s, status, op);
-    if (status != TWK_OK) {
-        free_runs(*runs, *n_out);
-        *runs = NULL;
-        *n_out = 0;
-        *total = 0;
-    }
-    return status;
+    list_spec ls = {.count_stmt = ST_RUN_COUNT, .list_stmt = ST_RUN_LIST, .tenant = tenant, .key = session_id,
+                    .all = all, .keyed = 1, .need_tenant = !all, .elem = sizeof **runs,
+                    .what = "run list", .row = row_to_run_elem, .clear = clear_run};
+    return list_read(s, &ls, limit, offset, (void **)runs, n_out, total, op);
 }
 
 twk_status twk_store_tenant_stats(twk_store *s, double live_since, twk_store_stats_fn fn, void *user) {
@@ -873,22 +852,13 @@ twk_status twk_store_tenant_stats(twk_store *s, double live_since, twk_store_sta
     return rc == SQLITE_DONE ? TWK_OK : db_fail(s, op, rc);
 }
 
-/* ---- checkpoints -------------------------------------------------------- */
-
 twk_status twk_store_run_list(twk_store *s, const char *tenant, const char *session_id, int limit, int offset,
                               twk_store_run **runs, int *n_out, int *total) {
-    const char *op = "run list";
-    if (!tenant) { /* NULL never means "all" here */
-        if (runs) *runs = NULL;
-        if (n_out) *n_out = 0;
-        if (total) *total = 0;
-    }
-    NEED(tenant, "tenant", op);
-    return run_list(s, tenant, session_id, limit, offset, runs, n_out, total, op);
+    return run_list(s, tenant, 0, session_id, limit, offset, runs, n_out, total, "run list");
 }
 
 twk_status twk_store_run_list_all(twk_store *s, int limit, int offset, twk_store_run **runs, int *n_out, int *total) {
-    return run_list(s, NULL, NULL, limit, offset, runs, n_out, total, "run list (all tenants)");
+    return run_list(s, NULL, 1, NULL, limit, offset, runs, n_out, total, "run list (all tenants)");
 }
 
 static twk_status ckpt_write(twk_store *s, const twk_store_ckpt *c, int which, const char *op) {
@@ -1062,78 +1032,33 @@ twk_status twk_store_ckpt_set_public(twk_store *s, const char *tenant, const cha
                        is_public ? 1 : 0);
 }
 
-static twk_status ckpt_page(twk_store *s, const char *tenant, int all, const char *run_id, int limit, int offset,
-                            twk_store_ckpt **out, int *n_out, int *total, const char *op) {
-    sqlite3_stmt *st;
-    TRY(stmt_get(s, ST_CK_COUNT, op, &st));
-    BIND(bind_text(s, st, 1, tenant, op));
-    BIND(bind_text(s, st, 2, run_id, op));
-    BIND(bind_int64(s, st, 5, all, op));
-    TRY(count_rows(s, st, op, total));
-    int cap = page_cap(*total, limit, offset);
-    if (cap == 0) return TWK_OK;
-    twk_store_ckpt *arr = twk_host_calloc((size_t)cap * sizeof *arr, "checkpoint list");
-    if (!arr) return TWK_ERR_OOM;
-    int n = 0;
-    twk_status status = TWK_OK;
-    status = stmt_get(s, ST_CK_LIST, op, &st);
-    if (status == TWK_OK) status = bind_text(s, st, 1, tenant, op);
-    if (status == TWK_OK) status = bind_text(s, st, 2, run_id, op);
-    if (status == TWK_OK) status = bind_int64(s, st, 3, limit, op);
-    if (status == TWK_OK) status = bind_int64(s, st, 4, offset, op);
-    if (status == TWK_OK) status = bind_int64(s, st, 5, all, op);
-    if (status == TWK_OK) status = ckpt_rows(s, st, arr, cap, &n, op);
-    if (st) stmt_done(st);
-    if (status != TWK_OK || n == 0) {
-        twk_host_free(arr);
-        return status;
-    }
-    *out = arr;
-    *n_out = n;
-    return TWK_OK;
+static twk_status row_to_ckpt_elem(twk_store *s, sqlite3_stmt *st, void *elem, const char *op) {
+    return row_to_ckpt(s, st, elem, op);
 }
 
-static twk_status ckpt_list(twk_store *s, const char *tenant, int all, const char *run_id, int limit, int offset,
-                            twk_store_ckpt **out, int *n_out, int *total, const char *op);
+static void clear_ckpt(void *elem) { (void)elem; /* a checkpoint row owns no memory */ }
+
+/* all: every tenant's checkpoints; else those of run_id, the tenant's (need_tenant) or public ones (tenant NULL). */
+static twk_status ckpt_list(twk_store *s, const char *tenant, int need_tenant, int all, const char *run_id, int limit,
+                            int offset, twk_store_ckpt **out, int *n_out, int *total, const char *op) {
+    list_spec ls = {.count_stmt = ST_CK_COUNT, .list_stmt = ST_CK_LIST, .tenant = tenant, .key = run_id, .all = all,
+                    .keyed = 1, .need_tenant = need_tenant, .need_key = all || need_tenant ? NULL : "run_id",
+                    .elem = sizeof **out, .what = "checkpoint list", .row = row_to_ckpt_elem, .clear = clear_ckpt};
+    return list_read(s, &ls, limit, offset, (void **)out, n_out, total, op);
+}
 
 twk_status twk_store_ckpt_list(twk_store *s, const char *tenant, const char *run_id, int limit, int offset,
                                twk_store_ckpt **out, int *n_out, int *total) {
-    const char *op = "checkpoint list";
-    NEED(tenant, "tenant", op);
-    return ckpt_list(s, tenant, 0, run_id, limit, offset, out, n_out, total, op);
+    return ckpt_list(s, tenant, 1, 0, run_id, limit, offset, out, n_out, total, "checkpoint list");
 }
 
 twk_status twk_store_ckpt_list_public(twk_store *s, const char *run_id, int limit, int offset, twk_store_ckpt **out,
                                       int *n_out, int *total) {
-    const char *op = "public checkpoint list";
-    NEED(run_id, "run_id", op);
-    return ckpt_list(s, NULL, 0, run_id, limit, offset, out, n_out, total, op);
+    return ckpt_list(s, NULL, 0, 0, run_id, limit, offset, out, n_out, total, "public checkpoint list");
 }
 
 twk_status twk_store_ckpt_list_all(twk_store *s, int limit, int offset, twk_store_ckpt **out, int *n_out, int *total) {
-    return ckpt_list(s, NULL, 1, NULL, limit, offset, out, n_out, total, "checkpoint list (all tenants)");
-}
-
-static twk_status ckpt_list(twk_store *s, const char *tenant, int all, const char *run_id, int limit, int offset,
-                            twk_store_ckpt **out, int *n_out, int *total, const char *op) {
-    NEED(out, "out", op);
-    NEED(n_out, "n_out", op);
-    NEED(total, "total", op);
-    *out = NULL;
-    *n_out = 0;
-    *total = 0;
-    NEED(s, "store", op);
-    TRY(list_args(&limit, offset, op));
-    TRY(read_begin(s, op));
-    twk_status status = ckpt_page(s, tenant, all, run_id, limit, offset, out, n_out, total, op);
-    status = read_end(s, status, op);
-    if (status != TWK_OK) {
-        twk_host_free(*out);
-        *out = NULL;
-        *n_out = 0;
-        *total = 0;
-    }
-    return status;
+    return ckpt_list(s, NULL, 0, 1, NULL, limit, offset, out, n_out, total, "checkpoint list (all tenants)");
 }
 
 twk_status twk_store_ckpt_listed(twk_store *s, const char *run_id, const char *checkpoint_id, int *listed) {
@@ -1189,19 +1114,30 @@ static twk_status step_thin(twk_store *s, const char *run_id, int kind, int cap,
     return TWK_OK;
 }
 
-twk_status twk_store_steps_add(twk_store *s, const twk_store_step *rows, int n, int cap, int *n_failed) {
-    const char *op = "steps add";
+/* One batch of rows inserted in one transaction, then each group of the batch trimmed once: what the
+ * per-step metrics and the sessions' timelines share. A row that fails is counted in *n_failed and the
+ * rest still go in; the first failure's error is returned. */
+typedef struct {
+    size_t size; /* one row's bytes */
+    twk_status (*insert)(twk_store *s, const void *row, const char *op);
+    int (*same_group)(const void *a, const void *b);
+    twk_status (*trim)(twk_store *s, const void *row, int cap, const char *op); /* its group to cap rows */
+} batch_spec;
+
+static twk_status batch_add(twk_store *s, const batch_spec *bs, const void *rows, int n, int cap, int min_cap,
+                            int *n_failed, const char *op) {
     NEED(n_failed, "n_failed", op);
     *n_failed = 0;
     NEED(s, "store", op);
     if (n <= 0) return TWK_OK;
     NEED(rows, "rows", op);
-    if (cap < 2) return twk_error(TWK_ERR_INVALID_ARG, "store: %s: cap %d is below 2", op, cap);
+    if (cap < min_cap) return twk_error(TWK_ERR_INVALID_ARG, "store: %s: cap %d is below %d", op, cap, min_cap);
+    const char *row = rows;
     TRY(exec_sql(s, "BEGIN IMMEDIATE", op));
     char first[1024] = "";
     twk_status first_st = TWK_OK;
     for (int i = 0; i < n; i++) {
-        twk_status st = step_insert(s, &rows[i], op);
+        twk_status st = bs->insert(s, row + (size_t)i * bs->size, op);
         if (st == TWK_OK) continue;
         if (first_st == TWK_OK) {
             first_st = st;
@@ -1209,13 +1145,11 @@ twk_status twk_store_steps_add(twk_store *s, const twk_store_step *rows, int n, 
         }
         ++*n_failed;
     }
-    /* each (run, kind) of the batch once: thinning runs after its rows went in */
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++) { /* each group of the batch once, after its rows went in */
         int seen = 0;
-        for (int j = 0; j < i && !seen; j++)
-            seen = rows[j].kind == rows[i].kind && !strcmp(rows[j].run_id, rows[i].run_id);
+        for (int j = 0; j < i && !seen; j++) seen = bs->same_group(row + (size_t)j * bs->size, row + (size_t)i * bs->size);
         if (seen) continue;
-        twk_status st = step_thin(s, rows[i].run_id, rows[i].kind, cap, op);
+        twk_status st = bs->trim(s, row + (size_t)i * bs->size, cap, op);
         if (st != TWK_OK && first_st == TWK_OK) {
             first_st = st;
             snprintf(first, sizeof first, "%s", twk_last_error());
@@ -1230,6 +1164,23 @@ twk_status twk_store_steps_add(twk_store *s, const twk_store_step *rows, int n, 
         return twk_error(st, "%s", saved);
     }
     return first_st == TWK_OK ? TWK_OK : twk_error(first_st, "%s", first);
+}
+
+static twk_status step_insert_row(twk_store *s, const void *row, const char *op) { return step_insert(s, row, op); }
+
+static int step_same_series(const void *a, const void *b) {
+    const twk_store_step *x = a, *y = b;
+    return x->kind == y->kind && !strcmp(x->run_id, y->run_id);
+}
+
+static twk_status step_thin_row(twk_store *s, const void *row, int cap, const char *op) {
+    const twk_store_step *r = row;
+    return step_thin(s, r->run_id, r->kind, cap, op);
+}
+
+twk_status twk_store_steps_add(twk_store *s, const twk_store_step *rows, int n, int cap, int *n_failed) {
+    static const batch_spec bs = {sizeof *rows, step_insert_row, step_same_series, step_thin_row};
+    return batch_add(s, &bs, rows, n, cap, 2, n_failed, "steps add");
 }
 
 twk_status twk_store_steps_list(twk_store *s, const char *tenant, const char *run_id, twk_store_step **out,
@@ -1313,50 +1264,24 @@ static twk_status trace_insert(twk_store *s, const twk_store_trace_rec *r, const
     return step_done(s, st, op, NULL);
 }
 
+static twk_status trace_insert_row(twk_store *s, const void *row, const char *op) { return trace_insert(s, row, op); }
+
+static int trace_same_session(const void *a, const void *b) {
+    return !strcmp(((const twk_store_trace_rec *)a)->session_id, ((const twk_store_trace_rec *)b)->session_id);
+}
+
+/* The session's oldest rows past cap go. */
+static twk_status trace_trim(twk_store *s, const void *row, int cap, const char *op) {
+    sqlite3_stmt *st;
+    TRY(stmt_get(s, ST_TRACE_TRIM, op, &st));
+    BIND(bind_text(s, st, 1, ((const twk_store_trace_rec *)row)->session_id, op));
+    BIND(bind_int64(s, st, 2, cap, op));
+    return step_done(s, st, op, NULL);
+}
+
 twk_status twk_store_trace_add(twk_store *s, const twk_store_trace_rec *rows, int n, int cap, int *n_failed) {
-    const char *op = "trace add";
-    NEED(n_failed, "n_failed", op);
-    *n_failed = 0;
-    NEED(s, "store", op);
-    if (n <= 0) return TWK_OK;
-    NEED(rows, "rows", op);
-    if (cap < 1) return twk_error(TWK_ERR_INVALID_ARG, "store: %s: cap %d is below 1", op, cap);
-    TRY(exec_sql(s, "BEGIN IMMEDIATE", op));
-    char first[1024] = "";
-    twk_status first_st = TWK_OK;
-    for (int i = 0; i < n; i++) {
-        twk_status st = trace_insert(s, &rows[i], op);
-        if (st == TWK_OK) continue;
-        if (first_st == TWK_OK) {
-            first_st = st;
-            snprintf(first, sizeof first, "%s", twk_last_error());
-        }
-        ++*n_failed;
-    }
-    for (int i = 0; i < n; i++) { /* each session of the batch once: its oldest rows past cap go */
-        int seen = 0;
-        for (int j = 0; j < i && !seen; j++) seen = !strcmp(rows[j].session_id, rows[i].session_id);
-        if (seen) continue;
-        sqlite3_stmt *st;
-        twk_status ts = stmt_get(s, ST_TRACE_TRIM, op, &st);
-        if (ts == TWK_OK) ts = bind_text(s, st, 1, rows[i].session_id, op);
-        if (ts == TWK_OK) ts = bind_int64(s, st, 2, cap, op);
-        if (ts == TWK_OK) ts = step_done(s, st, op, NULL);
-        else if (st) stmt_done(st);
-        if (ts != TWK_OK && first_st == TWK_OK) {
-            first_st = ts;
-            snprintf(first, sizeof first, "%s", twk_last_error());
-        }
-    }
-    twk_status st = exec_sql(s, "COMMIT", op);
-    if (st != TWK_OK) {
-        char saved[1024];
-        snprintf(saved, sizeof saved, "%s", twk_last_error());
-        sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
-        *n_failed = n;
-        return twk_error(st, "%s", saved);
-    }
-    return first_st == TWK_OK ? TWK_OK : twk_error(first_st, "%s", first);
+    static const batch_spec bs = {sizeof *rows, trace_insert_row, trace_same_session, trace_trim};
+    return batch_add(s, &bs, rows, n, cap, 1, n_failed, "trace add");
 }
 
 twk_status twk_store_trace_stats(twk_store *s, const char *tenant, const char *session_id, int64_t *last_seq,

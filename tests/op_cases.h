@@ -44,6 +44,10 @@ extern const int opc_n_cases;
  * opc_cases have none, so every op also runs below its capacity. */
 extern const op_case opc_extra_cases[];
 extern const int opc_n_extra_cases;
+/* The mixture-of-experts cases (op_cases_moe.c): test_ops runs them; backend_ops on the
+ * devices that have every op a case uses (a skip line for the others). */
+extern const op_case opc_moe_cases[];
+extern const int opc_n_moe_cases;
 
 /* Size of a spec dim at token count n (negative dims are per-token). */
 int64_t opc_actual(int64_t ne, int64_t n);

@@ -266,3 +266,92 @@ void ref_adamw(const rt *w, const rt *grad, const rt *m, const rt *v, const rt *
         y->d[i] = w->d[i] * h[6] - h[4] * mi / (sqrt(vi) / h[5] + h[3]);
     }
 }
+
+/* ---- mixture of experts ---- */
+
+void ref_moe_topk(const rt *logits, int k, rt *ids) {
+    int64_t T = logits->ne[0], E = logits->ne[1];
+    for (int64_t t = 0; t < T; t++) {
+        const double *row = logits->d + t * E;
+        for (int j = 0; j < k; j++) {
+            int64_t best = -1;
+            for (int64_t e = 0; e < E; e++) {
+                int taken = 0;
+                for (int u = 0; u < j; u++) taken |= (int64_t)ids->d[t * k + u] == e;
+                if (!taken && (best < 0 || row[e] > row[best])) best = e;
+            }
+            ids->d[t * k + j] = (double)best;
+        }
+    }
+}
+
+void ref_moe_gate(const rt *logits, const rt *ids, int renorm, rt *y) {
+    int64_t T = logits->ne[0], E = logits->ne[1], K = ids->ne[1];
+    for (int64_t t = 0; t < T; t++) {
+        const double *row = logits->d + t * E;
+        double mx = row[0], s = 0, sw = 0;
+        for (int64_t e = 1; e < E; e++) mx = fmax(mx, row[e]);
+        for (int64_t e = 0; e < E; e++) s += exp(row[e] - mx);
+        for (int64_t j = 0; j < K; j++) sw += y->d[t * K + j] = exp(row[(int64_t)ids->d[t * K + j]] - mx) / s;
+        for (int64_t j = 0; renorm && j < K; j++) y->d[t * K + j] /= sw;
+    }
+}
+
+void ref_moe_sort(const rt *ids, int64_t E, double *order, double *inv, double *slot) {
+    int64_t P = ids->ne[0] * ids->ne[1], r = 0;
+    for (int64_t e = 0; e < E; e++)
+        for (int64_t p = 0; p < P; p++) {
+            if ((int64_t)ids->d[p] != e) continue;
+            if (order) order[r] = (double)p;
+            if (inv) inv[p] = (double)r;
+            if (slot) slot[r] = (double)e;
+            r++;
+        }
+}
+
+void ref_moe_dispatch(const rt *x, const double *order, int64_t K, rt *y) {
+    int64_t H = x->ne[1], R = x->ne[0] * K;
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t h = 0; h < H; h++) y->d[r * H + h] = x->d[(int64_t)order[r] / K * H + h];
+}
+
+void ref_moe_combine(const rt *y, const double *inv, const rt *w, int64_t K, rt *out) {
+    int64_t T = y->ne[0] / K, H = y->ne[1];
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < H; h++) {
+            double s = 0;
+            for (int64_t j = 0; j < K; j++) s += (w ? w->d[t * K + j] : 1.0) * y->d[(int64_t)inv[t * K + j] * H + h];
+            out->d[t * H + h] = s;
+        }
+}
+
+void ref_moe_router_stats(const rt *logits, const rt *ids, rt *y) {
+    int64_t T = logits->ne[0], E = logits->ne[1], K = ids->ne[1];
+    for (int64_t i = 0; i < 2 * E; i++) y->d[i] = 0;
+    for (int64_t t = 0; t < T; t++) {
+        const double *row = logits->d + t * E;
+        double mx = row[0], s = 0;
+        for (int64_t e = 1; e < E; e++) mx = fmax(mx, row[e]);
+        for (int64_t e = 0; e < E; e++) s += exp(row[e] - mx);
+        for (int64_t e = 0; e < E; e++) y->d[E + e] += exp(row[e] - mx) / s / (double)T;
+        for (int64_t j = 0; j < K; j++) y->d[(int64_t)ids->d[t * K + j]] += 1.0 / (double)T;
+    }
+}
+
+void ref_moe_router_stats_slots(const rt *logits, const rt *ids, const rt *slot, rt *y) {
+    int64_t T = logits->ne[0], E = logits->ne[1], K = ids->ne[1], S = y->ne[0];
+    for (int64_t s = 0; s < S; s++) {
+        int64_t n = 0;
+        for (int64_t t = 0; t < T; t++) n += (int64_t)slot->d[t] == s;
+        for (int64_t i = 0; i < 2 * E; i++) y->d[s * 2 * E + i] = 0;
+        for (int64_t t = 0; t < T; t++) {
+            if ((int64_t)slot->d[t] != s) continue;
+            const double *row = logits->d + t * E;
+            double mx = row[0], z = 0;
+            for (int64_t e = 1; e < E; e++) mx = fmax(mx, row[e]);
+            for (int64_t e = 0; e < E; e++) z += exp(row[e] - mx);
+            for (int64_t e = 0; e < E; e++) y->d[s * 2 * E + E + e] += exp(row[e] - mx) / z / (double)n;
+            for (int64_t j = 0; j < K; j++) y->d[s * 2 * E + (int64_t)ids->d[t * K + j]] += 1.0 / (double)n;
+        }
+    }
+}

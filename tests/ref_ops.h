@@ -46,4 +46,21 @@ void ref_sqsum_parts(const rt *x, int64_t parts, rt *y);
 void ref_grad_norm(const rt *parts, const rt *hyper, rt *y);
 void ref_adamw(const rt *w, const rt *grad, const rt *m, const rt *v, const rt *hyper, const rt *norm, rt *y);
 
+/* ---- mixture of experts (logits [T, E], ids [T, K] as doubles) ---- */
+/* ids: each row's k largest logits, largest first, ties to the lower index. */
+void ref_moe_topk(const rt *logits, int k, rt *ids);
+/* softmax(logits)[t, ids[t, j]] (renormalised over j when renorm) -> [T, K]. */
+void ref_moe_gate(const rt *logits, const rt *ids, int renorm, rt *y);
+/* The T*K pairs grouped by expert (stable): order[r] = pair of grouped row r, inv[p] = row of
+ * pair p, slot[r] = expert of row r (any may be NULL); E experts. */
+void ref_moe_sort(const rt *ids, int64_t E, double *order, double *inv, double *slot);
+/* Row r = x[order[r] / K] -> [T*K, H]. */
+void ref_moe_dispatch(const rt *x, const double *order, int64_t K, rt *y);
+/* out[t] = sum_j w[t, j] y[inv[t*K + j]] (w NULL: 1) -> [T, H]. */
+void ref_moe_combine(const rt *y, const double *inv, const rt *w, int64_t K, rt *out);
+/* [2, E]: choices of each expert / T, mean softmax over the rows. */
+void ref_moe_router_stats(const rt *logits, const rt *ids, rt *y);
+/* The same per slot, [S, 2, E] (S from y): rows whose slot is outside 0..S-1 count nowhere. */
+void ref_moe_router_stats_slots(const rt *logits, const rt *ids, const rt *slot, rt *y);
+
 #endif

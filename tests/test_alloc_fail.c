@@ -33,7 +33,7 @@
 #define MAX_PASSES 150
 #define POLL_S 2.0    /* --poll-timeout: a future still pending is answered try_again after this */
 #define MAX_POLLS 30  /* a future pending this many polls is lost (every op here takes well under a second) */
-#define TOKENS 8
+#include "wire_request.h"
 
 static atomic_long n_alloc;   /* allocations so far */
 static atomic_long fail_at;   /* the allocation number to fail; 0 = none */
@@ -118,19 +118,6 @@ static resp http(const char *path, const char *ctype, const void *body, size_t b
 }
 
 /* The string value of "key" in a JSON body, or "" */
-static void json_str(const char *body, const char *key, char *out, size_t len) {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\":\"", key);
-    const char *p = body ? strstr(body, pat) : NULL;
-    out[0] = 0;
-    if (!p) return;
-    p += strlen(pat);
-    const char *e = strchr(p, '"');
-    if (e && (size_t)(e - p) < len) {
-        memcpy(out, p, (size_t)(e - p));
-        out[e - p] = 0;
-    }
-}
 
 /* Sends until the service answers other than 5xx / no answer; returns that answer (200 expected). */
 static resp send_until_answered(const char *what, const char *path, const char *ctype, const void *body, size_t len) {
@@ -187,59 +174,6 @@ static int run_future(const char *what, const char *path, const char *ctype, con
 
 /* ---- the requests ---- */
 
-static size_t pb_varint(uint8_t *o, uint64_t v) {
-    size_t n = 0;
-    do {
-        o[n++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
-        v >>= 7;
-    } while (v);
-    return n;
-}
-
-static size_t pb_bytes(uint8_t *o, int field, const void *p, size_t len) {
-    size_t n = pb_varint(o, (uint64_t)field << 3 | 2);
-    n += pb_varint(o + n, len);
-    memcpy(o + n, p, len);
-    return n + len;
-}
-
-/* TensorData: data (1), dtype (3: 1 float32, 2 int64), shape (4, packed) */
-static size_t pb_tensor(uint8_t *o, const void *data, size_t bytes, int dtype, int64_t n) {
-    uint8_t shape[16];
-    size_t sl = pb_varint(shape, (uint64_t)n), k = pb_bytes(o, 1, data, bytes);
-    k += pb_varint(o + k, 3 << 3);
-    k += pb_varint(o + k, (uint64_t)dtype);
-    return k + pb_bytes(o + k, 4, shape, sl);
-}
-
-static size_t pb_entry(uint8_t *o, const char *key, const uint8_t *tensor, size_t tlen) {
-    uint8_t e[512];
-    size_t k = pb_bytes(e, 1, key, strlen(key));
-    k += pb_bytes(e + k, 2, tensor, tlen);
-    return pb_bytes(o, 2, e, k);
-}
-
-/* ForwardBackwardRequest {model_id 1, seq_id 2, data 3 (one Datum), loss_fn 4 "cross_entropy"}:
- * tokens 1..TOKENS, targets 2..TOKENS+1, weights 1. */
-static size_t fb_request(uint8_t *o, const char *model_id, int seq) {
-    int32_t tok[TOKENS];
-    int64_t tgt[TOKENS];
-    float w[TOKENS];
-    for (int i = 0; i < TOKENS; i++) tok[i] = i + 1, tgt[i] = i + 2, w[i] = 1;
-    uint8_t chunk[128], mi[128], datum[1024], t[512];
-    size_t cl = pb_bytes(chunk, 1, tok, sizeof tok); /* the chunk's tokens (int32 little-endian) */
-    size_t ml = pb_bytes(mi, 1, chunk, cl);          /* ModelInput.chunks */
-    size_t dl = pb_bytes(datum, 1, mi, ml);          /* Datum.model_input */
-    size_t tl = pb_tensor(t, tgt, sizeof tgt, 2, TOKENS);
-    dl += pb_entry(datum + dl, "target_tokens", t, tl);
-    tl = pb_tensor(t, w, sizeof w, 1, TOKENS);
-    dl += pb_entry(datum + dl, "weights", t, tl);
-    size_t n = pb_bytes(o, 1, model_id, strlen(model_id));
-    n += pb_varint(o + n, 2 << 3);
-    n += pb_varint(o + n, (uint64_t)seq);
-    n += pb_bytes(o + n, 3, datum, dl);
-    return n + pb_bytes(o + n, 4, "cross_entropy", 13);
-}
 
 static char model_id[128], sampler_id[160], session[128];
 static int seq = 1;

@@ -79,6 +79,7 @@ static void dead_nodes(twk_device *dev) {
     twk_id live = twk_silu(g, x);
     for (int i = 0; i < 10; i++) twk_matmul(g, x, x, false, false); /* never used */
     twk_graph_output(g, twk_scale(g, live, 2.0f));
+    twk_graph_set_fusion(g, false); /* silu -> scale would be one fused launch */
     twk_plan *p = NULL;
     twk_status st = twk_plan_compile(g, dev, 1, NULL, 0, &p);
     twk_plan_stats s = {0};

@@ -51,6 +51,11 @@ static int run_case(const op_case *c, twk_device *dev, int64_t n, uint64_t seed)
         fails = 1;
         goto done;
     }
+    for (int id = 0; id < twk_graph_size(g); id++) /* a device without one of the case's ops (MoE routing) skips it */
+        if (twk_op_has_kernel(twk_node_op(g, id)) && !twk_device_has_op(dev, twk_node_op(g, id))) {
+            printf("skip %-34s n=%-3lld no %s kernel on this device\n", c->name, (long long)n, twk_op_name(twk_node_op(g, id)));
+            goto done;
+        }
     twk_graph_output(g, y);
     twk_id grads[6];
     for (int i = 0; i < c->n_in; i++) {
@@ -158,9 +163,9 @@ int main(int argc, char **argv) {
         return 1;
     }
     int fails = 0, runs = 0;
-    int n_cases = opc_n_cases;
+    int n_cases = opc_n_cases + opc_n_moe_cases; /* then the mixture-of-experts block */
     for (int i = 0; i < n_cases; i++) {
-        const op_case *c = &opc_cases[i];
+        const op_case *c = i < opc_n_cases ? &opc_cases[i] : &opc_moe_cases[i - opc_n_cases];
         if (only && !strstr(c->name, only)) continue;
         if (c->cap) {
             /* at capacity, and at a smaller run-time count */

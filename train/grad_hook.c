@@ -128,6 +128,7 @@ twk_status twk_trainer_forward_backward_last(twk_trainer *t, const twk_batch *b,
     if (st == TWK_OK) st = hand_over(t, s->n_cuts); /* the groups final at the pass's end */
     if (st == TWK_OK && logprobs) st = twk_plan_read(t->fwdbwd, t->logprobs, b->n, logprobs, (size_t)b->n * sizeof *logprobs);
     if (st == TWK_OK && loss) st = twk_plan_read(t->fwdbwd, t->loss, b->n, loss, sizeof *loss);
+    if (st == TWK_OK) st = twk_trainer_note_aux(t, t->fwdbwd, b->n);
     return st;
 }
 

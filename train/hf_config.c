@@ -140,9 +140,11 @@ static twk_status parse_moe(const cJSON *j, const char *path, twk_model_config *
         if (!c->shared_ffn)
             return twk_error(TWK_ERR_UNSUPPORTED, "%s: Qwen2MoeForCausalLM without shared_expert_intermediate_size", path);
     }
-    if (get_bool(j, "output_router_logits", 0))
-        return twk_error(TWK_ERR_UNSUPPORTED,
-                         "%s: output_router_logits true (the router's auxiliary load-balancing loss) is not supported", path);
+    c->router_aux = c->n_experts > 0 && get_bool(j, "output_router_logits", 0);
+    c->router_aux_coef = get_num(j, "router_aux_loss_coef", 0.001);
+    const cJSON *coef = cJSON_GetObjectItemCaseSensitive(j, "router_aux_loss_coef");
+    if (c->router_aux && coef && !cJSON_IsNull(coef) && (!cJSON_IsNumber(coef) || !isfinite(coef->valuedouble)))
+        return twk_error(TWK_ERR_INVALID_ARG, "%s: router_aux_loss_coef must be a finite number", path);
     double jitter = get_num(j, "router_jitter_noise", 0);
     if (jitter != 0) return twk_error(TWK_ERR_UNSUPPORTED, "%s: router_jitter_noise %g is not supported", path, jitter);
     return TWK_OK;

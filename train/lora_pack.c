@@ -33,7 +33,7 @@ struct twk_pack {
     twk_lora_config mods;   /* the modules it adapts */
     float *host;            /* staging for one stacked tensor */
     size_t host_bytes;
-    int32_t *ids;           /* rows x 5: tokens, targets, positions, seg, slot */
+    int32_t *ids;           /* rows x 6: tokens, targets, positions, seg, slot, the aux loss's slot */
     float *fl;              /* rows x 2: weights, scale */
     twk_pack_stats stats;
 };
@@ -49,7 +49,7 @@ twk_status twk_pack_new(twk_model *m, int64_t capacity, int max_slots, twk_pack 
     p->capacity = capacity;
     p->max_slots = max_slots;
     p->rows = (capacity + (int64_t)max_slots * (TWK_PACK_ALIGN - 1) + TWK_PACK_ALIGN - 1) / TWK_PACK_ALIGN * TWK_PACK_ALIGN;
-    p->ids = twk_host_alloc((size_t)p->rows * 5 * sizeof *p->ids, "pack batch");
+    p->ids = twk_host_alloc((size_t)p->rows * 6 * sizeof *p->ids, "pack batch");
     p->fl = twk_host_alloc((size_t)p->rows * 2 * sizeof *p->fl, "pack batch");
     if (!p->ids || !p->fl) {
         twk_pack_free(p);
@@ -192,6 +192,36 @@ static twk_status gather_grads(twk_pack *p, twk_pack_seg *segs, int n, int64_t t
     return TWK_OK;
 }
 
+/* The router's load-balancing loss per run: each row's slot (-1 padding / base) and, for a
+ * backward pass, each slot's coefficient (0 for a free slot or a run whose pass must not add the
+ * gradient again: aux_off, loss_step.c). The plan's write error. */
+static twk_status write_aux(twk_pack *p, twk_plan *plan, const twk_pack_seg *segs, int n, const int32_t *aux_slot,
+                            int64_t total, int backward) {
+    twk_trainer *pt = p->t;
+    twk_status st = twk_plan_write(plan, pt->aux_slot, total, aux_slot, (size_t)total * sizeof *aux_slot);
+    if (st != TWK_OK || !backward) return st;
+    size_t bytes = (size_t)pt->n_slots * sizeof(float);
+    float *coef = twk_host_calloc(bytes, "pack aux coefficients");
+    if (!coef) return TWK_ERR_OOM;
+    for (int i = 0; i < n; i++) coef[i] = segs[i].t->aux_off ? 0.0f : (float)p->m->cfg.router_aux_coef;
+    st = twk_plan_write(plan, pt->aux_coef, total, coef, bytes);
+    twk_host_free(coef);
+    return st;
+}
+
+/* Each run's value of the pass into its own trainer's router_aux_loss (not a base segment's). */
+static twk_status read_aux(twk_pack *p, twk_plan *plan, twk_pack_seg *segs, int n, int64_t total) {
+    twk_trainer *pt = p->t;
+    size_t bytes = (size_t)pt->n_slots * sizeof(float);
+    float *v = twk_host_alloc(bytes, "pack aux values");
+    if (!v) return TWK_ERR_OOM;
+    twk_status st = twk_plan_read(plan, pt->aux, total, v, bytes);
+    for (int i = 0; st == TWK_OK && i < n; i++)
+        if (!segs[i].base && segs[i].t->aux >= 0) segs[i].t->aux_sum += v[i], segs[i].t->aux_n++;
+    twk_host_free(v);
+    return st;
+}
+
 twk_status twk_pack_pass(twk_pack *p, int backward, twk_pack_seg *segs, int n) {
     if (!p || !segs || n < 1 || n > p->max_slots)
         return twk_error(TWK_ERR_INVALID_ARG, "pack_pass: NULL argument or %d segments outside 1..%d", n,
@@ -211,7 +241,7 @@ twk_status twk_pack_pass(twk_pack *p, int backward, twk_pack_seg *segs, int n) {
     if (st != TWK_OK) return st;
     twk_trainer *pt = p->t;
     int64_t C = p->rows;
-    int32_t *tok = p->ids, *tgt = tok + C, *pos = tgt + C, *seg = pos + C, *slot = seg + C;
+    int32_t *tok = p->ids, *tgt = tok + C, *pos = tgt + C, *seg = pos + C, *slot = seg + C, *aux_slot = slot + C;
     float *w = p->fl, *scale = w + C;
     int64_t a = 0;
     for (int i = 0; i < n; i++) {
@@ -229,6 +259,7 @@ twk_status twk_pack_pass(twk_pack *p, int backward, twk_pack_seg *segs, int n) {
             pos[a + k] = b->positions[k];
             seg[a + k] = b->seg_start[k] + (int32_t)a;
             slot[a + k] = i;
+            aux_slot[a + k] = segs[i].base ? -1 : i; /* the base model's reference passes count in no run's aux loss */
             w[a + k] = b->weights[k];
             scale[a + k] = segs[i].base ? 0.0f : segs[i].t->scale;
         }
@@ -237,6 +268,7 @@ twk_status twk_pack_pass(twk_pack *p, int backward, twk_pack_seg *segs, int n) {
             tok[a] = tgt[a] = pos[a] = 0;
             seg[a] = (int32_t)a;
             slot[a] = i;
+            aux_slot[a] = -1;
             w[a] = scale[a] = 0.0f;
         }
     }
@@ -246,7 +278,9 @@ twk_status twk_pack_pass(twk_pack *p, int backward, twk_pack_seg *segs, int n) {
     st = twk_trainer_bind_batch(pt, plan, &all);
     if (st == TWK_OK) st = twk_plan_write(plan, pt->slot_in, total, slot, (size_t)total * sizeof *slot);
     if (st == TWK_OK) st = twk_plan_write(plan, pt->slot_scale, total, scale, (size_t)total * sizeof *scale);
+    if (st == TWK_OK && pt->aux_slot >= 0) st = write_aux(p, plan, segs, n, aux_slot, total, backward);
     if (st == TWK_OK) st = twk_plan_run(plan, total);
+    if (st == TWK_OK && pt->aux >= 0) st = read_aux(p, plan, segs, n, total);
     if (st == TWK_OK) st = twk_plan_read(plan, pt->logprobs, total, p->fl, (size_t)total * sizeof *p->fl);
     for (int i = 0; st == TWK_OK && i < n; i++) { /* logprobs, and each run's loss summed on the host in token order */
         const twk_batch *b = &segs[i].b;

@@ -82,8 +82,10 @@ static twk_status column_passes(step_ctx *c, pass_mode mode, const float *weight
         }
         double l = 0, ws = 0;
         c->last_col = k == K - 1;
+        c->t->aux_off = k != K - 1; /* the router's load-balancing loss: its gradient once per step, in the last column */
         st = passes(c, mode, tk, wk, lp1, &l, &ws);
         c->last_col = 1;
+        c->t->aux_off = 0;
         *loss_sum += l;
         *wsum += ws;
         for (int64_t i = 0; st == TWK_OK && i < n; i++) lp_k[i * K + k] = lp1[i];
@@ -276,6 +278,8 @@ twk_status twk_loss_step_in(twk_packer *pk, int job, twk_trainer *t, const twk_l
         return twk_error(TWK_ERR_INVALID_ARG, "loss step: NULL argument or no sequences");
     const twk_loss_def *d = spec->def;
     memset(res, 0, sizeof *res);
+    double aux_sum0 = t->aux_sum; /* this step's passes' router_aux_loss: what they add */
+    long aux_n0 = t->aux_n;
     step_ctx c = {pk, job, t, b, twk_trainer_capacity(t), b->offsets[b->n_seqs], NULL, NULL, NULL, NULL, 1};
     int64_t cap = c.cap > 0 ? c.cap : 1, nk = c.total * (b->k > 0 ? b->k : 1);
     c.tgt = twk_host_alloc((size_t)cap * 3 * sizeof(int32_t), "batch");
@@ -296,6 +300,10 @@ twk_status twk_loss_step_in(twk_packer *pk, int job, twk_trainer *t, const twk_l
     res->values[0] = res->loss;
     res->values[1] = (double)c.total;
     for (int i = 0; i < res->n_metrics; i++) res->keys[i] = d->metrics[i];
+    if (st == TWK_OK && t->aux_n > aux_n0 && res->n_metrics < TWK_LOSS_MAX_METRICS) {
+        res->keys[res->n_metrics] = TWK_METRIC_ROUTER_AUX;
+        res->values[res->n_metrics++] = (t->aux_sum - aux_sum0) / (double)(t->aux_n - aux_n0);
+    }
     twk_host_free(c.tgt);
     twk_host_free(c.w);
     if (lp != logprobs) twk_host_free(lp);

@@ -511,6 +511,11 @@ static twk_id moe_mlp(twk_trainer *t, twk_id h, const char *layer) {
     twk_id logits = linear(t, h, mod, 0);
     twk_id ids = twk_moe_topk(g, logits, c->top_k);
     twk_id w = twk_moe_gate(g, logits, ids, c->norm_topk);
+    if (c->router_aux && !t->sampling) { /* the load-balancing loss's statistics (per run in a packed trainer), summed over layers */
+        twk_id s = t->n_slots ? twk_moe_router_stats_slots(g, logits, ids, t->aux_slot, t->n_slots) : twk_moe_router_stats(g, logits, ids);
+        t->aux_stats = t->aux_stats < 0 ? s : twk_add(g, t->aux_stats, s);
+        t->n_aux++;
+    }
     twk_id order = twk_moe_sort(g, logits, ids, 0), inv = twk_moe_sort(g, logits, ids, 1), slot = twk_moe_sort(g, logits, ids, 2);
     twk_id xs = twk_moe_dispatch(g, h, order, inv, -1);
     twk_id act = twk_swiglu(g, experts_linear(t, xs, moe, 0, slot), experts_linear(t, xs, moe, 1, slot));
@@ -631,12 +636,35 @@ static twk_status make_adapter(twk_trainer *t) {
     return TWK_OK;
 }
 
-/* loss = -sum(weights * logprobs), both named; the graph's first error. */
+/* loss = -sum(weights * logprobs), both named, and the objective the backward differentiates:
+ * the loss, plus router_aux_coef times transformers' load_balancing_loss_func over the sparse
+ * layers when the config asks (output_router_logits): E * sum_e f_e P_e, f_e the share of the
+ * T * K choices (all layers pooled) that went to expert e per row, P_e the mean router softmax
+ * (f has no gradient, as torch's histc). The graph's first error. */
 static twk_status finish_loss(twk_trainer *t) {
     twk_graph *g = t->g;
     t->loss = twk_scale(g, twk_weighted_sum(g, t->logprobs, t->weights), -1.0f);
     twk_node_set_name(g, t->logprobs, "logprobs");
     twk_node_set_name(g, t->loss, "loss");
+    t->objective = t->loss;
+    if (t->aux_stats >= 0 && !t->n_slots) {
+        double L = t->n_aux, E = t->m->cfg.n_experts;
+        twk_id f = twk_slice(g, t->aux_stats, 0, 0, 1), p = twk_slice(g, t->aux_stats, 0, 1, 1);
+        t->aux = twk_scale(g, twk_weighted_sum(g, f, p), (float)(E / (L * L)));
+        int64_t one[1] = {1};
+        t->aux_coef = twk_input(g, "router_aux_coef", TWK_F32, 1, one);
+        t->objective = twk_add(g, t->loss, twk_mul(g, t->aux, t->aux_coef));
+        twk_node_set_name(g, t->aux, "router_aux_loss");
+    } else if (t->aux_stats >= 0) { /* a packed trainer: one value per slot (run), [S, 1], and a coefficient each */
+        double L = t->n_aux, E = t->m->cfg.n_experts;
+        int64_t S = t->n_slots, se[2] = {S, (int64_t)E}, e1[2] = {(int64_t)E, 1}, s1[2] = {S, 1};
+        twk_id f = twk_slice(g, t->aux_stats, 1, 0, 1), p = twk_slice(g, t->aux_stats, 1, 1, 1);
+        twk_id fp = twk_reshape(g, twk_mul(g, f, p), 2, se);
+        t->aux = twk_scale(g, twk_matmul(g, fp, twk_fill(g, 2, e1, 1.0f), false, false), (float)(E / (L * L)));
+        t->aux_coef = twk_input(g, "router_aux_coef", TWK_F32, 2, s1);
+        t->objective = twk_add(g, t->loss, twk_weighted_sum(g, t->aux, t->aux_coef));
+        twk_node_set_name(g, t->aux, "router_aux_loss");
+    }
     if (twk_graph_status(g) != TWK_OK) return twk_error(twk_graph_status(g), "%s", twk_graph_error(g));
     return TWK_OK;
 }
@@ -645,6 +673,8 @@ static twk_status build(twk_trainer *t) {
     const twk_model_config *c = &t->m->cfg;
     twk_graph *g = t->g;
     int64_t T1[1] = {TWK_T};
+    t->aux_stats = t->aux = t->aux_coef = t->objective = t->aux_slot = -1;
+    t->n_aux = 0;
     t->tokens = twk_input(g, "tokens", TWK_I32, 1, T1);
     t->targets = twk_input(g, "targets", TWK_I32, 1, T1);
     t->positions = twk_input(g, "positions", TWK_I32, 1, T1);
@@ -653,6 +683,7 @@ static twk_status build(twk_trainer *t) {
     if (t->n_slots && !t->sampling) { /* a packed trainer: each token's slot and its run's LoRA scale */
         t->slot_in = twk_input(g, "lora_slot", TWK_I32, 1, T1);
         t->slot_scale = twk_input(g, "lora_scale", TWK_F32, 1, T1);
+        if (c->router_aux) t->aux_slot = twk_input(g, "router_aux_slot", TWK_I32, 1, T1); /* a run's slot; -1: padding, base */
     }
     int n_all = t->m->n_w + t->n_adapter, n_kv = t->sampling ? 2 * c->layers : 0;
     if (!t->param_ids) t->param_ids = twk_host_calloc((size_t)(n_all + n_kv) * sizeof *t->param_ids, "trainer params");
@@ -865,18 +896,21 @@ static twk_status compile_train(twk_trainer *t, twk_buffer *shared) {
     if (st == TWK_OK) st = plan_of(t, &t->fwdbwd, NULL, arena, 1);
     if (st != TWK_OK) return st;
     twk_graph *train = t->g;
-    twk_id lp = t->logprobs, loss = t->loss;
+    twk_id lp = t->logprobs, loss = t->loss, aux = t->aux, objective = t->objective, coef = t->aux_coef;
     t->g = twk_graph_new();
     st = t->g ? build(t) : TWK_ERR_OOM;
-    if (st == TWK_OK && (t->logprobs != lp || t->loss != loss))
+    if (st == TWK_OK && (t->logprobs != lp || t->loss != loss || t->aux != aux))
         st = twk_error(TWK_ERR_STATE, "trainer: the forward graph was built differently the second time");
     if (st == TWK_OK) {
         twk_graph_output(t->g, t->logprobs);
         twk_graph_output(t->g, t->loss);
+        if (t->aux >= 0) twk_graph_output(t->g, t->aux);
         st = plan_of(t, &t->fwd, NULL, arena, 0);
     }
     twk_graph_free(t->g);
     t->g = train;
+    t->objective = objective;
+    t->aux_coef = coef;
     return st;
 }
 
@@ -1086,9 +1120,10 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
     if (st == TWK_OK) {
         twk_graph_output(t->g, t->logprobs);
         twk_graph_output(t->g, t->loss);
+        if (t->aux >= 0) twk_graph_output(t->g, t->aux);
         st = plan_of(t, NULL, &t->est_fwd, NULL, 0);
     }
-    if (st == TWK_OK) st = twk_graph_backward(t->g, t->loss);
+    if (st == TWK_OK) st = twk_graph_backward(t->g, t->objective);
     if (st == TWK_OK) {
         int n_all = m->n_w + t->n_adapter;
         t->tp = twk_host_calloc((size_t)n_all * sizeof *t->tp, "trainer params");
@@ -1145,20 +1180,41 @@ twk_status twk_trainer_bind_batch(twk_trainer *t, twk_plan *p, const twk_batch *
     if (st == TWK_OK) st = twk_plan_write(p, t->positions, b->n, b->positions, n * sizeof *b->positions);
     if (st == TWK_OK) st = twk_plan_write(p, t->seg, b->n, b->seg_start, n * sizeof *b->seg_start);
     if (st == TWK_OK) st = twk_plan_write(p, t->weights, b->n, b->weights, n * sizeof *b->weights);
+    if (st == TWK_OK && p == t->fwdbwd && t->aux_coef >= 0 && !t->n_slots) { /* the load-balancing loss's weight (lora_pack.c: per run) */
+        float coef = t->aux_off ? 0.0f : (float)t->m->cfg.router_aux_coef;
+        st = twk_plan_write(p, t->aux_coef, 1, &coef, sizeof coef);
+    }
     return st;
 }
 
-static twk_status run(twk_trainer *t, twk_plan *p, const twk_batch *b, float *logprobs, float *loss) {
+twk_status twk_trainer_note_aux(twk_trainer *t, twk_plan *p, int64_t n) {
+    if (t->aux < 0) return TWK_OK;
+    float v = 0;
+    twk_status st = twk_plan_read(p, t->aux, n, &v, sizeof v);
+    if (st == TWK_OK) t->aux_sum += v, t->aux_n++;
+    return st;
+}
+
+double twk_trainer_router_aux_loss(twk_trainer *t, bool reset) {
+    if (!t || t->aux < 0 || !t->aux_n) return NAN;
+    double v = t->aux_sum / (double)t->aux_n;
+    if (reset) t->aux_sum = 0, t->aux_n = 0;
+    return v;
+}
+
+/* note_aux: the pass counts in router_aux_loss (not the base model's reference passes) */
+static twk_status run(twk_trainer *t, twk_plan *p, const twk_batch *b, float *logprobs, float *loss, int note_aux) {
     twk_status st = twk_trainer_bind_batch(t, p, b);
     if (st == TWK_OK) st = twk_plan_run(p, b->n);
     if (st == TWK_OK && logprobs) st = twk_plan_read(p, t->logprobs, b->n, logprobs, (size_t)b->n * sizeof *logprobs);
     if (st == TWK_OK && loss) st = twk_plan_read(p, t->loss, b->n, loss, sizeof *loss);
+    if (st == TWK_OK && note_aux) st = twk_trainer_note_aux(t, p, b->n);
     return st;
 }
 
 twk_status twk_trainer_forward(twk_trainer *t, const twk_batch *b, float *logprobs, float *loss) {
     if (!t) return twk_error(TWK_ERR_INVALID_ARG, "trainer_forward: NULL trainer");
-    return run(t, t->fwd, b, logprobs, loss);
+    return run(t, t->fwd, b, logprobs, loss, 1);
 }
 
 twk_status twk_trainer_forward_base(twk_trainer *t, const twk_batch *b, float *logprobs, float *loss) {
@@ -1180,7 +1236,7 @@ twk_status twk_trainer_forward_base(twk_trainer *t, const twk_batch *b, float *l
         twk_buffer_free(dev, copy);
         if (st == TWK_OK) st = twk_buffer_zero(dev, nb->buf, 0, nb_bytes(nb));
     }
-    if (st == TWK_OK) saved = t->n_adapter, st = run(t, t->fwd, b, logprobs, loss);
+    if (st == TWK_OK) saved = t->n_adapter, st = run(t, t->fwd, b, logprobs, loss, 0);
     for (int i = 0; keep && i < saved; i++) {
         if (!keep[i]) continue;
         named_buf *nb = &t->adapter[i];
@@ -1195,7 +1251,7 @@ twk_status twk_trainer_forward_base(twk_trainer *t, const twk_batch *b, float *l
 twk_status twk_trainer_forward_backward(twk_trainer *t, const twk_batch *b, float *logprobs, float *loss) {
     if (!t) return twk_error(TWK_ERR_INVALID_ARG, "trainer_forward_backward: NULL trainer");
     twk_status st = twk_trainer_grads_to_device(t);
-    return st == TWK_OK ? run(t, t->fwdbwd, b, logprobs, loss) : st; /* the plan adds to the accumulators */
+    return st == TWK_OK ? run(t, t->fwdbwd, b, logprobs, loss, 1) : st; /* the plan adds to the accumulators */
 }
 
 int twk_trainer_param_count(const twk_trainer *t) { return t ? t->n_tp : 0; }

@@ -108,6 +108,18 @@ struct twk_trainer {
     int recompute, dry;
     int early_grads; /* twk_trainer_opts.early_grads: grad_acc hoisted to right after each gradient */
     int fused; /* logprobs by twk_unembed_logprobs (no [T, V] logits) */
+    /* the router's load-balancing loss (cfg.router_aux; not in samplers; in a packed trainer per slot:
+     * aux and aux_coef [n_slots, 1], written and read by lora_pack.c):
+     * aux_stats the sum of the sparse layers' moe_router_stats while build() runs (n_aux of them),
+     * aux its value per pass, aux_coef the run-time f32 [1] coefficient input of the forward+backward
+     * plan (0 while aux_off: loss_step.c's passes that must not add its gradient again), objective
+     * = loss + aux_coef * aux, what the backward differentiates (else objective = loss); aux_sum /
+     * aux_n: the values of the passes since twk_trainer_router_aux_loss last reset them */
+    twk_id aux_stats, aux, aux_coef, objective;
+    twk_id aux_slot; /* a packed trainer's: each row's run slot for the statistics (-1: padding, a base segment) */
+    int n_aux, aux_off;
+    double aux_sum;
+    long aux_n;
     twk_plan_stats est_fwd, est_fwdbwd;
     twk_buffer *arena; /* the trainer's own arena of both plans (NULL: none, or the caller's) */
 };
@@ -116,6 +128,9 @@ struct twk_trainer {
  * armed (twk_trainer_grad_hook_arm) it runs in segments, handing each group of gradients to the
  * host as it becomes final; else twk_trainer_forward_backward. */
 twk_status twk_trainer_forward_backward_last(twk_trainer *t, const twk_batch *b, float *logprobs, float *loss);
+/* model.c: after a run of plan p over n tokens, adds the pass's router_aux_loss to the trainer's
+ * running sum (nothing without one); the plan read's error. */
+twk_status twk_trainer_note_aux(twk_trainer *t, twk_plan *p, int64_t n);
 /* grad_hook.c: frees the hook's state (twk_trainer_free). */
 void twk_trainer_grad_hook_free(twk_trainer *t);
 

@@ -100,7 +100,13 @@ typedef twk_status (*cpu_kernel)(const cpu_call *c);
     X(GRAD_ACC, cpu_grad_acc) X(SQSUM_PARTS, cpu_sqsum_parts) X(GRAD_NORM, cpu_grad_norm)               \
     X(ADAMW, cpu_adamw) X(MOE_TOPK, cpu_moe_topk) X(MOE_GATE, cpu_moe_gate) X(MOE_GATE_BACK, cpu_moe_gate_back)      \
     X(MOE_SORT, cpu_moe_sort) X(MOE_DISPATCH, cpu_moe_dispatch) X(MOE_COMBINE, cpu_moe_combine)                  \
-    X(MOE_COMBINE_BACK_W, cpu_moe_combine_back_w)
+    X(MOE_COMBINE_BACK_W, cpu_moe_combine_back_w) X(MOE_ROUTER_STATS, cpu_moe_router_stats)                     \
+    X(MOE_ROUTER_STATS_BACK, cpu_moe_router_stats_back) X(FUSED_EW, cpu_fused_ew)
+
+/* y[0..n) = op(a, b, c)[0..n) for a same-shape elementwise op (add, mul, scale: fp0, silu, gelu,
+ * tanh, swiglu, their gradients; swiglu_back's which: ip0): the loop its unfused kernel runs, so
+ * kern_fused.c's chains are bit-identical to it. false (nothing written) for any other op. */
+bool cpu_ew_span(twk_op op, int ip0, float fp0, float *y, const float *a, const float *b, const float *c, int64_t n);
 
 #define CPU_DECLARE_(op, fn) twk_status fn(const cpu_call *c);
 CPU_KERNELS(CPU_DECLARE_)

@@ -1,5 +1,5 @@
-/* Elementwise kernels (fill, scale, silu, gelu, tanh, swiglu and their gradients)
- * and the broadcast / sum-to pair. */
+/* Elementwise kernels (fill, scale, silu, gelu, tanh, swiglu and their gradients), the spans
+ * they share with the fused chains (cpu_ew_span), and the broadcast / sum-to pair. */
 #include <math.h>
 #include <string.h>
 
@@ -19,6 +19,9 @@ static void bcast_strides(const int64_t s[4], int64_t st[4]) {
         acc *= s[i];
     }
 }
+
+static void add_span(float *y, const float *a, const float *b, int64_t n);
+static void mul_span(float *y, const float *a, const float *b, int64_t n);
 
 typedef struct {
     const cpu_call *c;
@@ -42,11 +45,10 @@ static void bin_rows(void *arg, int64_t r0, int64_t r1) {
                 for (int64_t k = 0; k < inner; k++) yr[k] = ar[k] + bv;
             else
                 for (int64_t k = 0; k < inner; k++) yr[k] = ar[k] * bv;
+        } else if (j->op == 0) {
+            add_span(yr, ar, br, inner);
         } else {
-            if (j->op == 0)
-                for (int64_t k = 0; k < inner; k++) yr[k] = ar[k] + br[k];
-            else
-                for (int64_t k = 0; k < inner; k++) yr[k] = ar[k] * br[k];
+            mul_span(yr, ar, br, inner);
         }
     }
 }
@@ -70,11 +72,85 @@ twk_status cpu_mul(const cpu_call *c) { return binary(c, 1); }
 
 /* ---- unary and same-shape maps ---- */
 
+static inline float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* GELU, tanh approximation: 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)
+ * (the sigmoid form has no cancellation for negative x). */
+#define GELU_2C 1.5957691216057308f /* 2 sqrt(2/pi) */
+static inline float gelu_2u(float x) { return GELU_2C * (x + 0.044715f * x * x * x); }
+
+/* Spans: y[0..n) from a, b, c [0..n). The unfused kernels and the fused chains (kern_fused.c)
+ * run these same loops, so a chain computes every element with the same instructions. */
+static void add_span(float *y, const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+}
+static void mul_span(float *y, const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = a[i] * b[i];
+}
+static void scale_span(float *y, const float *x, float s, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] * s;
+}
+static void silu_span(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] * sigmoidf_(x[i]);
+}
+static void silu_back_span(float *y, const float *x, const float *dy, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float s = sigmoidf_(x[i]);
+        y[i] = dy[i] * s * (1.0f + x[i] * (1.0f - s));
+    }
+}
+static void tanh_span(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = tanhf(x[i]);
+}
+static void tanh_back_span(float *y, const float *x, const float *dy, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float t = tanhf(x[i]);
+        y[i] = dy[i] * (1.0f - t * t);
+    }
+}
+static void gelu_span(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] * sigmoidf_(gelu_2u(x[i]));
+}
+static void gelu_back_span(float *y, const float *x, const float *dy, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i], s = sigmoidf_(gelu_2u(v));
+        y[i] = dy[i] * (s + v * s * (1.0f - s) * GELU_2C * (1.0f + 0.134145f * v * v));
+    }
+}
+static void swiglu_span(float *y, const float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = g[i] * sigmoidf_(g[i]) * u[i];
+}
+static void swiglu_back_span(float *y, const float *g, const float *u, const float *dy, int which, int64_t n) {
+    if (which == 0) {
+        for (int64_t i = 0; i < n; i++) {
+            float s = sigmoidf_(g[i]);
+            y[i] = dy[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
+        }
+    } else {
+        for (int64_t i = 0; i < n; i++) y[i] = dy[i] * g[i] * sigmoidf_(g[i]);
+    }
+}
+
+bool cpu_ew_span(twk_op op, int ip0, float fp0, float *y, const float *a, const float *b, const float *c, int64_t n) {
+    switch (op) {
+    case TWK_OP_ADD: add_span(y, a, b, n); return true;
+    case TWK_OP_MUL: mul_span(y, a, b, n); return true;
+    case TWK_OP_SCALE: scale_span(y, a, fp0, n); return true;
+    case TWK_OP_SILU: silu_span(y, a, n); return true;
+    case TWK_OP_SILU_BACK: silu_back_span(y, a, b, n); return true;
+    case TWK_OP_TANH: tanh_span(y, a, n); return true;
+    case TWK_OP_TANH_BACK: tanh_back_span(y, a, b, n); return true;
+    case TWK_OP_GELU: gelu_span(y, a, n); return true;
+    case TWK_OP_GELU_BACK: gelu_back_span(y, a, b, n); return true;
+    case TWK_OP_SWIGLU: swiglu_span(y, a, b, n); return true;
+    case TWK_OP_SWIGLU_BACK: swiglu_back_span(y, a, b, c, ip0, n); return true;
+    default: return false;
+    }
+}
+
 typedef struct {
     const cpu_call *c;
 } map_job;
-
-static inline float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 static void fill_range(void *arg, int64_t b, int64_t e) {
     const cpu_call *c = ((map_job *)arg)->c;
@@ -82,88 +158,12 @@ static void fill_range(void *arg, int64_t b, int64_t e) {
     for (int64_t i = b; i < e; i++) y[i] = v;
 }
 
-static void scale_range(void *arg, int64_t b, int64_t e) {
+/* Every same-shape map: its span over [b, e) of the sources. */
+static void span_range(void *arg, int64_t b, int64_t e) {
     const cpu_call *c = ((map_job *)arg)->c;
-    const float *x = c->src[0].data;
-    float *y = c->dst.data, s = c->l->fp[0];
-    for (int64_t i = b; i < e; i++) y[i] = x[i] * s;
-}
-
-static void silu_range(void *arg, int64_t b, int64_t e) {
-    const cpu_call *c = ((map_job *)arg)->c;
-    const float *x = c->src[0].data;
-    float *y = c->dst.data;
-    for (int64_t i = b; i < e; i++) y[i] = x[i] * sigmoidf_(x[i]);
-}
-
-static void silu_back_range(void *arg, int64_t b, int64_t e) {
-    const cpu_call *c = ((map_job *)arg)->c;
-    const float *x = c->src[0].data, *dy = c->src[1].data;
-    float *y = c->dst.data;
-    for (int64_t i = b; i < e; i++) {
-        float s = sigmoidf_(x[i]);
-        y[i] = dy[i] * s * (1.0f + x[i] * (1.0f - s));
-    }
-}
-
-static void tanh_range(void *arg, int64_t b, int64_t e) {
-    const cpu_call *c = ((map_job *)arg)->c;
-    const float *x = c->src[0].data;
-    float *y = c->dst.data;
-    for (int64_t i = b; i < e; i++) y[i] = tanhf(x[i]);
-}
-
-static void tanh_back_range(void *arg, int64_t b, int64_t e) {
-    const cpu_call *c = ((map_job *)arg)->c;
-    const float *x = c->src[0].data, *dy = c->src[1].data;
-    float *y = c->dst.data;
-    for (int64_t i = b; i < e; i++) {
-        float t = tanhf(x[i]);
-        y[i] = dy[i] * (1.0f - t * t);
-    }
-}
-
-/* GELU, tanh approximation: 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)
- * (the sigmoid form has no cancellation for negative x). */
-#define GELU_2C 1.5957691216057308f /* 2 sqrt(2/pi) */
-static inline float gelu_2u(float x) { return GELU_2C * (x + 0.044715f * x * x * x); }
-
-static void gelu_range(void *arg, int64_t b, int64_t e) {
-    const cpu_call *c = ((map_job *)arg)->c;
-    const float *x = c->src[0].data;
-    float *y = c->dst.data;
-    for (int64_t i = b; i < e; i++) y[i] = x[i] * sigmoidf_(gelu_2u(x[i]));
-}
-
-static void gelu_back_range(void *arg, int64_t b, int64_t e) {
-    const cpu_call *c = ((map_job *)arg)->c;
-    const float *x = c->src[0].data, *dy = c->src[1].data;
-    float *y = c->dst.data;
-    for (int64_t i = b; i < e; i++) {
-        float v = x[i], s = sigmoidf_(gelu_2u(v));
-        y[i] = dy[i] * (s + v * s * (1.0f - s) * GELU_2C * (1.0f + 0.134145f * v * v));
-    }
-}
-
-static void swiglu_range(void *arg, int64_t b, int64_t e) {
-    const cpu_call *c = ((map_job *)arg)->c;
-    const float *g = c->src[0].data, *u = c->src[1].data;
-    float *y = c->dst.data;
-    for (int64_t i = b; i < e; i++) y[i] = g[i] * sigmoidf_(g[i]) * u[i];
-}
-
-static void swiglu_back_range(void *arg, int64_t b, int64_t e) {
-    const cpu_call *c = ((map_job *)arg)->c;
-    const float *g = c->src[0].data, *u = c->src[1].data, *dy = c->src[2].data;
-    float *y = c->dst.data;
-    if (c->l->ip[0] == 0) {
-        for (int64_t i = b; i < e; i++) {
-            float s = sigmoidf_(g[i]);
-            y[i] = dy[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
-        }
-    } else {
-        for (int64_t i = b; i < e; i++) y[i] = dy[i] * g[i] * sigmoidf_(g[i]);
-    }
+    const float *s[3] = {NULL, NULL, NULL};
+    for (int k = 0; k < c->l->nsrc && k < 3; k++) s[k] = (const float *)c->src[k].data + b;
+    cpu_ew_span(c->l->op, c->l->ip[0], c->l->fp[0], (float *)c->dst.data + b, s[0], s[1], s[2], e - b);
 }
 
 static twk_status map(const cpu_call *c, cpu_range_fn fn) {
@@ -173,15 +173,15 @@ static twk_status map(const cpu_call *c, cpu_range_fn fn) {
 }
 
 twk_status cpu_fill(const cpu_call *c) { return map(c, fill_range); }
-twk_status cpu_scale(const cpu_call *c) { return map(c, scale_range); }
-twk_status cpu_silu(const cpu_call *c) { return map(c, silu_range); }
-twk_status cpu_silu_back(const cpu_call *c) { return map(c, silu_back_range); }
-twk_status cpu_swiglu(const cpu_call *c) { return map(c, swiglu_range); }
-twk_status cpu_gelu(const cpu_call *c) { return map(c, gelu_range); }
-twk_status cpu_tanh(const cpu_call *c) { return map(c, tanh_range); }
-twk_status cpu_tanh_back(const cpu_call *c) { return map(c, tanh_back_range); }
-twk_status cpu_gelu_back(const cpu_call *c) { return map(c, gelu_back_range); }
-twk_status cpu_swiglu_back(const cpu_call *c) { return map(c, swiglu_back_range); }
+twk_status cpu_scale(const cpu_call *c) { return map(c, span_range); }
+twk_status cpu_silu(const cpu_call *c) { return map(c, span_range); }
+twk_status cpu_silu_back(const cpu_call *c) { return map(c, span_range); }
+twk_status cpu_swiglu(const cpu_call *c) { return map(c, span_range); }
+twk_status cpu_gelu(const cpu_call *c) { return map(c, span_range); }
+twk_status cpu_tanh(const cpu_call *c) { return map(c, span_range); }
+twk_status cpu_tanh_back(const cpu_call *c) { return map(c, span_range); }
+twk_status cpu_gelu_back(const cpu_call *c) { return map(c, span_range); }
+twk_status cpu_swiglu_back(const cpu_call *c) { return map(c, span_range); }
 
 /* ---- broadcast and its adjoint ---- */
 

@@ -186,3 +186,78 @@ twk_status cpu_moe_combine_back_w(const cpu_call *c) {
                      combine_back_w_rows, (void *)c);
     return TWK_OK;
 }
+
+/* Row t's slot (0 without a slot source), or -1 when it lies outside 0..S-1 (counted nowhere). */
+static int64_t stats_slot(const cpu_call *c, int src, int64_t t, int64_t S) {
+    if (c->l->nsrc <= src) return 0;
+    int64_t s = cpu_id_at(&c->src[src], t);
+    return s >= 0 && s < S ? s : -1;
+}
+
+/* Per slot s (one without a slot source): row 0 the choices of each expert / the slot's rows,
+ * row 1 the mean softmax over them (sums in double, rows in order: one thread, O(T E)). */
+twk_status cpu_moe_router_stats(const cpu_call *c) {
+    int64_t T = c->src[0].ne[0], E = c->src[0].ne[1], K = c->src[1].ne[1];
+    int64_t S = c->l->nsrc > 2 ? c->dst.ne[0] : 1;
+    double *acc = cpu_scratch(c->ctx, (size_t)(S * (2 * E + 1)) * sizeof *acc), *rows = acc + S * 2 * E;
+    if (!acc) return TWK_ERR_OOM;
+    memset(acc, 0, (size_t)(S * (2 * E + 1)) * sizeof *acc);
+    const float *l = c->src[0].data;
+    for (int64_t t = 0; t < T; t++) {
+        int64_t s = stats_slot(c, 2, t, S);
+        if (s < 0) continue;
+        const float *row = l + t * E;
+        double *a = acc + s * 2 * E;
+        float mx, inv;
+        softmax_stats(row, E, &mx, &inv);
+        for (int64_t e = 0; e < E; e++) a[E + e] += (double)((float)exp((double)row[e] - mx) * inv);
+        for (int64_t j = 0; j < K; j++) a[cpu_id_at(&c->src[1], t * K + j)] += 1.0; /* ids checked before the launch */
+        rows[s] += 1.0;
+    }
+    float *out = c->dst.data;
+    for (int64_t i = 0; i < S * 2 * E; i++) out[i] = rows[i / (2 * E)] > 0 ? (float)(acc[i] / rows[i / (2 * E)]) : 0.0f;
+    return TWK_OK;
+}
+
+/* dl[t, e] = p_te (g_e - sum_e' p_te' g_e') / T_s with g = dy's softmax row of t's slot s and T_s
+ * the slot's rows (the counts have no gradient); 0 for a row of no slot. */
+typedef struct stats_back {
+    const cpu_call *c;
+    const double *rows;
+    int64_t S;
+} stats_back;
+
+static void router_stats_back_rows(void *arg, int64_t t0, int64_t t1) {
+    const stats_back *sb = arg;
+    const cpu_call *c = sb->c;
+    int64_t E = c->src[0].ne[1];
+    for (int64_t t = t0; t < t1; t++) {
+        const float *row = (const float *)c->src[0].data + t * E;
+        float *dl = (float *)c->dst.data + t * E;
+        int64_t s = stats_slot(c, 2, t, sb->S);
+        if (s < 0) {
+            memset(dl, 0, (size_t)E * sizeof *dl);
+            continue;
+        }
+        const float *g = (const float *)c->src[1].data + s * 2 * E + E;
+        float mx, inv;
+        softmax_stats(row, E, &mx, &inv);
+        double dot = 0;
+        for (int64_t e = 0; e < E; e++) dot += exp((double)row[e] - mx) * inv * g[e];
+        for (int64_t e = 0; e < E; e++) dl[e] = (float)(exp((double)row[e] - mx) * inv * (g[e] - dot) / sb->rows[s]);
+    }
+}
+
+twk_status cpu_moe_router_stats_back(const cpu_call *c) {
+    int64_t T = c->src[0].ne[0], S = c->l->nsrc > 2 ? c->src[1].ne[0] : 1;
+    double *rows = cpu_scratch(c->ctx, (size_t)S * sizeof *rows);
+    if (!rows) return TWK_ERR_OOM;
+    memset(rows, 0, (size_t)S * sizeof *rows);
+    for (int64_t t = 0; t < T; t++) {
+        int64_t s = stats_slot(c, 2, t, S);
+        if (s >= 0) rows[s] += 1.0;
+    }
+    stats_back sb = {c, rows, S};
+    cpu_parallel_for(c->ctx->pool, c->dst.ne[0], CPU_GRAIN_ELEMS / (c->src[0].ne[1] + 1) + 1, router_stats_back_rows, &sb);
+    return TWK_OK;
+}

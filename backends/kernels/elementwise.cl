@@ -138,3 +138,52 @@ TWK_KERNEL sum_to_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *x
             }
     y[y_off + i] = s;
 }
+
+/* FUSED_EW (graph/fuse.c): a chain of up to 8 same-shape maps in one kernel, the intermediates in
+ * registers. Step k is w_k: bits 0..7 the map (1 add, 2 mul, 3 scale, 4 silu, 5 silu_back,
+ * 6 swiglu, 7 swiglu_back, 8 gelu, 9 gelu_back, 10 tanh, 11 tanh_back; 0 ends the chain), bits
+ * 8..11, 12..15, 16..19 its operands (0..5 the sources s0..s5, 6 + j step j's result), bit 20
+ * swiglu_back's which; f_k scale's factor. Each map is its own kernel's expression above. */
+TWK_FN float kd_fused_step(int op, float a, float b, float c, int which, float f) {
+    float s;
+    switch (op) {
+    case 1: return a + b;
+    case 2: return a * b;
+    case 3: return a * f;
+    case 4: return a * kd_sigmoid(a);
+    case 5: s = kd_sigmoid(a); return b * s * (1.0f + a * (1.0f - s));
+    case 6: return a * kd_sigmoid(a) * b;
+    case 7: s = kd_sigmoid(a); return which == 0 ? c * b * s * (1.0f + a * (1.0f - s)) : c * a * s;
+    case 8: return a * kd_sigmoid(kd_gelu_2u(a));
+    case 9:
+        s = kd_sigmoid(kd_gelu_2u(a));
+        return b * (s + a * s * (1.0f - s) * 1.5957691216057308f * (1.0f + 0.134145f * a * a));
+    case 10: return tanh(fmin(fmax(a, -15.0f), 15.0f));
+    case 11: s = tanh(fmin(fmax(a, -15.0f), 15.0f)); return b * (1.0f - s * s);
+    default: return 0.0f;
+    }
+}
+
+TWK_KERNEL fused_ew_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *s0, long o0,
+                        TWK_GLOBAL const float *s1, long o1, TWK_GLOBAL const float *s2, long o2,
+                        TWK_GLOBAL const float *s3, long o3, TWK_GLOBAL const float *s4, long o4,
+                        TWK_GLOBAL const float *s5, long o5, long n, int w0, int w1, int w2, int w3, int w4,
+                        int w5, int w6, int w7, float f0, float f1, float f2, float f3, float f4, float f5,
+                        float f6, float f7) {
+    long i = TWK_GID(0);
+    if (i >= n) return;
+    float v[14];
+    int w[8];
+    float f[8];
+    w[0] = w0; w[1] = w1; w[2] = w2; w[3] = w3; w[4] = w4; w[5] = w5; w[6] = w6; w[7] = w7;
+    f[0] = f0; f[1] = f1; f[2] = f2; f[3] = f3; f[4] = f4; f[5] = f5; f[6] = f6; f[7] = f7;
+    v[0] = s0[o0 + i]; v[1] = s1[o1 + i]; v[2] = s2[o2 + i];
+    v[3] = s3[o3 + i]; v[4] = s4[o4 + i]; v[5] = s5[o5 + i];
+    float r = 0.0f;
+    for (int k = 0; k < 8 && w[k] != 0; k++) {
+        int s = w[k];
+        r = kd_fused_step(s & 255, v[(s >> 8) & 15], v[(s >> 12) & 15], v[(s >> 16) & 15], (s >> 20) & 1, f[k]);
+        v[6 + k] = r;
+    }
+    y[y_off + i] = r;
+}

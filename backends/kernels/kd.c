@@ -69,7 +69,10 @@ static const kd_entry table[TWK_OP_COUNT] = {
     [TWK_OP_MOE_DISPATCH] = {.unsupported = KD_NO_MOE},
     [TWK_OP_MOE_COMBINE] = {.unsupported = KD_NO_MOE},
     [TWK_OP_MOE_COMBINE_BACK_W] = {.unsupported = KD_NO_MOE},
+    [TWK_OP_MOE_ROUTER_STATS] = {.unsupported = KD_NO_MOE},
+    [TWK_OP_MOE_ROUTER_STATS_BACK] = {.unsupported = KD_NO_MOE},
     [TWK_OP_LORA_GATHER_BACK] = {kd_lower_lora_gather_back, "lora_gather_back_f32"},
+    [TWK_OP_FUSED_EW] = {kd_lower_fused, "fused_ew_f32"},
 };
 _Static_assert(sizeof table / sizeof table[0] == TWK_OP_COUNT, "one entry per op");
 
@@ -121,6 +124,7 @@ static int shapes_ok(const twk_launch *l, char *why, size_t why_len) {
     if (l->op == TWK_OP_ATTN_CACHE && l->src[1].type != l->src[2].type)
         return say(why, why_len, "K cache %s and V cache %s differ", twk_dtype_name(l->src[1].type),
                    twk_dtype_name(l->src[2].type));
+    if (l->op == TWK_OP_FUSED_EW && !kd_fused_ok(l, why, why_len)) return 0;
     if (l->op == TWK_OP_LORA_GATHER && l->ip[0])
         return say(why, why_len, "a transposed lora_gather (16-bit expert weights' gradient)");
     if (l->op == TWK_OP_MATMUL) {

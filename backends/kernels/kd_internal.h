@@ -49,6 +49,11 @@ int kd_lower_map(const twk_launch *l, int64_t n, kd_call *calls, const char *ker
 int kd_lower_map_f(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 int kd_lower_map_i(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 int kd_lower_binary(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+/* FUSED_EW through fused_ew_f32 (elementwise.cl): at most KD_FUSED_MAX_SRC sources and 8 steps. */
+#define KD_FUSED_MAX_SRC 6
+int kd_lower_fused(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+/* 1 when fused_ew_f32 runs the FUSED_EW launch l (sources, steps); else 0 and the reason in why (may be NULL). */
+int kd_fused_ok(const twk_launch *l, char *why, size_t why_len);
 int kd_lower_broadcast(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 int kd_lower_sum_to(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 int kd_lower_reduce(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);

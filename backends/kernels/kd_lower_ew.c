@@ -1,5 +1,8 @@
 /* Lowerings of the elementwise, reduction and layout ops (elementwise.cl,
  * reduce.cl, layout.cl), one per op or per group of ops (kd.c's table). */
+#include <stdarg.h>
+#include <stdio.h>
+
 #include "kd_internal.h"
 
 /* Strides (elements) of a padded shape s read by a bigger shape; 0 where s is 1. */
@@ -44,6 +47,85 @@ int kd_lower_map_f(const twk_launch *l, int64_t n, kd_call *calls, const char *k
 int kd_lower_map_i(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
     map_call(l, n, calls, kernel, l->nsrc);
     kd_i32(calls, l->ip[0]);
+    return 1;
+}
+
+/* FUSED_EW: fused_ew_f32's kernel code of a map (0: not one it runs) */
+static int fused_code(twk_op op) {
+    switch (op) {
+    case TWK_OP_ADD: return 1;
+    case TWK_OP_MUL: return 2;
+    case TWK_OP_SCALE: return 3;
+    case TWK_OP_SILU: return 4;
+    case TWK_OP_SILU_BACK: return 5;
+    case TWK_OP_SWIGLU: return 6;
+    case TWK_OP_SWIGLU_BACK: return 7;
+    case TWK_OP_GELU: return 8;
+    case TWK_OP_GELU_BACK: return 9;
+    case TWK_OP_TANH: return 10;
+    case TWK_OP_TANH_BACK: return 11;
+    default: return 0;
+    }
+}
+
+/* fused_ew_f32's operand index of a TWK_FUSE_STEP operand (sources 0..5, step j at 6 + j); -1 beyond */
+static int fused_operand(int arg, int nsrc) {
+    if (arg >= TWK_FUSE_RESULT(0)) return 6 + arg - TWK_FUSE_RESULT(0);
+    return arg < nsrc ? arg : -1;
+}
+
+static int refuse(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int refuse(char *why, size_t len, const char *fmt, ...) {
+    if (why && len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, len, fmt, ap);
+        va_end(ap);
+    }
+    return 0;
+}
+
+int kd_fused_ok(const twk_launch *l, char *why, size_t why_len) {
+    if (l->nsrc < 1 || l->nsrc > KD_FUSED_MAX_SRC)
+        return refuse(why, why_len, "fused_ew with %d sources (the kernel takes 1..%d)", l->nsrc, KD_FUSED_MAX_SRC);
+    int k = 0;
+    for (; k < TWK_MAX_PARAMS && l->ip[k]; k++) {
+        int32_t st = l->ip[k];
+        int nops = twk_op_info(TWK_FUSE_OP(st))->nsrc, bad = !fused_code(TWK_FUSE_OP(st));
+        for (int j = 0; j < nops && j < 3 && !bad; j++) {
+            int a = TWK_FUSE_ARG(st, j);
+            bad = fused_operand(a, l->nsrc) < 0 || (a >= TWK_FUSE_RESULT(0) && a - TWK_FUSE_RESULT(0) >= k);
+        }
+        if (bad) return refuse(why, why_len, "fused_ew step %d (%s) is not one the kernel runs", k, twk_op_name(TWK_FUSE_OP(st)));
+    }
+    return k ? 1 : refuse(why, why_len, "fused_ew with no steps");
+}
+
+/* fused_ew_f32(y, s0..s5, n, w0..w7, f0..f7): unused sources read the first one */
+int kd_lower_fused(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
+    int64_t ne = kd_nelem(&l->dst, n);
+    kd_begin(calls, kernel);
+    kd_buf(calls, l, -1, 4);
+    for (int i = 0; i < KD_FUSED_MAX_SRC; i++) kd_buf(calls, l, i < l->nsrc ? i : 0, 4);
+    kd_i64(calls, ne);
+    for (int k = 0; k < TWK_MAX_PARAMS; k++) {
+        int32_t s = l->ip[k], w = 0;
+        if (s) {
+            int a[3];
+            for (int j = 0; j < 3; j++) {
+                int o = fused_operand(TWK_FUSE_ARG(s, j), l->nsrc);
+                a[j] = o < 0 ? 0 : o;
+            }
+            w = fused_code(TWK_FUSE_OP(s)) | a[0] << 8 | a[1] << 12 | a[2] << 16 | TWK_FUSE_IP(s) << 20;
+        }
+        kd_i32(calls, w);
+        if (!s) { /* the rest end the chain too */
+            for (k++; k < TWK_MAX_PARAMS; k++) kd_i32(calls, 0);
+            break;
+        }
+    }
+    for (int k = 0; k < TWK_MAX_PARAMS; k++) kd_f32(calls, l->fp[k]);
+    kd_grid_items(calls, ne, KD_LOCAL_1D);
     return 1;
 }
 

@@ -599,7 +599,11 @@ static const vk_entry table[TWK_OP_COUNT] = {
     [TWK_OP_MOE_DISPATCH] = {.unsupported = VK_NO_MOE},
     [TWK_OP_MOE_COMBINE] = {.unsupported = VK_NO_MOE},
     [TWK_OP_MOE_COMBINE_BACK_W] = {.unsupported = VK_NO_MOE},
+    [TWK_OP_MOE_ROUTER_STATS] = {.unsupported = VK_NO_MOE},
+    [TWK_OP_MOE_ROUTER_STATS_BACK] = {.unsupported = VK_NO_MOE},
     [TWK_OP_LORA_GATHER_BACK] = {lower_lora_gather, 4},
+    /* shaders are SPIR-V compiled at build time (glslc), so no kernel can be generated per chain */
+    [TWK_OP_FUSED_EW] = {.unsupported = "fused elementwise chains need a generated kernel; vulkan's shaders are fixed at build time"},
 };
 _Static_assert(sizeof table / sizeof table[0] == TWK_OP_COUNT, "one entry per op");
 

@@ -20,19 +20,8 @@ BUILD=${BUILD:-build}
 N=${N:-200}
 K=${K:-100}
 TENANTS=${TENANTS:-8}
-PY=${TWK_SDK_PYTHON:-}
-if [ -z "$PY" ]; then
-    if [ -x "$BUILD/venv-sdk/bin/python" ]; then PY=$BUILD/venv-sdk/bin/python; else PY=python3; fi
-fi
-if ! "$PY" -c "import tinker" 2>/dev/null; then
-    echo "bench/server: $PY cannot import tinker; set TWK_SDK_PYTHON to a python with tinker 0.38.0" \
-         "(make demo creates $BUILD/venv-sdk)" >&2
-    exit 2
-fi
-if [ ! -x "$BUILD/twinkle" ] || [ ! -x "$BUILD/bench/bench_server_inproc" ]; then
-    cmake -S . -B "$BUILD" >/dev/null
-    make -C "$BUILD" -j2 twinkle bench_server_inproc >/dev/null
-fi
+. bench/server/common.sh
+bench_setup bench_server_inproc
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/twk-bench-server.XXXXXX")
 SERVER=""

@@ -257,6 +257,11 @@ class RawSteps:
         return deserialize_forward_backward_output(out).metrics["loss:sum"]
 
 
+def barrier_s(a):
+    """How long the tenants wait for each other at the start (set-up and warm-up steps included)."""
+    return a.barrier_s if a.barrier_s else BARRIER_S + 15 * a.tenants
+
+
 def tenant_main(i, a, barrier, q):
     try:
         tinker, tc = training_client(a.base_url, f"tml-tenant-{i}", a.rank)
@@ -281,7 +286,7 @@ def tenant_main(i, a, barrier, q):
         first = loss_of(step_raw())
         for _ in range(a.warmup - 1):
             step_raw()
-        barrier.wait(timeout=BARRIER_S + 15 * a.tenants)
+        barrier.wait(timeout=barrier_s(a))
         t0, c0 = time.monotonic(), time.process_time()
         for _ in range(a.steps):
             out = step_raw()
@@ -303,11 +308,11 @@ def cmd_tenants(a):
     for p in procs:
         p.start()
     try:
-        barrier.wait(timeout=BARRIER_S + 15 * a.tenants + 30)
+        barrier.wait(timeout=barrier_s(a) + 30)
     except Exception:
         pass  # a tenant failed before the barrier; its row says why
     s0 = server_cpu(a.server_pid)
-    rows = [q.get(timeout=300 + a.tenants * a.steps) for _ in procs]
+    rows = [q.get(timeout=300 + a.tenants * a.steps + (a.barrier_s or 0)) for _ in procs]
     s1 = server_cpu(a.server_pid)
     for p in procs:
         p.join()
@@ -343,6 +348,8 @@ def main():
     ap.add_argument("--tenants", type=int, default=8)
     ap.add_argument("--first", type=int, default=0, help="tenants: first tenant index (keys tml-tenant-<i>)")
     ap.add_argument("--steps", type=int, default=20, help="tenants: timed steps per tenant")
+    ap.add_argument("--barrier-s", type=float, default=0,
+                    help="tenants: how long they wait for each other after set-up and warm-up (0: 60 + 15 per tenant)")
     ap.add_argument("--driver", choices=["sdk", "raw"], default="sdk",
                     help="tenants: steps through the SDK's training client, or its requests sent by hand (above)")
     ap.add_argument("--server-pid", type=int, default=0, help="the server's pid: adds its CPU time per call / step")

@@ -143,6 +143,15 @@ twk_id twk_moe_dispatch(twk_graph *g, twk_id x, twk_id order, twk_id inv, twk_id
 /* Back to tokens: out[t] = sum over j in order of w[t, j] y[inv[t*K + j]] (w = 1 when w < 0);
  * y [T*K, H] -> [T, H]. Differentiable in y and w (the routing weights' gradient). */
 twk_id twk_moe_combine(twk_graph *g, twk_id y, twk_id order, twk_id inv, twk_id w, int64_t k);
+/* The statistics of transformers' load_balancing_loss_func for one layer, f32 [2, E]: row 0 the
+ * number of choices (ids [T, K]) of each expert over T, row 1 the mean over the T rows of
+ * softmax(logits) (T: the run-time count). Differentiable in logits through row 1 only (the
+ * counts have no gradient, as torch's histc). -1 with the graph's error set on bad shapes. */
+twk_id twk_moe_router_stats(twk_graph *g, twk_id logits, twk_id ids);
+/* The same per slot, f32 [n_slots, 2, E]: row s over the rows t with slot[t] == s (i32 [T]; a slot
+ * outside 0..n_slots-1 counts nowhere: padding), each over its own row count. -1 with the
+ * graph's error set on bad shapes or n_slots < 1. */
+twk_id twk_moe_router_stats_slots(twk_graph *g, twk_id logits, twk_id ids, twk_id slot, int n_slots);
 /* log_softmax(logits)[t, targets[t]]: logits [T, V], targets i32/i64 [T] -> [T]. */
 twk_id twk_logprobs(twk_graph *g, twk_id logits, twk_id targets);
 /* twk_logprobs(h w^T, targets) without the [T, V] logits: h [T, H], a frozen w [V, H] (f32,
@@ -192,6 +201,12 @@ twk_status twk_graph_recompute(twk_graph *g);
  * twk_graph_recompute (which refuses a graph already reordered). TWK_ERR_INVALID_ARG /
  * TWK_ERR_OOM. */
 twk_status twk_graph_hoist(twk_graph *g, twk_id id);
+/* Elementwise fusion in this graph's compiled plans (on by default; the environment's
+ * TWK_FUSION=0 turns it off for every plan): chains of same-shape elementwise ops whose
+ * intermediates nothing else reads become one launch where the device runs fused chains
+ * (graph/fuse.c), with results bit-identical to the unfused plan on the CPU.
+ * TWK_ERR_INVALID_ARG when g is NULL. */
+twk_status twk_graph_set_fusion(twk_graph *g, bool on);
 
 /* ---- inspection ---- */
 int twk_graph_size(const twk_graph *g);
@@ -230,6 +245,8 @@ typedef struct twk_plan_stats {
     size_t leaf_bytes;      /* inputs/params the plan allocated itself */
     int arena_shared;       /* runs in a caller's arena (twk_plan_compile_in) */
     size_t host_bytes;      /* the plan's own host bookkeeping (slots, launches, names) */
+    int n_launches_unfused; /* launches before elementwise fusion (n_launches when nothing fused) */
+    int n_fused_groups;     /* fused launches (each replaces two or more) */
 } twk_plan_stats;
 
 /* Compiles the graph's outputs for `dev` at token capacity `capacity` (>= 1):
@@ -257,6 +274,9 @@ twk_status twk_plan_run(twk_plan *p, int64_t n);
 /* The index of the launch that computes node id in the plan's launch list, or -1 (no launch:
  * a leaf, a view, removed as dead). */
 int twk_plan_launch_of(const twk_plan *p, twk_id id);
+/* Kernel launches run by every plan of this process so far (twk_plan_run and twk_plan_run_cut,
+ * counted when the backend accepted the run); any thread. Cannot fail. */
+uint64_t twk_plan_launches_run(void);
 /* Called by twk_plan_run_cut after segment i (launches before cuts[i]) finished on the device;
  * an error stops the run and is returned. */
 typedef twk_status (*twk_plan_cut_fn)(void *ctx, int i);

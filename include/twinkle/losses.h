@@ -74,7 +74,10 @@ typedef enum twk_loss_config_id {
 } twk_loss_config_id;
 
 #define TWK_LOSS_MAX_INPUTS 8
-#define TWK_LOSS_MAX_METRICS 6
+#define TWK_LOSS_MAX_METRICS 8
+/* The metric a step appends after its loss's own when the model has the router's load-balancing loss
+ * (a mixture of experts whose config.json sets output_router_logits): its mean over the step's passes. */
+#define TWK_METRIC_ROUTER_AUX "router_aux_loss:mean"
 
 typedef struct twk_loss_def {
     const char *name;
@@ -86,7 +89,7 @@ typedef struct twk_loss_def {
     int n_inputs;
     twk_loss_input_def inputs[TWK_LOSS_MAX_INPUTS];
     double config[TWK_CFG_COUNT]; /* defaults; NaN: the loss takes no such key */
-    int n_metrics;      /* reported in this order; kl:mean only with kl_beta > 0 */
+    int n_metrics;      /* reported in this order; kl:mean only with kl_beta > 0 (TWK_METRIC_ROUTER_AUX may follow) */
     const char *metrics[TWK_LOSS_MAX_METRICS];
 } twk_loss_def;
 

@@ -99,6 +99,11 @@ typedef struct twk_model_config {
      * sparse_step-th layer not in mlp_only_layers); the others keep the dense MLP of ffn. */
     int n_experts, top_k, moe_ffn, shared_ffn, sparse_step;
     bool norm_topk;
+    /* output_router_logits: the router's load-balancing loss (transformers' load_balancing_loss_func)
+     * times router_aux_coef (router_aux_loss_coef, default 0.001) joins each pass's training
+     * objective and is reported as router_aux_loss (twk_trainer_router_aux_loss) */
+    bool router_aux;
+    double router_aux_coef;
     uint64_t dense_layers[4]; /* mlp_only_layers as a bit set (layers below 256) */
 } twk_model_config;
 

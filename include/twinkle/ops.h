@@ -98,11 +98,15 @@ TWK_API_BEGIN
     X(MOE_DISPATCH,   "moe_dispatch",  -1, COMPUTE, TWK_SRC(1) | TWK_SRC(2), 0,                 TWK_SRC(0),  NONE, EXACT, TWK_NO_IDS) /* (x [T,H], order, inv [T*K] [, w [T,K]]) -> [T*K,H]: row r = x[order[r] / K] (* w[order[r]]) */ \
     X(MOE_COMBINE,    "moe_combine",   -1, COMPUTE, TWK_SRC(1) | TWK_SRC(2), 0,                 TWK_SRC(0) | TWK_SRC(3), NONE, ACCUM, TWK_NO_IDS) /* (y [T*K,H], order, inv [, w [T,K]]) -> [T,H]: sum over j in order of (w[t,j] *) y[inv[t*K+j]] */ \
     X(MOE_COMBINE_BACK_W, "moe_combine_back_w", 4, COMPUTE, TWK_SRC(1) | TWK_SRC(2), 0,         0,           NONE, ACCUM, TWK_NO_IDS) /* (y, order, inv, dout [T,H]) -> [T,K]: dot(dout[t], y[inv[t*K+j]]) */ \
+    X(MOE_ROUTER_STATS, "moe_router_stats", -1, COMPUTE, TWK_SRC(1) | TWK_SRC(2), TWK_SRC(1),   TWK_SRC(0),  NONE, ACCUM, TWK_IDS(RANGE, "experts", "", 0, 1)) /* (logits [T,E], ids [T,K] [, slot [T]]) -> [2,E] ([S,2,E]: per slot, rows of a slot outside 0..S-1 skipped): the choices per expert / the rows, the mean softmax (load-balancing loss) */ \
+    X(MOE_ROUTER_STATS_BACK, "moe_router_stats_back", -1, COMPUTE, TWK_SRC(2), 0,                 0,           NONE, TRANSCENDENTAL, TWK_NO_IDS) /* (logits [T,E], dy [2,E] or [S,2,E] [, slot [T]]) -> [T,E]: through the mean softmax only */ \
     /* the optimizer step on the device (no gradients; hyper = twk_optim_hyper's 8 floats) */                  \
     X(GRAD_ACC,       "grad_acc",       2, INPLACE, 0,                    0,                    0,           NONE, EXACT, TWK_NO_IDS) /* (acc, g): acc += g */ \
     X(SQSUM_PARTS,    "sqsum_parts",    1, COMPUTE, 0,                    0,                    0,           NONE, ACCUM, TWK_NO_IDS) /* x [N] -> [P,2]: sum x^2 of slice p as (hi, lo) */ \
     X(GRAD_NORM,      "grad_norm",      2, COMPUTE, 0,                    0,                    0,           NONE, ACCUM, TWK_NO_IDS) /* (parts [P,2], hyper) -> [2]: norm, clip coefficient */ \
-    X(ADAMW,          "adamw",          6, INPLACE, 0,                    0,                    0,           NONE, TRANSCENDENTAL, TWK_NO_IDS) /* (w, g, m, v, hyper, norm) -> w; also writes m, v and zeroes g */
+    X(ADAMW,          "adamw",          6, INPLACE, 0,                    0,                    0,           NONE, TRANSCENDENTAL, TWK_NO_IDS) /* (w, g, m, v, hyper, norm) -> w; also writes m, v and zeroes g */ \
+    /* made by the plan compiler's fusion pass (graph/fuse.c), never built: a chain of same-shape elementwise ops, one launch */ \
+    X(FUSED_EW,       "fused_ew",      -1, COMPUTE, 0,                    0,                    0,           NONE, TRANSCENDENTAL, TWK_NO_IDS) /* srcs all of dst's shape; ip[k] = step k (TWK_FUSE_STEP in twk_backend.h), fp[k] its fparam */
 
 /* The sources that may hold bf16 / f16 (frozen weights, KV caches), X(OP, mask), on a backend
  * whose kernels widen them to f32 (its half_srcs; twk_device_half_srcs); KV_WRITE's output is its

@@ -63,6 +63,13 @@ twk_status twk_trainer_forward_base(twk_trainer *t, const twk_batch *b, float *l
 /* Forward and backward; gradients are added to the accumulated ones (on the device: only the
  * batch goes up, and the logprobs and loss asked for come down). */
 twk_status twk_trainer_forward_backward(twk_trainer *t, const twk_batch *b, float *logprobs, float *loss);
+/* A mixture-of-experts model whose config sets output_router_logits: every forward and
+ * forward+backward pass also computes transformers' load_balancing_loss_func over the pass's
+ * tokens (all sparse layers), and the backward differentiates loss + router_aux_loss_coef * it
+ * (the loss the outputs above give stays -sum(weights * logprobs)). Returns the mean of that
+ * value over the passes since the last reset (reset: start again); NAN when there were none or
+ * the trainer has no such loss (other models; samplers; packed multi-run trainers). */
+double twk_trainer_router_aux_loss(twk_trainer *t, bool reset);
 /* Number of trainable tensors and the i-th one's name (PEFT names for LoRA,
  * Hugging Face names for full training) and element count. */
 int twk_trainer_param_count(const twk_trainer *t);

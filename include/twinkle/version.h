@@ -11,13 +11,13 @@
 #include "twinkle/export.h"
 
 #define TWK_API_VERSION_MAJOR 0
-#define TWK_API_VERSION_MINOR 5
+#define TWK_API_VERSION_MINOR 6
 #define TWK_API_VERSION_PATCH 0
 /* One number: major * 10000 + minor * 100 + patch. */
 #define TWK_API_VERSION (TWK_API_VERSION_MAJOR * 10000 + TWK_API_VERSION_MINOR * 100 + TWK_API_VERSION_PATCH)
 #define TWK_VERSION_STR_(x) #x
 #define TWK_VERSION_STR(x) TWK_VERSION_STR_(x)
-/* "0.5.0" */
+/* "0.6.0" */
 #define TWK_VERSION                                                                   \
     TWK_VERSION_STR(TWK_API_VERSION_MAJOR) "." TWK_VERSION_STR(TWK_API_VERSION_MINOR) "." \
     TWK_VERSION_STR(TWK_API_VERSION_PATCH)

@@ -1403,6 +1403,112 @@ def verify_main(args):
 # --------------------------------------------------------------------------------------
 
 
+# --------------------------------------------------------------------------------------
+# The router's load-balancing loss (output_router_logits): fixtures/router_aux/
+# --------------------------------------------------------------------------------------
+
+ROUTER_AUX_COEF = 0.1  # router_aux_loss_coef of the fixture's config (transformers' default 0.001 would hide it)
+
+
+def router_aux_refs(out_root):
+    """From the committed qwen3_moe fixture (weights, batch, lora_init): transformers 5.24's aux_loss
+    (load_balancing_loss_func over both sparse layers) for the packed batch given to transformers the
+    way a padded batch is (right padding, attention_mask), and float64 gradients of
+    -sum(w lp) + coef * aux_loss (LoRA on the attention) and of coef * aux_loss alone (LoRA; the
+    full model's router weights). Writes router_aux/{model/config.json, expected.safetensors, expected.json}."""
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file, save_file
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    src = out_root / "qwen3_moe"
+    out = out_root / "router_aux"
+    (out / "model").mkdir(parents=True, exist_ok=True)
+    exp = load_file(src / "expected.safetensors")
+    meta = json.loads((src / "expected.json").read_text())
+    model = load_fixture_model(src / "model")
+    cfg_json = json.loads((src / "model" / "config.json").read_text())
+    cfg_json.update(output_router_logits=True, router_aux_loss_coef=ROUTER_AUX_COEF)
+    (out / "model" / "config.json").write_text(json.dumps(cfg_json, indent=2, sort_keys=True) + "\n")
+    E, K = model.config.num_experts, model.config.num_experts_per_tok
+
+    # the packed batch as transformers' padded one: one row per sequence, right padding, attention_mask
+    seq_lens = meta["batch"]["seq_lens"]
+    S = max(seq_lens)
+    ids = torch.zeros(len(seq_lens), S, dtype=torch.long)
+    mask = torch.zeros(len(seq_lens), S, dtype=torch.long)
+    off = 0
+    for b, L in enumerate(seq_lens):
+        ids[b, :L] = exp["tokens"][off:off + L].long()
+        mask[b, :L] = 1
+        off += L
+    real = mask.reshape(-1).bool()
+    targets, w = exp["targets"].long(), exp["weights"].double()
+
+    def objective(m, weights):
+        out_ = m(input_ids=ids, attention_mask=mask, output_router_logits=True, use_cache=False)
+        lp = torch.log_softmax(out_.logits.reshape(-1, out_.logits.shape[-1])[real], -1)
+        lp = lp.gather(-1, targets[:, None])[:, 0]
+        ce = -(weights * lp).sum()
+        return ce, out_.aux_loss, out_.router_logits
+
+    model64 = float64_copy(model)
+    for p in model64.parameters():
+        p.requires_grad_(False)
+    lcfg = LoraConfig(r=meta["lora"]["r"], lora_alpha=meta["lora"]["alpha"], lora_dropout=0.0,
+                      target_modules=meta["lora"]["target_modules"], bias="none", task_type="CAUSAL_LM")
+    pm = get_peft_model(copy.deepcopy(model64), lcfg)
+    pm.eval()
+    with torch.no_grad():
+        for n, p in lora_params(pm):
+            p.copy_(exp["lora_init." + peft_saved_name(n)].double())
+    tensors = {}
+    for what, weights in (("objective_grad", w), ("aux_grad", torch.zeros_like(w))):
+        for _, p in lora_params(pm):
+            p.grad = None
+        ce, aux, router_logits = objective(pm, weights)
+        (ce + ROUTER_AUX_COEF * aux).backward()
+        for n, p in lora_params(pm):
+            tensors[f"{what}.{peft_saved_name(n)}"] = p.grad.float().contiguous()
+        if what == "objective_grad":
+            tensors["loss"] = ce.detach().reshape(1).float()
+            tensors["router_aux_loss"] = aux.detach().reshape(1).float()
+            # the packed rows with no mask give the same value (what twinkle computes over a packed batch)
+            packed = load_balancing_loss_func(tuple(r.detach()[real] for r in router_logits), E, K, None)
+            # and the formula spelled out in float64: E * sum_e f_e P_e over the layers' rows pooled
+            probs = torch.cat([torch.softmax(r.detach()[real].double(), -1) for r in router_logits])
+            chosen = torch.topk(probs, K, dim=-1).indices
+            f = torch.zeros(E, dtype=torch.float64).scatter_add_(0, chosen.reshape(-1), torch.ones(chosen.numel(), dtype=torch.float64))
+            own = E * (f / probs.shape[0] * probs.mean(0)).sum()
+            print(f"  router_aux_loss {aux.item():.9f}; packed, no mask {packed.item():.9f}; float64 formula {own.item():.9f}")
+            assert abs(packed.item() - aux.item()) < 1e-6 and abs(own.item() - aux.item()) < 1e-6
+            gaps = [torch.topk(r.detach()[real], K + 1, -1).values.diff(dim=-1)[:, -1].abs().min().item() for r in router_logits]
+            assert min(gaps) > ROUTING_MIN_GAP, gaps
+    # the full model's router weights: d (coef * aux) / d W_router
+    fm = float64_copy(model)
+    for n, p in fm.named_parameters():
+        p.requires_grad_(n.endswith(".mlp.gate.weight"))
+    _, aux, _ = objective(fm, torch.zeros_like(w))
+    (ROUTER_AUX_COEF * aux).backward()
+    for n, p in fm.named_parameters():
+        if p.requires_grad:
+            tensors[f"aux_router_grad.{n}"] = p.grad.float().contiguous()
+    save_file(tensors, out / "expected.safetensors")
+    (out / "expected.json").write_text(json.dumps({
+        "from": "qwen3_moe (model/model.safetensors, expected.safetensors' batch and lora_init.*)",
+        "qwen3_moe_model_sha256": sha256(src / "model" / "model.safetensors"),
+        "router_aux_loss_coef": ROUTER_AUX_COEF,
+        "batch": "the qwen3_moe batch packed; for transformers one row per sequence, right-padded to "
+                 f"{S}, attention_mask marking the real tokens (the aux loss's mask: padding rows excluded)",
+        "loss": "-sum(weights * logprobs) (loss), router_aux_loss = outputs.aux_loss; "
+                "objective_grad.* = d(loss + coef * aux) / d LoRA at lora_init; aux_grad.* = d(coef * aux) / d LoRA; "
+                "aux_router_grad.* = d(coef * aux) / d router weight of the base model; float64 computation, "
+                "except the sums inside load_balancing_loss_func, which transformers keeps in float32 "
+                "(routing_weights.float(), float32 accumulators; 1.2e-7 relative off the float64 formula)",
+        "versions": versions(),
+    }, indent=2, sort_keys=True) + "\n")
+    print(f"  wrote {out}: {sorted(tensors)[:3]}... ({len(tensors)} tensors)")
+
+
 def main():
     # PEFT writes target_modules from a Python set into adapter_config.json: pin the string hash seed so
     # its order (and so the file's bytes) is the same on every run.
@@ -1415,6 +1521,8 @@ def main():
     ap.add_argument("--tol", type=float, default=1e-4)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--only", nargs="*", choices=sorted(MODELS))
+    ap.add_argument("--router-aux", action="store_true",
+                    help="write fixtures/router_aux/ from the committed qwen3_moe fixture (the load-balancing loss)")
     ap.add_argument("--bf16", action="store_true",
                     help="write fixtures/<model>/bf16.safetensors from the committed fixtures (bf16 references)")
     args = ap.parse_args()
@@ -1433,6 +1541,9 @@ def main():
         return verify_main(args)
 
     print("versions:", versions())
+    if args.router_aux:
+        router_aux_refs(args.out)
+        return 0
     if args.bf16:
         print({name: bf16_refs(name, args.out) for name in args.only or list(MODELS)})
         return 0
