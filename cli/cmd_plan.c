@@ -20,6 +20,8 @@ static void usage(FILE *f) {
             "  --tokens T       tokens per pass (train's --batch-tokens, serve's --max-context)\n"
             "  --rank R         LoRA rank (default 32; 0 = full-parameter training)\n"
             "  --train-unembed  LoRA on lm_head too\n"
+            "  --train-experts  mixture of experts: LoRA on the experts (twinkle train's default);\n"
+            "  --train-router   and on the router\n"
             "  --dtype D        the weights' dtype: f32, bf16, f16 (default: as the checkpoint stores them\n"
             "                   (config.json's torch_dtype without weights); with --device, as train\n"
             "                   and serve load them there)\n"
@@ -53,6 +55,8 @@ int twk_cmd_plan(int argc, char **argv) {
         }
         if (!strcmp(a, "--recompute")) { rq.recompute = true; continue; }
         if (!strcmp(a, "--train-unembed")) { rq.train_unembed = true; continue; }
+        if (!strcmp(a, "--train-experts")) { rq.train_experts = true; continue; }
+        if (!strcmp(a, "--train-router")) { rq.train_router = true; continue; }
         if (!strcmp(a, "--logits")) { rq.logits = true; continue; }
         if (i + 1 >= argc) {
             fprintf(stderr, "twinkle plan: %s needs a value (or is unknown)\n", a);

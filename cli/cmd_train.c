@@ -32,7 +32,7 @@ typedef struct train_opts {
     double lr, alpha, weight_decay, grad_clip, beta1, beta2, eps;
     double dpo_beta, clip_lo, clip_hi, kl_beta, max_tokens, distill_beta; /* NaN: the loss's default */
     twk_loss_spec spec; /* --loss with the flags above */
-    int full, train_unembed, no_attn, no_mlp, recompute;
+    int full, train_unembed, no_attn, no_mlp, recompute, train_router, no_experts;
     twk_cli_dtypes dtypes; /* --dtype, --kv-dtype (the teacher's sampler) */
 } train_opts;
 
@@ -80,6 +80,9 @@ static void usage(FILE *f) {
             "  --rank R             LoRA rank (default 32)\n"
             "  --alpha A            LoRA alpha; scale = alpha / rank (default 32)\n"
             "  --train-unembed      also adapt lm_head;  --no-attn / --no-mlp drop those targets\n"
+            "                       (mixture of experts: the MLP is the experts' gate/up/down, PEFT's target_parameters\n"
+            "                       on the fused stacks, and a shared expert; --no-experts keeps only the latter)\n"
+            "  --train-router       mixture of experts: also adapt the router (mlp.gate)\n"
             "  --lr X               AdamW learning rate (default 1e-4)\n"
             "  --beta1 X --beta2 X --eps X --weight-decay X   AdamW (defaults 0.9 0.95 1e-8 0)\n"
             "  --grad-clip X        clip the global gradient norm to X (default 1.0; 0 = off)\n"
@@ -168,6 +171,8 @@ static int parse(int argc, char **argv, train_opts *o) {
         if (!strcmp(a, "--train-unembed")) { o->train_unembed = 1; continue; }
         if (!strcmp(a, "--no-attn")) { o->no_attn = 1; continue; }
         if (!strcmp(a, "--no-mlp")) { o->no_mlp = 1; continue; }
+        if (!strcmp(a, "--no-experts")) { o->no_experts = 1; continue; }
+        if (!strcmp(a, "--train-router")) { o->train_router = 1; continue; }
         if (!strcmp(a, "--recompute")) { o->recompute = 1; continue; }
         if (!strcmp(a, "--no-overlap")) { o->no_overlap = 1; continue; }
         if (i + 1 >= argc) {
@@ -368,7 +373,8 @@ static int train(train_opts *o) {
     int whole_normalised = o->spec.def->family == TWK_FAMILY_RL && o->spec.def->aggregation != TWK_AGG_SUM;
     char devname[256], where[96] = ""; /* a failing rank's share, for its message */
     twk_mem_request rq = {.tokens = o->batch_tokens, .rank = o->full ? 0 : (int)o->rank, .train_unembed = o->train_unembed,
-                          .recompute = o->recompute};
+                          .recompute = o->recompute, .train_experts = !o->no_mlp && !o->no_experts,
+                          .train_router = o->train_router};
     int wdtype = -1; /* the dtype the model load will hold the weights in: the plan's */
     if (twk_device_open(twk_dist_device(o->device, devname, sizeof devname), &dev) != TWK_OK ||
         (wdtype = twk_model_weights_dtype(o->model, dev, o->dtypes.weights)) < 0 ||
@@ -387,6 +393,8 @@ static int train(train_opts *o) {
     lc.train_attn = !o->no_attn;
     lc.train_mlp = !o->no_mlp;
     lc.train_unembed = o->train_unembed;
+    lc.train_experts = !o->no_mlp && !o->no_experts; /* ignored by a dense model */
+    lc.train_router = o->train_router;
     lc.seed = (uint64_t)o->seed;
     /* the overlapped gradient sum wants each gradient accumulated as soon as it exists */
     twk_trainer_opts topts = {.recompute = rq.recompute, .early_grads = nr > 1 && !o->no_overlap && o->global_tokens <= 0};

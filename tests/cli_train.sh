@@ -116,3 +116,42 @@ PY
 if "$TWINKLE" train --model "$MODEL" --data "$DIR/data.jsonl" --loss ppo --out "$DIR/c" > "$DIR/c.log" 2>&1; then fail "ppo without advantages accepted"; fi
 grep -q "data.jsonl:1: field 'advantages' is required by ppo" "$DIR/c.log" || { cat "$DIR/c.log"; fail "the message does not name the line and field"; }
 echo "ok   rollouts without advantages refused: $(grep advantages "$DIR/c.log")"
+
+# Mixture of experts (the mixtral parity model, vocabulary 256): LoRA on the attention, the experts
+# (PEFT's target_parameters on the fused stacks) and the router; the loss falls, a resumed run is
+# bit-identical, the adapter config names the stacks, twinkle sample loads it; router-only LoRA on a
+# dense model is refused by name.
+MOE=$(dirname "$(dirname "$MODEL")")/mixtral/model
+awk 'BEGIN { srand(11); for (s = 0; s < 12; s++) { n = 8 + int(rand() * 12); line = "{\"tokens\": [";
+     for (i = 0; i < n; i++) line = line (i ? ", " : "") int(rand() * 256); print line "]}" } }' > "$DIR/moe.jsonl"
+moe="--model $MOE --data $DIR/moe.jsonl --batch-tokens 64 --lr 1e-2 --rank 8 --steps 20 --train-router"
+"$TWINKLE" train $moe --out "$DIR/m" --save-every 10 > "$DIR/m.log" || { cat "$DIR/m.log"; fail "moe training run"; }
+first=$(sed -n 's/^loss \([0-9.]*\) -> \([0-9.]*\).*/\1/p' "$DIR/m.log")
+last=$(sed -n 's/^loss \([0-9.]*\) -> \([0-9.]*\).*/\2/p' "$DIR/m.log")
+awk -v f="$first" -v l="$last" 'BEGIN { exit !(l * 2 < f) }' || fail "moe loss $first -> $last did not fall twofold"
+grep -q '"mlp.experts.gate_up_proj", "mlp.experts.down_proj", "mlp.gate.weight"' "$DIR/m/final/adapter_config.json" ||
+    { cat "$DIR/m/final/adapter_config.json"; fail "the adapter config does not name the experts and the router"; }
+echo "ok   twinkle train on mixtral (attention + experts + router): loss $first -> $last"
+"$TWINKLE" train $moe --out "$DIR/m2" --resume "$DIR/m/step-10" > "$DIR/m2.log" || { cat "$DIR/m2.log"; fail "moe resumed run"; }
+cmp -s "$DIR/m/final/adapter_model.safetensors" "$DIR/m2/final/adapter_model.safetensors" ||
+    fail "the resumed moe run differs from the uninterrupted one"
+echo "ok   mixtral resumed from step 10: final adapter bit-identical"
+"$TWINKLE" sample --model "$MOE" --adapter "$DIR/m/final" --prompt-tokens 5,6,7 --max-tokens 4 > "$DIR/m.samples" ||
+    fail "twinkle sample with the moe adapter"
+echo "ok   twinkle sample with the expert / router adapter"
+"$TWINKLE" export --checkpoint "$DIR/m/final" --merge --out "$DIR/mm" > "$DIR/mm.log" 2>&1 || { cat "$DIR/mm.log"; fail "moe merge"; }
+"$TWINKLE" score --model "$MOE" --adapter "$DIR/m/final" --data "$DIR/moe.jsonl" > "$DIR/moe_lora.scores" || fail "moe score"
+"$TWINKLE" score --model "$DIR/mm" --data "$DIR/moe.jsonl" > "$DIR/moe_merged.scores" || fail "merged moe score"
+"$TWINKLE" score --model "$MOE" --data "$DIR/moe.jsonl" > "$DIR/moe_base.scores" || fail "base moe score"
+python3 - "$DIR/moe_lora.scores" "$DIR/moe_merged.scores" "$DIR/moe_base.scores" <<'PY' || fail "the merged moe model differs from base + adapter"
+import json, sys
+a, b, c = ([json.loads(l)["logprobs"] for l in open(p)] for p in sys.argv[1:4])
+diff = lambda u, v: max(abs(x - y) for s, t in zip(u, v) for x, y in zip(s, t) if x is not None and y is not None)
+d, moved = diff(a, b), diff(a, c)
+print(f"ok   twinkle export --merge of the expert / router adapter: logprobs equal base + adapter to {d:.2g} (the adapter moves them {moved:.2g})")
+sys.exit(0 if d < 1e-4 and moved > 0.1 else 1)
+PY
+if "$TWINKLE" train --model "$MODEL" --data "$DIR/data.jsonl" --no-attn --no-mlp --train-router > "$DIR/c.log" 2>&1; then
+    fail "router LoRA on a dense model accepted"; fi
+grep -q "train_router need a mixture of experts" "$DIR/c.log" || { cat "$DIR/c.log"; fail "the message does not explain"; }
+echo "ok   router-only LoRA on a dense model refused: $(tail -n 1 "$DIR/c.log")"

@@ -144,6 +144,53 @@ static twk_id b_reshape(twk_graph *g, const twk_id *in, const op_case *c) {
 }
 static void r_reshape(const op_case *c, rt *in, rt *y) { (void)c; ref_copy(&in[0], y); }
 
+/* ---- mixture-of-experts routing on the devices (moegpu; backend_ops only, against the CPU) ----
+ * ip: 0 k, 1 renormalise (moe_gate, the block) or moe_sort's mode, 2 a shift of the logits:
+ * 1 expert 0 +20 (every token picks it), 2 the last expert -20 (no token picks it). */
+static twk_id moe_logits(twk_graph *g, twk_id l, const op_case *c, int i) {
+    int64_t E = c->in[i].ne[1], one[1] = {1}, rest[1] = {E - 1};
+    if (!c->ip[2]) return l;
+    twk_id big = twk_fill(g, 1, one, c->ip[2] == 1 ? 20.0f : -20.0f), zero = twk_fill(g, 1, rest, 0.0f);
+    return twk_add(g, l, c->ip[2] == 1 ? twk_concat(g, big, zero, 0) : twk_concat(g, zero, big, 0));
+}
+static twk_id b_moe_topk(twk_graph *g, const twk_id *in, const op_case *c) { return twk_moe_topk(g, moe_logits(g, in[0], c, 0), c->ip[0]); }
+/* ids: in[1] when given, else the top-k of the logits */
+static twk_id b_moe_sort(twk_graph *g, const twk_id *in, const op_case *c) {
+    twk_id l = moe_logits(g, in[0], c, 0);
+    return twk_moe_sort(g, l, c->n_in > 1 ? in[1] : twk_moe_topk(g, l, c->ip[0]), c->ip[1]);
+}
+static twk_id b_moe_gate(twk_graph *g, const twk_id *in, const op_case *c) {
+    twk_id l = moe_logits(g, in[0], c, 0);
+    return twk_moe_gate(g, l, twk_moe_topk(g, l, c->ip[0]), c->ip[1] != 0);
+}
+/* x [T, H] (in 0), logits [T, E] (in 1), experts [E, N, H] (in 2): the sparse MLP's routing
+ * around one grouped product per expert, as graph/build_moe.c's callers build it */
+static twk_id moe_route(twk_graph *g, const twk_id *in, const op_case *c, twk_id *order, twk_id *inv, twk_id *w) {
+    twk_id l = moe_logits(g, in[1], c, 1), ids = twk_moe_topk(g, l, c->ip[0]);
+    *w = twk_moe_gate(g, l, ids, c->ip[1] != 0);
+    *order = twk_moe_sort(g, l, ids, 0);
+    *inv = twk_moe_sort(g, l, ids, 1);
+    return twk_moe_sort(g, l, ids, 2);
+}
+static twk_id b_moe_block(twk_graph *g, const twk_id *in, const op_case *c) {
+    twk_id order, inv, w, ex = moe_route(g, in, c, &order, &inv, &w);
+    twk_id rows = twk_lora_gather(g, twk_moe_dispatch(g, in[0], order, inv, -1), in[2], ex);
+    return twk_moe_combine(g, rows, order, inv, w, c->ip[0]);
+}
+/* the unweighted dispatch: a copy (its gradient: the unweighted combine) */
+static twk_id b_moe_dispatch(twk_graph *g, const twk_id *in, const op_case *c) {
+    twk_id order, inv, w;
+    moe_route(g, in, c, &order, &inv, &w);
+    return twk_moe_dispatch(g, in[0], order, inv, -1);
+}
+/* the weighted dispatch (the backward of a weighted combine), forward only */
+static twk_id b_moe_dispatch_w(twk_graph *g, const twk_id *in, const op_case *c) {
+    twk_id order, inv, w;
+    moe_route(g, in, c, &order, &inv, &w);
+    return twk_moe_dispatch(g, in[0], order, inv, w);
+}
+/* ---- end of the mixture-of-experts builders ---- */
+
 #define F32(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_F32, .diff = 1}
 #define F32C(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_F32, .diff = 0}
 #define IDS(lim, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_IDS, .limit = lim}
@@ -303,6 +350,36 @@ const op_case opc_extra_cases[] = {
     {"attn 101x2x256 gqa2 segments", 4, {F32(101, 2, 256), F32(101, 1, 256), F32(101, 1, 256), SEGP(101)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.0625}},
     {"attn 37x2x512 long segments", 4, {F32(37, 2, 512), F32(37, 2, 512), F32(37, 2, 512), SEGL(37)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.044}},
     {"unembed_logprobs f16 5x16 over 7", 3, {F32(5, 16), W16(TWK_F16, 7, 16), IDSTOP(7, 5)}, b_unembed, r_unembed, 1e-5, 1e-4},
+    /* ---- mixture-of-experts routing on the devices (moegpu): tokens 1 and primes, experts 8
+     * and 16, top-1/2/4, ties (integer-valued logits), an expert no token picks, every token to
+     * one expert; index outputs must be identical ---- */
+    {"moe_topk 1x8 top-1", 1, {F32C(1, 8)}, b_moe_topk, NULL, 0, 0, .ip = {1}},
+    {"moe_topk Tx16 top-4", 1, {F32C(T_, 16)}, b_moe_topk, NULL, 0, 0, .ip = {4}, .cap = 37},
+    {"moe_topk 31x8 top-2 ties", 1, {{.ndim = 2, .ne = {31, 8}, .type = TWK_F32, .gen = G_IDS, .limit = 3}}, b_moe_topk, NULL, 0, 0, .ip = {2}},
+    {"moe_topk 13x8 top-8 (all)", 1, {F32C(13, 8)}, b_moe_topk, NULL, 0, 0, .ip = {8}},
+    {"moe_sort 1x8 top-1 row->pair", 1, {F32C(1, 8)}, b_moe_sort, NULL, 0, 0, .ip = {1, 0}},
+    {"moe_sort Tx16 top-4 row->pair", 1, {F32C(T_, 16)}, b_moe_sort, NULL, 0, 0, .ip = {4, 0}, .cap = 37},
+    {"moe_sort Tx16 top-4 pair->row", 1, {F32C(T_, 16)}, b_moe_sort, NULL, 0, 0, .ip = {4, 1}, .cap = 37},
+    {"moe_sort Tx16 top-4 row->expert", 1, {F32C(T_, 16)}, b_moe_sort, NULL, 0, 0, .ip = {4, 2}, .cap = 37},
+    {"moe_sort 31x8 top-2 ties pair->row", 1, {{.ndim = 2, .ne = {31, 8}, .type = TWK_F32, .gen = G_IDS, .limit = 3}}, b_moe_sort, NULL, 0, 0, .ip = {2, 1}},
+    {"moe_sort 29x8 top-2 all to expert 0", 1, {F32C(29, 8)}, b_moe_sort, NULL, 0, 0, .ip = {2, 0, 1}},
+    {"moe_sort 23x16 top-1 expert 15 empty", 1, {F32C(23, 16)}, b_moe_sort, NULL, 0, 0, .ip = {1, 1, 2}},
+    {"moe_sort 1031x16 top-4 pair->row", 1, {F32C(1031, 16)}, b_moe_sort, NULL, 0, 0, .ip = {4, 1}},
+    {"moe_sort 523x8 top-2 ties row->pair", 1, {{.ndim = 2, .ne = {523, 8}, .type = TWK_F32, .gen = G_IDS, .limit = 2}}, b_moe_sort, NULL, 0, 0, .ip = {2, 0}},
+    {"moe_sort 19x8 given i64 ids x3", 2, {F32C(19, 8), IDS64(8, 19, 3)}, b_moe_sort, NULL, 0, 0, .ip = {0, 0}},
+    {"moe_sort 17x16 given ids x2 row->expert", 2, {F32C(17, 16), IDS(16, 17, 2)}, b_moe_sort, NULL, 0, 0, .ip = {0, 2}},
+    {"moe_gate 1x8 top-1 renorm", 1, {F32(1, 8)}, b_moe_gate, NULL, 0, 0, .ip = {1, 1}},
+    {"moe_gate Tx8 top-2 renorm", 1, {F32(T_, 8)}, b_moe_gate, NULL, 0, 0, .ip = {2, 1}, .cap = 29},
+    {"moe_gate 17x16 top-4", 1, {F32(17, 16)}, b_moe_gate, NULL, 0, 0, .ip = {4, 0}},
+    {"moe_gate 13x8 top-2 all to expert 0", 1, {F32(13, 8)}, b_moe_gate, NULL, 0, 0, .ip = {2, 0, 1}},
+    {"moe block 1x5 E8 top-1 renorm", 3, {F32(1, 5), F32(1, 8), F32(8, 3, 5)}, b_moe_block, NULL, 0, 0, .ip = {1, 1}},
+    {"moe block Tx12 E8 top-2 renorm", 3, {F32(T_, 12), F32(T_, 8), F32(8, 7, 12)}, b_moe_block, NULL, 0, 0, .ip = {2, 1}, .cap = 23},
+    {"moe block 37x9 E16 top-4 expert 15 empty", 3, {F32(37, 9), F32(37, 16), F32(16, 6, 9)}, b_moe_block, NULL, 0, 0, .ip = {4, 0, 2}},
+    {"moe block 19x6 E8 top-2 all to expert 0", 3, {F32(19, 6), F32(19, 8), F32(8, 5, 6)}, b_moe_block, NULL, 0, 0, .ip = {2, 1, 1}},
+    {"moe block Tx7 E16 top-1", 3, {F32(T_, 7), F32(T_, 16), F32(16, 4, 7)}, b_moe_block, NULL, 0, 0, .ip = {1, 0}, .cap = 41},
+    {"moe_dispatch Tx5 E8 top-2 (a copy)", 2, {F32(T_, 5), F32C(T_, 8)}, b_moe_dispatch, NULL, 0, 0, .ip = {2, 0}, .cap = 13},
+    {"moe_dispatch weighted 11x7 E8 top-2", 2, {F32C(11, 7), F32C(11, 8)}, b_moe_dispatch_w, NULL, 0, 0, .ip = {2, 1}},
+    /* ---- end of the mixture-of-experts cases ---- */
 };
 
 const int opc_n_extra_cases = (int)(sizeof opc_extra_cases / sizeof opc_extra_cases[0]);

@@ -28,6 +28,27 @@ static const char *module_of(const char *name) {
     return NULL;
 }
 
+/* The key of the rank / alpha pattern PEFT 0.21.2 writes when it fuses gate_proj and up_proj into
+ * the experts' gate_up_proj (twice the rank and alpha: the scale alpha / r unchanged). */
+#define GATE_UP_PATTERN ".*\\.gate_up_proj"
+
+/* target_parameters of a mixture of experts' adapter (the stacks, the router) and the gate_up_proj
+ * rank / alpha patterns, as PEFT writes them; 0 when out of memory. */
+static int moe_config(cJSON *cfg, const twk_lora_config *lc, int experts, int router) {
+    cJSON *tp = cJSON_AddArrayToObject(cfg, "target_parameters");
+    int ok = tp != NULL;
+    if (ok && experts)
+        ok = twk_json_push(tp, cJSON_CreateString("mlp.experts.gate_up_proj")) &&
+             twk_json_push(tp, cJSON_CreateString("mlp.experts.down_proj"));
+    if (ok && router) ok = twk_json_push(tp, cJSON_CreateString("mlp.gate.weight"));
+    if (ok && experts) {
+        cJSON *rp = cJSON_AddObjectToObject(cfg, "rank_pattern"), *ap = cJSON_AddObjectToObject(cfg, "alpha_pattern");
+        ok = rp && ap && cJSON_AddNumberToObject(rp, GATE_UP_PATTERN, 2 * lc->rank) &&
+             cJSON_AddNumberToObject(ap, GATE_UP_PATTERN, 2 * (double)lc->alpha);
+    }
+    return ok;
+}
+
 twk_status twk_adapter_save(twk_trainer *t, const char *dir, const char *base_model) {
     const twk_lora_config *lc = twk_trainer_lora(t);
     if (!lc) return twk_error(TWK_ERR_STATE, "adapter_save: this trainer trains all parameters, not an adapter");
@@ -38,7 +59,9 @@ twk_status twk_adapter_save(twk_trainer *t, const char *dir, const char *base_mo
     float **data = twk_host_calloc((size_t)n * sizeof *data, "adapter data");
     cJSON *cfg = cJSON_CreateObject(), *targets = cJSON_CreateArray();
     twk_status st = (e && data && cfg && targets) ? TWK_OK : twk_error(TWK_ERR_OOM, "adapter_save: out of memory");
-    int used[8] = {0};
+    int used[8] = {0}, experts = 0, router = 0;
+    const twk_model_config *mc = twk_model_cfg(twk_trainer_model(t));
+    int n_experts = mc && mc->n_experts > 0 ? mc->n_experts : 1;
     for (int i = 0; st == TWK_OK && i < n; i++) {
         int64_t ne = 0;
         const char *name = twk_trainer_param_name(t, i, &ne);
@@ -49,7 +72,11 @@ twk_status twk_adapter_save(twk_trainer *t, const char *dir, const char *base_mo
         }
         st = twk_trainer_get(t, name, data[i], ne);
         int is_a = strstr(name, ".lora_A.") != NULL;
-        e[i] = (twk_st_entry){name, TWK_ST_F32, 2, {is_a ? lc->rank : ne / lc->rank, is_a ? ne / lc->rank : lc->rank}, data[i]};
+        int64_t rk = lc->rank; /* an expert stack's ParamWrapper: rank x experts (gate_up_proj: twice the rank) */
+        if (strstr(name, ".mlp.experts.")) rk *= (strstr(name, ".mlp.experts.base_layer.") ? 2 : 1) * (int64_t)n_experts;
+        experts |= strstr(name, ".mlp.experts.") != NULL;
+        router |= strstr(name, ".mlp.gate.lora_") != NULL;
+        e[i] = (twk_st_entry){name, TWK_ST_F32, 2, {is_a ? rk : ne / rk, is_a ? ne / rk : rk}, data[i]};
         const char *mod = module_of(name);
         for (size_t k = 0; mod && k < 8; k++)
             if (!strcmp(mod, module_names[k]) && !used[k]) {
@@ -70,6 +97,7 @@ twk_status twk_adapter_save(twk_trainer *t, const char *dir, const char *base_mo
                  cJSON_AddStringToObject(cfg, "task_type", "CAUSAL_LM") && cJSON_AddNumberToObject(cfg, "r", lc->rank) && cJSON_AddNumberToObject(cfg, "lora_alpha", lc->alpha) &&
                  cJSON_AddNumberToObject(cfg, "lora_dropout", 0.0) && cJSON_AddItemToObject(cfg, "target_modules", targets);
         if (ok) targets = NULL; /* owned by cfg now */
+        if (ok && (experts || router)) ok = moe_config(cfg, lc, experts, router);
         ok = ok && cJSON_AddStringToObject(cfg, "bias", "none") && cJSON_AddBoolToObject(cfg, "fan_in_fan_out", 0) &&
              cJSON_AddBoolToObject(cfg, "inference_mode", 1) && cJSON_AddBoolToObject(cfg, "init_lora_weights", 1) &&
              cJSON_AddBoolToObject(cfg, "use_rslora", 0) && cJSON_AddBoolToObject(cfg, "use_dora", 0) &&
@@ -187,6 +215,45 @@ twk_status twk_adapter_load(twk_trainer *t, const char *dir) {
     return st;
 }
 
+/* target_parameters (the experts' gate_up_proj / down_proj, both or neither; the router's
+ * gate.weight) and the rank / alpha patterns: only gate_up_proj at twice r and lora_alpha, which
+ * is how twinkle holds that stack. An error naming the field otherwise. */
+static twk_status moe_targets(const cJSON *j, const char *path, twk_lora_config *lc) {
+    const cJSON *tp = cJSON_GetObjectItemCaseSensitive(j, "target_parameters");
+    int gate_up = 0, down = 0;
+    if (tp && !cJSON_IsNull(tp) && !cJSON_IsArray(tp)) return twk_error(TWK_ERR_INVALID_ARG, "%s: target_parameters is not a list", path);
+    for (const cJSON *e = tp ? tp->child : NULL; e; e = e->next) {
+        const char *m = cJSON_IsString(e) ? e->valuestring : "";
+        size_t n = strlen(m);
+        if (n >= 12 && !strcmp(m + n - 12, "gate_up_proj")) gate_up = 1;
+        else if (n >= 9 && !strcmp(m + n - 9, "down_proj")) down = 1;
+        else if (!strcmp(m, "gate.weight") || (n > 12 && !strcmp(m + n - 12, ".gate.weight"))) lc->train_router = 1;
+        else return twk_error(TWK_ERR_UNSUPPORTED, "%s: target_parameters entry '%s' is not a parameter twinkle adapts "
+                                                   "(the experts' gate_up_proj and down_proj, the router's gate.weight)", path, m);
+    }
+    if (gate_up != down)
+        return twk_error(TWK_ERR_UNSUPPORTED, "%s: target_parameters names only one of the experts' gate_up_proj / down_proj; "
+                                              "twinkle adapts both or neither", path);
+    lc->train_experts |= gate_up;
+    static const char *const pats[2] = {"rank_pattern", "alpha_pattern"};
+    for (int k = 0; k < 2; k++) {
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, pats[k]);
+        double want = k ? 2.0 * lc->alpha : 2.0 * lc->rank;
+        int found = 0;
+        for (const cJSON *e = cJSON_IsObject(p) ? p->child : NULL; e; e = e->next) {
+            if (strcmp(e->string, GATE_UP_PATTERN) || !cJSON_IsNumber(e) || fabs(e->valuedouble - want) > 1e-6)
+                return twk_error(TWK_ERR_UNSUPPORTED, "%s: %s entry '%s' is not supported (only \"%s\": %g, twice %s)", path,
+                                 pats[k], e->string, GATE_UP_PATTERN, want, k ? "lora_alpha" : "r");
+            found = 1;
+        }
+        if (lc->train_experts && !found)
+            return twk_error(TWK_ERR_UNSUPPORTED, "%s: the experts' gate_up_proj needs %s {\"%s\": %g} (twice %s, as PEFT "
+                                                  "writes when it fuses gate_proj and up_proj)", path, pats[k], GATE_UP_PATTERN,
+                             want, k ? "lora_alpha" : "r");
+    }
+    return TWK_OK;
+}
+
 twk_status twk_adapter_read_config(const char *dir, twk_lora_config *lc) {
     char path[4200];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
@@ -203,14 +270,18 @@ twk_status twk_adapter_read_config(const char *dir, twk_lora_config *lc) {
     } else {
         lc->rank = r->valueint;
         lc->alpha = (float)a->valuedouble;
-        lc->train_attn = lc->train_mlp = lc->train_unembed = 0;
+        lc->train_attn = lc->train_mlp = lc->train_unembed = lc->train_experts = lc->train_router = 0;
         for (const cJSON *e = t->child; e; e = e->next) {
             const char *m = cJSON_IsString(e) ? e->valuestring : "";
             if (strstr(m, "q_proj") || strstr(m, "k_proj") || strstr(m, "v_proj") || strstr(m, "o_proj")) lc->train_attn = 1;
             if (strstr(m, "gate_proj") || strstr(m, "up_proj") || strstr(m, "down_proj")) lc->train_mlp = 1;
             if (strstr(m, "lm_head")) lc->train_unembed = 1;
+            /* Mixtral's v4 names, which PEFT turns into the experts' target_parameters */
+            if (!strcmp(m, "w1") || !strcmp(m, "w2") || !strcmp(m, "w3")) lc->train_experts = 1;
+            if (!strcmp(m, "gate")) lc->train_router = 1;
         }
-        if (!lc->train_attn && !lc->train_mlp && !lc->train_unembed)
+        st = moe_targets(j, path, lc);
+        if (st == TWK_OK && !lc->train_attn && !lc->train_mlp && !lc->train_unembed && !lc->train_experts && !lc->train_router)
             st = twk_error(TWK_ERR_UNSUPPORTED, "%s: target_modules names no module twinkle adapts", path);
     }
     cJSON_Delete(j);

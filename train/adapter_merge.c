@@ -24,16 +24,44 @@ typedef struct merge_ctx {
     int untie;    /* lm_head adapted on tied embeddings: lm_head.weight written, config untied */
 } merge_ctx;
 
-/* The adapter's lora_A / lora_B of base weight `name` ("....weight"), or NULL / NULL. */
+/* The adapter's lora_A / lora_B of base weight `name` ("....weight"), or NULL / NULL. Mixtral's
+ * router, block_sparse_moe.gate in the checkpoint, is PEFT's mlp.gate (transformers 5's module). */
 static void lora_pair(const merge_ctx *m, const char *name, const twk_st_tensor **a, const twk_st_tensor **b) {
-    char k[600];
+    char k[600], mod[520];
     size_t n = strlen(name);
     *a = *b = NULL;
-    if (n < 7 || strcmp(name + n - 7, ".weight")) return;
-    snprintf(k, sizeof k, PEFT_PREFIX "%.*s.lora_A.weight", (int)(n - 7), name);
+    if (n < 7 || strcmp(name + n - 7, ".weight") || n - 7 >= sizeof mod) return;
+    snprintf(mod, sizeof mod, "%.*s", (int)(n - 7), name);
+    char *bs = strstr(mod, ".block_sparse_moe.gate");
+    if (bs && !strcmp(bs, ".block_sparse_moe.gate")) strcpy(bs, ".mlp.gate");
+    snprintf(k, sizeof k, PEFT_PREFIX "%s.lora_A.weight", mod);
     *a = twk_st_find(m->ad, k);
-    snprintf(k, sizeof k, PEFT_PREFIX "%.*s.lora_B.weight", (int)(n - 7), name);
+    snprintf(k, sizeof k, PEFT_PREFIX "%s.lora_B.weight", mod);
     *b = twk_st_find(m->ad, k);
+}
+
+/* A mixture of experts' per-expert checkpoint matrix "<layer>.mlp.experts.<e>.<gate|up|down>_proj.weight"
+ * (Mixtral "<layer>.block_sparse_moe.experts.<e>.<w1|w3|w2>.weight"): 1 with the layer prefix, the
+ * expert and the projection (0 gate, 1 up, 2 down); 0 for any other tensor. */
+static int expert_of(const char *name, char *layer, size_t cap, int *e, int *proj) {
+    static const char *const qwen[3] = {"gate_proj", "up_proj", "down_proj"}, *const mixtral[3] = {"w1", "w3", "w2"};
+    const char *p = strstr(name, ".mlp.experts."), *q = strstr(name, ".block_sparse_moe.experts.");
+    const char *at = p ? p : q, *rest = p ? p + 13 : q ? q + 26 : NULL;
+    if (!at || (size_t)(at - name) >= cap) return 0;
+    char *end = NULL;
+    long v = strtol(rest, &end, 10);
+    if (end == rest || *end != '.' || v < 0 || v > 65535) return 0;
+    for (int k = 0; k < 3; k++) {
+        char want[32];
+        snprintf(want, sizeof want, ".%s.weight", p ? qwen[k] : mixtral[k]);
+        if (!strcmp(end, want)) {
+            snprintf(layer, cap, "%.*s", (int)(at - name), name);
+            *e = (int)v;
+            *proj = k;
+            return 1;
+        }
+    }
+    return 0;
 }
 
 static twk_status push(merge_ctx *m, const char *name, twk_st_dtype dt, const twk_st_tensor *shape_of, const void *data,
@@ -97,10 +125,72 @@ static twk_status merge_one(merge_ctx *m, const char *out_name, const twk_st_ten
     return push(m, out_name, w->dtype, w, buf, buf);
 }
 
+/* Expert e's matrix w + scale · Σ_j B[row0 + o, j E + e] A[e r + j] (PEFT's ParamWrapper on the fused
+ * stack: A [r E, in], B [rows, r E]; gate_up_proj's B holds gate's rows, then up's), appended. */
+static twk_status merge_expert(merge_ctx *m, const twk_st_tensor *w, const twk_st_tensor *a, const twk_st_tensor *b,
+                               int64_t E, int64_t e, int64_t row0) {
+    if (w->ndim != 2 || a->ndim != 2 || b->ndim != 2 || E < 1 || a->shape[0] % E || a->shape[0] != b->shape[1] ||
+        a->shape[1] != w->shape[1] || b->shape[0] < row0 + w->shape[0])
+        return twk_error(TWK_ERR_SHAPE, "merge: expert '%s' [%lld, %lld] does not fit lora_A [%lld, %lld] / lora_B [%lld, %lld] "
+                         "of %lld experts", w->name, (long long)w->shape[0], (long long)w->shape[1], (long long)a->shape[0],
+                         (long long)a->shape[1], (long long)b->shape[0], (long long)b->shape[1], (long long)E);
+    int64_t out = w->shape[0], in = w->shape[1], rE = a->shape[0], r = rE / E;
+    float *W = twk_host_alloc((size_t)w->nelem * sizeof *W, "merge W"),
+          *A = twk_host_alloc((size_t)a->nelem * sizeof *A, "merge A"),
+          *B = twk_host_alloc((size_t)b->nelem * sizeof *B, "merge B");
+    twk_status st = W && A && B ? TWK_OK : twk_error(TWK_ERR_OOM, "merge: out of memory for '%s'", w->name);
+    if (st == TWK_OK) st = twk_st_to_f32(w, W);
+    if (st == TWK_OK) st = twk_st_to_f32(a, A);
+    if (st == TWK_OK) st = twk_st_to_f32(b, B);
+    for (int64_t o = 0; st == TWK_OK && o < out; o++)
+        for (int64_t i = 0; i < in; i++) {
+            double d = 0;
+            for (int64_t j = 0; j < r; j++) d += (double)B[(row0 + o) * rE + j * E + e] * A[(e * r + j) * in + i];
+            W[o * in + i] = (float)((double)W[o * in + i] + (double)m->scale * d);
+        }
+    twk_host_free(A);
+    twk_host_free(B);
+    if (st == TWK_OK && w->dtype != TWK_ST_F32) st = twk_st_from_f32(w->dtype, W, w->nelem, W);
+    if (st != TWK_OK) {
+        twk_host_free(W);
+        return st;
+    }
+    return push(m, w->name, w->dtype, w, W, W);
+}
+
+/* The number of experts: one more than the largest expert index of the base's expert matrices. */
+static int64_t base_experts(const merge_ctx *m) {
+    int64_t n = 0;
+    char layer[512];
+    for (int i = 0; i < twk_st_count(m->base); i++) {
+        int e, proj;
+        if (expert_of(twk_st_at(m->base, i)->name, layer, sizeof layer, &e, &proj) && e + 1 > n) n = e + 1;
+    }
+    return n;
+}
+
 static twk_status merge_tensors(merge_ctx *m) {
     twk_status st = TWK_OK;
+    int64_t E = base_experts(m);
     for (int i = 0; st == TWK_OK && i < twk_st_count(m->base); i++) {
         const twk_st_tensor *w = twk_st_at(m->base, i), *a, *b;
+        char layer[512], k[600];
+        int e, proj;
+        if (expert_of(w->name, layer, sizeof layer, &e, &proj)) { /* the experts' fused adapters */
+            const char *which = proj < 2 ? ".base_layer" : "";
+            snprintf(k, sizeof k, PEFT_PREFIX "%s.mlp.experts%s.lora_A.weight", layer, which);
+            a = twk_st_find(m->ad, k);
+            snprintf(k, sizeof k, PEFT_PREFIX "%s.mlp.experts%s.lora_B.weight", layer, which);
+            b = twk_st_find(m->ad, k);
+            if (!a != !b) return twk_error(TWK_ERR_INVALID_ARG, "merge: the adapter has only one of lora_A / lora_B of '%s'", k);
+            if (!a) {
+                st = push(m, w->name, w->dtype, w, w->data, NULL);
+                continue;
+            }
+            st = merge_expert(m, w, a, b, E, e, proj == 1 ? w->shape[0] : 0);
+            if (st == TWK_OK && e == 0 && proj != 1) m->used_pairs++; /* each stack's pair once */
+            continue;
+        }
         lora_pair(m, w->name, &a, &b);
         if (!a != !b) return twk_error(TWK_ERR_INVALID_ARG, "merge: the adapter has only one of lora_A / lora_B of '%s'", w->name);
         st = a ? merge_one(m, w->name, w, a, b) : push(m, w->name, w->dtype, w, w->data, NULL);

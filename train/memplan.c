@@ -53,6 +53,8 @@ twk_status twk_mem_plan_config(const twk_model_config *cfg, const twk_mem_reques
     lc.rank = rq->rank;
     lc.alpha = (float)(rq->rank ? rq->rank : 1);
     lc.train_unembed = rq->train_unembed;
+    lc.train_experts = rq->train_experts;
+    lc.train_router = rq->train_router;
     twk_trainer_opts o = {.recompute = rq->recompute, .logits = rq->logits};
     twk_trainer *t = NULL;
     st = twk_trainer_create_dry(m, rq->rank ? &lc : NULL, rq->tokens, &o, &t);

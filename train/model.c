@@ -466,8 +466,10 @@ static twk_id slot_lora(twk_trainer *t, twk_id x, twk_id A, twk_id B, twk_id slo
     return twk_mul(g, low, twk_reshape(g, t->slot_scale, 2, col));
 }
 
-/* y = x W^T (+ b) (+ scale * (x A^T) B^T when the module has an adapter). */
-static twk_id linear(twk_trainer *t, twk_id x, const char *module, int has_bias) {
+/* y = x W^T (+ b) (+ scale * (x A^T) B^T when the module has an adapter), the weights named by
+ * module and the adapter by peft (PEFT's module name: Mixtral's router is the checkpoint's
+ * block_sparse_moe.gate, transformers 5's mlp.gate). */
+static twk_id linear_peft(twk_trainer *t, twk_id x, const char *module, const char *peft, int has_bias) {
     twk_graph *g = t->g;
     char nm[200];
     snprintf(nm, sizeof nm, "%s.weight", module);
@@ -477,8 +479,8 @@ static twk_id linear(twk_trainer *t, twk_id x, const char *module, int has_bias)
         y = twk_add(g, y, weight_node(t, nm));
     }
     char an[220], bn[220];
-    snprintf(an, sizeof an, "base_model.model.%s.lora_A.weight", module);
-    snprintf(bn, sizeof bn, "base_model.model.%s.lora_B.weight", module);
+    snprintf(an, sizeof an, "base_model.model.%s.lora_A.weight", peft);
+    snprintf(bn, sizeof bn, "base_model.model.%s.lora_B.weight", peft);
     twk_id A = adapter_node(t, an), B = adapter_node(t, bn);
     if (A >= 0 && B >= 0 && t->n_slots) { /* each token through its own slot's adapter */
         twk_id sl = t->sampling && !strcmp(module, "lm_head") ? t->slot_sel : t->slot_in; /* lm_head sees the selected rows */
@@ -488,6 +490,28 @@ static twk_id linear(twk_trainer *t, twk_id x, const char *module, int has_bias)
         y = twk_add(g, y, twk_scale(g, low, t->scale));
     }
     return y;
+}
+
+static twk_id linear(twk_trainer *t, twk_id x, const char *module, int has_bias) { return linear_peft(t, x, module, module, has_bias); }
+
+/* PEFT's ParamWrapper adapter on an expert stack as the stacks lora_gather reads: A [rank E, in]
+ * as a [E, rank, in] and B [out, rank E] (column j E + e) as b [E, out, rank]; -1 when the layer's
+ * experts have no adapter (peft: "<layer>.mlp.experts" or "<layer>.mlp.experts.base_layer"). */
+static int expert_lora(twk_trainer *t, const char *peft, twk_id *a, twk_id *b) {
+    twk_graph *g = t->g;
+    char an[260], bn[260];
+    snprintf(an, sizeof an, "base_model.model.%s.lora_A.weight", peft);
+    snprintf(bn, sizeof bn, "base_model.model.%s.lora_B.weight", peft);
+    twk_id A = adapter_node(t, an), B = adapter_node(t, bn);
+    if (A < 0 || B < 0) return 0;
+    int64_t na[8] = {0}, nb[8] = {0}, E = t->m->cfg.n_experts;
+    twk_node_shape(g, A, 1, na);
+    twk_node_shape(g, B, 1, nb);
+    int64_t a3[3] = {E, na[0] / E, na[1]}, b3[3] = {nb[0], nb[1] / E, E};
+    static const int perm[3] = {2, 0, 1}; /* [out, rank, E] -> [E, out, rank] */
+    *a = twk_reshape(g, A, 3, a3);
+    *b = twk_permute(g, twk_reshape(g, B, 3, b3), perm);
+    return 1;
 }
 
 /* One projection k (0 gate, 1 up, 2 down) of every expert over the rows grouped by expert: the
@@ -508,7 +532,9 @@ static twk_id moe_mlp(twk_trainer *t, twk_id h, const char *layer) {
     char moe[200], mod[260];
     snprintf(moe, sizeof moe, "%s.%s", layer, c->arch == TWK_ARCH_MIXTRAL ? "block_sparse_moe" : "mlp");
     snprintf(mod, sizeof mod, "%s.gate", moe);
-    twk_id logits = linear(t, h, mod, 0);
+    char peft[260];
+    snprintf(peft, sizeof peft, "%s.mlp.gate", layer);
+    twk_id logits = linear_peft(t, h, mod, peft, 0);
     twk_id ids = twk_moe_topk(g, logits, c->top_k);
     twk_id w = twk_moe_gate(g, logits, ids, c->norm_topk);
     if (c->router_aux && !t->sampling) { /* the load-balancing loss's statistics (per run in a packed trainer), summed over layers */
@@ -518,8 +544,18 @@ static twk_id moe_mlp(twk_trainer *t, twk_id h, const char *layer) {
     }
     twk_id order = twk_moe_sort(g, logits, ids, 0), inv = twk_moe_sort(g, logits, ids, 1), slot = twk_moe_sort(g, logits, ids, 2);
     twk_id xs = twk_moe_dispatch(g, h, order, inv, -1);
-    twk_id act = twk_swiglu(g, experts_linear(t, xs, moe, 0, slot), experts_linear(t, xs, moe, 1, slot));
-    twk_id out = twk_moe_combine(g, experts_linear(t, act, moe, 2, slot), order, inv, w, c->top_k);
+    twk_id gate = experts_linear(t, xs, moe, 0, slot), up = experts_linear(t, xs, moe, 1, slot), a, b;
+    snprintf(peft, sizeof peft, "%s.mlp.experts.base_layer", layer);
+    if (expert_lora(t, peft, &a, &b)) { /* gate_up_proj: gate the first moe_ffn rows of B, up the rest */
+        twk_id low = twk_lora_gather(g, xs, a, slot);
+        gate = twk_add(g, gate, twk_scale(g, twk_lora_gather(g, low, twk_slice(g, b, 1, 0, c->moe_ffn), slot), t->scale));
+        up = twk_add(g, up, twk_scale(g, twk_lora_gather(g, low, twk_slice(g, b, 1, c->moe_ffn, c->moe_ffn), slot), t->scale));
+    }
+    twk_id act = twk_swiglu(g, gate, up), down = experts_linear(t, act, moe, 2, slot);
+    snprintf(peft, sizeof peft, "%s.mlp.experts", layer);
+    if (expert_lora(t, peft, &a, &b))
+        down = twk_add(g, down, twk_scale(g, twk_lora_gather(g, twk_lora_gather(g, act, a, slot), b, slot), t->scale));
+    twk_id out = twk_moe_combine(g, down, order, inv, w, c->top_k);
     if (!c->shared_ffn) return out;
     snprintf(mod, sizeof mod, "%s.shared_expert.gate_proj", moe);
     twk_id sg = linear(t, h, mod, 0);
@@ -531,8 +567,8 @@ static twk_id moe_mlp(twk_trainer *t, twk_id h, const char *layer) {
     /* sigmoid(z) = (1 + tanh(z / 2)) / 2 */
     int64_t one = 1;
     twk_id z = twk_map(g, TWK_OP_TANH, twk_scale(g, linear(t, h, mod, 0), 0.5f));
-    twk_id gate = twk_scale(g, twk_add(g, z, twk_fill(g, 1, &one, 1.0f)), 0.5f);
-    return twk_add(g, out, twk_mul(g, sh, gate));
+    twk_id sgate = twk_scale(g, twk_add(g, z, twk_fill(g, 1, &one, 1.0f)), 0.5f);
+    return twk_add(g, out, twk_mul(g, sh, sgate));
 }
 
 /* A norm weight as the model's RMSNorm uses it: Gemma's 1 + w (ones[0] over hidden, ones[1]
@@ -566,17 +602,85 @@ static int lora_targets(const twk_lora_config *lc, const char *module) {
     return 0;
 }
 
+/* One LoRA pair base_model.model.<module>.lora_A.weight [rank, in] / lora_B.weight [out, rank]
+ * (nothing allocated in a dry trainer; zeros stacked per slot with slots; else PEFT's init:
+ * A ~ kaiming_uniform(a=sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)), B = 0). An error status on failure. */
+static twk_status add_pair(twk_trainer *t, twk_rng *r, const char *module, int64_t out, int64_t in, int64_t rank) {
+    for (int ab = 0; ab < 2; ab++) {
+        named_buf *nb = &t->adapter[t->n_adapter++];
+        snprintf(nb->name, sizeof nb->name, "base_model.model.%s.lora_%c.weight", module, ab ? 'B' : 'A');
+        if (t->dry) { /* shapes only */
+            nb->ndim = 2;
+            nb->ne[0] = ab ? out : rank;
+            nb->ne[1] = ab ? rank : in;
+            nb->nelem = nb->ne[0] * nb->ne[1];
+            continue;
+        }
+        if (t->n_slots) { /* stacked per slot, zeros */
+            nb->ndim = 3;
+            nb->ne[0] = t->n_slots;
+            nb->ne[1] = ab ? out : t->slot_rank;
+            nb->ne[2] = ab ? t->slot_rank : in;
+            nb->nelem = nb->ne[0] * nb->ne[1] * nb->ne[2];
+            twk_status st = twk_buffer_alloc(t->m->dev, nb_bytes(nb), &nb->buf);
+            if (st == TWK_OK) st = twk_buffer_zero(t->m->dev, nb->buf, 0, nb_bytes(nb));
+            if (st != TWK_OK) return st;
+            continue;
+        }
+        nb->ndim = 2;
+        nb->ne[0] = ab ? out : rank;
+        nb->ne[1] = ab ? rank : in;
+        nb->nelem = nb->ne[0] * nb->ne[1];
+        float *h = twk_host_calloc(nb_bytes(nb), "lora init");
+        if (!h) return TWK_ERR_OOM;
+        double bound = 1.0 / sqrt((double)in);
+        for (int64_t i = 0; !ab && i < nb->nelem; i++) h[i] = (float)((2 * twk_rng_uniform(r) - 1) * bound);
+        twk_status st = twk_buffer_alloc(t->m->dev, nb_bytes(nb), &nb->buf);
+        if (st == TWK_OK) st = twk_buffer_upload(t->m->dev, nb->buf, 0, h, nb_bytes(nb));
+        twk_host_free(h);
+        if (st != TWK_OK) return st;
+    }
+    return TWK_OK;
+}
+
+/* The adapters of sparse layer l's mixture of experts, in PEFT 0.21.2's layout and names
+ * (transformers 5's module names: "mlp" for Mixtral too): the router as a plain pair on
+ * mlp.gate (train_router); the experts (train_experts) as PEFT's ParamWrapper on the fused
+ * stacks, gate_up_proj ([E, 2 moe_ffn, H]: rank 2r, alpha 2 alpha, the scale unchanged) wrapped
+ * first, so its tensors are mlp.experts.base_layer.lora_A / _B, then down_proj
+ * (mlp.experts.lora_A / _B): A [rank E, in], B [out, rank E]; expert e's delta is
+ * B[:, j E + e] A[e rank + j] summed over j. No slots (refused in trainer_create). */
+static twk_status moe_adapters(twk_trainer *t, twk_rng *r, int l) {
+    const twk_model_config *c = &t->m->cfg;
+    char module[160];
+    int64_t rk = t->lc.rank, E = c->n_experts, H = c->hidden, I = c->moe_ffn;
+    twk_status st = TWK_OK;
+    if (t->lc.train_router) {
+        snprintf(module, sizeof module, "model.layers.%d.mlp.gate", l);
+        st = add_pair(t, r, module, E, H, rk);
+    }
+    if (st == TWK_OK && t->lc.train_experts) {
+        snprintf(module, sizeof module, "model.layers.%d.mlp.experts.base_layer", l);
+        st = add_pair(t, r, module, 2 * I, H, 2 * rk * E);
+        snprintf(module, sizeof module, "model.layers.%d.mlp.experts", l);
+        if (st == TWK_OK) st = add_pair(t, r, module, H, I, rk * E);
+    }
+    return st;
+}
+
 static twk_status make_adapter(twk_trainer *t) {
     const twk_model_config *c = &t->m->cfg;
     static const char *const attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
     static const char *const mlp[] = {"gate_proj", "up_proj", "down_proj"};
-    int max = c->layers * 14 + 2;
+    int max = 2; /* tensors: 7 pairs per dense layer, 10 per sparse one (+ router, 2 expert stacks), lm_head */
+    for (int l = 0; l < c->layers; l++) max += twk_layer_sparse(c, l) ? 20 : 14;
     t->adapter = twk_host_calloc((size_t)max * sizeof *t->adapter, "lora adapter");
     if (!t->adapter) return TWK_ERR_OOM;
     twk_rng r;
     twk_rng_seed(&r, t->lc.seed);
     char module[160];
     for (int l = 0; l <= c->layers; l++) {
+        int sparse = l < c->layers && twk_layer_sparse(c, l);
         for (int k = 0; k < 8; k++) {
             if (l == c->layers) {
                 if (k > 0) break;
@@ -584,9 +688,13 @@ static twk_status make_adapter(twk_trainer *t) {
             } else if (k < 4) {
                 snprintf(module, sizeof module, "model.layers.%d.self_attn.%s", l, attn[k]);
             } else if (k < 7) {
-                if (twk_layer_sparse(c, l)) continue; /* experts: no dense MLP */
-                snprintf(module, sizeof module, "model.layers.%d.mlp.%s", l, mlp[k - 4]);
+                if (sparse && !c->shared_ffn) continue; /* experts: no dense MLP */
+                snprintf(module, sizeof module, "model.layers.%d.mlp.%s%s", l, sparse ? "shared_expert." : "", mlp[k - 4]);
             } else {
+                if (sparse && !t->n_slots) { /* the router and the experts */
+                    twk_status st = moe_adapters(t, &r, l);
+                    if (st != TWK_OK) return st;
+                }
                 break;
             }
             if (!(t->n_slots && t->sampling) && !lora_targets(&t->lc, module)) continue; /* a sampler's slots: every module */
@@ -595,42 +703,8 @@ static twk_status make_adapter(twk_trainer *t) {
             named_buf *base = find_w(t->m->w, t->m->n_w, !strcmp(module, "lm_head") && c->tie_embeddings
                                                               ? "model.embed_tokens.weight" : wn);
             if (!base) return twk_error(TWK_ERR_NOT_FOUND, "lora: no base weight for %s", module);
-            int64_t out = base->ne[0], in = base->ne[1];
-            for (int ab = 0; ab < 2; ab++) {
-                named_buf *nb = &t->adapter[t->n_adapter++];
-                snprintf(nb->name, sizeof nb->name, "base_model.model.%s.lora_%c.weight", module, ab ? 'B' : 'A');
-                if (t->dry) { /* shapes only */
-                    nb->ndim = 2;
-                    nb->ne[0] = ab ? out : t->lc.rank;
-                    nb->ne[1] = ab ? t->lc.rank : in;
-                    nb->nelem = nb->ne[0] * nb->ne[1];
-                    continue;
-                }
-                if (t->n_slots) { /* stacked per slot, zeros */
-                    nb->ndim = 3;
-                    nb->ne[0] = t->n_slots;
-                    nb->ne[1] = ab ? out : t->slot_rank;
-                    nb->ne[2] = ab ? t->slot_rank : in;
-                    nb->nelem = nb->ne[0] * nb->ne[1] * nb->ne[2];
-                    twk_status st = twk_buffer_alloc(t->m->dev, nb_bytes(nb), &nb->buf);
-                    if (st == TWK_OK) st = twk_buffer_zero(t->m->dev, nb->buf, 0, nb_bytes(nb));
-                    if (st != TWK_OK) return st;
-                    continue;
-                }
-                nb->ndim = 2;
-                nb->ne[0] = ab ? out : t->lc.rank;
-                nb->ne[1] = ab ? t->lc.rank : in;
-                nb->nelem = nb->ne[0] * nb->ne[1];
-                float *h = twk_host_calloc(nb_bytes(nb), "lora init");
-                if (!h) return TWK_ERR_OOM;
-                /* PEFT: A ~ kaiming_uniform(a=sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)); B = 0 */
-                double bound = 1.0 / sqrt((double)in);
-                for (int64_t i = 0; !ab && i < nb->nelem; i++) h[i] = (float)((2 * twk_rng_uniform(&r) - 1) * bound);
-                twk_status st = twk_buffer_alloc(t->m->dev, nb_bytes(nb), &nb->buf);
-                if (st == TWK_OK) st = twk_buffer_upload(t->m->dev, nb->buf, 0, h, nb_bytes(nb));
-                twk_host_free(h);
-                if (st != TWK_OK) return st;
-            }
+            twk_status st = add_pair(t, &r, module, base->ne[0], base->ne[1], t->lc.rank);
+            if (st != TWK_OK) return st;
         }
     }
     return TWK_OK;
@@ -1030,8 +1104,12 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
     if (!m || capacity < 1) return twk_error(TWK_ERR_INVALID_ARG, "trainer_new: NULL model or capacity < 1");
     if (lora && (lora->rank < 1 || lora->rank > 4096 || !(lora->alpha > 0)))
         return twk_error(TWK_ERR_INVALID_ARG, "trainer_new: lora rank %d must be in 1..4096 and alpha > 0", lora->rank);
-    if (lora && !lora->train_attn && !lora->train_mlp && !lora->train_unembed)
-        return twk_error(TWK_ERR_INVALID_ARG, "trainer_new: lora targets nothing (train_attn, train_mlp, train_unembed all off)");
+    if (lora && !lora->train_attn && !lora->train_mlp && !lora->train_unembed && !lora->train_experts && !lora->train_router)
+        return twk_error(TWK_ERR_INVALID_ARG, "trainer_new: lora targets nothing (train_attn, train_mlp, train_unembed, "
+                                              "train_experts, train_router all off)");
+    if (lora && n_slots && !sampling && m->cfg.n_experts > 0 && (lora->train_experts || lora->train_router))
+        return twk_error(TWK_ERR_UNSUPPORTED, "packed trainer: LoRA on the experts or the router (train_experts, "
+                                              "train_router) has no adapter slots; train such a run on its own trainer");
     if (sampling && (max_seqs < 1 || max_len < 2 || (double)max_seqs * (double)max_len > 1e8))
         return twk_error(TWK_ERR_INVALID_ARG, "sampler: max_seqs %d x max_len %lld is out of range", max_seqs,
                          (long long)max_len);
@@ -1065,6 +1143,9 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
         twk_device_pool pool = twk_device_pool_enter(own);
         st = make_adapter(t);
         twk_device_pool_enter(pool);
+        if (st == TWK_OK && !t->n_adapter) /* e.g. only train_router / train_experts on a dense model */
+            st = twk_error(TWK_ERR_INVALID_ARG, "trainer_new: lora targets no module of this model (train_experts and "
+                                                "train_router need a mixture of experts)");
     }
     int half = m->cfg.head_dim / 2;
     float f[4096];

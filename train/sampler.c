@@ -108,6 +108,9 @@ twk_status twk_sampler_slot_load_dir(twk_sampler *s, int slot, const char *dir) 
     twk_lora_config lc = twk_lora_default();
     twk_status st = twk_adapter_read_config(dir, &lc);
     if (st != TWK_OK) return st;
+    if ((lc.train_experts || lc.train_router) && s->t->m->cfg.n_experts > 0)
+        return twk_error(TWK_ERR_UNSUPPORTED, "sampler: %s adapts the experts or the router (target_parameters); adapter "
+                                              "slots hold no such adapters: sample it with a sampler of its own", dir);
     char path[4200];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     twk_safetensors *sf = NULL;
@@ -128,6 +131,9 @@ static int get_from_trainer(void *ctx, const char *name, float *dst, int64_t nel
 
 twk_status twk_sampler_slot_from_trainer(twk_sampler *s, int slot, twk_trainer *from) {
     if (!from || !from->lora) return twk_error(TWK_ERR_STATE, "sampler: the trainer has no adapter");
+    if ((from->lc.train_experts || from->lc.train_router) && from->m->cfg.n_experts > 0)
+        return twk_error(TWK_ERR_UNSUPPORTED, "sampler: the trainer adapts the experts or the router; adapter slots hold "
+                                              "no such adapters: sample it with a sampler of its own");
     return twk_sampler_slot_set(s, slot, from->lc.rank, from->lc.alpha, get_from_trainer, from);
 }
 

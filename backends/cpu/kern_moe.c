@@ -74,7 +74,10 @@ twk_status cpu_moe_gate(const cpu_call *c) {
 
 /* d logits: without renormalisation dl_e = p_e (dy_e - sum_j dy_j w_j) (dy_e: the dy of the
  * choice of e, 0 for an unchosen e); renormalised, the weights are the softmax over the chosen
- * logits: dl_e = w_e (dy_e - sum_j dy_j w_j) for a chosen e, 0 for the others. */
+ * logits: dl_e = w_e (dy_e - sum_j dy_j w_j) for a chosen e, 0 for the others. For a chosen
+ * e_j both are summed without the cancellation of dy_j - sum dy_i w_i when one weight is near 1
+ * (a saturated router, where w_j rounds to 1): renormalised w_j sum_{i != j} w_i (dy_j - dy_i),
+ * else p_j (dy_j sum_{e != e_j} p_e - sum_{i != j} dy_i p_i); the device kernels do the same. */
 static void gate_back_rows(void *arg, int64_t t0, int64_t t1) {
     const cpu_call *c = arg;
     int64_t E = c->src[0].ne[1], K = c->src[1].ne[1];
@@ -82,20 +85,30 @@ static void gate_back_rows(void *arg, int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; t++) {
         const float *row = (const float *)c->src[0].data + t * E, *dy = (const float *)c->src[2].data + t * K;
         float *dl = (float *)c->dst.data + t * E;
-        gate_row(c, t, w);
-        double dot = 0;
-        for (int64_t j = 0; j < K; j++) dot += (double)dy[j] * w[j];
         if (c->l->ip[0]) {
+            gate_row(c, t, w);
             memset(dl, 0, (size_t)E * sizeof *dl);
-            for (int64_t j = 0; j < K; j++) dl[cpu_id_at(&c->src[1], t * K + j)] = (float)(w[j] * (dy[j] - dot));
+            for (int64_t j = 0; j < K; j++) {
+                double acc = 0;
+                for (int64_t i = 0; i < K; i++)
+                    if (i != j) acc += (double)w[i] * ((double)dy[j] - dy[i]);
+                dl[cpu_id_at(&c->src[1], t * K + j)] = (float)(w[j] * acc);
+            }
             continue;
         }
         float mx, inv;
         softmax_stats(row, E, &mx, &inv);
+        double dot = 0;
+        for (int64_t j = 0; j < K; j++) dot += dy[j] * exp((double)row[cpu_id_at(&c->src[1], t * K + j)] - mx) * inv;
         for (int64_t e = 0; e < E; e++) dl[e] = (float)(exp((double)row[e] - mx) * inv * -dot);
         for (int64_t j = 0; j < K; j++) {
             int64_t e = cpu_id_at(&c->src[1], t * K + j);
-            dl[e] = (float)(exp((double)row[e] - mx) * inv * (dy[j] - dot));
+            double rest = 0, acc = 0;
+            for (int64_t u = 0; u < E; u++)
+                if (u != e) rest += exp((double)row[u] - mx) * inv;
+            for (int64_t i = 0; i < K; i++)
+                if (i != j) acc += dy[i] * exp((double)row[cpu_id_at(&c->src[1], t * K + i)] - mx) * inv;
+            dl[e] = (float)(exp((double)row[e] - mx) * inv * (dy[j] * rest - acc));
         }
     }
 }

@@ -56,7 +56,7 @@ typedef struct vk_buffer {
 /* The compiled shaders (shaders/<name>.comp), in vk_shaders.c's table. */
 typedef enum vk_shader {
     VKS_ELTWISE, VKS_BROADCAST, VKS_SUM_TO, VKS_REDUCE, VKS_COPY, VKS_CHECK, VKS_MATMUL,
-    VKS_ROWS, VKS_ROWNORM, VKS_ROPE, VKS_ATTN, VKS_ATTN_BACK, VKS_MATMUL_COOPMAT, VKS_OPTIM, VKS_UNEMBED, VKS_COUNT
+    VKS_ROWS, VKS_ROWNORM, VKS_ROPE, VKS_ATTN, VKS_ATTN_BACK, VKS_MATMUL_COOPMAT, VKS_OPTIM, VKS_UNEMBED, VKS_MOE, VKS_COUNT
 } vk_shader;
 
 const uint32_t *vk_shader_code(vk_shader s, size_t *bytes);
@@ -108,6 +108,7 @@ typedef struct vk_ctx {
     vk_pipe pipes[VK_MAX_PIPES];
     int n_pipes;
     uint32_t max_groups;     /* maxComputeWorkGroupCount, min over dims used */
+    int compute_units;       /* as device_props reports them (0: unknown): the wide reductions' groups */
     vk_coop coop;            /* what the device offers for the fp16 GEMM */
     int gemm_fp16;           /* TWK_VULKAN_GEMM=fp16 and coop.m: MATMUL runs matmul_coopmat.comp */
     int profile;             /* TWK_PROFILE=1: time each launch, print per-op totals at close */

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "twk_wide.h"
 #include "vk_internal.h"
 
 /* ---- helpers ---- */
@@ -140,7 +141,52 @@ static int lower_broadcast(vk_low *w) {
     return 0;
 }
 
+/* ---- wide (two-stage) reductions, hal/twk_wide.h: stage 1 tiles the terms over many
+ * work-groups into (hi, lo) pairs in the plan scratch, stage 2 folds them (reduce.comp) ---- */
+
+/* the wide shaders' work-group: TWK_WIDE_LOCAL, halved while the device cannot run it */
+static uint32_t wide_wg(const vk_ctx *c) {
+    uint32_t wg = TWK_WIDE_LOCAL;
+    while (wg > 32 && wg > c->props.limits.maxComputeWorkGroupInvocations) wg /= 2;
+    return wg;
+}
+
+#define VK_WIDE_GRAIN ((int64_t)TWK_WIDE_LOCAL * TWK_WIDE_GRAIN)
+
+/* terms [0, nx) of src 0 (kind 0 x, 1 x * src 1, 2 x^2) as `slices` x k tiles, folded per slice:
+ * into the dst's pairs (out_pair) or dst[s] = scale * sum */
+static int wide_sum(vk_low *w, int64_t nx, int64_t slices, int64_t k, int kind, int out_pair, float scale) {
+    if (slices > (int64_t)w->c->max_groups) return VK_TOO_BIG;
+    if (slices * k > (int64_t)w->c->max_groups) k = w->c->max_groups / slices; /* one group a tile, exactly */
+    vk_dispatch *x = next(w, VKS_REDUCE, wide_wg(w->c), kind == 0 ? 3 : kind == 1 ? 6 : 7);
+    x->bind[0] = VKB_SCRATCH;
+    x->bind[1] = 0;
+    x->bind[2] = kind == 1 ? 1 : 0;
+    x->p[0] = (int32_t)nx;
+    x->p[1] = (int32_t)slices;
+    x->p[2] = (int32_t)k;
+    x->p[3] = kind;
+    x->groups[0] = (uint32_t)(slices * k);
+    x = next(w, VKS_REDUCE, 64, 4); /* a fold is small: 64 invocations (a slice's k is often 1) */
+    x->bind[0] = VKB_DST;
+    x->bind[1] = VKB_SCRATCH;
+    x->p[1] = (int32_t)slices;
+    x->p[2] = (int32_t)k;
+    x->p[3] = out_pair;
+    x->fp[0] = scale;
+    x->groups[0] = (uint32_t)slices;
+    w->scratch = (size_t)(2 * slices * k) * sizeof(float);
+    return 0;
+}
+
+/* a whole-tensor sum of nx terms: one slice */
+static int wide_total(vk_low *w, int kind, float scale) {
+    int64_t nx = twk_desc_nelem(&w->s[0], w->n);
+    return wide_sum(w, nx, 1, twk_wide_tiles(w->c->compute_units, 1, nx, VK_WIDE_GRAIN), kind, 0, scale);
+}
+
 static int lower_sum_to(vk_low *w) {
+    if (w->ny == 1 && !twk_reduce_narrow()) return wide_total(w, 0, 1.0f); /* to one value */
     vk_dispatch *x = next(w, VKS_SUM_TO, 64, w->mode);
     int64_t D[4], S[4];
     pad4(w->y, w->n, D);
@@ -156,8 +202,13 @@ static int lower_sum_to(vk_low *w) {
     return 0;
 }
 
-/* sum, mean, weighted_sum: one work-group */
+/* sum, mean, weighted_sum: wide, or one work-group (TWK_REDUCE_NARROW=1) */
 static int lower_reduce(vk_low *w) {
+    if (!twk_reduce_narrow()) {
+        int64_t nx = twk_desc_nelem(&w->s[0], w->n);
+        return wide_total(w, w->l->op == TWK_OP_WEIGHTED_SUM ? 1 : 0,
+                          w->l->op == TWK_OP_MEAN ? (float)(1.0 / (double)(nx ? nx : 1)) : 1.0f);
+    }
     uint32_t wg = 256; /* a power of two the device allows (Vulkan guarantees 128) */
     while (wg > w->c->props.limits.maxComputeWorkGroupInvocations) wg /= 2;
     vk_dispatch *x = next(w, VKS_REDUCE, wg, w->mode);
@@ -372,10 +423,48 @@ static int lower_rownorm(vk_low *w) {
     return 0;
 }
 
-/* per-row rstd into the plan scratch, then column sums in a fixed order */
+/* per-row rstd into the plan scratch, then column sums in a fixed order: wide (stage 1 over
+ * column blocks x row tiles into pairs after the rstd, stage 2 folding them), or one thread per
+ * column over all rows (TWK_REDUCE_NARROW=1) */
 static int lower_rmsnorm_back_w(vk_low *w) {
     int64_t D = dim(w->y, 0, w->n), R = twk_desc_nelem(&w->s[0], w->n) / (D ? D : 1);
     vk_dispatch *x = next(w, VKS_ROWNORM, 128, w->mode);
+    if (!twk_reduce_narrow()) {
+        int C = twk_wide_cols(D);
+        int64_t nb = (D + C - 1) / C, T = twk_wide_tiles(w->c->compute_units, nb, R, (int64_t)(TWK_WIDE_LOCAL / C) * TWK_WIDE_GRAIN);
+        if ((uint32_t)C > wide_wg(w->c) || nb > (int64_t)w->c->max_groups) return VK_TOO_BIG; /* C <= 32 */
+        if (nb * T > (int64_t)w->c->max_groups) T = w->c->max_groups / nb; /* one group a (block, tile), exactly */
+        uint32_t rwg = 32; /* the rstd: >= 16 terms an invocation, fewer tree levels */
+        while (rwg < wide_wg(w->c) && (int64_t)rwg * 16 < D) rwg *= 2;
+        x->spec[0] = rwg;
+        x->bind[0] = VKB_SCRATCH;
+        x->bind[1] = 0;
+        x->p[0] = (int32_t)R;
+        x->p[1] = (int32_t)D;
+        x->fp[0] = w->l->fp[0];
+        x->groups[0] = groups_for(w->c, R, 1);
+        x = next(w, VKS_ROWNORM, wide_wg(w->c), 6);
+        x->bind[0] = VKB_SCRATCH;
+        x->add_off[0] = (uint32_t)R;
+        x->bind[1] = 0;
+        x->bind[2] = 1;
+        x->bind[3] = VKB_SCRATCH;
+        x->p[0] = (int32_t)R;
+        x->p[1] = (int32_t)D;
+        x->p[2] = (int32_t)T;
+        x->p[3] = C;
+        x->groups[0] = (uint32_t)(nb * T);
+        x = next(w, VKS_REDUCE, wide_wg(w->c), 5);
+        x->bind[0] = VKB_DST;
+        x->bind[1] = VKB_SCRATCH;
+        x->add_off[1] = (uint32_t)R;
+        x->p[0] = (int32_t)T;
+        x->p[1] = (int32_t)D;
+        x->p[2] = C;
+        x->groups[0] = (uint32_t)nb;
+        w->scratch = (size_t)(R + 2 * T * D) * sizeof(float);
+        return 0;
+    }
     x->bind[0] = VKB_SCRATCH;
     x->bind[1] = 0;
     x->p[0] = (int32_t)R;
@@ -518,10 +607,76 @@ static void check_ids(vk_low *w) {
     x->groups[0] = groups_for(w->c, count, 64);
 }
 
+/* ---- mixture-of-experts routing (moe.comp, MODE from the table) ---- */
+
+/* moe_topk (0), moe_gate (1), moe_gate_back (2): one invocation per token; moe_sort (3): the
+ * output zeroed, then one 64-invocation group per expert; moe_dispatch (4), moe_combine (5): one per
+ * element, w (source 3) optional; moe_combine_back_w (6): one per (token, choice) */
+static int lower_moe(vk_low *w) {
+    const twk_launch *l = w->l;
+    const twk_tensor_desc *s = w->s;
+    int64_t n = w->n;
+    if (w->mode == 3) {
+        vk_dispatch *z = next(w, VKS_COPY, 128, 1);
+        z->bind[0] = VKB_DST;
+        z->p[13] = (int32_t)w->ny;
+        z->groups[0] = groups_for(w->c, w->ny, 128);
+    }
+    vk_dispatch *x = next(w, VKS_MOE, 64, w->mode);
+    x->bind[0] = VKB_DST;
+    int64_t items;
+    if (w->mode <= 2) { /* logits [T, E], ids [T, K] (topk: the output), dy [T, K] */
+        const twk_tensor_desc *ids = w->mode == 0 ? w->y : &s[1];
+        x->bind[1] = 0;
+        if (w->mode > 0) x->bind[2] = 1;
+        if (w->mode == 2) x->bind[3] = 2;
+        x->p[0] = (int32_t)dim(ids, 0, n);
+        x->p[1] = (int32_t)dim(&s[0], 1, n);
+        x->p[2] = (int32_t)dim(ids, 1, n);
+        x->p[3] = l->ip[0] != 0;
+        x->p[7] = w->mode > 0 && s[1].type == TWK_I64;
+        items = x->p[0];
+    } else if (w->mode == 3) {
+        x->bind[2] = 1;
+        x->p[0] = (int32_t)w->ny;
+        x->p[1] = (int32_t)dim(&s[0], 1, n);
+        x->p[2] = l->ip[0];
+        x->p[7] = s[1].type == TWK_I64;
+        items = (int64_t)x->p[1] * 64; /* a 64-invocation group per expert */
+    } else {
+        int dispatch = w->mode == 4, perm = dispatch ? 1 : 2;
+        const twk_tensor_desc *tok = dispatch ? &s[0] : w->mode == 5 ? w->y : &s[3];
+        int64_t T = dim(tok, 0, n), H = dim(&s[0], 1, n), R = dispatch ? dim(w->y, 0, n) : dim(&s[0], 0, n);
+        x->bind[1] = 0;
+        x->bind[2] = perm;
+        x->bind[3] = w->mode == 6 || l->nsrc > 3 ? 3 : 0;
+        x->p[0] = (int32_t)(dispatch ? R : T);
+        x->p[1] = (int32_t)H;
+        x->p[2] = (int32_t)(T ? R / T : 1);
+        x->p[3] = l->nsrc > 3;
+        x->p[7] = s[perm].type == TWK_I64;
+        items = w->mode == 6 ? R : w->ny;
+    }
+    x->groups[0] = groups_for(w->c, items, 64);
+    return 0;
+}
+
 /* ---- the table ---- */
 
 /* the optimizer step (optim.comp): grad_acc, sqsum_parts (a group per slice), grad_norm, adamw */
 static int lower_optim(vk_low *w) {
+    if (w->mode == 1 && !twk_reduce_narrow()) { /* the wide sums of squares, per slice */
+        int64_t nx = twk_desc_nelem(&w->s[0], w->n), P = dim(w->y, 0, w->n);
+        return wide_sum(w, nx, P, twk_wide_tiles(w->c->compute_units, P, (nx + P - 1) / P, VK_WIDE_GRAIN), 2, 1, 1.0f);
+    }
+    if (w->mode == 2 && !twk_reduce_narrow()) { /* the slices' pairs folded by one work-group */
+        vk_dispatch *x = next(w, VKS_OPTIM, wide_wg(w->c), 4);
+        x->bind[0] = VKB_DST;
+        x->bind[1] = 0;
+        x->bind[2] = 1;
+        x->p[1] = (int32_t)dim(&w->s[0], 0, w->n);
+        return 0;
+    }
     int per_slice = w->mode == 1, one_item = w->mode == 2;
     vk_dispatch *x = next(w, VKS_OPTIM, per_slice ? 256 : 128, w->mode);
     while (per_slice && x->spec[0] > w->c->props.limits.maxComputeWorkGroupInvocations) x->spec[0] /= 2;
@@ -547,7 +702,7 @@ typedef struct vk_entry {
     const char *unsupported;
 } vk_entry;
 
-#define VK_NO_MOE "mixture-of-experts routing runs on the cpu only so far"
+#define VK_NO_STATS "the router statistics of the load-balancing loss run on the cpu only so far"
 
 static const vk_entry table[TWK_OP_COUNT] = {
     [TWK_OP_FILL] = {lower_eltwise, 0},
@@ -592,15 +747,15 @@ static const vk_entry table[TWK_OP_COUNT] = {
     [TWK_OP_SQSUM_PARTS] = {lower_optim, 1},
     [TWK_OP_GRAD_NORM] = {lower_optim, 2},
     [TWK_OP_ADAMW] = {lower_optim, 3},
-    [TWK_OP_MOE_TOPK] = {.unsupported = VK_NO_MOE},
-    [TWK_OP_MOE_GATE] = {.unsupported = VK_NO_MOE},
-    [TWK_OP_MOE_GATE_BACK] = {.unsupported = VK_NO_MOE},
-    [TWK_OP_MOE_SORT] = {.unsupported = VK_NO_MOE},
-    [TWK_OP_MOE_DISPATCH] = {.unsupported = VK_NO_MOE},
-    [TWK_OP_MOE_COMBINE] = {.unsupported = VK_NO_MOE},
-    [TWK_OP_MOE_COMBINE_BACK_W] = {.unsupported = VK_NO_MOE},
-    [TWK_OP_MOE_ROUTER_STATS] = {.unsupported = VK_NO_MOE},
-    [TWK_OP_MOE_ROUTER_STATS_BACK] = {.unsupported = VK_NO_MOE},
+    [TWK_OP_MOE_TOPK] = {lower_moe, 0},
+    [TWK_OP_MOE_GATE] = {lower_moe, 1},
+    [TWK_OP_MOE_GATE_BACK] = {lower_moe, 2},
+    [TWK_OP_MOE_SORT] = {lower_moe, 3},
+    [TWK_OP_MOE_DISPATCH] = {lower_moe, 4},
+    [TWK_OP_MOE_COMBINE] = {lower_moe, 5},
+    [TWK_OP_MOE_COMBINE_BACK_W] = {lower_moe, 6},
+    [TWK_OP_MOE_ROUTER_STATS] = {.unsupported = VK_NO_STATS},
+    [TWK_OP_MOE_ROUTER_STATS_BACK] = {.unsupported = VK_NO_STATS},
     [TWK_OP_LORA_GATHER_BACK] = {lower_lora_gather, 4},
     /* shaders are SPIR-V compiled at build time (glslc), so no kernel can be generated per chain */
     [TWK_OP_FUSED_EW] = {.unsupported = "fused elementwise chains need a generated kernel; vulkan's shaders are fixed at build time"},

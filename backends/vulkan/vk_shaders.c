@@ -17,6 +17,7 @@
 #include "spv_sum_to.h"
 #include "spv_optim.h"
 #include "spv_unembed.h"
+#include "spv_moe.h"
 
 static const struct {
     const char *name;
@@ -38,6 +39,7 @@ static const struct {
     [VKS_MATMUL_COOPMAT] = {"matmul_coopmat", spv_matmul_coopmat, sizeof spv_matmul_coopmat},
     [VKS_OPTIM] = {"optim", spv_optim, sizeof spv_optim},
     [VKS_UNEMBED] = {"unembed", spv_unembed, sizeof spv_unembed},
+    [VKS_MOE] = {"moe", spv_moe, sizeof spv_moe},
 };
 
 const uint32_t *vk_shader_code(vk_shader s, size_t *bytes) {

@@ -31,6 +31,8 @@ typedef struct twk_mem_request {
                              the fused unembedding); full training and an lm_head adapter take it */
     int kv_seqs;          /* KV cache: sequences of kv_len tokens (0: none) */
     int64_t kv_len;
+    bool train_experts;   /* mixture of experts: LoRA on the experts' stacks (twk_lora_config's) */
+    bool train_router;    /* and on the router */
 } twk_mem_request;
 
 /* Bytes of each part. Device parts: weights, adapter, gradients, moments (the optimizer

@@ -25,9 +25,14 @@ typedef struct twk_lora_config {
     bool train_mlp;     /* gate, up, down */
     bool train_unembed; /* lm_head */
     uint64_t seed;
+    /* Mixture of experts (PEFT's target_parameters): the routed experts' fused gate_up_proj /
+     * down_proj stacks, and the router (mlp.gate). train_mlp covers the dense MLPs and Qwen2-MoE's
+     * shared expert. Neither in adapter slots (packed trainers, slot samplers). */
+    bool train_experts;
+    bool train_router;
 } twk_lora_config;
 
-/* The default: rank 32, alpha 32, attention + MLP, no unembedding, seed 0. */
+/* The default: rank 32, alpha 32, attention + MLP, no unembedding, no experts or router, seed 0. */
 twk_lora_config twk_lora_default(void);
 
 /* A model with an optional LoRA adapter (rank 0 = full fine-tuning), compiled

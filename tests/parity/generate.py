@@ -5,10 +5,13 @@ Generate mode (default)
 -----------------------
     /work/venvs/parity/bin/python tests/parity/generate.py [--out DIR] [--only NAME ...]
 
-Builds three tiny random Hugging Face causal LMs on the CPU in float32 with fixed
+Builds the tiny random Hugging Face causal LMs of MODELS on the CPU in float32 with fixed
 seeds (llama: sharded f32, llama3 rope scaling; qwen2: bf16 on disk, tied
 embeddings, q/k/v biases; qwen3: f32, q_norm/k_norm, head_dim != hidden/heads,
-LoRA on lm_head), saves each as an HF folder plus a PEFT LoRA adapter, and records
+LoRA on lm_head; mistral, gemma2, gemma3: sliding windows, soft-caps; the mixtures of
+experts qwen3_moe, mixtral, qwen2_moe: LoRA on the experts as PEFT's target_parameters,
+the router, a shared expert; all through the one generate_one path), saves each as an HF
+folder plus a PEFT LoRA adapter, and records
 reference numbers (logprobs, loss, LoRA gradients, full-model gradients for qwen3,
 and LoRA tensors after 3 clipped-AdamW steps) in
 ``tests/parity/fixtures/<model>/expected.safetensors`` and ``expected.json``.
@@ -296,6 +299,76 @@ MODELS = {
         "full_grad": False,
         "init": {"embed": 1.0, "lm_head": 0.2, "proj": 0.1, "bias": 0.1, "norm": 0.2, "router": 1.0},
     },
+    # Mixtral: 4 experts, top-2 (always renormalised), experts' w1 / w3 / w2 and the router targeted by name:
+    # PEFT turns them into target_parameters gate_up_proj (rank and alpha doubled) / down_proj / gate.weight
+    "mixtral": {
+        "hf_class": "MixtralForCausalLM",
+        "seed": 8008,
+        "seq_lens": [7, 12, 5],
+        "config": dict(
+            vocab_size=256,
+            hidden_size=32,
+            intermediate_size=16,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-5,
+            rope_theta=1000000.0,
+            sliding_window=None,
+            tie_word_embeddings=False,
+            hidden_act="silu",
+        ),
+        "disk_dtype": "float32",
+        "max_shard_size": None,
+        "lora_lm_head": False,
+        "lora_targets": ["q_proj", "k_proj", "v_proj", "o_proj", "w1", "w2", "w3", "gate"],
+        "full_grad": False,
+        "init": {"embed": 1.0, "lm_head": 0.2, "proj": 0.1, "bias": 0.1, "norm": 0.2, "router": 1.0},
+    },
+    # Qwen2-MoE: 6 experts, top-2 not renormalised, a shared expert behind sigmoid(shared_expert_gate), layer 1
+    # dense (mlp_only_layers). PEFT 0.21.2 does not convert qwen2_moe's target_modules (gate_proj / up_proj /
+    # down_proj name only the shared expert and the dense MLP), so the experts are target_parameters, with
+    # gate_up_proj at twice the rank and alpha as PEFT's own conversion writes it for Qwen3-MoE and Mixtral; the router as
+    # target_parameters mlp.gate.weight (PEFT refuses target_modules "gate" on qwen2_moe)
+    "qwen2_moe": {
+        "hf_class": "Qwen2MoeForCausalLM",
+        "seed": 9010,  # 9009: with the router adapted, the LoRA init put a top-2 router gap at 1.1e-4
+        "seq_lens": [9, 4, 11],
+        "config": dict(
+            vocab_size=256,
+            hidden_size=32,
+            intermediate_size=32,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=24,
+            num_experts=6,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            decoder_sparse_step=1,
+            mlp_only_layers=[1],
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            tie_word_embeddings=False,
+            use_sliding_window=False,
+            hidden_act="silu",
+        ),
+        "disk_dtype": "float32",
+        "max_shard_size": None,
+        "lora_lm_head": False,
+        "lora_targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        "lora_target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj", "mlp.gate.weight"],
+        "lora_rank_pattern": {r".*\.gate_up_proj": 2 * LORA_R},
+        "lora_alpha_pattern": {r".*\.gate_up_proj": 2 * LORA_ALPHA},
+        "full_grad": False,
+        "init": {"embed": 1.0, "lm_head": 0.2, "proj": 0.1, "bias": 0.1, "norm": 0.2, "router": 1.0},
+    },
 }
 
 
@@ -496,20 +569,39 @@ def weighted_loss(logprobs, batch):
 ROUTING_MIN_GAP = 1e-4  # every token's k-th minus (k+1)-th router logit, every layer
 
 
-@torch.no_grad()
-def routing_gap(model, batch, k):
+@contextlib.contextmanager
+def routing_gaps(model, k):
+    """Inside: every router call of model (Qwen's mlp.gate, Mixtral's mlp.gate in transformers 5) appends the
+    smallest gap between a token's k-th and (k+1)-th router logit to the yielded list."""
+    gaps = []
+
+    def hook(mod, inp, out):
+        with torch.no_grad():
+            if out[0].shape[-1] > k:
+                gaps.append(torch.topk(out[0].double(), k + 1, dim=-1).values.diff(dim=-1)[:, -1].abs().min().item())
+
+    hooks = [m.register_forward_hook(hook) for n, m in model.named_modules()
+             if n.endswith((".mlp.gate", ".block_sparse_moe.gate"))]
+    try:
+        yield gaps
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def check_routing_gap(what, gaps, k):
     """Fails when a token's top-k choice is a near tie (a rounding could flip it): the smallest gap
     between the k-th and (k+1)-th router logit over tokens and layers must exceed ROUTING_MIN_GAP."""
-    gaps = []
-    hooks = [m.register_forward_hook(lambda mod, inp, out: gaps.append(
-        torch.topk(out[0].float(), k + 1, dim=-1).values.diff(dim=-1)[:, -1].abs().min().item())
-        if out[0].shape[-1] > k else None)
-        for n, m in model.named_modules() if n.endswith((".mlp.gate", ".block_sparse_moe.gate"))]
-    seq_logits(model, batch)
-    for h in hooks:
-        h.remove()
-    print(f"  routing: smallest top-{k} gap in router logits {min(gaps):.3g} over {len(gaps)} router calls")
-    assert min(gaps) > ROUTING_MIN_GAP, min(gaps)
+    print(f"  routing ({what}): smallest top-{k} gap in router logits {min(gaps):.3g} over {len(gaps)} router calls")
+    assert min(gaps) > ROUTING_MIN_GAP, (what, min(gaps))
+    return min(gaps)
+
+
+@torch.no_grad()
+def routing_gap(model, batch, k, what="base model"):
+    with routing_gaps(model, k) as gaps:
+        seq_logits(model, batch)
+    return check_routing_gap(what, gaps, k)
 
 
 def peft_saved_name(param_name):
@@ -544,9 +636,13 @@ def run_adamw(pm, init_state, batch, max_norm):
             weight_decay=ADAMW["weight_decay"],
         )
         losses, norms = [], []
-        for _ in range(ADAM_STEPS):
+        k = getattr(am.config, "num_experts_per_tok", None)
+        for step in range(ADAM_STEPS):
             opt.zero_grad(set_to_none=True)
-            loss = weighted_loss(seq_logprobs(am, batch), batch)
+            with routing_gaps(am, k) if k else contextlib.nullcontext([]) as gaps:
+                loss = weighted_loss(seq_logprobs(am, batch), batch)
+            if gaps:
+                check_routing_gap(f"AdamW step {step} ({params[0].dtype})", gaps, k)
             loss.backward()
             if max_norm is not None:
                 norm = torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
@@ -720,6 +816,12 @@ def generation_refs(name, spec, model_dir, adapter_dir, out, vocab):
         seed += 1
     else:
         raise RuntimeError(f"{name}: no prompt seed with all gaps > {GEN_MIN_GAP} in {GEN_MAX_SEED_TRIES} tries")
+    top_k = spec["config"].get("num_experts_per_tok")
+    for key, m in models.items() if top_k else ():  # MoE: no near tie in the routing of any decoding step either
+        with routing_gaps(m, top_k) as rgaps:
+            greedy_generate(m, prompts)
+            prompt_logprob_refs(m, prompts)
+        check_routing_gap(f"decoding, {key}", rgaps, top_k)
 
     tensors = {
         "prompt_tokens": torch.cat(prompts).to(torch.int32),
@@ -1031,6 +1133,9 @@ def generate_one(name, spec, out_root):
         lora_alpha=LORA_ALPHA,
         lora_dropout=0.0,
         target_modules=targets,
+        target_parameters=spec.get("lora_target_parameters"),
+        rank_pattern=dict(spec.get("lora_rank_pattern", {})),
+        alpha_pattern=dict(spec.get("lora_alpha_pattern", {})),
         bias="none",
         task_type="CAUSAL_LM",
     )
