@@ -245,11 +245,17 @@ static int grad_logprobs(grad_step *st) {
 static int grad_lora_gather(grad_step *st) {
     twk_graph *g = st->g;
     const twk_id *s = st->n.src;
-    if (wants(st, 0) && st->n.ip[0]) {
+    int trans = st->n.ip[0], grouped = st->n.ip[1];
+    if (trans && (wants(st, 1) || (wants(st, 0) && !grouped))) {
         twk_graph_fail(g, TWK_ERR_UNSUPPORTED, "backward: a transposed lora_gather (node %d) has no gradient rule", st->id);
         return 0;
     }
-    if (wants(st, 0) && twk_dtype_is_half(g->nodes[s[1]].type)) { /* a frozen 16-bit stack (experts): read transposed */
+    if (wants(st, 0) && grouped && twk_dtype_is_half(g->nodes[s[1]].type)) { /* 16-bit experts: read transposed */
+        st->c[0] = twk_lora_gather_grouped(g, st->gy, s[1], s[2], true);
+    } else if (wants(st, 0) && grouped) { /* f32 experts: the stack transposed (the GPU kernels read no transposed f32 stack) */
+        int axes[3] = {0, 2, 1};
+        st->c[0] = twk_lora_gather_grouped(g, st->gy, twk_permute(g, s[1], axes), s[2], false);
+    } else if (wants(st, 0) && twk_dtype_is_half(g->nodes[s[1]].type)) { /* a frozen 16-bit stack: read transposed */
         st->c[0] = twk_lora_gather_t(g, st->gy, s[1], s[2]);
     } else if (wants(st, 0)) {
         int axes[3] = {0, 2, 1};

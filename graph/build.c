@@ -686,7 +686,7 @@ twk_id twk_attention_limit(twk_graph *g, twk_id attn, int window, float softcap)
     return attn;
 }
 
-static twk_id lora_gather(twk_graph *g, twk_id x, twk_id w, twk_id slot, int trans) {
+static twk_id lora_gather(twk_graph *g, twk_id x, twk_id w, twk_id slot, int trans, int grouped) {
     const twk_node *X = arg(g, x, "lora_gather", "x");
     const twk_node *W = arg(g, w, "lora_gather", "w");
     const twk_node *S = arg(g, slot, "lora_gather", "slot");
@@ -705,6 +705,7 @@ static twk_id lora_gather(twk_graph *g, twk_id x, twk_id w, twk_id slot, int tra
     n.dyn = X->dyn & 1;
     n.ne[1] = W->ne[trans ? 2 : 1];
     n.ip[0] = trans;
+    n.ip[1] = grouped;
     n.nsrc = 3;
     n.src[0] = x;
     n.src[1] = w;
@@ -712,9 +713,13 @@ static twk_id lora_gather(twk_graph *g, twk_id x, twk_id w, twk_id slot, int tra
     return twk_graph_push(g, &n);
 }
 
-twk_id twk_lora_gather(twk_graph *g, twk_id x, twk_id w, twk_id slot) { return lora_gather(g, x, w, slot, 0); }
+twk_id twk_lora_gather(twk_graph *g, twk_id x, twk_id w, twk_id slot) { return lora_gather(g, x, w, slot, 0, 0); }
 
-twk_id twk_lora_gather_t(twk_graph *g, twk_id x, twk_id w, twk_id slot) { return lora_gather(g, x, w, slot, 1); }
+twk_id twk_lora_gather_t(twk_graph *g, twk_id x, twk_id w, twk_id slot) { return lora_gather(g, x, w, slot, 1, 0); }
+
+twk_id twk_lora_gather_grouped(twk_graph *g, twk_id x, twk_id w, twk_id slot, bool trans) {
+    return lora_gather(g, x, w, slot, trans, 1);
+}
 
 /* ---- the optimizer step ---- */
 

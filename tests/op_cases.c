@@ -118,6 +118,21 @@ static void r_adamw(const op_case *c, rt *in, rt *y) {
     rt h = {1, {TWK_HYPER_N}, hd};
     ref_adamw(&in[0], &in[1], &in[2], &in[3], &h, &in[4], y);
 }
+static twk_id b_lora_gather_grouped(twk_graph *g, const twk_id *in, const op_case *c) {
+    return twk_lora_gather_grouped(g, in[0], in[1], in[2], c->ip[0] != 0);
+}
+/* float64: y[t] = w[slot[t]] x[t], w [S, N, K] (or [S, K, N] transposed: ip[0]) */
+static void r_lora_gather_grouped(const op_case *c, rt *in, rt *y) {
+    const rt *x = &in[0], *w = &in[1], *slot = &in[2];
+    int64_t T = x->ne[0], K = x->ne[1], N = y->ne[1];
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t n = 0; n < N; n++) {
+            double s = 0;
+            int64_t base = (int64_t)slot->d[t] * N * K;
+            for (int64_t k = 0; k < K; k++) s += w->d[base + (c->ip[0] ? k * N + n : n * K + k)] * x->d[t * K + k];
+            y->d[t * N + n] = s;
+        }
+}
 static twk_id b_lora_gather_back(twk_graph *g, const twk_id *in, const op_case *c) { return twk_lora_gather_back(g, in[0], in[1], in[2], c->ip[0]); }
 static void r_lora_gather_back(const op_case *c, rt *in, rt *y) { (void)c; ref_lora_gather_back(&in[0], &in[1], &in[2], y); }
 static twk_id b_reshape(twk_graph *g, const twk_id *in, const op_case *c) {
@@ -304,6 +319,9 @@ const op_case opc_cases[] = {
     {"adamw 37x67", 5, {F32C(37, 67), F32C(37, 67), F32C(37, 67), POSC(37, 67), POSC(2)}, b_adamw, r_adamw, 1e-6, 1},
     /* packed multi-LoRA training: lora_gather's gradients (x and w) and lora_gather_back itself */
     {"lora_gather Tx9 over 3x5x9 with gradients", 3, {F32(T_, 9), F32(3, 5, 9), IDS(3, T_)}, b_lora_gather, r_lora_gather, 1e-5, 1e-4, .cap = 23},
+    /* experts over rows grouped by expert (any order is right; runs of equal slots are one product each) */
+    {"lora_gather grouped Tx67 over 5x13x67", 3, {F32C(T_, 67), F32C(5, 13, 67), IDS(5, T_)}, b_lora_gather_grouped, r_lora_gather_grouped, 1e-5, 1, .cap = 19},
+    {"lora_gather grouped Tx9 over 3x5x9 with gradients", 3, {F32(T_, 9), F32(3, 5, 9), IDS(3, T_)}, b_lora_gather_grouped, r_lora_gather_grouped, 1e-5, 1e-4, .cap = 23},
     {"lora_gather_back Tx11, Tx6 into 4x6x11", 3, {F32C(T_, 11), F32C(T_, 6), IDS(4, T_)}, b_lora_gather_back, r_lora_gather_back, 1e-5, 1, .ip = {4}, .cap = 17},
     /* layout */
     {"reshape 6x35 -> 5x7x6", 1, {F32(6, 35)}, b_reshape, r_reshape, 0, 1e-5, .ip = {5, 7, 6, 0}},

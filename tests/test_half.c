@@ -5,7 +5,8 @@
  * cache's bits equal the host's round-to-nearest-even), every 16-bit pattern widened and edge
  * values narrowed bit for bit as hal/half.c, against float64 references computed
  * from the same 16-bit values; a whole model (forward, LoRA gradients, greedy decoding) held
- * in bf16 against the same weights held in f32 on that device; on the CPU run, the demo task
+ * in bf16 against the same weights held in f32 on that device; on the CPU run, the grouped
+ * lora_gather of the experts over a 16-bit stack (both orientations) against float64, the demo task
  * and the capability checks: a trainable 16-bit parameter is refused, and every backend
  * compiles a bf16 matmul exactly when it declares 16-bit matmul weights
  * (twk_device_half_srcs), else refuses it naming the backend and dtype. Tolerances are the
@@ -99,6 +100,56 @@ static double matmul_case(twk_device *dev, twk_dtype t, int64_t M, int64_t K, in
 }
 
 /* get_rows from a 16-bit table: exactly the widened rows. */
+/* The CPU's grouped lora_gather (twk_lora_gather_grouped: a mixture of experts' projections, one
+ * sgemm per run of equal slots) over a 16-bit expert stack w [E, N, K] (or [E, K, N] when trans:
+ * the experts' dX = dY W), runs of 1, 2, 17 and 30 rows and a slot revisited, against float64
+ * sums of the widened values with matmul_case's bound. Returns the worst err / bound (1e9 when
+ * the plan fails). */
+static double grouped_case(twk_device *dev, twk_dtype t, int trans) {
+    enum { T = 56, E = 4, K = 70, N = 33 };
+    static const int32_t runs[][2] = {{0, 1}, {2, 2}, {1, 17}, {3, 30}, {0, 6}}; /* {slot, rows} */
+    int32_t slot[T];
+    for (int r = 0, i = 0; r < 5; r++)
+        for (int j = 0; j < runs[r][1]; j++) slot[i++] = runs[r][0];
+    float *x = malloc(sizeof(float) * T * K), *w = malloc(sizeof(float) * E * N * K), *y = malloc(sizeof(float) * T * N);
+    uint16_t *h = malloc(sizeof(uint16_t) * E * N * K);
+    double worst = 1e9;
+    twk_graph *g = twk_graph_new();
+    twk_plan *p = NULL;
+    if (!x || !w || !y || !h || !g) goto out;
+    for (int i = 0; i < T * K; i++) x[i] = urand();
+    random_half(t, E * N * K, h, w);
+    int64_t sx[2] = {T, K}, sw[3] = {E, trans ? K : N, trans ? N : K}, ss[1] = {T};
+    twk_id xi = twk_input(g, "x", TWK_F32, 2, sx), wi = twk_input(g, "w", t, 3, sw), si = twk_input(g, "slot", TWK_I32, 1, ss);
+    twk_id yi = twk_lora_gather_grouped(g, xi, wi, si, trans != 0);
+    if (twk_graph_output(g, yi) != TWK_OK || twk_plan_compile(g, dev, 1, NULL, 0, &p) != TWK_OK ||
+        twk_plan_write(p, xi, 1, x, sizeof(float) * T * K) != TWK_OK ||
+        twk_plan_write(p, wi, 1, h, sizeof(uint16_t) * E * N * K) != TWK_OK ||
+        twk_plan_write(p, si, 1, slot, sizeof slot) != TWK_OK || twk_plan_run(p, 1) != TWK_OK ||
+        twk_plan_read(p, yi, 1, y, sizeof(float) * T * N) != TWK_OK)
+        goto out;
+    worst = 0;
+    for (int r = 0; r < T; r++)
+        for (int n = 0; n < N; n++) {
+            double s = 0, mag = 0;
+            for (int k = 0; k < K; k++) {
+                double wv = w[(int64_t)slot[r] * N * K + (trans ? k * N + n : n * K + k)];
+                s += wv * x[r * K + k];
+                mag += fabs(wv * x[r * K + k]);
+            }
+            double e = fabs(y[r * N + n] - s) / (K * ldexp(1.0, -23) * mag + 1e-30);
+            worst = e > worst ? e : worst;
+        }
+out:
+    twk_plan_free(p);
+    twk_graph_free(g);
+    free(x);
+    free(w);
+    free(y);
+    free(h);
+    return worst;
+}
+
 static void get_rows_case(twk_device *dev, twk_dtype t) {
     enum { V = 37, D = 19, T = 6 };
     uint16_t h[V * D];
@@ -456,6 +507,14 @@ int main(int argc, char **argv) {
     for (int ti = 0; ti < 2; ti++) get_rows_case(dev, types[ti]), kv_case(dev, types[ti]), bits_case(dev, types[ti]);
     const char *dir = argc > 1 ? argv[1] : NULL;
     if (dir) model_case(dev, dir);
+    for (int ti = 0; on_cpu && ti < 2; ti++) /* the GPU kernels read no transposed stack yet */
+        for (int trans = 0; trans < 2; trans++) {
+            double e = grouped_case(dev, types[ti], trans);
+            char what[200];
+            snprintf(what, sizeof what, "lora_gather grouped (runs of 1..30 rows) over a %s expert stack%s: worst err / bound = %.3f <= 1",
+                     twk_dtype_name(types[ti]), trans ? " read transposed (dX = dY W)" : "", e);
+            check(e <= 1, what);
+        }
     if (on_cpu) demo_case(), refusals(); /* once, on the CPU run: 40 training steps; every backend opened */
     twk_device_close(dev);
     printf("%s\n", fails ? "FAILED" : "all ok");

@@ -519,7 +519,7 @@ static int expert_lora(twk_trainer *t, const char *peft, twk_id *a, twk_id *b) {
 static twk_id experts_linear(twk_trainer *t, twk_id x, const char *moe, int k, twk_id slot) {
     char nm[260];
     snprintf(nm, sizeof nm, "%s.experts.%s", moe, twk_expert_proj(&t->m->cfg, k));
-    return twk_lora_gather(t->g, x, weight_node(t, nm), slot);
+    return twk_lora_gather_grouped(t->g, x, weight_node(t, nm), slot, false);
 }
 
 /* A mixture-of-experts MLP over h [T, H] (moe: "model.layers.<l>.mlp" or Mixtral's

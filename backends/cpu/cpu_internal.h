@@ -112,6 +112,10 @@ bool cpu_ew_span(twk_op op, int ip0, float fp0, float *y, const float *a, const 
 CPU_KERNELS(CPU_DECLARE_)
 #undef CPU_DECLARE_
 
+/* LORA_GATHER of a node made by twk_lora_gather_grouped (iparam 1): one product per run of equal
+ * slots (kern_grouped.c); TWK_ERR_OOM / TWK_ERR_UNSUPPORTED (dims past the BLAS's int range). */
+twk_status cpu_lora_gather_grouped(const cpu_call *c);
+
 /* Reads id i of an i32/i64 tensor. */
 static inline int64_t cpu_id_at(const cpu_tensor *t, int64_t i) {
     return t->type == TWK_I64 ? ((const int64_t *)t->data)[i] : ((const int32_t *)t->data)[i];

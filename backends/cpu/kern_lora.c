@@ -104,6 +104,7 @@ static float *gather_prepare(const cpu_call *c, int64_t np, int32_t **idx_out) {
 }
 
 twk_status cpu_lora_gather(const cpu_call *c) {
+    if (c->l->ip[1]) return cpu_lora_gather_grouped(c); /* rows grouped by expert: kern_grouped.c */
     int64_t T = c->src[0].ne[0], N = c->dst.ne[1];
     int64_t np = (N + GATHER_NB - 1) / GATHER_NB * GATHER_NB;
     int32_t *idx = NULL;

@@ -116,6 +116,12 @@ twk_id twk_attention_limit(twk_graph *g, twk_id attn, int window, float softcap)
  * w [S, N, K] -> [T, N] (LoRA of several adapters in one batch). Each sum runs over k
  * in order, so zero-padded slots (a smaller rank) change nothing. Differentiable in x and w. */
 twk_id twk_lora_gather(twk_graph *g, twk_id x, twk_id w, twk_id slot);
+/* twk_lora_gather over rows grouped by slot (a mixture of experts' rows sorted by expert; w a
+ * frozen expert stack [E, N, K], or [E, K, N] when trans): the same y[t] = w[slot[t]] x[t], which a
+ * backend may compute as one product per run of equal slots (the CPU: one sgemm each), so a row
+ * no longer sums over k in the plain order. Differentiable in x (both forms) and w. -1 (the
+ * graph's error set) on bad shapes or dtypes. */
+twk_id twk_lora_gather_grouped(twk_graph *g, twk_id x, twk_id w, twk_id slot, bool trans);
 /* The gradient of lora_gather's w: [n_slots, N, K], slot s the sum over the
  * tokens t with slot[t] == s (in token order) of dy[t] x[t]^T (x [T, K], dy [T, N]). */
 twk_id twk_lora_gather_back(twk_graph *g, twk_id x, twk_id dy, twk_id slot, int64_t n_slots);
