@@ -1083,7 +1083,9 @@ sampler_session *svc_session_for(svc *s, const char *tenant, const char *id, con
             twk_store_run_clear(&src);
             return NULL;
         }
-        twk_lora_config lc = svc_run_lora(&src);
+        twk_lora_config lc = svc_run_lora(&src), on_disk = lc;
+        /* the modules the folder holds (a mixture of experts' checkpoint saved with or without the experts) */
+        if (twk_adapter_read_config(ck.path, &on_disk) == TWK_OK) lc = on_disk;
         ss = adapter_session(s, tenant, id, bm, &lc, ck.path);
         if (ss) snprintf(ss->model_path, sizeof ss->model_path, "%s", path);
         twk_store_run_clear(&src);
