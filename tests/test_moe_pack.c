@@ -4,7 +4,7 @@
  * own_passes. Checked on the mixtral fixture's model: such a run's loss, logprobs and gradients
  * through twk_loss_steps — alone and beside a plain attention-LoRA run that is packed — equal
  * twk_loss_step of the same run in-process, bit for bit (the same code path on the same
- * trainer kind); the plain run equals its pass alone through the pack; twk_pack_pass refuses
+ * trainer kind), for cross-entropy and ppo (a forward, then a backward); the plain run equals its pass alone through the pack; twk_pack_pass refuses
  * the expert run by name; the saved adapter has PEFT's target_parameters. */
 #include <math.h>
 #include <stdio.h>
@@ -136,6 +136,31 @@ int main(void) {
     twk_pack_get_stats(pack, &ps);
     check(st == TWK_OK && fwd.st == TWK_OK && fwd.res.loss == res_ref.loss && ps.own_passes == 2 && ps.passes == 1,
           "a forward-only step runs on its own trainer too, same loss");
+
+    /* an RL loss (ppo: a forward, then a backward) of both runs together: the expert run's step
+     * equals the same step in-process, bit for bit */
+    twk_loss_spec ppo;
+    float adv[N], old_lp[N], lp_r[N];
+    for (int i = 0; i < N; i++) adv[i] = (float)((i % 5) - 2) * 0.25f, old_lp[i] = lp_ref[i] - 0.01f * (float)(i % 3);
+    twk_loss_batch rb = lb;
+    rb.in[TWK_IN_ADVANTAGES] = adv;
+    rb.in[TWK_IN_LOGPROBS] = old_lp;
+    twk_trainer_zero_grad(ref);
+    twk_trainer_zero_grad(a);
+    twk_trainer_zero_grad(b);
+    twk_loss_result rr;
+    twk_pack_get_stats(pack, &ps);
+    int64_t own0 = ps.own_passes;
+    st = twk_loss_spec_init("ppo", &ppo);
+    if (st == TWK_OK) st = twk_loss_step(ref, &ppo, &rb, 1, lp_r, &rr);
+    twk_loss_job rl[2] = {{.t = b, .spec = &ppo, .b = &rb, .backward = 1}, {.t = a, .spec = &ppo, .b = &rb, .backward = 1}};
+    if (st == TWK_OK) st = twk_loss_steps(pack, rl, 2);
+    gd = st == TWK_OK && rl[1].st == TWK_OK && rl[0].st == TWK_OK ? grad_diff(a, ref, &n_expert) : -1;
+    twk_pack_get_stats(pack, &ps);
+    printf("     ppo: loss %.9g vs in-process %.9g, gradients |d| %.1e, own passes %lld\n", rl[1].res.loss, rr.loss, gd,
+           (long long)(ps.own_passes - own0));
+    check(gd == 0 && rl[1].res.loss == rr.loss && n_expert == 8 && ps.own_passes - own0 == 2,
+          "a ppo step (forward + backward, beside a packed run) equals in-process, 2 own passes");
 
     /* twk_pack_pass refuses it by name */
     twk_batch pb = {0};
