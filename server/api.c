@@ -162,6 +162,7 @@ static void h_create_model(svc *s, twk_http_conn *c, const cJSON *b, const char 
     lora.seed = (uint64_t)seed;
     lora.train_attn = ta;
     lora.train_mlp = tm;
+    lora.train_experts = tm; /* a mixture of experts' routed experts too (svc_run_lora); a dense model ignores it */
     lora.train_unembed = tu;
     if (!optimizer_config_ok(cJSON_GetObjectItemCaseSensitive(b, "optimizer_config"), err, sizeof err)) {
         api_error(c, 400, "%s", err);

@@ -85,6 +85,9 @@ twk_lora_config svc_run_lora(const twk_store_run *src) {
     lc.rank = src->lora_rank;
     lc.train_attn = src->train_attn;
     lc.train_mlp = src->train_mlp;
+    /* Tinker's train_mlp adapts a mixture of experts' routed experts too (as PEFT's conversion of
+     * target_modules gate/up/down does); ignored by a dense model. The router stays off (no flag). */
+    lc.train_experts = src->train_mlp;
     lc.train_unembed = src->train_unembed;
     lc.seed = (uint64_t)src->seed;
     return lc;

@@ -51,7 +51,9 @@ static const family_def defs[TWK_M_COUNT] = {
                                   "twinkle_device_memory_bytes by pool (hal's twk_device_pool); the pools sum to it", NULL, 0},
     [TWK_M_DEVICE_MEMORY_TOTAL] = {"twinkle_device_memory_total_bytes", "gauge", "Device memory the backend reports", NULL, 0},
     [TWK_M_TRAIN_PASSES] = {"twinkle_train_passes_total", "counter",
-                            "forward / forward_backward passes of a base model: packed (several runs shared one pass) or alone", NULL, 0},
+                            "forward / forward_backward passes of a base model: packed (several runs shared one pass), alone (one run in "
+                            "the pack), or own_trainer (a run with LoRA on a mixture of experts' experts or router, never packed)",
+                            NULL, 0},
     [TWK_M_TRAIN_PACKED_RUNS] = {"twinkle_train_packed_runs_total", "counter", "Run segments carried by packed passes", NULL, 0},
     [TWK_M_TRAIN_PASS_RUNS_MAX] = {"twinkle_train_pass_runs_max", "gauge", "The most runs one training pass has held", NULL, 0},
     [TWK_M_ERRORS] = {"twinkle_errors_total", "counter",
@@ -187,6 +189,8 @@ void twk_metrics_pack(twk_metrics *m, const char *model, const twk_pack_stats *s
     twk_metrics_set(m, TWK_M_TRAIN_PASSES, NULL, l, (double)st->shared_passes);
     snprintf(l, sizeof l, "model=\"%s\",kind=\"alone\"", mo);
     twk_metrics_set(m, TWK_M_TRAIN_PASSES, NULL, l, (double)(st->passes - st->shared_passes));
+    snprintf(l, sizeof l, "model=\"%s\",kind=\"own_trainer\"", mo);
+    twk_metrics_set(m, TWK_M_TRAIN_PASSES, NULL, l, (double)st->own_passes);
     snprintf(l, sizeof l, "model=\"%s\"", mo);
     /* a pass alone holds one segment: the rest were in packed passes */
     twk_metrics_set(m, TWK_M_TRAIN_PACKED_RUNS, NULL, l, (double)(st->segments - (st->passes - st->shared_passes)));

@@ -32,7 +32,7 @@ typedef enum twk_metric {
     TWK_M_DEVICE_MEMORY,    /* gauge {device}: bytes of the HAL's buffers */
     TWK_M_DEVICE_MEMORY_POOL, /* gauge {device, pool}: the same bytes per twk_device_pool */
     TWK_M_DEVICE_MEMORY_TOTAL, /* gauge {device} (where the backend knows it) */
-    TWK_M_TRAIN_PASSES,     /* counter {model, kind}: training passes, kind "packed" (several runs) or "alone" */
+    TWK_M_TRAIN_PASSES,     /* counter {model, kind}: training passes, kind "packed" (several runs), "alone" or "own_trainer" (MoE expert LoRA) */
     TWK_M_TRAIN_PACKED_RUNS, /* counter {model}: run segments carried by packed passes */
     TWK_M_TRAIN_PASS_RUNS_MAX, /* gauge {model}: the most runs one pass has held */
     TWK_M_ERRORS,           /* counter {tenant; category, source}: failed futures and 4xx/5xx answers */

@@ -75,10 +75,12 @@ static sampler_unit *shared_unit(svc *s, base_model *bm) {
     return bm->shared;
 }
 
-/* A session on the shared unit when its adapter fits a slot, else on its own unit. */
+/* A session on the shared unit when its adapter fits a slot, else on its own unit: a larger rank
+ * than --slot-rank, or LoRA on a mixture of experts' experts / router (slots hold no expert stacks). */
 static sampler_session *adapter_session(svc *s, const char *tenant, const char *id, base_model *bm,
                                         const twk_lora_config *lc, const char *dir) {
-    int fits = s->cfg.max_lora_rank >= 1 && lc->rank <= s->cfg.slot_rank;
+    int moe = bm->m && twk_model_cfg(bm->m)->n_experts > 0 && (lc->train_experts || lc->train_router);
+    int fits = s->cfg.max_lora_rank >= 1 && lc->rank <= s->cfg.slot_rank && !moe;
     sampler_session *ss = fits ? new_session(s, tenant, id, bm, shared_unit(s, bm), 0)
                                : new_session(s, tenant, id, bm, unit_new(bm, lc, dir), 1);
     if (ss && fits) {
@@ -1081,7 +1083,9 @@ sampler_session *svc_session_for(svc *s, const char *tenant, const char *id, con
             twk_store_run_clear(&src);
             return NULL;
         }
-        twk_lora_config lc = svc_run_lora(&src);
+        twk_lora_config lc = svc_run_lora(&src), on_disk = lc;
+        /* the modules the folder holds (a mixture of experts' checkpoint saved with or without the experts) */
+        if (twk_adapter_read_config(ck.path, &on_disk) == TWK_OK) lc = on_disk;
         ss = adapter_session(s, tenant, id, bm, &lc, ck.path);
         if (ss) snprintf(ss->model_path, sizeof ss->model_path, "%s", path);
         twk_store_run_clear(&src);

@@ -291,6 +291,7 @@ static twk_status plan_model(const twk_serve_config *c, twk_device *dev, base_mo
     int dtype = twk_model_weights_dtype(b->dir, dev, c->dtype); /* the dtype the load will hold */
     if (dtype < 0) return TWK_ERR_INVALID_ARG;
     twk_mem_request rq = {.tokens = c->max_context, .rank = c->max_lora_rank, .train_unembed = true,
+                          .train_experts = true, /* train_mlp's expert stacks on a mixture of experts */
                           .dtype = twk_dtype_name((twk_dtype)dtype), .recompute = c->recompute,
                           .kv_seqs = TWK_SERVE_SAMPLER_SEQS, .kv_len = c->max_context};
     twk_status st = twk_mem_plan_choose(b->dir, &rq, true, dev, p);
@@ -534,6 +535,7 @@ void twk_serve_pack_stats(const twk_serve *h, twk_pack_stats *out) {
         out->passes += one.passes;
         out->segments += one.segments;
         out->shared_passes += one.shared_passes;
+        out->own_passes += one.own_passes;
         if (one.max_segments > out->max_segments) out->max_segments = one.max_segments;
     }
 }

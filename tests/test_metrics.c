@@ -277,17 +277,19 @@ static void test_pack_counters(void) {
     twk_metrics_pack(m, "base", NULL);
     char *text = twk_metrics_render(m, 0, NULL);
     check(text && sample(text, "twinkle_train_passes_total{model=\"base\",kind=\"packed\"}") == 0 &&
-              sample(text, "twinkle_train_passes_total{model=\"base\",kind=\"alone\"}") == 0,
+              sample(text, "twinkle_train_passes_total{model=\"base\",kind=\"alone\"}") == 0 &&
+              sample(text, "twinkle_train_passes_total{model=\"base\",kind=\"own_trainer\"}") == 0,
           "the pass counters exist at 0 before any pass");
     twk_host_free(text);
-    twk_pack_stats st = {.passes = 5, .segments = 12, .shared_passes = 3, .max_segments = 4};
+    twk_pack_stats st = {.passes = 5, .segments = 12, .shared_passes = 3, .own_passes = 7, .max_segments = 4};
     twk_metrics_pack(m, "base", &st);
     text = twk_metrics_render(m, 0, NULL);
     check(text && sample(text, "twinkle_train_passes_total{model=\"base\",kind=\"packed\"}") == 3 &&
               sample(text, "twinkle_train_passes_total{model=\"base\",kind=\"alone\"}") == 2 &&
               sample(text, "twinkle_train_packed_runs_total{model=\"base\"}") == 10 &&
-              sample(text, "twinkle_train_pass_runs_max{model=\"base\"}") == 4,
-          "5 passes of 12 segments, 3 shared: packed 3, alone 2, 10 runs in packed passes, at most 4");
+              sample(text, "twinkle_train_pass_runs_max{model=\"base\"}") == 4 &&
+              sample(text, "twinkle_train_passes_total{model=\"base\",kind=\"own_trainer\"}") == 7,
+          "5 passes of 12 segments, 3 shared: packed 3, alone 2, 10 runs in packed passes, at most 4; 7 on own trainers");
     twk_host_free(text);
     twk_metrics_free(m);
 }

@@ -14,10 +14,14 @@
  * segment starts at a multiple of TWK_PACK_ALIGN tokens and is padded to one
  * (weight-0 tokens of their own, scale 0: they touch no run's sums). The
  * slots' rank and the set of adapted modules are the largest any run needed
- * so far: padding is zeros at the end of each sum, which changes nothing. */
+ * so far: padding is zeros at the end of each sum, which changes nothing.
+ * LoRA on a mixture of experts' experts or router has no slots here: such a
+ * trainer is refused by twk_pack_pass, and twk_loss_steps runs its passes on
+ * its own trainer instead (twk_pack_needs_own, counted in own_passes). */
 #include <math.h>
 #include <string.h>
 
+#include "loss_pack.h"
 #include "trainer_internal.h"
 #include "twinkle/train.h"
 
@@ -77,6 +81,14 @@ void twk_pack_get_stats(const twk_pack *p, twk_pack_stats *out) {
 int64_t twk_pack_capacity(const twk_pack *p) { return p ? p->capacity : 0; }
 int twk_pack_max_slots(const twk_pack *p) { return p ? p->max_slots : 0; }
 
+int twk_pack_needs_own(const twk_trainer *t) {
+    return t && t->lora && !t->sampling && !t->n_slots && t->m->cfg.n_experts > 0 && (t->lc.train_experts || t->lc.train_router);
+}
+
+void twk_pack_count_own(twk_pack *p) {
+    if (p) p->stats.own_passes++;
+}
+
 /* (Re)builds the packed trainer when a segment needs a larger rank or a module it lacks. */
 static twk_status ensure_trainer(twk_pack *p, const twk_pack_seg *segs, int n) {
     int rank = p->t ? p->rank : 1;
@@ -85,6 +97,10 @@ static twk_status ensure_trainer(twk_pack *p, const twk_pack_seg *segs, int n) {
         const twk_trainer *t = segs[i].t;
         if (!t || !t->lora || t->m != p->m || t->sampling || t->n_slots)
             return twk_error(TWK_ERR_INVALID_ARG, "pack: segment %d is not a LoRA trainer of the pack's model", i);
+        if (twk_pack_needs_own(t))
+            return twk_error(TWK_ERR_UNSUPPORTED, "pack: segment %d adapts a mixture of experts' experts or router "
+                                                  "(train_experts / train_router), which the slots do not hold; its "
+                                                  "passes run on its own trainer (twk_loss_steps)", i);
         if (segs[i].b.n > t->capacity)
             return twk_error(TWK_ERR_INVALID_ARG, "batch: %lld tokens outside 1..%lld", (long long)segs[i].b.n,
                              (long long)t->capacity);

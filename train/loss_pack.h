@@ -19,4 +19,12 @@ twk_status twk_loss_step_in(twk_packer *pk, int job, twk_trainer *t, const twk_l
 twk_status twk_packer_pass(twk_packer *pk, int job, twk_trainer *t, pass_mode mode, const twk_batch *b, float *lp,
                            float *loss);
 
+/* 1 when trainer t's passes cannot share a packed pass: LoRA on a mixture of experts' experts
+ * or router (train_experts / train_router), which the packed trainer's slots do not hold. */
+int twk_pack_needs_own(const twk_trainer *t);
+
+/* Counts one pass a job ran on its own trainer (twk_pack_needs_own) in the packer's pack's stats. */
+void twk_packer_count_own(twk_packer *pk);
+void twk_pack_count_own(twk_pack *p);
+
 #endif

@@ -53,12 +53,16 @@ static twk_status passes(step_ctx *c, pass_mode mode, const int32_t *targets, co
         float loss = 0;
         /* backward passes come last in every family: the last one ends the step's gradients */
         int last = mode == PASS_BACKWARD && s1 == b->n_seqs && c->last_col;
-        twk_status st = c->pk                 ? twk_packer_pass(c->pk, c->job, c->t, mode, &pb, lp + a, &loss)
+        /* a run whose LoRA the pack's slots cannot hold (a mixture of experts' experts or router)
+         * runs its passes on its own trainer, as alone, counted in the pack's own_passes */
+        int own = c->pk && twk_pack_needs_own(c->t);
+        twk_status st = c->pk && !own         ? twk_packer_pass(c->pk, c->job, c->t, mode, &pb, lp + a, &loss)
                         : last                ? twk_trainer_forward_backward_last(c->t, &pb, lp + a, &loss)
                         : mode == PASS_BACKWARD ? twk_trainer_forward_backward(c->t, &pb, lp + a, &loss)
                         : mode == PASS_BASE   ? twk_trainer_forward_base(c->t, &pb, lp + a, &loss)
                                               : twk_trainer_forward(c->t, &pb, lp + a, &loss);
         if (st != TWK_OK) return st;
+        if (own) twk_packer_count_own(c->pk);
         *loss_sum += loss;
         s0 = s1;
     }

@@ -12,7 +12,10 @@
  * with plain cross-entropy jobs. As many jobs per pass as fit the pack's
  * capacity and slots. So every job sees exactly the passes it would alone, in the same
  * order, and host code never runs concurrently (allocators, error texts and
- * the caller's state need no locks). */
+ * the caller's state need no locks). A job whose trainer has LoRA on a
+ * mixture of experts' experts or router runs its passes on its own trainer
+ * while it holds the baton (never packed: the slots hold no expert stacks),
+ * exactly as twk_loss_step alone; the pack counts them (own_passes). */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -127,6 +130,8 @@ twk_status twk_packer_pass(twk_packer *pk, int job, twk_trainer *t, pass_mode mo
     if (r->st != TWK_OK) return twk_error(r->st, "%s", r->err);
     return TWK_OK;
 }
+
+void twk_packer_count_own(twk_packer *pk) { twk_pack_count_own(pk->pack); }
 
 twk_status twk_loss_steps(twk_pack *pack, twk_loss_job *jobs, int n) {
     if (!pack || !jobs || n < 1) return twk_error(TWK_ERR_INVALID_ARG, "loss_steps: NULL pack or jobs, or n < 1");

@@ -138,9 +138,11 @@ const twk_model *twk_trainer_model(const twk_trainer *t);
  * pass of that trainer alone through the pack, whatever shares the pass. */
 typedef struct twk_pack twk_pack;
 /* How many passes ran, how many segments (runs) they held in all, how many
- * held more than one, and the most in one pass. */
+ * held more than one, and the most in one pass; own_passes: passes that
+ * twk_loss_steps ran on a job's own trainer instead (LoRA on a mixture of
+ * experts' experts or router, never packed). */
 typedef struct twk_pack_stats {
-    int64_t passes, segments, shared_passes;
+    int64_t passes, segments, shared_passes, own_passes;
     int max_segments;
 } twk_pack_stats;
 /* One trainer's part of a pass: its batch, base = 1 for the adapter turned
