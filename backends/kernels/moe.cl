@@ -204,3 +204,67 @@ TWK_KERNEL moe_combine_back_w_f32(TWK_GLOBAL float *dw, long dw_off, TWK_GLOBAL 
         for (long h = 0; h < H; h++) s += dout[dout_off + t * H + h] * y[y_off + r * H + h];
     dw[dw_off + i] = s;
 }
+
+/* Row t's slot: 0 without a slot source (has_slot 0), else slot[t], -1 when outside 0..S-1 */
+TWK_FN long kd_moe_slot(const TWK_GLOBAL int *slot, long t, long S, int has_slot, int is64) {
+    if (!has_slot) return 0;
+    long s = kd_id(slot, t, is64);
+    return s >= 0 && s < S ? s : -1;
+}
+
+/* moe_router_stats: y[s, 0, e] = the choices of expert e over slot s's rows / those rows,
+ * y[s, 1, e] = their mean softmax at e (S = 1 without a slot source; rows of no slot skipped).
+ * One item per (s, e) walks the rows in order: counts exact in integers, the softmax summed
+ * with Kahan (no atomics: the same sum every run). Bad ids store KD_ERR_ID_RANGE. */
+TWK_KERNEL moe_router_stats_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *lg, long lg_off,
+                                TWK_GLOBAL const int *ids, long ids_off, TWK_GLOBAL const int *slot, long slot_off,
+                                TWK_GLOBAL int *err, long err_off, long T, long E, long K, long S, int has_slot,
+                                int ids64, int slot64) {
+    long i = TWK_GID(0);
+    if (i >= S * E) return;
+    long s = i / E, e = i % E, rows = 0, hits = 0;
+    const TWK_GLOBAL int *id = ids + ids_off;
+    float ps = 0.0f, pc = 0.0f;
+    for (long t = 0; t < T; t++) {
+        if (kd_moe_slot(slot + slot_off, t, S, has_slot, slot64) != s) continue;
+        const TWK_GLOBAL float *row = lg + lg_off + t * E;
+        float mx, inv;
+        kd_moe_stats(row, E, &mx, &inv);
+        kd_kahan(&ps, &pc, exp(row[e] - mx) * inv);
+        for (long j = 0; j < K; j++) {
+            long v = kd_id(id, t * K + j, ids64);
+            if (v == e) hits++;
+            else if (v < 0 || v >= E) err[err_off] = KD_ERR_ID_RANGE;
+        }
+        rows++;
+    }
+    TWK_GLOBAL float *out = y + y_off + s * 2 * E;
+    out[e] = rows ? (float)hits / (float)rows : 0.0f;
+    out[E + e] = rows ? ps / (float)rows : 0.0f;
+}
+
+/* moe_router_stats_back: dl[t, e] = p_te (g_e - sum_e' p_te' g_e') / T_s with g = dy[s, 1, :] of
+ * row t's slot s and T_s that slot's rows (counted by the item, in order); 0 for a row of no
+ * slot. One item per row. */
+TWK_KERNEL moe_router_stats_back_f32(TWK_GLOBAL float *dl, long dl_off, TWK_GLOBAL const float *lg, long lg_off,
+                                     TWK_GLOBAL const float *dy, long dy_off, TWK_GLOBAL const int *slot,
+                                     long slot_off, long T, long E, long S, int has_slot, int slot64) {
+    long t = TWK_GID(0);
+    if (t >= T) return;
+    TWK_GLOBAL float *out = dl + dl_off + t * E;
+    long s = kd_moe_slot(slot + slot_off, t, S, has_slot, slot64), rows = 0;
+    if (s < 0) {
+        for (long e = 0; e < E; e++) out[e] = 0.0f;
+        return;
+    }
+    if (has_slot) {
+        for (long u = 0; u < T; u++) rows += kd_moe_slot(slot + slot_off, u, S, 1, slot64) == s;
+    } else {
+        rows = T;
+    }
+    const TWK_GLOBAL float *row = lg + lg_off + t * E, *g = dy + dy_off + s * 2 * E + E;
+    float mx, inv, ds = 0.0f, dc = 0.0f;
+    kd_moe_stats(row, E, &mx, &inv);
+    for (long e = 0; e < E; e++) kd_kahan(&ds, &dc, exp(row[e] - mx) * inv * g[e]);
+    for (long e = 0; e < E; e++) out[e] = exp(row[e] - mx) * inv * (g[e] - ds) / (float)rows;
+}

@@ -14,7 +14,7 @@ typedef struct ocl_buffer {
     cl_mem mem;
 } ocl_buffer;
 
-#define OCL_MAX_KERNELS 48
+#define OCL_MAX_KERNELS 64
 
 typedef struct ocl_ctx {
     cl_platform_id platform;
