@@ -215,7 +215,8 @@ TWK_FN long kd_moe_slot(const TWK_GLOBAL int *slot, long t, long S, int has_slot
 /* moe_router_stats: y[s, 0, e] = the choices of expert e over slot s's rows / those rows,
  * y[s, 1, e] = their mean softmax at e (S = 1 without a slot source; rows of no slot skipped).
  * One item per (s, e) walks the rows in order: counts exact in integers, the softmax summed
- * with Kahan (no atomics: the same sum every run). Bad ids store KD_ERR_ID_RANGE. */
+ * with Kahan (no atomics: the same sum every run). A bad id in any row (of a slot or not)
+ * stores KD_ERR_ID_RANGE. */
 TWK_KERNEL moe_router_stats_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *lg, long lg_off,
                                 TWK_GLOBAL const int *ids, long ids_off, TWK_GLOBAL const int *slot, long slot_off,
                                 TWK_GLOBAL int *err, long err_off, long T, long E, long K, long S, int has_slot,
@@ -226,16 +227,17 @@ TWK_KERNEL moe_router_stats_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL cons
     const TWK_GLOBAL int *id = ids + ids_off;
     float ps = 0.0f, pc = 0.0f;
     for (long t = 0; t < T; t++) {
-        if (kd_moe_slot(slot + slot_off, t, S, has_slot, slot64) != s) continue;
+        int mine = kd_moe_slot(slot + slot_off, t, S, has_slot, slot64) == s;
+        for (long j = 0; j < K; j++) { /* every row's ids checked, as on the cpu */
+            long v = kd_id(id, t * K + j, ids64);
+            if (v < 0 || v >= E) err[err_off] = KD_ERR_ID_RANGE;
+            hits += mine && v == e;
+        }
+        if (!mine) continue;
         const TWK_GLOBAL float *row = lg + lg_off + t * E;
         float mx, inv;
         kd_moe_stats(row, E, &mx, &inv);
         kd_kahan(&ps, &pc, exp(row[e] - mx) * inv);
-        for (long j = 0; j < K; j++) {
-            long v = kd_id(id, t * K + j, ids64);
-            if (v == e) hits++;
-            else if (v < 0 || v >= E) err[err_off] = KD_ERR_ID_RANGE;
-        }
         rows++;
     }
     TWK_GLOBAL float *out = y + y_off + s * 2 * E;
