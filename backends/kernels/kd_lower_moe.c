@@ -93,7 +93,8 @@ int kd_lower_moe_combine_back_w(const twk_launch *l, int64_t n, kd_call *calls, 
     return 1;
 }
 
-/* moe_router_stats (dst [2, E] or [S, 2, E]): one item per (slot, expert); its backward (dst
+/* moe_router_stats (dst [2, E] or [S, 2, E]): one 64-item group per (slot, expert) (moe.cl's
+ * KD_MOE_STATS_L); its backward (dst
  * [T, E], dy src 1): one item per row. The slot (src 2) is optional, logits standing in. */
 int kd_lower_moe_router_stats(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
     int back = l->op == TWK_OP_MOE_ROUTER_STATS_BACK, has_slot = l->nsrc > 2;
@@ -113,6 +114,7 @@ int kd_lower_moe_router_stats(const twk_launch *l, int64_t n, kd_call *calls, co
     kd_i32(c, has_slot);
     if (!back) kd_i32(c, is64(l, 1));
     kd_i32(c, has_slot && is64(l, 2));
-    kd_grid_items(c, back ? T : S * E, 64);
+    if (back) kd_grid_items(c, T, 64);
+    else kd_grid_groups(c, S * E, 64);
     return 1;
 }

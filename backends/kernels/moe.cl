@@ -214,19 +214,24 @@ TWK_FN long kd_moe_slot(const TWK_GLOBAL int *slot, long t, long S, int has_slot
 
 /* moe_router_stats: y[s, 0, e] = the choices of expert e over slot s's rows / those rows,
  * y[s, 1, e] = their mean softmax at e (S = 1 without a slot source; rows of no slot skipped).
- * One item per (s, e) walks the rows in order: counts exact in integers, the softmax summed
- * with Kahan (no atomics: the same sum every run). A bad id in any row (of a slot or not)
+ * One group of KD_MOE_STATS_L items per (s, e): item i takes rows i, i + L, ... (counts in
+ * integers, its softmax sum Kahan-compensated), item 0 adds the L partials in item order — a
+ * fixed order, no atomics: the same bits every run. A bad id in any row (of a slot or not)
  * stores KD_ERR_ID_RANGE. */
+#define KD_MOE_STATS_L 64
 TWK_KERNEL moe_router_stats_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *lg, long lg_off,
                                 TWK_GLOBAL const int *ids, long ids_off, TWK_GLOBAL const int *slot, long slot_off,
                                 TWK_GLOBAL int *err, long err_off, long T, long E, long K, long S, int has_slot,
                                 int ids64, int slot64) {
-    long i = TWK_GID(0);
-    if (i >= S * E) return;
-    long s = i / E, e = i % E, rows = 0, hits = 0;
+    TWK_LOCAL(float, part, KD_MOE_STATS_L);
+    TWK_LOCAL(float, comp, KD_MOE_STATS_L);
+    TWK_LOCAL(long, hit, KD_MOE_STATS_L);
+    TWK_LOCAL(long, nrow, KD_MOE_STATS_L);
+    long i = TWK_GROUP(0), s = i / E, e = i % E, rows = 0, hits = 0;
+    int lid = TWK_LID(0);
     const TWK_GLOBAL int *id = ids + ids_off;
     float ps = 0.0f, pc = 0.0f;
-    for (long t = 0; t < T; t++) {
+    for (long t = lid; t < T; t += KD_MOE_STATS_L) {
         int mine = kd_moe_slot(slot + slot_off, t, S, has_slot, slot64) == s;
         for (long j = 0; j < K; j++) { /* every row's ids checked, as on the cpu */
             long v = kd_id(id, t * K + j, ids64);
@@ -240,9 +245,25 @@ TWK_KERNEL moe_router_stats_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL cons
         kd_kahan(&ps, &pc, exp(row[e] - mx) * inv);
         rows++;
     }
+    part[lid] = ps;
+    comp[lid] = pc;
+    hit[lid] = hits;
+    nrow[lid] = rows;
+    TWK_BARRIER();
+    if (lid != 0) return;
+    float sum = 0.0f, c = 0.0f;
+    for (int u = 0; u < KD_MOE_STATS_L; u++) {
+        kd_kahan(&sum, &c, part[u]);
+        kd_kahan(&sum, &c, -comp[u]);
+    }
+    hits = rows = 0;
+    for (int u = 0; u < KD_MOE_STATS_L; u++) {
+        hits += hit[u];
+        rows += nrow[u];
+    }
     TWK_GLOBAL float *out = y + y_off + s * 2 * E;
     out[e] = rows ? (float)hits / (float)rows : 0.0f;
-    out[E + e] = rows ? ps / (float)rows : 0.0f;
+    out[E + e] = rows ? sum / (float)rows : 0.0f;
 }
 
 /* moe_router_stats_back: dl[t, e] = p_te (g_e - sum_e' p_te' g_e') / T_s with g = dy[s, 1, :] of

@@ -572,7 +572,7 @@ static int lower_moe(vk_low *w) {
     return 0;
 }
 
-/* moe_router_stats (7): one invocation per (slot, expert) of dst [2, E] / [S, 2, E]; its
+/* moe_router_stats (7): one 64-invocation group per (slot, expert) of dst [2, E] / [S, 2, E]; its
  * backward (8): one per row, dy at binding 3. The slot (source 2, binding 4) is optional. */
 static int lower_router_stats(vk_low *w) {
     const twk_launch *l = w->l;
@@ -592,7 +592,7 @@ static int lower_router_stats(vk_low *w) {
     x->p[4] = has_slot;
     x->p[6] = has_slot && s[2].type == TWK_I64;
     x->p[7] = !back && s[1].type == TWK_I64;
-    x->groups[0] = groups_for(w->c, back ? T : S * E, 64);
+    x->groups[0] = groups_for(w->c, back ? T : S * E * 64, 64); /* forward: a 64-invocation group per (s, e) */
     return 0;
 }
 

@@ -14,8 +14,8 @@
 // MODE 5 moe_combine:   y[t, h] = sum over j of (w[t K + j] *) x[inv[t K + j], h]; p: 0 T, 1 H, 2 K.
 // MODE 6 moe_combine_back_w: y[t, j] = dot(dout[t, :] (binding 3), x[inv[t K + j], :]); p as 5.
 // MODE 7 moe_router_stats: y[s, 0, e] = the choices of e over slot s's rows / those rows, y[s, 1, e]
-//                       their mean softmax at e; one invocation per (s, e) walks the rows in order
-//                       (counts in integers, the softmax Kahan-summed); p: 0 T, 1 E, 2 K, 3 S,
+//                       their mean softmax at e; a work-group per (s, e), its partials added in
+//                       a fixed order (counts in integers, the softmax Kahan-summed); p: 0 T, 1 E, 2 K, 3 S,
 //                       4 has a slot (binding 4; p[6] i64), rows of a slot outside 0..S-1 skipped.
 // MODE 8 moe_router_stats_back: y[t, e] = p_te (g_e - sum p_te' g_e') / T_s, g = dy[s, 1, :]
 //                       (binding 3), T_s the rows of t's slot (counted in order); per row; p as 7.
@@ -168,11 +168,17 @@ void row_stats(uint row, uint E, out float mx, out float inv) {
     inv = 1.0 / s;
 }
 
+// a work-group per (s, e) (WG invocations, at most 64): invocation i takes rows i, i + WG, ...,
+// invocation 0 adds the partials in invocation order (a fixed order: the same bits every run)
+shared float s_part[64];
+shared float s_comp[64];
+
 void router_stats(uint T, uint E, uint K, uint S) {
-    for (uint i = gl_GlobalInvocationID.x; i < S * E; i += GSTRIDE) {
+    uint lid = gl_LocalInvocationID.x;
+    for (uint i = gl_WorkGroupID.x; i < S * E; i += gl_NumWorkGroups.x) {
         uint s = i / E, e = i % E, rows = 0u, hits = 0u;
         precise float ps = 0.0, c = 0.0;
-        for (uint t = 0u; t < T; t++) {
+        for (uint t = lid; t < T; t += WG) {
             if (slot_of(t, S) != int(s)) continue;
             uint row = pc.off[1] + t * E;
             float mx, inv;
@@ -185,9 +191,29 @@ void router_stats(uint T, uint E, uint K, uint S) {
                 if (id_at(t * K + j) == int(e)) hits++;
             rows++;
         }
-        uint ob = pc.off[0] + s * 2u * E;
-        y[ob + e] = rows > 0u ? float(hits) / float(rows) : 0.0;
-        y[ob + E + e] = rows > 0u ? ps / float(rows) : 0.0;
+        s_part[lid] = ps;
+        s_comp[lid] = c;
+        s_below[lid] = hits;
+        s_first[lid] = rows;
+        barrier();
+        if (lid == 0u) {
+            precise float sum = 0.0, sc = 0.0;
+            hits = rows = 0u;
+            for (uint u = 0u; u < WG; u++) {
+                for (int k = 0; k < 2; k++) {
+                    precise float v = (k == 0 ? s_part[u] : -s_comp[u]) - sc;
+                    precise float tt = sum + v;
+                    sc = (tt - sum) - v;
+                    sum = tt;
+                }
+                hits += s_below[u];
+                rows += s_first[u];
+            }
+            uint ob = pc.off[0] + s * 2u * E;
+            y[ob + e] = rows > 0u ? float(hits) / float(rows) : 0.0;
+            y[ob + E + e] = rows > 0u ? sum / float(rows) : 0.0;
+        }
+        barrier(); // the partials read before the next (s, e) writes them
     }
 }
 
