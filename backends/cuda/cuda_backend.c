@@ -216,6 +216,7 @@ static twk_status cuda_open(int index, void **out) {
     c->cu = cu;
     c->index = index;
     c->dev = dev;
+    c->compute_units = attr(cu, dev, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
     st = parse_env(c);
     if (st != TWK_OK) goto fail;
     st = cuda_check(c, cu->cuDevicePrimaryCtxRetain(&c->cuctx, dev), "cuDevicePrimaryCtxRetain");

@@ -32,6 +32,7 @@ typedef struct cuda_ctx {
     const cu_api *cu;
     int index;
     CUdevice dev;
+    int compute_units; /* SMs: the wide reductions' work-groups (kd_device) */
     CUcontext cuctx; /* the device's primary context (shared with cuBLAS's runtime) */
     CUstream stream; /* every copy, kernel and GEMM goes here, in order */
     CUmodule module; /* the embedded fatbin */

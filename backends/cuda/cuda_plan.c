@@ -279,7 +279,8 @@ static twk_status enqueue_all(cuda_ctx *c, cuda_prepared *pp, const twk_hal_plan
     for (int i = 0; i < plan->n_launches; i++) {
         const twk_launch *l = &plan->launches[i];
         int is_gemm = 0;
-        int nc = kd_lower(l, n, calls, &gemm, &is_gemm);
+        kd_device kdev = {c->compute_units};
+        int nc = kd_lower(l, n, &kdev, calls, &gemm, &is_gemm);
         if (nc < 0) return TWK_ERR_UNSUPPORTED; /* kd_lower set the message */
         twk_status st = TWK_OK;
         if (c->profile) st = cuda_check(c, c->cu->cuEventRecord(c->ev[0], c->stream), "cuEventRecord");
@@ -443,7 +444,8 @@ static twk_status check_launch(cuda_ctx *c, cuda_prepared *pp, const twk_hal_pla
     int64_t ns[2] = {plan->capacity, 1};
     for (int t = 0; t < 2; t++) {
         int is_gemm = 0;
-        int nc = kd_lower(l, ns[t], calls, &gemm, &is_gemm);
+        kd_device kdev = {c->compute_units};
+        int nc = kd_lower(l, ns[t], &kdev, calls, &gemm, &is_gemm);
         if (nc < 0) return TWK_ERR_UNSUPPORTED;
         if (is_gemm && !c->blas)
             return twk_error(TWK_ERR_UNSUPPORTED, "cuda: matmul '%s': no cuBLAS: %s", l->name, c->blas_why);
@@ -457,7 +459,7 @@ static twk_status check_launch(cuda_ctx *c, cuda_prepared *pp, const twk_hal_pla
             if (st != TWK_OK) return st;
             if (kd_gemm_scratch_bytes(&gemm) > pp->scratch_bytes) pp->scratch_bytes = kd_gemm_scratch_bytes(&gemm);
         }
-        if (kd_scratch_bytes(l, ns[t]) > pp->scratch_bytes) pp->scratch_bytes = kd_scratch_bytes(l, ns[t]);
+        if (kd_scratch_bytes(l, ns[t], &kdev) > pp->scratch_bytes) pp->scratch_bytes = kd_scratch_bytes(l, ns[t], &kdev);
         for (int k = 0; !is_gemm && k < nc && k < KD_MAX_CALLS; k++) {
             CUfunction fn;
             twk_status st = cuda_kernel(c, calls[k].kernel, &fn);

@@ -32,6 +32,37 @@ TWK_FN float kd_sigmoid(float x) { return 1.0f / (1.0f + exp(-x)); }
         TWK_BARRIER();                                                \
     }
 
+/* (*hi, *lo) += x with the rounding error of the addition kept exactly (TwoSum: s + e = *hi + x
+ * in exact arithmetic) and added to *lo; hi + lo is then the sum of everything added up to
+ * the rounding of the lo additions (second order). */
+TWK_FN void kd_two_sum(float *hi, float *lo, float x) {
+    float s = *hi + x;
+    float bb = s - *hi;
+    float e = (*hi - (s - bb)) + (x - bb);
+    *hi = s;
+    *lo += e;
+}
+
+/* Compensated tree over pairs (hi[i], lo[i]) of a work-group of n items (a power of two) laid
+ * out lane-major with C columns (index = lane * C + column): the lanes of each column are summed
+ * into its lane 0 (indices 0..C-1). C = 1: one tree over the group. Every item must reach it. */
+#define KD_TREE_SUM2(hi, lo, lid, n, C)                                    \
+    for (int s_ = (n) / 2; s_ >= (C); s_ >>= 1) {                          \
+        if ((lid) < s_) {                                                  \
+            float h_ = hi[(lid)], l_ = lo[(lid)] + lo[(lid) + s_];         \
+            kd_two_sum(&h_, &l_, hi[(lid) + s_]);                          \
+            hi[(lid)] = h_;                                                \
+            lo[(lid)] = l_;                                                \
+        }                                                                  \
+        TWK_BARRIER();                                                     \
+    }
+
+/* Start of tile t of [0, n) cut into `tiles` (hal/twk_wide.h's rule): the first n % tiles are one longer. */
+TWK_FN long kd_tile_start(long n, long tiles, long t) {
+    long q = n / tiles, r = n % tiles;
+    return t * q + (t < r ? t : r);
+}
+
 /* Kahan-compensated accumulation: *s += x with the lost low bits kept in *c. */
 TWK_FN void kd_kahan(float *s, float *c, float x) {
     float y = x - *c;

@@ -15,6 +15,7 @@ typedef struct kd_entry {
     const char *kernel;
     int gemm;
     const char *unsupported;
+    kd_wide_fn wide; /* the wide reduction tried first (kd_lower_reduce.c) */
 } kd_entry;
 
 static const kd_entry table[TWK_OP_COUNT] = {
@@ -24,7 +25,7 @@ static const kd_entry table[TWK_OP_COUNT] = {
     [TWK_OP_SLICE_BACK] = {kd_lower_slice_back, "copy_axis_words"},
     [TWK_OP_CONCAT] = {kd_lower_concat, "copy_axis_words"},
     [TWK_OP_BROADCAST] = {kd_lower_broadcast, "broadcast_f32"},
-    [TWK_OP_SUM_TO] = {kd_lower_sum_to, "sum_to_f32"},
+    [TWK_OP_SUM_TO] = {kd_lower_sum_to, "sum_to_f32", .wide = kd_wide_sum},
     [TWK_OP_ADD] = {kd_lower_binary, "binary_f32"},
     [TWK_OP_MUL] = {kd_lower_binary, "binary_f32"},
     [TWK_OP_SCALE] = {kd_lower_map_f, "scale_f32"},
@@ -36,15 +37,15 @@ static const kd_entry table[TWK_OP_COUNT] = {
     [TWK_OP_GELU_BACK] = {kd_lower_map, "gelu_back_f32"},
     [TWK_OP_TANH] = {kd_lower_map, "tanh_f32"},
     [TWK_OP_TANH_BACK] = {kd_lower_map, "tanh_back_f32"},
-    [TWK_OP_SUM] = {kd_lower_reduce, "reduce_sum_f32"},
-    [TWK_OP_MEAN] = {kd_lower_reduce, "reduce_sum_f32"},
-    [TWK_OP_WEIGHTED_SUM] = {kd_lower_reduce, "reduce_sum_f32"},
+    [TWK_OP_SUM] = {kd_lower_reduce, "reduce_sum_f32", .wide = kd_wide_sum},
+    [TWK_OP_MEAN] = {kd_lower_reduce, "reduce_sum_f32", .wide = kd_wide_sum},
+    [TWK_OP_WEIGHTED_SUM] = {kd_lower_reduce, "reduce_sum_f32", .wide = kd_wide_sum},
     [TWK_OP_MATMUL] = {.gemm = 1},
     [TWK_OP_GET_ROWS] = {kd_lower_get_rows, "get_rows_f32"},
     [TWK_OP_GET_ROWS_BACK] = {kd_lower_get_rows_back, "get_rows_back_f32"},
     [TWK_OP_RMSNORM] = {kd_lower_rmsnorm, "rmsnorm_f32"},
     [TWK_OP_RMSNORM_BACK_X] = {kd_lower_rmsnorm, "rmsnorm_back_x_f32"},
-    [TWK_OP_RMSNORM_BACK_W] = {kd_lower_rmsnorm_back_w, "rmsnorm_back_w_f32"},
+    [TWK_OP_RMSNORM_BACK_W] = {kd_lower_rmsnorm_back_w, "rmsnorm_back_w_f32", .wide = kd_wide_rmsnorm_back_w},
     [TWK_OP_ROPE] = {kd_lower_rope, "rope_f32"},
     [TWK_OP_ATTN] = {kd_lower_attn_fwd, "attn_fwd_f32"},
     [TWK_OP_ATTN_LSE] = {kd_lower_attn_fwd, "attn_fwd_f32"},
@@ -57,8 +58,8 @@ static const kd_entry table[TWK_OP_COUNT] = {
     [TWK_OP_ATTN_CACHE] = {kd_lower_attn_fwd, "attn_fwd_f32"},
     [TWK_OP_LORA_GATHER] = {kd_lower_lora_gather, "lora_gather_f32"},
     [TWK_OP_GRAD_ACC] = {kd_lower_map, "grad_acc_f32"},
-    [TWK_OP_SQSUM_PARTS] = {kd_lower_sqsum_parts, "sqsum_parts_f32"},
-    [TWK_OP_GRAD_NORM] = {kd_lower_grad_norm, "grad_norm_f32"},
+    [TWK_OP_SQSUM_PARTS] = {kd_lower_sqsum_parts, "sqsum_parts_f32", .wide = kd_wide_sqsum_parts},
+    [TWK_OP_GRAD_NORM] = {kd_lower_grad_norm, "grad_norm_f32", .wide = kd_wide_grad_norm},
     [TWK_OP_ADAMW] = {kd_lower_adamw, "adamw_f32"},
     [TWK_OP_MOE_TOPK] = {kd_lower_moe_topk, "moe_topk_f32"},
     [TWK_OP_MOE_GATE] = {kd_lower_moe_gate, "moe_gate_f32"},
@@ -175,7 +176,13 @@ static void lower_gemm(const twk_launch *l, int64_t n, kd_gemm *g) {
     }
 }
 
-int kd_lower(const twk_launch *l, int64_t n, kd_call *calls, kd_gemm *gemm, int *is_gemm) {
+size_t kd_scratch_bytes(const twk_launch *l, int64_t n, const kd_device *dev) {
+    if (!l) return 0;
+    size_t a = kd_attn_scratch_bytes(l, n), w = kd_wide_scratch_bytes(l, n, dev);
+    return a > w ? a : w;
+}
+
+int kd_lower(const twk_launch *l, int64_t n, const kd_device *dev, kd_call *calls, kd_gemm *gemm, int *is_gemm) {
     char why[160];
     if (is_gemm) *is_gemm = 0;
     if (!kd_supports(l, why, sizeof why)) {
@@ -190,5 +197,9 @@ int kd_lower(const twk_launch *l, int64_t n, kd_call *calls, kd_gemm *gemm, int 
         return 0;
     }
     if (kd_nelem(&l->dst, n) == 0) return 0;
+    if (e->wide) {
+        int nc = e->wide(l, n, dev, calls);
+        if (nc != KD_NOT_WIDE) return nc;
+    }
     return e->lower(l, n, calls, e->kernel);
 }

@@ -81,15 +81,22 @@ size_t kd_gemm_scratch_bytes(const kd_gemm *g);
 int64_t kd_gemm_panels(const kd_gemm *g);
 void kd_widen_call(const twk_launch *l, const kd_gemm *g, int64_t p, kd_call *call, kd_gemm_part *part);
 
-/* The f32 scratch bytes a kernel launch of l at token count n needs besides a GEMM's panels
- * (attn_back's delta); 0 for none. The backend's plan scratch is the largest of them all. */
-size_t kd_scratch_bytes(const twk_launch *l, int64_t n);
+/* What the lowering sizes to besides the shapes: the device's compute units (SMs, CUs, cores;
+ * <= 0 when unknown), from which the wide reductions take their number of work-groups. */
+typedef struct kd_device {
+    int compute_units;
+} kd_device;
 
-/* The work of one launch at token count n: either *gemm is filled (return
+/* The f32 scratch bytes a kernel launch of l at token count n on dev needs besides a GEMM's
+ * panels (attn_back's delta, the wide reductions' partials); 0 for none. Nondecreasing in n; the
+ * backend's plan scratch is the largest of them all at capacity. */
+size_t kd_scratch_bytes(const twk_launch *l, int64_t n, const kd_device *dev);
+
+/* The work of one launch at token count n on dev: either *gemm is filled (return
  * 0, *is_gemm = 1) or up to KD_MAX_CALLS kernel calls, run in order, are
  * written to calls (returns their count, 0 for a no-op). -1 (error set)
  * if the op or its dtypes are not supported; the message names the op. */
-int kd_lower(const twk_launch *l, int64_t n, kd_call *calls, kd_gemm *gemm, int *is_gemm);
+int kd_lower(const twk_launch *l, int64_t n, const kd_device *dev, kd_call *calls, kd_gemm *gemm, int *is_gemm);
 
 /* The kernel table's entry for op: 1 when the kernels run it (or hand it to
  * the BLAS); else 0 and *why = the declared reason, or NULL when it is missing. */

@@ -95,4 +95,20 @@ int kd_lower_moe_combine_back_w(const twk_launch *l, int64_t n, kd_call *calls, 
 /* moe_router_stats and its backward (whole pass or per slot) */
 int kd_lower_moe_router_stats(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 
+/* attn_back's delta (kd_lower_attn.c); 0 for other launches. */
+size_t kd_attn_scratch_bytes(const twk_launch *l, int64_t n);
+
+/* kd_lower_reduce.c: the wide (two-stage) reductions of hal/twk_wide.h, sized to dev: sum, mean,
+ * weighted_sum and sum_to a scalar, rmsnorm_back_w, sqsum_parts and grad_norm. A wide lowering
+ * returns KD_NOT_WIDE for a launch it leaves to the entry's `lower` (sum_to to more than one
+ * value; every launch under TWK_REDUCE_NARROW=1). */
+#define KD_NOT_WIDE (-2)
+typedef int (*kd_wide_fn)(const twk_launch *l, int64_t n, const kd_device *dev, kd_call *calls);
+int kd_wide_sum(const twk_launch *l, int64_t n, const kd_device *dev, kd_call *calls);
+int kd_wide_rmsnorm_back_w(const twk_launch *l, int64_t n, const kd_device *dev, kd_call *calls);
+int kd_wide_sqsum_parts(const twk_launch *l, int64_t n, const kd_device *dev, kd_call *calls);
+int kd_wide_grad_norm(const twk_launch *l, int64_t n, const kd_device *dev, kd_call *calls);
+/* Their plan scratch (f32 partials, rmsnorm_back_w's rstd); 0 for other launches. */
+size_t kd_wide_scratch_bytes(const twk_launch *l, int64_t n, const kd_device *dev);
+
 #endif

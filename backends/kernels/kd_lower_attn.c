@@ -54,7 +54,7 @@ int kd_lower_attn_tile_fwd(const twk_launch *l, int64_t n, kd_call *calls) {
     return 1;
 }
 
-size_t kd_scratch_bytes(const twk_launch *l, int64_t n) {
+size_t kd_attn_scratch_bytes(const twk_launch *l, int64_t n) {
     if (!l || l->op != TWK_OP_ATTN_BACK || l->ip[0] == 2 || kd_attn_untiled()) return 0;
     return (size_t)(kd_dim(&l->src[0], 0, n) * kd_dim(&l->src[0], 1, n)) * sizeof(float);
 }

@@ -35,7 +35,7 @@ foreach(f ${KD_CL_FILES})
 endforeach()
 kd_embed_text(${KD_GEN_DIR}/kd_source.c kd_kernel_source ${kd_cl_paths})
 
-add_library(twk_kd STATIC ${KD_DIR}/kd.c ${KD_DIR}/kd_args.c ${KD_DIR}/kd_gemm_half.c ${KD_DIR}/kd_errors.c ${KD_DIR}/kd_lower_ew.c ${KD_DIR}/kd_lower_nn.c ${KD_DIR}/kd_lower_attn.c ${KD_DIR}/kd_lower_moe.c
+add_library(twk_kd STATIC ${KD_DIR}/kd.c ${KD_DIR}/kd_args.c ${KD_DIR}/kd_gemm_half.c ${KD_DIR}/kd_errors.c ${KD_DIR}/kd_lower_ew.c ${KD_DIR}/kd_lower_nn.c ${KD_DIR}/kd_lower_attn.c ${KD_DIR}/kd_lower_moe.c ${KD_DIR}/kd_lower_reduce.c
   ${KD_GEN_DIR}/kd_source.c)
 target_include_directories(twk_kd PUBLIC ${KD_DIR})
 target_link_libraries(twk_kd PUBLIC twk_headers twk_backend_api PRIVATE twk_hal m)

@@ -111,6 +111,54 @@ TWK_KERNEL rmsnorm_back_w_f32(TWK_GLOBAL float *dw, long dw_off, TWK_GLOBAL cons
     if (d < D) dw[dw_off + d] = s;
 }
 
+/* The wide rmsnorm_back_w (hal/twk_wide.h), three launches: rms_rstd (a group per row), the
+ * parts (a group per block of C columns and tile of rows), col_fold (reduce.cl). */
+
+/* rs[r] = 1 / sqrt(sum(x[r, :]^2) / D + eps), one group per row, the sum compensated */
+TWK_KERNEL rms_rstd_f32(TWK_GLOBAL float *rs, long rs_off, TWK_GLOBAL const float *x, long x_off, long D, float eps) {
+    TWK_LOCAL(float, hi, KD_ROW_LOCAL);
+    TWK_LOCAL(float, lo, KD_ROW_LOCAL);
+    int lid = TWK_LID(0), L = TWK_LSIZE(0);
+    long r = TWK_GROUP(0);
+    const TWK_GLOBAL float *xr = x + x_off + r * D;
+    float h = 0.0f, c = 0.0f;
+    for (long k = lid; k < D; k += L) kd_two_sum(&h, &c, xr[k] * xr[k]);
+    hi[lid] = h;
+    lo[lid] = c;
+    TWK_BARRIER();
+    KD_TREE_SUM2(hi, lo, lid, L, 1)
+    if (lid == 0) rs[rs_off + r] = 1.0f / sqrt((hi[0] + lo[0]) / (float)D + eps);
+}
+
+/* Stage 1: group g (column block b = g % nb, row tile t = g / nb of T over R rows) sums
+ * dy * x * rs over its rows for columns [b C, b C + C), each of its L / C lanes walking every
+ * (L / C)-th row of the tile, then a tree over the lanes: the pair (hi, lo) of (t, d) into the
+ * planes part[t D + d] and part[T D + t D + d]. */
+TWK_KERNEL rmsnorm_back_w_parts_f32(TWK_GLOBAL float *part, long part_off, TWK_GLOBAL const float *x, long x_off,
+                                    TWK_GLOBAL const float *dy, long dy_off, TWK_GLOBAL const float *rs, long rs_off,
+                                    long R, long D, long T, int C) {
+    TWK_LOCAL(float, hi, KD_ROW_LOCAL);
+    TWK_LOCAL(float, lo, KD_ROW_LOCAL);
+    int lid = TWK_LID(0), L = TWK_LSIZE(0), lanes = L / C, lane = lid / C;
+    long nb = (D + C - 1) / C, g = TWK_GROUP(0), t = g / nb;
+    long d = (g % nb) * C + lid % C;
+    long rb = kd_tile_start(R, T, t), re = kd_tile_start(R, T, t + 1);
+    float h = 0.0f, c = 0.0f;
+    if (d < D)
+        for (long r = rb + lane; r < re; r += lanes) {
+            long o = r * D + d;
+            kd_two_sum(&h, &c, dy[dy_off + o] * x[x_off + o] * rs[rs_off + r]);
+        }
+    hi[lid] = h;
+    lo[lid] = c;
+    TWK_BARRIER();
+    KD_TREE_SUM2(hi, lo, lid, L, C)
+    if (lane == 0 && d < D) {
+        part[part_off + t * D + d] = hi[lid];
+        part[part_off + T * D + t * D + d] = lo[lid];
+    }
+}
+
 /* Rotary embedding, half-rotation layout, on x [T, H, D]; one item per
  * (t, h, i < D/2). inv_freq from the tensor (has_freq) or theta^(-2i/D) in
  * float32 as transformers computes it; sign -1 rotates back (the gradient). */

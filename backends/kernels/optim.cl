@@ -56,6 +56,32 @@ TWK_KERNEL grad_norm_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float
     y[y_off + 1] = clip;
 }
 
+/* the wide norm's last stage: one work-group folds the slices' pairs in a compensated tree, then
+ * item 0 writes y = (norm, clip coefficient) as grad_norm_f32 does */
+TWK_KERNEL grad_norm_tree_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *parts, long p_off,
+                              TWK_GLOBAL const float *h, long h_off, long np) {
+    TWK_LOCAL(float, hi, KD_OPT_LOCAL);
+    TWK_LOCAL(float, lo, KD_OPT_LOCAL);
+    int lid = TWK_LID(0), L = TWK_LSIZE(0);
+    float s = 0.0f, c = 0.0f;
+    for (long p = lid; p < np; p += L) {
+        kd_two_sum(&s, &c, parts[p_off + 2 * p]);
+        c += parts[p_off + 2 * p + 1];
+    }
+    hi[lid] = s;
+    lo[lid] = c;
+    TWK_BARRIER();
+    KD_TREE_SUM2(hi, lo, lid, L, 1)
+    if (lid != 0) return;
+    float norm = sqrt(hi[0] + lo[0]), max_norm = h[h_off + 0], clip = 1.0f;
+    if (max_norm > 0.0f) {
+        float coef = max_norm / (norm + 1e-6f);
+        if (coef < 1.0f) clip = coef;
+    }
+    y[y_off] = norm;
+    y[y_off + 1] = clip;
+}
+
 /* one item per element: w, m, v updated in place, the gradient zeroed; nothing when the norm is not finite */
 TWK_KERNEL adamw_f32(TWK_GLOBAL float *w, long w_off, TWK_GLOBAL float *g, long g_off, TWK_GLOBAL float *m,
                      long m_off, TWK_GLOBAL float *v, long v_off, TWK_GLOBAL const float *h, long h_off,

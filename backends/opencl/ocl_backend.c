@@ -91,6 +91,8 @@ static twk_status ocl_open(int index, void **out) {
     clGetDeviceInfo(d, CL_DEVICE_NAME, sizeof name - 1, name, NULL);
     trimmed(ctx->device_name, sizeof ctx->device_name, name);
     clGetDeviceInfo(d, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof ctx->max_group, &ctx->max_group, NULL);
+    cl_uint cus = 0;
+    if (clGetDeviceInfo(d, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof cus, &cus, NULL) == CL_SUCCESS) ctx->compute_units = (int)cus;
     twk_status s;
     cl_int e;
     cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)p, 0};

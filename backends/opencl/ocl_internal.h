@@ -14,7 +14,7 @@ typedef struct ocl_buffer {
     cl_mem mem;
 } ocl_buffer;
 
-#define OCL_MAX_KERNELS 64
+#define OCL_MAX_KERNELS 96
 
 typedef struct ocl_ctx {
     cl_platform_id platform;
@@ -24,6 +24,7 @@ typedef struct ocl_ctx {
     cl_program program;
     char device_name[128];
     size_t max_group; /* CL_DEVICE_MAX_WORK_GROUP_SIZE */
+    int compute_units; /* CL_DEVICE_MAX_COMPUTE_UNITS: the wide reductions' work-groups (kd_device) */
     int n_kernels;
     const char *kernel_names[OCL_MAX_KERNELS];
     cl_kernel kernels[OCL_MAX_KERNELS];

@@ -44,17 +44,18 @@ twk_status ocl_prepare(void *vctx, const twk_hal_plan *plan, void **out) {
     kd_call calls[KD_MAX_CALLS];
     kd_gemm gemm;
     size_t scratch = 0;
+    kd_device kdev = {ctx->compute_units};
     pthread_mutex_lock(&ctx->lock);
     for (int i = 0; i < plan->n_launches && s == TWK_OK; i++) {
         int is_gemm = 0;
-        int nc = kd_lower(&plan->launches[i], plan->capacity, calls, &gemm, &is_gemm);
+        int nc = kd_lower(&plan->launches[i], plan->capacity, &kdev, calls, &gemm, &is_gemm);
         if (nc < 0) {
             s = TWK_ERR_UNSUPPORTED; /* kd_lower set the message */
             break;
         }
         if (is_gemm && kd_gemm_scratch_bytes(&gemm) > scratch) scratch = kd_gemm_scratch_bytes(&gemm);
-        if (kd_scratch_bytes(&plan->launches[i], plan->capacity) > scratch)
-            scratch = kd_scratch_bytes(&plan->launches[i], plan->capacity);
+        if (kd_scratch_bytes(&plan->launches[i], plan->capacity, &kdev) > scratch)
+            scratch = kd_scratch_bytes(&plan->launches[i], plan->capacity, &kdev);
         if (is_gemm && gemm.b_half && !ocl_kernel(ctx, "widen_h16")) s = TWK_ERR_BACKEND;
         pp->checks |= calls_check(calls, nc);
         for (int c = 0; c < nc; c++)
@@ -224,6 +225,7 @@ static twk_status range_error(ocl_ctx *ctx, const twk_launch *l, int64_t n, int 
 static twk_status run_locked(ocl_ctx *ctx, ocl_prepared *pp, const twk_hal_plan *plan, int64_t n) {
     kd_call calls[KD_MAX_CALLS];
     kd_gemm gemm;
+    kd_device kdev = {ctx->compute_units};
     cl_int e;
     if (pp->checks) {
         cl_int zero = 0;
@@ -234,7 +236,7 @@ static twk_status run_locked(ocl_ctx *ctx, ocl_prepared *pp, const twk_hal_plan 
     for (int i = 0; i < plan->n_launches; i++) {
         const twk_launch *l = &plan->launches[i];
         int is_gemm = 0;
-        int nc = kd_lower(l, n, calls, &gemm, &is_gemm);
+        int nc = kd_lower(l, n, &kdev, calls, &gemm, &is_gemm);
         if (nc < 0) return TWK_ERR_UNSUPPORTED;
         twk_status s = TWK_OK;
         if (is_gemm) s = run_gemm(ctx, l, &gemm, pp->scratch);

@@ -267,6 +267,7 @@ static twk_status vk_open(int index, void **out) {
         if (c->props.limits.maxComputeWorkGroupCount[i] < c->max_groups)
             c->max_groups = c->props.limits.maxComputeWorkGroupCount[i];
     if (c->max_groups > 65535) c->max_groups = 65535;
+    c->compute_units = compute_units(f, c->inst, c->phys, &c->props);
 
     /* memory: host-visible device memory where the device shares it with the
      * host (lavapipe, integrated GPUs), else device-local plus staging */

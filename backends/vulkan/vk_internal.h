@@ -108,6 +108,7 @@ typedef struct vk_ctx {
     vk_pipe pipes[VK_MAX_PIPES];
     int n_pipes;
     uint32_t max_groups;     /* maxComputeWorkGroupCount, min over dims used */
+    int compute_units;       /* as device_props reports them (0: unknown): the wide reductions' groups */
     vk_coop coop;            /* what the device offers for the fp16 GEMM */
     int gemm_fp16;           /* TWK_VULKAN_GEMM=fp16 and coop.m: MATMUL runs matmul_coopmat.comp */
     int profile;             /* TWK_PROFILE=1: time each launch, print per-op totals at close */

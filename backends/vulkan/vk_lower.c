@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "twk_wide.h"
 #include "vk_internal.h"
 
 /* ---- helpers ---- */
@@ -140,7 +141,52 @@ static int lower_broadcast(vk_low *w) {
     return 0;
 }
 
+/* ---- wide (two-stage) reductions, hal/twk_wide.h: stage 1 tiles the terms over many
+ * work-groups into (hi, lo) pairs in the plan scratch, stage 2 folds them (reduce.comp) ---- */
+
+/* the wide shaders' work-group: TWK_WIDE_LOCAL, halved while the device cannot run it */
+static uint32_t wide_wg(const vk_ctx *c) {
+    uint32_t wg = TWK_WIDE_LOCAL;
+    while (wg > 32 && wg > c->props.limits.maxComputeWorkGroupInvocations) wg /= 2;
+    return wg;
+}
+
+#define VK_WIDE_GRAIN ((int64_t)TWK_WIDE_LOCAL * TWK_WIDE_GRAIN)
+
+/* terms [0, nx) of src 0 (kind 0 x, 1 x * src 1, 2 x^2) as `slices` x k tiles, folded per slice:
+ * into the dst's pairs (out_pair) or dst[s] = scale * sum */
+static int wide_sum(vk_low *w, int64_t nx, int64_t slices, int64_t k, int kind, int out_pair, float scale) {
+    if (slices > (int64_t)w->c->max_groups) return VK_TOO_BIG;
+    if (slices * k > (int64_t)w->c->max_groups) k = w->c->max_groups / slices; /* one group a tile, exactly */
+    vk_dispatch *x = next(w, VKS_REDUCE, wide_wg(w->c), kind == 0 ? 3 : kind == 1 ? 6 : 7);
+    x->bind[0] = VKB_SCRATCH;
+    x->bind[1] = 0;
+    x->bind[2] = kind == 1 ? 1 : 0;
+    x->p[0] = (int32_t)nx;
+    x->p[1] = (int32_t)slices;
+    x->p[2] = (int32_t)k;
+    x->p[3] = kind;
+    x->groups[0] = (uint32_t)(slices * k);
+    x = next(w, VKS_REDUCE, 64, 4); /* a fold is small: 64 invocations (a slice's k is often 1) */
+    x->bind[0] = VKB_DST;
+    x->bind[1] = VKB_SCRATCH;
+    x->p[1] = (int32_t)slices;
+    x->p[2] = (int32_t)k;
+    x->p[3] = out_pair;
+    x->fp[0] = scale;
+    x->groups[0] = (uint32_t)slices;
+    w->scratch = (size_t)(2 * slices * k) * sizeof(float);
+    return 0;
+}
+
+/* a whole-tensor sum of nx terms: one slice */
+static int wide_total(vk_low *w, int kind, float scale) {
+    int64_t nx = twk_desc_nelem(&w->s[0], w->n);
+    return wide_sum(w, nx, 1, twk_wide_tiles(w->c->compute_units, 1, nx, VK_WIDE_GRAIN), kind, 0, scale);
+}
+
 static int lower_sum_to(vk_low *w) {
+    if (w->ny == 1 && !twk_reduce_narrow()) return wide_total(w, 0, 1.0f); /* to one value */
     vk_dispatch *x = next(w, VKS_SUM_TO, 64, w->mode);
     int64_t D[4], S[4];
     pad4(w->y, w->n, D);
@@ -156,8 +202,13 @@ static int lower_sum_to(vk_low *w) {
     return 0;
 }
 
-/* sum, mean, weighted_sum: one work-group */
+/* sum, mean, weighted_sum: wide, or one work-group (TWK_REDUCE_NARROW=1) */
 static int lower_reduce(vk_low *w) {
+    if (!twk_reduce_narrow()) {
+        int64_t nx = twk_desc_nelem(&w->s[0], w->n);
+        return wide_total(w, w->l->op == TWK_OP_WEIGHTED_SUM ? 1 : 0,
+                          w->l->op == TWK_OP_MEAN ? (float)(1.0 / (double)(nx ? nx : 1)) : 1.0f);
+    }
     uint32_t wg = 256; /* a power of two the device allows (Vulkan guarantees 128) */
     while (wg > w->c->props.limits.maxComputeWorkGroupInvocations) wg /= 2;
     vk_dispatch *x = next(w, VKS_REDUCE, wg, w->mode);
@@ -372,10 +423,48 @@ static int lower_rownorm(vk_low *w) {
     return 0;
 }
 
-/* per-row rstd into the plan scratch, then column sums in a fixed order */
+/* per-row rstd into the plan scratch, then column sums in a fixed order: wide (stage 1 over
+ * column blocks x row tiles into pairs after the rstd, stage 2 folding them), or one thread per
+ * column over all rows (TWK_REDUCE_NARROW=1) */
 static int lower_rmsnorm_back_w(vk_low *w) {
     int64_t D = dim(w->y, 0, w->n), R = twk_desc_nelem(&w->s[0], w->n) / (D ? D : 1);
     vk_dispatch *x = next(w, VKS_ROWNORM, 128, w->mode);
+    if (!twk_reduce_narrow()) {
+        int C = twk_wide_cols(D);
+        int64_t nb = (D + C - 1) / C, T = twk_wide_tiles(w->c->compute_units, nb, R, (int64_t)(TWK_WIDE_LOCAL / C) * TWK_WIDE_GRAIN);
+        if ((uint32_t)C > wide_wg(w->c) || nb > (int64_t)w->c->max_groups) return VK_TOO_BIG; /* C <= 32 */
+        if (nb * T > (int64_t)w->c->max_groups) T = w->c->max_groups / nb; /* one group a (block, tile), exactly */
+        uint32_t rwg = 32; /* the rstd: >= 16 terms an invocation, fewer tree levels */
+        while (rwg < wide_wg(w->c) && (int64_t)rwg * 16 < D) rwg *= 2;
+        x->spec[0] = rwg;
+        x->bind[0] = VKB_SCRATCH;
+        x->bind[1] = 0;
+        x->p[0] = (int32_t)R;
+        x->p[1] = (int32_t)D;
+        x->fp[0] = w->l->fp[0];
+        x->groups[0] = groups_for(w->c, R, 1);
+        x = next(w, VKS_ROWNORM, wide_wg(w->c), 6);
+        x->bind[0] = VKB_SCRATCH;
+        x->add_off[0] = (uint32_t)R;
+        x->bind[1] = 0;
+        x->bind[2] = 1;
+        x->bind[3] = VKB_SCRATCH;
+        x->p[0] = (int32_t)R;
+        x->p[1] = (int32_t)D;
+        x->p[2] = (int32_t)T;
+        x->p[3] = C;
+        x->groups[0] = (uint32_t)(nb * T);
+        x = next(w, VKS_REDUCE, wide_wg(w->c), 5);
+        x->bind[0] = VKB_DST;
+        x->bind[1] = VKB_SCRATCH;
+        x->add_off[1] = (uint32_t)R;
+        x->p[0] = (int32_t)T;
+        x->p[1] = (int32_t)D;
+        x->p[2] = C;
+        x->groups[0] = (uint32_t)nb;
+        w->scratch = (size_t)(R + 2 * T * D) * sizeof(float);
+        return 0;
+    }
     x->bind[0] = VKB_SCRATCH;
     x->bind[1] = 0;
     x->p[0] = (int32_t)R;
@@ -600,6 +689,18 @@ static int lower_router_stats(vk_low *w) {
 
 /* the optimizer step (optim.comp): grad_acc, sqsum_parts (a group per slice), grad_norm, adamw */
 static int lower_optim(vk_low *w) {
+    if (w->mode == 1 && !twk_reduce_narrow()) { /* the wide sums of squares, per slice */
+        int64_t nx = twk_desc_nelem(&w->s[0], w->n), P = dim(w->y, 0, w->n);
+        return wide_sum(w, nx, P, twk_wide_tiles(w->c->compute_units, P, (nx + P - 1) / P, VK_WIDE_GRAIN), 2, 1, 1.0f);
+    }
+    if (w->mode == 2 && !twk_reduce_narrow()) { /* the slices' pairs folded by one work-group */
+        vk_dispatch *x = next(w, VKS_OPTIM, wide_wg(w->c), 4);
+        x->bind[0] = VKB_DST;
+        x->bind[1] = 0;
+        x->bind[2] = 1;
+        x->p[1] = (int32_t)dim(&w->s[0], 0, w->n);
+        return 0;
+    }
     int per_slice = w->mode == 1, one_item = w->mode == 2;
     vk_dispatch *x = next(w, VKS_OPTIM, per_slice ? 256 : 128, w->mode);
     while (per_slice && x->spec[0] > w->c->props.limits.maxComputeWorkGroupInvocations) x->spec[0] /= 2;

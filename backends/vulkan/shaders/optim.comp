@@ -5,7 +5,9 @@
 // 2: (norm, clip coefficient) from the pairs (binding 1, p[1] of them) and
 // hyper (binding 2); 3: AdamW of w (binding 0) with g, m, v, hyper, norm
 // (bindings 1-5): w, m, v updated in place, g zeroed, nothing when the norm
-// is not finite. hyper is ops.h's twk_hyper vector: 0 clip, 1 beta1,
+// is not finite; 4: MODE 2 as one work-group folding the pairs in a
+// compensated tree (the wide norm's last stage; MODE 1 and 2 are the older
+// kernels, TWK_REDUCE_NARROW=1). hyper is ops.h's twk_hyper vector: 0 clip, 1 beta1,
 // 2 beta2, 3 eps, 4 step size, 5 sqrt(1 - beta2^step), 6 decay factor.
 #include "common.glsl"
 layout(std430, binding = 0) buffer Y { float y[]; };
@@ -58,10 +60,30 @@ void main() {
             y[pc.off[0] + 2u * p] = red_hi[0];
             y[pc.off[0] + 2u * p + 1u] = red_lo[0];
         }
-    } else if (MODE == 2) {
-        if (gl_GlobalInvocationID.x != 0u) return;
+    } else if (MODE == 2 || MODE == 4) {
         float hi = 0.0, lo = 0.0;
-        for (uint p = 0u; p < uint(pc.p[1]); p++) {
+        if (MODE == 4) {
+            for (uint p = lid; p < uint(pc.p[1]); p += WG) {
+                two_sum(hi, lo, g[pc.off[1] + 2u * p]);
+                lo += g[pc.off[1] + 2u * p + 1u];
+            }
+            red_hi[lid] = hi;
+            red_lo[lid] = lo;
+            barrier();
+            for (uint s = WG / 2u; s > 0u; s >>= 1) {
+                if (lid < s) {
+                    float a = red_hi[lid], l = red_lo[lid] + red_lo[lid + s];
+                    two_sum(a, l, red_hi[lid + s]);
+                    red_hi[lid] = a;
+                    red_lo[lid] = l;
+                }
+                barrier();
+            }
+            hi = red_hi[0];
+            lo = red_lo[0];
+        }
+        if (gl_GlobalInvocationID.x != 0u) return;
+        for (uint p = 0u; MODE == 2 && p < uint(pc.p[1]); p++) {
             two_sum(hi, lo, g[pc.off[1] + 2u * p]);
             lo += g[pc.off[1] + 2u * p + 1u];
         }

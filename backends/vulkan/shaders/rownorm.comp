@@ -2,9 +2,15 @@
 // Row-wise ops, one work-group per row with fixed-tree reductions.
 // MODE 0 rmsnorm:        y = w * x * rstd;  (x at 1, w at 2), p: 0 rows, 1 D; f[0] eps
 // MODE 1 rmsnorm_back_x: (x 1, w 2, dy 3)
-// MODE 2 rstd per row into y (scratch), for rmsnorm_back_w
+// MODE 2 rstd per row into y (scratch), for rmsnorm_back_w (the sum of squares compensated)
 // MODE 3 rmsnorm_back_w: one thread per column: y[d] = sum_r dy[r,d] x[r,d] rstd[r]
-//                        (x 1, dy 2, rstd 3)
+//                        (x 1, dy 2, rstd 3); the older kernel (TWK_REDUCE_NARROW=1)
+// MODE 6 rmsnorm_back_w, the wide stage 1 (hal/twk_wide.h): work-group g (column
+//        block b = g % nb of C columns, row tile t = g / nb of T over R rows) sums
+//        dy x rstd over its rows, each of its WG / C lanes walking every
+//        (WG / C)-th row, then a compensated tree over the lanes: the pair of
+//        (t, d) into the planes y[t D + d] (hi) and y[T D + t D + d] (lo);
+//        p: 0 R, 1 D, 2 T, 3 C; reduce.comp MODE 5 folds the planes
 // MODE 4 logprobs:       y[r] = x[r, tgt[r]] - logsumexp(x[r]); (logits 1, targets 2), p: 0 rows, 1 V, 7 i64
 // MODE 5 logprobs_back:  y[r, i] = dy[r] (onehot - softmax); (logits 1, targets 2, dy 3, logprobs 4)
 #include "common.glsl"
@@ -29,6 +35,29 @@ float tree_sum(float v, uint lid) {
     return r;
 }
 
+void two_sum(inout float hi, inout float lo, float v) {
+    precise float s = hi + v;
+    precise float bb = s - hi;
+    precise float err = (hi - (s - bb)) + (v - bb);
+    hi = s;
+    lo += err;
+}
+
+// compensated tree over (red, red2) pairs, lane-major with C columns, into indices 0..C-1
+void tree2(uint lid, uint C) {
+    for (uint s = WG / 2u; s >= C && s > 0u; s >>= 1) {
+        if (lid < s) {
+            float h = red[lid], l = red2[lid] + red2[lid + s];
+            two_sum(h, l, red[lid + s]);
+            red[lid] = h;
+            red2[lid] = l;
+        }
+        barrier();
+    }
+}
+
+uint tile_start(uint n, uint tiles, uint t) { return t * (n / tiles) + min(t, n % tiles); }
+
 float tree_max(float v, uint lid) {
     red[lid] = v;
     barrier();
@@ -44,6 +73,30 @@ float tree_max(float v, uint lid) {
 void main() {
     uint R = uint(pc.p[0]), D = uint(pc.p[1]), lid = gl_LocalInvocationID.x;
     float eps = pc.f[0];
+    if (MODE == 6) {
+        uint T = uint(pc.p[2]), C = uint(pc.p[3]), lanes = WG / C, lane = lid / C, nb = (D + C - 1u) / C;
+        { // one work-group per (block, tile), dispatched exactly
+            uint g = gl_WorkGroupID.x;
+            uint t = g / nb, d = (g % nb) * C + lid % C;
+            uint rb = tile_start(R, T, t), re = tile_start(R, T, t + 1u);
+            float hi = 0.0, lo = 0.0;
+            if (d < D)
+                for (uint r = rb + lane; r < re; r += lanes) {
+                    precise float v = b2[pc.off[2] + r * D + d] * x[pc.off[1] + r * D + d] * b3[pc.off[3] + r];
+                    two_sum(hi, lo, v);
+                }
+            red[lid] = hi;
+            red2[lid] = lo;
+            barrier();
+            tree2(lid, C);
+            if (lane == 0u && d < D) {
+                y[pc.off[0] + t * D + d] = red[lid];
+                y[pc.off[0] + T * D + t * D + d] = red2[lid];
+            }
+            barrier();
+        }
+        return;
+    }
     if (MODE == 3) {
         for (uint d = gl_GlobalInvocationID.x; d < D; d += GSTRIDE) {
             float acc = 0.0;
@@ -55,14 +108,22 @@ void main() {
     }
     for (uint r = gl_WorkGroupID.x; r < R; r += gl_NumWorkGroups.x) {
         uint xb = pc.off[1] + r * D;
-        if (MODE <= 2) {
+        if (MODE == 2) {
+            float hi = 0.0, lo = 0.0;
+            for (uint i = lid; i < D; i += WG) two_sum(hi, lo, x[xb + i] * x[xb + i]);
+            red[lid] = hi;
+            red2[lid] = lo;
+            barrier();
+            tree2(lid, 1u);
+            precise float ss = red[0] + red2[0];
+            if (lid == 0u) y[pc.off[0] + r] = 1.0 / sqrt(ss / float(D) + eps);
+            barrier();
+        } else if (MODE <= 1) {
             float ss = 0.0;
             for (uint i = lid; i < D; i += WG) ss += x[xb + i] * x[xb + i];
             float rs = 1.0 / sqrt(tree_sum(ss, lid) / float(D) + eps);
             if (MODE == 0) {
                 for (uint i = lid; i < D; i += WG) y[pc.off[0] + r * D + i] = b2[pc.off[2] + i] * (x[xb + i] * rs);
-            } else if (MODE == 2) {
-                if (lid == 0u) y[pc.off[0] + r] = rs;
             } else {
                 uint db = pc.off[3] + r * D;
                 float dt = 0.0;
