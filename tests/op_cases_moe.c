@@ -158,6 +158,9 @@ const op_case opc_moe_cases[] = {
     {"moe_router_stats 1x3 top-1", 1, {F32(1, 3)}, b_stats, r_stats, 1e-6, 1e-4, .ip = {1, 0}},
     {"moe_router_stats Tx8 top-2 in 3 slots + padding", 2, {F32(T_, 8), IDS(4, T_)}, b_stats_slots, r_stats_slots, 1e-6, 1e-4, .ip = {2, 0, 3}, .cap = 47},
     {"moe_router_stats Tx16 top-4 in 5 slots + padding", 2, {F32(T_, 16), IDS(6, T_)}, b_stats_slots, r_stats_slots, 1e-6, 1e-4, .ip = {4, 0, 5}, .cap = 31},
+    /* more rows than a device work-group's 64 (each item takes several, partials added in order) */
+    {"moe_router_stats Tx8 top-2 in 2 slots + padding, 203 rows", 2, {F32(T_, 8), IDS(3, T_)}, b_stats_slots, r_stats_slots, 1e-6, 1e-4, .ip = {2, 0, 2}, .cap = 203},
+    {"moe_router_stats Tx4 top-1, 157 rows", 1, {F32(T_, 4)}, b_stats, r_stats, 1e-6, 1e-4, .ip = {1, 0}, .cap = 157},
 };
 
 const int opc_n_moe_cases = (int)(sizeof opc_moe_cases / sizeof opc_moe_cases[0]);

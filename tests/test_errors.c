@@ -208,6 +208,35 @@ static void moe_errors(twk_device *dev) {
     twk_graph_free(g);
 }
 
+/* moe_router_stats alone (the load-balancing loss's statistics, per slot): an expert id outside
+ * [0, E) (the device kernel's error word), then a good run */
+static void router_stats_errors(twk_device *dev) {
+    int64_t l_ne[2] = {-1, 8}, i_ne[2] = {-1, 2}, s_ne[1] = {-1};
+    twk_graph *g = twk_graph_new();
+    twk_id l = twk_input(g, "router", TWK_F32, 2, l_ne), ids = twk_input(g, "experts", TWK_I32, 2, i_ne);
+    twk_id slot = twk_input(g, "slot", TWK_I32, 1, s_ne);
+    twk_id y = twk_moe_router_stats_slots(g, l, ids, slot, 2);
+    twk_plan *p = NULL;
+    if (twk_graph_output(g, y) != TWK_OK || twk_plan_compile(g, dev, 5, NULL, 0, &p) != TWK_OK) {
+        printf("FAIL router_stats graph: %s\n", twk_last_error());
+        fails++;
+        twk_graph_free(g);
+        return;
+    }
+    float lv[40];
+    for (int i = 0; i < 40; i++) lv[i] = (float)((i * 7) % 11) * 0.1f;
+    int32_t bad[10] = {0, 1, 7, 2, 3, 8, 4, 5, 6, 7}, good[10] = {0, 1, 7, 2, 3, 6, 4, 5, 6, 7}, sv[5] = {0, 1, -1, 1, 0};
+    twk_plan_write(p, l, 5, lv, sizeof lv);
+    twk_plan_write(p, slot, 5, sv, sizeof sv);
+    twk_plan_write(p, ids, 5, bad, sizeof bad);
+    expect("router stats: expert id 8 with 8 experts", twk_plan_run(p, 5), TWK_ERR_RANGE, twk_last_error(),
+           NEEDLES("moe_router_stats", "[5] = 8", "[0, 8)"));
+    twk_plan_write(p, ids, 5, good, sizeof good);
+    expect("router stats with expert E - 1 right after", twk_plan_run(p, 5), TWK_OK, "", NULL);
+    twk_plan_free(p);
+    twk_graph_free(g);
+}
+
 static void run_errors(void) {
     twk_device *dev = NULL;
     if (twk_device_open(test_device(), &dev) != TWK_OK) {
@@ -243,6 +272,7 @@ static void run_errors(void) {
            twk_last_error(), NEEDLES("999"));
     unembed_errors(dev);
     moe_errors(dev);
+    router_stats_errors(dev);
     twk_buffer *buf = NULL;
     twk_buffer_alloc(dev, 16, &buf);
     expect("upload past a buffer's end", twk_buffer_upload(dev, buf, 8, good_ids, 16), TWK_ERR_INVALID_ARG,

@@ -119,9 +119,12 @@ int main(void) {
         printf("FAIL cannot read the fixtures: %s\n", twk_last_error());
         return 1;
     }
+    const char *dev_name = getenv("TWK_TEST_DEVICE") ? getenv("TWK_TEST_DEVICE") : "cpu";
+    int on_cpu = !strncmp(dev_name, "cpu", 3);
+    printf("     device %s\n", dev_name);
     twk_device *dev = NULL;
     twk_model *m = NULL;
-    if (twk_device_open("cpu", &dev) != TWK_OK || twk_model_load(dir, dev, &m) != TWK_OK) {
+    if (twk_device_open(dev_name, &dev) != TWK_OK || twk_model_load(dir, dev, &m) != TWK_OK) {
         printf("FAIL load %s: %s\n", dir, twk_last_error());
         return 1;
     }
@@ -310,6 +313,7 @@ int main(void) {
             continue;
         }
         int64_t differ = 0, total = 0;
+        double gd = 0, gr = 0; /* the gradients' squared difference and norm */
         for (int i = 0; i < twk_trainer_param_count(t); i++) { /* the same adapter as t */
             int64_t pn = 0;
             const char *name = twk_trainer_param_name(t, i, &pn);
@@ -328,15 +332,25 @@ int main(void) {
             float *g1 = malloc((size_t)pn * 4), *g2 = malloc((size_t)pn * 4);
             twk_trainer_get_grad(t, name, g1, pn);
             if (twk_trainer_get_grad(tv, name, g2, pn) != TWK_OK) differ += pn;
-            for (int64_t k = 0; k < pn; k++) differ += g1[k] != g2[k];
+            for (int64_t k = 0; k < pn; k++) {
+                differ += g1[k] != g2[k];
+                gd += ((double)g1[k] - g2[k]) * ((double)g1[k] - g2[k]);
+                gr += (double)g1[k] * g1[k];
+            }
             total += pn;
             free(g1);
             free(g2);
         }
         double a1 = twk_trainer_router_aux_loss(t, true), a2 = twk_trainer_router_aux_loss(tv, true);
         char what[96];
-        snprintf(what, sizeof what, "%s: loss, aux and %lld gradient elements bit-identical", vnames[v], (long long)total);
-        report(differ == 0 && l1 == l2 && a1 == a2 && !isnan(a2), what, (double)differ, 0);
+        if (v == 2 && !on_cpu) { /* a device's fused unembedding rounds apart from its GEMM + logprobs */
+            double ge = sqrt(gd) / fmax(sqrt(gr), 1e-30), le = fabs((double)l1 - l2) / fabs((double)l1);
+            snprintf(what, sizeof what, "%s: aux bit-identical, loss and gradients (%lld)", vnames[v], (long long)total);
+            report(a1 == a2 && !isnan(a2) && le <= VALUE_TOL && ge <= GRAD_TOL, what, fmax(ge, le), GRAD_TOL);
+        } else {
+            snprintf(what, sizeof what, "%s: loss, aux and %lld gradient elements bit-identical", vnames[v], (long long)total);
+            report(differ == 0 && l1 == l2 && a1 == a2 && !isnan(a2), what, (double)differ, 0);
+        }
         twk_trainer_free(tv);
     }
 

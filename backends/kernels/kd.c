@@ -18,8 +18,6 @@ typedef struct kd_entry {
     kd_wide_fn wide; /* the wide reduction tried first (kd_lower_reduce.c) */
 } kd_entry;
 
-#define KD_NO_STATS "the router statistics of the load-balancing loss run on the cpu only so far"
-
 static const kd_entry table[TWK_OP_COUNT] = {
     [TWK_OP_FILL] = {kd_lower_map_f, "fill_f32"},
     [TWK_OP_PERMUTE] = {kd_lower_permute, "permute_words"},
@@ -70,8 +68,8 @@ static const kd_entry table[TWK_OP_COUNT] = {
     [TWK_OP_MOE_DISPATCH] = {kd_lower_moe_move, "moe_dispatch_f32"},
     [TWK_OP_MOE_COMBINE] = {kd_lower_moe_move, "moe_combine_f32"},
     [TWK_OP_MOE_COMBINE_BACK_W] = {kd_lower_moe_combine_back_w, "moe_combine_back_w_f32"},
-    [TWK_OP_MOE_ROUTER_STATS] = {.unsupported = KD_NO_STATS},
-    [TWK_OP_MOE_ROUTER_STATS_BACK] = {.unsupported = KD_NO_STATS},
+    [TWK_OP_MOE_ROUTER_STATS] = {kd_lower_moe_router_stats, "moe_router_stats_f32"},
+    [TWK_OP_MOE_ROUTER_STATS_BACK] = {kd_lower_moe_router_stats, "moe_router_stats_back_f32"},
     [TWK_OP_LORA_GATHER_BACK] = {kd_lower_lora_gather_back, "lora_gather_back_f32"},
     [TWK_OP_FUSED_EW] = {kd_lower_fused, "fused_ew_f32"},
 };

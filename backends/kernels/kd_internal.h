@@ -98,6 +98,8 @@ int kd_lower_moe_gate(const twk_launch *l, int64_t n, kd_call *calls, const char
 int kd_lower_moe_sort(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 int kd_lower_moe_move(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 int kd_lower_moe_combine_back_w(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+/* moe_router_stats and its backward (whole pass or per slot) */
+int kd_lower_moe_router_stats(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 
 /* attn_back's delta (kd_lower_attn.c); 0 for other launches. */
 size_t kd_attn_scratch_bytes(const twk_launch *l, int64_t n);

@@ -92,3 +92,29 @@ int kd_lower_moe_combine_back_w(const twk_launch *l, int64_t n, kd_call *calls, 
     kd_grid_items(c, T * K, KD_LOCAL_1D);
     return 1;
 }
+
+/* moe_router_stats (dst [2, E] or [S, 2, E]): one 64-item group per (slot, expert) (moe.cl's
+ * KD_MOE_STATS_L); its backward (dst
+ * [T, E], dy src 1): one item per row. The slot (src 2) is optional, logits standing in. */
+int kd_lower_moe_router_stats(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
+    int back = l->op == TWK_OP_MOE_ROUTER_STATS_BACK, has_slot = l->nsrc > 2;
+    int64_t T = kd_dim(&l->src[0], 0, n), E = kd_dim(&l->src[0], 1, n);
+    int64_t S = !has_slot ? 1 : back ? kd_dim(&l->src[1], 0, n) : kd_dim(&l->dst, 0, n);
+    kd_call *c = &calls[0];
+    kd_begin(c, kernel);
+    kd_buf(c, l, -1, 4);
+    kd_buf(c, l, 0, 4);
+    kd_buf(c, l, 1, 4);
+    kd_buf(c, l, has_slot ? 2 : 0, 4);
+    if (!back) kd_err(c);
+    kd_i64(c, T);
+    kd_i64(c, E);
+    if (!back) kd_i64(c, kd_dim(&l->src[1], 1, n));
+    kd_i64(c, S);
+    kd_i32(c, has_slot);
+    if (!back) kd_i32(c, is64(l, 1));
+    kd_i32(c, has_slot && is64(l, 2));
+    if (back) kd_grid_items(c, T, 64);
+    else kd_grid_groups(c, S * E, 64);
+    return 1;
+}

@@ -204,3 +204,90 @@ TWK_KERNEL moe_combine_back_w_f32(TWK_GLOBAL float *dw, long dw_off, TWK_GLOBAL 
         for (long h = 0; h < H; h++) s += dout[dout_off + t * H + h] * y[y_off + r * H + h];
     dw[dw_off + i] = s;
 }
+
+/* Row t's slot: 0 without a slot source (has_slot 0), else slot[t], -1 when outside 0..S-1 */
+TWK_FN long kd_moe_slot(const TWK_GLOBAL int *slot, long t, long S, int has_slot, int is64) {
+    if (!has_slot) return 0;
+    long s = kd_id(slot, t, is64);
+    return s >= 0 && s < S ? s : -1;
+}
+
+/* moe_router_stats: y[s, 0, e] = the choices of expert e over slot s's rows / those rows,
+ * y[s, 1, e] = their mean softmax at e (S = 1 without a slot source; rows of no slot skipped).
+ * One group of KD_MOE_STATS_L items per (s, e): item i takes rows i, i + L, ... (counts in
+ * integers, its softmax sum Kahan-compensated), item 0 adds the L partials in item order — a
+ * fixed order, no atomics: the same bits every run. A bad id in any row (of a slot or not)
+ * stores KD_ERR_ID_RANGE. */
+#define KD_MOE_STATS_L 64
+TWK_KERNEL moe_router_stats_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *lg, long lg_off,
+                                TWK_GLOBAL const int *ids, long ids_off, TWK_GLOBAL const int *slot, long slot_off,
+                                TWK_GLOBAL int *err, long err_off, long T, long E, long K, long S, int has_slot,
+                                int ids64, int slot64) {
+    TWK_LOCAL(float, part, KD_MOE_STATS_L);
+    TWK_LOCAL(float, comp, KD_MOE_STATS_L);
+    TWK_LOCAL(long, hit, KD_MOE_STATS_L);
+    TWK_LOCAL(long, nrow, KD_MOE_STATS_L);
+    long i = TWK_GROUP(0), s = i / E, e = i % E, rows = 0, hits = 0;
+    int lid = TWK_LID(0);
+    const TWK_GLOBAL int *id = ids + ids_off;
+    float ps = 0.0f, pc = 0.0f;
+    for (long t = lid; t < T; t += KD_MOE_STATS_L) {
+        int mine = kd_moe_slot(slot + slot_off, t, S, has_slot, slot64) == s;
+        for (long j = 0; j < K; j++) { /* every row's ids checked, as on the cpu */
+            long v = kd_id(id, t * K + j, ids64);
+            if (v < 0 || v >= E) err[err_off] = KD_ERR_ID_RANGE;
+            hits += mine && v == e;
+        }
+        if (!mine) continue;
+        const TWK_GLOBAL float *row = lg + lg_off + t * E;
+        float mx, inv;
+        kd_moe_stats(row, E, &mx, &inv);
+        kd_kahan(&ps, &pc, exp(row[e] - mx) * inv);
+        rows++;
+    }
+    part[lid] = ps;
+    comp[lid] = pc;
+    hit[lid] = hits;
+    nrow[lid] = rows;
+    TWK_BARRIER();
+    if (lid != 0) return;
+    float sum = 0.0f, c = 0.0f;
+    for (int u = 0; u < KD_MOE_STATS_L; u++) {
+        kd_kahan(&sum, &c, part[u]);
+        kd_kahan(&sum, &c, -comp[u]);
+    }
+    hits = rows = 0;
+    for (int u = 0; u < KD_MOE_STATS_L; u++) {
+        hits += hit[u];
+        rows += nrow[u];
+    }
+    TWK_GLOBAL float *out = y + y_off + s * 2 * E;
+    out[e] = rows ? (float)hits / (float)rows : 0.0f;
+    out[E + e] = rows ? sum / (float)rows : 0.0f;
+}
+
+/* moe_router_stats_back: dl[t, e] = p_te (g_e - sum_e' p_te' g_e') / T_s with g = dy[s, 1, :] of
+ * row t's slot s and T_s that slot's rows (counted by the item, in order); 0 for a row of no
+ * slot. One item per row. */
+TWK_KERNEL moe_router_stats_back_f32(TWK_GLOBAL float *dl, long dl_off, TWK_GLOBAL const float *lg, long lg_off,
+                                     TWK_GLOBAL const float *dy, long dy_off, TWK_GLOBAL const int *slot,
+                                     long slot_off, long T, long E, long S, int has_slot, int slot64) {
+    long t = TWK_GID(0);
+    if (t >= T) return;
+    TWK_GLOBAL float *out = dl + dl_off + t * E;
+    long s = kd_moe_slot(slot + slot_off, t, S, has_slot, slot64), rows = 0;
+    if (s < 0) {
+        for (long e = 0; e < E; e++) out[e] = 0.0f;
+        return;
+    }
+    if (has_slot) {
+        for (long u = 0; u < T; u++) rows += kd_moe_slot(slot + slot_off, u, S, 1, slot64) == s;
+    } else {
+        rows = T;
+    }
+    const TWK_GLOBAL float *row = lg + lg_off + t * E, *g = dy + dy_off + s * 2 * E + E;
+    float mx, inv, ds = 0.0f, dc = 0.0f;
+    kd_moe_stats(row, E, &mx, &inv);
+    for (long e = 0; e < E; e++) kd_kahan(&ds, &dc, exp(row[e] - mx) * inv * g[e]);
+    for (long e = 0; e < E; e++) out[e] = exp(row[e] - mx) * inv * (g[e] - ds) / (float)rows;
+}

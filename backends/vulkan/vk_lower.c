@@ -679,6 +679,30 @@ static int lower_moe(vk_low *w) {
     return 0;
 }
 
+/* moe_router_stats (7): one 64-invocation group per (slot, expert) of dst [2, E] / [S, 2, E]; its
+ * backward (8): one per row, dy at binding 3. The slot (source 2, binding 4) is optional. */
+static int lower_router_stats(vk_low *w) {
+    const twk_launch *l = w->l;
+    const twk_tensor_desc *s = w->s;
+    int back = w->mode == 8, has_slot = l->nsrc > 2;
+    int64_t T = dim(&s[0], 0, w->n), E = dim(&s[0], 1, w->n);
+    int64_t S = !has_slot ? 1 : back ? dim(&s[1], 0, w->n) : dim(w->y, 0, w->n);
+    vk_dispatch *x = next(w, VKS_MOE, 64, w->mode);
+    x->bind[0] = VKB_DST;
+    x->bind[1] = 0;
+    x->bind[back ? 3 : 2] = 1;
+    if (has_slot) x->bind[4] = 2;
+    x->p[0] = (int32_t)T;
+    x->p[1] = (int32_t)E;
+    x->p[2] = back ? 0 : (int32_t)dim(&s[1], 1, w->n);
+    x->p[3] = (int32_t)S;
+    x->p[4] = has_slot;
+    x->p[6] = has_slot && s[2].type == TWK_I64;
+    x->p[7] = !back && s[1].type == TWK_I64;
+    x->groups[0] = groups_for(w->c, back ? T : S * E * 64, 64); /* forward: a 64-invocation group per (s, e) */
+    return 0;
+}
+
 /* ---- the table ---- */
 
 /* the optimizer step (optim.comp): grad_acc, sqsum_parts (a group per slice), grad_norm, adamw */
@@ -719,8 +743,6 @@ typedef struct vk_entry {
     int mode;
     const char *unsupported;
 } vk_entry;
-
-#define VK_NO_STATS "the router statistics of the load-balancing loss run on the cpu only so far"
 
 static const vk_entry table[TWK_OP_COUNT] = {
     [TWK_OP_FILL] = {lower_eltwise, 0},
@@ -772,8 +794,8 @@ static const vk_entry table[TWK_OP_COUNT] = {
     [TWK_OP_MOE_DISPATCH] = {lower_moe, 4},
     [TWK_OP_MOE_COMBINE] = {lower_moe, 5},
     [TWK_OP_MOE_COMBINE_BACK_W] = {lower_moe, 6},
-    [TWK_OP_MOE_ROUTER_STATS] = {.unsupported = VK_NO_STATS},
-    [TWK_OP_MOE_ROUTER_STATS_BACK] = {.unsupported = VK_NO_STATS},
+    [TWK_OP_MOE_ROUTER_STATS] = {lower_router_stats, 7},
+    [TWK_OP_MOE_ROUTER_STATS_BACK] = {lower_router_stats, 8},
     [TWK_OP_LORA_GATHER_BACK] = {lower_lora_gather, 4},
     /* shaders are SPIR-V compiled at build time (glslc), so no kernel can be generated per chain */
     [TWK_OP_FUSED_EW] = {.unsupported = "fused elementwise chains need a generated kernel; vulkan's shaders are fixed at build time"},

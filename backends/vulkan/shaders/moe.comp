@@ -13,12 +13,19 @@
 // MODE 4 moe_dispatch:  y[r, h] = x[order[r] / K, h] (* w[order[r]] when p[3]); p: 0 R, 1 H, 2 K.
 // MODE 5 moe_combine:   y[t, h] = sum over j of (w[t K + j] *) x[inv[t K + j], h]; p: 0 T, 1 H, 2 K.
 // MODE 6 moe_combine_back_w: y[t, j] = dot(dout[t, :] (binding 3), x[inv[t K + j], :]); p as 5.
+// MODE 7 moe_router_stats: y[s, 0, e] = the choices of e over slot s's rows / those rows, y[s, 1, e]
+//                       their mean softmax at e; a work-group per (s, e), its partials added in
+//                       a fixed order (counts in integers, the softmax Kahan-summed); p: 0 T, 1 E, 2 K, 3 S,
+//                       4 has a slot (binding 4; p[6] i64), rows of a slot outside 0..S-1 skipped.
+// MODE 8 moe_router_stats_back: y[t, e] = p_te (g_e - sum p_te' g_e') / T_s, g = dy[s, 1, :]
+//                       (binding 3), T_s the rows of t's slot (counted in order); per row; p as 7.
 #include "common.glsl"
 layout(std430, binding = 0) buffer Y { float y[]; };
 layout(std430, binding = 0) buffer YI { int yi[]; };
 layout(std430, binding = 1) buffer X { float x[]; };
 layout(std430, binding = 2) buffer I { uint ids[]; };
 layout(std430, binding = 3) buffer W { float w[]; };
+layout(std430, binding = 4) buffer SL { uint sl[]; };
 
 bool larger(float a, float b) { return (isnan(a) && !isnan(b)) || a > b; }
 
@@ -140,12 +147,114 @@ void sort_pairs(uint P, uint E, int mode) {
     }
 }
 
+// MODE 7 and 8: row t's slot (0 without one), -1 outside 0..S-1
+int slot_of(uint t, uint S) {
+    if (pc.p[4] == 0) return 0;
+    int s = ID_AT(sl, pc.off[4], t, pc.p[6]);
+    return s >= 0 && s < int(S) ? s : -1;
+}
+
+// the softmax max and 1 / sum of row t (as gate(): a Kahan sum in index order)
+void row_stats(uint row, uint E, out float mx, out float inv) {
+    mx = x[row];
+    for (uint e = 1u; e < E; e++) mx = x[row + e] > mx ? x[row + e] : mx;
+    precise float s = 0.0, c = 0.0;
+    for (uint e = 0u; e < E; e++) {
+        precise float v = exp(x[row + e] - mx) - c;
+        precise float tt = s + v;
+        c = (tt - s) - v;
+        s = tt;
+    }
+    inv = 1.0 / s;
+}
+
+// a work-group per (s, e) (WG invocations, at most 64): invocation i takes rows i, i + WG, ...,
+// invocation 0 adds the partials in invocation order (a fixed order: the same bits every run)
+shared float s_part[64];
+shared float s_comp[64];
+
+void router_stats(uint T, uint E, uint K, uint S) {
+    uint lid = gl_LocalInvocationID.x;
+    for (uint i = gl_WorkGroupID.x; i < S * E; i += gl_NumWorkGroups.x) {
+        uint s = i / E, e = i % E, rows = 0u, hits = 0u;
+        precise float ps = 0.0, c = 0.0;
+        for (uint t = lid; t < T; t += WG) {
+            if (slot_of(t, S) != int(s)) continue;
+            uint row = pc.off[1] + t * E;
+            float mx, inv;
+            row_stats(row, E, mx, inv);
+            precise float v = exp(x[row + e] - mx) * inv - c;
+            precise float tt = ps + v;
+            c = (tt - ps) - v;
+            ps = tt;
+            for (uint j = 0u; j < K; j++)
+                if (id_at(t * K + j) == int(e)) hits++;
+            rows++;
+        }
+        s_part[lid] = ps;
+        s_comp[lid] = c;
+        s_below[lid] = hits;
+        s_first[lid] = rows;
+        barrier();
+        if (lid == 0u) {
+            precise float sum = 0.0, sc = 0.0;
+            hits = rows = 0u;
+            for (uint u = 0u; u < WG; u++) {
+                for (int k = 0; k < 2; k++) {
+                    precise float v = (k == 0 ? s_part[u] : -s_comp[u]) - sc;
+                    precise float tt = sum + v;
+                    sc = (tt - sum) - v;
+                    sum = tt;
+                }
+                hits += s_below[u];
+                rows += s_first[u];
+            }
+            uint ob = pc.off[0] + s * 2u * E;
+            y[ob + e] = rows > 0u ? float(hits) / float(rows) : 0.0;
+            y[ob + E + e] = rows > 0u ? sum / float(rows) : 0.0;
+        }
+        barrier(); // the partials read before the next (s, e) writes them
+    }
+}
+
+void router_stats_back(uint T, uint E, uint S) {
+    for (uint t = gl_GlobalInvocationID.x; t < T; t += GSTRIDE) {
+        uint ob = pc.off[0] + t * E;
+        int s = slot_of(t, S);
+        if (s < 0) {
+            for (uint e = 0u; e < E; e++) y[ob + e] = 0.0;
+            continue;
+        }
+        uint rows = T;
+        if (pc.p[4] != 0) {
+            rows = 0u;
+            for (uint u = 0u; u < T; u++)
+                if (slot_of(u, S) == s) rows++;
+        }
+        uint row = pc.off[1] + t * E, g = pc.off[3] + uint(s) * 2u * E + E;
+        float mx, inv;
+        row_stats(row, E, mx, inv);
+        precise float ds = 0.0, c = 0.0;
+        for (uint e = 0u; e < E; e++) {
+            precise float v = exp(x[row + e] - mx) * inv * w[g + e] - c;
+            precise float tt = ds + v;
+            c = (tt - ds) - v;
+            ds = tt;
+        }
+        for (uint e = 0u; e < E; e++) y[ob + e] = exp(x[row + e] - mx) * inv * (w[g + e] - ds) / float(rows);
+    }
+}
+
 void main() {
     uint n0 = uint(pc.p[0]), n1 = uint(pc.p[1]), n2 = uint(pc.p[2]);
     if (MODE == 0) {
         topk(n0, n1, n2);
     } else if (MODE == 1 || MODE == 2) {
         gate(n0, n1, n2, pc.p[3] != 0);
+    } else if (MODE == 7) {
+        router_stats(n0, n1, n2, uint(pc.p[3]));
+    } else if (MODE == 8) {
+        router_stats_back(n0, n1, uint(pc.p[3]));
     } else if (MODE == 3) {
         sort_pairs(n0, n1, pc.p[2]);
     } else if (MODE == 4) { // R rows of H
