@@ -2,9 +2,7 @@
 backward, AdamW) on the same shapes, on the CPU with the same thread count.
 Prints a human line and `RESULT <tokens/s> <peak RSS MiB>`."""
 import argparse
-import resource
-import time
-
+import lora_step  # bench/peer/lora_step.py: the timed step both peers share
 import torch
 from peft import LoraConfig, get_peft_model
 from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -27,33 +25,4 @@ model = Qwen3ForCausalLM(cfg).to({"f32": torch.float32, "bf16": torch.bfloat16, 
 model = get_peft_model(model, LoraConfig(r=a.rank, lora_alpha=32, lora_dropout=0.0,
                                          target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
                                                          "gate_proj", "up_proj", "down_proj"]))
-opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, betas=(0.9, 0.95))
-per = a.tokens // a.seqs
-ids = torch.randint(0, a.vocab, (a.seqs, per))
-tgt = torch.randint(0, a.vocab, (a.seqs, per))
-
-
-def step():
-    opt.zero_grad()
-    logits = model(input_ids=ids).logits
-    lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
-    loss = -lp.sum()
-    loss.backward()
-    opt.step()
-    return loss.item()
-
-
-t0 = time.perf_counter()
-step()
-first = time.perf_counter() - t0
-best = 1e30
-for _ in range(a.steps):
-    t0 = time.perf_counter()
-    loss = step()
-    best = min(best, time.perf_counter() - t0)
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-tps = a.tokens / best
-print(f"pytorch  {tps:8.1f} tokens/s  (best step {best:.3f} s of {a.steps}, first {first:.3f} s)  "
-      f"peak RSS {rss:.0f} MiB  loss {loss:.3f}  torch {torch.__version__}, {torch.get_num_threads()} threads, "
-      f"weights {a.dtype}")
-print(f"RESULT {tps} {rss}")
+lora_step.run(model, a, f"weights {a.dtype}")
