@@ -22,7 +22,7 @@ import pytest
 import tinker
 from tinker import types
 
-from conftest import (adam, counting_datum, engine_mib, is_asan_build, logprobs_of, metric_sum, new_training_client,
+from conftest import (BASE_MODEL, adam, counting_datum, engine_mib, is_asan_build, logprobs_of, metric_sum, new_training_client,
                       rss_mib, service_client)
 
 
@@ -181,9 +181,26 @@ def test_snapshots_freed_with_their_sessions(start_server):
     assert status == 404 and sid in body and "freed" in body and "its training session finished" in body
 
 
+def assert_freed_404(srv, key, samp, option):
+    """A freed unnamed snapshot: the SDK's next sample() fails with a 404 (tinker.NotFoundError)
+    whose message names the snapshot and the option that freed it, and GET samplers/{id} answers
+    the same 404."""
+    sid = samp._sampling_session_id
+    p = types.ModelInput.from_ints([100, 101, 102])
+    with pytest.raises(tinker.NotFoundError) as e:
+        samp.sample(p, 1, types.SamplingParams(max_tokens=2)).result(timeout=30)
+    print(f"{option}: sample() -> {e.value.status_code}: {str(e.value)[:240]}")
+    assert e.value.status_code == 404, e.value
+    assert sid in str(e.value) and "freed" in str(e.value) and option in str(e.value), str(e.value)
+    status, body = get_sampler(srv.port, sid, key)
+    print(f"{option}: GET samplers/{{id}} -> {status}: {body[:240]}")
+    assert status == 404 and sid in body and option in body, (status, body)
+
+
 def test_snapshot_idle_and_host_cap(start_server):
     """--sampler-idle-s frees a snapshot nobody uses; --max-sampler-host-mb keeps only the most
-    recently used snapshots' host copies (the older one goes first)."""
+    recently used snapshots' host copies (the older one goes first). Either way a later request
+    for the freed snapshot is a 404 naming it and the option (assert_freed_404)."""
     srv = start_server("--sampler-idle-s", "1")
     sc = service_client(srv.base_url, "tml-idle-snap")
     tc = new_training_client(sc, rank=8, seed=3)
@@ -191,9 +208,7 @@ def test_snapshot_idle_and_host_cap(start_server):
     p = types.ModelInput.from_ints([100, 101, 102])
     samp.sample(p, 1, types.SamplingParams(max_tokens=2)).result(timeout=60)
     time.sleep(3)
-    with pytest.raises(Exception) as e:
-        samp.sample(p, 1, types.SamplingParams(max_tokens=2)).result(timeout=30)
-    assert "--sampler-idle-s" in str(e.value), str(e.value)
+    assert_freed_404(srv, "tml-idle-snap", samp, "--sampler-idle-s")
 
     # the tiny model's rank-8 adapter is a few KiB: a cap of 0.01 MiB holds about one
     srv2 = start_server("--max-sampler-host-mb", "0.01")
@@ -202,9 +217,71 @@ def test_snapshot_idle_and_host_cap(start_server):
     first = resolve(tc2.save_weights_and_get_sampling_client())
     second = resolve(tc2.save_weights_and_get_sampling_client())
     second.sample(p, 1, types.SamplingParams(max_tokens=2)).result(timeout=60)
-    with pytest.raises(Exception) as e:
-        first.sample(p, 1, types.SamplingParams(max_tokens=2)).result(timeout=30)
-    assert "--max-sampler-host-mb" in str(e.value), str(e.value)
+    assert_freed_404(srv2, "tml-cap", first, "--max-sampler-host-mb")
+    second.sample(p, 1, types.SamplingParams(max_tokens=2)).result(timeout=60)  # the newer one is kept
+
+
+def pool_bytes(port, key, pool):
+    """twinkle_host_memory_pool_bytes{pool=POOL} on GET /metrics."""
+    import http.client
+
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/metrics", headers={"X-API-Key": key})
+    text = c.getresponse().read().decode()
+    c.close()
+    for line in text.splitlines():
+        if line.startswith("twinkle_host_memory_pool_bytes{") and f'pool="{pool}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no host pool {pool} on /metrics")
+
+
+def test_evicted_checkpoint_sampler_keeps_no_host_copy(start_server):
+    """With --live-samplers 1 every switch between samplers evicts the other one. A sampler made
+    from a checkpoint (save_weights_for_sampler + create_sampling_client(model_path)) is reloaded
+    from disk: evicted, it keeps no host copy — the host's adapter_copies pool on /metrics is back
+    at its figure before (exactly), and its greedy samples after the reload equal those before.
+    The control, an unnamed snapshot's sampler on its own unit (rank 8 > --slot-rank 4, so not an
+    adapter slot), has nothing on disk: evicted the same way, it does keep its copy (the pool
+    grows), which shows the eviction happened and the pool sees a kept copy."""
+    key = "tml-evict"
+    srv = start_server("--live-samplers", "1", "--slot-rank", "4")
+    sc = service_client(srv.base_url, key)
+    tc = new_training_client(sc, rank=8, seed=12)
+    for step in range(2):
+        tc.forward_backward(batch(step), "cross_entropy").result(timeout=60)
+        tc.optim_step(adam()).result(timeout=60)
+    path = tc.save_weights_for_sampler("evict-ckpt").result(timeout=60).path
+    ckpt = resolve(sc.create_sampling_client(model_path=path))
+    base = resolve(sc.create_sampling_client(base_model=BASE_MODEL))
+    p = types.ModelInput.from_ints([100, 101, 102, 103])
+    greedy = types.SamplingParams(max_tokens=8, temperature=0.0)
+
+    def sample(c):
+        r = c.sample(p, 1, greedy).result(timeout=60)
+        return list(r.sequences[0].tokens)
+
+    sample(base)
+    pool0 = pool_bytes(srv.port, key, "adapter_copies")
+    first = sample(ckpt)  # evicts the base sampler (no adapter: nothing to copy)
+    pools = []
+    for _ in range(3):
+        sample(base)  # evicts the checkpoint's sampler
+        pools.append(pool_bytes(srv.port, key, "adapter_copies"))
+        again = sample(ckpt)  # reloaded from disk
+        assert again == first, (again, first)
+    sample(base)
+    pools.append(pool_bytes(srv.port, key, "adapter_copies"))
+    print(f"adapter_copies pool: {pool0:.0f} bytes before, after each eviction of the checkpoint's sampler {pools}")
+    assert all(x == pool0 for x in pools), "an evicted sampler that can be reloaded from disk must not keep a host copy"
+
+    snap = resolve(tc.save_weights_and_get_sampling_client())  # its own unit: nothing on disk
+    assert sample(snap) == first  # the same weights as the checkpoint
+    before = pool_bytes(srv.port, key, "adapter_copies")
+    sample(base)  # evicts the snapshot's sampler: its adapter goes to the host
+    kept = pool_bytes(srv.port, key, "adapter_copies")
+    print(f"control, the unnamed snapshot's sampler evicted: adapter_copies {before:.0f} -> {kept:.0f} bytes")
+    assert kept > before, "the control eviction must keep a host copy (else the pool could not show one)"
+    assert sample(snap) == first  # restored from its host copy
 
 
 def train(tc, steps, start=0):
