@@ -1,17 +1,20 @@
 """The compute worker's fair scheduler (server/scheduler.c) through the official SDK:
 
 - one tenant floods sampling (requests of 256 samples, decoded 16 at a time, a round per turn)
-  while another trains: the trainer's forward_backward p90 stays under 2 x its solo p99 +
-  2 x one sampling round, and its slowest under 2 x solo p99 + 6 rounds, all measured in this
-  test (under the old FIFO it waited for every queued round: 4 requests x 16 rounds). p90 and a
-  looser bound on the maximum, not p99 of 20 samples (the maximum), because one stall of a
-  loaded 2-core machine lands on a single sample; a FIFO misses both bounds by ~10x;
+  while another trains: over 200 forward_backward calls, the trainer's p99 (nearest rank: the
+  198th of 200, so two stalls of a loaded 2-core machine are forgiven) stays under
+  2 x its solo p99 (100 calls) + 2 x one sampling round, all measured in this test. Fair
+  scheduling makes a forward_backward wait for at most the round in progress; the bound allows
+  two and twice the solo figure. Under the old FIFO it waited for every queued round (4 requests
+  x 16 rounds): the bound is missed by ~10x, and the measurement stops as soon as more calls
+  missed it than p99 forgives;
 - a tenant past --max-queue-per-tenant gets 429 naming the option, while another tenant's
   request is accepted at the same moment."""
 from __future__ import annotations
 
 import http.client
 import json
+import math
 import subprocess
 import sys
 import time
@@ -21,7 +24,7 @@ from tinker import types
 
 from conftest import BASE_MODEL, adam, counting_datum, new_training_client, service_client
 
-MAX_TOKENS = 48
+MAX_TOKENS = 24
 PROMPT = [100, 101, 102, 103]
 
 
@@ -54,19 +57,19 @@ def resolve(x, timeout=60):
     return x.result(timeout=timeout) if hasattr(x, "result") else x
 
 
+SOLO_N, LOADED_N = 100, 200
+
+
 def p99(xs):
+    """Nearest-rank p99: the ceil(0.99 n)-th smallest."""
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(0.99 * len(xs)))]
+    return xs[max(0, math.ceil(0.99 * len(xs)) - 1)]
 
 
-def fb_latencies(tc, n):
-    out = []
-    for i in range(n):
-        t = time.perf_counter()
-        tc.forward_backward([counting_datum((i * 3 + k) % 32, 6) for k in range(2)], "cross_entropy").result(timeout=300)
-        out.append(time.perf_counter() - t)
-        tc.optim_step(adam()).result(timeout=300)
-    return out
+def fb_latency(tc, i):
+    t = time.perf_counter()
+    tc.forward_backward([counting_datum((i * 3 + k) % 32, 6) for k in range(2)], "cross_entropy").result(timeout=300)
+    return time.perf_counter() - t
 
 
 def test_training_keeps_its_latency_under_a_sampling_flood(start_server):
@@ -76,35 +79,48 @@ def test_training_keeps_its_latency_under_a_sampling_flood(start_server):
     prompt = types.ModelInput.from_ints(PROMPT)
     params = types.SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, stop=[])
 
-    fb_latencies(trainer, 3)  # warm-up
-    solo = fb_latencies(trainer, 20)
+    # forward_backward only (gradients accumulate), so that each sample is one queued job
+    for i in range(3):  # warm-up
+        fb_latency(trainer, i)
+    trainer.optim_step(adam()).result(timeout=300)
+    solo = [fb_latency(trainer, i) for i in range(SOLO_N)]
     rounds = []
     for _ in range(3):  # one round: a batch of 16 samples alone
         t = time.perf_counter()
         sampler.sample(prompt, 16, params).result(timeout=300)
         rounds.append(time.perf_counter() - t)
     one_round = max(rounds)
+    bound = 2 * p99(solo) + 2 * one_round
+    forgiven = LOADED_N - math.ceil(0.99 * LOADED_N)  # calls above the p99 (2 of 200)
 
     # the flood runs in another process, so that decoding its answers in Python does not hold
     # this process's GIL while the trainer's latencies are measured
     flood = subprocess.Popen([sys.executable, "-c", FLOOD, srv.base_url, str(MAX_TOKENS)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    loaded, over = [], 0
     try:
         assert flood.stdout.readline().strip() == "flooding"
         time.sleep(max(0.5, 2 * one_round))  # the flood's rounds are running
-        loaded = fb_latencies(trainer, 20)
+        t0 = time.perf_counter()
+        for i in range(LOADED_N):
+            loaded.append(fb_latency(trainer, i))
+            over += loaded[-1] >= bound
+            if over > forgiven:  # the p99 is over the bound already (a FIFO): stop waiting
+                break
+        span = time.perf_counter() - t0
+        alive = flood.poll() is None
     finally:
         flood.terminate()
         out, err = flood.communicate(timeout=60)
-    bound = 2 * p99(solo) + 2 * one_round
-    worst_bound = 2 * p99(solo) + 6 * one_round
-    p90 = sorted(loaded)[int(0.9 * len(loaded))]
-    print(f"trainer forward_backward p99: solo {p99(solo) * 1e3:.1f} ms, under the flood p99 {p99(loaded) * 1e3:.1f} ms, "
-          f"p90 {p90 * 1e3:.1f} ms (median {sorted(loaded)[10] * 1e3:.1f} ms); one sampling round "
-          f"{one_round * 1e3:.1f} ms; bounds: p90 {bound * 1e3:.1f} ms, max {worst_bound * 1e3:.1f} ms; a queued "
-          f"256-sample request is 16 rounds; flood process: {out.strip()[-200:]}")
-    assert p90 < bound
-    assert max(loaded) < worst_bound
+    srt = sorted(loaded)
+    print(f"trainer forward_backward: solo p99 {p99(solo) * 1e3:.1f} ms (median {sorted(solo)[SOLO_N // 2] * 1e3:.1f} ms, "
+          f"{SOLO_N} calls); under the flood p99 {p99(loaded) * 1e3:.1f} ms, median {srt[len(srt) // 2] * 1e3:.1f} ms, "
+          f"max {srt[-1] * 1e3:.1f} ms ({len(loaded)} calls in {span:.1f} s, {over} over the bound); one sampling round "
+          f"{one_round * 1e3:.1f} ms; bound 2 x solo p99 + 2 rounds = {bound * 1e3:.1f} ms; a queued 256-sample request "
+          f"is 16 rounds; flood process: {(out.strip() + err.strip())[-200:]}")
+    assert alive, "the flooding process died: " + err[-500:]
+    assert len(loaded) == LOADED_N and p99(loaded) < bound, (
+        f"forward_backward p99 {p99(loaded) * 1e3:.1f} ms over the bound {bound * 1e3:.1f} ms")
 
 
 def raw_post(port, route, body, key):
