@@ -16,7 +16,12 @@
 #define RATE_WINDOW 60 /* seconds behind TWK_M_TOKENS_RATE */
 
 static const double dur_buckets[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
-static const double wait_buckets[] = {0.001, 0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
+/* queue waits: a small step waits milliseconds, a flooded one seconds (bench/server/sdk_bench.py estimates
+ * per-tenant p50 / p99 from these buckets) */
+static const double wait_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                      0.5,   1,      2.5,   5,    10,    30,   60,  300};
+_Static_assert(sizeof wait_buckets / sizeof wait_buckets[0] <= MAX_BUCKETS, "MAX_BUCKETS");
+_Static_assert(sizeof dur_buckets / sizeof dur_buckets[0] <= MAX_BUCKETS, "MAX_BUCKETS");
 
 typedef struct family_def {
     const char *name, *type, *help;

@@ -15,6 +15,6 @@ bench_setup() {
     for t in "$@"; do [ -x "$BUILD/bench/$t" ] || missing=1; done
     if [ ! -x "$BUILD/twinkle" ] || [ -n "$missing" ]; then
         cmake -S . -B "$BUILD" >/dev/null
-        make -C "$BUILD" -j2 twinkle "$@" >/dev/null
+        make -C "$BUILD" -j2 twinkle_cli "$@" >/dev/null
     fi
 }

@@ -6,7 +6,9 @@
 #   2. training steps/s (forward_backward + optim_step) of 1 tenant alone, then of 8 concurrent tenants
 #      (8 processes, keys tml-tenant-0..7, one run each): aggregate and per-tenant steps/s, ratio 8/1;
 #      then the same with the raw driver (sdk_bench.py --driver raw: the SDK's requests sent by a lean
-#      client, ~0.5 ms of Python per step instead of ~12), so that the clients leave the cores to the server.
+#      client, ~0.5 ms of Python per step instead of ~12), so that the clients leave the cores to the server;
+#      after each tenants row, every tenant's queue waits over its timed steps (count, mean, p50 / p99) from
+#      the server's twinkle_queue_wait_seconds, read with an admin key of the keys file run.sh writes.
 # Starts a server on a free port with a fresh data dir (the built-in model twinkle/tiny-qwen3), stops it
 # with SIGTERM and removes the data dir at the end. About 15-20 s on 2 cores. See bench/README.md.
 #
@@ -35,8 +37,17 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# one tenant per key, as open mode would make them, named after the key; plus an admin key, so that
+# /metrics shows each tenant's queue waits (open mode has no admin key: it would sum them)
+{
+    echo "tml-bench-latency bench-latency"
+    for i in $(seq 0 $((TENANTS - 1))) 100 $(seq 200 $((200 + TENANTS - 1))); do echo "tml-tenant-$i tenant-$i"; done
+    echo "tml-bench-admin bench-admin admin"
+} >"$TMP/keys"
+export TWK_BENCH_METRICS_KEY=tml-bench-admin
+
 START=$(date +%s)
-"$BUILD/twinkle" serve --port 0 --data-dir "$TMP/data" --quiet >"$TMP/server.out" 2>"$TMP/server.err" &
+"$BUILD/twinkle" serve --port 0 --data-dir "$TMP/data" --keys "$TMP/keys" --quiet >"$TMP/server.out" 2>"$TMP/server.err" &
 SERVER=$!
 PORT=""
 for _ in $(seq 1 300); do
@@ -100,3 +111,5 @@ echo "$I|$S|$T1|$TN|$(($(date +%s) - START))|$R1|$RN" | awk -F'|' '{
     d = s[5] - i[5]; if (d < 0) d = -d
     if (d > 1e-3 * (i[5] < 0 ? -i[5] : i[5]) + 1e-3) { print "MISMATCH: the server and the in-process trainer disagree on the loss"; exit 1 }
 }'
+echo "per-tenant queue waits (job submitted -> started on the worker) of the $TENANTS-tenant rows, SDK then raw driver:"
+grep '^  queue wait' "$TMP/tn" "$TMP/rn" | sed 's/^[^:]*:/ /'

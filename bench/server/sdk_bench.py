@@ -24,6 +24,15 @@ run.sh to parse.
            protobuf encoder, optim_step JSON, long-polled retrieve_future), at
            ~0.5 ms of Python per step instead of the SDK's ~12 ms, so that on a
            small machine the clients do not take the server's cores.
+           Then each tenant's queue waits over the timed steps (job submitted →
+           started on the compute worker): GET /metrics before and after them
+           (the tenants wait on a second barrier while the first scrape runs),
+           twinkle_queue_wait_seconds per tenant and kind, one line each with
+           the job count, mean, and p50 / p99 estimated from the histogram's
+           buckets (linear within a bucket, as Prometheus' histogram_quantile).
+           Per-tenant series need an admin key (--metrics-key, a keys-file line
+           ending in `admin`); with any other key the server sums its tenants
+           and one line covers them all.
 
 With --server-pid, both modes also print CPU time per call / step: the SDK
 client's (process_time), the server loop thread's and the server's other
@@ -257,6 +266,67 @@ class RawSteps:
         return deserialize_forward_backward_output(out).metrics["loss:sum"]
 
 
+def queue_waits(a):
+    """twinkle_queue_wait_seconds from GET /metrics: {(tenant, kind): {"le": {bound: cumulative count}, "sum", "count"}};
+    tenant "" when the key's view sums the tenants (not an admin key)."""
+    u = urllib.parse.urlparse(a.base_url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=RESULT_TIMEOUT_S)
+    conn.request("GET", "/metrics", headers={"X-API-Key": a.metrics_key or f"tml-tenant-{a.first}"})
+    r = conn.getresponse()
+    text = r.read().decode()
+    conn.close()
+    if r.status != 200:
+        raise SystemExit(f"sdk_bench: GET /metrics answered {r.status}: {text[:200]}")
+    out = {}
+    for line in text.splitlines():
+        if not line.startswith("twinkle_queue_wait_seconds"):
+            continue
+        head, value = line.rsplit(" ", 1)
+        name, _, labels = head.partition("{")
+        lab = dict(kv.split("=", 1) for kv in labels.rstrip("}").split(",") if kv)
+        lab = {k: v.strip('"') for k, v in lab.items()}
+        h = out.setdefault((lab.get("tenant", ""), lab.get("kind", "")), {"le": {}, "sum": 0.0, "count": 0.0})
+        if name.endswith("_bucket"):
+            h["le"][float(lab["le"])] = float(value)  # float("+Inf") is inf
+        elif name.endswith("_sum"):
+            h["sum"] = float(value)
+        elif name.endswith("_count"):
+            h["count"] = float(value)
+    return out
+
+
+def bucket_quantile(le, count, p):
+    """The p-quantile of a histogram's cumulative buckets {bound: count}, linear within its bucket
+    (Prometheus' histogram_quantile); the largest finite bound when it falls in the +Inf bucket."""
+    rank, lo, below = p * count, 0.0, 0.0
+    for bound in sorted(le):
+        if le[bound] >= rank and le[bound] > below:
+            if math.isinf(bound):
+                return lo
+            return lo + (bound - lo) * (rank - below) / (le[bound] - below)
+        lo, below = (bound if not math.isinf(bound) else lo), le[bound]
+    return lo
+
+
+def wait_lines(w0, w1, a):
+    """One line per (tenant, kind) whose jobs moved between the two scrapes: the timed steps' queue waits."""
+    if w0 is None or w1 is None:
+        return ["  queue waits: not measured (a tenant failed before the barrier)"]
+    out = []
+    for (tenant, kind), h in sorted(w1.items()):
+        b = w0.get((tenant, kind), {"le": {}, "sum": 0.0, "count": 0.0})
+        n = h["count"] - b["count"]
+        if n <= 0:
+            continue
+        le = {k: v - b["le"].get(k, 0.0) for k, v in h["le"].items()}
+        mean = (h["sum"] - b["sum"]) / n
+        who = f"tenant {tenant}" if tenant else "all tenants (summed: /metrics shows tenants to an admin key only)"
+        out.append(f"  queue wait {who}, {kind}: {n:.0f} jobs, mean {mean * 1e3:.2f} ms, p50 "
+                   f"{bucket_quantile(le, n, .5) * 1e3:.2f} ms, p99 {bucket_quantile(le, n, .99) * 1e3:.2f} ms "
+                   f"(p50 / p99 estimated from the histogram's buckets)")
+    return out or ["  queue waits: no job of these tenants reached the worker between the scrapes"]
+
+
 def barrier_s(a):
     """How long the tenants wait for each other at the start (set-up and warm-up steps included)."""
     return a.barrier_s if a.barrier_s else BARRIER_S + 15 * a.tenants
@@ -287,6 +357,7 @@ def tenant_main(i, a, barrier, q):
         for _ in range(a.warmup - 1):
             step_raw()
         barrier.wait(timeout=barrier_s(a))
+        barrier.wait(timeout=barrier_s(a))  # the parent scraped /metrics in between
         t0, c0 = time.monotonic(), time.process_time()
         for _ in range(a.steps):
             out = step_raw()
@@ -307,13 +378,17 @@ def cmd_tenants(a):
     procs = [ctx.Process(target=tenant_main, args=(i + a.first, a, barrier, q)) for i in range(a.tenants)]
     for p in procs:
         p.start()
+    waits0 = None
     try:
+        barrier.wait(timeout=barrier_s(a) + 30)
+        waits0 = queue_waits(a)  # every warm-up job has finished: the tenants wait on the barrier
         barrier.wait(timeout=barrier_s(a) + 30)
     except Exception:
         pass  # a tenant failed before the barrier; its row says why
     s0 = server_cpu(a.server_pid)
     rows = [q.get(timeout=300 + a.tenants * a.steps + (a.barrier_s or 0)) for _ in procs]
     s1 = server_cpu(a.server_pid)
+    waits1 = queue_waits(a) if waits0 is not None else None
     for p in procs:
         p.join()
     bad = [r for r in rows if r[5]]
@@ -328,6 +403,8 @@ def cmd_tenants(a):
           f"tokens, LoRA rank {a.rank}, {a.driver} driver) after {a.warmup} warm-up: aggregate {agg:.2f} steps/s over {span:.2f} s; "
           f"per tenant min {min(per):.2f} median {statistics.median(per):.2f} max {max(per):.2f} steps/s")
     print(cpu_line("step (all tenants)", a.tenants * a.steps, span, sum(r[6] for r in rows), s0, s1))
+    for line in wait_lines(waits0, waits1, a):
+        print(line)
     if worse:  # lr 1e-4 on a fixed batch: the loss must fall
         raise SystemExit(f"sdk_bench: the loss did not fall for tenants {worse}")
     print(f"RESULT {a.tenants} {agg:.6f} {min(per):.6f} {statistics.median(per):.6f} {max(per):.6f} {span:.6f}",
@@ -353,6 +430,9 @@ def main():
     ap.add_argument("--driver", choices=["sdk", "raw"], default="sdk",
                     help="tenants: steps through the SDK's training client, or its requests sent by hand (above)")
     ap.add_argument("--server-pid", type=int, default=0, help="the server's pid: adds its CPU time per call / step")
+    ap.add_argument("--metrics-key", default=os.environ.get("TWK_BENCH_METRICS_KEY", ""),
+                    help="tenants: the key GET /metrics is read with; an admin key shows each tenant's queue waits "
+                         "(default $TWK_BENCH_METRICS_KEY, else the first tenant's key: waits summed over tenants)")
     a = ap.parse_args()
     if a.warmup is None:
         a.warmup = 10 if a.mode == "latency" else 2
