@@ -99,7 +99,6 @@ run_state *svc_run_new(svc *s, const char *id, const char *tenant) {
     snprintf(r->id, sizeof r->id, "%s", id);
     snprintf(r->tenant, sizeof r->tenant, "%s", tenant);
     r->next_seq = 1;
-    for (int i = 0; i < TWK_SERVE_DEDUPE_RING; i++) r->ring_seq[i] = -1;
     r->next = s->runs;
     s->runs = r;
     return r;

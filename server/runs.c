@@ -481,17 +481,6 @@ int svc_dispatch_now(svc *s, run_state *r, op *o, char *request_id) {
     return 0;
 }
 
-static void ring_put(run_state *r, int64_t seq, const char *req) {
-    int i = (int)((uint64_t)seq % TWK_SERVE_DEDUPE_RING);
-    r->ring_seq[i] = seq;
-    snprintf(r->ring_req[i], sizeof r->ring_req[i], "%s", req);
-}
-
-static const char *ring_get(const run_state *r, int64_t seq) {
-    int i = (int)((uint64_t)seq % TWK_SERVE_DEDUPE_RING);
-    return r->ring_seq[i] == seq ? r->ring_req[i] : NULL;
-}
-
 static size_t op_held_bytes(const op *o) { return sizeof *o + o->body_bytes; }
 
 /* Bytes held ahead of the seq order by all runs of a tenant. */
@@ -514,9 +503,7 @@ static op *pending_pop(run_state *r) {
 
 int svc_submit_op(svc *s, run_state *r, op *o, char *request_id, char *err, size_t err_len) {
     /* a resubmitted (model_id, seq_id) gets its original future */
-    const char *seen = ring_get(r, o->seq);
-    if (seen) {
-        snprintf(request_id, 64, "%s", seen);
+    if (svc_ring_get(r, o->seq, request_id)) {
         svc_op_free(o);
         return 0;
     }
@@ -558,13 +545,13 @@ int svc_submit_op(svc *s, run_state *r, op *o, char *request_id, char *err, size
         return 503;
     }
     snprintf(o->request_id, sizeof o->request_id, "%s", request_id);
-    ring_put(r, o->seq, request_id);
+    (void)svc_ring_put(r, o->seq, request_id); /* out of memory: a resubmit of this seq_id is not recognised */
     pending_insert(s, r, o);
     return 0;
 }
 
 void svc_skip_seq(svc *s, run_state *r, int64_t seq) {
-    if (seq < r->next_seq || ring_get(r, seq)) return;
+    if (seq < r->next_seq || svc_ring_get(r, seq, NULL)) return;
     for (const op *p = r->pending; p; p = p->next)
         if (p->seq == seq) return;
     op *o = svc_op_new(s, r, OP_SKIP, seq);
@@ -637,6 +624,7 @@ void svc_free_runs(svc *s) {
         run_state *next = r->next;
         while (r->pending) svc_op_free(pending_pop(r));
         twk_trainer_free(r->trainer);
+        svc_ring_free(r);
         twk_host_free(r);
         r = next;
     }

@@ -149,6 +149,7 @@ void svc_spill_run(svc *s, run_state *r) {
     if (!r->resident || !s->worker) return;
     spill_job *sj = twk_host_calloc(sizeof *sj, "spill job");
     if (!sj) return; /* it stays resident; the next pass tries again */
+    svc_ring_pack(r); /* its next op unpacks it */
     r->resident = 0;
     s->n_resident--;
     sj->s = s;

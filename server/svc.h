@@ -146,6 +146,8 @@ typedef struct sampler_session {
 } sampler_session;
 
 
+typedef struct seq_ring seq_ring;
+
 struct run_state {
     char id[128];
     char tenant[64];
@@ -163,8 +165,7 @@ struct run_state {
     int running;               /* ops handed to the worker and not done yet (the dashboard's queue) */
     double gap_since;          /* loop time when ops started waiting on a gap */
     double last_touch;         /* wall time of the last last_request update in the store */
-    int64_t ring_seq[TWK_SERVE_DEDUPE_RING];
-    char ring_req[TWK_SERVE_DEDUPE_RING][64];
+    struct seq_ring *ring;     /* seq_id -> request id of its future (seq_ring.c); NULL before the first op */
     /* residency (spill.c): loop view */
     int resident;              /* its trainer is (or will be, once queued ops run) in memory */
     int inflight;              /* ops on the worker */
@@ -336,9 +337,18 @@ void svc_spill_stop(svc *s);
 void svc_run_dispatched(svc *s, run_state *r);
 /* An op of r finished (loop). */
 void svc_run_op_done(svc *s, run_state *r);
-/* Queues a spill of r (its state written to DATA_DIR/spill/<run>, the trainer freed); nothing when
- * r is not resident. */
+/* Queues a spill of r (its state written to DATA_DIR/spill/<run>, the trainer freed; its seq_id
+ * ring packed); nothing when r is not resident. */
 void svc_spill_run(svc *s, run_state *r);
+/* seq_ring.c: remembers that seq_id seq of r got the future request_id (a `req-` id of
+ * futures.c); -1 when out of memory or the id is not of that form (nothing remembered). */
+int svc_ring_put(run_state *r, int64_t seq, const char *request_id);
+/* 1 with the request id (37 bytes written when request_id is not NULL) seq_id seq of r got, 0 when not remembered. */
+int svc_ring_get(const run_state *r, int64_t seq, char *request_id);
+/* Shrinks r's ring to its used entries (a spilled run); kept as it is when out of memory. */
+void svc_ring_pack(run_state *r);
+/* Frees r's ring. */
+void svc_ring_free(run_state *r);
 /* Worker: the trainer of a spilled run read back; else an error naming the folder. */
 twk_status svc_restore_run(svc *s, run_state *r);
 /* Worker: removes r's spill folder (unload). */
