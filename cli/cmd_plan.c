@@ -29,7 +29,10 @@ static void usage(FILE *f) {
             "  --logits         the [T, V] logits path instead of the fused unembedding (backends without\n"
             "                   it; full training and --train-unembed always take it)\n"
             "  --kv-seqs N      a sampler's KV cache of N sequences of T tokens (default 0: none)\n"
-            "  --device SPEC    also check that it fits this device (exit status 1 when it does not)\n");
+            "  --device SPEC    also check that it fits this device (exit status 1 when it does not)\n"
+            "\n"
+            "TWK_MEM_BUDGET=SIZE (bytes, or with K, M, G, T: 512M, 1.5GiB) caps the memory a device offers\n"
+            "(for the CPU, the host's RAM) here and in train and serve's start-up checks.\n");
 }
 
 static int num(const char *flag, const char *s, double lo, double hi, double *out) {
@@ -114,8 +117,12 @@ int twk_cmd_plan(int argc, char **argv) {
     twk_device_props pr;
     twk_device_get_props(dev, &pr);
     char b[32];
+    uint64_t cap = 0;
+    bool budgeted = false;
     twk_status st = twk_mem_plan_fits(&p, dev);
-    if (st == TWK_OK) printf("fits %s (%s, %s)\n", twk_device_spec(dev), pr.name, twk_mem_bytes_str(pr.memory_bytes, b, sizeof b));
+    if (st == TWK_OK && twk_mem_capacity(dev, &cap, &budgeted) == TWK_OK)
+        printf("fits %s (%s, %s%s)\n", twk_device_spec(dev), pr.name, twk_mem_bytes_str(cap, b, sizeof b),
+               budgeted ? ", TWK_MEM_BUDGET" : "");
     else printf("does not fit: %s\n", twk_last_error());
     twk_device_close(dev);
     return st == TWK_OK ? 0 : 1;

@@ -14,8 +14,13 @@
  * |twinkle - float64| + |transformers - float64|, so the tolerance is the f32 one plus
  * transformers' own bf16 error, measured from the file (and capped at 0.1 for logprobs and 0.1
  * relative for gradients, ~25 bf16 roundings of 2^-8: a pass over 2-4 layers rounds each
- * activation to bf16 about 6 times per layer). A backend without bf16 kernels must refuse the
- * model naming bf16. */
+ * activation to bf16 about 6 times per layer). Mixtures of experts: where transformers' bf16 run
+ * picks other experts than the float64 one (bf16.safetensors' torch_routing_flips, counted by the
+ * generator: mixtral 1 of 48 top-2 choices, float64 gap 2.8e-3; qwen2_moe 1 of 24), its gradients
+ * belong to another routing, not to bf16 rounding: a tensor whose transformers error exceeds the
+ * 0.1 cap is then left out of the comparison with transformers (counted and printed; the float64
+ * comparison still covers it), every other tensor keeps the tolerance above. A backend without
+ * bf16 kernels must refuse the model naming bf16. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +39,7 @@
 static int fails;
 
 static void report(int ok, const char *model, const char *what, double err, double tol) {
-    printf("%s %-7s %-44s err %.2e (tol %.0e)\n", ok ? "ok  " : "FAIL", model, what, err, tol);
+    printf("%s %-7s %-44s err %.2e (tol %.2e)\n", ok ? "ok  " : "FAIL", model, what, err, tol);
     fails += !ok;
 }
 
@@ -266,7 +271,9 @@ static void replay_bf16(const char *dir, const char *model, twk_device *dev, con
         snprintf(what, sizeof what, "bf16: %d LoRA gradients vs float64 (worst)", count);
         report(count > 0 && e <= GRAD_TOL, model, what, e, GRAD_TOL);
         double worst = 0, worst_tol = 0, torch_worst = 0;
-        int ok = 1;
+        int ok = 1, compared = 0, rerouted = 0;
+        const twk_st_tensor *fl = twk_st_find(bf, "torch_routing_flips"); /* [flips, choices], MoE only */
+        int flips = fl && fl->nelem == 2 ? ((const int32_t *)(uintptr_t)fl->data)[0] : 0;
         for (int i = 0; i < twk_trainer_param_count(t); i++) {
             int64_t pn = 0, rn = 0, tn = 0;
             const char *name = twk_trainer_param_name(t, i, &pn);
@@ -278,14 +285,22 @@ static void replay_bf16(const char *dir, const char *model, twk_device *dev, con
                 ok = 0;
             } else {
                 double et = rel_err(rt, r64, pn), eg = rel_err(g, rt, pn), gt = GRAD_TOL + 1.1 * et;
-                ok = ok && eg <= gt && et <= 0.1;
-                if (eg > worst) worst = eg, worst_tol = gt;
                 torch_worst = fmax(torch_worst, et);
+                if (et > 0.1 && flips > 0) { /* transformers' gradient of another expert assignment */
+                    printf("     %-7s bf16: %s left out: transformers off float64 by %.3e (rerouted)\n", model, name, et);
+                    rerouted++;
+                } else {
+                    ok = ok && eg <= gt && et <= 0.1;
+                    if (eg > worst) worst = eg, worst_tol = gt;
+                    compared++;
+                }
             }
             free(r64), free(rt), free(g);
         }
-        printf("     %-7s bf16: transformers bf16 vs float64: LoRA gradients worst rel %.3e\n", model, torch_worst);
-        report(ok, model, "bf16: LoRA gradients vs transformers bf16 (worst)", worst, worst_tol);
+        printf("     %-7s bf16: transformers bf16 vs float64: LoRA gradients worst rel %.3e; its routing differs in %d "
+               "top-k choices; %d tensors compared, %d left out\n", model, torch_worst, flips, compared, rerouted);
+        snprintf(what, sizeof what, "bf16: %d LoRA gradients vs transformers bf16", compared);
+        report(ok && compared > 0, model, what, worst, worst_tol);
     }
     free(lp), free(ref), free(tref), free(lref), free(tl);
 out:

@@ -1,7 +1,9 @@
 /* Memory plans: a dry trainer (shapes only) of the requested configuration, its
  * plans estimated by the same planner a real compile runs, and the bytes of
  * weights, adapter, gradients, moments and KV cache from the same tensor lists. */
+#include <ctype.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "hf_config.h"
@@ -149,18 +151,56 @@ static uint64_t memory_of(const twk_backend_iface *b, int index) {
     return b && twk_backend_device_props(b, index, &pr) == TWK_OK ? pr.memory_bytes : 0;
 }
 
+/* TWK_MEM_BUDGET's bytes into *out (0 when unset); TWK_ERR_INVALID_ARG when it is not a size. */
+static twk_status mem_budget(uint64_t *out) {
+    *out = 0;
+    const char *s = getenv("TWK_MEM_BUDGET");
+    if (!s || !*s) return TWK_OK;
+    char *end = NULL;
+    double v = strtod(s, &end), scale = 1;
+    const char *units = "KMGT";
+    int c = toupper((unsigned char)*end);
+    const char *u = c ? strchr(units, c) : NULL;
+    if (u) {
+        for (const char *q = units; q <= u; q++) scale *= 1024;
+        end++;
+        if (*end == 'i' || *end == 'I') end++;
+        if (*end == 'b' || *end == 'B') end++;
+    }
+    if (end == s || *end || !(v * scale >= 1) || v * scale > 1e19)
+        return twk_error(TWK_ERR_INVALID_ARG, "TWK_MEM_BUDGET='%s' is not a size (bytes, or with K, M, G, T: '512M', '1.5GiB')", s);
+    *out = (uint64_t)(v * scale);
+    return TWK_OK;
+}
+
+twk_status twk_mem_capacity(twk_device *dev, uint64_t *bytes, bool *budgeted) {
+    if (!dev || !bytes) return twk_error(TWK_ERR_INVALID_ARG, "memory capacity: NULL argument");
+    twk_device_props pr;
+    uint64_t budget = 0;
+    twk_status st = twk_device_get_props(dev, &pr);
+    if (st == TWK_OK) st = mem_budget(&budget);
+    if (st != TWK_OK) return st;
+    bool b = budget && (!pr.memory_bytes || budget < pr.memory_bytes);
+    *bytes = b ? budget : pr.memory_bytes;
+    if (budgeted) *budgeted = b;
+    return TWK_OK;
+}
+
 twk_status twk_mem_plan_fits(const twk_mem_plan *p, twk_device *dev) {
     if (!p || !dev) return twk_error(TWK_ERR_INVALID_ARG, "memory plan: NULL argument");
     twk_device_props pr;
+    uint64_t cap = 0;
+    bool budgeted = false;
     twk_status st = twk_device_get_props(dev, &pr);
+    if (st == TWK_OK) st = twk_mem_capacity(dev, &cap, &budgeted);
     if (st != TWK_OK) return st;
     uint64_t ram = memory_of(twk_backend_find("cpu"), 0);
     char a[32], b[32];
     int on_host = !strcmp(pr.kind, "cpu");
     uint64_t need = on_host ? p->total : p->device;
-    if (pr.memory_bytes && need > pr.memory_bytes)
-        return twk_error(TWK_ERR_OOM, "%s needs %s but has %s", twk_device_spec(dev), twk_mem_bytes_str(need, a, sizeof a),
-                         twk_mem_bytes_str(pr.memory_bytes, b, sizeof b));
+    if (cap && need > cap)
+        return twk_error(TWK_ERR_OOM, "%s needs %s but has %s%s", twk_device_spec(dev), twk_mem_bytes_str(need, a, sizeof a),
+                         twk_mem_bytes_str(cap, b, sizeof b), budgeted ? " (TWK_MEM_BUDGET)" : "");
     if (!on_host && ram && p->host > ram)
         return twk_error(TWK_ERR_OOM, "the host needs %s (graphs, plans, tables) but has %s", twk_mem_bytes_str(p->host, a, sizeof a),
                          twk_mem_bytes_str(ram, b, sizeof b));

@@ -67,9 +67,14 @@ twk_status twk_mem_plan_dir(const char *dir, const twk_mem_request *rq, twk_mem_
 const char *twk_mem_bytes_str(uint64_t bytes, char *buf, size_t len);
 /* The plan as a table, one part a line, into buf (truncated to len); buf. */
 const char *twk_mem_plan_table(const twk_mem_plan *p, const twk_mem_request *rq, char *buf, size_t len);
-/* Whether the plan fits `dev`: its memory (twk_device_props.memory_bytes; for the CPU,
- * the host's RAM) holds the device parts, and the CPU's the host parts. TWK_OK, or
- * TWK_ERR_OOM naming what does not fit (the table is the caller's to print). */
+/* The memory a plan may take on dev: its memory (twk_device_props.memory_bytes; for the CPU,
+ * the host's RAM), or the environment's TWK_MEM_BUDGET when that is smaller (bytes, with an
+ * optional K, M, G, T suffix of powers of 1024: "512M", "1.5GiB"). *budgeted says which one
+ * (may be NULL). TWK_ERR_INVALID_ARG naming TWK_MEM_BUDGET when it is not a size. */
+twk_status twk_mem_capacity(twk_device *dev, uint64_t *bytes, bool *budgeted);
+/* Whether the plan fits `dev`: its capacity (twk_mem_capacity) holds the device parts, and the
+ * CPU's RAM the host parts. TWK_OK, or TWK_ERR_OOM naming what does not fit (the table is the
+ * caller's to print); TWK_ERR_INVALID_ARG for a bad TWK_MEM_BUDGET. */
 twk_status twk_mem_plan_fits(const twk_mem_plan *p, twk_device *dev);
 /* Whether dev runs the fused unembedding (TWK_OP_UNEMBED_LOGPROBS) over an lm_head of the
  * weight dtype named `dtype` ("f32" or NULL, "bf16", "f16"); false for an unknown name. */

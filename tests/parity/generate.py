@@ -604,6 +604,26 @@ def routing_gap(model, batch, k, what="base model"):
     return check_routing_gap(what, gaps, k)
 
 
+def routing_choices(model, batch, k):
+    """The sorted top-k expert ids of every token at every router call of a forward and each token's gap
+    between its k-th and (k+1)-th router logit: one ([T_seq, k], [T_seq]) pair per call (same order for
+    any dtype of the same model)."""
+    calls = []
+
+    def hook(mod, inp, out):
+        top = torch.topk(out[0].double(), k + 1, dim=-1)
+        calls.append((top.indices[:, :k].sort(-1).values, (top.values[:, k - 1] - top.values[:, k]).abs()))
+
+    hooks = [m.register_forward_hook(hook) for n, m in model.named_modules()
+             if n.endswith((".mlp.gate", ".block_sparse_moe.gate"))]
+    try:
+        seq_logits(model, batch)
+    finally:
+        for h in hooks:
+            h.remove()
+    return calls
+
+
 def peft_saved_name(param_name):
     """In-memory PEFT parameter name -> name in adapter_model.safetensors."""
     return param_name.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
@@ -1414,18 +1434,41 @@ def load_logprobs_file(path, T):
 # bf16 references (--bf16): the committed fixture's model with its matrices rounded to bf16
 
 
+def sort_safetensors_metadata(path):
+    """Rewrites a safetensors header with its __metadata__ keys sorted: save_file writes them in a
+    hash map's order, which changes from run to run (the bytes would differ with the same content).
+    The header keeps its length (the same JSON, reordered), so the data offsets stay valid."""
+    raw = bytearray(Path(path).read_bytes())
+    n = int.from_bytes(raw[:8], "little")
+    text = raw[8 : 8 + n].decode()
+    header = json.loads(text)
+    meta = header.pop("__metadata__", None)
+    if meta is None:
+        return
+    body = json.dumps(header, separators=(",", ":"))[1:-1]
+    new = ('{"__metadata__":' + json.dumps(dict(sorted(meta.items())), separators=(",", ":")) + "," + body + "}")
+    new = new.ljust(n).encode()
+    assert len(new) == n and json.loads(new) == dict(header, __metadata__=meta), path
+    raw[8 : 8 + n] = new
+    Path(path).write_bytes(bytes(raw))
+
+
 def bf16_refs(name, out_root):
     """fixtures/<name>/bf16.safetensors from the committed fixture (model/, peft_adapter/ and the batch
-    in expected.safetensors): the model's 2-D weights (embedding, projections, lm_head) rounded to
-    bf16 (round to nearest even, as twinkle's --dtype bf16 does; norms and biases keep their values),
-    with the fixture's LoRA adapter, and
+    in expected.safetensors): the model's weights of 2 or more dimensions (embedding, projections,
+    lm_head, expert stacks, routers) rounded to bf16 (round to nearest even, as twinkle's --dtype bf16
+    does; norms and biases keep their values), with the fixture's LoRA adapter, and
       logprobs, loss, lora_grad.*              float64 computations from those values (twinkle holds
                                                exactly them and computes in f32);
       torch_logprobs, torch_loss, torch_lora_grad.*
                                                transformers + PEFT running the model in bf16
                                                (every base tensor bf16, the adapter float32: PEFT's
-                                               autocast_adapter_dtype), log_softmax in float32.
-    Prints transformers' bf16 error against the float64 values."""
+                                               autocast_adapter_dtype), log_softmax in float32;
+      torch_routing_flips [2] I32              mixtures of experts only: how many (token, layer) top-k
+                                               expert choices transformers' bf16 run makes differently
+                                               from the float64 one, of how many.
+    Prints transformers' bf16 error against the float64 values; a mixture of experts must have no
+    near tie (ROUTING_MIN_GAP) in the float64 routing of the rounded weights."""
     from peft import PeftModel
     from safetensors.torch import load_file, save_file
 
@@ -1449,19 +1492,41 @@ def bf16_refs(name, out_root):
         return lp.detach().float(), loss.detach().float().reshape(1), grads
 
     # float32 (qwen2's bf16 disk values widened exactly); rounded after PEFT has loaded the adapter,
-    # which for a targeted lm_head also holds a copy of its base weight (base_layer.weight)
+    # which for a targeted lm_head also holds a copy of its base weight (base_layer.weight). Every
+    # tensor of 2 or more dimensions is rounded, as twinkle does: the MoE fixtures' expert stacks
+    # (transformers 5 fuses them into 3-D gate_up_proj / down_proj), routers and shared_expert_gate too.
     pm = PeftModel.from_pretrained(load_fixture_model(fx / "model"), str(fx / "peft_adapter"))
     with torch.no_grad():
         for n, p in pm.named_parameters():
-            if p.ndim == 2 and "lora_" not in n:
+            if p.ndim >= 2 and "lora_" not in n:
                 p.copy_(p.to(torch.bfloat16).to(torch.float32))
     pm64 = float64_copy(pm)
+    k = getattr(pm.config, "num_experts_per_tok", None)
+    meta, extra = {}, {}
+    if k:  # no near tie in the routing of the bf16-rounded weights (float64), which twinkle must reproduce
+        with torch.no_grad(), float64_compute(f"{name} bf16 routing"):
+            meta["routing_min_gap_float64"] = f"{routing_gap(pm64, batch64, k, 'bf16 weights, float64'):.6e}"
     lp64, loss64, g64 = lora_pass(pm64, batch64, float64_compute(f"{name} bf16 references"))
 
     tb = load_fixture_model(fx / "model").to(torch.bfloat16)  # transformers' own bf16 model
     tpm = PeftModel.from_pretrained(tb, str(fx / "peft_adapter"))
     assert all(p.dtype == torch.float32 for n, p in tpm.named_parameters() if "lora_" in n)
     assert all(p.dtype == torch.bfloat16 for n, p in tpm.named_parameters() if "lora_" not in n)
+    if k:  # how many (token, layer) expert choices transformers' bf16 run makes differently
+        with torch.no_grad(), float64_compute(f"{name} bf16 routing"):
+            c64 = routing_choices(pm64, batch64, k)
+        with torch.no_grad():
+            ct = routing_choices(tpm, batch, k)
+        flipped = [(a != b).any(-1) for (a, _), (b, _) in zip(c64, ct)]
+        flips = sum(int(f.sum()) for f in flipped)
+        total = sum(a.shape[0] for a, _ in c64)
+        gaps = [g[f] for (_, g), f in zip(c64, flipped) if f.any()]
+        gap = torch.cat(gaps).max().item() if gaps else 0.0
+        print(f"  {name} bf16: transformers bf16 routes {flips} of {total} (token, layer) top-{k} choices "
+              f"differently from float64" + (f" (their float64 top-{k} gaps: at most {gap:.3g})" if flips else ""))
+        meta["torch_routing_flips"] = f"{flips} of {total}"
+        meta["torch_routing_flips_max_float64_gap"] = f"{gap:.6e}"
+        extra["torch_routing_flips"] = torch.tensor([flips, total], dtype=torch.int32)
     lpt, losst, gt = lora_pass(tpm, batch, contextlib.nullcontext())
     assert set(gt) == set(g64)
     d_lp = (lpt.double() - lp64.double()).abs().max().item()
@@ -1471,9 +1536,11 @@ def bf16_refs(name, out_root):
     out = {"logprobs": lp64, "loss": loss64, "torch_logprobs": lpt, "torch_loss": losst}
     out.update({"lora_grad." + k: v for k, v in g64.items()})
     out.update({"torch_lora_grad." + k: v for k, v in gt.items()})
+    out.update(extra)
     save_file({k: v.contiguous() for k, v in out.items()}, str(fx / "bf16.safetensors"),
               metadata={"torch_vs_float64_logprobs_max_abs": f"{d_lp:.6e}", "torch_vs_float64_grads_worst_rel": f"{d_g:.6e}",
-                        "versions": json.dumps(versions(), sort_keys=True)})
+                        "versions": json.dumps(versions(), sort_keys=True), **meta})
+    sort_safetensors_metadata(fx / "bf16.safetensors")
     return {"torch_logprobs_max_abs": d_lp, "torch_grads_worst_rel": d_g}
 
 
