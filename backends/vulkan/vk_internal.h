@@ -62,7 +62,7 @@ typedef enum vk_shader {
 const uint32_t *vk_shader_code(vk_shader s, size_t *bytes);
 const char *vk_shader_name(vk_shader s);
 
-#define VK_NSPEC 12 /* spec constants: 0 threads, 1 mode, 2..9 shader-specific, 10..11 16-bit operand dtypes */
+#define VK_NSPEC 13 /* spec constants: 0 threads, 1 mode, 2..9 shader-specific, 10..12 16-bit operand dtypes */
 #define VK_NBIND 8 /* tensor bindings; binding 8 is the error word */
 #define VK_MAX_PIPES 128
 

@@ -79,11 +79,11 @@ static void dims(vk_dispatch *x, const twk_launch *l, int64_t T, int64_t Hq, int
     x->fp[1] = l->fp[1];                   /* soft-cap */
 }
 
-static int32_t h16_code(twk_dtype t) { return t == TWK_BF16 ? 1 : t == TWK_F16 ? 2 : 0; }
+static uint32_t h16_code(twk_dtype t) { return t == TWK_BF16 ? 1u : t == TWK_F16 ? 2u : 0u; }
 
-/* The dtypes of q, k and v (p[10..12]) for the dispatches that stage them. */
+/* The dtypes of q, k and v (spec constants 10..12) for the dispatches that stage them. */
 static void qkv_codes(vk_dispatch *x, const twk_launch *l) {
-    for (int i = 0; i < 3 && i < l->nsrc - 1; i++) x->p[10 + i] = h16_code(l->src[i].type);
+    for (int i = 0; i < 3 && i < l->nsrc - 1; i++) x->spec[10 + i] = h16_code(l->src[i].type);
 }
 
 int vk_lower_attn_tile(const vk_ctx *c, const twk_launch *l, int64_t n, vk_dispatch *d, int *k, size_t *scratch) {

@@ -17,10 +17,10 @@
 // MODE 3 dQ (per query tile and head, keys in tiles); MODE 4 dK, 5 dV (per key tile and kv head,
 // the group's heads and the query tiles that see it).
 // Bindings: 0 y, 1 q, 2 k, 3 v, 4 seg, 5 dO, 6 lse, 7 delta (the plan scratch).
-// p: 0 T, 1 Hq, 2 Hkv, 3 D, 4 B, 6 i64 seg, 8 window (0: none), 10 / 11 / 12 the dtype of q / k / v
-// (0 f32, 1 bf16, 2 f16: read as packed words at the same bindings and widened as a tile is
-// staged, common.glsl; all else is f32, so a 16-bit operand gives the bits of the f32 one
-// holding its widened values); f[0] scale, f[1] soft-cap.
+// p: 0 T, 1 Hq, 2 Hkv, 3 D, 4 B, 6 i64 seg, 8 window (0: none); f[0] scale, f[1] soft-cap.
+// Spec 10 / 11 / 12 (H16A, H16B, H16C): the dtype of q / k / v (0 f32, 1 bf16, 2 f16: read as
+// packed words at the same binding and widened as a tile is staged, common.glsl; all else is
+// f32, so a 16-bit operand gives the bits of the f32 one holding its widened values).
 // Spec 2: SM, the shared floats (>= 2 B D + 2 B B forward, 4 B D + B B backward; vk_lower_attn.c
 // picks B from the head size and the device's shared memory). WG = 64.
 #include "common.glsl"
@@ -32,9 +32,10 @@ layout(std430, binding = 3) readonly buffer V { float v[]; };
 layout(std430, binding = 1) readonly buffer QH { uint qh[]; };
 layout(std430, binding = 2) readonly buffer KH { uint kh[]; };
 layout(std430, binding = 3) readonly buffer VH { uint vh[]; };
-#define Q_AT(i) (pc.p[10] != 0 ? h16_f32(H16_BITS(qh, i), pc.p[10]) : q[i])
-#define K_AT(i) (pc.p[11] != 0 ? h16_f32(H16_BITS(kh, i), pc.p[11]) : k[i])
-#define V_AT(i) (pc.p[12] != 0 ? h16_f32(H16_BITS(vh, i), pc.p[12]) : v[i])
+layout(constant_id = 12) const int H16C = 0;
+#define Q_AT(i) (H16A != 0 ? h16_f32(H16_BITS(qh, i), H16A) : q[i])
+#define K_AT(i) (H16B != 0 ? h16_f32(H16_BITS(kh, i), H16B) : k[i])
+#define V_AT(i) (H16C != 0 ? h16_f32(H16_BITS(vh, i), H16C) : v[i])
 #define DO_AT(i) dO[i]
 layout(std430, binding = 4) readonly buffer S { uint seg[]; };
 layout(std430, binding = 5) readonly buffer DO { float dO[]; };
