@@ -89,6 +89,9 @@ unsigned kd_half_srcs(twk_op op) {
     case TWK_OP_GET_ROWS: return TWK_SRC(0); /* get_rows_h16 */
     case TWK_OP_KV_WRITE: return TWK_SRC(0); /* kv_write_h16: narrowed, round to nearest even */
     case TWK_OP_ATTN_CACHE: return TWK_SRC(1) | TWK_SRC(2); /* attn_fwd_h16 */
+    case TWK_OP_ATTN:
+    case TWK_OP_ATTN_BACK: return TWK_SRC(0) | TWK_SRC(1) | TWK_SRC(2); /* attn_tile.cl: widened as staged */
+    case TWK_OP_ATTN_LSE: return TWK_SRC(0) | TWK_SRC(1);
     case TWK_OP_UNEMBED_LOGPROBS:
     case TWK_OP_UNEMBED_LOGPROBS_BACK: return TWK_SRC(1); /* unembed_logprobs(_back)_h16: w widened as staged */
     default: return 0;

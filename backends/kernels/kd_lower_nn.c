@@ -200,7 +200,7 @@ int kd_lower_attn_fwd(const twk_launch *l, int64_t n, kd_call *calls, const char
     int64_t T = kd_dim(q, 0, n), Hq = kd_dim(q, 1, n), D = kd_dim(q, 2, n), Hkv = kd_dim(k, 1, n);
     int lse = l->op == TWK_OP_ATTN_LSE, cache = l->op == TWK_OP_ATTN_CACHE;
     int ra = lse ? 2 : 3, rb = cache ? 4 : ra, h16 = cache && half(l, 1); /* 16-bit caches: attn_fwd_h16 */
-    if (!cache && !kd_attn_untiled()) return kd_lower_attn_tile_fwd(l, n, calls);
+    if (!cache && !kd_attn_untiled(l)) return kd_lower_attn_tile_fwd(l, n, calls);
     if (cache && kd_attn_splits(l, n) > 1) return kd_lower_attn_split(l, n, calls);
     kd_call *c = &calls[0];
     kd_begin(c, h16 ? "attn_fwd_h16" : kernel);
@@ -235,7 +235,7 @@ int kd_lower_attn_back(const twk_launch *l, int64_t n, kd_call *calls, const cha
     const twk_tensor_desc *q = &l->src[0], *k = &l->src[1];
     int64_t T = kd_dim(q, 0, n), Hq = kd_dim(q, 1, n), D = kd_dim(q, 2, n), Hkv = kd_dim(k, 1, n);
     int which = l->ip[0];
-    if (!kd_attn_untiled()) return kd_lower_attn_tile_back(l, n, calls);
+    if (!kd_attn_untiled(l)) return kd_lower_attn_tile_back(l, n, calls);
     kd_call *c = &calls[0];
     kd_begin(c, which == 0 ? "attn_back_q_f32" : "attn_back_kv_f32");
     kd_buf(c, l, -1, 4);

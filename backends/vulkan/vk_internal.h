@@ -62,7 +62,7 @@ typedef enum vk_shader {
 const uint32_t *vk_shader_code(vk_shader s, size_t *bytes);
 const char *vk_shader_name(vk_shader s);
 
-#define VK_NSPEC 12 /* spec constants: 0 threads, 1 mode, 2..9 shader-specific, 10..11 16-bit operand dtypes */
+#define VK_NSPEC 13 /* spec constants: 0 threads, 1 mode, 2..9 shader-specific, 10..12 16-bit operand dtypes */
 #define VK_NBIND 8 /* tensor bindings; binding 8 is the error word */
 #define VK_MAX_PIPES 128
 
@@ -157,6 +157,10 @@ int vk_lower(const vk_ctx *c, const twk_launch *l, int li, int64_t n, int64_t ca
 vk_dispatch *vk_next_dispatch(vk_dispatch *d, int *k, vk_shader s, uint32_t wg, int mode);
 /* (vk_lower_attn.c) TWK_ATTN_UNTILED=1 in the environment: training attention on the per-token shaders. */
 int vk_attn_untiled(void);
+/* The largest head size attn_tile.comp takes (larger ones go to the per-token shaders). */
+#define VK_ATTN_TILE_MAXD 512
+/* 1 when launch l is attn, attn_lse or attn_back with a bf16 / f16 q, k or v (only attn_tile.comp reads those). */
+int vk_attn_half(const twk_launch *l);
 /* 1 when launch l (attn, attn_lse, attn_back at head size D) runs on attn_tile.comp. */
 int vk_attn_tiled(const vk_ctx *c, const twk_launch *l, int64_t D);
 /* Pieces per (query, head) of attn_cache in a plan of capacity cap (1: no split), the rule of

@@ -816,6 +816,9 @@ unsigned vk_half_srcs(twk_op op) {
     case TWK_OP_GET_ROWS: return TWK_SRC(0);                /* rows.comp MODE 0 */
     case TWK_OP_KV_WRITE: return TWK_SRC(0);                /* rows.comp: narrowed, round to nearest even */
     case TWK_OP_ATTN_CACHE: return TWK_SRC(1) | TWK_SRC(2); /* attn.comp MODE 2 */
+    case TWK_OP_ATTN:
+    case TWK_OP_ATTN_BACK: return TWK_SRC(0) | TWK_SRC(1) | TWK_SRC(2); /* attn_tile.comp: widened as staged */
+    case TWK_OP_ATTN_LSE: return TWK_SRC(0) | TWK_SRC(1);
     case TWK_OP_UNEMBED_LOGPROBS:
     case TWK_OP_UNEMBED_LOGPROBS_BACK: return TWK_SRC(1);   /* unembed.comp: w widened as staged */
     default: return 0;
@@ -842,6 +845,11 @@ bool vk_supports(const twk_launch *l, char *why, size_t why_len) {
     }
     if (l->op == TWK_OP_LORA_GATHER && l->ip[0]) {
         if (why) snprintf(why, why_len, "a transposed lora_gather (16-bit expert weights' gradient)");
+        return false;
+    }
+    if (vk_attn_half(l) && l->src[0].ndim == 3 && l->src[0].ne[2] > VK_ATTN_TILE_MAXD) { /* the per-token shaders read f32 */
+        if (why) snprintf(why, why_len, "%s with 16-bit operands at head size %lld (the tiled shader's limit is %d)",
+                          twk_op_name(l->op), (long long)l->src[0].ne[2], VK_ATTN_TILE_MAXD);
         return false;
     }
     if (l->op == TWK_OP_MATMUL && l->src[0].ndim != 2 && l->src[0].ndim != 3) {
