@@ -735,6 +735,9 @@ static int lower_optim(vk_low *w) {
     return 0;
 }
 
+/* fused elementwise chains (vk_lower_fused.c) */
+static int lower_fused(vk_low *w) { return vk_lower_fused(w->c, w->l, w->ny, w->d, &w->k); }
+
 /* One op's entry: its lowering and the MODE spec constant it gives its
  * shader (see the shader's header comment), or why Vulkan does not run an
  * op that has a CPU kernel. */
@@ -797,8 +800,7 @@ static const vk_entry table[TWK_OP_COUNT] = {
     [TWK_OP_MOE_ROUTER_STATS] = {lower_router_stats, 7},
     [TWK_OP_MOE_ROUTER_STATS_BACK] = {lower_router_stats, 8},
     [TWK_OP_LORA_GATHER_BACK] = {lower_lora_gather, 4},
-    /* shaders are SPIR-V compiled at build time (glslc), so no kernel can be generated per chain */
-    [TWK_OP_FUSED_EW] = {.unsupported = "fused elementwise chains need a generated kernel; vulkan's shaders are fixed at build time"},
+    [TWK_OP_FUSED_EW] = {lower_fused, 0}, /* fused.comp interprets the chain's steps (vk_lower_fused.c) */
 };
 _Static_assert(sizeof table / sizeof table[0] == TWK_OP_COUNT, "one entry per op");
 
@@ -843,6 +845,7 @@ bool vk_supports(const twk_launch *l, char *why, size_t why_len) {
         if (why) snprintf(why, why_len, "%s of %zu-byte elements", twk_op_name(l->op), es);
         return false;
     }
+    if (l->op == TWK_OP_FUSED_EW && !vk_fused_ok(l, why, why_len)) return false;
     if (l->op == TWK_OP_LORA_GATHER && l->ip[0]) {
         if (why) snprintf(why, why_len, "a transposed lora_gather (16-bit expert weights' gradient)");
         return false;
