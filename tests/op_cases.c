@@ -334,6 +334,12 @@ const op_case opc_cases[] = {
     /* experts over rows grouped by expert (any order is right; runs of equal slots are one product each) */
     {"lora_gather grouped Tx67 over 5x13x67", 3, {F32C(T_, 67), F32C(5, 13, 67), IDS(5, T_)}, b_lora_gather_grouped, r_lora_gather_grouped, 1e-5, 1, .cap = 19},
     {"lora_gather grouped Tx9 over 3x5x9 with gradients", 3, {F32(T_, 9), F32(3, 5, 9), IDS(3, T_)}, b_lora_gather_grouped, r_lora_gather_grouped, 1e-5, 1e-4, .cap = 23},
+    {"lora_gather grouped Tx9 over 3x9x5 transposed, dX", 3, {F32(T_, 9), F32C(3, 9, 5), IDS(3, T_)}, b_lora_gather_grouped, r_lora_gather_grouped, 1e-5, 1e-4, .ip = {1}, .cap = 23},
+    /* frozen 16-bit expert stacks (a bf16 / f16 mixture of experts), widened as read, f32 sums; dX
+     * reads the stack in the other orientation (plain <-> transposed) */
+    {"lora_gather grouped Tx67 over bf16 5x13x67, dX", 3, {F32(T_, 67), W16(TWK_BF16, 5, 13, 67), IDS(5, T_)}, b_lora_gather_grouped, r_lora_gather_grouped, 1e-5, 1e-4, .cap = 19},
+    {"lora_gather grouped Tx9 over f16 3x9x5 transposed, dX", 3, {F32(T_, 9), W16(TWK_F16, 3, 9, 5), IDS(3, T_)}, b_lora_gather_grouped, r_lora_gather_grouped, 1e-5, 1e-4, .ip = {1}, .cap = 23},
+    {"lora_gather Tx9 over f16 3x5x9, dX", 3, {F32(T_, 9), W16(TWK_F16, 3, 5, 9), IDS(3, T_)}, b_lora_gather, r_lora_gather, 1e-5, 1e-4, .cap = 23},
     {"lora_gather_back Tx11, Tx6 into 4x6x11", 3, {F32C(T_, 11), F32C(T_, 6), IDS(4, T_)}, b_lora_gather_back, r_lora_gather_back, 1e-5, 1, .ip = {4}, .cap = 17},
     /* layout */
     {"reshape 6x35 -> 5x7x6", 1, {F32(6, 35)}, b_reshape, r_reshape, 0, 1e-5, .ip = {5, 7, 6, 0}},

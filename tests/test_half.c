@@ -6,8 +6,8 @@
  * v (forward and each gradient bit for bit as over their f32 widening), every 16-bit pattern widened and edge
  * values narrowed bit for bit as hal/half.c, against float64 references computed
  * from the same 16-bit values; a whole model (forward, LoRA gradients, greedy decoding) held
- * in bf16 against the same weights held in f32 on that device; on the CPU run, the grouped
- * lora_gather of the experts over a 16-bit stack (both orientations) against float64, the demo task
+ * in bf16 against the same weights held in f32 on that device; the grouped lora_gather of the
+ * experts over a 16-bit stack (both orientations) against float64; on the CPU run, the demo task
  * and the capability checks: a trainable 16-bit parameter is refused, and every backend
  * compiles a bf16 matmul exactly when it declares 16-bit matmul weights
  * (twk_device_half_srcs), else refuses it naming the backend and dtype. Tolerances are the
@@ -101,12 +101,14 @@ static double matmul_case(twk_device *dev, twk_dtype t, int64_t M, int64_t K, in
 }
 
 /* get_rows from a 16-bit table: exactly the widened rows. */
-/* The CPU's grouped lora_gather (twk_lora_gather_grouped: a mixture of experts' projections, one
- * sgemm per run of equal slots) over a 16-bit expert stack w [E, N, K] (or [E, K, N] when trans:
+/* The grouped lora_gather (twk_lora_gather_grouped: a mixture of experts' projections; the CPU
+ * runs one sgemm per run of equal slots, OpenCL / CUDA / Vulkan one f32 dot per output element,
+ * the stack widened as read) over a 16-bit expert stack w [E, N, K] (or [E, K, N] when trans:
  * the experts' dX = dY W), runs of 1, 2, 17 and 30 rows and a slot revisited, against float64
- * sums of the widened values with matmul_case's bound. Returns the worst err / bound (1e9 when
- * the plan fails). */
-static double grouped_case(twk_device *dev, twk_dtype t, int trans) {
+ * sums of the widened values with matmul_case's bound (K 2^-23 sum|w x|, twice the worst case of
+ * K f32 additions). Returns the worst err / bound (1e9 when the plan fails); *abs gets the worst
+ * absolute error. */
+static double grouped_case(twk_device *dev, twk_dtype t, int trans, double *abs_err) {
     enum { T = 56, E = 4, K = 70, N = 33 };
     static const int32_t runs[][2] = {{0, 1}, {2, 2}, {1, 17}, {3, 30}, {0, 6}}; /* {slot, rows} */
     int32_t slot[T];
@@ -138,8 +140,9 @@ static double grouped_case(twk_device *dev, twk_dtype t, int trans) {
                 s += wv * x[r * K + k];
                 mag += fabs(wv * x[r * K + k]);
             }
-            double e = fabs(y[r * N + n] - s) / (K * ldexp(1.0, -23) * mag + 1e-30);
+            double d = fabs(y[r * N + n] - s), e = d / (K * ldexp(1.0, -23) * mag + 1e-30);
             worst = e > worst ? e : worst;
+            *abs_err = d > *abs_err ? d : *abs_err;
         }
 out:
     twk_plan_free(p);
@@ -542,6 +545,27 @@ static void refusals(void) {
         if (st != TWK_OK) printf("     (%s)\n", twk_last_error());
         twk_plan_free(p);
         twk_graph_free(g);
+        /* the experts' grouped product over a bf16 stack, and its dX (the stack read transposed) */
+        g = twk_graph_new();
+        int64_t sx[2] = {3, 4}, sw[3] = {2, 5, 4}, ss[1] = {3};
+        twk_id X = twk_param(g, "x", 2, sx, true), W = twk_param_dtype(g, "w", TWK_BF16, 3, sw, false);
+        twk_id S = twk_input(g, "slot", TWK_I32, 1, ss), Y = twk_lora_gather_grouped(g, X, W, S, false);
+        twk_id L = twk_sum(g, Y);
+        p = NULL;
+        twk_graph_output(g, Y);
+        if (twk_graph_backward(g, L) == TWK_OK) twk_graph_output(g, twk_graph_grad(g, X));
+        st = twk_graph_status(g) == TWK_OK ? twk_plan_compile(g, dev, 1, NULL, 0, &p) : twk_graph_status(g);
+        declared = (twk_device_half_srcs(dev, TWK_OP_LORA_GATHER) & TWK_SRC(1)) != 0;
+        if (declared) {
+            snprintf(what, sizeof what, "%s declares 16-bit expert stacks and compiles a bf16 grouped lora_gather with its dX", others[i]);
+            check(st == TWK_OK, what);
+        } else {
+            snprintf(what, sizeof what, "%s has no 16-bit lora_gather and refuses a bf16 stack, naming the backend and dtype", others[i]);
+            check(st == TWK_ERR_UNSUPPORTED && strstr(twk_last_error(), others[i]) && strstr(twk_last_error(), "bf16"), what);
+        }
+        if (st != TWK_OK) printf("     (%s)\n", twk_last_error());
+        twk_plan_free(p);
+        twk_graph_free(g);
         twk_device_close(dev);
     }
 }
@@ -574,12 +598,12 @@ int main(int argc, char **argv) {
         get_rows_case(dev, types[ti]), kv_case(dev, types[ti]), bits_case(dev, types[ti]), attn_case(dev, types[ti]);
     const char *dir = argc > 1 ? argv[1] : NULL;
     if (dir) model_case(dev, dir);
-    for (int ti = 0; on_cpu && ti < 2; ti++) /* the GPU kernels read no transposed stack yet */
+    for (int ti = 0; ti < 2; ti++)
         for (int trans = 0; trans < 2; trans++) {
-            double e = grouped_case(dev, types[ti], trans);
-            char what[200];
-            snprintf(what, sizeof what, "lora_gather grouped (runs of 1..30 rows) over a %s expert stack%s: worst err / bound = %.3f <= 1",
-                     twk_dtype_name(types[ti]), trans ? " read transposed (dX = dY W)" : "", e);
+            double a = 0, e = grouped_case(dev, types[ti], trans, &a);
+            char what[240];
+            snprintf(what, sizeof what, "lora_gather grouped (runs of 1..30 rows) over a %s expert stack%s: worst err / bound = %.3f <= 1 (max |err| %.2e)",
+                     twk_dtype_name(types[ti]), trans ? " read transposed (dX = dY W)" : "", e, a);
             check(e <= 1, what);
         }
     if (on_cpu) demo_case(), refusals(); /* once, on the CPU run: 40 training steps; every backend opened */
