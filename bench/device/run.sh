@@ -35,7 +35,7 @@
 # cuda rows without a GPU; plumbing, not speed), FORCE_SYSROOT=1 (take the libraries
 # from sysroot.tar.gz even where the machine has them: a test of that path), and the sizes
 # GEMM_M (4096), TRAIN_LAYERS (4), TRAIN_TOKENS (4096 on the GPUs), CPU_TRAIN_TOKENS (1024),
-# VOCAB (151936: the vocabulary of the 0.6B-widths train step and of the decode row),
+# VOCAB (151936: the vocabulary of the train steps, the 8B-widths one too, and of the decode rows),
 # TRAIN8B_LAYERS (4: of Qwen3-8B's 36; the unembedding of 151,936 x 4,096 is counted once), TRAIN8B_TOKENS
 # (8192), ATTN_TOKENS
 # (4096,16384), DECODE_CTX (32768).
@@ -325,7 +325,7 @@ done
 # A real-size step: Qwen3-8B's widths, bf16 frozen weights (widened to f32 for the GEMMs), 8 x 1,024 tokens
 for d in $devs; do
     step "train8b-$d" 150 "$bin/bench/bench_train_step" --device $d --widths 8b --dtype bf16 --layers "$train8b_layers" \
-        --tokens "$train8b_tokens" --seqs 8 --steps 3 --peak-tflops "$peak16"
+        --tokens "$train8b_tokens" --seqs 8 --steps 3 --vocab "$vocab" --peak-tflops "$peak16"
     count_fail
     o=$build/step-train8b-$d.out
     m=$(summary "$o" mfu)
