@@ -242,7 +242,8 @@ count_fail() { case $step_rc in 0 | 125) ;; *) fails=$((fails + 1)) ;; esac; }
 for d in $devs; do
     step "backend_ops-$d" 120 env TWK_TEST_DEVICE=$d "$bin/tests/backend_ops"
     count_fail
-    ops[$d]="$(verdict) $(grep -Eo '^[0-9]+ case runs' "$build/step-backend_ops-$d.out" | cut -d' ' -f1)/$(grep -Eo '[0-9]+ failures$' "$build/step-backend_ops-$d.out" | cut -d' ' -f1)f"
+    runs=$(grep -Eo '^[0-9]+ case runs' "$build/step-backend_ops-$d.out" | cut -d' ' -f1)
+    ops[$d]="$(verdict)${runs:+ $runs/$(grep -Eo '[0-9]+ failures$' "$build/step-backend_ops-$d.out" | cut -d' ' -f1)f}"
 done
 if echo "$devs" | grep -qw vulkan && [ -x "$bin/backends/vulkan/test_vulkan" ]; then
     # the Vulkan backend's own checks, among them TWK_VULKAN_GEMM=fp16 on cooperative matrices against the CPU
@@ -276,6 +277,7 @@ for d in $devs; do
     gemm[$d]=$(summary "$build/step-gemm-$d.out" tflops_geo)
     gemm_best[$d]=$(summary "$build/step-gemm-$d.out" tflops_best)
     ratio_gemm[$d]=$(summary "$build/step-gemm-$d.out" ratio)
+    [ -z "$cmp" ] && ratio_gemm[$d]="" # no --compare: bench_gemm's ratio=0 means "not measured"
 done
 if echo "$devs" | grep -qw cuda; then
     # cuBLAS on tensor cores (TWK_CUDA_GEMM, backends/cuda/README.md): rates only; results differ from fp32
@@ -330,7 +332,8 @@ for d in $devs; do
     o=$build/step-train8b-$d.out
     m=$(summary "$o" mfu)
     [ -n "$m" ] && m=$(awk -v m="$m" -v a="$peak16" -v b="$peak" 'BEGIN { printf "MFU %.1f%% of bf16 peak, %.1f%% of fp32", 100 * m, 100 * m * a / b }')
-    big[$d]="$(verdict) $(summary "$o" tokens_per_s) tok/s, ${m:-MFU -}, bytes/step $(summary "$o" up_bytes) up / $(summary "$o" down_bytes) down; fusion: $(fused_vs_unfused "$o")"
+    big[$d]=$(verdict)
+    [ -n "$(summary "$o" tokens_per_s)" ] && big[$d]="${big[$d]} $(summary "$o" tokens_per_s) tok/s, ${m:-MFU -}, bytes/step $(summary "$o" up_bytes) up / $(summary "$o" down_bytes) down; fusion: $(fused_vs_unfused "$o")"
 done
 # attention alone: 32 query heads / 8 kv heads (Qwen3-8B), head_dim 128, one causal segment
 for d in $devs; do
@@ -356,13 +359,13 @@ for d in $devs; do
         --ctx $((decode_ctx + 64)) --prompt "$decode_ctx" --new 64 --prefill 16 --phase decode1 --reps 1 --vocab "$vocab"
     count_fail
     u=$(sed -n 's/^twinkle decode b1 *\([0-9.]*\) tokens\/s.*/\1/p' "$build/step-decode-unsplit-$d.out" | head -1)
-    decode[$d]="${decode[$d]:--}; unsplit (TWK_ATTN_UNSPLIT=1) ${u:--} tok/s"
+    decode[$d]="${decode[$d]:--}; unsplit (TWK_ATTN_UNSPLIT=1) $(verdict)${u:+ $u tok/s}"
 done
 for d in $devs; do
     step "attn-untiled-$d" 120 env TWK_ATTN_UNTILED=1 "$bin/bench/bench_attn" --device $d --tokens "${attn_tokens%%,*}" \
         --heads 32 --kv-heads 8 --head-dim 128 --reps 1
     count_fail
-    attn[$d]="${attn[$d]:--} per-token kernels (TWK_ATTN_UNTILED=1): $(awk '/^SUMMARY bench_attn/ { for (i = 2; i <= NF; i++) {
+    attn[$d]="${attn[$d]:--} per-token kernels (TWK_ATTN_UNTILED=1): $(verdict) $(awk '/^SUMMARY bench_attn/ { for (i = 2; i <= NF; i++) {
         split($i, kv, "="); v[kv[1]] = kv[2] } printf "%sT fwd %.2f bwd %.2f TFLOP/s", v["tokens"], v["fwd_tflops"], v["bwd_tflops"] }' \
         "$build/step-attn-untiled-$d.out")"
 done
