@@ -11,7 +11,8 @@
 #   test_curve on cuda, vulkan           20 LoRA steps, losses vs the CPU's
 #   bench_gemm on cpu, cuda, vulkan      MATMUL GFLOP/s (the GPU runs also time the CPU: ratio);
 #                                        cuda also with TWK_CUDA_GEMM=tf32, bf16, vulkan with TWK_VULKAN_GEMM=fp16
-#   bench_train_step on cpu, cuda, vulkan  LoRA step tokens/s and MFU
+#   bench_train_step on cpu, cuda, vulkan  LoRA step tokens/s and MFU; the same step with elementwise
+#                                        fusion off (TWK_FUSION=0): launches per step and tokens/s, fused vs unfused
 #   bench_train_step --widths 8b         a LoRA step at Qwen3-8B's widths, bf16 weights, 8 x 1,024
 #                                        tokens (TRAIN8B_LAYERS layers): tokens/s, MFU, bytes per step
 #   bench_attn on every GPU              causal attention forward / backward at 4k and 16k tokens (and, last,
@@ -29,9 +30,12 @@
 # plain FP32 peak by the datasheet; the engine computes in FP32), BF16_PEAK_TFLOPS (989: its dense
 # bf16 tensor-core peak, the second MFU column), JOBS (all cores),
 # SKIP_BUILD=1 (reuse BUILD_DIR), CUDA_HOME (/usr/local/cuda), CUDA=OFF (build without the CUDA
-# backend: a dry run of this script on a machine without one), FORCE_SYSROOT=1 (take the libraries
+# backend: a dry run of this script on a machine without one), CUDA_FAKE=1 (build the CUDA backend
+# and the host fake of libcuda, backends/cuda/fake, and run the cuda rows against it: a dry run of the
+# cuda rows without a GPU; plumbing, not speed), FORCE_SYSROOT=1 (take the libraries
 # from sysroot.tar.gz even where the machine has them: a test of that path), and the sizes
 # GEMM_M (4096), TRAIN_LAYERS (4), TRAIN_TOKENS (4096 on the GPUs), CPU_TRAIN_TOKENS (1024),
+# VOCAB (151936: the vocabulary of the train steps, the 8B-widths one too, and of the decode rows),
 # TRAIN8B_LAYERS (4: of Qwen3-8B's 36; the unembedding of 151,936 x 4,096 is counted once), TRAIN8B_TOKENS
 # (8192), ATTN_TOKENS
 # (4096,16384), DECODE_CTX (32768).
@@ -49,6 +53,9 @@ decode_ctx=${DECODE_CTX:-32768}
 jobs=${JOBS:-$(nproc 2>/dev/null || echo 4)}
 cuda_home=${CUDA_HOME:-/usr/local/cuda}
 cuda=${CUDA:-ON}
+cuda_fake=${CUDA_FAKE:-0}
+[ "$cuda_fake" = 1 ] && cuda=ON
+vocab=${VOCAB:-151936}
 gemm_m=${GEMM_M:-4096}
 train_layers=${TRAIN_LAYERS:-4}
 train_tokens=${TRAIN_TOKENS:-4096}
@@ -175,6 +182,7 @@ fi
 
 # ---- build ------------------------------------------------------------------------------------
 targets="twinkle_cli backend_ops test_parity test_curve test_ops bench_gemm bench_train_step bench_attn bench_sample_inproc"
+[ "$cuda_fake" = 1 ] && targets="$targets twk_cuda_fake"
 vk_targets=""
 [ "$vulkan" = ON ] && vk_targets="test_vulkan"
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
@@ -206,6 +214,16 @@ if [ "$build_rc" != 0 ] || [ ! -x "$bin/twinkle" ]; then
     exit 1
 fi
 
+if [ "$cuda_fake" = 1 ]; then
+    # the host fake of libcuda (and of libcublas) ahead of any real driver or CUDA library
+    if [ ! -e "$build/cuda_fake/libcuda.so.1" ]; then
+        say "CUDA_FAKE=1 but no $build/cuda_fake/libcuda.so.1 (build the twk_cuda_fake target of a -DTWK_CUDA=ON build)"
+        echo "device run $(date -u '+%F %T') UTC: NO FAKE CUDA DRIVER in $build/cuda_fake; see run.log" | tee "$table"
+        exit 1
+    fi
+    export LD_LIBRARY_PATH="$build/cuda_fake:$LD_LIBRARY_PATH"
+    say "cuda rows against the fake driver $build/cuda_fake/libcuda.so.1 (host emulation: plumbing, not speed)"
+fi
 step devices 30 "$bin/twinkle" devices
 devices_out=$(cat "$build/step-devices.out")
 has_dev() { echo "$devices_out" | grep -q "^$1:0 "; }
@@ -215,7 +233,7 @@ for d in cuda vulkan opencl; do
 done
 
 # ---- tests and benchmarks ---------------------------------------------------------------------
-declare -A ops parity curve gemm gemm_best train mfu ratio_gemm big attn decode
+declare -A ops parity curve gemm gemm_best train mfu ratio_gemm big attn decode fusion
 fails=0
 # result NAME: "pass", "FAIL", "timeout", "skipped" from step_rc
 verdict() { case $step_rc in 0) echo pass ;; 124 | 137) echo timeout ;; 125) echo skipped ;; *) echo FAIL ;; esac; }
@@ -224,7 +242,8 @@ count_fail() { case $step_rc in 0 | 125) ;; *) fails=$((fails + 1)) ;; esac; }
 for d in $devs; do
     step "backend_ops-$d" 120 env TWK_TEST_DEVICE=$d "$bin/tests/backend_ops"
     count_fail
-    ops[$d]="$(verdict) $(grep -Eo '^[0-9]+ case runs' "$build/step-backend_ops-$d.out" | cut -d' ' -f1)/$(grep -Eo '[0-9]+ failures$' "$build/step-backend_ops-$d.out" | cut -d' ' -f1)f"
+    runs=$(grep -Eo '^[0-9]+ case runs' "$build/step-backend_ops-$d.out" | cut -d' ' -f1)
+    ops[$d]="$(verdict)${runs:+ $runs/$(grep -Eo '[0-9]+ failures$' "$build/step-backend_ops-$d.out" | cut -d' ' -f1)f}"
 done
 if echo "$devs" | grep -qw vulkan && [ -x "$bin/backends/vulkan/test_vulkan" ]; then
     # the Vulkan backend's own checks, among them TWK_VULKAN_GEMM=fp16 on cooperative matrices against the CPU
@@ -258,6 +277,7 @@ for d in $devs; do
     gemm[$d]=$(summary "$build/step-gemm-$d.out" tflops_geo)
     gemm_best[$d]=$(summary "$build/step-gemm-$d.out" tflops_best)
     ratio_gemm[$d]=$(summary "$build/step-gemm-$d.out" ratio)
+    [ -z "$cmp" ] && ratio_gemm[$d]="" # no --compare: bench_gemm's ratio=0 means "not measured"
 done
 if echo "$devs" | grep -qw cuda; then
     # cuBLAS on tensor cores (TWK_CUDA_GEMM, backends/cuda/README.md): rates only; results differ from fp32
@@ -283,25 +303,37 @@ if echo "$devs" | grep -qw vulkan; then
     vk16_diff="worst |diff| ${vk16_diff:--}, within 1e-3: $(summary "$build/step-gemm-vulkan-fp16.out" ok)"
     grep -q 'using the fp32 GEMM' "$build/step-gemm-vulkan-fp16.out" && vk16_diff="FELL BACK to fp32 (no coopmat)"
 fi
-step train-cpu 120 "$bin/bench/bench_train_step" --layers "$train_layers" --tokens "$cpu_train_tokens" --steps 2
+# fused_vs_unfused FILE: bench_train_step's launches per step and tokens/s with fusion on (the default) and off
+# (TWK_FUSION=0), from its SUMMARY line ("-" when the step did not get that far)
+fused_vs_unfused() {
+    awk '/^SUMMARY bench_train_step/ { for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+        if (v["unfused_tokens_per_s"] + 0 > 0) printf "launches/step %d unfused -> %d fused (%.1f%% fewer); tok/s %.1f unfused, %.1f fused (x%.3f)",
+            v["launches_unfused"], v["launches"], 100 * (v["launches_unfused"] - v["launches"]) / v["launches_unfused"],
+            v["unfused_tokens_per_s"], v["tokens_per_s"], v["tokens_per_s"] / v["unfused_tokens_per_s"]
+        else printf "launches/step %d fused; no unfused run", v["launches"]; found = 1 } END { if (!found) printf "-" }' "$1"
+}
+step train-cpu 120 "$bin/bench/bench_train_step" --layers "$train_layers" --tokens "$cpu_train_tokens" --steps 2 --vocab "$vocab"
 count_fail
 train[cpu]=$(summary "$build/step-train-cpu.out" tokens_per_s)
+fusion[cpu]="$(verdict) $(fused_vs_unfused "$build/step-train-cpu.out")"
 for d in $devs; do
     step "train-$d" 120 "$bin/bench/bench_train_step" --device $d --layers "$train_layers" --tokens "$train_tokens" --seqs 8 --steps 5 \
-        --peak-tflops "$peak"
+        --vocab "$vocab" --peak-tflops "$peak"
     count_fail
     train[$d]=$(summary "$build/step-train-$d.out" tokens_per_s)
     mfu[$d]=$(summary "$build/step-train-$d.out" mfu)
+    fusion[$d]="$(verdict) $(fused_vs_unfused "$build/step-train-$d.out")"
 done
 # A real-size step: Qwen3-8B's widths, bf16 frozen weights (widened to f32 for the GEMMs), 8 x 1,024 tokens
 for d in $devs; do
     step "train8b-$d" 150 "$bin/bench/bench_train_step" --device $d --widths 8b --dtype bf16 --layers "$train8b_layers" \
-        --tokens "$train8b_tokens" --seqs 8 --steps 3 --peak-tflops "$peak16"
+        --tokens "$train8b_tokens" --seqs 8 --steps 3 --vocab "$vocab" --peak-tflops "$peak16"
     count_fail
     o=$build/step-train8b-$d.out
     m=$(summary "$o" mfu)
     [ -n "$m" ] && m=$(awk -v m="$m" -v a="$peak16" -v b="$peak" 'BEGIN { printf "MFU %.1f%% of bf16 peak, %.1f%% of fp32", 100 * m, 100 * m * a / b }')
-    big[$d]="$(verdict) $(summary "$o" tokens_per_s) tok/s, ${m:-MFU -}, bytes/step $(summary "$o" up_bytes) up / $(summary "$o" down_bytes) down"
+    big[$d]=$(verdict)
+    [ -n "$(summary "$o" tokens_per_s)" ] && big[$d]="${big[$d]} $(summary "$o" tokens_per_s) tok/s, ${m:-MFU -}, bytes/step $(summary "$o" up_bytes) up / $(summary "$o" down_bytes) down; fusion: $(fused_vs_unfused "$o")"
 done
 # attention alone: 32 query heads / 8 kv heads (Qwen3-8B), head_dim 128, one causal segment
 for d in $devs; do
@@ -315,7 +347,7 @@ done
 # decode batch 1 over a long context (4 layers of Qwen3-0.6B's widths, bf16 weights and KV cache)
 for d in $devs; do
     step "decode-$d" 120 "$bin/bench/bench_sample_inproc" --device $d --dtype bf16 --ctx $((decode_ctx + 64)) \
-        --prompt "$decode_ctx" --new 64 --prefill 16 --phase decode1 --reps 1
+        --prompt "$decode_ctx" --new 64 --prefill 16 --phase decode1 --reps 1 --vocab "$vocab"
     count_fail
     decode[$d]="$(verdict) $(sed -n 's/^twinkle decode b1 *\([0-9.]*\) tokens\/s.*/\1 tok\/s/p' "$build/step-decode-$d.out" | head -1)"
 done
@@ -324,16 +356,16 @@ done
 # tiled / per-token from the same run; last, so the time budget skips them first
 for d in $devs; do
     step "decode-unsplit-$d" 120 env TWK_ATTN_UNSPLIT=1 "$bin/bench/bench_sample_inproc" --device $d --dtype bf16 \
-        --ctx $((decode_ctx + 64)) --prompt "$decode_ctx" --new 64 --prefill 16 --phase decode1 --reps 1
+        --ctx $((decode_ctx + 64)) --prompt "$decode_ctx" --new 64 --prefill 16 --phase decode1 --reps 1 --vocab "$vocab"
     count_fail
     u=$(sed -n 's/^twinkle decode b1 *\([0-9.]*\) tokens\/s.*/\1/p' "$build/step-decode-unsplit-$d.out" | head -1)
-    decode[$d]="${decode[$d]:--}; unsplit (TWK_ATTN_UNSPLIT=1) ${u:--} tok/s"
+    decode[$d]="${decode[$d]:--}; unsplit (TWK_ATTN_UNSPLIT=1) $(verdict)${u:+ $u tok/s}"
 done
 for d in $devs; do
     step "attn-untiled-$d" 120 env TWK_ATTN_UNTILED=1 "$bin/bench/bench_attn" --device $d --tokens "${attn_tokens%%,*}" \
         --heads 32 --kv-heads 8 --head-dim 128 --reps 1
     count_fail
-    attn[$d]="${attn[$d]:--} per-token kernels (TWK_ATTN_UNTILED=1): $(awk '/^SUMMARY bench_attn/ { for (i = 2; i <= NF; i++) {
+    attn[$d]="${attn[$d]:--} per-token kernels (TWK_ATTN_UNTILED=1): $(verdict) $(awk '/^SUMMARY bench_attn/ { for (i = 2; i <= NF; i++) {
         split($i, kv, "="); v[kv[1]] = kv[2] } printf "%sT fwd %.2f bwd %.2f TFLOP/s", v["tokens"], v["fwd_tflops"], v["bwd_tflops"] }' \
         "$build/step-attn-untiled-$d.out")"
 done
@@ -342,6 +374,7 @@ done
 {
     echo "twinkle device run $(date -u '+%F %T') UTC, $(cd "$root" && git rev-parse --short HEAD 2>/dev/null), $((SECONDS - start)) s"
     echo "$(echo "$devices_out" | grep -E '^(cuda|vulkan|opencl):0' | head -3 | tr '\n' ';')"
+    [ "$cuda_fake" = 1 ] && echo "cuda: the host fake of libcuda (backends/cuda/fake; CUDA_FAKE=1): plumbing, not speed"
     printf '%-7s %-16s %-11s %-14s %-22s %-10s %-12s %-7s\n' device backend_ops parity loss_curve \
         "GEMM TFLOP/s geo/best" "GEMM x cpu" "step tok/s" "MFU"
     for d in cpu cuda vulkan opencl; do
@@ -361,6 +394,9 @@ done
     [ -n "${gemm[vulkan/fp16]:-}" ] && printf '%-7s %-16s %-11s %-14s %-22s %s\n' "vulkan" "TWK_VULKAN_GEMM=fp16" "" "" \
         "${gemm[vulkan/fp16]}/${gemm_best[vulkan/fp16]:--}" "${vk16_diff:--}"
     [ -n "${vk_checks:-}" ] && echo "vulkan  test_vulkan: $vk_checks"
+    for d in cpu $devs; do
+        echo "$d  fused vs unfused (LoRA step, $train_layers layers, TWK_FUSION=0 vs on): ${fusion[$d]:--}"
+    done
     for d in $devs; do
         echo "$d  8B-widths step (bf16, $train8b_layers layers, $train8b_tokens tokens in 8 sequences): ${big[$d]:--}"
         echo "$d  attention (32/8 heads, d 128): ${attn[$d]:--}"
@@ -368,7 +404,7 @@ done
     done
     echo "backend_ops: verdict runs/failures; parity: checks ok; loss_curve: worst relative step-loss difference"
     echo "vs the CPU; GEMM: bench_gemm --quick (M=2048 on cpu, $gemm_m on the GPUs); step: LoRA r16, $train_layers Qwen3-0.6B"
-    echo "layers, $cpu_train_tokens tokens (cpu) / $train_tokens (GPUs); MFU = 6 N tokens/s / ${peak} TFLOP/s (PEAK_TFLOPS)"
+    echo "layers, vocab $vocab, $cpu_train_tokens tokens (cpu) / $train_tokens (GPUs); MFU = 6 N tokens/s / ${peak} TFLOP/s (PEAK_TFLOPS)"
     echo "$fails step(s) failed; full output in run.log"
 } | tee "$table" | tee -a "$log"
 [ "$fails" = 0 ]
