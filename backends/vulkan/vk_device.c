@@ -357,6 +357,7 @@ static void vk_close(void *vctx) {
         f->vkDestroyDevice(c->dev, NULL);
     }
     f->vkDestroyInstance(c->inst, NULL);
+    twk_host_free(c->pipes);
     twk_host_free(c);
 }
 
@@ -364,9 +365,15 @@ VkPipeline vk_pipeline(vk_ctx *c, vk_shader s, const uint32_t spec[VK_NSPEC]) {
     for (int i = 0; i < c->n_pipes; i++)
         if (c->pipes[i].shader == s && memcmp(c->pipes[i].spec, spec, sizeof c->pipes[i].spec) == 0)
             return c->pipes[i].pipe;
-    if (c->n_pipes == VK_MAX_PIPES) {
-        twk_error(TWK_ERR_BACKEND, "vulkan: more than %d pipelines", VK_MAX_PIPES);
-        return VK_NULL_HANDLE;
+    if (c->n_pipes == c->cap_pipes) { /* the cache doubles: a long-lived context meets many shapes' pipelines */
+        int cap = c->cap_pipes ? 2 * c->cap_pipes : 64;
+        vk_pipe *g = twk_host_realloc(c->pipes, (size_t)c->cap_pipes * sizeof *g, (size_t)cap * sizeof *g, "vulkan pipelines");
+        if (!g) {
+            twk_error(TWK_ERR_OOM, "vulkan: out of memory for %d pipelines", cap);
+            return VK_NULL_HANDLE;
+        }
+        c->pipes = g;
+        c->cap_pipes = cap;
     }
     const vk_fns *f = &c->f;
     if (!c->modules[s]) {

@@ -64,7 +64,6 @@ const char *vk_shader_name(vk_shader s);
 
 #define VK_NSPEC 13 /* spec constants: 0 threads, 1 mode, 2..9 shader-specific, 10..12 16-bit operand dtypes */
 #define VK_NBIND 8 /* tensor bindings; binding 8 is the error word */
-#define VK_MAX_PIPES 128
 
 /* The cooperative-matrix GEMM a device offers (vk_coopmat.c). */
 typedef struct vk_coop {
@@ -105,8 +104,8 @@ typedef struct vk_ctx {
     VkDescriptorSetLayout dsl;
     VkPipelineLayout layout;
     VkShaderModule modules[VKS_COUNT];
-    vk_pipe pipes[VK_MAX_PIPES];
-    int n_pipes;
+    vk_pipe *pipes;          /* every (shader, spec constants) pipeline made so far, grown on demand */
+    int n_pipes, cap_pipes;
     uint32_t max_groups;     /* maxComputeWorkGroupCount, min over dims used */
     int compute_units;       /* as device_props reports them (0: unknown): the wide reductions' groups */
     vk_coop coop;            /* what the device offers for the fp16 GEMM */
