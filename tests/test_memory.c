@@ -95,6 +95,7 @@ static void batch_free(batch *x) {
 }
 
 /* ---- two ways to plan one step: identical results ---- */
+static char paths[2][16]; /* the unembedding paths of compare_tol's last two trainers */
 /* Two trainers on one batch: bit-identical loss, logprobs and gradients when tol is 0, else every
  * difference within tol relative to the largest magnitude of its tensor. */
 static void compare_tol(twk_model *m, const char *name, int rank, int64_t n, twk_trainer_opts oa, twk_trainer_opts ob,
@@ -111,11 +112,13 @@ static void compare_tol(twk_model *m, const char *name, int rank, int64_t n, twk
         lp[k] = calloc((size_t)n, sizeof(float));
         if (twk_trainer_new_opts(m, rank ? &lc : NULL, n, k ? &ob : &oa, &t[k]) != TWK_OK ||
             twk_trainer_forward_backward(t[k], &x.b, lp[k], &loss[k]) != TWK_OK) {
+            paths[k][0] = 0;
             printf("FAIL %s: %s\n", name, twk_last_error());
             fails++;
             goto out;
         }
     }
+    for (int k = 0; k < 2; k++) snprintf(paths[k], sizeof paths[k], "%s", twk_trainer_unembed_path(t[k]));
     int same = !memcmp(&loss[0], &loss[1], sizeof(float)) && !memcmp(lp[0], lp[1], (size_t)n * sizeof(float));
     double lp_rel = 0, lp_big = 0;
     for (int64_t k = 0; k < n; k++) {
@@ -144,8 +147,8 @@ static void compare_tol(twk_model *m, const char *name, int rank, int64_t n, twk
         free(g0);
         free(g1);
     }
-    printf("     %s (%s, %lld tokens): loss %.6f / %.6f, %d tensors, %d differ, max |diff| %.3g (%.3g of the tensor's largest), "
-           "logprobs %.3g\n", name, rank ? "LoRA" : "full", (long long)n, (double)loss[0], (double)loss[1], np, diff, worst,
+    printf("     %s (%s, %lld tokens, %s / %s): loss %.6f / %.6f, %d tensors, %d differ, max |diff| %.3g (%.3g of the tensor's largest), "
+           "logprobs %.3g\n", name, rank ? "LoRA" : "full", (long long)n, paths[0], paths[1], (double)loss[0], (double)loss[1], np, diff, worst,
            worst_rel, lp_rel);
     char what[200];
     if (tol == 0) {
@@ -190,15 +193,39 @@ static void recompute_case(twk_model *m, const char *name, int rank, int64_t n) 
     check(p1.n_launches > p0.n_launches && (!rank || c->layers < 2 || p1.act_train < p0.act_train), "%s", what);
 }
 
-/* the fused unembedding (token tiles) against matmul + logprobs over [T, V]: bit-identical in one
- * tile; over several, sgemm of a tile's rows need not give the bits of the whole pass's (OpenBLAS's
- * Haswell kernels differ in the last bits with the row count), so within 1e-5 of each tensor's scale */
+/* The fused unembeddings against matmul + logprobs over [T, V].
+ * The one that recomputes its logits (token tiles): bit-identical in one tile; over several, sgemm
+ * of a tile's rows need not give the bits of the whole pass's (OpenBLAS's Haswell kernels differ in
+ * the last bits with the row count), so within 1e-5 of each tensor's scale.
+ * The two-product one (vocabulary chunks, the trainer's default here): the log-sum-exp is an online
+ * sum over the chunks (the running sum rescaled when the max grows) instead of one pass after the
+ * max, and dh = dy (w[target] - G / s) instead of the product of the softmax's gradient with w: the
+ * same f32 terms summed in another order. Each sum of V terms of size <= its total carries a relative
+ * rounding error of at most ~V/16 * 2^-24 (16 SIMD lanes, then the lanes; 6e-4 for V = 151936, 4e-6
+ * for the fixtures' ~1000) and in practice its square root, ~1e-6 (sqrt(9500) * 6e-8); the logprob
+ * differs by that error of log s, the gradients by it relative to |w| (|dh| ~ |w|), and the LoRA
+ * gradients, sums over tokens of products with dh, relatively the same. Tolerance: 2e-5 of each
+ * tensor's largest magnitude (logprobs: of the largest |logprob|), 20 x that estimate; the measured
+ * differences are printed. Two-product with activation recompute: bit-identical to it without. */
+static void paths_are(const char *name, const char *a, const char *b) {
+    char what[160];
+    snprintf(what, sizeof what, "%s: the trainers took the %s and %s paths", name, a, b);
+    check(!strcmp(paths[0], a) && !strcmp(paths[1], b), "%s", what);
+}
+
 static void unembed_case(twk_model *m, const char *name, int64_t n) {
     int one_tile = TWK_UNEMBED_TILE_ROWS((int64_t)twk_model_cfg(m)->vocab, n) >= n;
     double tol = one_tile ? 0 : 1e-5;
-    compare_tol(m, name, 8, n, (twk_trainer_opts){.logits = true}, (twk_trainer_opts){0}, "the fused unembedding", tol);
-    compare_tol(m, name, 8, n, (twk_trainer_opts){.logits = true}, (twk_trainer_opts){.recompute = true},
-                "the fused unembedding with recompute", tol);
+    compare_tol(m, name, 8, n, (twk_trainer_opts){.logits = true}, (twk_trainer_opts){.unembed_recompute = true},
+                "the fused unembedding (logits recomputed)", tol);
+    paths_are(name, "logits", "recompute");
+    compare_tol(m, name, 8, n, (twk_trainer_opts){.logits = true}, (twk_trainer_opts){.unembed_recompute = true, .recompute = true},
+                "the fused unembedding (logits recomputed) with recompute", tol);
+    compare_tol(m, name, 8, n, (twk_trainer_opts){.logits = true}, (twk_trainer_opts){0}, "the two-product unembedding", 2e-5);
+    paths_are(name, "logits", "two-product");
+    compare_tol(m, name, 8, n, (twk_trainer_opts){0}, (twk_trainer_opts){.recompute = true},
+                "the two-product unembedding with recompute", 0);
+    paths_are(name, "two-product", "two-product");
 }
 
 /* ---- prediction against the measured peak ---- */

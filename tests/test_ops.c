@@ -77,14 +77,9 @@ static int run_case(const op_case *c, twk_device *dev, int64_t n, uint64_t seed)
     float *buf = malloc((size_t)(ny > 4096 ? ny : 4096) * 8 + 4096 * 64);
     for (int64_t i = 0; i < ny; i++) R[i] = (double)(float)twk_rng_normal(&r);
     for (int i = 0; i < c->n_in; i++) {
-        int64_t ne = rt_nelem(&in[i]);
-        void *h = malloc((size_t)ne * 8);
-        for (int64_t k = 0; k < ne; k++) {
-            if (c->in[i].type == TWK_F32) ((float *)h)[k] = (float)in[i].d[k];
-            else if (c->in[i].type == TWK_I32) ((int32_t *)h)[k] = (int32_t)in[i].d[k];
-            else ((int64_t *)h)[k] = (int64_t)in[i].d[k];
-        }
-        if (twk_plan_write(p, ids[i], n, h, (size_t)ne * twk_dtype_size(c->in[i].type)) != TWK_OK) {
+        size_t bytes = 0;
+        void *h = opc_host_input(c, i, in, &bytes); /* f32, ids, or a 16-bit weight's own values */
+        if (!h || twk_plan_write(p, ids[i], n, h, bytes) != TWK_OK) {
             printf("FAIL %-34s write: %s\n", c->name, twk_last_error());
             fails++;
         }
@@ -163,9 +158,11 @@ int main(int argc, char **argv) {
         return 1;
     }
     int fails = 0, runs = 0;
-    int n_cases = opc_n_cases + opc_n_moe_cases; /* then the mixture-of-experts block */
+    int n_cases = opc_n_cases + opc_n_moe_cases + opc_n_dir_cases; /* then the MoE block, the two-product unembedding */
     for (int i = 0; i < n_cases; i++) {
-        const op_case *c = i < opc_n_cases ? &opc_cases[i] : &opc_moe_cases[i - opc_n_cases];
+        const op_case *c = i < opc_n_cases                     ? &opc_cases[i]
+                           : i < opc_n_cases + opc_n_moe_cases ? &opc_moe_cases[i - opc_n_cases]
+                                                               : &opc_dir_cases[i - opc_n_cases - opc_n_moe_cases];
         if (only && !strstr(c->name, only)) continue;
         if (c->cap) {
             /* at capacity, and at a smaller run-time count */
