@@ -250,9 +250,10 @@ static int grad_lora_gather(grad_step *st) {
         twk_graph_fail(g, TWK_ERR_UNSUPPORTED, "backward: a transposed lora_gather (node %d) has no gradient rule", st->id);
         return 0;
     }
-    if (wants(st, 0) && grouped && twk_dtype_is_half(g->nodes[s[1]].type)) { /* 16-bit experts: read transposed */
-        st->c[0] = twk_lora_gather_grouped(g, st->gy, s[1], s[2], true);
-    } else if (wants(st, 0) && grouped) { /* f32 experts: the stack transposed (the GPU kernels read no transposed f32 stack) */
+    if (wants(st, 0) && grouped && (trans || twk_dtype_is_half(g->nodes[s[1]].type))) {
+        /* 16-bit experts read in the other orientation (no widened copy); a transposed product's dX reads w as is */
+        st->c[0] = twk_lora_gather_grouped(g, st->gy, s[1], s[2], !trans);
+    } else if (wants(st, 0) && grouped) { /* f32 experts: the stack permuted, then one plain product per run */
         int axes[3] = {0, 2, 1};
         st->c[0] = twk_lora_gather_grouped(g, st->gy, twk_permute(g, s[1], axes), s[2], false);
     } else if (wants(st, 0) && twk_dtype_is_half(g->nodes[s[1]].type)) { /* a frozen 16-bit stack: read transposed */

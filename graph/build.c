@@ -543,8 +543,8 @@ twk_id twk_attention(twk_graph *g, twk_id q, twk_id k, twk_id v, twk_id seg, flo
     const twk_node *V = arg(g, v, "attn", "v");
     const twk_node *S = arg(g, seg, "attn", "seg_start");
     if (!Q || !K || !V || !S) return -1;
-    if (!want_dtype(g, Q, q, "attn", "q", 1, 0) || !want_dtype(g, K, k, "attn", "k", 1, 0) ||
-        !want_dtype(g, V, v, "attn", "v", 1, 0) || !want_dtype(g, S, seg, "attn", "seg_start", 0, 1))
+    if (!want_float(g, Q, q, "attn", "q") || !want_float(g, K, k, "attn", "k") || !want_float(g, V, v, "attn", "v") ||
+        !want_dtype(g, S, seg, "attn", "seg_start", 0, 1))
         return -1;
     char s1[96], s2[96], s3[96], s4[96];
     int ok = Q->ndim == 3 && twk_same_shape(K, V) && K->ndim == 3 && K->ne[0] == Q->ne[0] &&

@@ -283,6 +283,18 @@ const op_case opc_cases[] = {
     /* the tiled device kernels at awkward sizes: segment lengths 1, primes, longer than a tile */
     {"attn 140x2x64 mha segments 1 prime long", 4, {F32(140, 2, 64), F32(140, 2, 64), F32(140, 2, 64), SEGP(140)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.125}},
     {"attn 75x8x16 gqa8 segments 1 prime long", 4, {F32(75, 8, 16), F32(75, 1, 16), F32(75, 1, 16), SEGP(75)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.25}},
+    /* bf16 / f16 q, k, v (widened as loaded, f32 after): 40 tokens are segments of 1, 2 and 37
+     * (longer than a tile, <= 32), GQA 1 / 2 / 8, head sizes 64 / 128. A 16-bit tensor is frozen,
+     * so each gradient is checked with the other operands 16-bit: dQ over 16-bit k, v; dK over
+     * q, v; dV over q, k; the forward with all three (the inputs hold the reference's values) */
+    {"attn bf16 k,v 40x2x64 gqa1 segments (dq)", 4, {F32(40, 2, 64), W16(TWK_BF16, 40, 2, 64), W16(TWK_BF16, 40, 2, 64), SEGP(40)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.125}},
+    {"attn bf16 q,v 40x8x64 gqa8 segments (dk)", 4, {W16(TWK_BF16, 40, 8, 64), F32(40, 1, 64), W16(TWK_BF16, 40, 1, 64), SEGP(40)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.125}},
+    {"attn bf16 q,k 40x4x128 gqa2 segments (dv)", 4, {W16(TWK_BF16, 40, 4, 128), W16(TWK_BF16, 40, 2, 128), F32(40, 2, 128), SEGP(40)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.088388}},
+    {"attn bf16 q,k,v 40x8x128 gqa8 segments", 4, {W16(TWK_BF16, 40, 8, 128), W16(TWK_BF16, 40, 1, 128), W16(TWK_BF16, 40, 1, 128), SEGP(40)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.088388}},
+    {"attn f16 k,v Tx4x128 gqa2 segments (dq)", 4, {F32(T_, 4, 128), W16(TWK_F16, T_, 2, 128), W16(TWK_F16, T_, 2, 128), SEGP(T_)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.088388}, .cap = 40},
+    {"attn f16 q,v 40x2x128 gqa1 segments (dk)", 4, {W16(TWK_F16, 40, 2, 128), F32(40, 2, 128), W16(TWK_F16, 40, 2, 128), SEGP(40)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.088388}},
+    {"attn f16 q,k 40x8x64 gqa8 segments (dv)", 4, {W16(TWK_F16, 40, 8, 64), W16(TWK_F16, 40, 1, 64), F32(40, 1, 64), SEGP(40)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.125}},
+    {"attn f16 q,k,v Tx4x64 gqa2 segments", 4, {W16(TWK_F16, T_, 4, 64), W16(TWK_F16, T_, 2, 64), W16(TWK_F16, T_, 2, 64), SEGP(T_)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.125}, .cap = 40},
     {"logprobs 1x1", 2, {F32(1, 1), IDS(1, 1)}, b_logprobs, r_logprobs, 1e-5, 1e-4},
     {"logprobs Tx1031", 2, {F32(T_, 1031), IDS(1031, T_)}, b_logprobs, r_logprobs, 1e-5, 1e-4, .cap = 17},
     {"logprobs 5x7 i64", 2, {F32(5, 7), IDS64(7, 5)}, b_logprobs, r_logprobs, 1e-5, 1e-4},
@@ -322,6 +334,12 @@ const op_case opc_cases[] = {
     /* experts over rows grouped by expert (any order is right; runs of equal slots are one product each) */
     {"lora_gather grouped Tx67 over 5x13x67", 3, {F32C(T_, 67), F32C(5, 13, 67), IDS(5, T_)}, b_lora_gather_grouped, r_lora_gather_grouped, 1e-5, 1, .cap = 19},
     {"lora_gather grouped Tx9 over 3x5x9 with gradients", 3, {F32(T_, 9), F32(3, 5, 9), IDS(3, T_)}, b_lora_gather_grouped, r_lora_gather_grouped, 1e-5, 1e-4, .cap = 23},
+    {"lora_gather grouped Tx9 over 3x9x5 transposed, dX", 3, {F32(T_, 9), F32C(3, 9, 5), IDS(3, T_)}, b_lora_gather_grouped, r_lora_gather_grouped, 1e-5, 1e-4, .ip = {1}, .cap = 23},
+    /* frozen 16-bit expert stacks (a bf16 / f16 mixture of experts), widened as read, f32 sums; dX
+     * reads the stack in the other orientation (plain <-> transposed) */
+    {"lora_gather grouped Tx67 over bf16 5x13x67, dX", 3, {F32(T_, 67), W16(TWK_BF16, 5, 13, 67), IDS(5, T_)}, b_lora_gather_grouped, r_lora_gather_grouped, 1e-5, 1e-4, .cap = 19},
+    {"lora_gather grouped Tx9 over f16 3x9x5 transposed, dX", 3, {F32(T_, 9), W16(TWK_F16, 3, 9, 5), IDS(3, T_)}, b_lora_gather_grouped, r_lora_gather_grouped, 1e-5, 1e-4, .ip = {1}, .cap = 23},
+    {"lora_gather Tx9 over f16 3x5x9, dX", 3, {F32(T_, 9), W16(TWK_F16, 3, 5, 9), IDS(3, T_)}, b_lora_gather, r_lora_gather, 1e-5, 1e-4, .cap = 23},
     {"lora_gather_back Tx11, Tx6 into 4x6x11", 3, {F32C(T_, 11), F32C(T_, 6), IDS(4, T_)}, b_lora_gather_back, r_lora_gather_back, 1e-5, 1, .ip = {4}, .cap = 17},
     /* layout */
     {"reshape 6x35 -> 5x7x6", 1, {F32(6, 35)}, b_reshape, r_reshape, 0, 1e-5, .ip = {5, 7, 6, 0}},
@@ -353,6 +371,7 @@ const op_case opc_extra_cases[] = {
     {"attn Tx4x128 gqa2 segments", 4, {F32(T_, 4, 128), F32(T_, 2, 128), F32(T_, 2, 128), SEGP(T_)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.088388}, .cap = 173},
     {"attn 211x4x64 gqa1 segments window 40 softcap 20", 4, {F32(211, 4, 64), F32(211, 4, 64), F32(211, 4, 64), SEGP(211)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.125, 20}, .ip = {0, 40}},
     {"attn 101x2x256 gqa2 segments", 4, {F32(101, 2, 256), F32(101, 1, 256), F32(101, 1, 256), SEGP(101)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.0625}},
+    {"attn bf16 k,v 300x8x128 gqa8 segments (dq)", 4, {F32(300, 8, 128), W16(TWK_BF16, 300, 1, 128), W16(TWK_BF16, 300, 1, 128), SEGP(300)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.088388}},
     {"attn 37x2x512 long segments", 4, {F32(37, 2, 512), F32(37, 2, 512), F32(37, 2, 512), SEGL(37)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.044}},
     /* split-K decode over bf16 / f16 caches (test_ops' float64 references take f32) */
     {"attn_cache bf16 Tx4x64 gqa2 over 1500x2x64 split", 5, {F32C(T_, 4, 64), W16(TWK_BF16, 1500, 2, 64), W16(TWK_BF16, 1500, 2, 64), IDS(30, T_), HI(1500, T_)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {0.125}, .cap = 5},

@@ -76,15 +76,16 @@ static void r_combine(const op_case *c, rt *in, rt *y) {
 }
 
 /* a whole routed projection: x [T, H], router [E, H], experts [E, N, H]; logits = x router^T,
- * the grouped rows through each row's expert (moe_sort mode 2 as lora_gather's slot), back to
- * tokens weighted -> [T, N] */
+ * the grouped rows through each row's expert (moe_sort mode 2 as lora_gather's slot; ip[2]: as
+ * the models run it, twk_lora_gather_grouped), back to tokens weighted -> [T, N] */
 static twk_id b_layer(twk_graph *g, const twk_id *in, const op_case *c) {
     twk_id logits = twk_matmul(g, in[0], in[1], false, true);
     twk_id ids = twk_moe_topk(g, logits, c->ip[0]);
     twk_id w = twk_moe_gate(g, logits, ids, c->ip[1] != 0);
     twk_id order = twk_moe_sort(g, logits, ids, 0), inv = twk_moe_sort(g, logits, ids, 1);
     twk_id slot = twk_moe_sort(g, logits, ids, 2);
-    twk_id ys = twk_lora_gather(g, twk_moe_dispatch(g, in[0], order, inv, -1), in[2], slot);
+    twk_id xs = twk_moe_dispatch(g, in[0], order, inv, -1);
+    twk_id ys = c->ip[2] ? twk_lora_gather_grouped(g, xs, in[2], slot, false) : twk_lora_gather(g, xs, in[2], slot);
     return twk_moe_combine(g, ys, order, inv, w, c->ip[0]);
 }
 static void r_layer(const op_case *c, rt *in, rt *y) {
@@ -128,6 +129,8 @@ static void r_stats_slots(const op_case *c, rt *in, rt *y) {
 #define IDS(lim, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_I32, .gen = G_IDS, .limit = lim}
 #define F32(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_F32, .diff = 1}
 #define F32C(...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = TWK_F32, .diff = 0}
+/* a frozen 16-bit expert stack (bf16 / f16), values rounded to the dtype */
+#define W16(t, ...) {.ndim = sizeof((int64_t[]){__VA_ARGS__}) / 8, .ne = {__VA_ARGS__}, .type = t, .diff = 0}
 #define T_ (-1)
 
 const op_case opc_moe_cases[] = {
@@ -152,6 +155,10 @@ const op_case opc_moe_cases[] = {
     {"moe layer Tx11 8 experts top-2 renorm N7", 3, {F32(T_, 11), F32(8, 11), F32(8, 7, 11)}, b_layer, r_layer, 1e-5, 1e-4, .ip = {2, 1}, .cap = 29},
     {"moe layer Tx9 16 experts top-4 N5", 3, {F32(T_, 9), F32(16, 9), F32(16, 5, 9)}, b_layer, r_layer, 1e-5, 1e-4, .ip = {4, 0}, .cap = 23},
     {"moe layer Tx6 8 experts top-1 N3", 3, {F32(T_, 6), F32(8, 6), F32(8, 3, 6)}, b_layer, r_layer, 1e-5, 1e-4, .ip = {1, 0}, .cap = 13},
+    /* as a bf16 / f16 mixture of experts runs: frozen 16-bit stacks through the grouped product (dX
+     * and the router's gradient through the stack read transposed) */
+    {"moe layer Tx11 8 bf16 experts top-2 renorm N7 grouped", 3, {F32(T_, 11), F32(8, 11), W16(TWK_BF16, 8, 7, 11)}, b_layer, r_layer, 1e-5, 1e-4, .ip = {2, 1, 1}, .cap = 29},
+    {"moe layer Tx9 16 f16 experts top-4 N5 grouped", 3, {F32(T_, 9), F32(16, 9), W16(TWK_F16, 16, 5, 9)}, b_layer, r_layer, 1e-5, 1e-4, .ip = {4, 0, 1}, .cap = 23},
     /* the load-balancing loss's statistics */
     {"moe_router_stats Tx8 top-2", 1, {F32(T_, 8)}, b_stats, r_stats, 1e-6, 1e-4, .ip = {2, 0}, .cap = 41},
     {"moe_router_stats Tx16 top-4", 1, {F32(T_, 16)}, b_stats, r_stats, 1e-6, 1e-4, .ip = {4, 0}, .cap = 23},

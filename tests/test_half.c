@@ -2,11 +2,12 @@
  * opencl, vulkan and the fake cuda): matmul with a 16-bit b (the CPU's decode dots and sgemm
  * panels, the OpenCL / CUDA widened panels, Vulkan's GEMM loading packed words; b transposed or
  * not, the backward product dX = dY W), get_rows from a 16-bit table, KV caches in 16 bits (the
- * cache's bits equal the host's round-to-nearest-even), every 16-bit pattern widened and edge
+ * cache's bits equal the host's round-to-nearest-even), training attention over bf16 / f16 q, k,
+ * v (forward and each gradient bit for bit as over their f32 widening), every 16-bit pattern widened and edge
  * values narrowed bit for bit as hal/half.c, against float64 references computed
  * from the same 16-bit values; a whole model (forward, LoRA gradients, greedy decoding) held
- * in bf16 against the same weights held in f32 on that device; on the CPU run, the grouped
- * lora_gather of the experts over a 16-bit stack (both orientations) against float64, the demo task
+ * in bf16 against the same weights held in f32 on that device; the grouped lora_gather of the
+ * experts over a 16-bit stack (both orientations) against float64; on the CPU run, the demo task
  * and the capability checks: a trainable 16-bit parameter is refused, and every backend
  * compiles a bf16 matmul exactly when it declares 16-bit matmul weights
  * (twk_device_half_srcs), else refuses it naming the backend and dtype. Tolerances are the
@@ -100,12 +101,14 @@ static double matmul_case(twk_device *dev, twk_dtype t, int64_t M, int64_t K, in
 }
 
 /* get_rows from a 16-bit table: exactly the widened rows. */
-/* The CPU's grouped lora_gather (twk_lora_gather_grouped: a mixture of experts' projections, one
- * sgemm per run of equal slots) over a 16-bit expert stack w [E, N, K] (or [E, K, N] when trans:
+/* The grouped lora_gather (twk_lora_gather_grouped: a mixture of experts' projections; the CPU
+ * runs one sgemm per run of equal slots, OpenCL / CUDA / Vulkan one f32 dot per output element,
+ * the stack widened as read) over a 16-bit expert stack w [E, N, K] (or [E, K, N] when trans:
  * the experts' dX = dY W), runs of 1, 2, 17 and 30 rows and a slot revisited, against float64
- * sums of the widened values with matmul_case's bound. Returns the worst err / bound (1e9 when
- * the plan fails). */
-static double grouped_case(twk_device *dev, twk_dtype t, int trans) {
+ * sums of the widened values with matmul_case's bound (K 2^-23 sum|w x|, twice the worst case of
+ * K f32 additions). Returns the worst err / bound (1e9 when the plan fails); *abs gets the worst
+ * absolute error. */
+static double grouped_case(twk_device *dev, twk_dtype t, int trans, double *abs_err) {
     enum { T = 56, E = 4, K = 70, N = 33 };
     static const int32_t runs[][2] = {{0, 1}, {2, 2}, {1, 17}, {3, 30}, {0, 6}}; /* {slot, rows} */
     int32_t slot[T];
@@ -137,8 +140,9 @@ static double grouped_case(twk_device *dev, twk_dtype t, int trans) {
                 s += wv * x[r * K + k];
                 mag += fabs(wv * x[r * K + k]);
             }
-            double e = fabs(y[r * N + n] - s) / (K * ldexp(1.0, -23) * mag + 1e-30);
+            double d = fabs(y[r * N + n] - s), e = d / (K * ldexp(1.0, -23) * mag + 1e-30);
             worst = e > worst ? e : worst;
+            *abs_err = d > *abs_err ? d : *abs_err;
         }
 out:
     twk_plan_free(p);
@@ -302,6 +306,71 @@ static void kv_case(twk_device *dev, twk_dtype t) {
     snprintf(what, sizeof what, "kv_write + attn_cache in %s caches: max |err| %.2e <= 1e-5; cache bits = host rounding",
              twk_dtype_name(t), worst);
     check(worst <= 1e-5 && exact, what);
+    twk_plan_free(p);
+    twk_graph_free(g);
+}
+
+/* Training attention over 16-bit q, k, v (each widened as read, f32 after): on the device, the
+ * forward over bf16 / f16 q, k and v, and each gradient with the other two operands 16-bit (dQ
+ * over 16-bit k, v; dK over q, v; dV over q, k: a 16-bit tensor is frozen), equal bit for bit to
+ * the same graph over f32 tensors holding the widened values; and the device declares all three
+ * sources of attn / attn_back and q, k of attn_lse (twk_device_half_srcs). T = 40 tokens in
+ * segments of 1, 2 and 37 (longer than a tile), 4 query heads over 2 kv heads, head size 64. */
+static void attn_case(twk_device *dev, twk_dtype t) {
+    enum { T = 40, HQ = 4, HK = 2, D = 64, NQ = T * HQ * D, NK = T * HK * D };
+    static uint16_t qh[NQ], kh[NK], vh[NK];
+    static float qw[NQ], kw[NK], vw[NK], r[NQ], ref[4][NQ], got[4][NQ];
+    int32_t seg[T];
+    for (int i = 0; i < T; i++) seg[i] = i < 1 ? 0 : i < 3 ? 1 : 3;
+    random_half(t, NQ, qh, qw), random_half(t, NK, kh, kw), random_half(t, NK, vh, vw);
+    for (int i = 0; i < NQ; i++) r[i] = urand();
+    int64_t sq[3] = {T, HQ, D}, sk[3] = {T, HK, D}, s1[1] = {T};
+    twk_graph *g = twk_graph_new();
+    twk_id Qh = twk_param_dtype(g, "qh", t, 3, sq, false), Kh = twk_param_dtype(g, "kh", t, 3, sk, false);
+    twk_id Vh = twk_param_dtype(g, "vh", t, 3, sk, false), S = twk_input(g, "seg", TWK_I32, 1, s1);
+    twk_id R = twk_input(g, "r", TWK_F32, 3, sq);
+    /* f32 copies: set 0 (all three, the reference), and one each beside the 16-bit others */
+    twk_id Q0 = twk_param(g, "q0", 3, sq, true), K0 = twk_param(g, "k0", 3, sk, true), V0 = twk_param(g, "v0", 3, sk, true);
+    twk_id Q1 = twk_param(g, "q1", 3, sq, true), K2 = twk_param(g, "k2", 3, sk, true), V3 = twk_param(g, "v3", 3, sk, true);
+    const float sc = 0.125f;
+    twk_id O0 = twk_attention(g, Q0, K0, V0, S, sc), Oh = twk_attention(g, Qh, Kh, Vh, S, sc);
+    twk_id L = twk_weighted_sum(g, O0, R);
+    L = twk_add(g, L, twk_weighted_sum(g, twk_attention(g, Q1, Kh, Vh, S, sc), R));
+    L = twk_add(g, L, twk_weighted_sum(g, twk_attention(g, Qh, K2, Vh, S, sc), R));
+    L = twk_add(g, L, twk_weighted_sum(g, twk_attention(g, Qh, Kh, V3, S, sc), R));
+    int ok = twk_graph_status(g) == TWK_OK && twk_graph_backward(g, L) == TWK_OK;
+    twk_id outs[4][2] = {{O0, Oh}, {-1, -1}, {-1, -1}, {-1, -1}}; /* (f32 reference, 16-bit operands) */
+    if (ok) {
+        outs[1][0] = twk_graph_grad(g, Q0), outs[1][1] = twk_graph_grad(g, Q1);
+        outs[2][0] = twk_graph_grad(g, K0), outs[2][1] = twk_graph_grad(g, K2);
+        outs[3][0] = twk_graph_grad(g, V0), outs[3][1] = twk_graph_grad(g, V3);
+        for (int i = 0; i < 4; i++) twk_graph_output(g, outs[i][0]), twk_graph_output(g, outs[i][1]);
+    }
+    twk_plan *p = NULL;
+    ok = ok && twk_plan_compile(g, dev, 1, NULL, 0, &p) == TWK_OK;
+    const twk_id ins[] = {Qh, Kh, Vh, S, R, Q0, K0, V0, Q1, K2, V3};
+    const void *data[] = {qh, kh, vh, seg, r, qw, kw, vw, qw, kw, vw};
+    const size_t bytes[] = {sizeof qh, sizeof kh, sizeof vh, sizeof seg, sizeof r, sizeof qw, sizeof kw, sizeof vw,
+                            sizeof qw, sizeof kw, sizeof vw};
+    for (int i = 0; ok && i < 11; i++) ok = twk_plan_write(p, ins[i], 1, data[i], bytes[i]) == TWK_OK;
+    ok = ok && twk_plan_run(p, 1) == TWK_OK;
+    static const char *const names[4] = {"o", "dQ", "dK", "dV"};
+    int64_t differ[4] = {0}, n[4] = {NQ, NQ, NK, NK};
+    for (int i = 0; ok && i < 4; i++) {
+        ok = twk_plan_read(p, outs[i][0], 1, ref[i], (size_t)n[i] * 4) == TWK_OK &&
+             twk_plan_read(p, outs[i][1], 1, got[i], (size_t)n[i] * 4) == TWK_OK;
+        for (int64_t e = 0; ok && e < n[i]; e++) differ[i] += !same_f32(ref[i][e], got[i][e]);
+    }
+    unsigned all = TWK_SRC(0) | TWK_SRC(1) | TWK_SRC(2);
+    int declared = twk_device_half_srcs(dev, TWK_OP_ATTN) == all && twk_device_half_srcs(dev, TWK_OP_ATTN_BACK) == all &&
+                   twk_device_half_srcs(dev, TWK_OP_ATTN_LSE) == (TWK_SRC(0) | TWK_SRC(1));
+    for (int i = 0; i < 4; i++) {
+        char what[200];
+        snprintf(what, sizeof what, "attention %s over %s operands = over their f32 widening, bit for bit: %lld of %lld differ",
+                 names[i], twk_dtype_name(t), (long long)differ[i], (long long)n[i]);
+        check(ok && differ[i] == 0, what);
+    }
+    check(declared, "the device declares 16-bit q, k, v for attn / attn_back and q, k for attn_lse");
     twk_plan_free(p);
     twk_graph_free(g);
 }
@@ -476,6 +545,27 @@ static void refusals(void) {
         if (st != TWK_OK) printf("     (%s)\n", twk_last_error());
         twk_plan_free(p);
         twk_graph_free(g);
+        /* the experts' grouped product over a bf16 stack, and its dX (the stack read transposed) */
+        g = twk_graph_new();
+        int64_t sx[2] = {3, 4}, sw[3] = {2, 5, 4}, ss[1] = {3};
+        twk_id X = twk_param(g, "x", 2, sx, true), W = twk_param_dtype(g, "w", TWK_BF16, 3, sw, false);
+        twk_id S = twk_input(g, "slot", TWK_I32, 1, ss), Y = twk_lora_gather_grouped(g, X, W, S, false);
+        twk_id L = twk_sum(g, Y);
+        p = NULL;
+        twk_graph_output(g, Y);
+        if (twk_graph_backward(g, L) == TWK_OK) twk_graph_output(g, twk_graph_grad(g, X));
+        st = twk_graph_status(g) == TWK_OK ? twk_plan_compile(g, dev, 1, NULL, 0, &p) : twk_graph_status(g);
+        declared = (twk_device_half_srcs(dev, TWK_OP_LORA_GATHER) & TWK_SRC(1)) != 0;
+        if (declared) {
+            snprintf(what, sizeof what, "%s declares 16-bit expert stacks and compiles a bf16 grouped lora_gather with its dX", others[i]);
+            check(st == TWK_OK, what);
+        } else {
+            snprintf(what, sizeof what, "%s has no 16-bit lora_gather and refuses a bf16 stack, naming the backend and dtype", others[i]);
+            check(st == TWK_ERR_UNSUPPORTED && strstr(twk_last_error(), others[i]) && strstr(twk_last_error(), "bf16"), what);
+        }
+        if (st != TWK_OK) printf("     (%s)\n", twk_last_error());
+        twk_plan_free(p);
+        twk_graph_free(g);
         twk_device_close(dev);
     }
 }
@@ -504,15 +594,16 @@ int main(int argc, char **argv) {
                          sh[2] < 1000 ? " + dX = dY W" : "", e);
                 check(e <= 1, what);
             }
-    for (int ti = 0; ti < 2; ti++) get_rows_case(dev, types[ti]), kv_case(dev, types[ti]), bits_case(dev, types[ti]);
+    for (int ti = 0; ti < 2; ti++)
+        get_rows_case(dev, types[ti]), kv_case(dev, types[ti]), bits_case(dev, types[ti]), attn_case(dev, types[ti]);
     const char *dir = argc > 1 ? argv[1] : NULL;
     if (dir) model_case(dev, dir);
-    for (int ti = 0; on_cpu && ti < 2; ti++) /* the GPU kernels read no transposed stack yet */
+    for (int ti = 0; ti < 2; ti++)
         for (int trans = 0; trans < 2; trans++) {
-            double e = grouped_case(dev, types[ti], trans);
-            char what[200];
-            snprintf(what, sizeof what, "lora_gather grouped (runs of 1..30 rows) over a %s expert stack%s: worst err / bound = %.3f <= 1",
-                     twk_dtype_name(types[ti]), trans ? " read transposed (dX = dY W)" : "", e);
+            double a = 0, e = grouped_case(dev, types[ti], trans, &a);
+            char what[240];
+            snprintf(what, sizeof what, "lora_gather grouped (runs of 1..30 rows) over a %s expert stack%s: worst err / bound = %.3f <= 1 (max |err| %.2e)",
+                     twk_dtype_name(types[ti]), trans ? " read transposed (dX = dY W)" : "", e, a);
             check(e <= 1, what);
         }
     if (on_cpu) demo_case(), refusals(); /* once, on the CPU run: 40 training steps; every backend opened */

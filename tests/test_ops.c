@@ -76,9 +76,9 @@ static int run_case(const op_case *c, twk_device *dev, int64_t n, uint64_t seed)
     double *R = malloc((size_t)ny * sizeof(double));
     float *buf = malloc((size_t)(ny > 4096 ? ny : 4096) * 8 + 4096 * 64);
     for (int64_t i = 0; i < ny; i++) R[i] = (double)(float)twk_rng_normal(&r);
-    for (int i = 0; i < c->n_in; i++) {
+    for (int i = 0; i < c->n_in; i++) { /* f32, ids, or bf16 / f16 holding the reference's values exactly */
         size_t bytes = 0;
-        void *h = opc_host_input(c, i, in, &bytes); /* f32, ids, or a 16-bit weight's own values */
+        void *h = opc_host_input(c, i, in, &bytes);
         if (!h || twk_plan_write(p, ids[i], n, h, bytes) != TWK_OK) {
             printf("FAIL %-34s write: %s\n", c->name, twk_last_error());
             fails++;

@@ -283,19 +283,23 @@ static int takes_half(twk_device *dev, twk_op op, unsigned want) { return (twk_d
 /* Whether t is -1 (a default) or a float dtype. */
 static int float_or_default(int t) { return t == -1 || t == TWK_F32 || twk_dtype_is_half((twk_dtype)t); }
 
-/* Whether dev's kernels read 16-bit weight matrices (matmul's weight, the embedding gather). */
-static int reads_half_weights(twk_device *dev) {
-    return takes_half(dev, TWK_OP_MATMUL, TWK_SRC(1)) && takes_half(dev, TWK_OP_GET_ROWS, TWK_SRC(0));
+/* Whether dev's kernels read 16-bit weight matrices (matmul's weight, the embedding gather) and,
+ * for a mixture of experts (cfg->n_experts > 0; cfg NULL: not known yet), 16-bit expert stacks
+ * (lora_gather's w, plain and transposed). */
+static int reads_half_weights(twk_device *dev, const twk_model_config *cfg) {
+    return takes_half(dev, TWK_OP_MATMUL, TWK_SRC(1)) && takes_half(dev, TWK_OP_GET_ROWS, TWK_SRC(0)) &&
+           (!cfg || cfg->n_experts <= 0 || takes_half(dev, TWK_OP_LORA_GATHER, TWK_SRC(1)));
 }
 
 int twk_model_weights_dtype(const char *dir, twk_device *dev, int dtype) {
     if (dtype >= 0) return float_or_default(dtype) ? dtype : -1;
-    if (dev && !reads_half_weights(dev)) return TWK_F32;
+    if (dev && !reads_half_weights(dev, NULL)) return TWK_F32;
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", dir ? dir : "");
     twk_model_config cfg;
     twk_safetensors *sf = NULL;
     if (!dir || twk_hf_config_load(path, &cfg) != TWK_OK) return -1;
+    if (dev && !reads_half_weights(dev, &cfg)) return TWK_F32;
     if (twk_st_open(dir, &sf) != TWK_OK) /* no weights (a config-only plan): as config.json says */
         return cfg.stored_dtype >= 0 ? cfg.stored_dtype : TWK_F32;
     int n = expected_tensors(&cfg, NULL), got = TWK_F32;
@@ -371,7 +375,7 @@ twk_status twk_model_load_as(const char *dir, twk_device *dev, int dtype, int kv
         return twk_error(TWK_ERR_INVALID_ARG, "model_load: dtype %d / KV dtype %d is not f32, bf16 or f16", dtype, kv_dtype);
     /* by default as stored where the device's kernels read 16-bit weights (matmul, embedding
      * gather) and 16-bit KV caches (kv_write, attn_cache); f32 where they do not */
-    if (dtype < 0 && !reads_half_weights(dev)) dtype = TWK_F32;
+    if (dtype < 0 && !reads_half_weights(dev, NULL)) dtype = TWK_F32;
     if (kv_dtype < 0 && !(takes_half(dev, TWK_OP_KV_WRITE, TWK_SRC(0)) &&
                           takes_half(dev, TWK_OP_ATTN_CACHE, TWK_SRC(1) | TWK_SRC(2))))
         kv_dtype = TWK_F32;
@@ -387,6 +391,10 @@ twk_status twk_model_load_as(const char *dir, twk_device *dev, int dtype, int kv
         snprintf(path, sizeof path, "%s/generation_config.json", dir);
         st = twk_hf_generation_eos(path, &m->cfg);
     }
+    if (st == TWK_OK && dtype < 0 && !reads_half_weights(dev, &m->cfg)) dtype = TWK_F32; /* 16-bit experts unread */
+    if (st == TWK_OK && dtype >= 0 && twk_dtype_is_half((twk_dtype)dtype) && !reads_half_weights(dev, &m->cfg))
+        st = twk_error(TWK_ERR_UNSUPPORTED, "model_load: %s's kernels read no %s weight matrices%s (load it as f32)",
+                       twk_device_spec(dev), twk_dtype_name((twk_dtype)dtype), m->cfg.n_experts > 0 ? " or expert stacks" : "");
     if (st != TWK_OK) {
         twk_model_free(m);
         return st;

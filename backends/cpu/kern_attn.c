@@ -8,7 +8,8 @@
  * products with V (or the gradients) are one more sgemm each — so the
  * quadratic part runs at GEMM speed while causality (and the window) skip the
  * blocks nobody sees. The backward pass recomputes probabilities from the
- * saved log-sum-exp. */
+ * saved log-sum-exp. q, k and v may each be bf16 / f16: such a source is
+ * widened to f32 once, into the scratch, before the blocks run. */
 #include <math.h>
 #include <string.h>
 
@@ -34,7 +35,18 @@ typedef struct attn_shape {
     const cpu_tensor *seg;
 } attn_shape;
 
-static void shape_of(attn_shape *a, const cpu_call *c, int seg_src) {
+/* Source t's floats: its data when f32, else widened into *buf (which then moves past them). */
+static const float *widened(const cpu_tensor *t, float **buf) {
+    if (t->type == TWK_F32) return t->data;
+    float *w = *buf;
+    twk_dtype_to_f32(t->type, t->data, w, t->nelem);
+    *buf += t->nelem;
+    return w;
+}
+
+/* The shape, and the f32 q, k (and v, seg_src 3) in *S's tail; *S gets the blocks' scratch,
+ * 3 QB T floats. TWK_ERR_OOM when the scratch cannot grow. */
+static twk_status shape_of(attn_shape *a, const cpu_call *c, int seg_src, float **S) {
     a->T = c->src[0].ne[0];
     a->Hq = c->src[0].ne[1];
     a->D = c->src[0].ne[2];
@@ -43,10 +55,16 @@ static void shape_of(attn_shape *a, const cpu_call *c, int seg_src) {
     a->scale = c->l->fp[0];
     a->cap = c->l->fp[1];
     a->window = c->l->ip[1] > 0 ? c->l->ip[1] : 0;
-    a->q = c->src[0].data;
-    a->k = c->src[1].data;
-    a->v = seg_src == 3 ? c->src[2].data : NULL;
     a->seg = &c->src[seg_src];
+    int64_t blocks = 3 * QB * a->T, floats = blocks;
+    for (int i = 0; i < seg_src; i++) floats += c->src[i].type == TWK_F32 ? 0 : c->src[i].nelem;
+    *S = cpu_scratch(c->ctx, (size_t)floats * sizeof **S);
+    if (!*S) return TWK_ERR_OOM;
+    float *wide = *S + blocks;
+    a->q = widened(&c->src[0], &wide);
+    a->k = widened(&c->src[1], &wide);
+    a->v = seg_src == 3 ? widened(&c->src[2], &wide) : NULL;
+    return TWK_OK;
 }
 
 /* A block: queries [b0, b0 + nq) and the keys [k0, b0 + nq) they can see, relative to the
@@ -128,10 +146,8 @@ static void block_probs(const attn_shape *a, const blk *b, float *S, const float
 typedef void (*block_fn)(const cpu_call *c, const attn_shape *a, const blk *b, int64_t h, float *S, float *S2,
                          float *S3);
 
-/* Calls fn for every (segment, query head, query block). */
-static twk_status for_blocks(const cpu_call *c, const attn_shape *a, block_fn fn) {
-    float *S = cpu_scratch(c->ctx, (size_t)(3 * QB * a->T) * sizeof *S);
-    if (!S) return TWK_ERR_OOM;
+/* Calls fn for every (segment, query head, query block); S: 3 QB T floats of scratch. */
+static twk_status for_blocks(const cpu_call *c, const attn_shape *a, block_fn fn, float *S) {
     float *S2 = S + QB * a->T, *S3 = S2 + QB * a->T;
     for (int64_t s = 0; s < a->T;) {
         int64_t e = s + 1;
@@ -162,8 +178,9 @@ static void fwd_block(const cpu_call *c, const attn_shape *a, const blk *b, int6
 
 twk_status cpu_attn(const cpu_call *c) {
     attn_shape a;
-    shape_of(&a, c, 3);
-    return for_blocks(c, &a, fwd_block);
+    float *S;
+    twk_status st = shape_of(&a, c, 3, &S);
+    return st != TWK_OK ? st : for_blocks(c, &a, fwd_block, S);
 }
 
 static void lse_block(const cpu_call *c, const attn_shape *a, const blk *b, int64_t h, float *S, float *S2, float *S3) {
@@ -176,8 +193,9 @@ static void lse_block(const cpu_call *c, const attn_shape *a, const blk *b, int6
 
 twk_status cpu_attn_lse(const cpu_call *c) {
     attn_shape a;
-    shape_of(&a, c, 2);
-    return for_blocks(c, &a, lse_block);
+    float *S;
+    twk_status st = shape_of(&a, c, 2, &S);
+    return st != TWK_OK ? st : for_blocks(c, &a, lse_block, S);
 }
 
 /* Backward (src: q, k, v, seg, o, dO, lse). For a block: P from lse; for dq
@@ -223,7 +241,9 @@ static void back_block(const cpu_call *c, const attn_shape *a, const blk *b, int
 
 twk_status cpu_attn_back(const cpu_call *c) {
     attn_shape a;
-    shape_of(&a, c, 3);
+    float *S;
+    twk_status st = shape_of(&a, c, 3, &S);
+    if (st != TWK_OK) return st;
     if (c->l->ip[0] != 0) memset(c->dst.data, 0, (size_t)c->dst.nelem * twk_dtype_size(c->dst.type)); /* dK, dV accumulate */
-    return for_blocks(c, &a, back_block);
+    return for_blocks(c, &a, back_block, S);
 }

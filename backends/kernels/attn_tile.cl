@@ -14,7 +14,12 @@
  * or zero terms are skipped rather than added; the forward's running max is updated key by
  * key (one thread walks a query's keys in order and records the rescale factor a key
  * brings, 1 when the max stays), so a query gives the same bits whatever tile it falls in
- * and whatever segments are packed beside it. Masked keys never reach exp(). */
+ * and whatever segments are packed beside it. Masked keys never reach exp().
+ *
+ * q, k and v arrive untyped with a dtype code each (q_ty, k_ty, v_ty: KD_FA_F32, KD_FA_BF16,
+ * KD_FA_F16; their offsets in elements of that dtype) and are widened to f32 as a tile is
+ * staged (half.cl); everything after the staging is f32, so a 16-bit operand gives the bits
+ * of the f32 operand holding its widened values. o, dO, lse, delta and the outputs are f32. */
 
 #define KD_FA_L 64          /* items per work-group */
 #define KD_FA_FWD_BD 4096   /* B * D of a forward tile (<= 64 accumulators per item) */
@@ -23,6 +28,16 @@
 #define KD_FA_ACC_FWD (KD_FA_FWD_BD / KD_FA_L)
 #define KD_FA_ACC_BWD (KD_FA_BWD_BD / KD_FA_L)
 #define KD_FA_SMEM (2 * KD_FA_FWD_BD + 2 * KD_FA_MAXB * KD_FA_MAXB) /* floats; also >= 4 * KD_FA_BWD_BD + B * B */
+
+#define KD_FA_F32 0
+#define KD_FA_BF16 1
+#define KD_FA_F16 2
+
+/* Element i of an f32 / bf16 / f16 tensor (dtype code ty), widened. */
+TWK_FN float kd_fa_at(const TWK_GLOBAL void *p, long i, int ty) {
+    if (ty == KD_FA_F32) return ((const TWK_GLOBAL float *)p)[i];
+    return kd_h16((const TWK_GLOBAL ushort *)p, i, ty == KD_FA_F16);
+}
 
 /* First key of query i (seg[i], or the window's start), or -1 when seg is malformed at i. */
 TWK_FN long kd_fa_first(const TWK_GLOBAL int *seg, long i, int is64, long window) {
@@ -39,22 +54,24 @@ TWK_FN float kd_fa_score(const TWK_LOCAL_PTR float *qs, const TWK_LOCAL_PTR floa
     return kd_softcap(dot * scale, cap);
 }
 
-/* Rows [r0, r0 + B) of a [T, H, D] tensor at head h into dst [B, D] (zeros past T). */
-TWK_FN void kd_fa_load(TWK_LOCAL_PTR float *dst, const TWK_GLOBAL float *src, long r0, long B, long T, long H,
-                       long h, long D, int lid) {
+/* Rows [r0, r0 + B) of a [T, H, D] tensor (from element off, dtype code ty) at head h into
+ * dst [B, D] as f32 (zeros past T). */
+TWK_FN void kd_fa_load(TWK_LOCAL_PTR float *dst, const TWK_GLOBAL void *src, long off, int ty, long r0, long B,
+                       long T, long H, long h, long D, int lid) {
     for (long e = lid; e < B * D; e += KD_FA_L) {
         long r = e / D, d = e % D, t = r0 + r;
-        dst[e] = t < T ? src[(t * H + h) * D + d] : 0.0f;
+        dst[e] = t < T ? kd_fa_at(src, off + (t * H + h) * D + d, ty) : 0.0f;
     }
 }
 
 /* o [T, Hq, D] (want_o) and lse [T, Hq] (want_lse) of q [T, Hq, D] over k, v [T, Hkv, D]:
  * one group per (tile of B queries, head). */
 TWK_KERNEL attn_tile_fwd_f32(TWK_GLOBAL float *o, long o_off, TWK_GLOBAL float *lse, long lse_off,
-                             TWK_GLOBAL const float *q, long q_off, TWK_GLOBAL const float *k, long k_off,
-                             TWK_GLOBAL const float *v, long v_off, TWK_GLOBAL const int *seg, long seg_off,
+                             TWK_GLOBAL const void *q, long q_off, TWK_GLOBAL const void *k, long k_off,
+                             TWK_GLOBAL const void *v, long v_off, TWK_GLOBAL const int *seg, long seg_off,
                              TWK_GLOBAL int *err, long err_off, long T, long Hq, long Hkv, long D, long B,
-                             float scale, int want_o, int want_lse, int is64, long window, float cap) {
+                             float scale, int want_o, int want_lse, int is64, long window, float cap, int q_ty,
+                             int k_ty, int v_ty) {
     TWK_LOCAL(float, sm, KD_FA_SMEM);
     TWK_LOCAL(long, first, KD_FA_MAXB);
     int lid = TWK_LID(0);
@@ -69,7 +86,7 @@ TWK_KERNEL attn_tile_fwd_f32(TWK_GLOBAL float *o, long o_off, TWK_GLOBAL float *
         }
         first[lid] = f;
     }
-    kd_fa_load(qs, q + q_off, i0, B, T, Hq, h, D, lid);
+    kd_fa_load(qs, q, q_off, q_ty, i0, B, T, Hq, h, D, lid);
     TWK_BARRIER();
     long iend = i0 + B < T ? i0 + B : T, c_lo = first[0];
     for (long r = 1; r < iend - i0; r++) c_lo = first[r] < c_lo ? first[r] : c_lo;
@@ -78,14 +95,14 @@ TWK_KERNEL attn_tile_fwd_f32(TWK_GLOBAL float *o, long o_off, TWK_GLOBAL float *
     for (int e = 0; e < KD_FA_ACC_FWD; e++) acc[e] = 0.0f;
     float m = KD_NEG_BIG, l = 0.0f; /* item lid < B: the running max and sum of query i0 + lid */
     for (long c0 = c_lo; c0 < iend; c0 += B) {
-        kd_fa_load(kv, k + k_off, c0, B, T, Hkv, hk, D, lid);
+        kd_fa_load(kv, k, k_off, k_ty, c0, B, T, Hkv, hk, D, lid);
         TWK_BARRIER();
         for (long e = lid; e < B * B; e += KD_FA_L) {
             long r = e / B, c = e % B, i = i0 + r, j = c0 + c;
             if (i < iend && j >= first[r] && j <= i) ps[e] = kd_fa_score(qs + r * D, kv + c * D, D, scale, cap);
         }
         TWK_BARRIER();
-        kd_fa_load(kv, v + v_off, c0, B, T, Hkv, hk, D, lid);
+        kd_fa_load(kv, v, v_off, v_ty, c0, B, T, Hkv, hk, D, lid);
         TWK_BARRIER(); /* (PoCL lost the V tile at D = 1 when the walk below shared this phase) */
         if (lid < B) { /* query i0 + lid walks the tile's keys in order */
             long i = i0 + lid;
@@ -145,12 +162,12 @@ TWK_KERNEL attn_tile_delta_f32(TWK_GLOBAL float *delta, long delta_off, TWK_GLOB
 
 /* dQ [T, Hq, D]: dq_i = sum_j dS_ij k_j, dS = P (dO_i . v_j - delta_i) cap' scale with
  * P = exp(s_ij - lse_i); one group per (tile of B queries, head), keys in tiles. */
-TWK_KERNEL attn_tile_back_q_f32(TWK_GLOBAL float *dq, long dq_off, TWK_GLOBAL const float *q, long q_off,
-                                TWK_GLOBAL const float *k, long k_off, TWK_GLOBAL const float *v, long v_off,
+TWK_KERNEL attn_tile_back_q_f32(TWK_GLOBAL float *dq, long dq_off, TWK_GLOBAL const void *q, long q_off,
+                                TWK_GLOBAL const void *k, long k_off, TWK_GLOBAL const void *v, long v_off,
                                 TWK_GLOBAL const int *seg, long seg_off, TWK_GLOBAL const float *dO, long dO_off,
                                 TWK_GLOBAL const float *lse, long lse_off, TWK_GLOBAL const float *delta,
                                 long delta_off, TWK_GLOBAL int *err, long err_off, long T, long Hq, long Hkv, long D,
-                                long B, float scale, int is64, long window, float cap) {
+                                long B, float scale, int is64, long window, float cap, int q_ty, int k_ty, int v_ty) {
     TWK_LOCAL(float, sm, KD_FA_SMEM);
     TWK_LOCAL(long, first, KD_FA_MAXB);
     TWK_LOCAL(float, rl, KD_FA_MAXB);
@@ -170,8 +187,8 @@ TWK_KERNEL attn_tile_back_q_f32(TWK_GLOBAL float *dq, long dq_off, TWK_GLOBAL co
         rl[lid] = i < T ? lse[lse_off + i * Hq + h] : 0.0f;
         rd[lid] = i < T ? delta[delta_off + i * Hq + h] : 0.0f;
     }
-    kd_fa_load(qs, q + q_off, i0, B, T, Hq, h, D, lid);
-    kd_fa_load(gs, dO + dO_off, i0, B, T, Hq, h, D, lid);
+    kd_fa_load(qs, q, q_off, q_ty, i0, B, T, Hq, h, D, lid);
+    kd_fa_load(gs, dO, dO_off, KD_FA_F32, i0, B, T, Hq, h, D, lid);
     TWK_BARRIER();
     long iend = i0 + B < T ? i0 + B : T, c_lo = first[0];
     for (long r = 1; r < iend - i0; r++) c_lo = first[r] < c_lo ? first[r] : c_lo;
@@ -179,8 +196,8 @@ TWK_KERNEL attn_tile_back_q_f32(TWK_GLOBAL float *dq, long dq_off, TWK_GLOBAL co
     float acc[KD_FA_ACC_BWD];
     for (int e = 0; e < KD_FA_ACC_BWD; e++) acc[e] = 0.0f;
     for (long c0 = c_lo; c0 < iend; c0 += B) {
-        kd_fa_load(ks, k + k_off, c0, B, T, Hkv, hk, D, lid);
-        kd_fa_load(vs, v + v_off, c0, B, T, Hkv, hk, D, lid);
+        kd_fa_load(ks, k, k_off, k_ty, c0, B, T, Hkv, hk, D, lid);
+        kd_fa_load(vs, v, v_off, v_ty, c0, B, T, Hkv, hk, D, lid);
         TWK_BARRIER();
         for (long e = lid; e < B * B; e += KD_FA_L) {
             long r = e / B, c = e % B, i = i0 + r, j = c0 + c;
@@ -213,12 +230,13 @@ TWK_KERNEL attn_tile_back_q_f32(TWK_GLOBAL float *dq, long dq_off, TWK_GLOBAL co
 /* dK (which 1) or dV (which 2) [T, Hkv, D]: key j of kv head hk gathers over the query heads
  * of its group (in order) and the queries i >= j that see it (in order): dV_j = sum P_ij dO_i,
  * dK_j = sum dS_ij q_i; one group per (tile of B keys, kv head), queries in tiles. */
-TWK_KERNEL attn_tile_back_kv_f32(TWK_GLOBAL float *dst, long dst_off, TWK_GLOBAL const float *q, long q_off,
-                                 TWK_GLOBAL const float *k, long k_off, TWK_GLOBAL const float *v, long v_off,
+TWK_KERNEL attn_tile_back_kv_f32(TWK_GLOBAL float *dst, long dst_off, TWK_GLOBAL const void *q, long q_off,
+                                 TWK_GLOBAL const void *k, long k_off, TWK_GLOBAL const void *v, long v_off,
                                  TWK_GLOBAL const int *seg, long seg_off, TWK_GLOBAL const float *dO, long dO_off,
                                  TWK_GLOBAL const float *lse, long lse_off, TWK_GLOBAL const float *delta,
                                  long delta_off, TWK_GLOBAL int *err, long err_off, long T, long Hq, long Hkv,
-                                 long D, long B, float scale, int which, int is64, long window, float cap) {
+                                 long D, long B, float scale, int which, int is64, long window, float cap, int q_ty,
+                                 int k_ty, int v_ty) {
     TWK_LOCAL(float, sm, KD_FA_SMEM);
     TWK_LOCAL(long, first, KD_FA_MAXB);
     TWK_LOCAL(float, rl, KD_FA_MAXB);
@@ -230,8 +248,8 @@ TWK_KERNEL attn_tile_back_kv_f32(TWK_GLOBAL float *dst, long dst_off, TWK_GLOBAL
     const TWK_GLOBAL int *sg = seg + seg_off;
     long cend = c0 + B < T ? c0 + B : T, jl = cend - 1;
     if (lid < B && c0 + lid < T && kd_fa_first(sg, c0 + lid, is64, 0) < 0) err[err_off] = KD_ERR_SEGMENT;
-    kd_fa_load(ks, k + k_off, c0, B, T, Hkv, hk, D, lid);
-    if (which == 1) kd_fa_load(vs, v + v_off, c0, B, T, Hkv, hk, D, lid);
+    kd_fa_load(ks, k, k_off, k_ty, c0, B, T, Hkv, hk, D, lid);
+    if (which == 1) kd_fa_load(vs, v, v_off, v_ty, c0, B, T, Hkv, hk, D, lid);
     int nx = (int)((B * D - lid + KD_FA_L - 1) / KD_FA_L); /* the accumulators item lid owns */
     float acc[KD_FA_ACC_BWD];
     for (int e = 0; e < KD_FA_ACC_BWD; e++) acc[e] = 0.0f;
@@ -246,8 +264,8 @@ TWK_KERNEL attn_tile_back_kv_f32(TWK_GLOBAL float *dst, long dst_off, TWK_GLOBAL
                 rl[lid] = i < T ? lse[lse_off + i * Hq + h] : 0.0f;
                 rd[lid] = i < T && which == 1 ? delta[delta_off + i * Hq + h] : 0.0f;
             }
-            kd_fa_load(qs, q + q_off, i0, B, T, Hq, h, D, lid);
-            kd_fa_load(gs, dO + dO_off, i0, B, T, Hq, h, D, lid);
+            kd_fa_load(qs, q, q_off, q_ty, i0, B, T, Hq, h, D, lid);
+            kd_fa_load(gs, dO, dO_off, KD_FA_F32, i0, B, T, Hq, h, D, lid);
             TWK_BARRIER();
             for (long e = lid; e < B * B; e += KD_FA_L) {
                 long r = e / B, c = e % B, i = i0 + r, j = c0 + c;

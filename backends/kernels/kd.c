@@ -90,8 +90,12 @@ unsigned kd_half_srcs(twk_op op) {
     case TWK_OP_GET_ROWS: return TWK_SRC(0); /* get_rows_h16 */
     case TWK_OP_KV_WRITE: return TWK_SRC(0); /* kv_write_h16: narrowed, round to nearest even */
     case TWK_OP_ATTN_CACHE: return TWK_SRC(1) | TWK_SRC(2); /* attn_fwd_h16 */
+    case TWK_OP_ATTN:
+    case TWK_OP_ATTN_BACK: return TWK_SRC(0) | TWK_SRC(1) | TWK_SRC(2); /* attn_tile.cl: widened as staged */
+    case TWK_OP_ATTN_LSE: return TWK_SRC(0) | TWK_SRC(1);
     case TWK_OP_UNEMBED_LOGPROBS:
     case TWK_OP_UNEMBED_LOGPROBS_BACK: return TWK_SRC(1); /* unembed_logprobs(_back)_h16: w widened as staged */
+    case TWK_OP_LORA_GATHER: return TWK_SRC(1); /* lora_gather_h16: an expert stack widened as read, plain or transposed */
     default: return 0;
     }
 }
@@ -125,8 +129,6 @@ static int shapes_ok(const twk_launch *l, char *why, size_t why_len) {
         return say(why, why_len, "K cache %s and V cache %s differ", twk_dtype_name(l->src[1].type),
                    twk_dtype_name(l->src[2].type));
     if (l->op == TWK_OP_FUSED_EW && !kd_fused_ok(l, why, why_len)) return 0;
-    if (l->op == TWK_OP_LORA_GATHER && l->ip[0])
-        return say(why, why_len, "a transposed lora_gather (16-bit expert weights' gradient)");
     if (l->op == TWK_OP_MATMUL) {
         int r = l->src[0].ndim;
         if ((r != 2 && r != 3) || l->src[1].ndim != r)

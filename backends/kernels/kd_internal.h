@@ -90,7 +90,8 @@ int kd_lower_attn_tile_back(const twk_launch *l, int64_t n, kd_call *calls);
 /* attn_cache's pieces at n (1: no split) and its split-K lowering (attn_split.cl; 2 calls). */
 int64_t kd_attn_splits(const twk_launch *l, int64_t n);
 int kd_lower_attn_split(const twk_launch *l, int64_t n, kd_call *calls);
-int kd_attn_untiled(void);
+/* 1 when TWK_ATTN_UNTILED=1 asks for attn.cl's kernels and l's q, k, v are f32 (they read no 16-bit). */
+int kd_attn_untiled(const twk_launch *l);
 /* kd_lower_moe.c: the mixture-of-experts routing (moe.cl); moe_gate_back shares moe_gate's,
  * moe_combine moe_dispatch's (kd_lower_moe_move). */
 int kd_lower_moe_topk(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);

@@ -2,8 +2,8 @@
  * attn_tile.cl, the tile size from the head size, split-K decode attention (ATTN_CACHE over a
  * long cache, attn_split.cl), and the plan scratch they need (attn_back's delta = rowsum(dO * o),
  * the split partials). TWK_ATTN_UNTILED=1 in the environment keeps the older kernels of attn.cl
- * (one group per token and head), TWK_ATTN_UNSPLIT=1 one group per (query, head) for attn_cache,
- * for benchmarks that compare them. */
+ * (one group per token and head; f32 only: a launch with a bf16 / f16 q, k or v stays tiled),
+ * TWK_ATTN_UNSPLIT=1 one group per (query, head) for attn_cache, for benchmarks that compare them. */
 #include <stdlib.h>
 
 #include "kd_internal.h"
@@ -13,7 +13,11 @@ static int env_on(const char *name) {
     return e && e[0] == '1';
 }
 
-int kd_attn_untiled(void) { return env_on("TWK_ATTN_UNTILED"); }
+int kd_attn_untiled(const twk_launch *l) {
+    for (int i = 0; i < 3 && i < l->nsrc - 1; i++) /* q, k (and v): the tiled kernels widen 16-bit ones */
+        if (twk_dtype_is_half(l->src[i].type)) return 0;
+    return env_on("TWK_ATTN_UNTILED");
+}
 
 /* Bytes of one piece's partials for every (query, head) of attn_cache: T Hq (D + 2) floats. */
 static int64_t split_row_bytes(const twk_launch *l, int64_t n) {
@@ -55,6 +59,16 @@ static void tile_dims(kd_call *c, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
 
 static int is64(const twk_launch *l, int src) { return l->src[src].type == TWK_I64; }
 
+/* Source i (q, k or v) as the tiled kernels take it: the buffer with its offset in elements of
+ * its dtype; its dtype code (KD_FA_F32 0, KD_FA_BF16 1, KD_FA_F16 2 in attn_tile.cl) comes last. */
+static void qkv_buf(kd_call *c, const twk_launch *l, int i) {
+    kd_buf(c, l, i, twk_dtype_is_half(l->src[i].type) ? 2 : 4);
+}
+static int qkv_code(const twk_launch *l, int i) {
+    twk_dtype t = l->src[i].type;
+    return t == TWK_BF16 ? 1 : t == TWK_F16 ? 2 : 0;
+}
+
 int kd_lower_attn_tile_fwd(const twk_launch *l, int64_t n, kd_call *calls) {
     const twk_tensor_desc *q = &l->src[0], *k = &l->src[1];
     int64_t T = kd_dim(q, 0, n), Hq = kd_dim(q, 1, n), D = kd_dim(q, 2, n), Hkv = kd_dim(k, 1, n);
@@ -64,9 +78,9 @@ int kd_lower_attn_tile_fwd(const twk_launch *l, int64_t n, kd_call *calls) {
     kd_begin(c, "attn_tile_fwd_f32");
     kd_buf(c, l, -1, 4);             /* o (unused for lse) */
     kd_buf(c, l, -1, 4);             /* lse (unused otherwise) */
-    kd_buf(c, l, 0, 4);
-    kd_buf(c, l, 1, 4);
-    kd_buf(c, l, lse ? 1 : 2, 4);    /* v (k stands in for attn_lse) */
+    qkv_buf(c, l, 0);
+    qkv_buf(c, l, 1);
+    qkv_buf(c, l, lse ? 1 : 2);      /* v (k stands in for attn_lse) */
     kd_buf(c, l, seg, 4);
     tile_dims(c, T, Hq, Hkv, D, B, l->fp[0]);
     kd_i32(c, !lse);
@@ -74,6 +88,9 @@ int kd_lower_attn_tile_fwd(const twk_launch *l, int64_t n, kd_call *calls) {
     kd_i32(c, is64(l, seg));
     kd_i64(c, l->ip[1] > 0 ? l->ip[1] : 0); /* window */
     kd_f32(c, l->fp[1]);                    /* softcap */
+    kd_i32(c, qkv_code(l, 0));
+    kd_i32(c, qkv_code(l, 1));
+    kd_i32(c, qkv_code(l, lse ? 1 : 2));
     kd_grid_groups(c, (T + B - 1) / B * Hq, KD_FA_L);
     return 1;
 }
@@ -84,7 +101,7 @@ size_t kd_attn_scratch_bytes(const twk_launch *l, int64_t n) {
         int64_t b = split_row_bytes(l, n) * KD_SPLIT_MAX;
         return (size_t)(b < KD_SPLIT_BUDGET ? b : KD_SPLIT_BUDGET);
     }
-    if (!l || l->op != TWK_OP_ATTN_BACK || l->ip[0] == 2 || kd_attn_untiled()) return 0;
+    if (!l || l->op != TWK_OP_ATTN_BACK || l->ip[0] == 2 || kd_attn_untiled(l)) return 0;
     return (size_t)(kd_dim(&l->src[0], 0, n) * kd_dim(&l->src[0], 1, n)) * sizeof(float);
 }
 
@@ -109,7 +126,8 @@ int kd_lower_attn_tile_back(const twk_launch *l, int64_t n, kd_call *calls) {
     kd_call *c = &calls[nc++];
     kd_begin(c, which == 0 ? "attn_tile_back_q_f32" : "attn_tile_back_kv_f32");
     kd_buf(c, l, -1, 4);
-    for (int i = 0; i < 4; i++) kd_buf(c, l, i, 4); /* q, k, v, seg */
+    for (int i = 0; i < 3; i++) qkv_buf(c, l, i); /* q, k, v */
+    kd_buf(c, l, 3, 4);                           /* seg */
     kd_buf(c, l, 5, 4);                             /* dO */
     kd_buf(c, l, 6, 4);                             /* lse */
     if (which != 2) {
@@ -124,6 +142,7 @@ int kd_lower_attn_tile_back(const twk_launch *l, int64_t n, kd_call *calls) {
     kd_i32(c, is64(l, 3));
     kd_i64(c, l->ip[1] > 0 ? l->ip[1] : 0); /* window */
     kd_f32(c, l->fp[1]);                    /* softcap */
+    for (int i = 0; i < 3; i++) kd_i32(c, qkv_code(l, i));
     kd_grid_groups(c, (T + B - 1) / B * (which == 0 ? Hq : Hkv), KD_FA_L);
     return nc;
 }

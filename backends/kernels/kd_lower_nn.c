@@ -164,26 +164,32 @@ int kd_lower_kv_write(const twk_launch *l, int64_t n, kd_call *calls, const char
     return 1;
 }
 
-/* lora_gather and lora_gather_back: (dst, x, w or dy, slot), sizes T, N, K, S, over `items` items */
+/* lora_gather and lora_gather_back: (dst, x, w or dy, slot), sizes T, N, K, S, over `items` items;
+ * lora_gather adds its trans flag, and a 16-bit stack goes to lora_gather_h16 (offset in 2-byte
+ * elements, the f16 flag last) */
 static int lower_lora(const twk_launch *l, kd_call *calls, const char *kernel, int64_t T, int64_t N, int64_t K,
                       int64_t S, int64_t items) {
+    int gather = l->op == TWK_OP_LORA_GATHER, h16 = gather && half(l, 1);
     kd_call *c = &calls[0];
-    kd_begin(c, kernel);
+    kd_begin(c, h16 ? "lora_gather_h16" : kernel);
     kd_buf(c, l, -1, 4);
-    for (int i = 0; i < 3; i++) kd_buf(c, l, i, 4);
+    for (int i = 0; i < 3; i++) kd_buf(c, l, i, i == 1 && h16 ? 2 : 4);
     kd_err(c);
     kd_i64(c, T);
     kd_i64(c, N);
     kd_i64(c, K);
     kd_i64(c, S);
     kd_i32(c, is64(l, 2));
+    if (gather) kd_i32(c, l->ip[0] != 0);
+    if (h16) kd_i32(c, f16(l, 1));
     kd_grid_items(c, items, KD_LOCAL_1D);
     return 1;
 }
 
+/* y [T, N] from x [T, K] and w [S, N, K] (or [S, K, N] transposed: ip[0]) */
 int kd_lower_lora_gather(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
     int64_t T = kd_dim(&l->src[0], 0, n), K = kd_dim(&l->src[0], 1, n);
-    int64_t S = kd_dim(&l->src[1], 0, n), N = kd_dim(&l->src[1], 1, n);
+    int64_t S = kd_dim(&l->src[1], 0, n), N = kd_dim(&l->dst, 1, n);
     return lower_lora(l, calls, kernel, T, N, K, S, T * N);
 }
 
@@ -200,7 +206,7 @@ int kd_lower_attn_fwd(const twk_launch *l, int64_t n, kd_call *calls, const char
     int64_t T = kd_dim(q, 0, n), Hq = kd_dim(q, 1, n), D = kd_dim(q, 2, n), Hkv = kd_dim(k, 1, n);
     int lse = l->op == TWK_OP_ATTN_LSE, cache = l->op == TWK_OP_ATTN_CACHE;
     int ra = lse ? 2 : 3, rb = cache ? 4 : ra, h16 = cache && half(l, 1); /* 16-bit caches: attn_fwd_h16 */
-    if (!cache && !kd_attn_untiled()) return kd_lower_attn_tile_fwd(l, n, calls);
+    if (!cache && !kd_attn_untiled(l)) return kd_lower_attn_tile_fwd(l, n, calls);
     if (cache && kd_attn_splits(l, n) > 1) return kd_lower_attn_split(l, n, calls);
     kd_call *c = &calls[0];
     kd_begin(c, h16 ? "attn_fwd_h16" : kernel);
@@ -235,7 +241,7 @@ int kd_lower_attn_back(const twk_launch *l, int64_t n, kd_call *calls, const cha
     const twk_tensor_desc *q = &l->src[0], *k = &l->src[1];
     int64_t T = kd_dim(q, 0, n), Hq = kd_dim(q, 1, n), D = kd_dim(q, 2, n), Hkv = kd_dim(k, 1, n);
     int which = l->ip[0];
-    if (!kd_attn_untiled()) return kd_lower_attn_tile_back(l, n, calls);
+    if (!kd_attn_untiled(l)) return kd_lower_attn_tile_back(l, n, calls);
     kd_call *c = &calls[0];
     kd_begin(c, which == 0 ? "attn_back_q_f32" : "attn_back_kv_f32");
     kd_buf(c, l, -1, 4);

@@ -17,25 +17,43 @@ TWK_KERNEL kv_write_f32(TWK_GLOBAL float *cache, long cache_off, TWK_GLOBAL cons
     cache[cache_off + r * E + e] = x[x_off + i];
 }
 
-/* y[t, n] = w[slot[t], n, :] . x[t, :] for x [T, K], w [S, N, K]; one item per (t, n) */
+/* y[t, n] = w[slot[t], n, :] . x[t, :] for x [T, K], w [S, N, K] (trans: w [S, K, N] and
+ * y[t, n] = w[slot[t], :, n] . x[t, :]); one item per (t, n), the sum over k in order from 0.
+ * KD_W(j) reads element j of w (f32, or 16-bit widened). */
+#define KD_LORA_GATHER_BODY \
+    long i = TWK_GID(0); \
+    if (i >= T * N) return; \
+    long t = i / N, n = i % N; \
+    long sl = kd_id(slot + slot_off, t, is64); \
+    if (sl < 0 || sl >= S) { \
+        err[err_off] = KD_ERR_ID_RANGE; \
+        y[y_off + i] = 0.0f; \
+        return; \
+    } \
+    long wn = trans ? 1 : K, wk = trans ? N : 1, wb = w_off + sl * N * K + n * wn; \
+    const TWK_GLOBAL float *xt = x + x_off + t * K; \
+    float s = 0.0f; \
+    for (long k = 0; k < K; k++) s += KD_W(wb + k * wk) * xt[k]; \
+    y[y_off + i] = s;
+
+#define KD_W(j) w[j]
 TWK_KERNEL lora_gather_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *x, long x_off,
                            TWK_GLOBAL const float *w, long w_off, TWK_GLOBAL const int *slot, long slot_off,
-                           TWK_GLOBAL int *err, long err_off, long T, long N, long K, long S, int is64) {
-    long i = TWK_GID(0);
-    if (i >= T * N) return;
-    long t = i / N, n = i % N;
-    long sl = kd_id(slot + slot_off, t, is64);
-    if (sl < 0 || sl >= S) {
-        err[err_off] = KD_ERR_ID_RANGE;
-        y[y_off + i] = 0.0f;
-        return;
-    }
-    const TWK_GLOBAL float *wr = w + w_off + (sl * N + n) * K;
-    const TWK_GLOBAL float *xt = x + x_off + t * K;
-    float s = 0.0f;
-    for (long k = 0; k < K; k++) s += wr[k] * xt[k];
-    y[y_off + i] = s;
+                           TWK_GLOBAL int *err, long err_off, long T, long N, long K, long S, int is64, int trans) {
+    KD_LORA_GATHER_BODY
 }
+#undef KD_W
+
+/* lora_gather_f32 over a 16-bit stack (frozen bf16 / f16 expert weights: f16 = 1 for f16), widened
+ * as read, the same f32 sums; w_off in 2-byte elements */
+#define KD_W(j) kd_h16(w, (j), f16)
+TWK_KERNEL lora_gather_h16(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *x, long x_off,
+                           TWK_GLOBAL const ushort *w, long w_off, TWK_GLOBAL const int *slot, long slot_off,
+                           TWK_GLOBAL int *err, long err_off, long T, long N, long K, long S, int is64, int trans,
+                           int f16) {
+    KD_LORA_GATHER_BODY
+}
+#undef KD_W
 
 /* dw[s, n, k] = sum over the tokens t of slot s, in order, of dy[t, n] x[t, k]
  * for x [T, K], dy [T, N]; one item per (s, n, k) */

@@ -56,13 +56,13 @@ typedef struct vk_buffer {
 /* The compiled shaders (shaders/<name>.comp), in vk_shaders.c's table. */
 typedef enum vk_shader {
     VKS_ELTWISE, VKS_BROADCAST, VKS_SUM_TO, VKS_REDUCE, VKS_COPY, VKS_CHECK, VKS_MATMUL,
-    VKS_ROWS, VKS_ROWNORM, VKS_ROPE, VKS_ATTN, VKS_ATTN_BACK, VKS_MATMUL_COOPMAT, VKS_OPTIM, VKS_UNEMBED, VKS_MOE, VKS_ATTN_TILE, VKS_COUNT
+    VKS_ROWS, VKS_ROWNORM, VKS_ROPE, VKS_ATTN, VKS_ATTN_BACK, VKS_MATMUL_COOPMAT, VKS_OPTIM, VKS_UNEMBED, VKS_MOE, VKS_ATTN_TILE, VKS_FUSED, VKS_COUNT
 } vk_shader;
 
 const uint32_t *vk_shader_code(vk_shader s, size_t *bytes);
 const char *vk_shader_name(vk_shader s);
 
-#define VK_NSPEC 12 /* spec constants: 0 threads, 1 mode, 2..9 shader-specific, 10..11 16-bit operand dtypes */
+#define VK_NSPEC 13 /* spec constants: 0 threads, 1 mode, 2..9 shader-specific, 10..12 16-bit operand dtypes */
 #define VK_NBIND 8 /* tensor bindings; binding 8 is the error word */
 #define VK_MAX_PIPES 128
 
@@ -157,6 +157,10 @@ int vk_lower(const vk_ctx *c, const twk_launch *l, int li, int64_t n, int64_t ca
 vk_dispatch *vk_next_dispatch(vk_dispatch *d, int *k, vk_shader s, uint32_t wg, int mode);
 /* (vk_lower_attn.c) TWK_ATTN_UNTILED=1 in the environment: training attention on the per-token shaders. */
 int vk_attn_untiled(void);
+/* The largest head size attn_tile.comp takes (larger ones go to the per-token shaders). */
+#define VK_ATTN_TILE_MAXD 512
+/* 1 when launch l is attn, attn_lse or attn_back with a bf16 / f16 q, k or v (only attn_tile.comp reads those). */
+int vk_attn_half(const twk_launch *l);
 /* 1 when launch l (attn, attn_lse, attn_back at head size D) runs on attn_tile.comp. */
 int vk_attn_tiled(const vk_ctx *c, const twk_launch *l, int64_t D);
 /* Pieces per (query, head) of attn_cache in a plan of capacity cap (1: no split), the rule of
@@ -164,6 +168,13 @@ int vk_attn_tiled(const vk_ctx *c, const twk_launch *l, int64_t D);
 int64_t vk_attn_splits(const twk_launch *l, int64_t cap);
 /* Appends l's tiled dispatches to d (count in *k) and sets *scratch (attn_back's delta); returns 0. */
 int vk_lower_attn_tile(const vk_ctx *c, const twk_launch *l, int64_t n, vk_dispatch *d, int *k, size_t *scratch);
+/* (vk_lower_fused.c) Sources a FUSED_EW launch may have: fused.comp binds them at 1..7. */
+#define VK_FUSED_MAX_SRC 7
+/* true when fused.comp runs FUSED_EW launch l (1..VK_FUSED_MAX_SRC sources, steps it knows);
+ * else false and the reason in why (may be NULL). */
+bool vk_fused_ok(const twk_launch *l, char *why, size_t why_len);
+/* Appends l's fused.comp dispatch to d (count in *k); 0, or -1 with the error set. */
+int vk_lower_fused(const vk_ctx *c, const twk_launch *l, int64_t ny, vk_dispatch *d, int *k);
 /* Bytes of plan constants a launch needs (written by vk_write_consts). */
 size_t vk_const_bytes(const twk_launch *l);
 void vk_write_consts(const twk_launch *l, void *dst);

@@ -391,14 +391,16 @@ static int lower_kv_write(vk_low *w) {
     return 0;
 }
 
-/* lora_gather (MODE 3) and its weight gradient (MODE 4, one item per output element) */
+/* lora_gather (MODE 3: w [S, N, K], or [S, K, N] transposed; f32 or a 16-bit stack widened as
+ * read) and its weight gradient (MODE 4), one item per output element */
 static int lower_lora_gather(vk_low *w) {
     const twk_tensor_desc *s = w->s;
     int64_t n = w->n;
     int back = w->l->op == TWK_OP_LORA_GATHER_BACK;
     int64_t T = dim(&s[0], 0, n), K = dim(&s[0], 1, n);
-    int64_t S = back ? dim(w->y, 0, n) : dim(&s[1], 0, n), N = dim(&s[1], 1, n);
+    int64_t S = back ? dim(w->y, 0, n) : dim(&s[1], 0, n), N = back ? dim(&s[1], 1, n) : dim(w->y, 1, n);
     vk_dispatch *x = next(w, VKS_ROWS, 64, w->mode);
+    if (!back) x->spec[10] = h16_code(s[1].type); /* a 16-bit expert stack */
     x->bind[0] = VKB_DST;
     x->bind[1] = 0;
     x->bind[2] = 2;
@@ -407,6 +409,7 @@ static int lower_lora_gather(vk_low *w) {
     x->p[1] = (int32_t)N;
     x->p[2] = (int32_t)S;
     x->p[3] = (int32_t)K;
+    x->p[4] = !back && w->l->ip[0] != 0;
     x->p[7] = s[2].type == TWK_I64;
     x->groups[0] = groups_for(w->c, back ? S * N * K : T * N, 64);
     return 0;
@@ -735,6 +738,9 @@ static int lower_optim(vk_low *w) {
     return 0;
 }
 
+/* fused elementwise chains (vk_lower_fused.c) */
+static int lower_fused(vk_low *w) { return vk_lower_fused(w->c, w->l, w->ny, w->d, &w->k); }
+
 /* One op's entry: its lowering and the MODE spec constant it gives its
  * shader (see the shader's header comment), or why Vulkan does not run an
  * op that has a CPU kernel. */
@@ -798,8 +804,7 @@ static const vk_entry table[TWK_OP_COUNT] = {
     [TWK_OP_MOE_ROUTER_STATS] = {lower_router_stats, 7},
     [TWK_OP_MOE_ROUTER_STATS_BACK] = {lower_router_stats, 8},
     [TWK_OP_LORA_GATHER_BACK] = {lower_lora_gather, 4},
-    /* shaders are SPIR-V compiled at build time (glslc), so no kernel can be generated per chain */
-    [TWK_OP_FUSED_EW] = {.unsupported = "fused elementwise chains need a generated kernel; vulkan's shaders are fixed at build time"},
+    [TWK_OP_FUSED_EW] = {lower_fused, 0}, /* fused.comp interprets the chain's steps (vk_lower_fused.c) */
 };
 _Static_assert(sizeof table / sizeof table[0] == TWK_OP_COUNT, "one entry per op");
 
@@ -817,8 +822,12 @@ unsigned vk_half_srcs(twk_op op) {
     case TWK_OP_GET_ROWS: return TWK_SRC(0);                /* rows.comp MODE 0 */
     case TWK_OP_KV_WRITE: return TWK_SRC(0);                /* rows.comp: narrowed, round to nearest even */
     case TWK_OP_ATTN_CACHE: return TWK_SRC(1) | TWK_SRC(2); /* attn.comp MODE 2 */
+    case TWK_OP_ATTN:
+    case TWK_OP_ATTN_BACK: return TWK_SRC(0) | TWK_SRC(1) | TWK_SRC(2); /* attn_tile.comp: widened as staged */
+    case TWK_OP_ATTN_LSE: return TWK_SRC(0) | TWK_SRC(1);
     case TWK_OP_UNEMBED_LOGPROBS:
     case TWK_OP_UNEMBED_LOGPROBS_BACK: return TWK_SRC(1);   /* unembed.comp: w widened as staged */
+    case TWK_OP_LORA_GATHER: return TWK_SRC(1);             /* rows.comp MODE 3: the expert stack widened as read */
     default: return 0;
     }
 }
@@ -841,8 +850,10 @@ bool vk_supports(const twk_launch *l, char *why, size_t why_len) {
         if (why) snprintf(why, why_len, "%s of %zu-byte elements", twk_op_name(l->op), es);
         return false;
     }
-    if (l->op == TWK_OP_LORA_GATHER && l->ip[0]) {
-        if (why) snprintf(why, why_len, "a transposed lora_gather (16-bit expert weights' gradient)");
+    if (l->op == TWK_OP_FUSED_EW && !vk_fused_ok(l, why, why_len)) return false;
+    if (vk_attn_half(l) && l->src[0].ndim == 3 && l->src[0].ne[2] > VK_ATTN_TILE_MAXD) { /* the per-token shaders read f32 */
+        if (why) snprintf(why, why_len, "%s with 16-bit operands at head size %lld (the tiled shader's limit is %d)",
+                          twk_op_name(l->op), (long long)l->src[0].ne[2], VK_ATTN_TILE_MAXD);
         return false;
     }
     if (l->op == TWK_OP_MATMUL && l->src[0].ndim != 2 && l->src[0].ndim != 3) {

@@ -2,7 +2,8 @@
  * ATTN_BACK), and the split-K rule of the decode path (attn.comp MODE 3 / 4: ATTN_CACHE over long
  * caches; its dispatches are in vk_lower.c's lower_attn).
  * TWK_ATTN_UNTILED=1 keeps the older per-token shaders (attn.comp MODE 0 / 1, attn_back.comp)
- * for benchmark comparisons; head sizes above 512 take them too. */
+ * for benchmark comparisons; head sizes above 512 take them too. Those read f32 only: a launch
+ * with a bf16 / f16 q, k or v stays tiled (vk_supports refuses one above 512). */
 #include <stdlib.h>
 
 #include "vk_internal.h"
@@ -32,7 +33,6 @@ int64_t vk_attn_splits(const twk_launch *l, int64_t cap) {
 #define TILE_MAXB 32
 #define TILE_FWD_BD 4096 /* B * D of a forward tile: <= 64 accumulators per invocation (ACC_F) */
 #define TILE_BWD_BD 2048 /* backward: <= 32 (ACC_B) */
-#define TILE_MAXD 512
 
 static int64_t tile_floats(int64_t B, int64_t D, int back) { return back ? 4 * B * D + B * B : 2 * B * D + 2 * B * B; }
 
@@ -46,10 +46,17 @@ static int64_t tile_of(const vk_ctx *c, int64_t D, int back, uint32_t *sm) {
     return b;
 }
 
+int vk_attn_half(const twk_launch *l) {
+    if (l->op != TWK_OP_ATTN && l->op != TWK_OP_ATTN_LSE && l->op != TWK_OP_ATTN_BACK) return 0;
+    for (int i = 0; i < 3 && i < l->nsrc - 1; i++) /* q, k (and v) */
+        if (twk_dtype_is_half(l->src[i].type)) return 1;
+    return 0;
+}
+
 int vk_attn_tiled(const vk_ctx *c, const twk_launch *l, int64_t D) {
     uint32_t sm;
     if (l->op != TWK_OP_ATTN && l->op != TWK_OP_ATTN_LSE && l->op != TWK_OP_ATTN_BACK) return 0;
-    if (D > TILE_MAXD || vk_attn_untiled()) return 0;
+    if (D > VK_ATTN_TILE_MAXD || (vk_attn_untiled() && !vk_attn_half(l))) return 0;
     int64_t b = tile_of(c, D, l->op == TWK_OP_ATTN_BACK, &sm);
     return 4 * (int64_t)sm + 3 * TILE_MAXB * 4 <= (int64_t)c->props.limits.maxComputeSharedMemorySize && b >= 1;
 }
@@ -72,6 +79,13 @@ static void dims(vk_dispatch *x, const twk_launch *l, int64_t T, int64_t Hq, int
     x->fp[1] = l->fp[1];                   /* soft-cap */
 }
 
+static uint32_t h16_code(twk_dtype t) { return t == TWK_BF16 ? 1u : t == TWK_F16 ? 2u : 0u; }
+
+/* The dtypes of q, k and v (spec constants 10..12) for the dispatches that stage them. */
+static void qkv_codes(vk_dispatch *x, const twk_launch *l) {
+    for (int i = 0; i < 3 && i < l->nsrc - 1; i++) x->spec[10 + i] = h16_code(l->src[i].type);
+}
+
 int vk_lower_attn_tile(const vk_ctx *c, const twk_launch *l, int64_t n, vk_dispatch *d, int *k, size_t *scratch) {
     const twk_tensor_desc *s = l->src;
     int64_t T = twk_desc_dim(&s[0], 0, n), Hq = twk_desc_dim(&s[0], 1, n), D = twk_desc_dim(&s[0], 2, n);
@@ -89,6 +103,7 @@ int vk_lower_attn_tile(const vk_ctx *c, const twk_launch *l, int64_t n, vk_dispa
         if (l->op == TWK_OP_ATTN) x->bind[3] = 2;
         x->bind[4] = segi;
         dims(x, l, T, Hq, Hkv, D, B, segi);
+        qkv_codes(x, l);
         x->groups[0] = clamp_groups(c, nt * Hq);
         return 0;
     }
@@ -113,6 +128,7 @@ int vk_lower_attn_tile(const vk_ctx *c, const twk_launch *l, int64_t n, vk_dispa
     x->bind[6] = 6;                                 /* lse */
     if (which != 2) x->bind[7] = VKB_SCRATCH;       /* delta */
     dims(x, l, T, Hq, Hkv, D, B, segi);
+    qkv_codes(x, l);
     x->groups[0] = clamp_groups(c, nt * (which == 0 ? Hq : Hkv));
     return 0;
 }

@@ -19,6 +19,7 @@
 #include "spv_optim.h"
 #include "spv_unembed.h"
 #include "spv_moe.h"
+#include "spv_fused.h"
 
 static const struct {
     const char *name;
@@ -41,6 +42,7 @@ static const struct {
     [VKS_OPTIM] = {"optim", spv_optim, sizeof spv_optim},
     [VKS_UNEMBED] = {"unembed", spv_unembed, sizeof spv_unembed},
     [VKS_MOE] = {"moe", spv_moe, sizeof spv_moe},
+    [VKS_FUSED] = {"fused", spv_fused, sizeof spv_fused},
     [VKS_ATTN_TILE] = {"attn_tile", spv_attn_tile, sizeof spv_attn_tile},
 };
 

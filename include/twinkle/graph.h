@@ -97,7 +97,9 @@ twk_id twk_rmsnorm(twk_graph *g, twk_id x, twk_id w, float eps);
 twk_id twk_rope(twk_graph *g, twk_id x, twk_id pos, twk_id inv_freq, float theta);
 /* Causal attention within packed segments, grouped-query heads:
  * q [T, Hq, D], k and v [T, Hkv, D] (Hq % Hkv == 0), seg_start i32 [T] = index
- * of the first token of each token's sequence. Scores scaled by `scale`. */
+ * of the first token of each token's sequence. Scores scaled by `scale`. q, k and v
+ * may each be f32, bf16 or f16 (widened as read, accumulated in f32; the output and
+ * gradients are f32), on a device whose half_srcs allow it. */
 twk_id twk_attention(twk_graph *g, twk_id q, twk_id k, twk_id v, twk_id seg_start,
                      float scale);
 /* Writes x [T, H, D] into rows rows[t] of cache [R, H, D] (a parameter or

@@ -110,11 +110,13 @@ TWK_API_BEGIN
     /* made by the plan compiler's fusion pass (graph/fuse.c), never built: a chain of same-shape elementwise ops, one launch */ \
     X(FUSED_EW,       "fused_ew",      -1, COMPUTE, 0,                    0,                    0,           NONE, TRANSCENDENTAL, TWK_NO_IDS) /* srcs all of dst's shape; ip[k] = step k (TWK_FUSE_STEP in twk_backend.h), fp[k] its fparam */
 
-/* The sources that may hold bf16 / f16 (frozen weights, KV caches), X(OP, mask), on a backend
- * whose kernels widen them to f32 (its half_srcs; twk_device_half_srcs); KV_WRITE's output is its
- * cache's dtype, every other output f32. */
+/* The sources that may hold bf16 / f16 (frozen weights, KV caches, attention's q, k, v, each on
+ * its own), X(OP, mask), on a backend whose kernels widen them to f32 (its half_srcs;
+ * twk_device_half_srcs); KV_WRITE's output is its cache's dtype, every other output f32. */
 #define TWK_OP_HALF_SRCS(X) \
     X(MATMUL, TWK_SRC(1)) X(GET_ROWS, TWK_SRC(0)) X(KV_WRITE, TWK_SRC(0)) X(ATTN_CACHE, TWK_SRC(1) | TWK_SRC(2)) \
+    X(ATTN, TWK_SRC(0) | TWK_SRC(1) | TWK_SRC(2)) X(ATTN_LSE, TWK_SRC(0) | TWK_SRC(1)) \
+    X(ATTN_BACK, TWK_SRC(0) | TWK_SRC(1) | TWK_SRC(2)) \
     X(UNEMBED_LOGPROBS, TWK_SRC(1)) X(UNEMBED_LOGPROBS_BACK, TWK_SRC(1)) X(UNEMBED_LOGPROBS_DIR, TWK_SRC(1)) \
     X(LORA_GATHER, TWK_SRC(1))
 /* The ops whose output is i32 indices (the routing of a mixture of experts), X(OP). */

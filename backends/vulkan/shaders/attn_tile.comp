@@ -18,6 +18,9 @@
 // the group's heads and the query tiles that see it).
 // Bindings: 0 y, 1 q, 2 k, 3 v, 4 seg, 5 dO, 6 lse, 7 delta (the plan scratch).
 // p: 0 T, 1 Hq, 2 Hkv, 3 D, 4 B, 6 i64 seg, 8 window (0: none); f[0] scale, f[1] soft-cap.
+// Spec 10 / 11 / 12 (H16A, H16B, H16C): the dtype of q / k / v (0 f32, 1 bf16, 2 f16: read as
+// packed words at the same binding and widened as a tile is staged, common.glsl; all else is
+// f32, so a 16-bit operand gives the bits of the f32 one holding its widened values).
 // Spec 2: SM, the shared floats (>= 2 B D + 2 B B forward, 4 B D + B B backward; vk_lower_attn.c
 // picks B from the head size and the device's shared memory). WG = 64.
 #include "common.glsl"
@@ -26,6 +29,14 @@ layout(std430, binding = 0) buffer Y { float y[]; };
 layout(std430, binding = 1) readonly buffer Q { float q[]; };
 layout(std430, binding = 2) readonly buffer K { float k[]; };
 layout(std430, binding = 3) readonly buffer V { float v[]; };
+layout(std430, binding = 1) readonly buffer QH { uint qh[]; };
+layout(std430, binding = 2) readonly buffer KH { uint kh[]; };
+layout(std430, binding = 3) readonly buffer VH { uint vh[]; };
+layout(constant_id = 12) const int H16C = 0;
+#define Q_AT(i) (H16A != 0 ? h16_f32(H16_BITS(qh, i), H16A) : q[i])
+#define K_AT(i) (H16B != 0 ? h16_f32(H16_BITS(kh, i), H16B) : k[i])
+#define V_AT(i) (H16C != 0 ? h16_f32(H16_BITS(vh, i), H16C) : v[i])
+#define DO_AT(i) dO[i]
 layout(std430, binding = 4) readonly buffer S { uint seg[]; };
 layout(std430, binding = 5) readonly buffer DO { float dO[]; };
 layout(std430, binding = 6) readonly buffer L { float lse[]; };
@@ -60,11 +71,12 @@ float sdot(uint a, uint b) {
     return s;
 }
 
-// rows [r0, r0 + B) of a [T, H, D] tensor at head h into sm[dst..] as [B, D] (zeros past T)
-#define LOAD(dst, buf, boff, r0, H, h)                                               \
-    for (uint e_ = lid; e_ < B * D; e_ += WG) {                                      \
-        uint r_ = e_ / D, t_ = (r0) + r_;                                            \
-        sm[(dst) + e_] = t_ < T ? buf[(boff) + (t_ * (H) + (h)) * D + e_ % D] : 0.0; \
+// rows [r0, r0 + B) of a [T, H, D] tensor at head h (element i: AT(i), widened) into sm[dst..]
+// as [B, D] (zeros past T)
+#define LOAD(dst, AT, boff, r0, H, h)                                               \
+    for (uint e_ = lid; e_ < B * D; e_ += WG) {                                     \
+        uint r_ = e_ / D, t_ = (r0) + r_;                                           \
+        sm[(dst) + e_] = t_ < T ? AT((boff) + (t_ * (H) + (h)) * D + e_ % D) : 0.0; \
     }
 
 void forward() {
@@ -79,7 +91,7 @@ void forward() {
             int f = i < T ? first_key(i, window) : int(i);
             fst[lid] = f < 0 ? int(i) + 1 : f; // malformed (check.comp names it): no keys, zeros
         }
-        LOAD(qs, q, pc.off[1], i0, Hq, h)
+        LOAD(qs, Q_AT, pc.off[1], i0, Hq, h)
         barrier();
         uint iend = min(i0 + B, T);
         int c_lo = fst[0];
@@ -88,14 +100,14 @@ void forward() {
         for (int x = 0; x < ACC_F; x++) acc[x] = 0.0;
         float m = NEG_INF, l = 0.0; // invocation lid < B: query i0 + lid's running max and sum
         for (uint c0 = uint(c_lo); c0 < iend; c0 += B) {
-            LOAD(kv, k, pc.off[2], c0, Hkv, hk)
+            LOAD(kv, K_AT, pc.off[2], c0, Hkv, hk)
             barrier();
             for (uint e = lid; e < B * B; e += WG) {
                 uint r = e / B, c = e % B, i = i0 + r, j = c0 + c;
                 if (i < iend && int(j) >= fst[r] && j <= i) sm[ps + e] = capped(sdot(qs + r * D, kv + c * D) * scale);
             }
             barrier();
-            if (MODE == 0) LOAD(kv, v, pc.off[3], c0, Hkv, hk)
+            if (MODE == 0) LOAD(kv, V_AT, pc.off[3], c0, Hkv, hk)
             barrier();
             if (lid < B) { // query i0 + lid walks the tile's keys in order
                 uint i = i0 + lid;
@@ -168,8 +180,8 @@ void back_q() {
             rl[lid] = i < T ? lse[pc.off[6] + i * Hq + h] : 0.0;
             rd[lid] = i < T ? delta[pc.off[7] + i * Hq + h] : 0.0;
         }
-        LOAD(qs, q, pc.off[1], i0, Hq, h)
-        LOAD(gs, dO, pc.off[5], i0, Hq, h)
+        LOAD(qs, Q_AT, pc.off[1], i0, Hq, h)
+        LOAD(gs, DO_AT, pc.off[5], i0, Hq, h)
         barrier();
         uint iend = min(i0 + B, T);
         int c_lo = fst[0];
@@ -177,8 +189,8 @@ void back_q() {
         float acc[ACC_B];
         for (int x = 0; x < ACC_B; x++) acc[x] = 0.0;
         for (uint c0 = uint(c_lo); c0 < iend; c0 += B) {
-            LOAD(ks, k, pc.off[2], c0, Hkv, hk)
-            LOAD(vs, v, pc.off[3], c0, Hkv, hk)
+            LOAD(ks, K_AT, pc.off[2], c0, Hkv, hk)
+            LOAD(vs, V_AT, pc.off[3], c0, Hkv, hk)
             barrier();
             for (uint e = lid; e < B * B; e += WG) {
                 uint r = e / B, c = e % B, i = i0 + r, j = c0 + c;
@@ -217,8 +229,8 @@ void back_kv() {
     for (uint g = gl_WorkGroupID.x; g < nt * Hkv; g += gl_NumWorkGroups.x) {
         uint c0 = (g % nt) * B, hk = g / nt, cend = min(c0 + B, T), jl = cend - 1u;
         barrier();
-        LOAD(ks, k, pc.off[2], c0, Hkv, hk)
-        if (MODE == 4) LOAD(vs, v, pc.off[3], c0, Hkv, hk)
+        LOAD(ks, K_AT, pc.off[2], c0, Hkv, hk)
+        if (MODE == 4) LOAD(vs, V_AT, pc.off[3], c0, Hkv, hk)
         float acc[ACC_B];
         for (int x = 0; x < ACC_B; x++) acc[x] = 0.0;
         for (uint h = hk * grp; h < (hk + 1u) * grp; h++) {
@@ -234,8 +246,8 @@ void back_kv() {
                     rl[lid] = i < T ? lse[pc.off[6] + i * Hq + h] : 0.0;
                     rd[lid] = i < T && MODE == 4 ? delta[pc.off[7] + i * Hq + h] : 0.0;
                 }
-                LOAD(qs, q, pc.off[1], i0, Hq, h)
-                LOAD(gs, dO, pc.off[5], i0, Hq, h)
+                LOAD(qs, Q_AT, pc.off[1], i0, Hq, h)
+                LOAD(gs, DO_AT, pc.off[5], i0, Hq, h)
                 barrier();
                 for (uint e = lid; e < B * B; e += WG) {
                     uint r = e / B, c = e % B, i = i0 + r, j = c0 + c;

@@ -33,7 +33,8 @@ int id64(uint lo, uint hi) {
 // lies in word i >> 1, low half first (little-endian), so no 16-bit storage
 // feature is needed. Offsets of such bindings in pc.off count 2-byte
 // elements (vk_plan.c). Spec constants 10 and 11: the dtype of the shader's
-// first and second 16-bit operand, 0 none (f32), 1 bf16, 2 f16.
+// first and second 16-bit operand, 0 none (f32), 1 bf16, 2 f16 (attn_tile.comp
+// declares a third, 12).
 layout(constant_id = 10) const int H16A = 0;
 layout(constant_id = 11) const int H16B = 0;
 #define H16_BF16 1

@@ -7,11 +7,13 @@
 // MODE 2 kv_write:      cache[rows[t], e] = x[t, e]; p: 0 T, 1 row, 2 R
 //                       (binding 0 = the cache, binding 1 = x).
 // MODE 3 lora_gather:   y[t, n] = sum_k w[slot[t], n, k] x[t, k]; p: 0 T, 1 N,
-//                       2 S, 3 K (binding 1 = x, 3 = w).
+//                       2 S, 3 K, 4 trans (w [S, K, N]: y[t, n] = sum_k
+//                       w[slot[t], k, n] x[t, k]) (binding 1 = x, 3 = w).
 // MODE 4 lora_gather_back: y[s, n, k] = sum over t with slot[t] = s, in token
 //                       order, of dy[t, n] x[t, k]; p as MODE 3 (binding 3 = dy).
-// H16A (spec 10): get_rows' table (binding 1) or kv_write's cache (binding 0)
-// is bf16 / f16, read or written as packed words (common.glsl). Each
+// H16A (spec 10): get_rows' table (binding 1), kv_write's cache (binding 0)
+// or lora_gather's w (binding 3) is bf16 / f16, read or written as packed
+// words (common.glsl). Each
 // specialization reaches a binding through one view only.
 #include "common.glsl"
 layout(std430, binding = 0) buffer Y { float y[]; };
@@ -20,6 +22,7 @@ layout(std430, binding = 1) buffer X { float x[]; };
 layout(std430, binding = 1) buffer XH { uint xh[]; };
 layout(std430, binding = 2) buffer I { uint ids[]; };
 layout(std430, binding = 3) buffer W { float w[]; };
+layout(std430, binding = 3) buffer WH { uint wh[]; };
 
 // kv_write into a 16-bit cache: one invocation per word a written row
 // touches (row r's D halves start at half a = off[0] + r D, so it spans words
@@ -90,8 +93,12 @@ void main() {
             uint K = uint(pc.p[3]);
             float s = 0.0;
             if (ok) {
-                uint wb = pc.off[3] + (uint(id) * D + d) * K, xb = pc.off[1] + t * K;
-                for (uint k = 0u; k < K; k++) s = fma(w[wb + k], x[xb + k], s);
+                bool tr = pc.p[4] != 0;
+                uint wn = tr ? 1u : K, wk = tr ? D : 1u, wb = pc.off[3] + uint(id) * D * K + d * wn, xb = pc.off[1] + t * K;
+                if (H16A != 0)
+                    for (uint k = 0u; k < K; k++) s = fma(h16_f32(H16_BITS(wh, wb + k * wk), H16A), x[xb + k], s);
+                else
+                    for (uint k = 0u; k < K; k++) s = fma(w[wb + k * wk], x[xb + k], s);
             }
             y[pc.off[0] + i] = s;
         }
