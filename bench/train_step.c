@@ -27,6 +27,7 @@ typedef struct step_shape {
     int widths_8b;   /* Qwen3-8B's widths (untied) instead of Qwen3-0.6B's (tied) */
     twk_dtype dtype; /* the frozen base weights (LoRA, gradients and moments are f32) */
     int logits;      /* the [T, V] logits path instead of the fused unembedding */
+    int unembed_recompute; /* the fused unembedding that recomputes its logits, not the two-product one */
 } step_shape;
 
 typedef struct step_result {
@@ -37,6 +38,7 @@ typedef struct step_result {
     double launches; /* kernel launches per step (twk_plan_launches_run) */
     int threads;
     char name[200];
+    char path[16]; /* the unembedding path the trainer took (twk_trainer_unembed_path) */
 } step_result;
 
 /* Builds the model and trainer on `spec` and times the step; 0 (message printed) on failure. */
@@ -61,8 +63,10 @@ static int run_step(const char *spec, const step_shape *sh, step_result *res) {
     lc.rank = sh->rank;
     lc.alpha = 32;
     if (twk_model_random_as(&c, dev, 1, sh->dtype, &m) != TWK_OK ||
-        twk_trainer_new_opts(m, &lc, sh->tokens, &(twk_trainer_opts){.logits = sh->logits}, &t) != TWK_OK)
+        twk_trainer_new_opts(m, &lc, sh->tokens,
+                             &(twk_trainer_opts){.logits = sh->logits, .unembed_recompute = sh->unembed_recompute}, &t) != TWK_OK)
         goto out;
+    snprintf(res->path, sizeof res->path, "%s", twk_trainer_unembed_path(t));
     double per_layer = (double)c.hidden * c.heads * c.head_dim * 2 + (double)c.hidden * c.kv_heads * c.head_dim * 2 +
                        3.0 * c.hidden * c.ffn;
     res->lora_params = 0;
@@ -141,7 +145,7 @@ int main(int argc, char **argv) {
     int layers = 4, tokens = 1024, seqs = 4, rank = 16, steps = 3, vocab = 151936;
     const char *peer = getenv("TWK_PEER_PYTHON"), *device = "cpu", *compare = NULL, *dtype = "f32";
     double peak = 0;
-    int logits = 0, widths_8b = 0, fusion_both = 1;
+    int logits = 0, unembed_recompute = 0, widths_8b = 0, fusion_both = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = atoi(argv[++i]);
@@ -155,6 +159,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--peak-tflops") && i + 1 < argc) peak = atof(argv[++i]);
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc && twk_dtype_parse_float(argv[i + 1]) >= 0) dtype = argv[++i];
         else if (!strcmp(argv[i], "--logits")) logits = 1;
+        else if (!strcmp(argv[i], "--unembed-recompute")) unembed_recompute = 1;
         else if (!strcmp(argv[i], "--fusion") && i + 1 < argc && (!strcmp(argv[i + 1], "on") || !strcmp(argv[i + 1], "both")))
             fusion_both = !strcmp(argv[++i], "both");
         else if (!strcmp(argv[i], "--widths") && i + 1 < argc && (!strcmp(argv[i + 1], "0.6b") || !strcmp(argv[i + 1], "8b")))
@@ -164,13 +169,15 @@ int main(int argc, char **argv) {
                     "usage: bench_train_step [--layers 4] [--tokens 1024] [--seqs 4] [--rank 16] [--steps 3]\n"
                     "                        [--vocab 151936] [--peer PYTHON] [--device cpu] [--compare SPEC]\n"
                     "                        [--peak-tflops P] [--dtype f32|bf16|f16] [--logits] [--widths 0.6b|8b]\n"
-                    "                        [--fusion both|on]\n"
+                    "                        [--fusion both|on] [--unembed-recompute]\n"
                     "  --peer (or TWK_PEER_PYTHON): a python with torch, transformers and peft; runs\n"
                     "  bench/peer/train_step.py with the same shapes and thread count and prints the ratio.\n"
                     "  --device: where twinkle runs; --compare SPEC: the same step on SPEC too, and the\n"
                     "  ratio device/SPEC; --peak-tflops P: the device's peak, for the MFU; --dtype: the\n"
                     "  frozen base weights' dtype, the peer's too (LoRA, gradients, moments stay f32);\n"
                     "  --logits: twinkle's [T, V] logits path instead of the fused unembedding;\n"
+                    "  --unembed-recompute: the fused unembedding that recomputes its logits in the\n"
+                    "  backward (three products) instead of the two-product one (the CPU's default);\n"
                     "  --widths: Qwen3-0.6B's layer widths (tied embeddings) or Qwen3-8B's (untied);\n"
                     "  --fusion both (default): also the step with elementwise fusion off (TWK_FUSION=0),\n"
                     "  its launches per step and tokens/s beside the fused step's; on: only the fused step.\n");
@@ -181,14 +188,16 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_train_step: bad sizes\n");
         return 2;
     }
-    step_shape sh = {layers, tokens, seqs, rank, steps, vocab, widths_8b, (twk_dtype)twk_dtype_parse_float(dtype), logits};
+    step_shape sh = {layers, tokens, seqs, rank, steps, vocab, widths_8b, (twk_dtype)twk_dtype_parse_float(dtype), logits,
+                     unembed_recompute};
     step_result r, rcmp;
     if (!run_step(device, &sh, &r)) return 1;
     printf("model: Qwen3-%s widths (hidden %d, %d heads / 8 kv, head_dim 128, ffn %d, vocab %d), %d layers, "
            "%s; LoRA rank %d on q,k,v,o,gate,up,down; %d tokens in %d sequences; %d threads; weights %s; %s\n",
            widths_8b ? "8B" : "0.6B", widths_8b ? 4096 : 1024, widths_8b ? 32 : 16, widths_8b ? 12288 : 3072, vocab,
            layers, widths_8b ? "untied" : "tied", rank, tokens, seqs, r.threads, dtype,
-           logits ? "[T, V] logits" : "fused unembedding");
+           !strcmp(r.path, "logits") ? "[T, V] logits" : !strcmp(r.path, "recompute") ? "fused unembedding (logits recomputed)"
+                                                                                    : "fused unembedding (two products)");
     print_result(&r, &sh, peak);
     step_result ru = {0};
     if (fusion_both && getenv("TWK_FUSION") && !strcmp(getenv("TWK_FUSION"), "0")) fusion_both = 0;

@@ -103,6 +103,7 @@ int twk_cmd_plan(int argc, char **argv) {
         rq.dtype = twk_dtype_name((twk_dtype)t);
     }
     if (dev && !twk_mem_fused_unembed(dev, rq.dtype)) rq.logits = true; /* that backend keeps the logits */
+    if (dev && !twk_mem_dir_unembed(dev, rq.dtype)) rq.unembed_recompute = true; /* its fused one recomputes */
     twk_mem_plan p;
     if (twk_mem_plan_dir(model, &rq, &p) != TWK_OK) {
         fprintf(stderr, "twinkle plan: %s\n", twk_last_error());

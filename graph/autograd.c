@@ -274,6 +274,20 @@ static int grad_unembed_logprobs(grad_step *st) {
     return 1;
 }
 
+/* dh = d[:, H] * g: the logprob column's gradient (a [T, 1] read straight from the slice whose
+ * gradient built gy, or sliced out of gy) times the direction the forward saved; no product over
+ * the vocabulary. The direction columns' own gradient is not propagated (twk_unembed_logprobs_dir). */
+static int grad_unembed_logprobs_dir(grad_step *st) {
+    twk_graph *g = st->g;
+    int64_t H = st->n.ne[1] - 1;
+    const twk_node *dy = &g->nodes[st->gy];
+    twk_id col = dy->op == TWK_OP_SLICE_BACK && dy->ip[0] == 1 && dy->ip[1] == H && g->nodes[dy->src[0]].ne[1] == 1
+                     ? dy->src[0] /* the slice_back is left dead: the compiler drops it */
+                     : twk_slice(g, st->gy, 1, H, 1);
+    st->c[0] = twk_mul(g, twk_slice(g, st->id, 1, 0, H), col);
+    return 1;
+}
+
 /* ---- mixture of experts: the routing weights' gradient reaches the logits; ids have none ---- */
 
 static int grad_moe_gate(grad_step *st) {
@@ -330,6 +344,7 @@ static const grad_rule rules[TWK_OP_COUNT] = {
     [TWK_OP_LOGPROBS] = grad_logprobs,
     [TWK_OP_LORA_GATHER] = grad_lora_gather,
     [TWK_OP_UNEMBED_LOGPROBS] = grad_unembed_logprobs,
+    [TWK_OP_UNEMBED_LOGPROBS_DIR] = grad_unembed_logprobs_dir,
     [TWK_OP_MOE_GATE] = grad_moe_gate,
     [TWK_OP_MOE_DISPATCH] = grad_moe_dispatch,
     [TWK_OP_MOE_COMBINE] = grad_moe_combine,

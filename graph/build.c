@@ -615,6 +615,47 @@ twk_id twk_unembed_logprobs(twk_graph *g, twk_id h, twk_id w, twk_id targets) {
     return twk_graph_push(g, &n);
 }
 
+twk_id twk_unembed_logprobs_dir(twk_graph *g, twk_id h, twk_id w, twk_id targets, int chunk, int rows) {
+    const twk_node *H = arg(g, h, "unembed_logprobs_dir", "h");
+    const twk_node *W = arg(g, w, "unembed_logprobs_dir", "w");
+    const twk_node *t = arg(g, targets, "unembed_logprobs_dir", "targets");
+    if (!H || !W || !t) return -1;
+    if (!want_dtype(g, H, h, "unembed_logprobs_dir", "h", 1, 0) || !want_float(g, W, w, "unembed_logprobs_dir", "w") ||
+        !want_dtype(g, t, targets, "unembed_logprobs_dir", "targets", 0, 1))
+        return -1;
+    char s1[96], s2[96], s3[96];
+    if (H->ndim != 2 || (H->dyn & 2) || W->ndim != 2 || W->dyn || W->ne[1] != H->ne[1] || !is_vector_of(t, H))
+        return twk_graph_fail(g, TWK_ERR_SHAPE, "unembed_logprobs_dir: want h [T, H], w [V, H] and targets [T]; got %s, %s and %s",
+                              SHAPE(g, h, s1), SHAPE(g, w, s2), SHAPE(g, targets, s3));
+    if (W->flags & TWK_NODE_TRAINABLE)
+        return twk_graph_fail(g, TWK_ERR_INVALID_ARG, "unembed_logprobs_dir: w (node %d) is trainable; it must be frozen", w);
+    if (chunk < 0 || rows < 0)
+        return twk_graph_fail(g, TWK_ERR_INVALID_ARG, "unembed_logprobs_dir: chunk %d and rows %d must be >= 0", chunk, rows);
+    twk_node n;
+    init_node(&n, TWK_OP_UNEMBED_LOGPROBS_DIR, TWK_F32);
+    n.ndim = 2;
+    n.ne[0] = H->ne[0];
+    n.ne[1] = H->ne[1] + 1;
+    n.dyn = H->dyn & 1;
+    n.nsrc = 3;
+    n.src[0] = h;
+    n.src[1] = w;
+    n.src[2] = targets;
+    n.ip[0] = chunk;
+    n.ip[1] = rows;
+    return twk_graph_push(g, &n);
+}
+
+twk_id twk_unembed_dir_logprobs(twk_graph *g, twk_id packed) {
+    const twk_node *P = arg(g, packed, "unembed_dir_logprobs", "packed");
+    if (!P) return -1;
+    if (P->op != TWK_OP_UNEMBED_LOGPROBS_DIR)
+        return twk_graph_fail(g, TWK_ERR_INVALID_ARG, "unembed_dir_logprobs: node %d is %s, not unembed_logprobs_dir", packed,
+                              twk_op_name(P->op));
+    int64_t ne[1] = {(P->dyn & 1) ? -P->ne[0] : P->ne[0]};
+    return twk_reshape(g, twk_slice(g, packed, 1, P->ne[1] - 1, 1), 1, ne);
+}
+
 /* ---- decoding with a KV cache ---- */
 
 twk_id twk_kv_write(twk_graph *g, twk_id cache, twk_id x, twk_id rows) {

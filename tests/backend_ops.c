@@ -131,7 +131,7 @@ static int compare_case(const op_case *c, twk_device *cpu, twk_device *dev, int6
         printf("FAIL %-12s %-34s backward: %s\n", who, c->name, twk_last_error());
         goto done;
     }
-    if (skip_missing) /* the MoE block: a device without one of the case's ops skips it */
+    if (skip_missing) /* the MoE block, the two-product unembedding: a device without one of the case's ops skips it */
         for (int id = 0; id < twk_graph_size(g); id++)
             if (twk_op_has_kernel(twk_node_op(g, id)) && !twk_device_has_op(dev, twk_node_op(g, id))) {
                 printf("skip %-12s %-34s n=%-3lld no %s kernel\n", who, c->name, (long long)n, twk_op_name(twk_node_op(g, id)));
@@ -226,20 +226,20 @@ static int run_device(twk_device *cpu, twk_device *dev, const char *only, int ex
     memset(&cov, 0, sizeof cov);
     int fails = 0;
     double t0 = twk_now();
-    for (int table = 0; table < 3; table++) {
-        const op_case *cases = table == 2 ? opc_moe_cases : table ? opc_extra_cases : opc_cases;
-        int count = table == 2 ? opc_n_moe_cases : table ? opc_n_extra_cases : opc_n_cases;
+    for (int table = 0; table < 4; table++) {
+        const op_case *cases = table == 3 ? opc_dir_cases : table == 2 ? opc_moe_cases : table ? opc_extra_cases : opc_cases;
+        int count = table == 3 ? opc_n_dir_cases : table == 2 ? opc_n_moe_cases : table ? opc_n_extra_cases : opc_n_cases;
         for (int i = 0; i < count; i++) {
             const op_case *c = &cases[i];
             if (only && !strstr(c->name, only)) continue;
             uint64_t seed = (uint64_t)(table * 500 + i);
             if (c->cap) {
                 /* at capacity, and at a smaller run-time count */
-                fails += compare_case(c, cpu, dev, c->cap, 3000 + seed, exact, &cov, table == 2);
-                fails += compare_case(c, cpu, dev, c->cap / 2 + 1, 4000 + seed, exact, &cov, table == 2);
+                fails += compare_case(c, cpu, dev, c->cap, 3000 + seed, exact, &cov, table >= 2);
+                fails += compare_case(c, cpu, dev, c->cap / 2 + 1, 4000 + seed, exact, &cov, table >= 2);
                 *runs += 2;
             } else {
-                fails += compare_case(c, cpu, dev, 1, 3000 + seed, exact, &cov, table == 2);
+                fails += compare_case(c, cpu, dev, 1, 3000 + seed, exact, &cov, table >= 2);
                 (*runs)++;
             }
         }

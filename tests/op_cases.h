@@ -48,6 +48,10 @@ extern const int opc_n_extra_cases;
  * devices that have every op a case uses (a skip line for the others). */
 extern const op_case opc_moe_cases[];
 extern const int opc_n_moe_cases;
+/* The two-product unembedding's cases (op_cases_unembed.c), an op only some backends have:
+ * test_ops runs them; backend_ops on the devices that have it (a skip line for the others). */
+extern const op_case opc_dir_cases[];
+extern const int opc_n_dir_cases;
 
 /* Size of a spec dim at token count n (negative dims are per-token). */
 int64_t opc_actual(int64_t ne, int64_t n);

@@ -2,6 +2,7 @@
 #include "ref_ops.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 int64_t rt_nelem(const rt *t) {
@@ -145,6 +146,29 @@ void ref_logprobs(const rt *logits, const rt *targets, rt *y) {
         for (int64_t i = 0; i < V; i++) z += exp(x[i] - m);
         y->d[t] = x[(int64_t)targets->d[t]] - m - log(z);
     }
+}
+
+void ref_unembed_dir(const rt *h, const rt *w, const rt *targets, rt *y) {
+    int64_t T = h->ne[0], H = h->ne[1], V = w->ne[0];
+    double *z = malloc((size_t)V * sizeof *z);
+    for (int64_t t = 0; t < T; t++) {
+        double m = -INFINITY, s = 0, *yr = y->d + t * (H + 1);
+        int64_t tgt = (int64_t)targets->d[t];
+        for (int64_t v = 0; v < V; v++) {
+            double d = 0;
+            for (int64_t k = 0; k < H; k++) d += h->d[t * H + k] * w->d[v * H + k];
+            z[v] = d;
+            m = d > m ? d : m;
+        }
+        for (int64_t v = 0; v < V; v++) s += exp(z[v] - m);
+        for (int64_t k = 0; k < H; k++) yr[k] = w->d[tgt * H + k];
+        for (int64_t v = 0; v < V; v++) {
+            double p = exp(z[v] - m) / s;
+            for (int64_t k = 0; k < H; k++) yr[k] -= p * w->d[v * H + k];
+        }
+        yr[H] = z[tgt] - m - log(s);
+    }
+    free(z);
 }
 
 void ref_permute(const rt *x, const int *perm, rt *y) {

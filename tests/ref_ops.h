@@ -29,6 +29,9 @@ void ref_rope(const rt *x, const rt *pos, const rt *inv_freq, double theta, rt *
 /* window > 0: query i sees keys i - window < j <= i; cap > 0: scores cap * tanh(s / cap) */
 void ref_attention(const rt *q, const rt *k, const rt *v, const rt *seg, double scale, int window, double cap, rt *y);
 void ref_logprobs(const rt *logits, const rt *targets, rt *y);
+/* unembed_logprobs_dir: h [T, H], w [V, H], targets [T] -> y [T, H + 1]: per token
+ * w[target] - softmax(h w^T) w, then log_softmax(h w^T)[target] */
+void ref_unembed_dir(const rt *h, const rt *w, const rt *targets, rt *y);
 void ref_permute(const rt *x, const int *perm, rt *y);
 void ref_slice(const rt *x, int axis, int64_t start, rt *y);
 void ref_concat(const rt *a, const rt *b, int axis, rt *y);

@@ -95,6 +95,12 @@ static void batch_free(batch *x) {
 }
 
 /* ---- two ways to plan one step: identical results ---- */
+static char paths[2][16]; /* the unembedding paths of compare_tol's last two trainers */
+/* A gradient tensor that is zero in exact arithmetic (the key projections' at one token: a softmax
+ * over one key has no gradient) holds rounding noise the size of the step's other gradients times
+ * 2^-24, so each tensor's difference is measured against the larger of its own largest magnitude
+ * and GRAD_FLOOR times the step's largest gradient. */
+#define GRAD_FLOOR 0.1
 /* Two trainers on one batch: bit-identical loss, logprobs and gradients when tol is 0, else every
  * difference within tol relative to the largest magnitude of its tensor. */
 static void compare_tol(twk_model *m, const char *name, int rank, int64_t n, twk_trainer_opts oa, twk_trainer_opts ob,
@@ -111,11 +117,13 @@ static void compare_tol(twk_model *m, const char *name, int rank, int64_t n, twk
         lp[k] = calloc((size_t)n, sizeof(float));
         if (twk_trainer_new_opts(m, rank ? &lc : NULL, n, k ? &ob : &oa, &t[k]) != TWK_OK ||
             twk_trainer_forward_backward(t[k], &x.b, lp[k], &loss[k]) != TWK_OK) {
+            paths[k][0] = 0;
             printf("FAIL %s: %s\n", name, twk_last_error());
             fails++;
             goto out;
         }
     }
+    for (int k = 0; k < 2; k++) snprintf(paths[k], sizeof paths[k], "%s", twk_trainer_unembed_path(t[k]));
     int same = !memcmp(&loss[0], &loss[1], sizeof(float)) && !memcmp(lp[0], lp[1], (size_t)n * sizeof(float));
     double lp_rel = 0, lp_big = 0;
     for (int64_t k = 0; k < n; k++) {
@@ -125,7 +133,7 @@ static void compare_tol(twk_model *m, const char *name, int rank, int64_t n, twk
     }
     lp_rel = lp_big > 0 ? lp_rel / lp_big : lp_rel;
     int np = twk_trainer_param_count(t[0]), diff = 0;
-    double worst = 0, worst_rel = 0;
+    double worst = 0, worst_rel = 0, big_all = 0, *wt = calloc((size_t)np + 1, sizeof *wt), *bt = calloc((size_t)np + 1, sizeof *bt);
     for (int i = 0; i < np; i++) {
         int64_t ne = 0;
         const char *pn = twk_trainer_param_name(t[0], i, &ne);
@@ -140,12 +148,25 @@ static void compare_tol(twk_model *m, const char *name, int rank, int64_t n, twk
             if (fabs((double)g0[k]) > big) big = fabs((double)g0[k]);
         }
         if (w > worst) worst = w;
-        if (big > 0 && w / big > worst_rel) worst_rel = w / big;
+        wt[i] = w;
+        bt[i] = big;
+        if (big > big_all) big_all = big;
         free(g0);
         free(g1);
     }
-    printf("     %s (%s, %lld tokens): loss %.6f / %.6f, %d tensors, %d differ, max |diff| %.3g (%.3g of the tensor's largest), "
-           "logprobs %.3g\n", name, rank ? "LoRA" : "full", (long long)n, (double)loss[0], (double)loss[1], np, diff, worst,
+    /* each tensor against its largest magnitude, floored at GRAD_FLOOR of the step's largest gradient (above) */
+    int worst_i = 0;
+    for (int i = 0; i < np; i++) {
+        double s = bt[i] > GRAD_FLOOR * big_all ? bt[i] : GRAD_FLOOR * big_all;
+        if (s > 0 && wt[i] / s > worst_rel) worst_rel = wt[i] / s, worst_i = i;
+    }
+    if (getenv("TWK_TEST_VERBOSE") && np)
+        printf("     worst: %s |diff| %.3g, its largest %.3g, the step's largest %.3g\n", twk_trainer_param_name(t[0], worst_i, NULL),
+               wt[worst_i], bt[worst_i], big_all);
+    free(wt);
+    free(bt);
+    printf("     %s (%s, %lld tokens, %s / %s): loss %.6f / %.6f, %d tensors, %d differ, max |diff| %.3g (%.3g of the tensor's largest, floored), "
+           "logprobs %.3g\n", name, rank ? "LoRA" : "full", (long long)n, paths[0], paths[1], (double)loss[0], (double)loss[1], np, diff, worst,
            worst_rel, lp_rel);
     char what[200];
     if (tol == 0) {
@@ -190,15 +211,41 @@ static void recompute_case(twk_model *m, const char *name, int rank, int64_t n) 
     check(p1.n_launches > p0.n_launches && (!rank || c->layers < 2 || p1.act_train < p0.act_train), "%s", what);
 }
 
-/* the fused unembedding (token tiles) against matmul + logprobs over [T, V]: bit-identical in one
- * tile; over several, sgemm of a tile's rows need not give the bits of the whole pass's (OpenBLAS's
- * Haswell kernels differ in the last bits with the row count), so within 1e-5 of each tensor's scale */
+/* The fused unembeddings against matmul + logprobs over [T, V].
+ * The one that recomputes its logits (token tiles): bit-identical in one tile; over several, sgemm
+ * of a tile's rows need not give the bits of the whole pass's (OpenBLAS's Haswell kernels differ in
+ * the last bits with the row count), so within 1e-5 of each tensor's scale.
+ * The two-product one (vocabulary chunks, the trainer's default here): the log-sum-exp is an online
+ * sum over the chunks (the running sum rescaled when the max grows) instead of one pass after the
+ * max, and dh = dy (w[target] - G / s) instead of the product of the softmax's gradient with w: the
+ * same f32 terms summed in another order. Each sum of V terms of size <= its total carries a relative
+ * rounding error of at most ~V/16 * 2^-24 (16 SIMD lanes, then the lanes; 6e-4 for V = 151936, 4e-6
+ * for the fixtures' ~1000) and in practice its square root, ~1e-6 (sqrt(9500) * 6e-8); the logprob
+ * differs by that error of log s, the gradients by it relative to |w| (|dh| ~ |w|), and the LoRA
+ * gradients, sums over tokens of products with dh, relatively the same. Tolerance: 2e-5 of each
+ * tensor's largest magnitude (floored: GRAD_FLOOR; logprobs: of the largest |logprob|), 20 x that
+ * estimate; the measured differences are printed (at one token the logits path's logits come from
+ * sgemv or the 16-bit row dots, the two-product one's from sgemm). Two-product with activation
+ * recompute: bit-identical to it without. */
+static void paths_are(const char *name, const char *a, const char *b) {
+    char what[160];
+    snprintf(what, sizeof what, "%s: the trainers took the %s and %s paths", name, a, b);
+    check(!strcmp(paths[0], a) && !strcmp(paths[1], b), "%s", what);
+}
+
 static void unembed_case(twk_model *m, const char *name, int64_t n) {
     int one_tile = TWK_UNEMBED_TILE_ROWS((int64_t)twk_model_cfg(m)->vocab, n) >= n;
     double tol = one_tile ? 0 : 1e-5;
-    compare_tol(m, name, 8, n, (twk_trainer_opts){.logits = true}, (twk_trainer_opts){0}, "the fused unembedding", tol);
-    compare_tol(m, name, 8, n, (twk_trainer_opts){.logits = true}, (twk_trainer_opts){.recompute = true},
-                "the fused unembedding with recompute", tol);
+    compare_tol(m, name, 8, n, (twk_trainer_opts){.logits = true}, (twk_trainer_opts){.unembed_recompute = true},
+                "the fused unembedding (logits recomputed)", tol);
+    paths_are(name, "logits", "recompute");
+    compare_tol(m, name, 8, n, (twk_trainer_opts){.logits = true}, (twk_trainer_opts){.unembed_recompute = true, .recompute = true},
+                "the fused unembedding (logits recomputed) with recompute", tol);
+    compare_tol(m, name, 8, n, (twk_trainer_opts){.logits = true}, (twk_trainer_opts){0}, "the two-product unembedding", 2e-5);
+    paths_are(name, "logits", "two-product");
+    compare_tol(m, name, 8, n, (twk_trainer_opts){0}, (twk_trainer_opts){.recompute = true},
+                "the two-product unembedding with recompute", 0);
+    paths_are(name, "two-product", "two-product");
 }
 
 /* ---- prediction against the measured peak ---- */

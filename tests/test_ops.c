@@ -158,9 +158,11 @@ int main(int argc, char **argv) {
         return 1;
     }
     int fails = 0, runs = 0;
-    int n_cases = opc_n_cases + opc_n_moe_cases; /* then the mixture-of-experts block */
+    int n_cases = opc_n_cases + opc_n_moe_cases + opc_n_dir_cases; /* then the MoE block, the two-product unembedding */
     for (int i = 0; i < n_cases; i++) {
-        const op_case *c = i < opc_n_cases ? &opc_cases[i] : &opc_moe_cases[i - opc_n_cases];
+        const op_case *c = i < opc_n_cases                     ? &opc_cases[i]
+                           : i < opc_n_cases + opc_n_moe_cases ? &opc_moe_cases[i - opc_n_cases]
+                                                               : &opc_dir_cases[i - opc_n_cases - opc_n_moe_cases];
         if (only && !strstr(c->name, only)) continue;
         if (c->cap) {
             /* at capacity, and at a smaller run-time count */

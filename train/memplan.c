@@ -57,7 +57,7 @@ twk_status twk_mem_plan_config(const twk_model_config *cfg, const twk_mem_reques
     lc.train_unembed = rq->train_unembed;
     lc.train_experts = rq->train_experts;
     lc.train_router = rq->train_router;
-    twk_trainer_opts o = {.recompute = rq->recompute, .logits = rq->logits};
+    twk_trainer_opts o = {.recompute = rq->recompute, .logits = rq->logits, .unembed_recompute = rq->unembed_recompute};
     twk_trainer *t = NULL;
     st = twk_trainer_create_dry(m, rq->rank ? &lc : NULL, rq->tokens, &o, &t);
     if (st == TWK_OK) {
@@ -82,7 +82,13 @@ twk_status twk_mem_plan_config(const twk_model_config *cfg, const twk_mem_reques
                            (size_t)(m->n_w + t->n_adapter) * (sizeof *t->tp + sizeof *t->param_ids) + sizeof *m +
                            (size_t)m->n_w * sizeof *m->w;
         out->widen = widen_panel(m);
-        if (t->fused) out->scratch = (uint64_t)TWK_UNEMBED_TILE_ROWS((int64_t)cfg->vocab, rq->tokens) * (uint64_t)cfg->vocab * 4;
+        if (t->fused) /* the one-product op's token tile of logits (with the two-product op: the forward plan's) */
+            out->scratch = (uint64_t)TWK_UNEMBED_TILE_ROWS((int64_t)cfg->vocab, rq->tokens) * (uint64_t)cfg->vocab * 4;
+        if (t->dir) { /* the training graph's chunks: a [rows, C] tile, a 16-bit chunk widened, 3 floats a token (one scratch: the larger) */
+            int64_t C = TWK_UNEMBED_CHUNK((int64_t)cfg->vocab), rows = TWK_UNEMBED_DIR_ROWS(C, rq->tokens);
+            uint64_t d = (uint64_t)TWK_UNEMBED_DIR_SCRATCH(C, rows, (int64_t)cfg->hidden, rq->tokens, wb == 2) * 4;
+            if (d > out->scratch) out->scratch = d;
+        }
         out->per_run = out->adapter + out->grads + out->moments;
         out->device = out->weights + out->adapter + out->grads + out->moments + out->activations + out->scratch + out->widen +
                       out->kv_cache;
@@ -215,9 +221,17 @@ bool twk_mem_fused_unembed(const twk_device *dev, const char *dtype) {
            (twk_device_half_srcs(dev, TWK_OP_UNEMBED_LOGPROBS_BACK) & need) == need;
 }
 
+bool twk_mem_dir_unembed(const twk_device *dev, const char *dtype) {
+    if (!twk_mem_dtype_bytes(dtype) || !twk_device_has_op(dev, TWK_OP_UNEMBED_LOGPROBS_DIR)) return false;
+    twk_dtype d = dtype ? (twk_dtype)twk_dtype_parse_float(dtype) : TWK_F32;
+    unsigned need = twk_dtype_is_half(d) ? TWK_SRC(1) : 0;
+    return (twk_device_half_srcs(dev, TWK_OP_UNEMBED_LOGPROBS_DIR) & need) == need;
+}
+
 twk_status twk_mem_plan_choose(const char *dir, twk_mem_request *rq, bool auto_recompute, twk_device *dev,
                                twk_mem_plan *out) {
     if (dev && !twk_mem_fused_unembed(dev, rq->dtype)) rq->logits = true;
+    if (dev && !twk_mem_dir_unembed(dev, rq->dtype)) rq->unembed_recompute = true;
     twk_status st = twk_mem_plan_dir(dir, rq, out);
     if (st == TWK_OK) st = twk_mem_plan_fits(out, dev);
     if (st != TWK_ERR_OOM || rq->recompute || !auto_recompute) return st;

@@ -877,8 +877,16 @@ static twk_status build(twk_trainer *t) {
     }
     if (t->sampling && !head) h = twk_get_rows(g, h, t->sel); /* only the rows that sample next */
     if (t->fused) { /* logprobs without the [T, V] logits */
-        t->logprobs = twk_unembed_logprobs(g, h, weight_node(t, c->tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"),
-                                           t->targets);
+        twk_id w = weight_node(t, c->tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+        if (t->dir && !t->forward_only) { /* training: two products, the backward none */
+            t->logprobs = twk_unembed_dir_logprobs(g, twk_unembed_logprobs_dir(g, h, w, t->targets, 0, 0));
+        } else if (t->dir) { /* the forward plan: one product, viewed twice so the ids stay the training
+                                graph's (unembed_logprobs_dir, slice, reshape) */
+            int64_t col[2] = {TWK_T, 1}, row[1] = {TWK_T};
+            t->logprobs = twk_reshape(g, twk_reshape(g, twk_unembed_logprobs(g, h, w, t->targets), 2, col), 1, row);
+        } else {
+            t->logprobs = twk_unembed_logprobs(g, h, w, t->targets);
+        }
         return finish_loss(t);
     }
     twk_id logits;
@@ -980,7 +988,9 @@ static twk_status compile_train(twk_trainer *t, twk_buffer *shared) {
     twk_graph *train = t->g;
     twk_id lp = t->logprobs, loss = t->loss, aux = t->aux, objective = t->objective, coef = t->aux_coef;
     t->g = twk_graph_new();
+    t->forward_only = 1;
     st = t->g ? build(t) : TWK_ERR_OOM;
+    t->forward_only = 0;
     if (st == TWK_OK && (t->logprobs != lp || t->loss != loss || t->aux != aux))
         st = twk_error(TWK_ERR_STATE, "trainer: the forward graph was built differently the second time");
     if (st == TWK_OK) {
@@ -1140,6 +1150,7 @@ static twk_status trainer_create(twk_model *m, const twk_lora_config *lora, int6
     /* the fused unembedding where the lm_head is frozen and the backend has it */
     t->fused = !sampling && lora && !lora->train_unembed && !(o && o->logits) && !(m->cfg.final_softcap > 0) &&
                (dry || twk_mem_fused_unembed(m->dev, twk_dtype_name(twk_model_dtype(m))));
+    t->dir = t->fused && !(o && o->unembed_recompute) && (dry || twk_mem_dir_unembed(m->dev, twk_dtype_name(twk_model_dtype(m))));
     if (lora) {
         t->lc = *lora;
         t->scale = lora->alpha / (float)lora->rank;

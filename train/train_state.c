@@ -13,6 +13,10 @@
 int64_t twk_trainer_step(const twk_trainer *t) { return t ? t->step : 0; }
 int64_t twk_trainer_capacity(const twk_trainer *t) { return t ? t->capacity : 0; }
 
+const char *twk_trainer_unembed_path(const twk_trainer *t) {
+    return !t ? "" : t->dir ? "two-product" : t->fused ? "recompute" : "logits";
+}
+
 static twk_status save_full(twk_trainer *t, const char *dir) {
     twk_st_entry *e = twk_host_calloc((size_t)t->n_tp * sizeof *e, "state entries");
     float **d = twk_host_calloc((size_t)t->n_tp * sizeof *d, "state data");

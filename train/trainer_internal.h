@@ -108,6 +108,9 @@ struct twk_trainer {
     int recompute, dry;
     int early_grads; /* twk_trainer_opts.early_grads: grad_acc hoisted to right after each gradient */
     int fused; /* logprobs by twk_unembed_logprobs (no [T, V] logits) */
+    int dir;   /* and in the training graph by twk_unembed_logprobs_dir (two products, none in the
+                  backward); the forward plan's graph (forward_only) keeps the one-product op */
+    int forward_only;
     /* the router's load-balancing loss (cfg.router_aux; not in samplers; in a packed trainer per slot:
      * aux and aux_coef [n_slots, 1], written and read by lora_pack.c):
      * aux_stats the sum of the sparse layers' moe_router_stats while build() runs (n_aux of them),

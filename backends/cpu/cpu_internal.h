@@ -94,7 +94,7 @@ typedef twk_status (*cpu_kernel)(const cpu_call *c);
     X(GET_ROWS_BACK, cpu_get_rows_back) X(RMSNORM, cpu_rmsnorm) X(RMSNORM_BACK_X, cpu_rmsnorm_back_x)   \
     X(RMSNORM_BACK_W, cpu_rmsnorm_back_w) X(ROPE, cpu_rope) X(ATTN, cpu_attn) X(ATTN_LSE, cpu_attn_lse) \
     X(ATTN_BACK, cpu_attn_back) X(LOGPROBS, cpu_logprobs) X(LOGPROBS_BACK, cpu_logprobs_back) X(UNEMBED_LOGPROBS, cpu_unembed_logprobs)           \
-    X(UNEMBED_LOGPROBS_BACK, cpu_unembed_logprobs_back)           \
+    X(UNEMBED_LOGPROBS_BACK, cpu_unembed_logprobs_back) X(UNEMBED_LOGPROBS_DIR, cpu_unembed_logprobs_dir)           \
     X(KV_WRITE, cpu_kv_write) X(ATTN_CACHE, cpu_attn_cache) X(LORA_GATHER, cpu_lora_gather) X(LORA_GATHER_BACK, cpu_lora_gather_back)               \
     X(GELU, cpu_gelu) X(GELU_BACK, cpu_gelu_back) X(TANH, cpu_tanh) X(TANH_BACK, cpu_tanh_back)                                                       \
     X(GRAD_ACC, cpu_grad_acc) X(SQSUM_PARTS, cpu_sqsum_parts) X(GRAD_NORM, cpu_grad_norm)               \

@@ -54,6 +54,7 @@ static const kd_entry table[TWK_OP_COUNT] = {
     [TWK_OP_LOGPROBS_BACK] = {kd_lower_logprobs_back, "logprobs_back_f32"},
     [TWK_OP_UNEMBED_LOGPROBS] = {kd_lower_unembed, "unembed_logprobs_f32"},
     [TWK_OP_UNEMBED_LOGPROBS_BACK] = {kd_lower_unembed, "unembed_logprobs_back_f32"},
+    [TWK_OP_UNEMBED_LOGPROBS_DIR] = {.unsupported = "the two-product unembedding is the CPU's: its chunks run through the BLAS; this backend's trainers take unembed_logprobs (+ back), whose tiles stay in work-group memory"},
     [TWK_OP_KV_WRITE] = {kd_lower_kv_write, "kv_write_f32"},
     [TWK_OP_ATTN_CACHE] = {kd_lower_attn_fwd, "attn_fwd_f32"},
     [TWK_OP_LORA_GATHER] = {kd_lower_lora_gather, "lora_gather_f32"},

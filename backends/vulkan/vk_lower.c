@@ -786,6 +786,7 @@ static const vk_entry table[TWK_OP_COUNT] = {
     [TWK_OP_LOGPROBS_BACK] = {lower_logprobs, 5},
     [TWK_OP_UNEMBED_LOGPROBS] = {lower_unembed, 0},
     [TWK_OP_UNEMBED_LOGPROBS_BACK] = {lower_unembed, 1},
+    [TWK_OP_UNEMBED_LOGPROBS_DIR] = {.unsupported = "the two-product unembedding is the CPU's: its chunks run through the BLAS; this backend's trainers take unembed_logprobs (+ back), whose tiles stay in work-group memory"},
     [TWK_OP_KV_WRITE] = {lower_kv_write, 2},
     [TWK_OP_ATTN_CACHE] = {lower_attn, 2},
     [TWK_OP_LORA_GATHER] = {lower_lora_gather, 3},

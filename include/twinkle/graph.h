@@ -164,6 +164,21 @@ twk_id twk_logprobs(twk_graph *g, twk_id logits, twk_id targets);
  * tiles as far as the BLAS gives each row the same bits whatever the row count (OpenBLAS's
  * Haswell kernels do not: last-bit differences); backends without the op say so (twk_device_has_op). */
 twk_id twk_unembed_logprobs(twk_graph *g, twk_id h, twk_id w, twk_id targets);
+/* Training's twk_unembed_logprobs in two products over the vocabulary and none in its gradient:
+ * h [T, H], a frozen w [V, H] (f32, or bf16 / f16 where the device's half_srcs allow), targets
+ * [T] -> [T, H + 1], per token the direction g = w[target] - softmax(h w^T) w (columns 0..H-1: the
+ * logprob's gradient in h) and the logprob (column H; read it with twk_unembed_dir_logprobs).
+ * Kernels run vocabulary chunks of `chunk` words with an online max and sum, for token tiles of
+ * `rows` tokens (0 and 0: TWK_UNEMBED_CHUNK, TWK_UNEMBED_DIR_ROWS; tests pass small ones to cross
+ * the boundaries), holding a [rows, chunk] tile of logits, never [T, V]. The gradient takes g as a
+ * constant: dh = d[:, H] * g (a slice and a broadcast mul), exact for the logprob column; a gradient
+ * reaching columns 0..H-1 is not propagated. The logprobs equal the logits path's to a few ulps of
+ * the log-sum-exp (the online sum's order). -1 with the graph's error set on bad shapes, a
+ * trainable w or a negative chunk / rows; backends without the op say so (twk_device_has_op). */
+twk_id twk_unembed_logprobs_dir(twk_graph *g, twk_id h, twk_id w, twk_id targets, int chunk, int rows);
+/* The logprobs [T] in column H of twk_unembed_logprobs_dir's output `packed` (a slice and a
+ * reshape); -1 with the graph's error set when packed is not that op's node. */
+twk_id twk_unembed_dir_logprobs(twk_graph *g, twk_id packed);
 
 /* ---- the optimizer step (not differentiable; ops.h's twk_hyper describes `hyper`) ---- */
 /* acc += g in place (acc a parameter or bound tensor of g's shape, no token dims): gradient

@@ -29,6 +29,8 @@ typedef struct twk_mem_request {
     bool recompute;       /* per-layer activation recompute */
     bool logits;          /* the [T, V] logits path (twk_trainer_opts.logits; backends without
                              the fused unembedding); full training and an lm_head adapter take it */
+    bool unembed_recompute; /* the fused unembedding that recomputes its logits in the backward
+                             (twk_trainer_opts.unembed_recompute; backends without the two-product one) */
     int kv_seqs;          /* KV cache: sequences of kv_len tokens (0: none) */
     int64_t kv_len;
     bool train_experts;   /* mixture of experts: LoRA on the experts' stacks (twk_lora_config's) */
@@ -47,7 +49,8 @@ typedef struct twk_mem_plan {
     uint64_t act_train;   /* the forward+backward plan's arena peak and inputs */
     uint64_t activations; /* the arena both plans share (the larger peak) and their inputs */
     uint64_t arena;       /* that arena alone: the size of a buffer trainers may share (twk_trainer_opts) */
-    uint64_t scratch;     /* the fused unembedding's tile of logits (the CPU's scratch; the GPU
+    uint64_t scratch;     /* the fused unembedding's tile of logits (the two-product one's also a
+                             16-bit w's chunk widened and 3 floats a token; the CPU's scratch; the GPU
                              backends' kernels keep their tile in local memory: an upper bound there) */
     uint64_t widen;       /* a 16-bit model's largest f32 panel of a weight in matmul (a backend's scratch) */
     uint64_t kv_cache;    /* K and V of kv_seqs x kv_len tokens, in the weights' dtype */
@@ -79,8 +82,11 @@ twk_status twk_mem_plan_fits(const twk_mem_plan *p, twk_device *dev);
 /* Whether dev runs the fused unembedding (TWK_OP_UNEMBED_LOGPROBS) over an lm_head of the
  * weight dtype named `dtype` ("f32" or NULL, "bf16", "f16"); false for an unknown name. */
 bool twk_mem_fused_unembed(const twk_device *dev, const char *dtype);
+/* Whether dev runs the two-product fused unembedding (TWK_OP_UNEMBED_LOGPROBS_DIR) over such an
+ * lm_head: a trainer takes it where it takes the fused unembedding; false for an unknown name. */
+bool twk_mem_dir_unembed(const twk_device *dev, const char *dtype);
 /* The plan of rq for the folder `dir` on dev (rq->logits set when dev lacks the fused
- * unembedding for rq->dtype). When it does not fit, rq->recompute is off and
+ * unembedding for rq->dtype, rq->unembed_recompute when it lacks the two-product one). When it does not fit, rq->recompute is off and
  * `auto_recompute`, the plan with recompute instead (rq->recompute then set). TWK_OK when the
  * plan in *out fits; TWK_ERR_OOM naming what does not (*out the smallest plan tried, rq as
  * planned); a config error otherwise. */

@@ -84,6 +84,8 @@ TWK_API_BEGIN
     /* logprobs without the [T, V] logits: the unembedding fused in, token tiles of TWK_UNEMBED_TILE_ROWS */     \
     X(UNEMBED_LOGPROBS, "unembed_logprobs", 3, COMPUTE, TWK_SRC(2),       TWK_SRC(2),           TWK_SRC(0),  NONE, ACCUM, TWK_IDS(RANGE, "targets", "", 1, 0)) /* (h [T,H], w [V,H] frozen, targets [T]) -> [T] */ \
     X(UNEMBED_LOGPROBS_BACK, "unembed_logprobs_back", 5, COMPUTE, TWK_SRC(2), TWK_SRC(2),       0,           NONE, ACCUM, TWK_IDS(RANGE, "targets", "", 1, 0)) /* (h, w, targets, dy, logprobs) -> dh [T,H] */ \
+    /* training's unembedding in two products (vocabulary chunks; its gradient needs no product): the logprob and dh's direction */ \
+    X(UNEMBED_LOGPROBS_DIR, "unembed_logprobs_dir", 3, COMPUTE, TWK_SRC(2), TWK_SRC(2),        TWK_SRC(0),  NONE, ACCUM, TWK_IDS(RANGE, "targets", "", 1, 0)) /* (h [T,H], w [V,H] frozen, targets [T]) -> [T,H+1]: g = w[target] - softmax(h w^T) w, then the logprob; ip: chunk words, tile tokens (0: TWK_UNEMBED_CHUNK, TWK_UNEMBED_DIR_ROWS) */ \
     /* decoding with a KV cache (no gradients) */                                                               \
     X(KV_WRITE,       "kv_write",       3, INPLACE, TWK_SRC(2),           TWK_SRC(2),           0,           NONE, EXACT, TWK_IDS(RANGE, "rows", "the cache ", -1, 0)) /* (cache [R,H,D], x [T,H,D], rows [T]) */ \
     X(ATTN_CACHE,     "attn_cache",     5, COMPUTE, TWK_SRC(3) | TWK_SRC(4), TWK_SRC(3) | TWK_SRC(4), 0,     NONE, ACCUM, TWK_IDS(ROWS, "rows", "", 1, 0)) /* (q [T,Hq,D], kc, vc [R,Hkv,D], lo [T], hi [T]) */ \
@@ -115,7 +117,8 @@ TWK_API_BEGIN
     X(MATMUL, TWK_SRC(1)) X(GET_ROWS, TWK_SRC(0)) X(KV_WRITE, TWK_SRC(0)) X(ATTN_CACHE, TWK_SRC(1) | TWK_SRC(2)) \
     X(ATTN, TWK_SRC(0) | TWK_SRC(1) | TWK_SRC(2)) X(ATTN_LSE, TWK_SRC(0) | TWK_SRC(1)) \
     X(ATTN_BACK, TWK_SRC(0) | TWK_SRC(1) | TWK_SRC(2)) \
-    X(UNEMBED_LOGPROBS, TWK_SRC(1)) X(UNEMBED_LOGPROBS_BACK, TWK_SRC(1)) X(LORA_GATHER, TWK_SRC(1))
+    X(UNEMBED_LOGPROBS, TWK_SRC(1)) X(UNEMBED_LOGPROBS_BACK, TWK_SRC(1)) X(UNEMBED_LOGPROBS_DIR, TWK_SRC(1)) \
+    X(LORA_GATHER, TWK_SRC(1))
 /* The ops whose output is i32 indices (the routing of a mixture of experts), X(OP). */
 #define TWK_OP_INDEX_OUT(X) X(MOE_TOPK) X(MOE_SORT)
 /* clang-format on */
@@ -139,6 +142,15 @@ enum twk_hyper {
 #define TWK_UNEMBED_TILE_ROWS(V, T)                                                                     \
     ((T) < 16 || TWK_UNEMBED_TILE_FLOATS / (V) >= (T) ? (T) : TWK_UNEMBED_TILE_FLOATS / (V) < 16 ? 16 \
                                                                                   : TWK_UNEMBED_TILE_FLOATS / (V))
+/* UNEMBED_LOGPROBS_DIR: the vocabulary in chunks of TWK_UNEMBED_CHUNK(V) words (2048; fixed, so a
+ * token's sums run in the same order whatever the pass's token count), each chunk's [rows, C]
+ * logits for token tiles of TWK_UNEMBED_DIR_ROWS(C, T) tokens (within TWK_UNEMBED_TILE_FLOATS: every
+ * token of a pass up to 8192). The CPU's scratch, in floats: the tile, a 16-bit w's chunk widened
+ * to f32 ([C, H]) and three floats per token (running max, sum, target logit). */
+#define TWK_UNEMBED_CHUNK_WORDS 2048
+#define TWK_UNEMBED_CHUNK(V) ((V) < TWK_UNEMBED_CHUNK_WORDS ? (V) : TWK_UNEMBED_CHUNK_WORDS)
+#define TWK_UNEMBED_DIR_ROWS(C, T) (TWK_UNEMBED_TILE_FLOATS / (C) >= (T) ? (T) : TWK_UNEMBED_TILE_FLOATS / (C))
+#define TWK_UNEMBED_DIR_SCRATCH(C, rows, H, T, half) ((rows) * (C) + ((half) ? (C) * (H) : 0) + 3 * (T))
 /* MATMUL with a 16-bit b: a kernel widens b to f32 in panels of TWK_HALF_PANEL_ROWS(row, total)
  * contiguous rows of `row` elements (2^20 floats, 4 MiB, at least 16 rows, at most total). */
 #define TWK_HALF_PANEL_FLOATS ((int64_t)1 << 20)

@@ -48,6 +48,10 @@ typedef struct twk_trainer_opts {
     bool logits;    /* keep the [T, V] logits path (matmul + logprobs) where the fused
                        unembedding (twk_unembed_logprobs: token tiles, no logits) would run:
                        LoRA without lm_head on a backend with the op; identical results */
+    bool unembed_recompute; /* where the fused unembedding runs: the one that recomputes its logits in
+                               the backward (twk_unembed_logprobs, three products over the vocabulary)
+                               instead of the two-product one (twk_unembed_logprobs_dir, the default on a
+                               backend with that op); logprobs the same to a few ulps */
     twk_buffer *arena; /* a caller's device buffer both plans run in when it holds their peak
                           (trainers used one at a time, from one thread, may share one;
                           twk_mem_plan gives the size); NULL: the trainer's own */
@@ -202,6 +206,11 @@ twk_status twk_trainer_load_state(twk_trainer *t, const char *dir, bool with_opt
 int64_t twk_trainer_step(const twk_trainer *t);
 /* The most tokens one pass of the trainer holds (its compiled capacity). */
 int64_t twk_trainer_capacity(const twk_trainer *t);
+/* The unembedding path of the trainer's training graph: "logits" (matmul + logprobs over [T, V]),
+ * "recompute" (twk_unembed_logprobs: token tiles, the backward recomputes the logits) or
+ * "two-product" (twk_unembed_logprobs_dir: vocabulary chunks, no product in the backward); "" for
+ * NULL. */
+const char *twk_trainer_unembed_path(const twk_trainer *t);
 
 /* AdamW, configured like Tinker's AdamParams. */
 typedef struct twk_adam_params {
