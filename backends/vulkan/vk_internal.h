@@ -126,7 +126,7 @@ twk_status vk_memset_zero(void *ctx, twk_buffer *dst, size_t off, size_t bytes);
 twk_status vk_submit_wait(vk_ctx *c, VkCommandBuffer cb);
 
 /* A pipeline for (shader, spec constants), created once per context; NULL
- * (error set) on failure. */
+ * (error set) on failure — with the cache full (n_pipes == cap_pipes) when it could not grow. */
 VkPipeline vk_pipeline(vk_ctx *c, vk_shader s, const uint32_t spec[VK_NSPEC]);
 
 /* ---- lowering (vk_lower.c) ---- */

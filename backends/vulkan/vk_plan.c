@@ -136,7 +136,7 @@ twk_status vk_prepare(void *ctx, const twk_hal_plan *plan, void **out) {
             int di = pp->first[i] + j;
             if (!vk_pipeline(c, d[j].shader, d[j].spec)) { /* created now, so failures surface at compile */
                 vk_release(c, pp);
-                return TWK_ERR_BACKEND;
+                return c->n_pipes == c->cap_pipes ? TWK_ERR_OOM : TWK_ERR_BACKEND; /* a full cache: it could not grow */
             }
             VkDescriptorSetAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
                                               .descriptorPool = pp->dpool, .descriptorSetCount = 1,
