@@ -388,8 +388,10 @@ static void model_case(twk_device *dev, const char *dir) {
         twk_model_free(mh), twk_model_free(mf);
         return;
     }
-    check(twk_model_dtype(mh) == TWK_BF16 && twk_model_dtype(mf) == TWK_F32 && twk_model_kv_dtype(mh) == TWK_BF16,
-          "model dtypes: bf16 held as bf16 (KV bf16), converted copy f32");
+    char dtypes[160];
+    snprintf(dtypes, sizeof dtypes, "model dtypes: bf16 held as %s (KV %s), converted copy %s", twk_dtype_name(twk_model_dtype(mh)),
+             twk_dtype_name(twk_model_kv_dtype(mh)), twk_dtype_name(twk_model_dtype(mf)));
+    check(twk_model_dtype(mh) == TWK_BF16 && twk_model_dtype(mf) == TWK_F32 && twk_model_kv_dtype(mh) == TWK_BF16, dtypes);
     enum { T = 24 };
     int32_t tok[T], tgt[T], pos[T], seg[T];
     float wts[T], lp_h[T], lp_f[T], loss_h = 0, loss_f = 0;
