@@ -59,8 +59,7 @@ static void r_attn(const op_case *c, rt *in, rt *y) {
 static twk_id b_logprobs(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_logprobs(g, in[0], in[1]); }
 static void r_logprobs(const op_case *c, rt *in, rt *y) { (void)c; ref_logprobs(&in[0], &in[1], y); }
 static twk_id b_unembed(twk_graph *g, const twk_id *in, const op_case *c) { (void)c; return twk_unembed_logprobs(g, in[0], in[1], in[2]); }
-/* float64 logprobs of h w^T */
-static void r_unembed(const op_case *c, rt *in, rt *y) {
+void opc_ref_unembed(const op_case *c, rt *in, rt *y) {
     (void)c;
     rt z = {.ndim = 2, .ne = {in[0].ne[0], in[1].ne[0]}};
     z.d = calloc((size_t)rt_nelem(&z), sizeof(double));
@@ -301,10 +300,10 @@ const op_case opc_cases[] = {
     /* the fused unembedding (w frozen: its gradient is dh only). The device kernels' tiles are 8
      * tokens x 256 words x 16 columns: T, V and H below are not multiples of them, one V is
      * below a chunk, one H above a work-group's 256 columns, and a target is V - 1 */
-    {"unembed_logprobs 1x1 over 1", 3, {F32(1, 1), F32C(1, 1), IDSTOP(1, 1)}, b_unembed, r_unembed, 1e-5, 1e-4},
-    {"unembed_logprobs Tx37 over 300", 3, {F32(T_, 37), F32C(300, 37), IDSTOP(300, T_)}, b_unembed, r_unembed, 1e-5, 1e-4, .cap = 19},
-    {"unembed_logprobs 5x16 over 7 i64", 3, {F32(5, 16), F32C(7, 16), IDS64(7, 5)}, b_unembed, r_unembed, 1e-5, 1e-4},
-    {"unembed_logprobs 9x301 over 520", 3, {F32(9, 301), F32C(520, 301), IDSTOP(520, 9)}, b_unembed, r_unembed, 1e-5, 1e-4},
+    {"unembed_logprobs 1x1 over 1", 3, {F32(1, 1), F32C(1, 1), IDSTOP(1, 1)}, b_unembed, opc_ref_unembed, 1e-5, 1e-4},
+    {"unembed_logprobs Tx37 over 300", 3, {F32(T_, 37), F32C(300, 37), IDSTOP(300, T_)}, b_unembed, opc_ref_unembed, 1e-5, 1e-4, .cap = 19},
+    {"unembed_logprobs 5x16 over 7 i64", 3, {F32(5, 16), F32C(7, 16), IDS64(7, 5)}, b_unembed, opc_ref_unembed, 1e-5, 1e-4},
+    {"unembed_logprobs 9x301 over 520", 3, {F32(9, 301), F32C(520, 301), IDSTOP(520, 9)}, b_unembed, opc_ref_unembed, 1e-5, 1e-4},
     /* decoding with a KV cache (forward only: not differentiable) */
     {"kv_write 1 row of 1", 3, {F32C(1, 1, 2), F32C(1, 1, 2), ROWS(1, 1)}, b_kv_write, r_kv_write, 0, 1},
     {"kv_write T rows of 53x3x8", 3, {F32C(53, 3, 8), F32C(T_, 3, 8), ROWS(53, T_)}, b_kv_write, r_kv_write, 0, 1, .cap = 29},
@@ -363,8 +362,8 @@ const op_case opc_extra_cases[] = {
     {"mul tokens Tx7+7", 2, {F32(T_, 7), F32(7)}, b_mul, r_mul, 1e-6, 1e-5, .cap = 27},
     {"scale tokens Tx5", 1, {F32(T_, 5)}, b_scale, r_scale, 1e-6, 1e-5, .fp = {1.75}, .cap = 33},
     {"silu tokens Tx9", 1, {F32(T_, 9)}, b_silu, r_silu, 1e-6, 1e-5, .cap = 21},
-    {"unembed_logprobs bf16 Tx37 over 300", 3, {F32(T_, 37), W16(TWK_BF16, 300, 37), IDSTOP(300, T_)}, b_unembed, r_unembed, 1e-5, 1e-4, .cap = 19},
-    {"unembed_logprobs bf16 9x301 over 520", 3, {F32(9, 301), W16(TWK_BF16, 520, 301), IDSTOP(520, 9)}, b_unembed, r_unembed, 1e-5, 1e-4},
+    {"unembed_logprobs bf16 Tx37 over 300", 3, {F32(T_, 37), W16(TWK_BF16, 300, 37), IDSTOP(300, T_)}, b_unembed, opc_ref_unembed, 1e-5, 1e-4, .cap = 19},
+    {"unembed_logprobs bf16 9x301 over 520", 3, {F32(9, 301), W16(TWK_BF16, 520, 301), IDSTOP(520, 9)}, b_unembed, opc_ref_unembed, 1e-5, 1e-4},
     /* tiled attention at head sizes 128 and 256 (backend_ops only: the float64 finite
      * differences of test_ops would take minutes at these sizes) */
     {"attn 300x8x128 gqa8 segments", 4, {F32(300, 8, 128), F32(300, 1, 128), F32(300, 1, 128), SEGP(300)}, b_attn, r_attn, 1e-5, 1e-4, .fp = {0.088388}},
@@ -377,7 +376,7 @@ const op_case opc_extra_cases[] = {
     {"attn_cache bf16 Tx4x64 gqa2 over 1500x2x64 split", 5, {F32C(T_, 4, 64), W16(TWK_BF16, 1500, 2, 64), W16(TWK_BF16, 1500, 2, 64), IDS(30, T_), HI(1500, T_)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {0.125}, .cap = 5},
     {"attn_cache bf16 6x8x128 gqa8 over 700x1x128 window 300 split", 5, {F32C(6, 8, 128), W16(TWK_BF16, 700, 1, 128), W16(TWK_BF16, 700, 1, 128), IDS(400, 6), HI(700, 6)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {0.088}, .ip = {0, 300}},
     {"attn_cache f16 3x2x64 over 600x2x64 split", 5, {F32C(3, 2, 64), W16(TWK_F16, 600, 2, 64), W16(TWK_F16, 600, 2, 64), IDS(100, 3), HI(600, 3)}, b_attn_cache, r_attn_cache, 1e-5, 1, .fp = {0.125}},
-    {"unembed_logprobs f16 5x16 over 7", 3, {F32(5, 16), W16(TWK_F16, 7, 16), IDSTOP(7, 5)}, b_unembed, r_unembed, 1e-5, 1e-4},
+    {"unembed_logprobs f16 5x16 over 7", 3, {F32(5, 16), W16(TWK_F16, 7, 16), IDSTOP(7, 5)}, b_unembed, opc_ref_unembed, 1e-5, 1e-4},
     /* ---- mixture-of-experts routing on the devices (moegpu): tokens 1 and primes, experts 8
      * and 16, top-1/2/4, ties (integer-valued logits), an expert no token picks, every token to
      * one expert; index outputs must be identical ---- */

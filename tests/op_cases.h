@@ -64,6 +64,8 @@ int64_t opc_actual(int64_t ne, int64_t n);
  * calloc'ed: free them with opc_free_inputs. */
 twk_id opc_build(const op_case *c, twk_graph *g, int64_t n, twk_rng *r, twk_id *ids, rt *in);
 void opc_free_inputs(const op_case *c, rt *in);
+/* The float64 logprobs of h w^T (in: h, w, targets), the reference of the fused unembeddings. */
+void opc_ref_unembed(const op_case *c, rt *in, rt *y);
 
 /* An f32 input named "R" with y's symbolic shape (token dims kept), the
  * weight of the scalar loss sum(y * R); -1 on error. */

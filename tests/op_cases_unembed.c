@@ -12,15 +12,6 @@
 static twk_id b_dir(twk_graph *g, const twk_id *in, const op_case *c) {
     return twk_unembed_dir_logprobs(g, twk_unembed_logprobs_dir(g, in[0], in[1], in[2], c->ip[0], c->ip[1]));
 }
-/* float64 logprobs of h w^T */
-static void r_dir(const op_case *c, rt *in, rt *y) {
-    (void)c;
-    rt z = {.ndim = 2, .ne = {in[0].ne[0], in[1].ne[0]}};
-    z.d = calloc((size_t)rt_nelem(&z), sizeof(double));
-    ref_matmul(&in[0], &in[1], 0, 1, &z);
-    ref_logprobs(&z, &in[2], y);
-    free(z.d);
-}
 static twk_id b_packed(twk_graph *g, const twk_id *in, const op_case *c) {
     return twk_unembed_logprobs_dir(g, in[0], in[1], in[2], c->ip[0], c->ip[1]);
 }
@@ -36,18 +27,18 @@ static void r_packed(const op_case *c, rt *in, rt *y) { (void)c; ref_unembed_dir
 
 const op_case opc_dir_cases[] = {
     /* the logprobs and dh */
-    {"unembed_dir 1x1 over 1", 3, {F32(1, 1), F32C(1, 1), IDSTOP(1, 1)}, b_dir, r_dir, 1e-5, 1e-4},
-    {"unembed_dir 1x37 over 300 chunk 64", 3, {F32(1, 37), F32C(300, 37), IDSTOP(300, 1)}, b_dir, r_dir, 1e-5, 1e-4, .ip = {64}},
-    {"unembed_dir Tx37 over 300 chunk 64", 3, {F32(T_, 37), F32C(300, 37), IDSTOP(300, T_)}, b_dir, r_dir, 1e-5, 1e-4, .ip = {64}, .cap = 19},
-    {"unembed_dir Tx37 over 300 chunk 97 rows 7", 3, {F32(T_, 37), F32C(300, 37), IDSTOP(300, T_)}, b_dir, r_dir, 1e-5, 1e-4, .ip = {97, 7}, .cap = 19},
-    {"unembed_dir 5x16 over 7 i64", 3, {F32(5, 16), F32C(7, 16), IDS64(7, 5)}, b_dir, r_dir, 1e-5, 1e-4},
-    {"unembed_dir 9x301 over 520 chunk 128", 3, {F32(9, 301), F32C(520, 301), IDSTOP(520, 9)}, b_dir, r_dir, 1e-5, 1e-4, .ip = {128}},
-    {"unembed_dir 3x24 over 4500 (default chunks)", 3, {F32(3, 24), F32C(4500, 24), IDSTOP(4500, 3)}, b_dir, r_dir, 1e-5, 1e-4},
-    {"unembed_dir bf16 1x37 over 300 chunk 64", 3, {F32(1, 37), W16(TWK_BF16, 300, 37), IDSTOP(300, 1)}, b_dir, r_dir, 1e-5, 1e-4, .ip = {64}},
-    {"unembed_dir bf16 Tx37 over 300 chunk 64 rows 5", 3, {F32(T_, 37), W16(TWK_BF16, 300, 37), IDSTOP(300, T_)}, b_dir, r_dir, 1e-5, 1e-4, .ip = {64, 5}, .cap = 19},
-    {"unembed_dir bf16 3x24 over 4500 (default chunks)", 3, {F32(3, 24), W16(TWK_BF16, 4500, 24), IDSTOP(4500, 3)}, b_dir, r_dir, 1e-5, 1e-4},
-    {"unembed_dir f16 1x16 over 71 chunk 8", 3, {F32(1, 16), W16(TWK_F16, 71, 16), IDSTOP(71, 1)}, b_dir, r_dir, 1e-5, 1e-4, .ip = {8}},
-    {"unembed_dir f16 Tx16 over 71 chunk 8 rows 4", 3, {F32(T_, 16), W16(TWK_F16, 71, 16), IDSTOP(71, T_)}, b_dir, r_dir, 1e-5, 1e-4, .ip = {8, 4}, .cap = 13},
+    {"unembed_dir 1x1 over 1", 3, {F32(1, 1), F32C(1, 1), IDSTOP(1, 1)}, b_dir, opc_ref_unembed, 1e-5, 1e-4},
+    {"unembed_dir 1x37 over 300 chunk 64", 3, {F32(1, 37), F32C(300, 37), IDSTOP(300, 1)}, b_dir, opc_ref_unembed, 1e-5, 1e-4, .ip = {64}},
+    {"unembed_dir Tx37 over 300 chunk 64", 3, {F32(T_, 37), F32C(300, 37), IDSTOP(300, T_)}, b_dir, opc_ref_unembed, 1e-5, 1e-4, .ip = {64}, .cap = 19},
+    {"unembed_dir Tx37 over 300 chunk 97 rows 7", 3, {F32(T_, 37), F32C(300, 37), IDSTOP(300, T_)}, b_dir, opc_ref_unembed, 1e-5, 1e-4, .ip = {97, 7}, .cap = 19},
+    {"unembed_dir 5x16 over 7 i64", 3, {F32(5, 16), F32C(7, 16), IDS64(7, 5)}, b_dir, opc_ref_unembed, 1e-5, 1e-4},
+    {"unembed_dir 9x301 over 520 chunk 128", 3, {F32(9, 301), F32C(520, 301), IDSTOP(520, 9)}, b_dir, opc_ref_unembed, 1e-5, 1e-4, .ip = {128}},
+    {"unembed_dir 3x24 over 4500 (default chunks)", 3, {F32(3, 24), F32C(4500, 24), IDSTOP(4500, 3)}, b_dir, opc_ref_unembed, 1e-5, 1e-4},
+    {"unembed_dir bf16 1x37 over 300 chunk 64", 3, {F32(1, 37), W16(TWK_BF16, 300, 37), IDSTOP(300, 1)}, b_dir, opc_ref_unembed, 1e-5, 1e-4, .ip = {64}},
+    {"unembed_dir bf16 Tx37 over 300 chunk 64 rows 5", 3, {F32(T_, 37), W16(TWK_BF16, 300, 37), IDSTOP(300, T_)}, b_dir, opc_ref_unembed, 1e-5, 1e-4, .ip = {64, 5}, .cap = 19},
+    {"unembed_dir bf16 3x24 over 4500 (default chunks)", 3, {F32(3, 24), W16(TWK_BF16, 4500, 24), IDSTOP(4500, 3)}, b_dir, opc_ref_unembed, 1e-5, 1e-4},
+    {"unembed_dir f16 1x16 over 71 chunk 8", 3, {F32(1, 16), W16(TWK_F16, 71, 16), IDSTOP(71, 1)}, b_dir, opc_ref_unembed, 1e-5, 1e-4, .ip = {8}},
+    {"unembed_dir f16 Tx16 over 71 chunk 8 rows 4", 3, {F32(T_, 16), W16(TWK_F16, 71, 16), IDSTOP(71, T_)}, b_dir, opc_ref_unembed, 1e-5, 1e-4, .ip = {8, 4}, .cap = 13},
     /* the packed output: g and the logprob */
     {"unembed_dir packed 1x1 over 1", 3, {F32C(1, 1), F32C(1, 1), IDSTOP(1, 1)}, b_packed, r_packed, 1e-5, 1},
     {"unembed_dir packed 1x37 over 300 chunk 64", 3, {F32C(1, 37), F32C(300, 37), IDSTOP(300, 1)}, b_packed, r_packed, 1e-5, 1, .ip = {64}},
