@@ -48,13 +48,20 @@ def train_trace(base_url: str, key: str, tenant_seed: int, barrier: threading.Ba
     return trace, final
 
 
+# 1e-5: a tenant packed with another is bit-identical to alone on the AVX-512 machines this was
+# built on, but on an AVX2-only VM (2026-12-05) packed passes put logprobs 1-3 ulp from alone, which
+# a few AdamW steps carry to 1.4e-6 (test_packed_training.py measures the same); a tenant reading
+# another's adapter or rows moves them by 1e-1 or more.
+TRACE_TOL = 1e-5
+
+
 def assert_same_trace(a, b, what):
     (ta, fa), (tb, fb) = a, b
     assert len(ta) == len(tb)
     for i, ((lpa, la), (lpb, lb)) in enumerate(zip(ta, tb)):
-        assert max_abs_diff(lpa, lpb) <= 1e-6, f"{what}: step {i} logprobs differ"
-        assert abs(la - lb) <= 1e-6 * max(1.0, abs(la)), f"{what}: step {i} loss {la} vs {lb}"
-    assert max_abs_diff(fa, fb) <= 1e-6, f"{what}: final forward differs"
+        assert max_abs_diff(lpa, lpb) <= TRACE_TOL, f"{what}: step {i} logprobs differ"
+        assert abs(la - lb) <= TRACE_TOL * max(1.0, abs(la)), f"{what}: step {i} loss {la} vs {lb}"
+    assert max_abs_diff(fa, fb) <= TRACE_TOL, f"{what}: final forward differs"
 
 
 def test_concurrent_tenants_match_solo_runs(server):
