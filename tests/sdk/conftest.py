@@ -51,6 +51,19 @@ def rss_mib(pid: int) -> float:
     raise AssertionError("no VmRSS")
 
 
+def post_json(port: int, route: str, body, key: str):
+    """POST /api/v1/<route> with a JSON body and an API key: (status, the answer's text)."""
+    import http.client
+    import json
+
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request("POST", f"/api/v1/{route}", body=json.dumps(body), headers={"Content-Type": "application/json", "X-API-Key": key})
+    r = c.getresponse()
+    data = r.read().decode()
+    c.close()
+    return r.status, data
+
+
 def metric_sum(port: int, key: str, *names: str) -> float:
     """The sum of every sample of the named series on GET /metrics (read with a tenant key)."""
     import http.client

@@ -12,8 +12,6 @@
   request is accepted at the same moment."""
 from __future__ import annotations
 
-import http.client
-import json
 import math
 import subprocess
 import sys
@@ -22,7 +20,7 @@ import time
 import pytest
 from tinker import types
 
-from conftest import BASE_MODEL, adam, counting_datum, new_training_client, service_client
+from conftest import BASE_MODEL, adam, counting_datum, new_training_client, post_json, service_client
 
 MAX_TOKENS = 24
 PROMPT = [100, 101, 102, 103]
@@ -123,15 +121,6 @@ def test_training_keeps_its_latency_under_a_sampling_flood(start_server):
         f"forward_backward p99 {p99(loaded) * 1e3:.1f} ms over the bound {bound * 1e3:.1f} ms")
 
 
-def raw_post(port, route, body, key):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    c.request("POST", f"/api/v1/{route}", body=json.dumps(body), headers={"Content-Type": "application/json", "X-API-Key": key})
-    r = c.getresponse()
-    data = r.read().decode()
-    c.close()
-    return r.status, data
-
-
 def test_tenant_over_its_queue_share_gets_429(start_server):
     srv = start_server("--max-queue-per-tenant", "2")
     a = resolve(service_client(srv.base_url, "tml-greedy").create_sampling_client(base_model=BASE_MODEL))
@@ -144,11 +133,11 @@ def test_tenant_over_its_queue_share_gets_429(start_server):
 
     statuses, refused = [], None
     for _ in range(8):  # the first runs, two wait, the rest are over the share
-        st, text = raw_post(srv.port, "asample", body(a._sampling_session_id, 256), "tml-greedy")
+        st, text = post_json(srv.port, "asample", body(a._sampling_session_id, 256), "tml-greedy")
         statuses.append(st)
         if st == 429 and refused is None:
             refused = text
-    other, _ = raw_post(srv.port, "asample", body(b._sampling_session_id, 1), "tml-polite")
+    other, _ = post_json(srv.port, "asample", body(b._sampling_session_id, 1), "tml-polite")
     print("greedy tenant:", statuses, "| polite tenant:", other, "|", (refused or "")[:200])
     assert 429 in statuses and statuses[0] == 200
     assert "--max-queue-per-tenant" in refused

@@ -22,7 +22,7 @@ import pytest
 import tinker
 from tinker import types
 
-from conftest import (BASE_MODEL, adam, counting_datum, engine_mib, is_asan_build, logprobs_of, metric_sum, new_training_client,
+from conftest import (BASE_MODEL, adam, counting_datum, engine_mib, is_asan_build, logprobs_of, metric_sum, new_training_client, post_json,
                       rss_mib, service_client)
 
 
@@ -146,15 +146,10 @@ def test_idle_runs_keep_rss_flat(start_server, tmp_path):
 
 def raw_json(port, route, body, key):
     """POST /api/v1/<route> with a JSON body: (status, parsed answer)."""
-    import http.client
     import json
 
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    c.request("POST", f"/api/v1/{route}", body=json.dumps(body), headers={"Content-Type": "application/json", "X-API-Key": key})
-    r = c.getresponse()
-    data = r.read().decode()
-    c.close()
-    return r.status, json.loads(data)
+    st, text = post_json(port, route, body, key)
+    return st, json.loads(text)
 
 
 def test_resubmits_deduplicated_across_a_spill(start_server):
