@@ -589,20 +589,31 @@ twk_id twk_logprobs(twk_graph *g, twk_id logits, twk_id targets) {
     return twk_graph_push(g, &n);
 }
 
-twk_id twk_unembed_logprobs(twk_graph *g, twk_id h, twk_id w, twk_id targets) {
-    const twk_node *H = arg(g, h, "unembed_logprobs", "h");
-    const twk_node *W = arg(g, w, "unembed_logprobs", "w");
-    const twk_node *t = arg(g, targets, "unembed_logprobs", "targets");
-    if (!H || !W || !t) return -1;
-    if (!want_dtype(g, H, h, "unembed_logprobs", "h", 1, 0) || !want_float(g, W, w, "unembed_logprobs", "w") ||
-        !want_dtype(g, t, targets, "unembed_logprobs", "targets", 0, 1))
-        return -1;
+/* The checks both fused unembeddings make of (h [T, H], w [V, H] frozen, targets [T]); h's node, or
+ * NULL with the graph failed naming op. */
+static const twk_node *unembed_args(twk_graph *g, const char *op, twk_id h, twk_id w, twk_id targets) {
+    const twk_node *H = arg(g, h, op, "h");
+    const twk_node *W = arg(g, w, op, "w");
+    const twk_node *t = arg(g, targets, op, "targets");
+    if (!H || !W || !t) return NULL;
+    if (!want_dtype(g, H, h, op, "h", 1, 0) || !want_float(g, W, w, op, "w") || !want_dtype(g, t, targets, op, "targets", 0, 1))
+        return NULL;
     char s1[96], s2[96], s3[96];
-    if (H->ndim != 2 || (H->dyn & 2) || W->ndim != 2 || W->dyn || W->ne[1] != H->ne[1] || !is_vector_of(t, H))
-        return twk_graph_fail(g, TWK_ERR_SHAPE, "unembed_logprobs: want h [T, H], w [V, H] and targets [T]; got %s, %s and %s",
-                              SHAPE(g, h, s1), SHAPE(g, w, s2), SHAPE(g, targets, s3));
-    if (W->flags & TWK_NODE_TRAINABLE)
-        return twk_graph_fail(g, TWK_ERR_INVALID_ARG, "unembed_logprobs: w (node %d) is trainable; it must be frozen", w);
+    if (H->ndim != 2 || (H->dyn & 2) || W->ndim != 2 || W->dyn || W->ne[1] != H->ne[1] || !is_vector_of(t, H)) {
+        twk_graph_fail(g, TWK_ERR_SHAPE, "%s: want h [T, H], w [V, H] and targets [T]; got %s, %s and %s", op,
+                       SHAPE(g, h, s1), SHAPE(g, w, s2), SHAPE(g, targets, s3));
+        return NULL;
+    }
+    if (W->flags & TWK_NODE_TRAINABLE) {
+        twk_graph_fail(g, TWK_ERR_INVALID_ARG, "%s: w (node %d) is trainable; it must be frozen", op, w);
+        return NULL;
+    }
+    return H;
+}
+
+twk_id twk_unembed_logprobs(twk_graph *g, twk_id h, twk_id w, twk_id targets) {
+    const twk_node *H = unembed_args(g, "unembed_logprobs", h, w, targets);
+    if (!H) return -1;
     twk_node n;
     init_node(&n, TWK_OP_UNEMBED_LOGPROBS, TWK_F32);
     n.ndim = 1;
@@ -616,19 +627,8 @@ twk_id twk_unembed_logprobs(twk_graph *g, twk_id h, twk_id w, twk_id targets) {
 }
 
 twk_id twk_unembed_logprobs_dir(twk_graph *g, twk_id h, twk_id w, twk_id targets, int chunk, int rows) {
-    const twk_node *H = arg(g, h, "unembed_logprobs_dir", "h");
-    const twk_node *W = arg(g, w, "unembed_logprobs_dir", "w");
-    const twk_node *t = arg(g, targets, "unembed_logprobs_dir", "targets");
-    if (!H || !W || !t) return -1;
-    if (!want_dtype(g, H, h, "unembed_logprobs_dir", "h", 1, 0) || !want_float(g, W, w, "unembed_logprobs_dir", "w") ||
-        !want_dtype(g, t, targets, "unembed_logprobs_dir", "targets", 0, 1))
-        return -1;
-    char s1[96], s2[96], s3[96];
-    if (H->ndim != 2 || (H->dyn & 2) || W->ndim != 2 || W->dyn || W->ne[1] != H->ne[1] || !is_vector_of(t, H))
-        return twk_graph_fail(g, TWK_ERR_SHAPE, "unembed_logprobs_dir: want h [T, H], w [V, H] and targets [T]; got %s, %s and %s",
-                              SHAPE(g, h, s1), SHAPE(g, w, s2), SHAPE(g, targets, s3));
-    if (W->flags & TWK_NODE_TRAINABLE)
-        return twk_graph_fail(g, TWK_ERR_INVALID_ARG, "unembed_logprobs_dir: w (node %d) is trainable; it must be frozen", w);
+    const twk_node *H = unembed_args(g, "unembed_logprobs_dir", h, w, targets);
+    if (!H) return -1;
     if (chunk < 0 || rows < 0)
         return twk_graph_fail(g, TWK_ERR_INVALID_ARG, "unembed_logprobs_dir: chunk %d and rows %d must be >= 0", chunk, rows);
     twk_node n;
