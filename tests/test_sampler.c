@@ -360,6 +360,44 @@ static double chi2_crit(int df) {
     return df * c * c * c;
 }
 
+/* prob[v] = the CPU training forward's probability of token v after prompt[0..P): V copies of
+ * the prompt, each with another target at the end. The reference of statistics() on every
+ * device (the device's logits are compared with the CPU's by the parity checks); 0 on failure. */
+static int next_token_probs(const char *path, const int32_t *prompt, int P, float *prob, int V) {
+    twk_device *cpu = NULL;
+    twk_model *m = NULL;
+    twk_trainer *t = NULL;
+    twk_lora_config lc = twk_lora_default();
+    lc.rank = 1;
+    int32_t *tok = malloc((size_t)V * P * 16);
+    float *w = malloc((size_t)V * P * 4), *lp = malloc((size_t)V * P * 4);
+    int ok = tok && w && lp && twk_device_open("cpu", &cpu) == TWK_OK && twk_model_load(path, cpu, &m) == TWK_OK &&
+             twk_model_cfg(m)->vocab == V && twk_trainer_new(m, &lc, (int64_t)V * P, &t) == TWK_OK;
+    if (ok) {
+        int32_t *tgt = tok + V * P, *pos = tgt + V * P, *seg = pos + V * P;
+        for (int v = 0; v < V; v++)
+            for (int i = 0; i < P; i++) {
+                int k = v * P + i;
+                tok[k] = prompt[i];
+                tgt[k] = i + 1 < P ? prompt[i + 1] : v;
+                pos[k] = i;
+                seg[k] = v * P;
+                w[k] = 1;
+            }
+        twk_batch b = {(int64_t)V * P, tok, tgt, pos, seg, w};
+        ok = twk_trainer_forward(t, &b, lp, NULL) == TWK_OK;
+        for (int v = 0; ok && v < V; v++) prob[v] = expf(lp[v * P + P - 1]);
+    }
+    if (!ok) check(0, "qwen3", twk_last_error(), 0, 0);
+    twk_trainer_free(t);
+    twk_model_free(m);
+    twk_device_close(cpu);
+    free(tok);
+    free(w);
+    free(lp);
+    return ok;
+}
+
 /* Distribution of the first sampled token vs the softmax of the next-token
  * logprobs (from the forward over every candidate target). */
 static void statistics(const char *root) {
@@ -375,38 +413,29 @@ static void statistics(const char *root) {
     }
     int V = twk_model_cfg(m)->vocab, P = 4;
     int32_t prompt[4] = {7, 77, 777, 17};
-    /* logprob of every next token: V copies of the prompt, each with another target at the end */
-    twk_lora_config lc = twk_lora_default();
-    lc.rank = 1;
-    twk_trainer *t = NULL;
-    twk_trainer_new(m, &lc, (int64_t)V * P, &t);
-    int32_t *tok = malloc((size_t)V * P * 16);
-    int32_t *tgt = tok + V * P, *pos = tgt + V * P, *seg = pos + V * P;
-    float *w = malloc((size_t)V * P * 4), *lp = malloc((size_t)V * P * 4), *prob = malloc((size_t)V * sizeof(float));
-    for (int v = 0; v < V; v++)
-        for (int i = 0; i < P; i++) {
-            int k = v * P + i;
-            tok[k] = prompt[i];
-            tgt[k] = i + 1 < P ? prompt[i + 1] : v;
-            pos[k] = i;
-            seg[k] = v * P;
-            w[k] = 1;
-        }
-    twk_batch b = {(int64_t)V * P, tok, tgt, pos, seg, w};
-    twk_trainer_forward(t, &b, lp, NULL);
-    for (int v = 0; v < V; v++) prob[v] = expf(lp[v * P + P - 1]);
+    float *prob = malloc((size_t)V * sizeof(float));
+    if (!prob || !next_token_probs(path, prompt, P, prob, V)) {
+        free(prob);
+        twk_model_free(m);
+        twk_device_close(dev);
+        return;
+    }
+    /* S samples a call: one prefill each (on lavapipe a prefill is ~70 ms; 1,000 calls of 16 took 75 s) */
+    enum { S = 200 };
     twk_sampler *s = NULL;
-    twk_sampler_new(m, NULL, 16, 16, &s);
-    int N = 16000;
+    twk_sampler_new(m, NULL, S, 16, &s);
+    /* the choice of tokens is host code (train/sampler.c), the same on every device: a device
+     * (whose logits the parity checks above compare with the CPU's) draws 3,200, the CPU 16,000 */
+    int N = strcmp(test_device(), "cpu") ? 3200 : 16000;
     long *count = calloc((size_t)V, sizeof(long));
     twk_sample_params p = {.max_tokens = 1, .temperature = 1, .top_k = -1, .top_p = 1, .has_seed = 1};
-    for (int r = 0; r < N / 16; r++) {
-        twk_sampled_seq q[16];
+    static twk_sampled_seq qs[S];
+    for (int r = 0; r < N / S; r++) {
         p.seed = 1000 + (uint64_t)r;
-        twk_sampler_generate(s, prompt, P, 16, &p, q);
-        for (int i = 0; i < 16; i++) {
-            count[q[i].tokens[0]]++;
-            twk_sampled_seq_free(&q[i]);
+        twk_sampler_generate(s, prompt, P, S, &p, qs);
+        for (int i = 0; i < S; i++) {
+            count[qs[i].tokens[0]]++;
+            twk_sampled_seq_free(&qs[i]);
         }
     }
     /* categories with an expected count >= 5; the rest pooled */
@@ -445,24 +474,23 @@ static void statistics(const char *root) {
     double top_p = 0.5, acc = 0;
     int nucleus = 0;
     while (nucleus < V && acc < top_p) acc += prob[order[nucleus++]];
-    for (int r = 0; r < 100; r++) {
-        twk_sampled_seq q[16];
+    for (int r = 0; r < 1600 / S; r++) {
         twk_sample_params pk = {.max_tokens = 1, .temperature = 1.5f, .top_k = K, .top_p = 1, .seed = (uint64_t)r, .has_seed = 1};
-        twk_sampler_generate(s, prompt, P, 16, &pk, q);
-        for (int i = 0; i < 16; i++) {
+        twk_sampler_generate(s, prompt, P, S, &pk, qs);
+        for (int i = 0; i < S; i++) {
             int in = 0;
-            for (int k = 0; k < K; k++) in |= order[k] == q[i].tokens[0];
+            for (int k = 0; k < K; k++) in |= order[k] == qs[i].tokens[0];
             outside_k += !in;
-            twk_sampled_seq_free(&q[i]);
+            twk_sampled_seq_free(&qs[i]);
         }
         twk_sample_params pp = {.max_tokens = 1, .temperature = 1, .top_k = -1, .top_p = (float)top_p, .seed = (uint64_t)r,
                                 .has_seed = 1};
-        twk_sampler_generate(s, prompt, P, 16, &pp, q);
-        for (int i = 0; i < 16; i++) {
+        twk_sampler_generate(s, prompt, P, S, &pp, qs);
+        for (int i = 0; i < S; i++) {
             int in = 0;
-            for (int k = 0; k < nucleus; k++) in |= order[k] == q[i].tokens[0];
+            for (int k = 0; k < nucleus; k++) in |= order[k] == qs[i].tokens[0];
             outside_p += !in;
-            twk_sampled_seq_free(&q[i]);
+            twk_sampled_seq_free(&qs[i]);
         }
     }
     snprintf(what, sizeof what, "top_k=%d: 1600 samples, %d outside the top %d", K, outside_k, K);
@@ -549,12 +577,8 @@ static void statistics(const char *root) {
         check(st != TWK_OK && strstr(twk_last_error(), bad[i].needle), "qwen3", what, 0, 0);
     }
     free(count);
-    free(tok);
-    free(w);
-    free(lp);
     free(prob);
     twk_sampler_free(s);
-    twk_trainer_free(t);
     twk_model_free(m);
     twk_device_close(dev);
 }
