@@ -2,9 +2,20 @@
  * dtypes (copies keep the element size, index sources are i32/i64, the rest
  * f32, or 16-bit where the op table and the backend's half_srcs allow) and the
  * one wording of a bad id. */
+#include <stdarg.h>
 #include <stdio.h>
 
 #include "twk_backend.h"
+
+bool twk_why(char *why, size_t why_len, const char *fmt, ...) {
+    if (why && why_len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, why_len, fmt, ap);
+        va_end(ap);
+    }
+    return false;
+}
 
 bool twk_launch_dtypes_ok(const twk_launch *l, unsigned half, const char *backend, char *why, size_t why_len) {
     const twk_op_traits *op = twk_op_info(l->op);

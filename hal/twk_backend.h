@@ -99,6 +99,10 @@ typedef struct twk_launch {
  * naming `backend` in why (may be NULL) otherwise. */
 bool twk_launch_dtypes_ok(const twk_launch *l, unsigned half, const char *backend, char *why, size_t why_len);
 
+/* Writes printf-style text to why[why_len] when why is not NULL; returns false (not supported),
+ * so a support check can end in `return twk_why(why, why_len, "...", ...)`. */
+bool twk_why(char *why, size_t why_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* The first bad id of launch l at token count n, worded alike on every backend
  * ("get_rows 'embed': ids[2] = 7 is outside [0, 5)"), by the op table's IDS
  * rule, from host copies of the checked sources (host[i] for each bit i of the

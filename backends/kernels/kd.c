@@ -102,54 +102,42 @@ unsigned kd_half_srcs(twk_op op) {
 
 /* ---- support ---- */
 
-/* Writes a reason to why (if given); returns 0 (not supported). */
-static int say(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int say(char *why, size_t len, const char *fmt, ...) {
-    if (why && len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, len, fmt, ap);
-        va_end(ap);
-    }
-    return 0;
-}
-
 /* The kernels' limits on attention (head size, head grouping) and GEMM ranks. */
 static int shapes_ok(const twk_launch *l, char *why, size_t why_len) {
     if (l->op == TWK_OP_ATTN || l->op == TWK_OP_ATTN_LSE || l->op == TWK_OP_ATTN_BACK ||
         l->op == TWK_OP_ATTN_CACHE) {
         int64_t D = l->src[0].ne[2];
         if (l->src[0].ndim != 3 || D > KD_ATTN_MAXD)
-            return say(why, why_len, "attention head size %lld above the kernels' %d", (long long)D, KD_ATTN_MAXD);
+            return twk_why(why, why_len, "attention head size %lld above the kernels' %d", (long long)D, KD_ATTN_MAXD);
         if (l->src[1].ne[1] < 1 || l->src[0].ne[1] % l->src[1].ne[1] != 0)
-            return say(why, why_len, "%lld query heads do not group over %lld kv heads", (long long)l->src[0].ne[1],
+            return twk_why(why, why_len, "%lld query heads do not group over %lld kv heads", (long long)l->src[0].ne[1],
                        (long long)l->src[1].ne[1]);
     }
     if (l->op == TWK_OP_ATTN_CACHE && l->src[1].type != l->src[2].type)
-        return say(why, why_len, "K cache %s and V cache %s differ", twk_dtype_name(l->src[1].type),
+        return twk_why(why, why_len, "K cache %s and V cache %s differ", twk_dtype_name(l->src[1].type),
                    twk_dtype_name(l->src[2].type));
     if (l->op == TWK_OP_FUSED_EW && !kd_fused_ok(l, why, why_len)) return 0;
     if (l->op == TWK_OP_MATMUL) {
         int r = l->src[0].ndim;
         if ((r != 2 && r != 3) || l->src[1].ndim != r)
-            return say(why, why_len, "matmul of ranks %d and %d", r, l->src[1].ndim);
+            return twk_why(why, why_len, "matmul of ranks %d and %d", r, l->src[1].ndim);
         if (r != 2 && twk_dtype_is_half(l->src[1].type))
-            return say(why, why_len, "a batched matmul with a %s operand (16-bit weights are matrices)",
+            return twk_why(why, why_len, "a batched matmul with a %s operand (16-bit weights are matrices)",
                        twk_dtype_name(l->src[1].type));
     }
     return 1;
 }
 
 int kd_supports(const twk_launch *l, char *why, size_t why_len) {
-    if (!l) return say(why, why_len, "no launch");
+    if (!l) return twk_why(why, why_len, "no launch");
     const char *reason = NULL;
     if (!kd_op_kernel(l->op, &reason))
-        return say(why, why_len, "no kernel for %s (%s)", twk_op_name(l->op),
+        return twk_why(why, why_len, "no kernel for %s (%s)", twk_op_name(l->op),
                    reason ? reason : twk_op_has_kernel(l->op) ? "missing from the kernel table" : "a leaf or a view");
-    if (l->dst.ndim < 1 || l->dst.ndim > 4) return say(why, why_len, "rank %d outside 1..4", l->dst.ndim);
+    if (l->dst.ndim < 1 || l->dst.ndim > 4) return twk_why(why, why_len, "rank %d outside 1..4", l->dst.ndim);
     int copy = twk_op_info(l->op)->kind == TWK_OPK_COPY;
     if (copy && twk_dtype_size(l->dst.type) != 4 && twk_dtype_size(l->dst.type) != 8)
-        return say(why, why_len, "element size %zu bytes", twk_dtype_size(l->dst.type));
+        return twk_why(why, why_len, "element size %zu bytes", twk_dtype_size(l->dst.type));
     if (!twk_launch_dtypes_ok(l, kd_half_srcs(l->op), "the kernel dialect", why, why_len)) return 0;
     return copy || shapes_ok(l, why, why_len);
 }

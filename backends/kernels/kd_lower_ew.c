@@ -74,20 +74,9 @@ static int fused_operand(int arg, int nsrc) {
     return arg < nsrc ? arg : -1;
 }
 
-static int refuse(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int refuse(char *why, size_t len, const char *fmt, ...) {
-    if (why && len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, len, fmt, ap);
-        va_end(ap);
-    }
-    return 0;
-}
-
 int kd_fused_ok(const twk_launch *l, char *why, size_t why_len) {
     if (l->nsrc < 1 || l->nsrc > KD_FUSED_MAX_SRC)
-        return refuse(why, why_len, "fused_ew with %d sources (the kernel takes 1..%d)", l->nsrc, KD_FUSED_MAX_SRC);
+        return twk_why(why, why_len, "fused_ew with %d sources (the kernel takes 1..%d)", l->nsrc, KD_FUSED_MAX_SRC);
     int k = 0;
     for (; k < TWK_MAX_PARAMS && l->ip[k]; k++) {
         int32_t st = l->ip[k];
@@ -96,9 +85,9 @@ int kd_fused_ok(const twk_launch *l, char *why, size_t why_len) {
             int a = TWK_FUSE_ARG(st, j);
             bad = fused_operand(a, l->nsrc) < 0 || (a >= TWK_FUSE_RESULT(0) && a - TWK_FUSE_RESULT(0) >= k);
         }
-        if (bad) return refuse(why, why_len, "fused_ew step %d (%s) is not one the kernel runs", k, twk_op_name(TWK_FUSE_OP(st)));
+        if (bad) return twk_why(why, why_len, "fused_ew step %d (%s) is not one the kernel runs", k, twk_op_name(TWK_FUSE_OP(st)));
     }
-    return k ? 1 : refuse(why, why_len, "fused_ew with no steps");
+    return k ? 1 : twk_why(why, why_len, "fused_ew with no steps");
 }
 
 /* fused_ew_f32(y, s0..s5, n, w0..w7, f0..f7): unused sources read the first one */

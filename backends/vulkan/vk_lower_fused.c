@@ -24,20 +24,9 @@ static int fused_code(twk_op op, int which) {
     }
 }
 
-static bool refuse(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static bool refuse(char *why, size_t len, const char *fmt, ...) {
-    if (why && len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, len, fmt, ap);
-        va_end(ap);
-    }
-    return false;
-}
-
 bool vk_fused_ok(const twk_launch *l, char *why, size_t why_len) {
     if (l->nsrc < 1 || l->nsrc > VK_FUSED_MAX_SRC)
-        return refuse(why, why_len, "fused_ew with %d sources (fused.comp binds 1..%d)", l->nsrc, VK_FUSED_MAX_SRC);
+        return twk_why(why, why_len, "fused_ew with %d sources (fused.comp binds 1..%d)", l->nsrc, VK_FUSED_MAX_SRC);
     int k = 0;
     for (; k < TWK_MAX_PARAMS && l->ip[k]; k++) {
         int32_t st = l->ip[k];
@@ -47,9 +36,9 @@ bool vk_fused_ok(const twk_launch *l, char *why, size_t why_len) {
             int a = TWK_FUSE_ARG(st, j);
             bad = a >= TWK_FUSE_RESULT(0) ? a - TWK_FUSE_RESULT(0) >= k : a >= l->nsrc;
         }
-        if (bad) return refuse(why, why_len, "fused_ew step %d (%s) is not one fused.comp runs", k, twk_op_name(op));
+        if (bad) return twk_why(why, why_len, "fused_ew step %d (%s) is not one fused.comp runs", k, twk_op_name(op));
     }
-    return k ? true : refuse(why, why_len, "fused_ew with no steps");
+    return k ? true : twk_why(why, why_len, "fused_ew with no steps");
 }
 
 int vk_lower_fused(const vk_ctx *c, const twk_launch *l, int64_t ny, vk_dispatch *d, int *k) {
