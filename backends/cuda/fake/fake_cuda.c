@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <cublas_v2.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,24 +92,100 @@ static void submit(CUstream s, fake_op *o) {
 
 /* ---- kernels: coroutines for the items of groups that use local memory ---- */
 
+/* On x86-64 the items switch with fake_switch below: glibc's swapcontext / getcontext make an
+ * rt_sigprocmask system call at every switch, which was ~3/4 of the fake driver's time in the
+ * barrier-heavy kernels (test_reduce). Under AddressSanitizer the ucontext calls stay, since ASan
+ * intercepts swapcontext to follow the change of stacks. */
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define FAKE_OWN_SWITCH 1
+#else
+#define FAKE_OWN_SWITCH 0
+#endif
+
 #define STACK_BYTES (512u << 10)
 #define MAX_ITEMS 1024
 static char *stacks[MAX_ITEMS];
-static ucontext_t sched_ctx, item_ctx[MAX_ITEMS];
 static int item_done[MAX_ITEMS];
 static int cur_item, in_coroutines;
 static const fake_kernel *cur_kernel;
 static void **cur_params;
+
+static void item_entry(void) {
+    cur_kernel->fn(cur_params);
+    item_done[cur_item] = 1;
+}
+
+#if FAKE_OWN_SWITCH
+/* fake_switch(save, load): pushes the callee-saved registers (rbp, rbx, r12-r15) and the MXCSR /
+ * x87 control words, stores the stack pointer in *save, then restores the same from the stack at
+ * load and returns on it. */
+__attribute__((visibility("hidden"))) void fake_switch(void **save, void *load);
+__asm__(".text\n"
+        ".p2align 4\n"
+        ".globl fake_switch\n"
+        ".hidden fake_switch\n"
+        ".type fake_switch, @function\n"
+        "fake_switch:\n"
+        "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+        "  subq $8, %rsp\n  stmxcsr (%rsp)\n  fnstcw 4(%rsp)\n"
+        "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
+        "  ldmxcsr (%rsp)\n  fldcw 4(%rsp)\n  addq $8, %rsp\n"
+        "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+        "  ret\n"
+        ".size fake_switch, .-fake_switch\n");
+
+static void *sched_sp, *item_sp[MAX_ITEMS];
+
+/* An item's first frame: runs it, then hands control back for good. */
+static void item_start(void) {
+    item_entry();
+    void *dead;
+    fake_switch(&dead, sched_sp);
+    fail("a finished item was resumed", cur_kernel->name);
+}
+
+/* A new item's stack: the frame fake_switch pops (zeroed registers, this thread's control words),
+ * returning into item_start with the stack aligned as at a function's entry. */
+static void *item_stack(char *stack) {
+    void **sp = (void **)(((uintptr_t)(stack + STACK_BYTES)) & ~(uintptr_t)15);
+    *--sp = NULL; /* item_start's return address slot: it never returns */
+    *--sp = (void *)item_start;
+    for (int r = 0; r < 6; r++) *--sp = NULL;
+    uint32_t mxcsr = 0;
+    uint16_t fpucw = 0;
+    __asm__ volatile("stmxcsr %0" : "=m"(mxcsr));
+    __asm__ volatile("fnstcw %0" : "=m"(fpucw));
+    unsigned char words[8] = {0}; /* as fake_switch stores them: MXCSR at 0, the x87 word at 4 */
+    memcpy(words, &mxcsr, sizeof mxcsr);
+    memcpy(words + 4, &fpucw, sizeof fpucw);
+    memcpy(--sp, words, sizeof words);
+    return sp;
+}
+
+void fake_barrier(void) {
+    if (!in_coroutines) fail("a barrier in a kernel without local memory", cur_kernel ? cur_kernel->name : NULL);
+    fake_switch(&item_sp[cur_item], sched_sp);
+}
+
+static void item_prepare(int i) { item_sp[i] = item_stack(stacks[i]); }
+static void item_resume(int i) { fake_switch(&sched_sp, item_sp[i]); }
+#else
+static ucontext_t sched_ctx, item_ctx[MAX_ITEMS];
 
 void fake_barrier(void) {
     if (!in_coroutines) fail("a barrier in a kernel without local memory", cur_kernel ? cur_kernel->name : NULL);
     swapcontext(&item_ctx[cur_item], &sched_ctx);
 }
 
-static void item_entry(void) {
-    cur_kernel->fn(cur_params);
-    item_done[cur_item] = 1; /* then back to uc_link: the scheduler */
+static void item_prepare(int i) {
+    getcontext(&item_ctx[i]);
+    item_ctx[i].uc_stack.ss_sp = stacks[i];
+    item_ctx[i].uc_stack.ss_size = STACK_BYTES;
+    item_ctx[i].uc_link = &sched_ctx; /* item_entry's return goes back to the scheduler */
+    makecontext(&item_ctx[i], item_entry, 0);
 }
+static void item_resume(int i) { swapcontext(&sched_ctx, &item_ctx[i]); }
+#endif
 
 static void set_item(int i, const unsigned b[3]) {
     fake_cur.lid[0] = i % (int)b[0];
@@ -137,11 +214,7 @@ static void run_group(const fake_kernel *k, void **params, const unsigned g[3], 
     for (int i = 0; i < L; i++) {
         if (!stacks[i] && !(stacks[i] = malloc(STACK_BYTES))) fail("out of host memory", NULL);
         item_done[i] = 0;
-        getcontext(&item_ctx[i]);
-        item_ctx[i].uc_stack.ss_sp = stacks[i];
-        item_ctx[i].uc_stack.ss_size = STACK_BYTES;
-        item_ctx[i].uc_link = &sched_ctx;
-        makecontext(&item_ctx[i], item_entry, 0);
+        item_prepare(i);
     }
     for (;;) { /* one round: every live item runs to its next barrier or its end */
         int alive = 0, done = 0;
@@ -149,7 +222,7 @@ static void run_group(const fake_kernel *k, void **params, const unsigned g[3], 
             if (item_done[i]) continue;
             cur_item = i;
             set_item(i, b);
-            swapcontext(&sched_ctx, &item_ctx[i]);
+            item_resume(i);
             alive += !item_done[i];
         }
         if (!alive) break;
