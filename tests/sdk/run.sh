@@ -2,6 +2,7 @@
 # Runs the Tinker SDK compatibility suite (tests/sdk) against `twinkle serve`.
 #
 #   sh tests/sdk/run.sh [pytest args...]
+#   sh tests/sdk/run.sh --setup-only     # only create / update the venv (ctest's sdk_venv fixture)
 #
 # Environment:
 #   TWINKLE_BIN    the twinkle binary (default build/twinkle, relative to the repo root)
@@ -57,6 +58,11 @@ if [ -n "$extra" ]; then
     fi
 fi
 
+if [ "${1:-}" = "--setup-only" ]; then
+    echo "tests/sdk: $venv is ready"
+    exit 0
+fi
+
 if [ ! -x "$TWINKLE_BIN" ]; then
     echo "tests/sdk: $TWINKLE_BIN is missing: build it (make -C build twinkle) or set TWINKLE_BIN" >&2
     exit 2
@@ -66,6 +72,7 @@ fi
 target=tests/sdk
 for a in "$@"; do
     case "$a" in
+    -*) ;; # options, --ignore=tests/sdk/x.py too
     tests/sdk*|*.py|*.py::*) target= ;;
     esac
 done
