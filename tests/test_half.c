@@ -1,5 +1,5 @@
 /* bf16 / f16 weights on the device TWK_TEST_DEVICE names (default cpu; ctest also runs it on
- * opencl, vulkan and the fake cuda): matmul with a 16-bit b (the CPU's decode dots and sgemm
+ * opencl, vulkan and the fake cuda): matmul with a 16-bit b (the CPU's skinny sampling kernel and sgemm
  * panels, the OpenCL / CUDA widened panels, Vulkan's GEMM loading packed words; b transposed or
  * not, the backward product dX = dY W), get_rows from a 16-bit table, KV caches in 16 bits (the
  * cache's bits equal the host's round-to-nearest-even), training attention over bf16 / f16 q, k,
@@ -46,20 +46,32 @@ static void random_half(twk_dtype t, int64_t n, uint16_t *h, float *w) {
  * against float64 sums of the widened values: |err| <= K * 2^-23 * sum_k |a_k b_k| (the
  * f32 summation bound gamma_K, doubled for the product's rounding). With `back`, also the
  * gradient of sum(y * r) with respect to a, r W (the product dX = dY W, which reads b the
- * other way round). Returns the worst err / bound. */
-static double matmul_case(twk_device *dev, twk_dtype t, int64_t M, int64_t K, int64_t N, int tb, int back) {
+ * other way round). With `sampling`, the graph also writes a KV cache, which makes its plan a
+ * sampler's (the CPU's skinny kernel for M <= 8). Returns the worst err / bound; *max_err
+ * (may be NULL) the largest |err| of y, and y itself goes to y_out (may be NULL). */
+static double matmul_case_ex(twk_device *dev, twk_dtype t, int64_t M, int64_t K, int64_t N, int tb, int back,
+                             int sampling, double *max_err, float *y_out) {
     int64_t sa[2] = {M, K}, sb[2] = {tb ? N : K, tb ? K : N}, sy[2] = {M, N};
     float *a = malloc((size_t)(M * K) * 4), *w = malloc((size_t)(K * N) * 4), *y = malloc((size_t)(M * N) * 4);
     float *r = malloc((size_t)(M * N) * 4), *da = malloc((size_t)(M * K) * 4);
     uint16_t *h = malloc((size_t)(K * N) * 2);
+    random_half(t, K * N, h, w); /* b first: from one seed, b and a's first rows are the same whatever M */
     for (int64_t i = 0; i < M * K; i++) a[i] = urand();
     for (int64_t i = 0; i < M * N; i++) r[i] = urand();
-    random_half(t, K * N, h, w);
     twk_graph *g = twk_graph_new();
     twk_id A = twk_param(g, "a", 2, sa, back), B = twk_param_dtype(g, "b", t, 2, sb, false);
     twk_id R = twk_input(g, "r", TWK_F32, 2, sy);
     twk_id Y = twk_matmul(g, A, B, false, tb), L = twk_sum(g, twk_mul(g, Y, R));
     twk_graph_output(g, Y);
+    int64_t s1[1] = {1}, sc[3] = {1, 1, 1};
+    float kx = 1;
+    int32_t row0 = 0;
+    twk_id Kx = -1, Kr = -1;
+    if (sampling) { /* a one-element cache written beside the product */
+        twk_id Kc = twk_param_dtype(g, "kc", TWK_F32, 3, sc, false);
+        Kx = twk_input(g, "kx", TWK_F32, 3, sc), Kr = twk_input(g, "kr", TWK_I32, 1, s1);
+        twk_graph_output(g, twk_kv_write(g, Kc, Kx, Kr));
+    }
     twk_id dA = -1;
     if (back && twk_graph_backward(g, L) == TWK_OK) dA = twk_graph_grad(g, A), twk_graph_output(g, dA);
     twk_plan *p = NULL;
@@ -67,10 +79,14 @@ static double matmul_case(twk_device *dev, twk_dtype t, int64_t M, int64_t K, in
     if (twk_graph_status(g) == TWK_OK && twk_plan_compile(g, dev, 1, NULL, 0, &p) == TWK_OK &&
         twk_plan_write(p, A, 1, a, (size_t)(M * K) * 4) == TWK_OK &&
         twk_plan_write(p, B, 1, h, (size_t)(K * N) * 2) == TWK_OK &&
-        (!back || twk_plan_write(p, R, 1, r, (size_t)(M * N) * 4) == TWK_OK) && twk_plan_run(p, 1) == TWK_OK &&
+        (!back || twk_plan_write(p, R, 1, r, (size_t)(M * N) * 4) == TWK_OK) &&
+        (!sampling || (twk_plan_write(p, Kx, 1, &kx, sizeof kx) == TWK_OK && twk_plan_write(p, Kr, 1, &row0, sizeof row0) == TWK_OK)) &&
+        twk_plan_run(p, 1) == TWK_OK &&
         twk_plan_read(p, Y, 1, y, (size_t)(M * N) * 4) == TWK_OK &&
         (!back || twk_plan_read(p, dA, 1, da, (size_t)(M * K) * 4) == TWK_OK)) {
         worst = 0;
+        if (max_err) *max_err = 0;
+        if (y_out) memcpy(y_out, y, (size_t)(M * N) * 4);
         for (int64_t m = 0; m < M; m++)
             for (int64_t n = 0; n < N; n++) {
                 double s = 0, mag = 0;
@@ -81,6 +97,7 @@ static double matmul_case(twk_device *dev, twk_dtype t, int64_t M, int64_t K, in
                 }
                 double e = fabs(y[m * N + n] - s) / (K * ldexp(1, -23) * mag + 1e-30);
                 worst = e > worst ? e : worst;
+                if (max_err && fabs(y[m * N + n] - s) > *max_err) *max_err = fabs(y[m * N + n] - s);
             }
         for (int64_t m = 0; back && m < M; m++)
             for (int64_t k = 0; k < K; k++) {
@@ -98,6 +115,10 @@ static double matmul_case(twk_device *dev, twk_dtype t, int64_t M, int64_t K, in
     twk_graph_free(g);
     free(a), free(w), free(y), free(r), free(da), free(h);
     return worst;
+}
+
+static double matmul_case(twk_device *dev, twk_dtype t, int64_t M, int64_t K, int64_t N, int tb, int back) {
+    return matmul_case_ex(dev, t, M, K, N, tb, back, 0, NULL, NULL);
 }
 
 /* get_rows from a 16-bit table: exactly the widened rows. */
@@ -583,7 +604,7 @@ int main(int argc, char **argv) {
     int on_cpu = !strncmp(spec, "cpu", 3);
     printf("device %s\n", spec);
     static const twk_dtype types[2] = {TWK_BF16, TWK_F16};
-    /* shapes: decode dots (M <= 16), sgemm panels (M > 16, several panels when N K > 2^20), odd K tails */
+    /* training plans: sgemm panels at every M (several panels when N K > 2^20), odd K tails */
     static const int64_t shapes[][3] = {{1, 100, 130}, {5, 37, 70}, {16, 64, 33}, {17, 100, 130}, {40, 64, 17000}};
     for (int ti = 0; ti < 2; ti++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
@@ -596,6 +617,41 @@ int main(int argc, char **argv) {
                          sh[2] < 1000 ? " + dX = dY W" : "", e);
                 check(e <= 1, what);
             }
+    /* a sampler's plan (CPU: the skinny kernel up to M = 8, widened in registers; M = 9 the panels):
+     * M 1, 2, 3, 7, 8, 9; K 37 / 100 / 1029 (not multiples of 8 or 16); N odd, below and above the
+     * kernel's blocks (4 rows of b^T, 32 columns of b); 4099 x 1024 splits over the threads */
+    static const int64_t sshapes[][3] = {{1, 37, 33}, {2, 100, 77}, {3, 1029, 131}, {7, 37, 77}, {8, 100, 5},
+                                         {9, 37, 33}, {1, 1024, 4099}, {3, 16, 1}, {1, 7, 3}};
+    for (int ti = 0; ti < 2; ti++)
+        for (size_t si = 0; si < sizeof sshapes / sizeof sshapes[0]; si++)
+            for (int tb = 0; tb < 2; tb++) {
+                const int64_t *sh = sshapes[si];
+                double mx = 0, e = matmul_case_ex(dev, types[ti], sh[0], sh[1], sh[2], tb, 0, 1, &mx, NULL);
+                char what[220];
+                snprintf(what, sizeof what,
+                         "matmul f32 x %s [M %lld, K %lld, N %lld]%s in a sampling plan: worst err / (K 2^-23 sum|ab|) = %.3f <= 1 (max |err| %.2e)",
+                         twk_dtype_name(types[ti]), (long long)sh[0], (long long)sh[1], (long long)sh[2], tb ? " b^T" : "", e, mx);
+                check(e <= 1, what);
+            }
+    /* in a sampling plan a row's result does not depend on the rows beside it: row 0 of M = 7 and of M = 8
+     * (same a row, same b) equal M = 1's bit for bit (the CPU's kernel; devices promise no such thing) */
+    for (int ti = 0; on_cpu && ti < 2; ti++)
+        for (int tb = 0; tb < 2; tb++) {
+            enum { K1 = 1029, N1 = 135 };
+            static float y1[N1], y7[8 * N1];
+            int same = 1;
+            rng_state = 12345;
+            double e = matmul_case_ex(dev, types[ti], 1, K1, N1, tb, 0, 1, NULL, y1);
+            for (int64_t m = 7; m <= 8; m++) {
+                rng_state = 12345;
+                e += matmul_case_ex(dev, types[ti], m, K1, N1, tb, 0, 1, NULL, y7);
+                same = same && !memcmp(y1, y7, sizeof y1);
+            }
+            char what[200];
+            snprintf(what, sizeof what, "matmul f32 x %s [K %d, N %d]%s in a sampling plan: row 0 at M = 7, 8 = at M = 1, bit for bit",
+                     twk_dtype_name(types[ti]), K1, N1, tb ? " b^T" : "");
+            check(same && isfinite(e), what);
+        }
     for (int ti = 0; ti < 2; ti++)
         get_rows_case(dev, types[ti]), kv_case(dev, types[ti]), bits_case(dev, types[ti]), attn_case(dev, types[ti]);
     const char *dir = argc > 1 ? argv[1] : NULL;

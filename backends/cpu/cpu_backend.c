@@ -184,6 +184,7 @@ static bool cpu_supports_op(void *ctx, const twk_launch *l, char *why, size_t wh
 
 typedef struct cpu_prepared {
     cpu_kernel *kernels;
+    int infer; /* cpu_call.infer for every launch */
 } cpu_prepared;
 
 static twk_status cpu_prepare(void *ctx, const twk_hal_plan *plan, void **out) {
@@ -196,7 +197,9 @@ static twk_status cpu_prepare(void *ctx, const twk_hal_plan *plan, void **out) {
         return TWK_ERR_OOM;
     }
     for (int i = 0; i < plan->n_launches; i++) {
-        pp->kernels[i] = kernel_for(plan->launches[i].op);
+        twk_op op = plan->launches[i].op;
+        if (op == TWK_OP_KV_WRITE || op == TWK_OP_ATTN_CACHE) pp->infer = 1;
+        pp->kernels[i] = kernel_for(op);
         if (!pp->kernels[i]) {
             twk_host_free(pp->kernels);
             twk_host_free(pp);
@@ -242,6 +245,7 @@ static twk_status cpu_run(void *vctx, void *prepared, const twk_hal_plan *plan, 
     cpu_call c;
     c.ctx = ctx;
     c.ntok = n;
+    c.infer = pp->infer;
     for (int i = 0; i < plan->n_launches; i++) {
         const twk_launch *l = &plan->launches[i];
         c.l = l;

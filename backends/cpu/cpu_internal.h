@@ -50,9 +50,10 @@ void *cpu_scratch(cpu_ctx *ctx, size_t bytes);
 
 /* One product C [M, N] = op(A) op(B) of MATMUL's kernels, B f32 or 16-bit (bt, widened to f32 as read).
  * pass_m: the rows of the pass it belongs to, which picks the kernel (a token tile of a pass then
- * gives that pass's rows bit for bit). */
+ * gives that pass's rows bit for bit). infer: the product is a sampling plan's (cpu_call.infer),
+ * which lets a 16-bit B of few rows take the skinny kernel (kern_matmul16.c). */
 typedef struct {
-    int ta, tb;
+    int ta, tb, infer;
     int64_t pass_m, M, N, K, lda, ldb, ldc;
     const float *A;
     const void *B;
@@ -64,6 +65,14 @@ int64_t cpu_gemm_work_floats(const cpu_ctx *ctx, const cpu_gemm_args *g);
 /* Runs the product; work: cpu_gemm_work_floats(g) floats the caller owns. Cannot fail (dims are
  * checked against the BLAS's int range by the caller). */
 void cpu_gemm(cpu_ctx *ctx, const cpu_gemm_args *g, float *work);
+
+/* Rows of A up to which a sampling plan's product over a 16-bit B takes the skinny kernel. */
+#define CPU_SKINNY_ROWS 8
+/* The scratch floats cpu_gemm_skinny needs (A packed when B is transposed; 0 otherwise). */
+int64_t cpu_skinny_work_floats(const cpu_gemm_args *g);
+/* C = A op(B) for a 16-bit B, !ta, B streamed once and widened in registers (kern_matmul16.c);
+ * work: cpu_skinny_work_floats(g) floats. Cannot fail. */
+void cpu_gemm_skinny(cpu_ctx *ctx, const cpu_gemm_args *g, float *work);
 
 typedef struct cpu_tensor {
     void *data;
@@ -77,6 +86,7 @@ typedef struct cpu_call {
     const twk_launch *l;
     cpu_ctx *ctx;
     int64_t ntok;
+    int infer; /* the plan writes or reads a KV cache: a sampler's plan, no training pass */
     cpu_tensor dst;
     cpu_tensor src[TWK_MAX_SRC];
 } cpu_call;

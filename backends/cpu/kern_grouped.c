@@ -4,13 +4,13 @@
  * per-row kernel of kern_lora.c, which streams a slot's whole weight for every 4 rows.
  *
  * The kernel is the same for every run whatever its length (sgemm for f32, never sgemv; panels for
- * 16-bit, never row dots), so a row's result does not depend on how many rows share its expert as
+ * 16-bit, never the skinny kernel, which only sampling plans take), so a row's result does not depend on how many rows share its expert as
  * far as the BLAS gives a row the same bits whatever the row count (SkylakeX's sgemm does). */
 #include <limits.h>
 
 #include "cpu_internal.h"
 
-#define GROUPED_HALF_PASS_M 1024 /* a pass_m past kern_matmul.c's row-dot bound: widened panels always */
+#define GROUPED_HALF_PASS_M 1024 /* a pass_m past CPU_SKINNY_ROWS: widened panels always */
 
 twk_status cpu_lora_gather_grouped(const cpu_call *c) {
     const cpu_tensor *x = &c->src[0], *w = &c->src[1], *slot = &c->src[2];

@@ -1,16 +1,12 @@
 /* MATMUL through the BLAS (OpenBLAS sgemm), batched by a loop over dim 0.
- * A bf16 / f16 b (a frozen weight) is widened to f32 as it is read: a few
- * rows of a (decoding) dot each widened weight row while it is in L1; more
- * rows go to sgemm on f32 panels of b widened in cache-sized blocks. Every
- * sum is in f32. */
+ * A bf16 / f16 b (a frozen weight) is widened to f32 as it is read: in a sampling plan a few rows
+ * of a (decoding) take kern_matmul16.c's skinny kernel, which widens b in registers; everything
+ * else goes to sgemm on f32 panels of b widened in cache-sized blocks. Every sum is in f32. */
 #include <limits.h>
 
 #include <cblas.h>
 
 #include "cpu_internal.h"
-
-/* Rows of a up to which a half b is read once, row by row (dots), instead of as sgemm panels. */
-#define HALF_DOT_ROWS 16
 
 typedef struct {
     const float *A;
@@ -18,27 +14,11 @@ typedef struct {
     float *C;
     twk_dtype bt;
     int64_t M, N, K, lda, ldb, ldc;
-    float *buf; /* per thread: K floats (dots) */
+    float *buf; /* the panel */
     int64_t n0; /* panel: its first row (of b^T when transposed, of b otherwise) */
     int64_t nb; /* panel: rows */
     int tb;
 } half_job;
-
-/* C[m, n] = A[m, :] . B[n, :] for every m, for n in [n0, n1) (b transposed: rows of b are contiguous). */
-static void half_dots(void *arg, int64_t n0, int64_t n1) {
-    const half_job *j = arg;
-    float *w = j->buf + (int64_t)cpu_thread_index() * j->K;
-    for (int64_t n = n0; n < n1; n++) {
-        twk_dtype_to_f32(j->bt, j->B + 2 * n * j->ldb, w, j->K);
-        for (int64_t m = 0; m < j->M; m++) {
-            const float *a = j->A + m * j->lda;
-            float s = 0;
-#pragma omp simd reduction(+ : s)
-            for (int64_t k = 0; k < j->K; k++) s += a[k] * w[k];
-            j->C[m * j->ldc + n] = s;
-        }
-    }
-}
 
 /* Widens rows [r0, r1) of the panel: b's rows n0.. when b is transposed ([nb, K] of b^T), else b's
  * rows k0.. (the panel is [nb, N]); both are contiguous runs of b. */
@@ -67,19 +47,25 @@ static void half_panels(cpu_ctx *ctx, half_job *j, int ta) {
     }
 }
 
-/* Which kernel a product takes: a 16-bit b's row dots (few rows of a, b transposed), its widened
- * panels, f32 sgemv (one row, unbatched) or sgemm. pass_m: the rows of the whole pass the
- * product belongs to, so every token tile of a pass takes the pass's kernel. */
-typedef enum { GEMM_HALF_DOTS, GEMM_HALF_PANELS, GEMM_GEMV, GEMM_SGEMM } gemm_kind;
+/* Which kernel a product takes: a 16-bit b's skinny product (few rows of a, a sampling plan's),
+ * its widened panels, f32 sgemv (one row, unbatched) or sgemm. pass_m: the rows of the whole pass
+ * the product belongs to, so every token tile of a pass takes the pass's kernel.
+ * The skinny kernel gives other last bits than sgemm, and a training pass's rows must be the same
+ * whether a sequence runs alone or packed with others (pass_m small or large): so training plans
+ * (infer 0) always take the panels, and only sampling plans, which no pass is compared with bit
+ * for bit, choose by pass_m. */
+typedef enum { GEMM_HALF_SKINNY, GEMM_HALF_PANELS, GEMM_GEMV, GEMM_SGEMM } gemm_kind;
 
 static gemm_kind gemm_choose(const cpu_gemm_args *g) {
-    if (twk_dtype_is_half(g->bt)) return !g->ta && g->tb && g->pass_m <= HALF_DOT_ROWS ? GEMM_HALF_DOTS : GEMM_HALF_PANELS;
+    if (twk_dtype_is_half(g->bt))
+        return g->infer && !g->ta && g->pass_m <= CPU_SKINNY_ROWS ? GEMM_HALF_SKINNY : GEMM_HALF_PANELS;
     return g->pass_m == 1 ? GEMM_GEMV : GEMM_SGEMM;
 }
 
 int64_t cpu_gemm_work_floats(const cpu_ctx *ctx, const cpu_gemm_args *g) {
+    (void)ctx;
     switch (gemm_choose(g)) {
-    case GEMM_HALF_DOTS: return (int64_t)ctx->n_threads * g->K;
+    case GEMM_HALF_SKINNY: return cpu_skinny_work_floats(g);
     case GEMM_HALF_PANELS: {
         int64_t row = g->tb ? g->K : g->N, total = g->tb ? g->N : g->K;
         return TWK_HALF_PANEL_ROWS(row, total) * row;
@@ -91,11 +77,12 @@ int64_t cpu_gemm_work_floats(const cpu_ctx *ctx, const cpu_gemm_args *g) {
 void cpu_gemm(cpu_ctx *ctx, const cpu_gemm_args *g, float *work) {
     gemm_kind k = gemm_choose(g);
     cpu_blas_threads(ctx, g->pass_m > g->M ? g->pass_m : g->M, g->N, g->K); /* every tile of a pass alike */
-    if (k == GEMM_HALF_DOTS || k == GEMM_HALF_PANELS) {
+    if (k == GEMM_HALF_SKINNY) {
+        cpu_gemm_skinny(ctx, g, work);
+    } else if (k == GEMM_HALF_PANELS) {
         half_job j = {.A = g->A, .B = g->B, .C = g->C, .bt = g->bt, .M = g->M, .N = g->N, .K = g->K, .lda = g->lda,
                       .ldb = g->ldb, .ldc = g->ldc, .tb = g->tb, .buf = work};
-        if (k == GEMM_HALF_DOTS) cpu_parallel_for(ctx->pool, j.N, CPU_GRAIN_ELEMS / (j.K * j.M + 1) + 1, half_dots, &j);
-        else half_panels(ctx, &j, g->ta);
+        half_panels(ctx, &j, g->ta);
     } else if (k == GEMM_GEMV) {
         /* one row (decoding one token): a matrix-vector product reads the weights once, several
          * times faster than sgemm's packing at M = 1; the row of A is contiguous either way */
@@ -120,7 +107,7 @@ twk_status cpu_matmul(const cpu_call *c) {
                          c->l->name, (long long)M, (long long)N, (long long)K);
     size_t esz = twk_dtype_size(b->type);
     /* a batched f32 product of one row stays on sgemm (sgemv is for a decoding row) */
-    cpu_gemm_args g = {.ta = ta, .tb = tb, .pass_m = batch > 1 && !twk_dtype_is_half(b->type) ? 2 : M, .M = M, .N = N,
+    cpu_gemm_args g = {.ta = ta, .tb = tb, .infer = c->infer, .pass_m = batch > 1 && !twk_dtype_is_half(b->type) ? 2 : M, .M = M, .N = N,
                        .K = K, .lda = lda, .ldb = ldb, .ldc = N, .bt = b->type};
     int64_t wf = cpu_gemm_work_floats(c->ctx, &g);
     float *work = wf ? cpu_scratch(c->ctx, (size_t)wf * sizeof *work) : NULL;

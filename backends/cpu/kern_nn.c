@@ -295,7 +295,7 @@ static void unembed_back_rows(void *arg, int64_t r0, int64_t r1) {
  * dh = dz w, with the kernel cpu_matmul takes for the pass of T tokens (w f32 or 16-bit). */
 static cpu_gemm_args tile_logits_args(const cpu_call *c, int64_t t0, int64_t m, int64_t T, float *z) {
     int64_t H = c->src[0].ne[1], V = c->src[1].ne[0];
-    return (cpu_gemm_args){.tb = 1, .pass_m = T, .M = m, .N = V, .K = H, .lda = H, .ldb = H, .ldc = V,
+    return (cpu_gemm_args){.tb = 1, .infer = c->infer, .pass_m = T, .M = m, .N = V, .K = H, .lda = H, .ldb = H, .ldc = V,
                            .A = (const float *)c->src[0].data + t0 * H, .B = c->src[1].data, .bt = c->src[1].type, .C = z};
 }
 
