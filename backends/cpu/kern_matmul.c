@@ -2,7 +2,8 @@
  * A bf16 / f16 b (a frozen weight) is widened to f32 as it is read: a few
  * rows of a (decoding) dot each widened weight row while it is in L1; more
  * rows go to sgemm on f32 panels of b widened in cache-sized blocks. Every
- * sum is in f32. */
+ * sum is in f32. Every f32 sgemm runs as fixed-size tiles (cpu_sgemm), so a
+ * row's bits do not depend on how many rows the product has (packed passes). */
 #include <limits.h>
 
 #include <cblas.h>
@@ -11,6 +12,45 @@
 
 /* Rows of a up to which a half b is read once, row by row (dots), instead of as sgemm panels. */
 #define HALF_DOT_ROWS 16
+/* The tiles of an f32 product: rows of C in blocks of SGEMM_ROWS (a multiple of
+ * TWK_GEMM_ROW_PERIOD, below OpenBLAS's own row blocking, so every row sits where its period puts
+ * it), columns in blocks of SGEMM_COLS — fixed sizes, so a row's bits do not depend on the row
+ * count or on how many threads share the tiles. 256-column tiles ran the two-product unembedding
+ * 2.5x slower on the AVX2 EPYC (OpenBLAS Zen, one thread); 1024 as fast as one call. */
+#define SGEMM_ROWS (8 * TWK_GEMM_ROW_PERIOD)
+#define SGEMM_COLS 1024
+
+typedef struct {
+    int ta, tb;
+    int64_t M, N, K, lda, ldb, ldc;
+    const float *A, *B;
+    float beta, *C;
+    int64_t col_tiles;
+} sgemm_job;
+
+/* Tiles [t0, t1) of the product (row-major over rows, then columns), one single-threaded sgemm each. */
+static void sgemm_tiles(void *arg, int64_t t0, int64_t t1) {
+    const sgemm_job *j = arg;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t r0 = t / j->col_tiles * SGEMM_ROWS, c0 = t % j->col_tiles * SGEMM_COLS;
+        int64_t m = j->M - r0 < SGEMM_ROWS ? j->M - r0 : SGEMM_ROWS, n = j->N - c0 < SGEMM_COLS ? j->N - c0 : SGEMM_COLS;
+        cblas_sgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans, j->tb ? CblasTrans : CblasNoTrans, (int)m, (int)n,
+                    (int)j->K, 1.0f, j->A + (j->ta ? r0 : r0 * j->lda), (int)j->lda, j->B + (j->tb ? c0 * j->ldb : c0),
+                    (int)j->ldb, j->beta, j->C + r0 * j->ldc + c0, (int)j->ldc);
+    }
+}
+
+void cpu_sgemm(cpu_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
+               int64_t ldb, float beta, float *C, int64_t ldc) {
+    sgemm_job j = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc, .A = A, .B = B,
+                   .beta = beta, .C = C, .col_tiles = (N + SGEMM_COLS - 1) / SGEMM_COLS};
+    int64_t tiles = (M + SGEMM_ROWS - 1) / SGEMM_ROWS * j.col_tiles;
+    cpu_blas_threads(ctx, 1, 1, 1); /* OpenBLAS's own split of the rows moves them inside its row blocks: never */
+    if (ctx->n_threads > 1 && tiles > 1 && (double)M * (double)N * (double)K >= CPU_BLAS_THREADED_FMAS)
+        cpu_parallel_for(ctx->pool, tiles, 1, sgemm_tiles, &j);
+    else
+        sgemm_tiles(&j, 0, tiles);
+}
 
 typedef struct {
     const float *A;
@@ -58,12 +98,10 @@ static void half_panels(cpu_ctx *ctx, half_job *j, int ta) {
         j->nb = total - j->n0 < nb ? total - j->n0 : nb;
         cpu_parallel_for(ctx->pool, j->nb, CPU_GRAIN_ELEMS / row + 1, half_widen, j);
         if (j->tb) /* C[:, n0 : n0 + nb] = op(A) panel^T */
-            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, CblasTrans, (int)j->M, (int)j->nb, (int)j->K, 1.0f,
-                        j->A, (int)j->lda, j->buf, (int)j->K, 0.0f, j->C + j->n0, (int)j->ldc);
+            cpu_sgemm(ctx, ta, 1, j->M, j->nb, j->K, j->A, j->lda, j->buf, j->K, 0.0f, j->C + j->n0, j->ldc);
         else /* C += op(A)[:, k0 : k0 + kb] panel */
-            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, CblasNoTrans, (int)j->M, (int)j->N, (int)j->nb, 1.0f,
-                        j->A + (ta ? j->n0 * j->lda : j->n0), (int)j->lda, j->buf, (int)j->N, j->n0 ? 1.0f : 0.0f, j->C,
-                        (int)j->ldc);
+            cpu_sgemm(ctx, ta, 0, j->M, j->N, j->nb, j->A + (ta ? j->n0 * j->lda : j->n0), j->lda, j->buf, j->N,
+                      j->n0 ? 1.0f : 0.0f, j->C, j->ldc);
     }
 }
 
@@ -90,20 +128,19 @@ int64_t cpu_gemm_work_floats(const cpu_ctx *ctx, const cpu_gemm_args *g) {
 
 void cpu_gemm(cpu_ctx *ctx, const cpu_gemm_args *g, float *work) {
     gemm_kind k = gemm_choose(g);
-    cpu_blas_threads(ctx, g->pass_m > g->M ? g->pass_m : g->M, g->N, g->K); /* every tile of a pass alike */
     if (k == GEMM_HALF_DOTS || k == GEMM_HALF_PANELS) {
         half_job j = {.A = g->A, .B = g->B, .C = g->C, .bt = g->bt, .M = g->M, .N = g->N, .K = g->K, .lda = g->lda,
                       .ldb = g->ldb, .ldc = g->ldc, .tb = g->tb, .buf = work};
         if (k == GEMM_HALF_DOTS) cpu_parallel_for(ctx->pool, j.N, CPU_GRAIN_ELEMS / (j.K * j.M + 1) + 1, half_dots, &j);
         else half_panels(ctx, &j, g->ta);
     } else if (k == GEMM_GEMV) {
+        cpu_blas_threads(ctx, 1, g->N, g->K);
         /* one row (decoding one token): a matrix-vector product reads the weights once, several
          * times faster than sgemm's packing at M = 1; the row of A is contiguous either way */
         cblas_sgemv(CblasRowMajor, g->tb ? CblasNoTrans : CblasTrans, (int)(g->tb ? g->N : g->K), (int)(g->tb ? g->K : g->N),
                     1.0f, g->B, (int)g->ldb, g->A, 1, 0.0f, g->C, 1);
     } else {
-        cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, (int)g->M, (int)g->N,
-                    (int)g->K, 1.0f, g->A, (int)g->lda, g->B, (int)g->ldb, 0.0f, g->C, (int)g->ldc);
+        cpu_sgemm(ctx, g->ta, g->tb, g->M, g->N, g->K, g->A, g->lda, g->B, g->ldb, 0.0f, g->C, g->ldc);
     }
 }
 
