@@ -15,8 +15,8 @@
  * so a segment at row 64 got 1-3 ulp other logprobs than at row 0.
  *
  * And the products themselves: rows placed at a multiple of the period in a
- * product of 48, 144, 240, 432 and 480 rows (one tile; column tiles on the
- * pool's threads; a second row tile past 384 rows), f32 and bf16 weights, both
+ * product of 48, 144, 240, 432 and 480 rows (one tile; column tiles and row
+ * tiles cut at periods on the pool's threads), f32 and bf16 weights, both
  * orientations (x w^T, the forward; dy w, its gradient), give the same bits. */
 #include <math.h>
 #include <stdio.h>
@@ -258,7 +258,7 @@ static int products_run(products *pr, int64_t n, int64_t at, int64_t N, int64_t 
 
 /* 48 probe rows alone (a product of 48 rows) and at rows 48..432 of products of 144, 240, 432 and 480. */
 static void product_rows(twk_device *dev, int exact) {
-    /* N, K: one tile on one thread; two column tiles on the pool's threads (and two row tiles past 384 rows) */
+    /* N, K: one tile on one thread; two column tiles, and row tiles from 144 rows, on the pool's threads */
     static const int64_t shapes[][2] = {{384, 128}, {2048, 256}};
     for (int s = 0; s < 2; s++)
         for (int h = 0; h < 2; h++) {

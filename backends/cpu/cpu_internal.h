@@ -47,10 +47,11 @@ typedef struct cpu_ctx {
  * CPU_BLAS_THREADED_FMAS, else the context's threads. Cannot fail. */
 void cpu_blas_threads(const cpu_ctx *ctx, int64_t m, int64_t n, int64_t k);
 
-/* C [M, N] = op(A) op(B) + beta C (beta 0 or 1), all f32, row-major, in tiles of fixed size (rows:
- * 384, a multiple of TWK_GEMM_ROW_PERIOD; columns: 1024), one single-threaded OpenBLAS sgemm each, on
- * the pool for products of CPU_BLAS_THREADED_FMAS or more: a row's bits depend neither on the row
- * count (past its row's tile) nor on the thread count. Cannot fail. */
+/* C [M, N] = op(A) op(B) + beta C (beta 0 or 1), all f32, row-major, as tiles — 1024 columns (fixed
+ * by N), rows in whole TWK_GEMM_ROW_PERIODs (at most 3072; shared evenly between the pool's threads
+ * for products of CPU_BLAS_THREADED_FMAS or more) — one single-threaded OpenBLAS sgemm each: a row
+ * at a multiple of the period gets the same bits whatever the row count or the thread count.
+ * Cannot fail. */
 void cpu_sgemm(cpu_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
                int64_t ldb, float beta, float *C, int64_t ldc);
 

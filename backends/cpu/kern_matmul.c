@@ -2,8 +2,9 @@
  * A bf16 / f16 b (a frozen weight) is widened to f32 as it is read: a few
  * rows of a (decoding) dot each widened weight row while it is in L1; more
  * rows go to sgemm on f32 panels of b widened in cache-sized blocks. Every
- * sum is in f32. Every f32 sgemm runs as fixed-size tiles (cpu_sgemm), so a
- * row's bits do not depend on how many rows the product has (packed passes). */
+ * sum is in f32. Every f32 sgemm runs as tiles cut at 48-row periods and fixed
+ * column blocks (cpu_sgemm), so a row's bits do not depend on how many rows the
+ * product has (packed passes). */
 #include <limits.h>
 
 #include <cblas.h>
@@ -12,28 +13,30 @@
 
 /* Rows of a up to which a half b is read once, row by row (dots), instead of as sgemm panels. */
 #define HALF_DOT_ROWS 16
-/* The tiles of an f32 product: rows of C in blocks of SGEMM_ROWS (a multiple of
- * TWK_GEMM_ROW_PERIOD, below OpenBLAS's own row blocking, so every row sits where its period puts
- * it), columns in blocks of SGEMM_COLS — fixed sizes, so a row's bits do not depend on the row
- * count or on how many threads share the tiles. 256-column tiles ran the two-product unembedding
- * 2.5x slower on the AVX2 EPYC (OpenBLAS Zen, one thread); 1024 as fast as one call. */
-#define SGEMM_ROWS (8 * TWK_GEMM_ROW_PERIOD)
+/* The tiles of an f32 product: columns of C in blocks of SGEMM_COLS (fixed by N: a column's place
+ * in OpenBLAS's kernels must not move with the row count), rows in blocks of whole
+ * TWK_GEMM_ROW_PERIODs — one block up to SGEMM_MAX_ROWS (below OpenBLAS's own row blocking), or
+ * for a threaded product the rows shared evenly between the threads — so a row sits at the same
+ * place of a 48-row period whatever the row count or the thread count. 256-column tiles ran the
+ * two-product unembedding 2.5x slower on the AVX2 EPYC (OpenBLAS Zen, one thread); 1024 as fast
+ * as one call. */
 #define SGEMM_COLS 1024
+#define SGEMM_MAX_ROWS (64 * TWK_GEMM_ROW_PERIOD)
 
 typedef struct {
     int ta, tb;
     int64_t M, N, K, lda, ldb, ldc;
     const float *A, *B;
     float beta, *C;
-    int64_t col_tiles;
+    int64_t rows, col_tiles;
 } sgemm_job;
 
-/* Tiles [t0, t1) of the product (row-major over rows, then columns), one single-threaded sgemm each. */
+/* Tiles [t0, t1) of the product (row blocks, then column blocks), one single-threaded sgemm each. */
 static void sgemm_tiles(void *arg, int64_t t0, int64_t t1) {
     const sgemm_job *j = arg;
     for (int64_t t = t0; t < t1; t++) {
-        int64_t r0 = t / j->col_tiles * SGEMM_ROWS, c0 = t % j->col_tiles * SGEMM_COLS;
-        int64_t m = j->M - r0 < SGEMM_ROWS ? j->M - r0 : SGEMM_ROWS, n = j->N - c0 < SGEMM_COLS ? j->N - c0 : SGEMM_COLS;
+        int64_t r0 = t / j->col_tiles * j->rows, c0 = t % j->col_tiles * SGEMM_COLS;
+        int64_t m = j->M - r0 < j->rows ? j->M - r0 : j->rows, n = j->N - c0 < SGEMM_COLS ? j->N - c0 : SGEMM_COLS;
         cblas_sgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans, j->tb ? CblasTrans : CblasNoTrans, (int)m, (int)n,
                     (int)j->K, 1.0f, j->A + (j->ta ? r0 : r0 * j->lda), (int)j->lda, j->B + (j->tb ? c0 * j->ldb : c0),
                     (int)j->ldb, j->beta, j->C + r0 * j->ldc + c0, (int)j->ldc);
@@ -42,11 +45,17 @@ static void sgemm_tiles(void *arg, int64_t t0, int64_t t1) {
 
 void cpu_sgemm(cpu_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
                int64_t ldb, float beta, float *C, int64_t ldc) {
+    const int64_t P = TWK_GEMM_ROW_PERIOD;
     sgemm_job j = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc, .A = A, .B = B,
                    .beta = beta, .C = C, .col_tiles = (N + SGEMM_COLS - 1) / SGEMM_COLS};
-    int64_t tiles = (M + SGEMM_ROWS - 1) / SGEMM_ROWS * j.col_tiles;
+    int threaded = ctx->n_threads > 1 && (double)M * (double)N * (double)K >= CPU_BLAS_THREADED_FMAS;
+    int64_t per = threaded ? (M + ctx->n_threads - 1) / ctx->n_threads : M;
+    j.rows = (per + P - 1) / P * P;
+    if (j.rows > SGEMM_MAX_ROWS) j.rows = SGEMM_MAX_ROWS;
+    if (j.rows < 1) j.rows = 1;
+    int64_t tiles = (M + j.rows - 1) / j.rows * j.col_tiles;
     cpu_blas_threads(ctx, 1, 1, 1); /* OpenBLAS's own split of the rows moves them inside its row blocks: never */
-    if (ctx->n_threads > 1 && tiles > 1 && (double)M * (double)N * (double)K >= CPU_BLAS_THREADED_FMAS)
+    if (threaded && tiles > 1)
         cpu_parallel_for(ctx->pool, tiles, 1, sgemm_tiles, &j);
     else
         sgemm_tiles(&j, 0, tiles);
