@@ -7,8 +7,8 @@
  *
  * Checked: every job's logprobs, loss, metrics and gradients together equal
  * its results alone — bit for bit on the CPU (the reductions stay inside each
- * run's tokens, and segments sit at 16-row boundaries so OpenBLAS computes
- * every GEMM row the same way; the packs even differ in slot rank and
+ * run's tokens, and segments sit at 48-row boundaries, TWK_GEMM_ROW_PERIOD, so
+ * the CPU's products compute every row the same way; the packs even differ in slot rank and
  * modules), within 1e-5 relative (max |diff| / max |value|) on other devices
  * (TWK_TEST_DEVICE) and for a job whose backward pass takes another
  * unembedding together than alone: a pass shared with a run that adapts

@@ -9,8 +9,10 @@
  * summed on the host), so on the CPU a run's logprobs, loss and gradients
  * are bit-identical whatever else shares the pass. For the base GEMMs that
  * takes one more step: OpenBLAS computes a row the same way whatever the row
- * count only when the count is a multiple of its tile height and the row sits
- * at a multiple of it (else tail kernels and the thread split differ), so each
+ * count only when the count is a multiple of its kernels' row blocks and the
+ * row sits at a multiple of one (else tail kernels and the other half of a
+ * Haswell / Zen 12-row block sum it), and the CPU backend splits products
+ * between threads only there (TWK_GEMM_ROW_PERIOD, 48: twinkle/ops.h), so each
  * segment starts at a multiple of TWK_PACK_ALIGN tokens and is padded to one
  * (weight-0 tokens of their own, scale 0: they touch no run's sums). The
  * slots' rank and the set of adapted modules are the largest any run needed
@@ -25,7 +27,7 @@
 #include "trainer_internal.h"
 #include "twinkle/train.h"
 
-#define TWK_PACK_ALIGN 16
+#define TWK_PACK_ALIGN TWK_GEMM_ROW_PERIOD
 
 struct twk_pack {
     twk_model *m;

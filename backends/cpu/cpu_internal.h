@@ -33,16 +33,27 @@ typedef struct cpu_ctx {
     long prof_n[TWK_OP_COUNT];
 } cpu_ctx;
 
-/* Products below this many multiply-adds (~0.3 ms on one AVX-512 core) run on one BLAS thread.
+/* Products below this many multiply-adds (~0.3 ms on one AVX-512 core) run on one thread.
  * OpenBLAS's own threshold (~2.6e5) wakes its threads for products of a few microseconds, where
  * the hand-off costs about what the second thread saves, and after each threaded call they spin
  * (sched_yield) waiting for the next (`twinkle serve` shortens that: cli/main.c). A row of C is
- * the same sum with either count (OpenBLAS splits M and N between threads at its unroll
- * multiples, not K), so packed passes stay bit-identical (tests/test_lora_pack.c). */
+ * the same sum with either count, but OpenBLAS's split of the rows between its threads moves rows
+ * inside its kernels' row blocks (Haswell / Zen sum a 12-row block's rows in two orders), so the
+ * products over a pass's rows (cpu_sgemm) split them between the pool's threads at
+ * TWK_GEMM_ROW_PERIOD multiples instead; OpenBLAS's threads serve sgemv and attention's
+ * per-block products, whose shapes do not depend on the pass. */
 #define CPU_BLAS_THREADED_FMAS (1 << 24)
 /* Sets OpenBLAS's thread count for a product of m x n x k multiply-adds about to run: 1 below
  * CPU_BLAS_THREADED_FMAS, else the context's threads. Cannot fail. */
 void cpu_blas_threads(const cpu_ctx *ctx, int64_t m, int64_t n, int64_t k);
+
+/* C [M, N] = op(A) op(B) + beta C (beta 0 or 1), all f32, row-major, as tiles — 1024 columns (fixed
+ * by N), rows in whole TWK_GEMM_ROW_PERIODs (at most 3072; shared evenly between the pool's threads
+ * for products of CPU_BLAS_THREADED_FMAS or more) — one single-threaded OpenBLAS sgemm each: a row
+ * at a multiple of the period gets the same bits whatever the row count or the thread count.
+ * Cannot fail. */
+void cpu_sgemm(cpu_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
+               int64_t ldb, float beta, float *C, int64_t ldc);
 
 /* Per-run scratch of at least `bytes`; NULL (error set) on failure. Valid
  * until the next call. */

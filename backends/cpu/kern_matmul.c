@@ -1,12 +1,62 @@
 /* MATMUL through the BLAS (OpenBLAS sgemm), batched by a loop over dim 0.
  * A bf16 / f16 b (a frozen weight) is widened to f32 as it is read: in a sampling plan a few rows
  * of a (decoding) take kern_matmul16.c's skinny kernel, which widens b in registers; everything
- * else goes to sgemm on f32 panels of b widened in cache-sized blocks. Every sum is in f32. */
+ * else goes to sgemm on f32 panels of b widened in cache-sized blocks. Every sum is in f32. Every
+ * f32 sgemm runs as tiles cut at 48-row periods and fixed column blocks (cpu_sgemm), so a row's
+ * bits do not depend on how many rows the product has (packed passes). */
 #include <limits.h>
 
 #include <cblas.h>
 
 #include "cpu_internal.h"
+
+/* The tiles of an f32 product: columns of C in blocks of SGEMM_COLS (fixed by N: a column's place
+ * in OpenBLAS's kernels must not move with the row count), rows in blocks of whole
+ * TWK_GEMM_ROW_PERIODs — one block up to SGEMM_MAX_ROWS (below OpenBLAS's own row blocking), or
+ * for a threaded product the rows shared evenly between the threads — so a row sits at the same
+ * place of a 48-row period whatever the row count or the thread count. 256-column tiles ran the
+ * two-product unembedding 2.5x slower on the AVX2 EPYC (OpenBLAS Zen, one thread); 1024 as fast
+ * as one call. */
+#define SGEMM_COLS 1024
+#define SGEMM_MAX_ROWS (64 * TWK_GEMM_ROW_PERIOD)
+
+typedef struct {
+    int ta, tb;
+    int64_t M, N, K, lda, ldb, ldc;
+    const float *A, *B;
+    float beta, *C;
+    int64_t rows, col_tiles;
+} sgemm_job;
+
+/* Tiles [t0, t1) of the product (row blocks, then column blocks), one single-threaded sgemm each. */
+static void sgemm_tiles(void *arg, int64_t t0, int64_t t1) {
+    const sgemm_job *j = arg;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t r0 = t / j->col_tiles * j->rows, c0 = t % j->col_tiles * SGEMM_COLS;
+        int64_t m = j->M - r0 < j->rows ? j->M - r0 : j->rows, n = j->N - c0 < SGEMM_COLS ? j->N - c0 : SGEMM_COLS;
+        cblas_sgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans, j->tb ? CblasTrans : CblasNoTrans, (int)m, (int)n,
+                    (int)j->K, 1.0f, j->A + (j->ta ? r0 : r0 * j->lda), (int)j->lda, j->B + (j->tb ? c0 * j->ldb : c0),
+                    (int)j->ldb, j->beta, j->C + r0 * j->ldc + c0, (int)j->ldc);
+    }
+}
+
+void cpu_sgemm(cpu_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
+               int64_t ldb, float beta, float *C, int64_t ldc) {
+    const int64_t P = TWK_GEMM_ROW_PERIOD;
+    sgemm_job j = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc, .A = A, .B = B,
+                   .beta = beta, .C = C, .col_tiles = (N + SGEMM_COLS - 1) / SGEMM_COLS};
+    int threaded = ctx->n_threads > 1 && (double)M * (double)N * (double)K >= CPU_BLAS_THREADED_FMAS;
+    int64_t per = threaded ? (M + ctx->n_threads - 1) / ctx->n_threads : M;
+    j.rows = (per + P - 1) / P * P;
+    if (j.rows > SGEMM_MAX_ROWS) j.rows = SGEMM_MAX_ROWS;
+    if (j.rows < 1) j.rows = 1;
+    int64_t tiles = (M + j.rows - 1) / j.rows * j.col_tiles;
+    cpu_blas_threads(ctx, 1, 1, 1); /* OpenBLAS's own split of the rows moves them inside its row blocks: never */
+    if (threaded && tiles > 1)
+        cpu_parallel_for(ctx->pool, tiles, 1, sgemm_tiles, &j);
+    else
+        sgemm_tiles(&j, 0, tiles);
+}
 
 typedef struct {
     const float *A;
@@ -38,12 +88,10 @@ static void half_panels(cpu_ctx *ctx, half_job *j, int ta) {
         j->nb = total - j->n0 < nb ? total - j->n0 : nb;
         cpu_parallel_for(ctx->pool, j->nb, CPU_GRAIN_ELEMS / row + 1, half_widen, j);
         if (j->tb) /* C[:, n0 : n0 + nb] = op(A) panel^T */
-            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, CblasTrans, (int)j->M, (int)j->nb, (int)j->K, 1.0f,
-                        j->A, (int)j->lda, j->buf, (int)j->K, 0.0f, j->C + j->n0, (int)j->ldc);
+            cpu_sgemm(ctx, ta, 1, j->M, j->nb, j->K, j->A, j->lda, j->buf, j->K, 0.0f, j->C + j->n0, j->ldc);
         else /* C += op(A)[:, k0 : k0 + kb] panel */
-            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, CblasNoTrans, (int)j->M, (int)j->N, (int)j->nb, 1.0f,
-                        j->A + (ta ? j->n0 * j->lda : j->n0), (int)j->lda, j->buf, (int)j->N, j->n0 ? 1.0f : 0.0f, j->C,
-                        (int)j->ldc);
+            cpu_sgemm(ctx, ta, 0, j->M, j->N, j->nb, j->A + (ta ? j->n0 * j->lda : j->n0), j->lda, j->buf, j->N,
+                      j->n0 ? 1.0f : 0.0f, j->C, j->ldc);
     }
 }
 
@@ -76,7 +124,6 @@ int64_t cpu_gemm_work_floats(const cpu_ctx *ctx, const cpu_gemm_args *g) {
 
 void cpu_gemm(cpu_ctx *ctx, const cpu_gemm_args *g, float *work) {
     gemm_kind k = gemm_choose(g);
-    cpu_blas_threads(ctx, g->pass_m > g->M ? g->pass_m : g->M, g->N, g->K); /* every tile of a pass alike */
     if (k == GEMM_HALF_SKINNY) {
         cpu_gemm_skinny(ctx, g, work);
     } else if (k == GEMM_HALF_PANELS) {
@@ -84,13 +131,13 @@ void cpu_gemm(cpu_ctx *ctx, const cpu_gemm_args *g, float *work) {
                       .ldb = g->ldb, .ldc = g->ldc, .tb = g->tb, .buf = work};
         half_panels(ctx, &j, g->ta);
     } else if (k == GEMM_GEMV) {
+        cpu_blas_threads(ctx, 1, g->N, g->K);
         /* one row (decoding one token): a matrix-vector product reads the weights once, several
          * times faster than sgemm's packing at M = 1; the row of A is contiguous either way */
         cblas_sgemv(CblasRowMajor, g->tb ? CblasNoTrans : CblasTrans, (int)(g->tb ? g->N : g->K), (int)(g->tb ? g->K : g->N),
                     1.0f, g->B, (int)g->ldb, g->A, 1, 0.0f, g->C, 1);
     } else {
-        cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, (int)g->M, (int)g->N,
-                    (int)g->K, 1.0f, g->A, (int)g->lda, g->B, (int)g->ldb, 0.0f, g->C, (int)g->ldc);
+        cpu_sgemm(ctx, g->ta, g->tb, g->M, g->N, g->K, g->A, g->lda, g->B, g->ldb, 0.0f, g->C, g->ldc);
     }
 }
 

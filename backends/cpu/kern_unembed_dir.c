@@ -7,11 +7,10 @@
  * it falls in the chunk, and G = G + P w_c (the second sgemm, into the output's first H
  * columns). At the end logprob = z_target - (m + log s) and g = w[target] - G / s, the logprob's
  * gradient in h: the backward is dh = dy g, no product over the vocabulary. A token's sums run
- * in the same order whatever the pass's token count (the chunk size is fixed). */
+ * in the same order whatever the pass's token count (the chunk size is fixed), and its products'
+ * rows are split only at multiples of TWK_GEMM_ROW_PERIOD (cpu_sgemm). */
 #include <limits.h>
 #include <math.h>
-
-#include <cblas.h>
 
 #include "cpu_internal.h"
 #include "cpu_math.h"
@@ -114,13 +113,9 @@ twk_status cpu_unembed_logprobs_dir(const cpu_call *c) {
         }
         for (j.t0 = 0; j.t0 < T; j.t0 += rows) {
             int64_t mt = T - j.t0 < rows ? T - j.t0 : rows;
-            cpu_blas_threads(c->ctx, mt, cw, H);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)mt, (int)cw, (int)H, 1.0f, h + j.t0 * H, (int)H, j.wc,
-                        (int)H, 0.0f, z, (int)cw);
+            cpu_sgemm(c->ctx, 0, 1, mt, cw, H, h + j.t0 * H, H, j.wc, H, 0.0f, z, cw);
             cpu_parallel_for(c->ctx->pool, mt, CPU_GRAIN_ELEMS / cw + 1, chunk_rows, &j);
-            cpu_blas_threads(c->ctx, mt, H, cw);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)mt, (int)H, (int)cw, 1.0f, z, (int)cw, j.wc, (int)H,
-                        j.c0 ? 1.0f : 0.0f, G + j.t0 * (H + 1), (int)(H + 1));
+            cpu_sgemm(c->ctx, 0, 0, mt, H, cw, z, cw, j.wc, H, j.c0 ? 1.0f : 0.0f, G + j.t0 * (H + 1), H + 1);
         }
     }
     cpu_parallel_for(c->ctx->pool, T, CPU_GRAIN_ELEMS / (H + 1) + 1, finish_rows, &j);

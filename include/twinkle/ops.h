@@ -135,6 +135,13 @@ enum twk_hyper {
     TWK_HYPER_DECAY = 6,     /* 1 - lr * weight_decay */
     TWK_HYPER_N = 8
 };
+/* The CPU's f32 products give a row of C the same bits wherever it sits when it sits at a multiple
+ * of TWK_GEMM_ROW_PERIOD rows in a product of a multiple of it: OpenBLAS's sgemm kernels tile the
+ * rows (its N, row-major) in blocks whose rows are summed in different instruction orders — 12 (two
+ * halves of 6) on Haswell / Zen, 16 on SkylakeX — and the CPU backend splits a product between its
+ * threads only at multiples of the period (never OpenBLAS's own split). Packed multi-LoRA passes
+ * (train/lora_pack.c) start each run's segment at a multiple of it. */
+#define TWK_GEMM_ROW_PERIOD 48
 /* UNEMBED_LOGPROBS: a kernel holds at most one tile of [rows, V] logits, rows =
  * TWK_UNEMBED_TILE_ROWS(V, T) (2^24 floats, 64 MiB, at least 16 rows, at most T): the CPU's
  * scratch; the OpenCL / CUDA / Vulkan kernels hold 8 tokens x 256 words in local memory instead. */
@@ -145,11 +152,14 @@ enum twk_hyper {
 /* UNEMBED_LOGPROBS_DIR: the vocabulary in chunks of TWK_UNEMBED_CHUNK(V) words (2048; fixed, so a
  * token's sums run in the same order whatever the pass's token count), each chunk's [rows, C]
  * logits for token tiles of TWK_UNEMBED_DIR_ROWS(C, T) tokens (within TWK_UNEMBED_TILE_FLOATS: every
- * token of a pass up to 8192). The CPU's scratch, in floats: the tile, a 16-bit w's chunk widened
+ * token of a pass up to 8192; past it tiles of 8160, a multiple of TWK_GEMM_ROW_PERIOD). The CPU's scratch, in floats: the tile, a 16-bit w's chunk widened
  * to f32 ([C, H]) and three floats per token (running max, sum, target logit). */
 #define TWK_UNEMBED_CHUNK_WORDS 2048
 #define TWK_UNEMBED_CHUNK(V) ((V) < TWK_UNEMBED_CHUNK_WORDS ? (V) : TWK_UNEMBED_CHUNK_WORDS)
-#define TWK_UNEMBED_DIR_ROWS(C, T) (TWK_UNEMBED_TILE_FLOATS / (C) >= (T) ? (T) : TWK_UNEMBED_TILE_FLOATS / (C))
+#define TWK_UNEMBED_DIR_ROWS(C, T)                                                                      \
+    (TWK_UNEMBED_TILE_FLOATS / (C) >= (T) ? (T)                                                         \
+     : TWK_UNEMBED_TILE_FLOATS / (C) < TWK_GEMM_ROW_PERIOD ? TWK_UNEMBED_TILE_FLOATS / (C)               \
+                                                           : TWK_UNEMBED_TILE_FLOATS / (C) / TWK_GEMM_ROW_PERIOD * TWK_GEMM_ROW_PERIOD)
 #define TWK_UNEMBED_DIR_SCRATCH(C, rows, H, T, half) ((rows) * (C) + ((half) ? (C) * (H) : 0) + 3 * (T))
 /* MATMUL with a 16-bit b: a kernel widens b to f32 in panels of TWK_HALF_PANEL_ROWS(row, total)
  * contiguous rows of `row` elements (2^20 floats, 4 MiB, at least 16 rows, at most total). */

@@ -6,11 +6,12 @@ requests are packed into shared passes; each tenant's per-step losses and
 logprobs, and the logprobs of its final sampler (save_weights_and_get_sampling_client
 + compute_logprobs), must equal the same tenant trained alone.
 
-Tolerance: 2e-2 on the CPU (every reduction a run's numbers depend on stays
-inside its own tokens, and each run's segment sits at a 16-row boundary so the
-base GEMM computes its rows the same way: train/lora_pack.c — bit-identical on
-the AVX-512 machines it was built on, 1-3 ulp apart on an AVX2-only one, which
-AdamW amplifies: see TOL); 1e-4 absolute on other devices (TWK_SERVE_DEVICE), whose
+Tolerance: 0 on the CPU — bit-identical (every reduction a run's numbers
+depend on stays inside its own tokens, and each run's segment sits at a
+48-row boundary, where the CPU backend's products compute a row the same way
+whatever else is in the pass: TWK_GEMM_ROW_PERIOD, train/lora_pack.c;
+tests/test_lora_pack_mix.c packs this mix in C); 1e-4 absolute on other devices
+(TWK_SERVE_DEVICE), whose
 GEMMs may sum rows of different batches in another order. The max abs diffs
 are printed. That the concurrent requests really shared passes (not time-shared)
 is read from the server's pass counters in GET /metrics before and after each
@@ -42,15 +43,11 @@ TENANTS = [  # rank, loss, learning rate
     (8, "cross_entropy", 8e-3),
     (32, "importance_sampling", 2.5e-3),
 ]
-# On the CPU 2e-2: measured 2026-12-05 on an AVX2-only VM (OpenBLAS Zen kernels) packed passes compute
-# a run's logprobs 1-3 ulp apart from alone (the same with OPENBLAS_CORETYPE=Haswell and with
-# TWK_THREADS=1; the engine-level test_lora_pack cases stay bit-identical there), and AdamW turns that
-# noise in near-zero gradient entries (the DPO tenant's, where chosen and rejected nearly cancel) into
-# steps of up to lr: after 4 steps the DPO tenant's logprobs were 7.6e-4 and 2.9e-3 apart in two
-# runs (the packs differ with timing), the others' <= 2.4e-6.
-# On the AVX-512 VMs before it every tenant was bit-identical (0). A packing bug (a run reading another
-# run's adapter or rows) moves logprobs by 1e-1 or more.
-TOL = 2e-2 if os.environ.get("TWK_SERVE_DEVICE", "cpu").startswith("cpu") else 1e-4
+# On the CPU 0. Before the 48-row period (2026-12-05, AVX2-only VM, OpenBLAS Zen kernels) packed passes
+# put a run's logprobs 1-3 ulp from alone (segments at 16-row boundaries landed in the other half of the
+# Zen kernel's 12-row blocks) and AdamW carried that to 7.6e-4-2.9e-3 in the DPO tenants after 4 steps.
+# A packing bug (a run reading another run's adapter or rows) moves logprobs by 1e-1 or more.
+TOL = 0.0 if os.environ.get("TWK_SERVE_DEVICE", "cpu").startswith("cpu") else 1e-4
 
 
 def step_data(tenant: int, step: int, loss: str):
