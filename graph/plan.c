@@ -350,7 +350,7 @@ static twk_status describe_launches(const twk_graph *g, twk_plan *p, int n_launc
         L->nsrc = grp ? grp->n_ext : nd->nsrc;
         memcpy(L->ip, grp ? grp->ip : nd->ip, sizeof L->ip);
         memcpy(L->fp, grp ? grp->fp : nd->fp, sizeof L->fp);
-        if (grp) L->op = TWK_OP_FUSED_EW;
+        if (grp) L->op = grp->op;
         char why[256] = "";
         if (!be->supports_op(twk_device_ctx(p->dev), L, why, sizeof why)) return unsupported(g, p, be, l, why);
     }
@@ -391,12 +391,12 @@ static twk_status check_compile_args(const twk_graph *g, twk_device *dev, int64_
     return TWK_OK;
 }
 
-/* Whether the device runs group grp as one FUSED_EW launch (asked with the launch it would be). */
+/* Whether the device runs group grp as one launch (asked with the launch it would be). */
 static bool device_fuses(const twk_graph *g, const twk_plan *p, const twk_fuse_group *grp) {
     const twk_backend_iface *be = twk_device_backend(p->dev);
     twk_launch L;
     memset(&L, 0, sizeof L);
-    L.op = TWK_OP_FUSED_EW;
+    L.op = grp->op;
     L.name = g->nodes[grp->tail].name;
     L.nsrc = grp->n_ext;
     fill_desc(p, grp->tail, &L.dst);
@@ -451,7 +451,8 @@ static int keep_fitting(const twk_graph *g, twk_plan *p, unsigned char *on, int 
 static int fuse(const twk_graph *g, twk_plan *p, int n_launch) {
     const twk_backend_iface *be = twk_device_backend(p->dev);
     const char *why = NULL;
-    if (!twk_fusion_enabled(g) || n_launch < 2 || !be->op_kernel(TWK_OP_FUSED_EW, &why)) return n_launch;
+    int ew = be->op_kernel(TWK_OP_FUSED_EW, &why), norm_rope = be->op_kernel(TWK_OP_RMSNORM_ROPE, &why);
+    if (!twk_fusion_enabled(g) || n_launch < 2 || (!ew && !norm_rope)) return n_launch;
     unsigned char *live = twk_host_calloc((size_t)g->n * 2 + 1, "fusion pass"), *keep = live + g->n;
     p->groups = twk_host_calloc((size_t)(n_launch / 2 + 1) * sizeof *p->groups, "fusion pass");
     p->fused_into = twk_host_alloc((size_t)g->n * sizeof *p->fused_into + 1, "fusion pass");
@@ -464,7 +465,7 @@ static int fuse(const twk_graph *g, twk_plan *p, int n_launch) {
         live[i] = s->kind != SLOT_DEAD;
         keep[i] = s->kind != SLOT_ARENA || s->root != i || (g->nodes[i].flags & TWK_NODE_OUTPUT);
     }
-    int ng = twk_fuse_pass(g, p->launch_node, n_launch, live, keep, p->groups, p->fused_into);
+    int ng = twk_fuse_pass(g, p->launch_node, n_launch, live, keep, norm_rope, p->groups, p->fused_into);
     size_t peak_unfused = 0;
     if (ng && plan_memory(p, &peak_unfused) != TWK_OK) ng = -1;
     int kept = 0; /* the groups the device runs fused, renumbered */

@@ -1,5 +1,6 @@
-/* Elementwise fusion (graph/fuse.c): a LoRA transformer block's training plan (Llama-style and
- * Gemma-style: gelu(gate) * up and a tanh soft-cap) and a long elementwise chain, each compiled
+/* Elementwise fusion (graph/fuse.c): a LoRA transformer block's training plan (Llama-style,
+ * Gemma-style: gelu(gate) * up and a tanh soft-cap, and Qwen3's: q / k norm + rope pairs, forward
+ * and backward, one launch each where the device has the kernels) and a long elementwise chain, each compiled
  * with fusion on and off on the CPU. The fused plan must have fewer launches, a valid memory
  * plan with a peak no larger than the unfused one, and outputs and gradients bit-identical
  * (memcmp) to the unfused plan's at two token counts. Intermediates inside a fused launch are
@@ -26,6 +27,8 @@ typedef struct built {
     int n_out;
     twk_id out[32];   /* the loss and the gradients (compared) */
     twk_id inner;     /* an intermediate the fusion pass takes (-1 none) */
+    twk_id norm_rope[2]; /* q's per-head norm and its rotation (qk-norm blocks; -1 none) */
+    int kind;            /* a block's: LLAMA, GEMMA, QWEN3 */
     int wide;         /* a wide chain's sources (0: not one) */
 } built;
 
@@ -56,9 +59,14 @@ static twk_id linear(built *b, twk_id x, int64_t in, int64_t out, const char *na
     return twk_add(g, y, twk_scale(g, low, 2.0f));
 }
 
-/* One decoder layer and a head, D = 64, 4 query heads and 2 kv heads of 16, ffn 128. */
-static built block(int gemma) {
-    built b = {.g = twk_graph_new(), .inner = -1};
+enum { LLAMA, GEMMA, QWEN3, NOT_A_BLOCK };
+
+/* One decoder layer and a head, D = 64, 4 query heads and 2 kv heads of 16, ffn 128: Llama's,
+ * Gemma-style (gelu(gate) * up, a tanh soft-cap) or Qwen3's (a per-head RMSNorm of q and k, its
+ * weights frozen, before the rotation). */
+static built block(int kind) {
+    built b = {.g = twk_graph_new(), .inner = -1, .norm_rope = {-1, -1}, .kind = kind};
+    int gemma = kind == GEMMA;
     twk_graph *g = b.g;
     const int64_t D = 64, H = 4, KV = 2, HD = 16, F = 128;
     int64_t xs[2] = {TWK_T, D}, ts[1] = {TWK_T}, ds[1] = {D};
@@ -69,8 +77,17 @@ static built block(int gemma) {
     twk_id n1 = add_in(&b, twk_param(g, "ln1", 1, ds, false)), n2 = add_in(&b, twk_param(g, "ln2", 1, ds, false));
     twk_id h = twk_rmsnorm(g, x, n1, 1e-6f);
     int64_t q3[3] = {TWK_T, H, HD}, k3[3] = {TWK_T, KV, HD};
-    twk_id q = twk_rope(g, twk_reshape(g, linear(&b, h, D, H * HD, "q"), 3, q3), pos, -1, 10000.0f);
-    twk_id k = twk_rope(g, twk_reshape(g, linear(&b, h, D, KV * HD, "k"), 3, k3), pos, -1, 10000.0f);
+    twk_id q = twk_reshape(g, linear(&b, h, D, H * HD, "q"), 3, q3);
+    twk_id k = twk_reshape(g, linear(&b, h, D, KV * HD, "k"), 3, k3);
+    if (kind == QWEN3) { /* both norms, then both rotations, as train/model.c builds them */
+        int64_t hs[1] = {HD};
+        q = twk_rmsnorm(g, q, add_in(&b, twk_param(g, "q_norm", 1, hs, false)), 1e-6f);
+        k = twk_rmsnorm(g, k, add_in(&b, twk_param(g, "k_norm", 1, hs, false)), 1e-6f);
+        b.norm_rope[0] = q;
+    }
+    q = twk_rope(g, q, pos, -1, 10000.0f);
+    k = twk_rope(g, k, pos, -1, 10000.0f);
+    if (kind == QWEN3) b.norm_rope[1] = q;
     twk_id v = twk_reshape(g, linear(&b, h, D, KV * HD, "v"), 3, k3);
     twk_id a = twk_attention(g, q, k, v, seg, 0.25f);
     int64_t a2[2] = {TWK_T, H * HD};
@@ -96,7 +113,7 @@ static built block(int gemma) {
 
 /* scale, mul, silu, add, gelu, tanh and their gradients: one long chain each way. */
 static built chain(void) {
-    built b = {.g = twk_graph_new()};
+    built b = {.g = twk_graph_new(), .norm_rope = {-1, -1}, .kind = NOT_A_BLOCK};
     twk_graph *g = b.g;
     int64_t s[2] = {TWK_TOK(3), 37};
     twk_id x = add_in(&b, twk_param(g, "x", 2, s, true));
@@ -119,7 +136,7 @@ static built chain(void) {
 
 /* x0 * x1 + x2 * ... (k - 1 steps): one fusable group reading k sources, forward only. */
 static built wide_chain(int k) {
-    built b = {.g = twk_graph_new(), .inner = -1, .wide = k};
+    built b = {.g = twk_graph_new(), .inner = -1, .norm_rope = {-1, -1}, .kind = NOT_A_BLOCK, .wide = k};
     twk_graph *g = b.g;
     int64_t s[2] = {TWK_T, 19};
     twk_id t = add_in(&b, twk_input(g, "x0", TWK_F32, 2, s));
@@ -217,6 +234,8 @@ static double worst_nmse(const built *b, int64_t n, const float *u, const float 
  * the fused kernel computes the maps' own expressions, its compiler may contract them). */
 #define DEVICE_NMSE 1e-10
 
+static int llama_saved; /* the launches fusion saves on the Llama block (compared first) */
+
 static void compare(const char *what, built b, twk_device *dev) {
     const char *why = NULL;
     int fuses = twk_device_backend(dev)->op_kernel(TWK_OP_FUSED_EW, &why);
@@ -262,6 +281,23 @@ static void compare(const char *what, built b, twk_device *dev) {
             check(twk_plan_validate_memory(pf) == TWK_OK, "%s: fused memory plan: no live tensors overlap", what);
             check(sf.arena_bytes <= su.arena_bytes, "%s: fused arena peak %zu <= unfused %zu", what, sf.arena_bytes,
                   su.arena_bytes);
+            if (b.norm_rope[0] < 0) { /* the Llama block: what its elementwise groups save */
+                if (b.kind == LLAMA) llama_saved = su.n_launches - sf.n_launches;
+            } else {
+                const char *nwhy = NULL;
+                const twk_backend_iface *bi = twk_device_backend(dev);
+                int fwd = bi->op_kernel(TWK_OP_RMSNORM_ROPE, &nwhy), bwd = bi->op_kernel(TWK_OP_ROPE_RMSNORM_BACK_X, &nwhy);
+                int ln = twk_plan_launch_of(pf, b.norm_rope[0]), lr = twk_plan_launch_of(pf, b.norm_rope[1]);
+                check(lr >= 0 && (fwd ? ln == lr : ln >= 0 && ln < lr),
+                      "%s: q's norm and rotation are %s (launches %d and %d)", what,
+                      fwd ? "one launch (rmsnorm_rope)" : "two launches (no rmsnorm_rope kernel here)", ln, lr);
+                /* the same block as Llama's but for the two norms (and their two gradients): the
+                 * same elementwise groups, and one launch fewer per pair of q's and k's */
+                int want = llama_saved + 2 * fwd + 2 * bwd;
+                check(su.n_launches - sf.n_launches == want,
+                      "%s: %d launches fewer fused (the Llama block's %d, + %d norm + rope pairs, + %d rope + norm "
+                      "gradient pairs)", what, su.n_launches - sf.n_launches, llama_saved, 2 * fwd, 2 * bwd);
+            }
             if (b.inner >= 0 && fuses) {
                 float tmp[CAP * 3 * 37];
                 twk_status st = twk_plan_read(pf, b.inner, CAP, tmp, bytes_of(b.g, b.inner, CAP));
@@ -370,14 +406,16 @@ int main(void) {
         printf("FAIL open %s: %s\n", spec, twk_last_error());
         return 1;
     }
-    compare("llama block (LoRA, training)", block(0), dev);
-    compare("gemma-style block (gelu * up, soft-cap)", block(1), dev);
+    compare("llama block (LoRA, training)", block(LLAMA), dev);
+    compare("gemma-style block (gelu * up, soft-cap)", block(GEMMA), dev);
+    compare("qwen3 block (qk-norm, LoRA, training)", block(QWEN3), dev);
     compare("elementwise chain", chain(), dev);
     compare("add/mul chain over 6 sources", wide_chain(6), dev);
     compare("add/mul chain over 7 sources", wide_chain(7), dev);
     compare("add/mul chain over 8 sources", wide_chain(8), dev);
-    small_counts("llama block", block(0), dev);
-    small_counts("gemma-style block", block(1), dev);
+    small_counts("llama block", block(LLAMA), dev);
+    small_counts("gemma-style block", block(GEMMA), dev);
+    small_counts("qwen3 block", block(QWEN3), dev);
     if (!strcmp(twk_device_backend(dev)->name, "cpu")) trainer_counts(dev);
     /* TWK_FUSION=0 turns fusion off for every plan */
     built b = chain();
