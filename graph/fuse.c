@@ -3,7 +3,16 @@
  * intermediates only the next steps of the run read become one FUSED_EW launch. Consecutive
  * only: nothing runs between a group's steps, so moving them into one launch reorders nothing
  * (no in-place writer can slip between a step and its sources), and the memory planner sees the
- * sources live until the group's launch and the intermediates gone. */
+ * sources live until the group's launch and the intermediates gone.
+ *
+ * Also Qwen3's per-head norm of q or k and its rotation: an RMSNORM whose output only a ROPE
+ * reads becomes one RMSNORM_ROPE launch at the rope's place. The model launches both norms before
+ * both rotations, so the pair need not be consecutive: the norm moves past the launches between
+ * (nothing reads its output; none of them may write in place, so its sources are unchanged), and
+ * the memory planner sees its sources live until the pair's launch. Likewise the backward's
+ * pair: the inverse rotation of the gradient and the RMSNORM_BACK_X that alone reads it (the
+ * norm's weight frozen: a trainable one's RMSNORM_BACK_W reads the rotation too, which then
+ * stays a launch of its own) become one ROPE_RMSNORM_BACK_X launch. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -104,8 +113,70 @@ static bool absorb(const twk_graph *g, work *w, work *x) {
     return true;
 }
 
+/* A pair's two ops: `first`'s output read only by `second`, as its source `at`, fused into `op`. */
+typedef struct pair_kind {
+    twk_op first, second;
+    int at;
+    twk_op op;
+} pair_kind;
+
+static const pair_kind pair_kinds[] = {
+    {TWK_OP_RMSNORM, TWK_OP_ROPE, 0, TWK_OP_RMSNORM_ROPE},
+    {TWK_OP_ROPE, TWK_OP_RMSNORM_BACK_X, 2, TWK_OP_ROPE_RMSNORM_BACK_X},
+};
+
+/* The node launched earlier that only the launch li reads and fuses with it (pair_kinds; with no
+ * in-place writer between; launch_of: each node's launch index, -1 none); -1 when there is none. */
+static twk_id pair_first(const twk_graph *g, const twk_id *launch_node, int li, const int *launch_of,
+                         const int *uses, const unsigned char *keep, const pair_kind **kind) {
+    const twk_node *y = &g->nodes[launch_node[li]];
+    *kind = NULL;
+    for (size_t k = 0; k < sizeof pair_kinds / sizeof pair_kinds[0]; k++)
+        if (y->op == pair_kinds[k].second) *kind = &pair_kinds[k];
+    if (!*kind || y->type != TWK_F32 || y->nsrc <= (*kind)->at) return -1;
+    twk_id r = y->src[(*kind)->at];
+    const twk_node *n = &g->nodes[r];
+    if (n->op != (*kind)->first || n->type != TWK_F32 || uses[r] != 1 || keep[r] || launch_of[r] < 0 ||
+        launch_of[r] >= li || n->ndim != 3 || !twk_same_shape(n, y))
+        return -1;
+    for (int k = launch_of[r] + 1; k < li; k++)
+        if (twk_op_info(g->nodes[launch_node[k]].op)->kind == TWK_OPK_INPLACE) return -1;
+    return r;
+}
+
+/* Appends the pairs (pair_first) to groups[0..ng); the new count. Sources: the norm's x and w,
+ * then (backward) the rotation's dy, then the rotation's pos [, inv_freq]. */
+static int pair_up(const twk_graph *g, const twk_id *launch_node, int n_launch, const int *uses,
+                   const unsigned char *keep, int *launch_of, twk_fuse_group *groups, int ng, int *fused_into) {
+    for (int i = 0; i < g->n; i++) launch_of[i] = -1;
+    for (int li = 0; li < n_launch; li++) launch_of[launch_node[li]] = li;
+    for (int li = 0; li < n_launch; li++) {
+        const pair_kind *kind = NULL;
+        twk_id r = pair_first(g, launch_node, li, launch_of, uses, keep, &kind), y = launch_node[li];
+        if (r < 0 || fused_into[r] >= 0 || fused_into[y] >= 0) continue;
+        int fwd = kind->op == TWK_OP_RMSNORM_ROPE;
+        const twk_node *norm = &g->nodes[fwd ? r : y], *rope = &g->nodes[fwd ? y : r];
+        twk_fuse_group *grp = &groups[ng];
+        memset(grp, 0, sizeof *grp);
+        grp->op = kind->op;
+        grp->tail = y;
+        grp->n_steps = 2;
+        grp->steps[0] = r;
+        grp->steps[1] = y;
+        grp->ext[grp->n_ext++] = norm->src[0];
+        grp->ext[grp->n_ext++] = norm->src[1];
+        if (!fwd) grp->ext[grp->n_ext++] = rope->src[0];
+        for (int k = 1; k < rope->nsrc; k++) grp->ext[grp->n_ext++] = rope->src[k];
+        grp->ip[0] = rope->ip[0];
+        grp->fp[0] = norm->fp[0];
+        grp->fp[1] = rope->fp[0];
+        fused_into[r] = fused_into[y] = ng++;
+    }
+    return ng;
+}
+
 int twk_fuse_pass(const twk_graph *g, const twk_id *launch_node, int n_launch, const unsigned char *live,
-                  const unsigned char *keep, twk_fuse_group *groups, int *fused_into) {
+                  const unsigned char *keep, int norm_rope, twk_fuse_group *groups, int *fused_into) {
     for (int i = 0; i < g->n; i++) fused_into[i] = -1;
     if (!twk_fusion_enabled(g) || n_launch < 2) return 0;
     int *uses = twk_host_calloc((size_t)g->n * sizeof *uses, "fusion pass");
@@ -128,6 +199,7 @@ int twk_fuse_pass(const twk_graph *g, const twk_id *launch_node, int n_launch, c
         if (!fusable(g, y)) continue;
         work *w = &ws[nw];
         *w = (work){.start = li, .end = li, .alive = 1};
+        w->grp.op = TWK_OP_FUSED_EW;
         w->grp.tail = y;
         w->grp.steps[0] = y;
         w->grp.n_steps = 1;
@@ -158,6 +230,7 @@ int twk_fuse_pass(const twk_graph *g, const twk_id *launch_node, int n_launch, c
         for (int s = 0; s < grp->n_steps; s++) fused_into[grp->steps[s]] = ng;
         ng++;
     }
+    if (norm_rope) ng = pair_up(g, launch_node, n_launch, uses, keep, work_of, groups, ng, fused_into);
     twk_host_free(uses);
     twk_host_free(work_of);
     twk_host_free(ws);

@@ -35,8 +35,11 @@ struct twk_graph {
 };
 
 /* A fused group (fuse.c): same-shape elementwise nodes launched consecutively, the last
- * (tail) the only one read outside the group; one FUSED_EW launch. */
+ * (tail) the only one read outside the group, one FUSED_EW launch; or an RMSNORM and the ROPE
+ * that alone reads it, one RMSNORM_ROPE launch at the rope's place (and the backward's ROPE and
+ * the RMSNORM_BACK_X that alone reads it, one ROPE_RMSNORM_BACK_X launch). */
 typedef struct twk_fuse_group {
+    twk_op op; /* the launch's: TWK_OP_FUSED_EW, TWK_OP_RMSNORM_ROPE or TWK_OP_ROPE_RMSNORM_BACK_X */
     twk_id tail;
     int n_steps, n_ext;
     twk_id steps[TWK_MAX_PARAMS]; /* in launch order; steps[n_steps - 1] == tail */
@@ -46,12 +49,13 @@ typedef struct twk_fuse_group {
 } twk_fuse_group;
 
 /* The fusion pass over a plan's launch list (launch_node[0..n_launch), unfused): groups of at
- * least two launches into groups[] (room for n_launch / 2), fused_into[id] = the group index of
+ * least two launches into groups[] (room for n_launch / 2; elementwise runs, then norm + rope
+ * pairs, forward and backward, where norm_rope is set), fused_into[id] = the group index of
  * every node in one (-1 elsewhere; fused_into has g->n entries). live[id]: the node is needed;
  * keep[id]: its value must stay in memory (an output, bound, viewed or not plan storage). The
  * number of groups; nothing fused when the graph or TWK_FUSION=0 turned fusion off. */
 int twk_fuse_pass(const twk_graph *g, const twk_id *launch_node, int n_launch, const unsigned char *live,
-                  const unsigned char *keep, twk_fuse_group *groups, int *fused_into);
+                  const unsigned char *keep, int norm_rope, twk_fuse_group *groups, int *fused_into);
 /* Whether fusion is on for g (its flag and TWK_FUSION). */
 bool twk_fusion_enabled(const twk_graph *g);
 

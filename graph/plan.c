@@ -350,7 +350,7 @@ static twk_status describe_launches(const twk_graph *g, twk_plan *p, int n_launc
         L->nsrc = grp ? grp->n_ext : nd->nsrc;
         memcpy(L->ip, grp ? grp->ip : nd->ip, sizeof L->ip);
         memcpy(L->fp, grp ? grp->fp : nd->fp, sizeof L->fp);
-        if (grp) L->op = TWK_OP_FUSED_EW;
+        if (grp) L->op = grp->op;
         char why[256] = "";
         if (!be->supports_op(twk_device_ctx(p->dev), L, why, sizeof why)) return unsupported(g, p, be, l, why);
     }
@@ -391,12 +391,12 @@ static twk_status check_compile_args(const twk_graph *g, twk_device *dev, int64_
     return TWK_OK;
 }
 
-/* Whether the device runs group grp as one FUSED_EW launch (asked with the launch it would be). */
+/* Whether the device runs group grp as one launch (asked with the launch it would be). */
 static bool device_fuses(const twk_graph *g, const twk_plan *p, const twk_fuse_group *grp) {
     const twk_backend_iface *be = twk_device_backend(p->dev);
     twk_launch L;
     memset(&L, 0, sizeof L);
-    L.op = TWK_OP_FUSED_EW;
+    L.op = grp->op;
     L.name = g->nodes[grp->tail].name;
     L.nsrc = grp->n_ext;
     fill_desc(p, grp->tail, &L.dst);
@@ -406,25 +406,53 @@ static bool device_fuses(const twk_graph *g, const twk_plan *p, const twk_fuse_g
     return be->supports_op(twk_device_ctx(p->dev), &L, NULL, 0);
 }
 
-/* Drops the fusion pass's groups; n_launch. */
-static int unfuse(twk_plan *p, int n_launch) {
+/* Drops the fusion pass's groups. */
+static void unfuse(twk_plan *p) {
     twk_host_free(p->groups);
     twk_host_free(p->fused_into);
     p->groups = NULL;
     p->fused_into = NULL;
     p->n_groups = 0;
-    return n_launch;
+}
+
+/* Marks the groups on[k] flags fused and the rest unfused (their steps arena tensors again). */
+static void mark_groups(twk_plan *p, const unsigned char *on) {
+    for (int k = 0; k < p->n_groups; k++) {
+        const twk_fuse_group *grp = &p->groups[k];
+        for (int s = 0; s < grp->n_steps; s++) {
+            p->fused_into[grp->steps[s]] = on[k] ? k : -1;
+            if (s < grp->n_steps - 1) p->slots[grp->steps[s]].kind = on[k] ? SLOT_FUSED : SLOT_ARENA;
+        }
+    }
+}
+
+/* Keeps the groups in [lo, hi) that fit, besides those on[] already keeps: the whole range when
+ * the arena's peak stays within limit with it fused, else each half in turn (the greedy placement
+ * is not monotone, so a few groups may cost arena where the rest do not). 0; -1 when out of memory. */
+static int keep_fitting(const twk_graph *g, twk_plan *p, unsigned char *on, int lo, int hi, size_t limit) {
+    size_t peak = 0;
+    memset(on + lo, 1, (size_t)(hi - lo));
+    mark_groups(p, on);
+    if (order_launches(g, p) < 0 || plan_memory(p, &peak) != TWK_OK) return -1;
+    if (peak <= limit) return 0;
+    memset(on + lo, 0, (size_t)(hi - lo));
+    if (hi - lo < 2) return 0;
+    int mid = lo + (hi - lo) / 2;
+    if (keep_fitting(g, p, on, lo, mid, limit) < 0) return -1;
+    return keep_fitting(g, p, on, mid, hi, limit);
 }
 
 /* Elementwise fusion (fuse.c) of the n_launch unfused launches, where the device runs fused
  * launches: the steps inside a group lose their storage (SLOT_FUSED) and the launch order and
- * live ranges are redone with each group as one launch reading its sources (kept only when the
- * arena peak is no larger than unfused). The launch count,
- * -1 when out of memory. */
+ * live ranges are redone with each group as one launch reading its sources. A fused plan never
+ * needs more arena than the unfused one (twk_plan_estimate's figure, which callers size shared
+ * arenas by): when all groups together would, the groups that fit are kept (keep_fitting). The
+ * launch count, -1 when out of memory. */
 static int fuse(const twk_graph *g, twk_plan *p, int n_launch) {
     const twk_backend_iface *be = twk_device_backend(p->dev);
     const char *why = NULL;
-    if (!twk_fusion_enabled(g) || n_launch < 2 || !be->op_kernel(TWK_OP_FUSED_EW, &why)) return n_launch;
+    int ew = be->op_kernel(TWK_OP_FUSED_EW, &why), norm_rope = be->op_kernel(TWK_OP_RMSNORM_ROPE, &why);
+    if (!twk_fusion_enabled(g) || n_launch < 2 || (!ew && !norm_rope)) return n_launch;
     unsigned char *live = twk_host_calloc((size_t)g->n * 2 + 1, "fusion pass"), *keep = live + g->n;
     p->groups = twk_host_calloc((size_t)(n_launch / 2 + 1) * sizeof *p->groups, "fusion pass");
     p->fused_into = twk_host_alloc((size_t)g->n * sizeof *p->fused_into + 1, "fusion pass");
@@ -437,31 +465,35 @@ static int fuse(const twk_graph *g, twk_plan *p, int n_launch) {
         live[i] = s->kind != SLOT_DEAD;
         keep[i] = s->kind != SLOT_ARENA || s->root != i || (g->nodes[i].flags & TWK_NODE_OUTPUT);
     }
-    int ng = twk_fuse_pass(g, p->launch_node, n_launch, live, keep, p->groups, p->fused_into);
-    twk_host_free(live);
+    int ng = twk_fuse_pass(g, p->launch_node, n_launch, live, keep, norm_rope, p->groups, p->fused_into);
     size_t peak_unfused = 0;
-    if (ng && plan_memory(p, &peak_unfused) != TWK_OK) return -1;
+    if (ng && plan_memory(p, &peak_unfused) != TWK_OK) ng = -1;
     int kept = 0; /* the groups the device runs fused, renumbered */
     for (int k = 0; k < ng; k++) {
-        twk_fuse_group *grp = &p->groups[k];
-        bool ok = device_fuses(g, p, grp);
-        for (int s = 0; s < grp->n_steps; s++) p->fused_into[grp->steps[s]] = ok ? kept : -1;
-        if (!ok) continue;
-        for (int s = 0; s < grp->n_steps - 1; s++) p->slots[grp->steps[s]].kind = SLOT_FUSED;
+        const twk_fuse_group *grp = &p->groups[k];
+        if (!device_fuses(g, p, grp)) continue;
         if (kept != k) p->groups[kept] = *grp;
         kept++;
     }
     p->n_groups = kept;
-    if (!kept) return unfuse(p, n_launch);
-    int n_fused = order_launches(g, p);
-    size_t peak_fused = 0;
-    if (n_fused < 0 || plan_memory(p, &peak_fused) != TWK_OK) return -1;
-    /* the greedy placement is not monotone: a fused plan never needs more arena than the unfused
-     * one (twk_plan_estimate's figure, which callers size shared arenas by), else it stays unfused */
-    if (peak_fused <= peak_unfused) return n_fused;
-    for (int i = 0; i < g->n; i++)
-        if (p->slots[i].kind == SLOT_FUSED) p->slots[i].kind = SLOT_ARENA;
-    unfuse(p, n_launch);
+    for (int i = 0; i < g->n; i++) p->fused_into[i] = -1;
+    unsigned char *on = live; /* reused: a flag per group (kept <= n_launch / 2 < g->n) */
+    if (ng < 0 || (kept && keep_fitting(g, p, on, 0, kept, peak_unfused) < 0)) {
+        twk_host_free(live);
+        return -1;
+    }
+    mark_groups(p, on); /* the groups dropped last unfused */
+    int n = 0;          /* the groups kept, renumbered */
+    for (int k = 0; k < kept; k++) {
+        if (!on[k]) continue;
+        if (n != k) p->groups[n] = p->groups[k];
+        n++;
+    }
+    p->n_groups = n;
+    memset(on, 1, (size_t)n);
+    mark_groups(p, on);
+    twk_host_free(live);
+    if (!n) unfuse(p);
     return order_launches(g, p);
 }
 

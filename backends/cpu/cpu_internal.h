@@ -122,7 +122,8 @@ typedef twk_status (*cpu_kernel)(const cpu_call *c);
     X(ADAMW, cpu_adamw) X(MOE_TOPK, cpu_moe_topk) X(MOE_GATE, cpu_moe_gate) X(MOE_GATE_BACK, cpu_moe_gate_back)      \
     X(MOE_SORT, cpu_moe_sort) X(MOE_DISPATCH, cpu_moe_dispatch) X(MOE_COMBINE, cpu_moe_combine)                  \
     X(MOE_COMBINE_BACK_W, cpu_moe_combine_back_w) X(MOE_ROUTER_STATS, cpu_moe_router_stats)                     \
-    X(MOE_ROUTER_STATS_BACK, cpu_moe_router_stats_back) X(FUSED_EW, cpu_fused_ew)
+    X(MOE_ROUTER_STATS_BACK, cpu_moe_router_stats_back) X(FUSED_EW, cpu_fused_ew) X(RMSNORM_ROPE, cpu_rmsnorm_rope) \
+    X(ROPE_RMSNORM_BACK_X, cpu_rope_rmsnorm_back_x)
 
 /* y[0..n) = op(a, b, c)[0..n) for a same-shape elementwise op (add, mul, scale: fp0, silu, gelu,
  * tanh, swiglu, their gradients; swiglu_back's which: ip0): the loop its unfused kernel runs, so

@@ -1,4 +1,4 @@
-/* Transformer kernels: embedding gather, RMSNorm, RoPE, log-probabilities,
+/* Transformer kernels: embedding gather, RMSNorm, RoPE (and the two as one launch, RMSNORM_ROPE),
  * and their gradients. Ids were checked before the launch (cpu_backend.c). */
 #include <limits.h>
 #include <math.h>
@@ -75,21 +75,22 @@ static void rmsnorm_rows(void *arg, int64_t r0, int64_t r1) {
     }
 }
 
+/* One row of rmsnorm's dx; dr may be o (each element read before it is written). */
+static inline void back_x_row(const float *xr, const float *w, const float *dr, float *o, int64_t D, float eps) {
+    float rs = row_rstd(xr, D, eps);
+    float dot = 0;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t i = 0; i < D; i++) dot += dr[i] * w[i] * xr[i];
+    float k = dot * rs * rs * rs / (float)D;
+    for (int64_t i = 0; i < D; i++) o[i] = dr[i] * w[i] * rs - xr[i] * k;
+}
+
 static void rmsnorm_back_x_rows(void *arg, int64_t r0, int64_t r1) {
     const cpu_call *c = ((job *)arg)->c;
     const float *x = c->src[0].data, *w = c->src[1].data, *dy = c->src[2].data;
     float *dx = c->dst.data, eps = c->l->fp[0];
     int64_t D = c->dst.ne[c->dst.ndim - 1];
-    for (int64_t r = r0; r < r1; r++) {
-        const float *xr = x + r * D, *dr = dy + r * D;
-        float *o = dx + r * D;
-        float rs = row_rstd(xr, D, eps);
-        float dot = 0;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t i = 0; i < D; i++) dot += dr[i] * w[i] * xr[i];
-        float k = dot * rs * rs * rs / (float)D;
-        for (int64_t i = 0; i < D; i++) o[i] = dr[i] * w[i] * rs - xr[i] * k;
-    }
+    for (int64_t r = r0; r < r1; r++) back_x_row(x + r * D, w, dy + r * D, dx + r * D, D, eps);
 }
 
 static int64_t rows_of(const cpu_tensor *t) { return t->nelem / t->ne[t->ndim - 1]; }
@@ -203,6 +204,110 @@ twk_status cpu_rope(const cpu_call *c) {
     }
     int64_t T = c->dst.ne[0];
     cpu_parallel_for(c->ctx->pool, T, CPU_GRAIN_ELEMS / (c->dst.ne[1] * D) + 1, rope_rows, &j);
+    return TWK_OK;
+}
+
+/* ---- rmsnorm + rope (the fusion pass's RMSNORM_ROPE) ---- */
+
+/* rope_rows over rows normalized as rmsnorm_rows normalizes them, each value computed by the
+ * same expressions (a float w * (x * rs), then the rotation), so bit-identical to the pair. */
+static void rmsnorm_rope_rows(void *arg, int64_t t0, int64_t t1) {
+    const rope_job *j = arg;
+    const cpu_call *c = j->c;
+    const float *x = c->src[0].data, *w = c->src[1].data;
+    float *y = c->dst.data, eps = c->l->fp[0];
+    int64_t H = c->dst.ne[1], D = c->dst.ne[2], half = D / 2;
+    float sign = c->l->ip[0] ? -1.0f : 1.0f;
+    float cs[512], sn[512];
+    for (int64_t t = t0; t < t1; t++) {
+        float p = (float)cpu_id_at(&c->src[2], t);
+        for (int64_t b = 0; b < half; b += 512) {
+            int64_t e = b + 512 < half ? b + 512 : half;
+            for (int64_t i = b; i < e; i++) {
+                float ang = p * j->inv_freq[i];
+                cs[i - b] = cosf(ang);
+                sn[i - b] = sign * sinf(ang);
+            }
+            for (int64_t h = 0; h < H; h++) {
+                const float *xr = x + (t * H + h) * D;
+                float *yr = y + (t * H + h) * D;
+                float rs = row_rstd(xr, D, eps);
+                for (int64_t i = b; i < e; i++) {
+                    float x1 = w[i] * (xr[i] * rs), x2 = w[i + half] * (xr[i + half] * rs);
+                    yr[i] = x1 * cs[i - b] - x2 * sn[i - b];
+                    yr[i + half] = x2 * cs[i - b] + x1 * sn[i - b];
+                }
+            }
+        }
+    }
+}
+
+twk_status cpu_rmsnorm_rope(const cpu_call *c) {
+    int64_t D = c->dst.ne[2], half = D / 2;
+    rope_job j = {c, NULL};
+    if (c->l->nsrc > 3) {
+        j.inv_freq = c->src[3].data;
+    } else {
+        float *f = cpu_scratch(c->ctx, (size_t)half * sizeof *f);
+        if (!f) return TWK_ERR_OOM;
+        default_inv_freq(f, half, c->l->fp[1]);
+        j.inv_freq = f;
+    }
+    int64_t T = c->dst.ne[0];
+    cpu_parallel_for(c->ctx->pool, T, CPU_GRAIN_ELEMS / (c->dst.ne[1] * D) + 1, rmsnorm_rope_rows, &j);
+    return TWK_OK;
+}
+
+/* The backward's pair (ROPE_RMSNORM_BACK_X): per token each head's gradient row rotated by
+ * rope_rows' expressions into the output row, then rmsnorm's dx of it in place (back_x_row):
+ * bit-identical to the two launches. */
+static void rope_rmsnorm_back_x_rows(void *arg, int64_t t0, int64_t t1) {
+    const rope_job *j = arg;
+    const cpu_call *c = j->c;
+    const float *x = c->src[0].data, *w = c->src[1].data, *dy = c->src[2].data;
+    float *dx = c->dst.data, eps = c->l->fp[0];
+    int64_t H = c->dst.ne[1], D = c->dst.ne[2], half = D / 2;
+    float sign = c->l->ip[0] ? -1.0f : 1.0f;
+    float cs[512], sn[512];
+    for (int64_t t = t0; t < t1; t++) {
+        float p = (float)cpu_id_at(&c->src[3], t);
+        for (int64_t b = 0; b < half; b += 512) {
+            int64_t e = b + 512 < half ? b + 512 : half;
+            for (int64_t i = b; i < e; i++) {
+                float ang = p * j->inv_freq[i];
+                cs[i - b] = cosf(ang);
+                sn[i - b] = sign * sinf(ang);
+            }
+            for (int64_t h = 0; h < H; h++) {
+                const float *gr = dy + (t * H + h) * D;
+                float *o = dx + (t * H + h) * D;
+                for (int64_t i = b; i < e; i++) {
+                    float x1 = gr[i], x2 = gr[i + half];
+                    o[i] = x1 * cs[i - b] - x2 * sn[i - b];
+                    o[i + half] = x2 * cs[i - b] + x1 * sn[i - b];
+                }
+            }
+        }
+        for (int64_t h = 0; h < H; h++) {
+            float *o = dx + (t * H + h) * D;
+            back_x_row(x + (t * H + h) * D, w, o, o, D, eps);
+        }
+    }
+}
+
+twk_status cpu_rope_rmsnorm_back_x(const cpu_call *c) {
+    int64_t D = c->dst.ne[2], half = D / 2;
+    rope_job j = {c, NULL};
+    if (c->l->nsrc > 4) {
+        j.inv_freq = c->src[4].data;
+    } else {
+        float *f = cpu_scratch(c->ctx, (size_t)half * sizeof *f);
+        if (!f) return TWK_ERR_OOM;
+        default_inv_freq(f, half, c->l->fp[1]);
+        j.inv_freq = f;
+    }
+    int64_t T = c->dst.ne[0];
+    cpu_parallel_for(c->ctx->pool, T, CPU_GRAIN_ELEMS / (c->dst.ne[1] * D) + 1, rope_rmsnorm_back_x_rows, &j);
     return TWK_OK;
 }
 

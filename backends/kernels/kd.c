@@ -73,6 +73,8 @@ static const kd_entry table[TWK_OP_COUNT] = {
     [TWK_OP_MOE_ROUTER_STATS_BACK] = {kd_lower_moe_router_stats, "moe_router_stats_back_f32"},
     [TWK_OP_LORA_GATHER_BACK] = {kd_lower_lora_gather_back, "lora_gather_back_f32"},
     [TWK_OP_FUSED_EW] = {kd_lower_fused, "fused_ew_f32"},
+    [TWK_OP_RMSNORM_ROPE] = {kd_lower_rmsnorm_rope, "rmsnorm_rope_f32"},
+    [TWK_OP_ROPE_RMSNORM_BACK_X] = {kd_lower_rope_rmsnorm_back_x, "rope_rmsnorm_back_x_f32"},
 };
 _Static_assert(sizeof table / sizeof table[0] == TWK_OP_COUNT, "one entry per op");
 

@@ -74,6 +74,8 @@ int kd_lower_get_rows_back(const twk_launch *l, int64_t n, kd_call *calls, const
 int kd_lower_rmsnorm(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 int kd_lower_rmsnorm_back_w(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 int kd_lower_rope(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_rmsnorm_rope(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
+int kd_lower_rope_rmsnorm_back_x(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 int kd_lower_logprobs(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 int kd_lower_logprobs_back(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel);
 /* unembed_logprobs and its backward (unembed.cl): a group per tile of KD_UE_TT tokens. */

@@ -179,6 +179,70 @@ TWK_KERNEL rope_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *x, 
     yr[i + hd] = x2 * cs + x1 * sn;
 }
 
+/* rope_f32 of rmsnorm_f32's rows (the fusion pass's RMSNORM_ROPE), one group per row (t, h): the
+ * row's rstd as rmsnorm_f32 sums it, then each item rotates pairs (i, i + D/2) of the normalized
+ * values, computed by both kernels' expressions */
+TWK_KERNEL rmsnorm_rope_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *x, long x_off,
+                            TWK_GLOBAL const float *w, long w_off, TWK_GLOBAL const int *pos, long pos_off,
+                            TWK_GLOBAL const float *freq, long freq_off, long H, long D, float eps, float theta,
+                            float sign, int has_freq, int is64) {
+    TWK_LOCAL(float, part, KD_ROW_LOCAL);
+    int lid = TWK_LID(0), L = TWK_LSIZE(0);
+    long r = TWK_GROUP(0), t = r / H, hd = D / 2;
+    const TWK_GLOBAL float *xr = x + x_off + r * D;
+    TWK_GLOBAL float *yr = y + y_off + r * D;
+    KD_ROW_SUMSQ(part, xr, D, lid, L)
+    float rs = 1.0f / sqrt(part[0] / (float)D + eps);
+    float p = (float)kd_id(pos + pos_off, t, is64);
+    for (long i = lid; i < hd; i += L) {
+        float f = has_freq ? freq[freq_off + i] : 1.0f / pow(theta, (float)(2 * i) / (float)D);
+        float ang = p * f;
+        float cs = cos(ang), sn = sign * sin(ang);
+        float x1 = w[w_off + i] * (xr[i] * rs), x2 = w[w_off + i + hd] * (xr[i + hd] * rs);
+        yr[i] = x1 * cs - x2 * sn;
+        yr[i + hd] = x2 * cs + x1 * sn;
+    }
+}
+
+/* Element k of rope_f32's rotation of row g (position p): as rope_f32 computes it */
+TWK_FN float kd_rope_at(const TWK_GLOBAL float *g, long k, long D, float p, const TWK_GLOBAL float *freq,
+                        float theta, float sign, int has_freq) {
+    long hd = D / 2, i = k < hd ? k : k - hd;
+    float f = has_freq ? freq[i] : 1.0f / pow(theta, (float)(2 * i) / (float)D);
+    float ang = p * f;
+    float cs = cos(ang), sn = sign * sin(ang);
+    float x1 = g[i], x2 = g[i + hd];
+    return k < hd ? x1 * cs - x2 * sn : x2 * cs + x1 * sn;
+}
+
+/* rmsnorm_back_x_f32 of rope_f32's rotation of dy (the fusion pass's ROPE_RMSNORM_BACK_X), one
+ * group per row (t, h): each rotated element computed where rmsnorm_back_x_f32 reads it, by
+ * rope_f32's expressions, so the sums run in its order */
+TWK_KERNEL rope_rmsnorm_back_x_f32(TWK_GLOBAL float *dx, long dx_off, TWK_GLOBAL const float *x, long x_off,
+                                   TWK_GLOBAL const float *w, long w_off, TWK_GLOBAL const float *dy, long dy_off,
+                                   TWK_GLOBAL const int *pos, long pos_off, TWK_GLOBAL const float *freq,
+                                   long freq_off, long H, long D, float eps, float theta, float sign, int has_freq,
+                                   int is64) {
+    TWK_LOCAL(float, part, KD_ROW_LOCAL);
+    int lid = TWK_LID(0), L = TWK_LSIZE(0);
+    long r = TWK_GROUP(0);
+    const TWK_GLOBAL float *xr = x + x_off + r * D;
+    const TWK_GLOBAL float *gr = dy + dy_off + r * D;
+    const TWK_GLOBAL float *fr = freq + freq_off;
+    float p = (float)kd_id(pos + pos_off, r / H, is64);
+    KD_ROW_SUMSQ(part, xr, D, lid, L)
+    float rs = 1.0f / sqrt(part[0] / (float)D + eps);
+    TWK_BARRIER();
+    float s = 0.0f;
+    for (long k = lid; k < D; k += L) s += kd_rope_at(gr, k, D, p, fr, theta, sign, has_freq) * w[w_off + k] * xr[k];
+    part[lid] = s;
+    TWK_BARRIER();
+    KD_TREE_SUM(part, lid, L)
+    float kk = part[0] * rs * rs * rs / (float)D;
+    for (long k = lid; k < D; k += L)
+        dx[dx_off + r * D + k] = kd_rope_at(gr, k, D, p, fr, theta, sign, has_freq) * w[w_off + k] * rs - xr[k] * kk;
+}
+
 /* y[t] = logits[t, tgt] - logsumexp(logits[t, :]); one group per row */
 TWK_KERNEL logprobs_f32(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const float *x, long x_off,
                         TWK_GLOBAL const int *tg, long tg_off, TWK_GLOBAL int *err, long err_off, long V,

@@ -68,18 +68,27 @@ static void copy_box(vk_dispatch *x, const int64_t box[4], const int64_t sst[4],
     x->p[13] = (int32_t)n;
 }
 
+/* A rotation's theta when it has no inv_freq source (rope, or the fusion pass's pairs with it); 0 else. */
+static float rope_theta(const twk_launch *l) {
+    if (l->op == TWK_OP_ROPE && l->nsrc <= 2) return l->fp[0];
+    if (l->op == TWK_OP_RMSNORM_ROPE && l->nsrc <= 3) return l->fp[1];
+    if (l->op == TWK_OP_ROPE_RMSNORM_BACK_X && l->nsrc <= 4) return l->fp[1];
+    return 0;
+}
+
 size_t vk_const_bytes(const twk_launch *l) {
     /* rope without an inv_freq source: the C floats vk_write_consts writes, padded to 16 bytes */
-    if (l->op == TWK_OP_ROPE && l->nsrc <= 2) return ((size_t)(l->dst.ne[2] / 2) * sizeof(float) + 15) / 16 * 16;
+    if (rope_theta(l) > 0) return ((size_t)(l->dst.ne[2] / 2) * sizeof(float) + 15) / 16 * 16;
     return 0;
 }
 
 void vk_write_consts(const twk_launch *l, void *dst) {
-    if (l->op == TWK_OP_ROPE && l->nsrc <= 2) { /* inv_freq as transformers computes it (as the CPU does) */
+    float theta = rope_theta(l);
+    if (theta > 0) { /* inv_freq as transformers computes it (as the CPU does) */
         int64_t half = l->dst.ne[2] / 2;
         float *f = dst;
         for (int64_t i = 0; i < half; i++)
-            f[i] = (float)(1.0 / pow((double)l->fp[0], (double)(2 * i) / (double)(2 * half)));
+            f[i] = (float)(1.0 / pow((double)theta, (double)(2 * i) / (double)(2 * half)));
     }
 }
 
@@ -511,6 +520,31 @@ static int lower_rope(vk_low *w) {
     return 0;
 }
 
+/* the fusion pass's pairs, rmsnorm_rope (MODE 7) and rope_rmsnorm_back_x (MODE 8): rownorm.comp,
+ * a work-group per (token, head) row of the work-group size rmsnorm runs (the same sums) */
+static int lower_norm_rope(vk_low *w) {
+    const twk_launch *l = w->l;
+    int64_t T = dim(w->y, 0, w->n), H = dim(w->y, 1, w->n), D = dim(w->y, 2, w->n);
+    int pos = w->mode == 7 ? 2 : 3; /* the source holding the positions; inv_freq the next */
+    vk_dispatch *x = next(w, VKS_ROWNORM, 128, w->mode);
+    x->bind[0] = VKB_DST;
+    for (int i = 0; i <= pos; i++) x->bind[1 + i] = i;
+    if (l->nsrc > pos + 1) {
+        x->bind[2 + pos] = pos + 1;
+    } else {
+        x->bind[2 + pos] = VKB_CONST;
+        x->add_off[2 + pos] = (uint32_t)(w->const_off / 4);
+    }
+    x->p[0] = (int32_t)(T * H);
+    x->p[1] = (int32_t)D;
+    x->p[2] = (int32_t)H;
+    x->p[7] = w->s[pos].type == TWK_I64;
+    x->fp[0] = l->fp[0];
+    x->fp[1] = l->ip[0] ? -1.0f : 1.0f;
+    x->groups[0] = groups_for(w->c, T * H, 1);
+    return 0;
+}
+
 /* logprobs and its gradient: a work-group per token row */
 static int lower_logprobs(vk_low *w) {
     int64_t T = dim(&w->s[0], 0, w->n), V = dim(&w->s[0], 1, w->n);
@@ -805,6 +839,8 @@ static const vk_entry table[TWK_OP_COUNT] = {
     [TWK_OP_MOE_ROUTER_STATS_BACK] = {lower_router_stats, 8},
     [TWK_OP_LORA_GATHER_BACK] = {lower_lora_gather, 4},
     [TWK_OP_FUSED_EW] = {lower_fused, 0}, /* fused.comp interprets the chain's steps (vk_lower_fused.c) */
+    [TWK_OP_RMSNORM_ROPE] = {lower_norm_rope, 7},        /* rownorm.comp MODE 7 */
+    [TWK_OP_ROPE_RMSNORM_BACK_X] = {lower_norm_rope, 8}, /* rownorm.comp MODE 8 */
 };
 _Static_assert(sizeof table / sizeof table[0] == TWK_OP_COUNT, "one entry per op");
 

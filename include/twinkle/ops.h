@@ -108,7 +108,10 @@ TWK_API_BEGIN
     X(GRAD_NORM,      "grad_norm",      2, COMPUTE, 0,                    0,                    0,           NONE, ACCUM, TWK_NO_IDS) /* (parts [P,2], hyper) -> [2]: norm, clip coefficient */ \
     X(ADAMW,          "adamw",          6, INPLACE, 0,                    0,                    0,           NONE, TRANSCENDENTAL, TWK_NO_IDS) /* (w, g, m, v, hyper, norm) -> w; also writes m, v and zeroes g */ \
     /* made by the plan compiler's fusion pass (graph/fuse.c), never built: a chain of same-shape elementwise ops, one launch */ \
-    X(FUSED_EW,       "fused_ew",      -1, COMPUTE, 0,                    0,                    0,           NONE, TRANSCENDENTAL, TWK_NO_IDS) /* srcs all of dst's shape; ip[k] = step k (TWK_FUSE_STEP in twk_backend.h), fp[k] its fparam */
+    X(FUSED_EW,       "fused_ew",      -1, COMPUTE, 0,                    0,                    0,           NONE, TRANSCENDENTAL, TWK_NO_IDS) /* srcs all of dst's shape; ip[k] = step k (TWK_FUSE_STEP in twk_backend.h), fp[k] its fparam */ \
+    /* made by the fusion pass too: Qwen3's per-head norm of q or k and the rotation after it, one launch */ \
+    X(RMSNORM_ROPE,   "rmsnorm_rope",  -1, COMPUTE, TWK_SRC(2),           0,                    0,           NONE, ACCUM, TWK_NO_IDS) /* (x [T,H,D], w [D], pos [T] [, inv_freq [D/2]]): rope(rmsnorm(x, w)); fp[0] eps, fp[1] theta, ip[0] rope's inverse flag */ \
+    X(ROPE_RMSNORM_BACK_X, "rope_rmsnorm_back_x", -1, COMPUTE, TWK_SRC(3),     0,                    0,           NONE, ACCUM, TWK_NO_IDS) /* (x, w, dy [T,H,D], pos [T] [, inv_freq]): rmsnorm_back_x(x, w, rope(dy)), the backward's pair (rope's ip[0] the inverse); fp[0] eps, fp[1] theta */
 
 /* The sources that may hold bf16 / f16 (frozen weights, KV caches, attention's q, k, v, each on
  * its own), X(OP, mask), on a backend whose kernels widen them to f32 (its half_srcs;

@@ -13,6 +13,10 @@
 //        p: 0 R, 1 D, 2 T, 3 C; reduce.comp MODE 5 folds the planes
 // MODE 4 logprobs:       y[r] = x[r, tgt[r]] - logsumexp(x[r]); (logits 1, targets 2), p: 0 rows, 1 V, 7 i64
 // MODE 5 logprobs_back:  y[r, i] = dy[r] (onehot - softmax); (logits 1, targets 2, dy 3, logprobs 4)
+// MODE 7 rmsnorm_rope:   rope.comp's rotation of MODE 0's rows (x 1, w 2, pos 3, inv_freq 4), a row
+//                        per (t, h): p: 0 rows, 1 D, 2 H, 7 i64 pos; f[0] eps, f[1] the rotation's sign
+// MODE 8 rope_rmsnorm_back_x: MODE 1 of rope.comp's rotation of dy (x 1, w 2, dy 3, pos 4,
+//                        inv_freq 5), each rotated element computed where MODE 1 reads dy
 #include "common.glsl"
 layout(std430, binding = 0) buffer Y { float y[]; };
 layout(std430, binding = 1) buffer X { float x[]; };
@@ -20,6 +24,9 @@ layout(std430, binding = 2) buffer B2 { float b2[]; };
 layout(std430, binding = 3) buffer B3 { float b3[]; };
 layout(std430, binding = 4) buffer B4 { float b4[]; };
 layout(std430, binding = 2) buffer I2 { uint ids[]; };
+layout(std430, binding = 3) buffer I3 { uint ids3[]; };
+layout(std430, binding = 4) buffer I4 { uint ids4[]; };
+layout(std430, binding = 5) buffer B5 { float b5[]; };
 shared float red[WG];
 shared float red2[WG];
 
@@ -54,6 +61,15 @@ void tree2(uint lid, uint C) {
         }
         barrier();
     }
+}
+
+// element k of rope.comp's rotation of dy's row at word db (position p; MODE 8: inv_freq at 5)
+float rot_at(uint db, uint k, uint D, float p) {
+    uint hd = D / 2u, i = k < hd ? k : k - hd;
+    float ang = p * b5[pc.off[5] + i];
+    float c = cos(ang), s = pc.f[1] * sin(ang);
+    float x1 = b3[db + i], x2 = b3[db + i + hd];
+    return k < hd ? x1 * c - x2 * s : x2 * c + x1 * s;
 }
 
 uint tile_start(uint n, uint tiles, uint t) { return t * (n / tiles) + min(t, n % tiles); }
@@ -118,11 +134,29 @@ void main() {
             precise float ss = red[0] + red2[0];
             if (lid == 0u) y[pc.off[0] + r] = 1.0 / sqrt(ss / float(D) + eps);
             barrier();
-        } else if (MODE <= 1) {
+        } else if (MODE <= 1 || MODE >= 7) {
             float ss = 0.0;
             for (uint i = lid; i < D; i += WG) ss += x[xb + i] * x[xb + i];
             float rs = 1.0 / sqrt(tree_sum(ss, lid) / float(D) + eps);
-            if (MODE == 0) {
+            if (MODE == 7) {
+                uint hd = D / 2u, wb = pc.off[2], yb = pc.off[0] + r * D;
+                float p = float(ID_AT(ids3, pc.off[3], r / uint(pc.p[2]), pc.p[7]));
+                for (uint i = lid; i < hd; i += WG) {
+                    float ang = p * b4[pc.off[4] + i];
+                    float c = cos(ang), s = pc.f[1] * sin(ang);
+                    float x1 = b2[wb + i] * (x[xb + i] * rs), x2 = b2[wb + i + hd] * (x[xb + i + hd] * rs);
+                    y[yb + i] = x1 * c - x2 * s;
+                    y[yb + i + hd] = x2 * c + x1 * s;
+                }
+            } else if (MODE == 8) {
+                uint db = pc.off[3] + r * D;
+                float p = float(ID_AT(ids4, pc.off[4], r / uint(pc.p[2]), pc.p[7]));
+                float dt = 0.0;
+                for (uint i = lid; i < D; i += WG) dt += rot_at(db, i, D, p) * b2[pc.off[2] + i] * x[xb + i];
+                float k = tree_sum(dt, lid) * rs * rs * rs / float(D);
+                for (uint i = lid; i < D; i += WG)
+                    y[pc.off[0] + r * D + i] = rot_at(db, i, D, p) * b2[pc.off[2] + i] * rs - x[xb + i] * k;
+            } else if (MODE == 0) {
                 for (uint i = lid; i < D; i += WG) y[pc.off[0] + r * D + i] = b2[pc.off[2] + i] * (x[xb + i] * rs);
             } else {
                 uint db = pc.off[3] + r * D;
