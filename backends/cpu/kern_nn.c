@@ -159,18 +159,22 @@ static void default_inv_freq(float *f, int64_t half, float theta) {
 typedef struct {
     const cpu_call *c;
     const float *inv_freq;
+    const float *norm_w; /* RMSNORM_ROPE: src[1], the norm's weight (positions in src[2]); ROPE: NULL */
 } rope_job;
 
+/* ROPE (positions src[1]) or, with j->norm_w, RMSNORM_ROPE: each row normalized as rmsnorm_rows
+ * normalizes it (a float w * (x * rs)) before the same rotation, so bit-identical to the pair. */
 static void rope_rows(void *arg, int64_t t0, int64_t t1) {
     const rope_job *j = arg;
     const cpu_call *c = j->c;
-    const float *x = c->src[0].data;
-    float *y = c->dst.data;
+    const float *x = c->src[0].data, *w = j->norm_w;
+    const cpu_tensor *positions = &c->src[w ? 2 : 1];
+    float *y = c->dst.data, eps = w ? c->l->fp[0] : 0.0f;
     int64_t H = c->dst.ne[1], D = c->dst.ne[2], half = D / 2;
     float sign = c->l->ip[0] ? -1.0f : 1.0f;
     float cs[512], sn[512];
     for (int64_t t = t0; t < t1; t++) {
-        float p = (float)cpu_id_at(&c->src[1], t);
+        float p = (float)cpu_id_at(positions, t);
         for (int64_t b = 0; b < half; b += 512) {
             int64_t e = b + 512 < half ? b + 512 : half;
             for (int64_t i = b; i < e; i++) {
@@ -181,80 +185,54 @@ static void rope_rows(void *arg, int64_t t0, int64_t t1) {
             for (int64_t h = 0; h < H; h++) {
                 const float *xr = x + (t * H + h) * D;
                 float *yr = y + (t * H + h) * D;
-                for (int64_t i = b; i < e; i++) {
-                    float x1 = xr[i], x2 = xr[i + half];
-                    yr[i] = x1 * cs[i - b] - x2 * sn[i - b];
-                    yr[i + half] = x2 * cs[i - b] + x1 * sn[i - b];
+                if (w) {
+                    float rs = row_rstd(xr, D, eps);
+                    for (int64_t i = b; i < e; i++) {
+                        float x1 = w[i] * (xr[i] * rs), x2 = w[i + half] * (xr[i + half] * rs);
+                        yr[i] = x1 * cs[i - b] - x2 * sn[i - b];
+                        yr[i + half] = x2 * cs[i - b] + x1 * sn[i - b];
+                    }
+                } else {
+                    for (int64_t i = b; i < e; i++) {
+                        float x1 = xr[i], x2 = xr[i + half];
+                        yr[i] = x1 * cs[i - b] - x2 * sn[i - b];
+                        yr[i + half] = x2 * cs[i - b] + x1 * sn[i - b];
+                    }
                 }
             }
         }
     }
 }
 
-twk_status cpu_rope(const cpu_call *c) {
-    int64_t D = c->dst.ne[2], half = D / 2;
-    rope_job j = {c, NULL};
-    if (c->l->nsrc > 2) {
-        j.inv_freq = c->src[2].data;
-    } else {
-        float *f = cpu_scratch(c->ctx, (size_t)half * sizeof *f);
-        if (!f) return TWK_ERR_OOM;
-        default_inv_freq(f, half, c->l->fp[0]);
-        j.inv_freq = f;
+/* j->inv_freq: src[freq_src] when the launch has it, else theta's default in scratch; TWK_ERR_OOM. */
+static twk_status rope_freqs(const cpu_call *c, int freq_src, float theta, rope_job *j) {
+    if (c->l->nsrc > freq_src) {
+        j->inv_freq = c->src[freq_src].data;
+        return TWK_OK;
     }
-    int64_t T = c->dst.ne[0];
-    cpu_parallel_for(c->ctx->pool, T, CPU_GRAIN_ELEMS / (c->dst.ne[1] * D) + 1, rope_rows, &j);
+    int64_t half = c->dst.ne[2] / 2;
+    float *f = cpu_scratch(c->ctx, (size_t)half * sizeof *f);
+    if (!f) return TWK_ERR_OOM;
+    default_inv_freq(f, half, theta);
+    j->inv_freq = f;
     return TWK_OK;
 }
 
-/* ---- rmsnorm + rope (the fusion pass's RMSNORM_ROPE) ---- */
-
-/* rope_rows over rows normalized as rmsnorm_rows normalizes them, each value computed by the
- * same expressions (a float w * (x * rs), then the rotation), so bit-identical to the pair. */
-static void rmsnorm_rope_rows(void *arg, int64_t t0, int64_t t1) {
-    const rope_job *j = arg;
-    const cpu_call *c = j->c;
-    const float *x = c->src[0].data, *w = c->src[1].data;
-    float *y = c->dst.data, eps = c->l->fp[0];
-    int64_t H = c->dst.ne[1], D = c->dst.ne[2], half = D / 2;
-    float sign = c->l->ip[0] ? -1.0f : 1.0f;
-    float cs[512], sn[512];
-    for (int64_t t = t0; t < t1; t++) {
-        float p = (float)cpu_id_at(&c->src[2], t);
-        for (int64_t b = 0; b < half; b += 512) {
-            int64_t e = b + 512 < half ? b + 512 : half;
-            for (int64_t i = b; i < e; i++) {
-                float ang = p * j->inv_freq[i];
-                cs[i - b] = cosf(ang);
-                sn[i - b] = sign * sinf(ang);
-            }
-            for (int64_t h = 0; h < H; h++) {
-                const float *xr = x + (t * H + h) * D;
-                float *yr = y + (t * H + h) * D;
-                float rs = row_rstd(xr, D, eps);
-                for (int64_t i = b; i < e; i++) {
-                    float x1 = w[i] * (xr[i] * rs), x2 = w[i + half] * (xr[i + half] * rs);
-                    yr[i] = x1 * cs[i - b] - x2 * sn[i - b];
-                    yr[i + half] = x2 * cs[i - b] + x1 * sn[i - b];
-                }
-            }
-        }
-    }
+twk_status cpu_rope(const cpu_call *c) {
+    rope_job j = {c, NULL, NULL};
+    twk_status st = rope_freqs(c, 2, c->l->fp[0], &j);
+    if (st != TWK_OK) return st;
+    cpu_parallel_for(c->ctx->pool, c->dst.ne[0], CPU_GRAIN_ELEMS / (c->dst.ne[1] * c->dst.ne[2]) + 1, rope_rows, &j);
+    return TWK_OK;
 }
 
+/* ---- rmsnorm + rope (the fusion pass's RMSNORM_ROPE): rope_rows with the norm's weight ---- */
+
 twk_status cpu_rmsnorm_rope(const cpu_call *c) {
-    int64_t D = c->dst.ne[2], half = D / 2;
-    rope_job j = {c, NULL};
-    if (c->l->nsrc > 3) {
-        j.inv_freq = c->src[3].data;
-    } else {
-        float *f = cpu_scratch(c->ctx, (size_t)half * sizeof *f);
-        if (!f) return TWK_ERR_OOM;
-        default_inv_freq(f, half, c->l->fp[1]);
-        j.inv_freq = f;
-    }
-    int64_t T = c->dst.ne[0];
-    cpu_parallel_for(c->ctx->pool, T, CPU_GRAIN_ELEMS / (c->dst.ne[1] * D) + 1, rmsnorm_rope_rows, &j);
+    rope_job j = {c, NULL, c->src[1].data};
+    twk_status st = rope_freqs(c, 3, c->l->fp[1], &j);
+    if (st != TWK_OK) return st;
+    cpu_parallel_for(c->ctx->pool, c->dst.ne[0], CPU_GRAIN_ELEMS / (c->dst.ne[1] * c->dst.ne[2]) + 1, rope_rows, &j);
     return TWK_OK;
 }
 
@@ -296,18 +274,11 @@ static void rope_rmsnorm_back_x_rows(void *arg, int64_t t0, int64_t t1) {
 }
 
 twk_status cpu_rope_rmsnorm_back_x(const cpu_call *c) {
-    int64_t D = c->dst.ne[2], half = D / 2;
-    rope_job j = {c, NULL};
-    if (c->l->nsrc > 4) {
-        j.inv_freq = c->src[4].data;
-    } else {
-        float *f = cpu_scratch(c->ctx, (size_t)half * sizeof *f);
-        if (!f) return TWK_ERR_OOM;
-        default_inv_freq(f, half, c->l->fp[1]);
-        j.inv_freq = f;
-    }
-    int64_t T = c->dst.ne[0];
-    cpu_parallel_for(c->ctx->pool, T, CPU_GRAIN_ELEMS / (c->dst.ne[1] * D) + 1, rope_rmsnorm_back_x_rows, &j);
+    rope_job j = {c, NULL, NULL};
+    twk_status st = rope_freqs(c, 4, c->l->fp[1], &j);
+    if (st != TWK_OK) return st;
+    cpu_parallel_for(c->ctx->pool, c->dst.ne[0], CPU_GRAIN_ELEMS / (c->dst.ne[1] * c->dst.ne[2]) + 1,
+                     rope_rmsnorm_back_x_rows, &j);
     return TWK_OK;
 }
 
