@@ -97,44 +97,36 @@ int kd_lower_rope(const twk_launch *l, int64_t n, kd_call *calls, const char *ke
     return 1;
 }
 
-int kd_lower_rmsnorm_rope(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
+/* The fused norm + rope pairs: dst, the launch's first `data` sources (the positions last), the
+ * frequencies (or source 0 again when the launch has none), then H, D, eps, theta, the rotation's
+ * sign, whether frequencies were given and whether positions are i64; one group per row. */
+static int norm_rope_call(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel, int data) {
     int64_t T = kd_dim(&l->dst, 0, n), H = kd_dim(&l->dst, 1, n), D = kd_dim(&l->dst, 2, n);
-    int has_freq = l->nsrc > 3;
+    int has_freq = l->nsrc > data;
     kd_call *c = &calls[0];
     kd_begin(c, kernel);
     kd_buf(c, l, -1, 4);
-    kd_buf(c, l, 0, 4);
-    kd_buf(c, l, 1, 4);
-    kd_buf(c, l, 2, 4);
-    kd_buf(c, l, has_freq ? 3 : 0, 4);
+    for (int i = 0; i < data; i++) kd_buf(c, l, i, 4);
+    kd_buf(c, l, has_freq ? data : 0, 4);
     kd_i64(c, H);
     kd_i64(c, D);
     kd_f32(c, l->fp[0]);
     kd_f32(c, l->fp[1]);
     kd_f32(c, l->ip[0] ? -1.0f : 1.0f);
     kd_i32(c, has_freq);
-    kd_i32(c, is64(l, 2));
+    kd_i32(c, is64(l, data - 1));
     kd_grid_groups(c, T * H, kd_pow2_local(D, KD_ROW_LOCAL));
     return 1;
 }
 
+/* RMSNORM_ROPE: x, the norm's weight, positions */
+int kd_lower_rmsnorm_rope(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
+    return norm_rope_call(l, n, calls, kernel, 3);
+}
+
+/* ROPE_RMSNORM_BACK_X: x, the norm's weight, dy, positions */
 int kd_lower_rope_rmsnorm_back_x(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
-    int64_t T = kd_dim(&l->dst, 0, n), H = kd_dim(&l->dst, 1, n), D = kd_dim(&l->dst, 2, n);
-    int has_freq = l->nsrc > 4;
-    kd_call *c = &calls[0];
-    kd_begin(c, kernel);
-    kd_buf(c, l, -1, 4);
-    for (int i = 0; i < 4; i++) kd_buf(c, l, i, 4);
-    kd_buf(c, l, has_freq ? 4 : 0, 4);
-    kd_i64(c, H);
-    kd_i64(c, D);
-    kd_f32(c, l->fp[0]);
-    kd_f32(c, l->fp[1]);
-    kd_f32(c, l->ip[0] ? -1.0f : 1.0f);
-    kd_i32(c, has_freq);
-    kd_i32(c, is64(l, 3));
-    kd_grid_groups(c, T * H, kd_pow2_local(D, KD_ROW_LOCAL));
-    return 1;
+    return norm_rope_call(l, n, calls, kernel, 4);
 }
 
 int kd_lower_logprobs(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
