@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "trainer_util.h"
 #include "twinkle/twinkle.h"
 
 #define NJ 5
@@ -88,34 +89,11 @@ static twk_trainer *make_trainer(twk_model *m, int i, twk_rng *r) {
     lc.seed = (uint64_t)i;
     twk_trainer *t = NULL;
     if (twk_trainer_new(m, &lc, 64, &t) != TWK_OK) return NULL;
-    for (int p = 0; p < twk_trainer_param_count(t); p++) {
-        int64_t ne = 0;
-        const char *name = twk_trainer_param_name(t, p, &ne);
-        float *v = malloc((size_t)ne * sizeof *v);
-        for (int64_t k = 0; k < ne; k++) v[k] = (float)(0.05 * twk_rng_normal(r));
-        twk_trainer_set(t, name, v, ne);
-        free(v);
-    }
+    trainer_randomize(t, r, 0.05);
     return t;
 }
 
-static void take_grads(twk_trainer *t, outcome *o) {
-    o->n_grad = 0;
-    for (int p = 0; p < twk_trainer_param_count(t); p++) {
-        int64_t ne = 0;
-        twk_trainer_param_name(t, p, &ne);
-        o->n_grad += ne;
-    }
-    o->grad = malloc((size_t)o->n_grad * sizeof *o->grad);
-    int64_t at = 0;
-    for (int p = 0; p < twk_trainer_param_count(t); p++) {
-        int64_t ne = 0;
-        const char *name = twk_trainer_param_name(t, p, &ne);
-        twk_trainer_get_grad(t, name, o->grad + at, ne);
-        at += ne;
-    }
-    twk_trainer_zero_grad(t);
-}
+static void take_grads(twk_trainer *t, outcome *o) { o->grad = trainer_take_grads(t, &o->n_grad); }
 
 /* max |a - b| / max(max |b|, 1e-30) over n floats. */
 static double rel_diff(const float *a, const float *b, int64_t n, double *absd) {

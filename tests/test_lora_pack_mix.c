@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "trainer_util.h"
 #include "twinkle/twinkle.h"
 
 #define NR 8
@@ -85,34 +86,11 @@ static twk_trainer *make_trainer(twk_model *m, int i, int unembed) {
     if (twk_trainer_new(m, &lc, 2048, &t) != TWK_OK) return NULL;
     twk_rng r;
     twk_rng_seed(&r, (uint64_t)(100 + i));
-    for (int p = 0; p < twk_trainer_param_count(t); p++) {
-        int64_t ne = 0;
-        const char *name = twk_trainer_param_name(t, p, &ne);
-        float *v = malloc((size_t)ne * sizeof *v);
-        for (int64_t k = 0; k < ne; k++) v[k] = (float)(0.05 * twk_rng_normal(&r));
-        twk_trainer_set(t, name, v, ne);
-        free(v);
-    }
+    trainer_randomize(t, &r, 0.05);
     return t;
 }
 
-static void take_grads(twk_trainer *t, outcome *o) {
-    o->n_grad = 0;
-    for (int p = 0; p < twk_trainer_param_count(t); p++) {
-        int64_t ne = 0;
-        twk_trainer_param_name(t, p, &ne);
-        o->n_grad += ne;
-    }
-    o->grad = malloc((size_t)o->n_grad * sizeof *o->grad);
-    int64_t at = 0;
-    for (int p = 0; p < twk_trainer_param_count(t); p++) {
-        int64_t ne = 0;
-        const char *name = twk_trainer_param_name(t, p, &ne);
-        twk_trainer_get_grad(t, name, o->grad + at, ne);
-        at += ne;
-    }
-    twk_trainer_zero_grad(t);
-}
+static void take_grads(twk_trainer *t, outcome *o) { o->grad = trainer_take_grads(t, &o->n_grad); }
 
 /* The largest distance in units in the last place between a[k] and b[k], and max |a - b|. */
 static int64_t max_ulps(const float *a, const float *b, int64_t n, double *absd) {
