@@ -228,7 +228,7 @@ int kd_lower_lora_gather(const twk_launch *l, int64_t n, kd_call *calls, const c
 int kd_lower_lora_gather_back(const twk_launch *l, int64_t n, kd_call *calls, const char *kernel) {
     int64_t T = kd_dim(&l->src[0], 0, n), K = kd_dim(&l->src[0], 1, n), N = kd_dim(&l->src[1], 1, n);
     int64_t S = kd_dim(&l->dst, 0, n);
-    return lower_lora(l, calls, kernel, T, N, K, S, S * N * K);
+    return lower_lora(l, calls, kernel, T, N, K, S, N * K); /* an item per (n, k), every slot */
 }
 
 /* attn_cache (and attn, attn_lse with TWK_ATTN_UNTILED=1): one 64-item group per (query, head);

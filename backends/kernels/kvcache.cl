@@ -56,13 +56,15 @@ TWK_KERNEL lora_gather_h16(TWK_GLOBAL float *y, long y_off, TWK_GLOBAL const flo
 #undef KD_W
 
 /* dw[s, n, k] = sum over the tokens t of slot s, in order, of dy[t, n] x[t, k]
- * for x [T, K], dy [T, N]; one item per (s, n, k) */
+ * for x [T, K], dy [T, N]; one item per (n, k) walks the tokens once for every slot, each slot's
+ * running sum parked in dw while other slots' tokens pass (the same sums, in the same order) */
 TWK_KERNEL lora_gather_back_f32(TWK_GLOBAL float *dw, long dw_off, TWK_GLOBAL const float *x, long x_off,
                                 TWK_GLOBAL const float *dy, long dy_off, TWK_GLOBAL const int *slot, long slot_off,
                                 TWK_GLOBAL int *err, long err_off, long T, long N, long K, long S, int is64) {
     long i = TWK_GID(0);
-    if (i >= S * N * K) return;
-    long s = i / (N * K), n = (i / K) % N, k = i % K;
+    if (i >= N * K) return;
+    long n = i / K, k = i % K, slab = N * K, cur = -1;
+    for (long s = 0; s < S; s++) dw[dw_off + s * slab + i] = 0.0f;
     float acc = 0.0f;
     for (long t = 0; t < T; t++) {
         long sl = kd_id(slot + slot_off, t, is64);
@@ -70,7 +72,12 @@ TWK_KERNEL lora_gather_back_f32(TWK_GLOBAL float *dw, long dw_off, TWK_GLOBAL co
             err[err_off] = KD_ERR_ID_RANGE;
             continue;
         }
-        if (sl == s) acc += dy[dy_off + t * N + n] * x[x_off + t * K + k];
+        if (sl != cur) {
+            if (cur >= 0) dw[dw_off + cur * slab + i] = acc;
+            cur = sl;
+            acc = dw[dw_off + sl * slab + i];
+        }
+        acc += dy[dy_off + t * N + n] * x[x_off + t * K + k];
     }
-    dw[dw_off + i] = acc;
+    if (cur >= 0) dw[dw_off + cur * slab + i] = acc;
 }

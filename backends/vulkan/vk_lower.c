@@ -420,7 +420,7 @@ static int lower_lora_gather(vk_low *w) {
     x->p[3] = (int32_t)K;
     x->p[4] = !back && w->l->ip[0] != 0;
     x->p[7] = s[2].type == TWK_I64;
-    x->groups[0] = groups_for(w->c, back ? S * N * K : T * N, 64);
+    x->groups[0] = groups_for(w->c, back ? N * K : T * N, 64);
     return 0;
 }
 

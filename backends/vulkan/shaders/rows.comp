@@ -10,7 +10,8 @@
 //                       2 S, 3 K, 4 trans (w [S, K, N]: y[t, n] = sum_k
 //                       w[slot[t], k, n] x[t, k]) (binding 1 = x, 3 = w).
 // MODE 4 lora_gather_back: y[s, n, k] = sum over t with slot[t] = s, in token
-//                       order, of dy[t, n] x[t, k]; p as MODE 3 (binding 3 = dy).
+//                       order, of dy[t, n] x[t, k]; p as MODE 3 (binding 3 = dy);
+//                       one invocation per (n, k) walks the tokens once for all slots.
 // H16A (spec 10): get_rows' table (binding 1), kv_write's cache (binding 0)
 // or lora_gather's w (binding 3) is bf16 / f16, read or written as packed
 // words (common.glsl). Each
@@ -64,14 +65,25 @@ void main() {
         }
         return;
     }
-    if (MODE == 4) {
-        uint K = uint(pc.p[3]), S = uint(lim), total = S * D * K;
+    if (MODE == 4) { /* one invocation per (n, k), every slot: one walk over the tokens, each slot's sum
+                      * parked in y while other slots' tokens pass (the same sums, in the same order) */
+        uint K = uint(pc.p[3]), S = uint(lim), total = D * K, slab = D * K;
         for (uint i = gl_GlobalInvocationID.x; i < total; i += GSTRIDE) {
-            uint s = i / (D * K), nn = (i / K) % D, k = i % K;
+            uint nn = i / K, k = i % K;
+            for (uint s = 0u; s < S; s++) y[pc.off[0] + s * slab + i] = 0.0;
+            int cur = -1;
             float acc = 0.0;
-            for (uint t = 0u; t < T; t++)
-                if (ID_AT(ids, pc.off[2], t, w64) == int(s)) acc = fma(w[pc.off[3] + t * D + nn], x[pc.off[1] + t * K + k], acc);
-            y[pc.off[0] + i] = acc;
+            for (uint t = 0u; t < T; t++) {
+                int s = ID_AT(ids, pc.off[2], t, w64);
+                if (s < 0 || s >= lim) continue;
+                if (s != cur) {
+                    if (cur >= 0) y[pc.off[0] + uint(cur) * slab + i] = acc;
+                    cur = s;
+                    acc = y[pc.off[0] + uint(s) * slab + i];
+                }
+                acc = fma(w[pc.off[3] + t * D + nn], x[pc.off[1] + t * K + k], acc);
+            }
+            if (cur >= 0) y[pc.off[0] + uint(cur) * slab + i] = acc;
         }
         return;
     }
