@@ -94,12 +94,19 @@ static void submit(CUstream s, fake_op *o) {
 
 /* On x86-64 the items switch with fake_switch below: glibc's swapcontext / getcontext make an
  * rt_sigprocmask system call at every switch, which was ~3/4 of the fake driver's time in the
- * barrier-heavy kernels (test_reduce). Under AddressSanitizer the ucontext calls stay, since ASan
- * intercepts swapcontext to follow the change of stacks. */
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+ * barrier-heavy kernels (test_reduce). Under AddressSanitizer each switch tells ASan which stack
+ * it moves to (its fiber annotations), as its swapcontext interceptor would. */
+#if defined(__x86_64__)
 #define FAKE_OWN_SWITCH 1
 #else
 #define FAKE_OWN_SWITCH 0
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define FAKE_ASAN 1
+#else
+#define FAKE_ASAN 0
 #endif
 
 #define STACK_BYTES (512u << 10)
@@ -136,10 +143,36 @@ __asm__(".text\n"
 
 static void *sched_sp, *item_sp[MAX_ITEMS];
 
+#if FAKE_ASAN
+/* ASan's view of the switches: the scheduler's stack (learned at an item's first landing), and
+ * each side's saved fake stack (stack-use-after-return frames). */
+static const void *sched_bottom;
+static size_t sched_size;
+static void *sched_fake, *item_fake[MAX_ITEMS];
+static void to_item(int i) { __sanitizer_start_switch_fiber(&sched_fake, stacks[i], STACK_BYTES); }
+static void back_in_scheduler(void) { __sanitizer_finish_switch_fiber(sched_fake, NULL, NULL); }
+static void to_scheduler(int i, int finished) {
+    __sanitizer_start_switch_fiber(finished ? NULL : &item_fake[i], sched_bottom, sched_size);
+}
+static void landed_in_item(int i, int first) {
+    __sanitizer_finish_switch_fiber(first ? NULL : item_fake[i], &sched_bottom, &sched_size);
+}
+/* a finished item's last frame stays poisoned on its stack, which the next item reuses */
+static void stack_reset(char *stack) { ASAN_UNPOISON_MEMORY_REGION(stack, STACK_BYTES); }
+#else
+static void to_item(int i) { (void)i; }
+static void back_in_scheduler(void) {}
+static void to_scheduler(int i, int finished) { (void)i, (void)finished; }
+static void landed_in_item(int i, int first) { (void)i, (void)first; }
+static void stack_reset(char *stack) { (void)stack; }
+#endif
+
 /* An item's first frame: runs it, then hands control back for good. */
 static void item_start(void) {
+    landed_in_item(cur_item, 1);
     item_entry();
     void *dead;
+    to_scheduler(cur_item, 1);
     fake_switch(&dead, sched_sp);
     fail("a finished item was resumed", cur_kernel->name);
 }
@@ -164,11 +197,21 @@ static void *item_stack(char *stack) {
 
 void fake_barrier(void) {
     if (!in_coroutines) fail("a barrier in a kernel without local memory", cur_kernel ? cur_kernel->name : NULL);
-    fake_switch(&item_sp[cur_item], sched_sp);
+    int i = cur_item;
+    to_scheduler(i, 0);
+    fake_switch(&item_sp[i], sched_sp);
+    landed_in_item(i, 0);
 }
 
-static void item_prepare(int i) { item_sp[i] = item_stack(stacks[i]); }
-static void item_resume(int i) { fake_switch(&sched_sp, item_sp[i]); }
+static void item_prepare(int i) {
+    stack_reset(stacks[i]);
+    item_sp[i] = item_stack(stacks[i]);
+}
+static void item_resume(int i) {
+    to_item(i);
+    fake_switch(&sched_sp, item_sp[i]);
+    back_in_scheduler();
+}
 #else
 static ucontext_t sched_ctx, item_ctx[MAX_ITEMS];
 
