@@ -3,6 +3,7 @@
  * a header (one alignment unit) recording its pool and the bytes it was
  * charged, so the per-pool counters always sum to the total. */
 #include <malloc.h>
+#include <sys/mman.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,11 +25,22 @@ static _Thread_local int cur_pool;
 
 static const char *const pool_names[TWK_HPOOL_COUNT] = {"other", "adapter_copies", "requests", "device_buffers"};
 
+/* Large blocks (weights, arenas) are streamed whole by every step: ask for
+ * transparent huge pages on their 2 MiB-aligned interior, which saves a TLB
+ * miss per 4 KiB read. Advice only: a kernel that refuses it changes nothing. */
+static void advise_huge_pages(void *p, size_t bytes) {
+    const uintptr_t huge = (uintptr_t)2 << 20;
+    if (bytes < 4 * huge) return;
+    uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(huge - 1), hi = ((uintptr_t)p + bytes) & ~(huge - 1);
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+}
+
 static void *default_alloc(void *user, size_t bytes, size_t align) {
     (void)user;
     void *p = NULL;
     size_t rounded = (bytes + align - 1) / align * align;
     if (posix_memalign(&p, align, rounded ? rounded : align) != 0) return NULL;
+    advise_huge_pages(p, rounded);
     return p;
 }
 

@@ -12,6 +12,7 @@
 #   TWK_PEER_PYTHON  a Python with torch and transformers (default /work/venvs/parity/bin/python
 #                    when it exists, else python3); without one, twinkle's figures only
 #   LAYERS (4), VOCAB (151936), CTX (1024), PROMPT (256), NEW (32), PREFILL (960), BATCH (16), REPS (2)
+#   DTYPE            twinkle's weights: f32 (default), bf16 or f16; the peer always runs f32
 #   TWK_THREADS      threads for both sides (default: every online core)
 # Exits 1 when a side computes something wrong (bench_sample_inproc's self-checks,
 # or greedy tokens that differ from transformers' on the same weights).
@@ -35,7 +36,7 @@ if ! "$peer" -c 'import torch, transformers' 2>/dev/null; then
 fi
 
 LAYERS=${LAYERS:-4} VOCAB=${VOCAB:-151936} CTX=${CTX:-1024} PROMPT=${PROMPT:-256} NEW=${NEW:-32}
-PREFILL=${PREFILL:-960} BATCH=${BATCH:-16} REPS=${REPS:-2}
+PREFILL=${PREFILL:-960} BATCH=${BATCH:-16} REPS=${REPS:-2} DTYPE=${DTYPE:-f32}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/twk-bench-sample.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT INT TERM
 
@@ -44,7 +45,7 @@ save=
 [ -n "$peer" ] && save="--save $tmp/model"
 rc=0
 "$bin" --layers "$LAYERS" --vocab "$VOCAB" --ctx "$CTX" --prompt "$PROMPT" --new "$NEW" --prefill "$PREFILL" \
-    --batch "$BATCH" --reps "$REPS" $save >"$tmp/twinkle.txt" || rc=$?
+    --batch "$BATCH" --reps "$REPS" --dtype "$DTYPE" $save >"$tmp/twinkle.txt" || rc=$?
 grep -v '^TOKENS\|^LOGPROBS\|^RESULT' "$tmp/twinkle.txt"
 if [ "$rc" -ne 0 ] || ! grep -q '^RESULT' "$tmp/twinkle.txt"; then
     echo "bench_sample_inproc failed (exit $rc)"
@@ -66,7 +67,7 @@ fi
 
 # compute_logprobs of PROMPT + NEW tokens against a twinkle prefill of them (no peer), and its FLOP floor
 score=$(sed -n 's/^twinkle score_prompt .* = \([0-9.]*\) x a prefill.*FLOPs \([0-9.]*\) x.*/\1 \2/p' "$tmp/twinkle.txt")
-awk -v batch="$BATCH" -v secs="$(($(date +%s) - start))" -v score="$score" '
+awk -v batch="$BATCH" -v dtype="$DTYPE" -v secs="$(($(date +%s) - start))" -v score="$score" '
     FNR == 1 { f++ }
     $1 == "RESULT" { for (i = 2; i <= 5; i++) r[f, i - 1] = $i }
     $1 == "TOKENS" { nt[f] = NF - 1; for (i = 2; i <= NF; i++) t[f, i - 1] = $i }
@@ -86,6 +87,9 @@ awk -v batch="$BATCH" -v secs="$(($(date +%s) - start))" -v score="$score" '
         printf "greedy batch-1 tokens equal transformers: %d of %d; max |logprob diff| over them %.2e\n", same, nt[1], err
         printf "wall time %d s\n", secs
         # a near-tie between the top two logits may flip one late token between implementations;
-        # the first token differing, or logprobs apart, is a wrong result
+        # the first token differing, or logprobs apart, is a wrong result. With 16-bit weights
+        # twinkle rounds what transformers keeps in f32 (logprobs move by ~1e-2 on random
+        # weights, enough to flip near-ties), so the comparison is printed, not judged.
+        if (dtype != "f32") exit 0
         exit (same < 1 || err > 1e-3) ? 1 : 0
     }' "$tmp/twinkle.txt" "$tmp/peer.txt"
