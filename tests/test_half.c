@@ -617,11 +617,12 @@ int main(int argc, char **argv) {
                          sh[2] < 1000 ? " + dX = dY W" : "", e);
                 check(e <= 1, what);
             }
-    /* a sampler's plan (CPU: the skinny kernel up to M = 8, widened in registers; M = 9 the panels):
-     * M 1, 2, 3, 7, 8, 9; K 37 / 100 / 1029 (not multiples of 8 or 16); N odd, below and above the
-     * kernel's blocks (4 rows of b^T, 32 columns of b); 4099 x 1024 splits over the threads */
-    static const int64_t sshapes[][3] = {{1, 37, 33}, {2, 100, 77}, {3, 1029, 131}, {7, 37, 77}, {8, 100, 5},
-                                         {9, 37, 33}, {1, 1024, 4099}, {3, 16, 1}, {1, 7, 3}};
+    /* a sampler's plan (CPU: the skinny kernel up to M = 16, widened in registers; M = 17 the panels):
+     * M 1, 2, 3, 7, 8, 9, 16, 17; K 37 / 100 / 1029 (not multiples of 8 or 16); N odd, below and above
+     * the kernel's blocks (4 rows of b^T, 32 columns of b); 4099 x 1024 splits over the threads */
+    static const int64_t sshapes[][3] = {{1, 37, 33},  {2, 100, 77}, {3, 1029, 131},  {7, 37, 77}, {8, 100, 5},
+                                         {9, 37, 33},  {16, 100, 77}, {17, 37, 33}, {1, 1024, 4099}, {3, 16, 1},
+                                         {1, 7, 3}};
     for (int ti = 0; ti < 2; ti++)
         for (size_t si = 0; si < sizeof sshapes / sizeof sshapes[0]; si++)
             for (int tb = 0; tb < 2; tb++) {
@@ -633,22 +634,22 @@ int main(int argc, char **argv) {
                          twk_dtype_name(types[ti]), (long long)sh[0], (long long)sh[1], (long long)sh[2], tb ? " b^T" : "", e, mx);
                 check(e <= 1, what);
             }
-    /* in a sampling plan a row's result does not depend on the rows beside it: row 0 of M = 7 and of M = 8
+    /* in a sampling plan a row's result does not depend on the rows beside it: row 0 of M = 7, 8 and 16
      * (same a row, same b) equal M = 1's bit for bit (the CPU's kernel; devices promise no such thing) */
     for (int ti = 0; on_cpu && ti < 2; ti++)
         for (int tb = 0; tb < 2; tb++) {
             enum { K1 = 1029, N1 = 135 };
-            static float y1[N1], y7[8 * N1];
+            static float y1[N1], y7[16 * N1];
             int same = 1;
             rng_state = 12345;
             double e = matmul_case_ex(dev, types[ti], 1, K1, N1, tb, 0, 1, NULL, y1);
-            for (int64_t m = 7; m <= 8; m++) {
+            for (int64_t m = 7; m <= 16; m += m == 8 ? 8 : 1) {
                 rng_state = 12345;
                 e += matmul_case_ex(dev, types[ti], m, K1, N1, tb, 0, 1, NULL, y7);
                 same = same && !memcmp(y1, y7, sizeof y1);
             }
             char what[200];
-            snprintf(what, sizeof what, "matmul f32 x %s [K %d, N %d]%s in a sampling plan: row 0 at M = 7, 8 = at M = 1, bit for bit",
+            snprintf(what, sizeof what, "matmul f32 x %s [K %d, N %d]%s in a sampling plan: row 0 at M = 7, 8, 16 = at M = 1, bit for bit",
                      twk_dtype_name(types[ti]), K1, N1, tb ? " b^T" : "");
             check(same && isfinite(e), what);
         }

@@ -77,8 +77,9 @@ int64_t cpu_gemm_work_floats(const cpu_ctx *ctx, const cpu_gemm_args *g);
  * checked against the BLAS's int range by the caller). */
 void cpu_gemm(cpu_ctx *ctx, const cpu_gemm_args *g, float *work);
 
-/* Rows of A up to which a sampling plan's product over a 16-bit B takes the skinny kernel. */
-#define CPU_SKINNY_ROWS 8
+/* Rows of A up to which a sampling plan's product over a 16-bit B takes the skinny kernel (a
+ * decode step of up to 16 sequences: widening B into panels for sgemm cost 1.8x the f32 step at 16). */
+#define CPU_SKINNY_ROWS 16
 /* The scratch floats cpu_gemm_skinny needs (A packed when B is transposed; 0 otherwise). */
 int64_t cpu_skinny_work_floats(const cpu_gemm_args *g);
 /* C = A op(B) for a 16-bit B, !ta, B streamed once and widened in registers (kern_matmul16.c);
