@@ -4,7 +4,8 @@
  * at one row is bound by the widening stores, not by memory.
  *
  * b transposed (B [N, K], the model's linears and the tied unembedding): blocks of 4 rows of B
- * stream side by side, each loaded 16-element vector of A (packed once per call) feeding all 4;
+ * stream side by side, each loaded 16-element vector of A (packed once per call) feeding all 4
+ * (several rows of A: two at a time against 2 + 2 rows of B, each widened vector feeding both);
  * bf16 loads 16 halves as 8 words, the even elements shifted up and the odd ones masked (A is
  * packed in that even / odd order), f16 converts 8 halves twice. Two accumulators per (m, n),
  * added and reduced across lanes once at the end; K's last partial block comes zero-padded.
@@ -99,68 +100,97 @@ SKINNY_INLINE float hsum(__m256 v) { /* one fixed order */
     return _mm_cvtss_f32(s);
 }
 
-/* out[r] = a . b_r for R (1 or RB) rows of B from b; a packed, Kp = nfull * KB (+ KB when K has a tail). */
-SKINNY_INLINE void rows_dot(twk_dtype t, int R, const float *a, const uint16_t *b, int64_t ldb, int64_t K, float *out) {
-    __m256 lo[RB], hi[RB];
-    for (int r = 0; r < RB; r++) lo[r] = hi[r] = _mm256_setzero_ps();
+/* out[g * RB + r] = a_g . b_r for G (1 or 2) rows of A (a, a + Kp) and R (1, 2 or RB) rows of B
+ * from b; a packed, Kp = nfull * KB (+ KB when K has a tail). Every output is the same two FMA
+ * chains over k and one reduction whatever R and G, so grouping never changes a bit; two rows of A
+ * share each widened vector of B (batched decoding). */
+SKINNY_INLINE void rows_dot(twk_dtype t, int R, int G, const float *a, int64_t Kp, const uint16_t *b, int64_t ldb,
+                            int64_t K, float *out) {
+    __m256 lo[2][RB], hi[2][RB];
+    for (int g = 0; g < 2; g++)
+        for (int r = 0; r < RB; r++) lo[g][r] = hi[g][r] = _mm256_setzero_ps();
     int64_t nfull = K / KB, k0 = 0;
     for (int64_t i = 0; i < nfull; i++, k0 += KB) {
-        __m256 alo = _mm256_loadu_ps(a + k0), ahi = _mm256_loadu_ps(a + k0 + 8);
+        __m256 alo[2], ahi[2];
+        for (int g = 0; g < G; g++) alo[g] = _mm256_loadu_ps(a + g * Kp + k0), ahi[g] = _mm256_loadu_ps(a + g * Kp + k0 + 8);
         for (int r = 0; r < R; r++) {
             __m256 wl, wh;
             /* a prefetch never faults; past B's end (integer arithmetic, no pointer) it is wasted */
             _mm_prefetch((const char *)((uintptr_t)(b + r * ldb + k0) + (uintptr_t)(SKINNY_AHEAD * ldb) * 2u), _MM_HINT_T0);
             widen16(t, b + r * ldb + k0, &wl, &wh);
-            lo[r] = _mm256_fmadd_ps(wl, alo, lo[r]);
-            hi[r] = _mm256_fmadd_ps(wh, ahi, hi[r]);
+            for (int g = 0; g < G; g++) {
+                lo[g][r] = _mm256_fmadd_ps(wl, alo[g], lo[g][r]);
+                hi[g][r] = _mm256_fmadd_ps(wh, ahi[g], hi[g][r]);
+            }
         }
     }
     if (k0 < K) { /* the tail, zero-padded (A's padding is zero too) */
-        __m256 alo = _mm256_loadu_ps(a + k0), ahi = _mm256_loadu_ps(a + k0 + 8);
+        __m256 alo[2], ahi[2];
+        for (int g = 0; g < G; g++) alo[g] = _mm256_loadu_ps(a + g * Kp + k0), ahi[g] = _mm256_loadu_ps(a + g * Kp + k0 + 8);
         for (int r = 0; r < R; r++) {
             uint16_t tail[KB] = {0};
             memcpy(tail, b + r * ldb + k0, (size_t)(K - k0) * sizeof *tail);
             __m256 wl, wh;
             widen16(t, tail, &wl, &wh);
-            lo[r] = _mm256_fmadd_ps(wl, alo, lo[r]);
-            hi[r] = _mm256_fmadd_ps(wh, ahi, hi[r]);
+            for (int g = 0; g < G; g++) {
+                lo[g][r] = _mm256_fmadd_ps(wl, alo[g], lo[g][r]);
+                hi[g][r] = _mm256_fmadd_ps(wh, ahi[g], hi[g][r]);
+            }
         }
     }
-    for (int r = 0; r < R; r++) out[r] = hsum(_mm256_add_ps(lo[r], hi[r]));
+    for (int g = 0; g < G; g++)
+        for (int r = 0; r < R; r++) out[g * RB + r] = hsum(_mm256_add_ps(lo[g][r], hi[g][r]));
 }
 
-static void rows_bf16_4(const float *a, const uint16_t *b, int64_t ldb, int64_t K, float *out) {
-    rows_dot(TWK_BF16, RB, a, b, ldb, K, out);
+typedef void (*rows_fn)(const float *a, int64_t Kp, const uint16_t *b, int64_t ldb, int64_t K, float *out);
+static void rows_bf16_4(const float *a, int64_t Kp, const uint16_t *b, int64_t ldb, int64_t K, float *out) {
+    rows_dot(TWK_BF16, RB, 1, a, Kp, b, ldb, K, out);
 }
-static void rows_bf16_1(const float *a, const uint16_t *b, int64_t ldb, int64_t K, float *out) {
-    rows_dot(TWK_BF16, 1, a, b, ldb, K, out);
+static void rows_bf16_1(const float *a, int64_t Kp, const uint16_t *b, int64_t ldb, int64_t K, float *out) {
+    rows_dot(TWK_BF16, 1, 1, a, Kp, b, ldb, K, out);
+}
+static void rows_bf16_2x2(const float *a, int64_t Kp, const uint16_t *b, int64_t ldb, int64_t K, float *out) {
+    rows_dot(TWK_BF16, 2, 2, a, Kp, b, ldb, K, out);
 }
 #if SKINNY_F16C
-static void rows_f16_4(const float *a, const uint16_t *b, int64_t ldb, int64_t K, float *out) {
-    rows_dot(TWK_F16, RB, a, b, ldb, K, out);
+static void rows_f16_4(const float *a, int64_t Kp, const uint16_t *b, int64_t ldb, int64_t K, float *out) {
+    rows_dot(TWK_F16, RB, 1, a, Kp, b, ldb, K, out);
 }
-static void rows_f16_1(const float *a, const uint16_t *b, int64_t ldb, int64_t K, float *out) {
-    rows_dot(TWK_F16, 1, a, b, ldb, K, out);
+static void rows_f16_1(const float *a, int64_t Kp, const uint16_t *b, int64_t ldb, int64_t K, float *out) {
+    rows_dot(TWK_F16, 1, 1, a, Kp, b, ldb, K, out);
+}
+static void rows_f16_2x2(const float *a, int64_t Kp, const uint16_t *b, int64_t ldb, int64_t K, float *out) {
+    rows_dot(TWK_F16, 2, 2, a, Kp, b, ldb, K, out);
 }
 #endif
 
 /* C[m, n] for every m, n in blocks [b0, b1) of RB rows of B (b transposed). */
 static void skinny_t_avx2(const skinny_job *j, int64_t b0, int64_t b1) {
     int f16 = j->bt == TWK_F16;
-    void (*four)(const float *, const uint16_t *, int64_t, int64_t, float *) = f16 ? NULL : rows_bf16_4;
-    void (*one)(const float *, const uint16_t *, int64_t, int64_t, float *) = f16 ? NULL : rows_bf16_1;
+    rows_fn four = f16 ? NULL : rows_bf16_4, one = f16 ? NULL : rows_bf16_1, pair = f16 ? NULL : rows_bf16_2x2;
 #if SKINNY_F16C
-    if (f16) four = rows_f16_4, one = rows_f16_1;
+    if (f16) four = rows_f16_4, one = rows_f16_1, pair = rows_f16_2x2;
 #endif
     for (int64_t blk = b0; blk < b1; blk++) {
         int64_t n = blk * RB, nr = j->N - n < RB ? j->N - n : RB;
         const uint16_t *b = j->B + n * j->ldb;
-        for (int64_t m = 0; m < j->M; m++) {
+        int64_t m = 0;
+        if (nr == RB) /* two rows of A at a time against 2 + 2 rows of B: each widened vector used twice */
+            for (; m + 2 <= j->M; m += 2) {
+                float out[2 * RB];
+                const float *a = j->A + m * j->Kp;
+                for (int h = 0; h < RB; h += 2) {
+                    pair(a, j->Kp, b + h * j->ldb, j->ldb, j->K, out + h);
+                    for (int g = 0; g < 2; g++)
+                        for (int r = 0; r < 2; r++) j->C[(m + g) * j->ldc + n + h + r] = out[g * RB + h + r];
+                }
+            }
+        for (; m < j->M; m++) {
             float out[RB];
             const float *a = j->A + m * j->Kp;
-            if (nr == RB) four(a, b, j->ldb, j->K, out);
+            if (nr == RB) four(a, j->Kp, b, j->ldb, j->K, out);
             else
-                for (int64_t r = 0; r < nr; r++) one(a, b + r * j->ldb, j->ldb, j->K, out + r);
+                for (int64_t r = 0; r < nr; r++) one(a, j->Kp, b + r * j->ldb, j->ldb, j->K, out + r);
             for (int64_t r = 0; r < nr; r++) j->C[m * j->ldc + n + r] = out[r];
         }
     }
