@@ -143,25 +143,18 @@ SKINNY_INLINE void rows_dot(twk_dtype t, int R, int G, const float *a, int64_t K
 }
 
 typedef void (*rows_fn)(const float *a, int64_t Kp, const uint16_t *b, int64_t ldb, int64_t K, float *out);
-static void rows_bf16_4(const float *a, int64_t Kp, const uint16_t *b, int64_t ldb, int64_t K, float *out) {
-    rows_dot(TWK_BF16, RB, 1, a, Kp, b, ldb, K, out);
-}
-static void rows_bf16_1(const float *a, int64_t Kp, const uint16_t *b, int64_t ldb, int64_t K, float *out) {
-    rows_dot(TWK_BF16, 1, 1, a, Kp, b, ldb, K, out);
-}
-static void rows_bf16_2x2(const float *a, int64_t Kp, const uint16_t *b, int64_t ldb, int64_t K, float *out) {
-    rows_dot(TWK_BF16, 2, 2, a, Kp, b, ldb, K, out);
-}
+/* one wrapper per (dtype, R, G), so rows_dot's loops see constants */
+#define ROWS_FN(name, dtype, R, G)                                                                       \
+    static void name(const float *a, int64_t Kp, const uint16_t *b, int64_t ldb, int64_t K, float *out) { \
+        rows_dot(dtype, R, G, a, Kp, b, ldb, K, out);                                                     \
+    }
+ROWS_FN(rows_bf16_4, TWK_BF16, RB, 1)
+ROWS_FN(rows_bf16_1, TWK_BF16, 1, 1)
+ROWS_FN(rows_bf16_2x2, TWK_BF16, 2, 2)
 #if SKINNY_F16C
-static void rows_f16_4(const float *a, int64_t Kp, const uint16_t *b, int64_t ldb, int64_t K, float *out) {
-    rows_dot(TWK_F16, RB, 1, a, Kp, b, ldb, K, out);
-}
-static void rows_f16_1(const float *a, int64_t Kp, const uint16_t *b, int64_t ldb, int64_t K, float *out) {
-    rows_dot(TWK_F16, 1, 1, a, Kp, b, ldb, K, out);
-}
-static void rows_f16_2x2(const float *a, int64_t Kp, const uint16_t *b, int64_t ldb, int64_t K, float *out) {
-    rows_dot(TWK_F16, 2, 2, a, Kp, b, ldb, K, out);
-}
+ROWS_FN(rows_f16_4, TWK_F16, RB, 1)
+ROWS_FN(rows_f16_1, TWK_F16, 1, 1)
+ROWS_FN(rows_f16_2x2, TWK_F16, 2, 2)
 #endif
 
 /* C[m, n] for every m, n in blocks [b0, b1) of RB rows of B (b transposed). */
