@@ -88,8 +88,8 @@ awk -v batch="$BATCH" -v dtype="$DTYPE" -v secs="$(($(date +%s) - start))" -v sc
         printf "wall time %d s\n", secs
         # a near-tie between the top two logits may flip one late token between implementations;
         # the first token differing, or logprobs apart, is a wrong result. With 16-bit weights
-        # twinkle rounds what transformers keeps in f32 (logprobs move by ~1e-2 on random
-        # weights, enough to flip near-ties), so the comparison is printed, not judged.
-        if (dtype != "f32") exit 0
-        exit (same < 1 || err > 1e-3) ? 1 : 0
+        # twinkle rounds what transformers keeps in f32: logprobs move by ~1e-2 on random weights
+        # (1.05e-2 measured in bf16), so the bound there is 5e-2
+        tol = dtype == "f32" ? 1e-3 : 5e-2
+        exit (same < 1 || err > tol) ? 1 : 0
     }' "$tmp/twinkle.txt" "$tmp/peer.txt"
