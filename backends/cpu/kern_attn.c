@@ -7,8 +7,10 @@
  * block can see are one sgemm, masked and normalised in place, and the
  * products with V (or the gradients) are one more sgemm each — so the
  * quadratic part runs at GEMM speed while causality (and the window) skip the
- * blocks nobody sees. The backward pass recomputes probabilities from the
- * saved log-sum-exp. q, k and v may each be bf16 / f16: such a source is
+ * blocks nobody sees. The (segment, head) pairs run in parallel on the pool's
+ * threads, each product on one BLAS thread (blocks of 64 queries are too small
+ * to split). The backward pass recomputes probabilities from the saved
+ * log-sum-exp. q, k and v may each be bf16 / f16: such a source is
  * widened to f32 once, into the scratch, before the blocks run. */
 #include <math.h>
 #include <string.h>
@@ -33,6 +35,7 @@ typedef struct attn_shape {
     float scale, cap; /* cap 0: no soft-capping */
     const float *q, *k, *v;
     const cpu_tensor *seg;
+    int64_t nseg, longest, *starts; /* the segments: [starts[n], starts[n + 1]), the longest's length */
 } attn_shape;
 
 /* Source t's floats: its data when f32, else widened into *buf (which then moves past them). */
@@ -44,8 +47,9 @@ static const float *widened(const cpu_tensor *t, float **buf) {
     return w;
 }
 
-/* The shape, and the f32 q, k (and v, seg_src 3) in *S's tail; *S gets the blocks' scratch,
- * 3 QB T floats. TWK_ERR_OOM when the scratch cannot grow. */
+/* The shape, and the f32 q, k (and v, seg_src 3) in *S's tail; *S gets the segments' starts (the
+ * blocks' scratch follows them: 3 QB L floats per thread, L the longest segment). TWK_ERR_OOM when the
+ * scratch cannot grow. */
 static twk_status shape_of(attn_shape *a, const cpu_call *c, int seg_src, float **S) {
     a->T = c->src[0].ne[0];
     a->Hq = c->src[0].ne[1];
@@ -56,14 +60,32 @@ static twk_status shape_of(attn_shape *a, const cpu_call *c, int seg_src, float 
     a->cap = c->l->fp[1];
     a->window = c->l->ip[1] > 0 ? c->l->ip[1] : 0;
     a->seg = &c->src[seg_src];
-    int64_t blocks = 3 * QB * a->T, floats = blocks;
+    a->nseg = 0;
+    a->longest = 0;
+    for (int64_t s = 0; s < a->T; a->nseg++) {
+        int64_t e = s + 1;
+        while (e < a->T && cpu_id_at(a->seg, e) == s) e++;
+        if (e - s > a->longest) a->longest = e - s;
+        s = e;
+    }
+    int64_t starts = (a->nseg + 1) * (int64_t)(sizeof(int64_t) / sizeof(float));
+    int64_t blocks = (int64_t)c->ctx->n_threads * 3 * QB * a->longest, floats = starts + blocks;
     for (int i = 0; i < seg_src; i++) floats += c->src[i].type == TWK_F32 ? 0 : c->src[i].nelem;
     *S = cpu_scratch(c->ctx, (size_t)floats * sizeof **S);
     if (!*S) return TWK_ERR_OOM;
-    float *wide = *S + blocks;
+    a->starts = (int64_t *)(void *)*S;
+    for (int64_t s = 0, n = 0; s < a->T; n++) {
+        int64_t e = s + 1;
+        while (e < a->T && cpu_id_at(a->seg, e) == s) e++;
+        a->starts[n] = s;
+        s = e;
+    }
+    a->starts[a->nseg] = a->T;
+    float *wide = *S + starts + blocks;
     a->q = widened(&c->src[0], &wide);
     a->k = widened(&c->src[1], &wide);
     a->v = seg_src == 3 ? widened(&c->src[2], &wide) : NULL;
+    *S += starts;
     return TWK_OK;
 }
 
@@ -146,21 +168,41 @@ static void block_probs(const attn_shape *a, const blk *b, float *S, const float
 typedef void (*block_fn)(const cpu_call *c, const attn_shape *a, const blk *b, int64_t h, float *S, float *S2,
                          float *S3);
 
-/* Calls fn for every (segment, query head, query block); S: 3 QB T floats of scratch. */
-static twk_status for_blocks(const cpu_call *c, const attn_shape *a, block_fn fn, float *S) {
-    float *S2 = S + QB * a->T, *S3 = S2 + QB * a->T;
-    for (int64_t s = 0; s < a->T;) {
-        int64_t e = s + 1;
-        while (e < a->T && cpu_id_at(a->seg, e) == s) e++;
-        for (int64_t h = 0; h < a->Hq; h++)
-            for (int64_t b0 = 0; b0 < e - s; b0 += QB) {
-                blk b = {.s = s, .b0 = b0, .nq = e - s - b0 < QB ? e - s - b0 : QB, .k0 = first_key(a, b0)};
+typedef struct {
+    const cpu_call *c;
+    const attn_shape *a;
+    block_fn fn;
+    float *S;    /* 3 QB longest floats per thread */
+    int by_kv;   /* a task is a (segment, key/value head) and walks the heads of its group */
+} attn_job;
+
+/* Tasks [t0, t1): each a (segment, head) whose query blocks run in order, or with by_kv a (segment,
+ * key/value head) whose query heads run in order, then each head's blocks — the order a serial walk
+ * of heads and blocks has, so dK and dV add their terms in the same order whatever the threads. */
+static void attn_tasks(void *arg, int64_t t0, int64_t t1) {
+    const attn_job *j = arg;
+    const attn_shape *a = j->a;
+    int64_t per = 3 * QB * a->longest, heads = j->by_kv ? a->Hkv : a->Hq;
+    float *S = j->S + (int64_t)cpu_thread_index() * per, *S2 = S + QB * a->longest, *S3 = S2 + QB * a->longest;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t s = a->starts[t / heads], len = a->starts[t / heads + 1] - s, hh = t % heads;
+        int64_t h0 = j->by_kv ? hh * a->group : hh, h1 = j->by_kv ? h0 + a->group : hh + 1;
+        for (int64_t h = h0; h < h1; h++)
+            for (int64_t b0 = 0; b0 < len; b0 += QB) {
+                blk b = {.s = s, .b0 = b0, .nq = len - b0 < QB ? len - b0 : QB, .k0 = first_key(a, b0)};
                 b.lk = b0 + b.nq - b.k0;
-                cpu_blas_threads(c->ctx, b.nq, b.lk, a->D);
-                fn(c, a, &b, h, S, S2, S3);
+                j->fn(j->c, a, &b, h, S, S2, S3);
             }
-        s = e;
     }
+}
+
+/* Calls fn for every (segment, query head, query block), the (segment, head) pairs spread over the
+ * pool's threads, each product on one BLAS thread; S: shape_of's scratch. Every output row is
+ * written by one task, so the bits do not depend on the thread count. */
+static twk_status for_blocks(const cpu_call *c, const attn_shape *a, block_fn fn, float *S, int by_kv) {
+    attn_job j = {.c = c, .a = a, .fn = fn, .S = S, .by_kv = by_kv};
+    cpu_blas_threads(c->ctx, 1, 1, 1);
+    cpu_parallel_for(c->ctx->pool, a->nseg * (by_kv ? a->Hkv : a->Hq), 1, attn_tasks, &j);
     return TWK_OK;
 }
 
@@ -180,7 +222,7 @@ twk_status cpu_attn(const cpu_call *c) {
     attn_shape a;
     float *S;
     twk_status st = shape_of(&a, c, 3, &S);
-    return st != TWK_OK ? st : for_blocks(c, &a, fwd_block, S);
+    return st != TWK_OK ? st : for_blocks(c, &a, fwd_block, S, 0);
 }
 
 static void lse_block(const cpu_call *c, const attn_shape *a, const blk *b, int64_t h, float *S, float *S2, float *S3) {
@@ -195,7 +237,7 @@ twk_status cpu_attn_lse(const cpu_call *c) {
     attn_shape a;
     float *S;
     twk_status st = shape_of(&a, c, 2, &S);
-    return st != TWK_OK ? st : for_blocks(c, &a, lse_block, S);
+    return st != TWK_OK ? st : for_blocks(c, &a, lse_block, S, 0);
 }
 
 /* Backward (src: q, k, v, seg, o, dO, lse). For a block: P from lse; for dq
@@ -245,5 +287,5 @@ twk_status cpu_attn_back(const cpu_call *c) {
     twk_status st = shape_of(&a, c, 3, &S);
     if (st != TWK_OK) return st;
     if (c->l->ip[0] != 0) memset(c->dst.data, 0, (size_t)c->dst.nelem * twk_dtype_size(c->dst.type)); /* dK, dV accumulate */
-    return for_blocks(c, &a, back_block, S);
+    return for_blocks(c, &a, back_block, S, c->l->ip[0] != 0); /* dK, dV: a task owns its rows */
 }
