@@ -40,8 +40,8 @@ typedef struct cpu_ctx {
  * the same sum with either count, but OpenBLAS's split of the rows between its threads moves rows
  * inside its kernels' row blocks (Haswell / Zen sum a 12-row block's rows in two orders), so the
  * products over a pass's rows (cpu_sgemm) split them between the pool's threads at
- * TWK_GEMM_ROW_PERIOD multiples instead; OpenBLAS's threads serve sgemv and attention's
- * per-block products, whose shapes do not depend on the pass. */
+ * TWK_GEMM_ROW_PERIOD multiples instead; OpenBLAS's threads serve sgemv only (attention runs
+ * its (segment, head) tasks on the pool, one BLAS thread each). */
 #define CPU_BLAS_THREADED_FMAS (1 << 24)
 /* Sets OpenBLAS's thread count for a product of m x n x k multiply-adds about to run: 1 below
  * CPU_BLAS_THREADED_FMAS, else the context's threads. Cannot fail. */
