@@ -50,15 +50,23 @@ static int pass(twk_device *dev, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, 
     return st == TWK_OK;
 }
 
+/* q, k (values in [-2, 2)), v and the loss weights r (in [-1, 1)) from seed, and the outputs' room
+ * a[4], b[4] (o and dq of nq floats, dk and dv of nk). */
+static void make_inputs(uint64_t seed, size_t nq, size_t nk, float **q, float **k, float **v, float **r, float *a[4],
+                        float *b[4]) {
+    *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *r = malloc(nq * 4);
+    twk_rng rng;
+    twk_rng_seed(&rng, seed);
+    for (size_t i = 0; i < nq; i++) (*q)[i] = (float)(4 * twk_rng_uniform(&rng) - 2), (*r)[i] = (float)(2 * twk_rng_uniform(&rng) - 1);
+    for (size_t i = 0; i < nk; i++) (*k)[i] = (float)(4 * twk_rng_uniform(&rng) - 2), (*v)[i] = (float)(2 * twk_rng_uniform(&rng) - 1);
+    for (int i = 0; i < 4; i++) a[i] = malloc((i < 2 ? nq : nk) * 4), b[i] = malloc((i < 2 ? nq : nk) * 4);
+}
+
 static void shape_case(twk_device *dev, int64_t Hq, int64_t Hkv, int64_t D, int window, float cap) {
     int64_t T = LA + LB;
     size_t nq = (size_t)(T * Hq * D), nk = (size_t)(T * Hkv * D);
-    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *r = malloc(nq * 4), *a[4], *b[4];
-    twk_rng rng;
-    twk_rng_seed(&rng, 3);
-    for (size_t i = 0; i < nq; i++) q[i] = (float)(4 * twk_rng_uniform(&rng) - 2), r[i] = (float)(2 * twk_rng_uniform(&rng) - 1);
-    for (size_t i = 0; i < nk; i++) k[i] = (float)(4 * twk_rng_uniform(&rng) - 2), v[i] = (float)(2 * twk_rng_uniform(&rng) - 1);
-    for (int i = 0; i < 4; i++) a[i] = malloc((i < 2 ? nq : nk) * 4), b[i] = malloc((i < 2 ? nq : nk) * 4);
+    float *q, *k, *v, *r, *a[4], *b[4];
+    make_inputs(3, nq, nk, &q, &k, &v, &r, a, b);
     /* alone: the compared sequence's values are the packed pass's last LB rows */
     size_t oq = (size_t)(LA * Hq * D), ok_ = (size_t)(LA * Hkv * D);
     int ok = pass(dev, T, Hq, Hkv, D, window, cap, q, k, v, r, a) &&
@@ -95,12 +103,8 @@ static void threads_case(int64_t Hq, int64_t Hkv, int64_t D, int window, float c
     unsetenv("TWK_THREADS");
     int64_t T = LA + LB;
     size_t nq = (size_t)(T * Hq * D), nk = (size_t)(T * Hkv * D);
-    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *r = malloc(nq * 4), *a[4], *b[4];
-    twk_rng rng;
-    twk_rng_seed(&rng, 5);
-    for (size_t i = 0; i < nq; i++) q[i] = (float)(4 * twk_rng_uniform(&rng) - 2), r[i] = (float)(2 * twk_rng_uniform(&rng) - 1);
-    for (size_t i = 0; i < nk; i++) k[i] = (float)(4 * twk_rng_uniform(&rng) - 2), v[i] = (float)(2 * twk_rng_uniform(&rng) - 1);
-    for (int i = 0; i < 4; i++) a[i] = malloc((i < 2 ? nq : nk) * 4), b[i] = malloc((i < 2 ? nq : nk) * 4);
+    float *q, *k, *v, *r, *a[4], *b[4];
+    make_inputs(5, nq, nk, &q, &k, &v, &r, a, b);
     int ok = dev[0] && dev[1] && pass(dev[0], T, Hq, Hkv, D, window, cap, q, k, v, r, a) &&
              pass(dev[1], T, Hq, Hkv, D, window, cap, q, k, v, r, b);
     const char *names[4] = {"o", "dq", "dk", "dv"};
