@@ -36,6 +36,7 @@ typedef struct attn_shape {
     const float *q, *k, *v;
     const cpu_tensor *seg;
     int64_t nseg, longest, *starts; /* the segments: [starts[n], starts[n + 1]), the longest's length */
+    int mats;                         /* scratch matrices of QB x longest floats per thread: 1, 2 or 3 */
 } attn_shape;
 
 /* Source t's floats: its data when f32, else widened into *buf (which then moves past them). */
@@ -48,9 +49,9 @@ static const float *widened(const cpu_tensor *t, float **buf) {
 }
 
 /* The shape, and the f32 q, k (and v, seg_src 3) in *S's tail; *S gets the segments' starts (the
- * blocks' scratch follows them: 3 QB L floats per thread, L the longest segment). TWK_ERR_OOM when the
- * scratch cannot grow. */
-static twk_status shape_of(attn_shape *a, const cpu_call *c, int seg_src, float **S) {
+ * blocks' scratch follows them: mats QB L floats per thread, L the longest segment). TWK_ERR_OOM when
+ * the scratch cannot grow. */
+static twk_status shape_of(attn_shape *a, const cpu_call *c, int seg_src, int mats, float **S) {
     a->T = c->src[0].ne[0];
     a->Hq = c->src[0].ne[1];
     a->D = c->src[0].ne[2];
@@ -62,6 +63,7 @@ static twk_status shape_of(attn_shape *a, const cpu_call *c, int seg_src, float 
     a->seg = &c->src[seg_src];
     a->nseg = 0;
     a->longest = 0;
+    a->mats = mats;
     for (int64_t s = 0; s < a->T; a->nseg++) {
         int64_t e = s + 1;
         while (e < a->T && cpu_id_at(a->seg, e) == s) e++;
@@ -69,7 +71,7 @@ static twk_status shape_of(attn_shape *a, const cpu_call *c, int seg_src, float 
         s = e;
     }
     int64_t starts = (a->nseg + 1) * (int64_t)(sizeof(int64_t) / sizeof(float));
-    int64_t blocks = (int64_t)c->ctx->n_threads * 3 * QB * a->longest, floats = starts + blocks;
+    int64_t blocks = (int64_t)c->ctx->n_threads * mats * QB * a->longest, floats = starts + blocks;
     for (int i = 0; i < seg_src; i++) floats += c->src[i].type == TWK_F32 ? 0 : c->src[i].nelem;
     *S = cpu_scratch(c->ctx, (size_t)floats * sizeof **S);
     if (!*S) return TWK_ERR_OOM;
@@ -172,7 +174,7 @@ typedef struct {
     const cpu_call *c;
     const attn_shape *a;
     block_fn fn;
-    float *S;    /* 3 QB longest floats per thread */
+    float *S;    /* a->mats QB longest floats per thread */
     int by_kv;   /* a task is a (segment, key/value head) and walks the heads of its group */
 } attn_job;
 
@@ -182,8 +184,9 @@ typedef struct {
 static void attn_tasks(void *arg, int64_t t0, int64_t t1) {
     const attn_job *j = arg;
     const attn_shape *a = j->a;
-    int64_t per = 3 * QB * a->longest, heads = j->by_kv ? a->Hkv : a->Hq;
-    float *S = j->S + (int64_t)cpu_thread_index() * per, *S2 = S + QB * a->longest, *S3 = S2 + QB * a->longest;
+    int64_t per = a->mats * QB * a->longest, heads = j->by_kv ? a->Hkv : a->Hq;
+    float *S = j->S + (int64_t)cpu_thread_index() * per;
+    float *S2 = a->mats > 1 ? S + QB * a->longest : NULL, *S3 = a->mats > 2 ? S2 + QB * a->longest : NULL;
     for (int64_t t = t0; t < t1; t++) {
         int64_t s = a->starts[t / heads], len = a->starts[t / heads + 1] - s, hh = t % heads;
         int64_t h0 = j->by_kv ? hh * a->group : hh, h1 = j->by_kv ? h0 + a->group : hh + 1;
@@ -221,7 +224,7 @@ static void fwd_block(const cpu_call *c, const attn_shape *a, const blk *b, int6
 twk_status cpu_attn(const cpu_call *c) {
     attn_shape a;
     float *S;
-    twk_status st = shape_of(&a, c, 3, &S);
+    twk_status st = shape_of(&a, c, 3, 1, &S);
     return st != TWK_OK ? st : for_blocks(c, &a, fwd_block, S, 0);
 }
 
@@ -236,7 +239,7 @@ static void lse_block(const cpu_call *c, const attn_shape *a, const blk *b, int6
 twk_status cpu_attn_lse(const cpu_call *c) {
     attn_shape a;
     float *S;
-    twk_status st = shape_of(&a, c, 2, &S);
+    twk_status st = shape_of(&a, c, 2, 2, &S); /* S2: the block's lse */
     return st != TWK_OK ? st : for_blocks(c, &a, lse_block, S, 0);
 }
 
@@ -263,9 +266,10 @@ static void back_block(const cpu_call *c, const attn_shape *a, const blk *b, int
     for (int64_t r = 0; r < nq; r++) {
         int64_t i = (b->s + b->b0 + r) * a->Hq + h, c0, c1;
         float delta = dot(dO + i * a->D, o + i * a->D, a->D);
-        float *p = S + r * lk, *dp = S2 + r * lk, *cd = S3 + r * lk;
+        float *p = S + r * lk, *dp = S2 + r * lk;
         visible(a, b, r, &c0, &c1);
         if (a->cap > 0) {
+            const float *cd = S3 + r * lk;
 #pragma omp simd
             for (int64_t j = c0; j < c1; j++) p[j] = p[j] * (dp[j] - delta) * cd[j] * a->scale; /* dS */
         } else {
@@ -284,7 +288,7 @@ static void back_block(const cpu_call *c, const attn_shape *a, const blk *b, int
 twk_status cpu_attn_back(const cpu_call *c) {
     attn_shape a;
     float *S;
-    twk_status st = shape_of(&a, c, 3, &S);
+    twk_status st = shape_of(&a, c, 3, c->l->fp[1] > 0 ? 3 : 2, &S); /* S2: dP; S3: the cap's derivative */
     if (st != TWK_OK) return st;
     if (c->l->ip[0] != 0) memset(c->dst.data, 0, (size_t)c->dst.nelem * twk_dtype_size(c->dst.type)); /* dK, dV accumulate */
     return for_blocks(c, &a, back_block, S, c->l->ip[0] != 0); /* dK, dV: a task owns its rows */
