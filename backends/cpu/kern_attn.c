@@ -48,6 +48,13 @@ static const float *widened(const cpu_tensor *t, float **buf) {
     return w;
 }
 
+/* The end of the segment that starts at token s (its tokens name s as their start). */
+static int64_t seg_end(const attn_shape *a, int64_t s) {
+    int64_t e = s + 1;
+    while (e < a->T && cpu_id_at(a->seg, e) == s) e++;
+    return e;
+}
+
 /* The shape, and the f32 q, k (and v, seg_src 3) in *S's tail; *S gets the segments' starts (the
  * blocks' scratch follows them: mats QB L floats per thread, L the longest segment). TWK_ERR_OOM when
  * the scratch cannot grow. */
@@ -64,11 +71,9 @@ static twk_status shape_of(attn_shape *a, const cpu_call *c, int seg_src, int ma
     a->nseg = 0;
     a->longest = 0;
     a->mats = mats;
-    for (int64_t s = 0; s < a->T; a->nseg++) {
-        int64_t e = s + 1;
-        while (e < a->T && cpu_id_at(a->seg, e) == s) e++;
+    for (int64_t s = 0, e; s < a->T; a->nseg++, s = e) {
+        e = seg_end(a, s);
         if (e - s > a->longest) a->longest = e - s;
-        s = e;
     }
     int64_t starts = (a->nseg + 1) * (int64_t)(sizeof(int64_t) / sizeof(float));
     int64_t blocks = (int64_t)c->ctx->n_threads * mats * QB * a->longest, floats = starts + blocks;
@@ -76,12 +81,7 @@ static twk_status shape_of(attn_shape *a, const cpu_call *c, int seg_src, int ma
     *S = cpu_scratch(c->ctx, (size_t)floats * sizeof **S);
     if (!*S) return TWK_ERR_OOM;
     a->starts = (int64_t *)(void *)*S;
-    for (int64_t s = 0, n = 0; s < a->T; n++) {
-        int64_t e = s + 1;
-        while (e < a->T && cpu_id_at(a->seg, e) == s) e++;
-        a->starts[n] = s;
-        s = e;
-    }
+    for (int64_t s = 0, n = 0; s < a->T; s = seg_end(a, s)) a->starts[n++] = s;
     a->starts[a->nseg] = a->T;
     float *wide = *S + starts + blocks;
     a->q = widened(&c->src[0], &wide);
