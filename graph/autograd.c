@@ -256,11 +256,8 @@ static int grad_lora_gather(grad_step *st) {
     } else if (wants(st, 0) && grouped) { /* f32 experts: the stack permuted, then one plain product per run */
         int axes[3] = {0, 2, 1};
         st->c[0] = twk_lora_gather_grouped(g, st->gy, twk_permute(g, s[1], axes), s[2], false);
-    } else if (wants(st, 0) && twk_dtype_is_half(g->nodes[s[1]].type)) { /* a frozen 16-bit stack: read transposed */
+    } else if (wants(st, 0)) { /* the stack read transposed: no permuted copy of every slot */
         st->c[0] = twk_lora_gather_t(g, st->gy, s[1], s[2]);
-    } else if (wants(st, 0)) {
-        int axes[3] = {0, 2, 1};
-        st->c[0] = twk_lora_gather(g, st->gy, twk_permute(g, s[1], axes), s[2]);
     }
     if (wants(st, 1)) st->c[1] = twk_lora_gather_back(g, s[0], st->gy, s[2], g->nodes[s[1]].ne[0]);
     return 1;

@@ -583,7 +583,8 @@ twk_status twk_plan_compile_in(const twk_graph *g, twk_device *dev, int64_t capa
     return TWK_OK;
 }
 
-static twk_status io_check(twk_plan *p, twk_id id, int64_t n, size_t bytes, const char *what,
+/* head: bytes may be any size from 1 up to the tensor's (twk_plan_read_head), else exactly it */
+static twk_status io_check(twk_plan *p, twk_id id, int64_t n, size_t bytes, int head, const char *what,
                            const slot **out) {
     if (!p) return twk_error(TWK_ERR_INVALID_ARG, "%s: plan is NULL", what);
     if (id < 0 || id >= p->n_nodes)
@@ -602,7 +603,7 @@ static twk_status io_check(twk_plan *p, twk_id id, int64_t n, size_t bytes, cons
     twk_tensor_desc d;
     fill_desc(p, id, &d);
     size_t want = (size_t)twk_desc_nelem(&d, n) * twk_dtype_size(d.type);
-    if (bytes != want)
+    if (head ? bytes < 1 || bytes > want : bytes != want)
         return twk_error(TWK_ERR_INVALID_ARG, "%s: tensor %d holds %zu bytes for %lld tokens; got %zu",
                          what, id, want, (long long)n, bytes);
     *out = &p->slots[s->root];
@@ -611,14 +612,21 @@ static twk_status io_check(twk_plan *p, twk_id id, int64_t n, size_t bytes, cons
 
 twk_status twk_plan_write(twk_plan *p, twk_id id, int64_t n, const void *src, size_t bytes) {
     const slot *r = NULL;
-    twk_status st = io_check(p, id, n, bytes, "plan_write", &r);
+    twk_status st = io_check(p, id, n, bytes, 0, "plan_write", &r);
     if (st != TWK_OK) return st;
     return twk_buffer_upload(p->dev, r->buf, r->offset, src, bytes);
 }
 
 twk_status twk_plan_read(twk_plan *p, twk_id id, int64_t n, void *dst, size_t bytes) {
     const slot *r = NULL;
-    twk_status st = io_check(p, id, n, bytes, "plan_read", &r);
+    twk_status st = io_check(p, id, n, bytes, 0, "plan_read", &r);
+    if (st != TWK_OK) return st;
+    return twk_buffer_download(p->dev, r->buf, r->offset, dst, bytes);
+}
+
+twk_status twk_plan_read_head(twk_plan *p, twk_id id, int64_t n, void *dst, size_t bytes) {
+    const slot *r = NULL;
+    twk_status st = io_check(p, id, n, bytes, 1, "plan_read_head", &r);
     if (st != TWK_OK) return st;
     return twk_buffer_download(p->dev, r->buf, r->offset, dst, bytes);
 }

@@ -14,14 +14,16 @@
  * each 12-row block in two orders (and its thread split moves the blocks),
  * so a segment at row 64 got 1-3 ulp other logprobs than at row 0.
  *
- * And the products themselves: rows placed at a multiple of the period in a
- * product of 48, 144, 240, 432 and 480 rows (one tile; column tiles and row
- * tiles cut at periods on the pool's threads), f32 and bf16 weights, both
- * orientations (x w^T, the forward; dy w, its gradient), give the same bits. */
+ * And the products themselves: rows placed at a multiple of the device's
+ * gemm_row_period (12 with OpenBLAS's Haswell / Zen kernels, else 48) in a
+ * product of a multiple of it (one tile; column tiles and row tiles cut on the
+ * pool's threads), f32 and bf16 weights, both orientations (x w^T, the
+ * forward; dy w, its gradient), give the same bits. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "check.h"
 #include "trainer_util.h"
@@ -208,13 +210,13 @@ static int products_new(products *pr, twk_device *dev, twk_dtype wt, int64_t N, 
     return ok;
 }
 
-/* Runs n rows whose rows [at, at + 48) are the probe rows (the rest other values); y and z of
+/* Runs n rows whose rows [at, at + P) are the probe rows (the rest other values); y and z of
  * those rows into *y, *z. */
-static int products_run(products *pr, int64_t n, int64_t at, int64_t N, int64_t K, float *y, float *z) {
+static int products_run(products *pr, int64_t n, int64_t at, int64_t P, int64_t N, int64_t K, float *y, float *z) {
     float *x = malloc((size_t)(n * K) * sizeof *x), *dy = malloc((size_t)(n * N) * sizeof *dy);
     float *oy = malloc((size_t)(n * N) * sizeof *oy), *oz = malloc((size_t)(n * K) * sizeof *oz);
     for (int64_t r = 0; r < n; r++) {
-        int probe = r >= at && r < at + 48;
+        int probe = r >= at && r < at + P;
         int64_t pr_r = probe ? r - at : r + 1000;
         for (int64_t k = 0; k < K; k++) x[r * K + k] = (float)sin(0.37 * (double)(pr_r * K + k));
         for (int64_t k = 0; k < N; k++) dy[r * N + k] = (float)cos(0.61 * (double)(pr_r * N + k));
@@ -224,8 +226,8 @@ static int products_run(products *pr, int64_t n, int64_t at, int64_t N, int64_t 
              twk_plan_read(pr->plan, pr->y, n, oy, (size_t)(n * N) * 4) == TWK_OK &&
              twk_plan_read(pr->plan, pr->z, n, oz, (size_t)(n * K) * 4) == TWK_OK;
     if (ok) {
-        memcpy(y, oy + at * N, (size_t)(48 * N) * sizeof *y);
-        memcpy(z, oz + at * K, (size_t)(48 * K) * sizeof *z);
+        memcpy(y, oy + at * N, (size_t)(P * N) * sizeof *y);
+        memcpy(z, oz + at * K, (size_t)(P * K) * sizeof *z);
     }
     free(x);
     free(dy);
@@ -234,33 +236,41 @@ static int products_run(products *pr, int64_t n, int64_t at, int64_t N, int64_t 
     return ok;
 }
 
-/* 48 probe rows alone (a product of 48 rows) and at rows 48..432 of products of 144, 240, 432 and 480. */
+/* P probe rows alone (a product of P rows, P the device's gemm_row_period, the period packed passes
+ * align their segments to) and at multiples of P in products of multiples of P rows: 3P .. 10P, and
+ * 41P (row tiles on the pool's threads cut at multiples of 48, which a probe at 17P straddles when
+ * P is 12). */
 static void product_rows(twk_device *dev, int exact) {
-    /* N, K: one tile on one thread; two column tiles, and row tiles from 144 rows, on the pool's threads */
+    twk_device_props dp;
+    int64_t P = twk_device_get_props(dev, &dp) == TWK_OK && dp.gemm_row_period > 0 ? dp.gemm_row_period : TWK_GEMM_ROW_PERIOD;
+    printf("device gemm_row_period %d: probes of %lld rows\n", dp.gemm_row_period, (long long)P);
+    /* N, K: one tile on one thread; two column tiles, and row tiles, on the pool's threads */
     static const int64_t shapes[][2] = {{384, 128}, {2048, 256}};
+    static const int64_t runs[][2] = {{3, 1}, {3, 2}, {5, 4}, {9, 1}, {9, 8}, {10, 8}, {10, 9}, {41, 17}, {41, 40}};
+    const int n_runs = (int)(sizeof runs / sizeof runs[0]);
     for (int s = 0; s < 2; s++)
         for (int h = 0; h < 2; h++) {
             int64_t N = shapes[s][0], K = shapes[s][1];
             twk_dtype wt = h ? TWK_BF16 : TWK_F32;
             products pr;
-            float *y0 = malloc((size_t)(48 * N) * 4), *z0 = malloc((size_t)(48 * K) * 4);
-            float *y1 = malloc((size_t)(48 * N) * 4), *z1 = malloc((size_t)(48 * K) * 4);
-            int ok = products_new(&pr, dev, wt, N, K, 480) && products_run(&pr, 48, 0, N, K, y0, z0);
+            float *y0 = malloc((size_t)(P * N) * 4), *z0 = malloc((size_t)(P * K) * 4);
+            float *y1 = malloc((size_t)(P * N) * 4), *z1 = malloc((size_t)(P * K) * 4);
+            int ok = products_new(&pr, dev, wt, N, K, 41 * P) && products_run(&pr, P, 0, P, N, K, y0, z0);
             int64_t worst = 0;
             double worst_abs = 0;
-            static const int64_t runs[][2] = {{144, 48}, {144, 96}, {240, 192}, {432, 48}, {432, 384}, {480, 384}, {480, 432}};
-            for (int q = 0; ok && q < 7; q++) {
-                ok = products_run(&pr, runs[q][0], runs[q][1], N, K, y1, z1);
+            for (int q = 0; ok && q < n_runs; q++) {
+                ok = products_run(&pr, runs[q][0] * P, runs[q][1] * P, P, N, K, y1, z1);
                 double a = 0, b = 0;
-                int64_t u = max_ulps(y1, y0, 48 * N, &a), v = max_ulps(z1, z0, 48 * K, &b);
+                int64_t u = max_ulps(y1, y0, P * N, &a), v = max_ulps(z1, z0, P * K, &b);
                 if (u > worst) worst = u;
                 if (v > worst) worst = v;
                 worst_abs = fmax(worst_abs, fmax(a, b));
             }
             check(ok && (exact ? worst == 0 : worst_abs <= 1e-4),
-                  "x w^T and dy w, w [%lld, %lld] %s: 48 rows at rows 48..432 of 144 / 240 / 432 / 480 == alone%s: %lld ulp (%.3g)",
-                  (long long)N, (long long)K, h ? "bf16" : "f32", exact ? " bit for bit" : " within 1e-4", (long long)worst,
-                  worst_abs);
+                  "x w^T and dy w, w [%lld, %lld] %s: %lld rows at multiples of %lld in products of 3..41 times that "
+                  "== alone%s: %lld ulp (%.3g)",
+                  (long long)N, (long long)K, h ? "bf16" : "f32", (long long)P, (long long)P,
+                  exact ? " bit for bit" : " within 1e-4", (long long)worst, worst_abs);
             twk_plan_free(pr.plan);
             twk_graph_free(pr.g);
             free(y0);
@@ -270,7 +280,25 @@ static void product_rows(twk_device *dev, int exact) {
         }
 }
 
+/* A kernel set forced with OPENBLAS_CORETYPE (the ctest variants) that this CPU cannot run: skip. */
+static int forced_core_unsupported(void) {
+    const char *core = getenv("OPENBLAS_CORETYPE");
+    if (!core || !*core) return 0;
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (!strcasecmp(core, "Haswell")) return !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma");
+    if (!strcasecmp(core, "Sandybridge")) return !__builtin_cpu_supports("avx");
+    return 0;
+#else
+    return 1;
+#endif
+}
+
 int main(void) {
+    if (forced_core_unsupported()) {
+        printf("SKIP: this CPU cannot run OpenBLAS's %s kernels\n", getenv("OPENBLAS_CORETYPE"));
+        return 77;
+    }
     const char *dn = getenv("TWK_TEST_DEVICE");
     dn = dn && *dn ? dn : "cpu";
     twk_device *dev = NULL;

@@ -13,7 +13,9 @@
  * row sits at a multiple of one (else tail kernels and the other half of a
  * Haswell / Zen 12-row block sum it), and the CPU backend splits products
  * between threads only there (TWK_GEMM_ROW_PERIOD, 48: twinkle/ops.h), so each
- * segment starts at a multiple of TWK_PACK_ALIGN tokens and is padded to one
+ * segment starts at a multiple of the device's gemm_row_period (12 with OpenBLAS's
+ * Haswell / Zen kernels; TWK_GEMM_ROW_PERIOD where the backend names none) and is
+ * padded to one
  * (weight-0 tokens of their own, scale 0: they touch no run's sums). The
  * slots' rank and the set of adapted modules are the largest any run needed
  * so far: padding is zeros at the end of each sum, which changes nothing.
@@ -27,12 +29,11 @@
 #include "trainer_internal.h"
 #include "twinkle/train.h"
 
-#define TWK_PACK_ALIGN TWK_GEMM_ROW_PERIOD
-
 struct twk_pack {
     twk_model *m;
     int64_t capacity;       /* tokens of the segments */
-    int64_t rows;           /* the packed trainer's capacity: the segments padded to TWK_PACK_ALIGN */
+    int64_t align;          /* each segment's start and length: a multiple of this (the device's gemm_row_period) */
+    int64_t rows;           /* the packed trainer's capacity: the segments padded to align */
     int max_slots;
     twk_trainer *t;         /* the packed trainer; NULL until the first pass */
     int rank;               /* its slots' rank */
@@ -54,7 +55,12 @@ twk_status twk_pack_new(twk_model *m, int64_t capacity, int max_slots, twk_pack 
     p->m = m;
     p->capacity = capacity;
     p->max_slots = max_slots;
-    p->rows = (capacity + (int64_t)max_slots * (TWK_PACK_ALIGN - 1) + TWK_PACK_ALIGN - 1) / TWK_PACK_ALIGN * TWK_PACK_ALIGN;
+    twk_device_props dp;
+    p->align = twk_device_get_props(m->dev, &dp) == TWK_OK && dp.gemm_row_period > 0 &&
+                       TWK_GEMM_ROW_PERIOD % dp.gemm_row_period == 0
+                   ? dp.gemm_row_period
+                   : TWK_GEMM_ROW_PERIOD;
+    p->rows = (capacity + (int64_t)max_slots * (p->align - 1) + p->align - 1) / p->align * p->align;
     p->ids = twk_host_alloc((size_t)p->rows * 6 * sizeof *p->ids, "pack batch");
     p->fl = twk_host_alloc((size_t)p->rows * 2 * sizeof *p->fl, "pack batch");
     if (!p->ids || !p->fl) {
@@ -185,7 +191,8 @@ static twk_status gather_grads(twk_pack *p, twk_pack_seg *segs, int n, int64_t t
     for (int j = 0; j < pt->n_tp; j++) {
         tparam *pp = &pt->tp[j];
         int64_t rows = pp->nb->ne[1], cols = pp->nb->ne[2];
-        twk_status st = twk_plan_read(pt->fwdbwd, pp->grad, tokens, p->host, nb_bytes(pp->nb));
+        /* the first n slots only: the others belong to no run of this pass */
+        twk_status st = twk_plan_read_head(pt->fwdbwd, pp->grad, tokens, p->host, (size_t)n * (size_t)(rows * cols) * sizeof *p->host);
         if (st != TWK_OK) return st;
         for (int i = 0; i < n; i++) {
             twk_trainer *t = segs[i].t;
@@ -282,7 +289,7 @@ twk_status twk_pack_pass(twk_pack *p, int backward, twk_pack_seg *segs, int n) {
             scale[a + k] = segs[i].base ? 0.0f : segs[i].t->scale;
         }
         a += b->n;
-        for (; a % TWK_PACK_ALIGN; a++) { /* padding: a one-token sequence of weight 0 that adds nothing anywhere */
+        for (; a % p->align; a++) { /* padding: a one-token sequence of weight 0 that adds nothing anywhere */
             tok[a] = tgt[a] = pos[a] = 0;
             seg[a] = (int32_t)a;
             slot[a] = i;

@@ -12,6 +12,15 @@
 #define OPT_PARTS 256  /* slices of the norm's first stage */
 
 twk_status twk_trainer_grads_init(twk_trainer *t) {
+    if (t->n_slots) { /* a packed trainer: its pass reads the slots' gradients themselves (lora_pack.c); no
+                         accumulators, no moments, no optimizer */
+        for (int i = 0; i < t->n_tp; i++) {
+            t->tp[i].acc = t->tp[i].acc_op = -1;
+            twk_graph_output(t->g, t->tp[i].grad);
+        }
+        twk_status st = twk_graph_status(t->g);
+        return st == TWK_OK ? TWK_OK : twk_error(st, "trainer: %s", twk_graph_error(t->g));
+    }
     int64_t n = 0;
     for (int i = 0; i < t->n_tp; i++) {
         t->tp[i].off = n;
@@ -36,11 +45,13 @@ twk_status twk_trainer_grads_init(twk_trainer *t) {
 }
 
 int twk_trainer_grad_bindings(const twk_trainer *t, twk_binding *b) {
+    if (t->n_slots) return 0; /* a packed trainer: none (grads_init) */
     for (int i = 0; i < t->n_tp; i++) b[i] = (twk_binding){t->tp[i].acc, t->grad_acc, (size_t)t->tp[i].off * sizeof(float)};
     return t->n_tp;
 }
 
 twk_status twk_trainer_optim_plan(twk_trainer *t) {
+    if (t->n_slots) return TWK_OK; /* a packed trainer has no optimizer: each run steps its own */
     twk_graph *g = t->g_opt = twk_graph_new();
     int nb = 1 + 4 * t->n_tp;
     twk_binding *b = twk_host_alloc((size_t)nb * sizeof *b, "optimizer bindings");

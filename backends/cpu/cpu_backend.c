@@ -10,6 +10,7 @@
 #include <cblas.h>
 
 #include "cpu_internal.h"
+#include "twk_cpu_blas.h"
 
 typedef struct cpu_buffer {
     struct twk_buffer base; /* first: the HAL reads the size */
@@ -73,6 +74,7 @@ static twk_status cpu_device_props(int index, twk_device_props *out) {
     out->memory_bytes = pages > 0 && psize > 0 ? (uint64_t)pages * (uint64_t)psize : 0;
     out->compute_units = cores > 0 ? cores : 1;
     out->max_threads = n_threads_wanted();
+    out->gemm_row_period = twk_cpu_blas_row_period();
     return TWK_OK;
 }
 

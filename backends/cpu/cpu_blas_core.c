@@ -37,3 +37,8 @@ const char *twk_cpu_blas_better_core(void) {
 #endif
     return NULL;
 }
+
+int twk_cpu_blas_row_period(void) {
+    const char *core = twk_cpu_blas_core();
+    return !strcasecmp(core, "haswell") || !strcasecmp(core, "zen") ? 12 : 0;
+}

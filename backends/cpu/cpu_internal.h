@@ -43,13 +43,18 @@ typedef struct cpu_ctx {
  * TWK_GEMM_ROW_PERIOD multiples instead; OpenBLAS's threads serve sgemv only (attention runs
  * its (segment, head) tasks on the pool, one BLAS thread each). */
 #define CPU_BLAS_THREADED_FMAS (1 << 24)
+/* cpu_sgemm shares a product's row tiles between the pool's threads (sleeping on a condition
+ * variable, never spinning) from this many multiply-adds (~0.07 ms on one Zen core): the packed
+ * tiny-model passes of `twinkle serve` (8 runs, 576 rows: q / k / v / o products of 4.7-9.4 M)
+ * ran 15% more steps/s with it than at CPU_BLAS_THREADED_FMAS, and 2^19 was slower again. */
+#define CPU_POOL_SGEMM_FMAS (1 << 21)
 /* Sets OpenBLAS's thread count for a product of m x n x k multiply-adds about to run: 1 below
  * CPU_BLAS_THREADED_FMAS, else the context's threads. Cannot fail. */
 void cpu_blas_threads(const cpu_ctx *ctx, int64_t m, int64_t n, int64_t k);
 
 /* C [M, N] = op(A) op(B) + beta C (beta 0 or 1), all f32, row-major, as tiles — 1024 columns (fixed
  * by N), rows in whole TWK_GEMM_ROW_PERIODs (at most 3072; shared evenly between the pool's threads
- * for products of CPU_BLAS_THREADED_FMAS or more) — one single-threaded OpenBLAS sgemm each: a row
+ * for products of CPU_POOL_SGEMM_FMAS or more) — one single-threaded OpenBLAS sgemm each: a row
  * at a multiple of the period gets the same bits whatever the row count or the thread count.
  * Cannot fail. */
 void cpu_sgemm(cpu_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cpu_internal.h"
+#include "cpu_math.h"
 
 /* 4-D right-aligned view of a tensor's dims. */
 static void pad4(const cpu_tensor *t, int64_t d[4]) {
@@ -72,7 +73,8 @@ twk_status cpu_mul(const cpu_call *c) { return binary(c, 1); }
 
 /* ---- unary and same-shape maps ---- */
 
-static inline float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+/* cpu_expf (no libm call) so that the spans below vectorise */
+static inline float sigmoidf_(float x) { return 1.0f / (1.0f + cpu_expf(-x)); }
 
 /* GELU, tanh approximation: 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)
  * (the sigmoid form has no cancellation for negative x). */

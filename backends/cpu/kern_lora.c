@@ -11,17 +11,19 @@
 #include "cpu_internal.h"
 
 #define GATHER_NB 16 /* output columns in one block of registers (the transposed weights padded to it) */
-#define GATHER_TB 4  /* tokens side by side (gather_tokens names its 4 sums): independent sums, so the adds do not wait on each other */
+#define GATHER_NB_NARROW 8 /* ... where N <= 8 (rank-8 adapters' A products, and their dX): no half-empty blocks */
+#define GATHER_TB 4  /* tokens side by side: independent sums, so the adds do not wait on each other */
 
 typedef struct {
     const cpu_call *c;
     const int32_t *idx; /* slot -> its transposed copy in wt, -1 for a slot no token uses */
     const float *wt;    /* per used slot w[s] transposed and padded with zero columns: [K, np] */
-    int64_t np;         /* N rounded up to GATHER_NB */
+    int64_t np;         /* N rounded up to the block: GATHER_NB, or GATHER_NB_NARROW */
 } gather_job;
 
-/* Tokens [t, t + nt), nt <= GATHER_TB: y[t, n] = sum over k in order of w[slot[t], n, k] x[t, k]. */
-static void gather_tokens(const gather_job *j, int64_t t, int nt) {
+/* Tokens [t, t + nt), nt <= GATHER_TB: y[t, n] = sum over k in order of w[slot[t], n, k] x[t, k],
+ * NB output columns at a time (a constant where it is inlined, so the sums stay in registers). */
+static inline __attribute__((always_inline)) void gather_tokens_nb(const gather_job *j, int64_t t, int nt, const int NB) {
     const cpu_call *c = j->c;
     int64_t K = c->src[0].ne[1], N = c->dst.ne[1], np = j->np;
     const float *w[GATHER_TB], *x[GATHER_TB];
@@ -31,23 +33,23 @@ static void gather_tokens(const gather_job *j, int64_t t, int nt) {
         x[u] = (const float *)c->src[0].data + tu * K;
     }
     float *y = c->dst.data;
-    for (int64_t n0 = 0; n0 < N; n0 += GATHER_NB) {
+    for (int64_t n0 = 0; n0 < N; n0 += NB) {
         float a0[GATHER_NB], a1[GATHER_NB], a2[GATHER_NB], a3[GATHER_NB]; /* GATHER_TB of them, in registers */
-        for (int i = 0; i < GATHER_NB; i++) a0[i] = a1[i] = a2[i] = a3[i] = 0;
+        for (int i = 0; i < NB; i++) a0[i] = a1[i] = a2[i] = a3[i] = 0;
         for (int64_t k = 0; k < K; k++) {
             const float *p0 = w[0] + k * np + n0, *p1 = w[1] + k * np + n0, *p2 = w[2] + k * np + n0,
                         *p3 = w[3] + k * np + n0;
             float x0 = x[0][k], x1 = x[1][k], x2 = x[2][k], x3 = x[3][k];
 #pragma omp simd
-            for (int i = 0; i < GATHER_NB; i++) a0[i] += p0[i] * x0;
+            for (int i = 0; i < NB; i++) a0[i] += p0[i] * x0;
 #pragma omp simd
-            for (int i = 0; i < GATHER_NB; i++) a1[i] += p1[i] * x1;
+            for (int i = 0; i < NB; i++) a1[i] += p1[i] * x1;
 #pragma omp simd
-            for (int i = 0; i < GATHER_NB; i++) a2[i] += p2[i] * x2;
+            for (int i = 0; i < NB; i++) a2[i] += p2[i] * x2;
 #pragma omp simd
-            for (int i = 0; i < GATHER_NB; i++) a3[i] += p3[i] * x3;
+            for (int i = 0; i < NB; i++) a3[i] += p3[i] * x3;
         }
-        int64_t nb = N - n0 < GATHER_NB ? N - n0 : GATHER_NB;
+        int64_t nb = N - n0 < NB ? N - n0 : NB;
         float *acc[GATHER_TB] = {a0, a1, a2, a3};
         for (int u = 0; u < nt; u++) memcpy(y + (t + u) * N + n0, acc[u], (size_t)nb * sizeof(float));
     }
@@ -58,7 +60,9 @@ static void gather_rows(void *arg, int64_t b0, int64_t b1) {
     int64_t T = j->c->src[0].ne[0];
     for (int64_t b = b0; b < b1; b++) {
         int64_t t = b * GATHER_TB;
-        gather_tokens(j, t, T - t < GATHER_TB ? (int)(T - t) : GATHER_TB);
+        int nt = T - t < GATHER_TB ? (int)(T - t) : GATHER_TB;
+        if (j->np == GATHER_NB_NARROW) gather_tokens_nb(j, t, nt, GATHER_NB_NARROW);
+        else gather_tokens_nb(j, t, nt, GATHER_NB);
     }
 }
 
@@ -106,7 +110,7 @@ static float *gather_prepare(const cpu_call *c, int64_t np, int32_t **idx_out) {
 twk_status cpu_lora_gather(const cpu_call *c) {
     if (c->l->ip[1]) return cpu_lora_gather_grouped(c); /* rows grouped by expert: kern_grouped.c */
     int64_t T = c->src[0].ne[0], N = c->dst.ne[1];
-    int64_t np = (N + GATHER_NB - 1) / GATHER_NB * GATHER_NB;
+    int64_t np = N <= GATHER_NB_NARROW ? GATHER_NB_NARROW : (N + GATHER_NB - 1) / GATHER_NB * GATHER_NB;
     int32_t *idx = NULL;
     const float *wt = gather_prepare(c, np, &idx);
     if (!wt) return TWK_ERR_OOM;
@@ -126,6 +130,7 @@ twk_status cpu_lora_gather(const cpu_call *c) {
 typedef struct {
     const cpu_call *c;
     int64_t *order, *start; /* the tokens of each slot in token order: order[start[s] .. start[s + 1]) */
+    int64_t *used;          /* the slots with tokens, ascending (the others are zeros, written before) */
     const float *v, *g;     /* per token t: v + t * ldv (along the long dim), g + t * ldg (the short one) */
     int64_t ldv, ldg, nlong, nshort, os, ol; /* out(short a, long b) = dw[s] + a * os + b * ol */
     int64_t blocks;                          /* work items per slot */
@@ -174,15 +179,15 @@ static void gather_back_rows(void *arg, int64_t i0, int64_t i1) {
     const gather_back_job *j = arg;
     for (int64_t i = i0; i < i1; i++) {
         int64_t b0 = i % j->blocks * BACK_ITEM;
-        back_item(j, i / j->blocks, b0, b0 + BACK_ITEM < j->nlong ? b0 + BACK_ITEM : j->nlong);
+        back_item(j, j->used[i / j->blocks], b0, b0 + BACK_ITEM < j->nlong ? b0 + BACK_ITEM : j->nlong);
     }
 }
 
 twk_status cpu_lora_gather_back(const cpu_call *c) {
     int64_t T = c->src[0].ne[0], S = c->dst.ne[0], N = c->src[1].ne[1], K = c->src[0].ne[1];
-    int64_t *buf = cpu_scratch(c->ctx, (size_t)(T + 2 * S + 2) * sizeof *buf);
+    int64_t *buf = cpu_scratch(c->ctx, (size_t)(T + 3 * S + 2) * sizeof *buf);
     if (!buf) return TWK_ERR_OOM;
-    gather_back_job j = {.c = c, .order = buf, .start = buf + T};
+    gather_back_job j = {.c = c, .order = buf, .start = buf + T, .used = buf + T + 2 * S + 2};
     int64_t *fill = buf + T + S + 1;
     memset(j.start, 0, (size_t)(S + 1) * sizeof *j.start);
     for (int64_t t = 0; t < T; t++) j.start[cpu_id_at(&c->src[2], t) + 1]++; /* ids checked before the launch */
@@ -196,7 +201,13 @@ twk_status cpu_lora_gather_back(const cpu_call *c) {
         j.v = dy, j.ldv = N, j.g = x, j.ldg = K, j.nlong = N, j.nshort = K, j.os = 1, j.ol = K;
     }
     j.blocks = (j.nlong + BACK_ITEM - 1) / BACK_ITEM;
-    int64_t per = (T / S + 1) * BACK_ITEM * j.nshort + 1;
-    cpu_parallel_for(c->ctx->pool, S * j.blocks, CPU_GRAIN_ELEMS / per + 1, gather_back_rows, &j);
+    int64_t n_used = 0, slab = N * K;
+    for (int64_t s = 0; s < S; s++) { /* a slot no token names: zeros, one contiguous fill (a packed pass's idle slots) */
+        if (j.start[s + 1] > j.start[s]) j.used[n_used++] = s;
+        else memset((float *)c->dst.data + s * slab, 0, (size_t)slab * sizeof(float));
+    }
+    if (!n_used) return TWK_OK;
+    int64_t per = (T / n_used + 1) * BACK_ITEM * j.nshort + 1;
+    cpu_parallel_for(c->ctx->pool, n_used * j.blocks, CPU_GRAIN_ELEMS / per + 1, gather_back_rows, &j);
     return TWK_OK;
 }

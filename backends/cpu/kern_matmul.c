@@ -45,7 +45,7 @@ void cpu_sgemm(cpu_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, co
     const int64_t P = TWK_GEMM_ROW_PERIOD;
     sgemm_job j = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc, .A = A, .B = B,
                    .beta = beta, .C = C, .col_tiles = (N + SGEMM_COLS - 1) / SGEMM_COLS};
-    int threaded = ctx->n_threads > 1 && (double)M * (double)N * (double)K >= CPU_BLAS_THREADED_FMAS;
+    int threaded = ctx->n_threads > 1 && (double)M * (double)N * (double)K >= CPU_POOL_SGEMM_FMAS;
     int64_t per = threaded ? (M + ctx->n_threads - 1) / ctx->n_threads : M;
     j.rows = (per + P - 1) / P * P;
     if (j.rows > SGEMM_MAX_ROWS) j.rows = SGEMM_MAX_ROWS;

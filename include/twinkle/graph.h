@@ -286,6 +286,9 @@ void twk_plan_free(twk_plan *p);
 twk_status twk_plan_write(twk_plan *p, twk_id id, int64_t n, const void *src, size_t bytes);
 /* Copies a tensor's data for token count n to the host (after twk_plan_run). */
 twk_status twk_plan_read(twk_plan *p, twk_id id, int64_t n, void *dst, size_t bytes);
+/* twk_plan_read of the tensor's first `bytes` only (1 <= bytes <= its size at n): e.g. the leading
+ * slots of a stacked tensor. TWK_ERR_INVALID_ARG as twk_plan_read, or for bytes outside that range. */
+twk_status twk_plan_read_head(twk_plan *p, twk_id id, int64_t n, void *dst, size_t bytes);
 /* Runs the plan for n tokens (1 <= n <= capacity) and waits for it. */
 twk_status twk_plan_run(twk_plan *p, int64_t n);
 /* The index of the launch that computes node id in the plan's launch list, or -1 (no launch:

@@ -126,6 +126,9 @@ typedef struct twk_device_props {
     uint64_t memory_bytes; /* total device memory; 0 if unknown */
     int compute_units;    /* cores / SMs / CUs */
     int max_threads;      /* threads the backend will use (CPU) */
+    int gemm_row_period;  /* a product's row keeps its bits wherever it sits at a multiple of this many rows
+                             in a product of a multiple of it (a divisor of TWK_GEMM_ROW_PERIOD, twinkle/ops.h);
+                             0 when the backend does not know a smaller one than TWK_GEMM_ROW_PERIOD */
 } twk_device_props;
 
 /* Number of registered backends, and the i-th one (NULL past the end). */
