@@ -409,6 +409,7 @@ static void dispatch(svc *s, op *o) {
         o->job.batch_key = o->run->base;
         o->job.run_batch = svc_run_fb_jobs;
     }
+    o->job.pack_gate = o->kind == OP_OPTIM;
     twk_worker_submit(s->worker, &o->job);
 }
 

@@ -36,6 +36,8 @@ struct twk_job {
     const void *batch_key;
     const void *owner;
     twk_job_batch_fn run_batch;
+    int pack_gate; /* an optim_step: its run's next packable op waits on it, so it may go ahead of a
+                    * packable op (scheduler.c, twk_sched_pop) */
 };
 
 /* Sets j's tenant, flow and cost (strings are cut to fit). */

@@ -3,7 +3,8 @@
  * tenant's cheap job by more than one of its own jobs (the bound the SDK
  * fairness test relies on); a tenant that starts waiting gets no credit for
  * its idle time; a tenant's flows take turns; the ready heads a packing pass
- * can take (twk_sched_heads / twk_sched_take) are flow heads only. */
+ * can take (twk_sched_heads / twk_sched_take) are flow heads only; queued
+ * optim_steps go ahead of a packable op within that op's cost of fairness. */
 #include <stdio.h>
 #include <string.h>
 
@@ -143,7 +144,64 @@ static void test_heads(void) {
     twk_sched_free(s);
 }
 
+/* Packable ops (batch_key) and optim_steps (pack_gate): B, C and D were served by a pass (cost
+ * 192 each) and queue their optim_steps; A, which the pass did not serve, has the least received
+ * cost and queues a forward_backward — the optim_steps go first (B, C, D can then join A's pass),
+ * in order of received cost, A's op right after. And the bound: a tenant with 300 queued
+ * optim_steps puts at most one packable op's cost of them (192, each of cost 1) ahead of A's op. */
+static const int pack_key; /* a base model */
+
+static twk_job *mk_fb(int i, const char *tenant, double cost) {
+    twk_job *j = mk(i, tenant, tenant, cost, 0);
+    j->batch_key = &pack_key;
+    return j;
+}
+
+static twk_job *mk_optim(int i, const char *tenant, int k) {
+    twk_job *j = mk(i, tenant, tenant, 1, k);
+    j->pack_gate = 1;
+    return j;
+}
+
+static void test_pack_gate(void) {
+    twk_sched *s = twk_sched_new();
+    const char *served[3] = {"B", "C", "D"};
+    for (int i = 0; i < 3; i++) twk_sched_push(s, mk_fb(i, served[i], 192));
+    for (int i = 0; i < 3; i++) twk_sched_pop(s); /* the pass */
+    twk_sched_push(s, mk_fb(3, "A", 192));
+    for (int i = 0; i < 3; i++) twk_sched_push(s, mk_optim(4 + i, served[i], 0));
+    int got[4];
+    for (int i = 0; i < 4; i++) {
+        twk_job *j = twk_sched_pop(s);
+        got[i] = j ? idx(j) : -1;
+    }
+    CHECK(got[0] >= 4 && got[1] >= 4 && got[2] >= 4 && got[3] == 3,
+          "optim_steps before the packable op: got %d %d %d %d, want 4..6 in some order then 3", got[0], got[1], got[2],
+          got[3]);
+    CHECK(twk_sched_total(s) == 0, "all taken: %d left", twk_sched_total(s));
+
+    /* the bound */
+    twk_sched_push(s, mk_fb(10, "A", 192));
+    for (int i = 0; i < 300; i++) twk_sched_push(s, mk_optim(20 + i, "E", i));
+    int ahead = 0, a_done = 0, next_e = 0;
+    for (twk_job *j; (j = twk_sched_pop(s));) {
+        if (idx(j) == 10) {
+            a_done = 1;
+            continue;
+        }
+        CHECK(order[idx(j)] == next_e, "E's order: got %d want %d", order[idx(j)], next_e);
+        next_e++;
+        if (!a_done) ahead++;
+    }
+    CHECK(a_done && ahead <= 193, "A's packable op ran after %d of E's optim_steps (at most 193: one op's cost)", ahead);
+    CHECK(ahead > 0, "E's optim_steps (its cost within A's op's) went first: %d", ahead);
+    printf("pack gate: optim_steps %d %d %d then the packable op; a tenant's 300 optim_steps put %d ahead\n", got[0],
+           got[1], got[2], ahead);
+    twk_sched_free(s);
+}
+
 int main(void) {
+    test_pack_gate();
     test_flood();
     test_share();
     test_flows();
