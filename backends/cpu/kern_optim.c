@@ -70,7 +70,9 @@ twk_status cpu_grad_norm(const cpu_call *c) {
 
 static void adamw_range(void *arg, int64_t b, int64_t e) {
     const cpu_call *c = ((optim_job *)arg)->c;
-    float *w = c->dst.data, *acc = c->src[1].data, *m = c->src[2].data, *v = c->src[3].data;
+    /* distinct tensors (the plan binds each to its own range), so the loop vectorises */
+    float *restrict w = c->dst.data, *restrict acc = c->src[1].data, *restrict m = c->src[2].data,
+                    *restrict v = c->src[3].data;
     const float *h = c->src[4].data;
     float clip = ((const float *)c->src[5].data)[1];
     float b1 = h[TWK_HYPER_BETA1], b2 = h[TWK_HYPER_BETA2], eps = h[TWK_HYPER_EPS];
