@@ -51,7 +51,13 @@ static inline __attribute__((always_inline)) void gather_tokens_nb(const gather_
         }
         int64_t nb = N - n0 < NB ? N - n0 : NB;
         float *acc[GATHER_TB] = {a0, a1, a2, a3};
-        for (int u = 0; u < nt; u++) memcpy(y + (t + u) * N + n0, acc[u], (size_t)nb * sizeof(float));
+        for (int u = 0; u < nt; u++) {
+            float *yr = y + (t + u) * N + n0;
+            if (nb == NB) /* a whole block: a fixed-size copy (memcpy of a run-time size took a fifth of the time) */
+                for (int i = 0; i < NB; i++) yr[i] = acc[u][i];
+            else
+                memcpy(yr, acc[u], (size_t)nb * sizeof(float));
+        }
     }
 }
 
