@@ -18,6 +18,9 @@
 #   bench_attn on every GPU              causal attention forward / backward at 4k and 16k tokens (and, last,
 #                                        the per-token kernels at 4k; decode with split-K off)
 #   bench_sample_inproc                  decode batch 1 over a 32k-token context (bf16 weights)
+#   bench_train_pack on every GPU        8 LoRA runs packed into one pass against the same runs time-shared:
+#                                        the built-in tiny model (8 x 64 tokens), and on cuda Qwen3-0.6B's
+#                                        widths (8 x 256 tokens, 4 layers; not against the fake driver)
 #
 # and prints ONE table at the end. Writes run.log (everything) and table.txt under $OUT when it
 # is set (else under the build dir). Exit status 0 when every test that ran passed.
@@ -181,7 +184,7 @@ else
 fi
 
 # ---- build ------------------------------------------------------------------------------------
-targets="twinkle_cli backend_ops test_parity test_curve test_ops bench_gemm bench_train_step bench_attn bench_sample_inproc"
+targets="twinkle_cli backend_ops test_parity test_curve test_ops bench_gemm bench_train_step bench_attn bench_sample_inproc bench_train_pack"
 [ "$cuda_fake" = 1 ] && targets="$targets twk_cuda_fake"
 vk_targets=""
 [ "$vulkan" = ON ] && vk_targets="test_vulkan"
@@ -233,7 +236,7 @@ for d in cuda vulkan opencl; do
 done
 
 # ---- tests and benchmarks ---------------------------------------------------------------------
-declare -A ops parity curve gemm gemm_best train mfu ratio_gemm big attn decode fusion
+declare -A ops parity curve gemm gemm_best train mfu ratio_gemm big attn decode fusion pack
 fails=0
 # result NAME: "pass", "FAIL", "timeout", "skipped" from step_rc
 verdict() { case $step_rc in 0) echo pass ;; 124 | 137) echo timeout ;; 125) echo skipped ;; *) echo FAIL ;; esac; }
@@ -351,6 +354,20 @@ for d in $devs; do
     count_fail
     decode[$d]="$(verdict) $(sed -n 's/^twinkle decode b1 *\([0-9.]*\) tokens\/s.*/\1 tok\/s/p' "$build/step-decode-$d.out" | head -1)"
 done
+# packed multi-LoRA training (the service's batched tenants): 8 runs' forward_backward in one pass against
+# the same 8 time-shared; RESULT runs ts_steps/s packed_steps/s ts_tok/s packed_tok/s
+pack_ratio() { awk '/^RESULT/ { if ($3 > 0) printf "%.2fx (%.1f vs %.1f steps/s)", $4 / $3, $4, $3 }' "$1"; }
+for d in $devs; do
+    step "pack-tiny-$d" 90 "$bin/bench/bench_train_pack" --device $d --model tiny --runs 8 --datums 4 --tokens 16 --steps 10
+    count_fail
+    pack[$d]="tiny 8 x 64 tokens $(verdict) $(pack_ratio "$build/step-pack-tiny-$d.out")"
+    if [ "$d" = cuda ] && [ "$cuda_fake" != 1 ]; then
+        step "pack-qwen-$d" 120 "$bin/bench/bench_train_pack" --device $d --model qwen --runs 8 --datums 1 --tokens 256 \
+            --layers 4 --vocab 32768 --steps 3
+        count_fail
+        pack[$d]="${pack[$d]}; Qwen3-0.6B widths 8 x 256 tokens $(verdict) $(pack_ratio "$build/step-pack-qwen-$d.out")"
+    fi
+done
 # the same decode with one work-group per (query, head) (TWK_ATTN_UNSPLIT=1: no split-K), then the attention
 # at the first ATTN_TOKENS count on the per-token kernels (TWK_ATTN_UNTILED=1): ratios split / unsplit and
 # tiled / per-token from the same run; last, so the time budget skips them first
@@ -401,6 +418,7 @@ done
         echo "$d  8B-widths step (bf16, $train8b_layers layers, $train8b_tokens tokens in 8 sequences): ${big[$d]:--}"
         echo "$d  attention (32/8 heads, d 128): ${attn[$d]:--}"
         echo "$d  decode b1, ${decode_ctx}-token context: ${decode[$d]:--}"
+        echo "$d  packed multi-LoRA, 8 runs, packed / time-shared: ${pack[$d]:--}"
     done
     echo "backend_ops: verdict runs/failures; parity: checks ok; loss_curve: worst relative step-loss difference"
     echo "vs the CPU; GEMM: bench_gemm --quick (M=2048 on cpu, $gemm_m on the GPUs); step: LoRA r16, $train_layers Qwen3-0.6B"

@@ -150,15 +150,24 @@ def _train_trace(base_url, key, rank, seed, barrier=None):
     return np.concatenate(trace)
 
 
-def test_moe_runs_packed_equal_each_alone(moe_server):
+def test_moe_runs_packed_equal_each_alone(start_server, monkeypatch):
     """Three MoE runs (ranks 4, 8, 16) trained at once share packed passes (their tokens routed
     through the same experts in one grouped product) and equal each run trained alone within 1e-5
     (measured 1.9e-6). Not 0 as for the dense model: an expert's rows are one sgemm per expert
     (backends/cpu/kern_grouped.c), and where a run's rows fall among the other runs' rows of that
-    expert changes which of OpenBLAS's row tiles computes them, and so their last bits."""
+    expert changes which of OpenBLAS's row tiles computes them, and so their last bits.
+
+    Its own server, whose optim_steps each sleep 0.1 s on the worker (TWK_FAULT): three clients in
+    one Python process send their requests slower than this small model runs them, so without the
+    sleep whether any two runs' forward_backward ever waited at once was up to the machine (a CI
+    run on a loaded machine packed none); during an optim_step the other runs' requests queue."""
     import threading
 
     from test_metrics import scrape, value
+
+    monkeypatch.setenv("TWK_FAULT", "sleep:optim_step:0.1")
+    moe_server = start_server("--model", f"{FIXTURE}={NAME}", "--seq-timeout", "30")
+    monkeypatch.delenv("TWK_FAULT")
 
     def packed():
         _, fams = scrape(moe_server.port, "tml-metrics")
